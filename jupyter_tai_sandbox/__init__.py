@@ -1,0 +1,5 @@
+"""Sandbox sessions for Jupyter."""
+
+from ._version import __version__
+
+__all__ = ["__version__"]

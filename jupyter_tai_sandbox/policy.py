@@ -1,0 +1,194 @@
+"""The operator's sandbox policy, enforced once at session create."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from traitlets import Bool, Dict, List, Unicode, default, validate
+from traitlets.config import LoggingConfigurable
+
+from .contract import (
+    ISOLATION_ORDER,
+    NETWORK_ORDER,
+    SandboxSpecRejectedError,
+    SessionSpec,
+    isolation_rank,
+    network_rank,
+)
+
+SCRUBBED = "[scrubbed]"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+#: Egress ceiling spellings: "open" is the seeds' word for the default full egress.
+_EGRESS_ALIASES = {"open": "egress", "closed": "none"}
+
+
+def _env_bool(name: str, fallback: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return fallback
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+class SandboxPolicy(LoggingConfigurable):
+    """Isolation floor, egress ceiling, durable switch, per-consumer credentials, transcript scrub.
+
+    Every setting also reads its ``TAI_MCP_SANDBOX_*`` environment variable, which
+    wins over the traitlets default but not over explicit config.
+    """
+
+    isolation = Unicode(
+        help="""The isolation floor (TAI_MCP_SANDBOX_ISOLATION): none < container < vm.
+        A session gets at least this level; a spec asking for less is raised to it,
+        and a provider that cannot give the effective level rejects the spec.""",
+    ).tag(config=True)
+
+    egress = Unicode(
+        help="""The egress ceiling (TAI_MCP_SANDBOX_EGRESS): egress (also 'open', the default),
+        internal, or none (also 'closed'). A spec asking for more network than this is rejected.""",
+    ).tag(config=True)
+
+    durable = Bool(
+        help="""Allow persistent sessions (TAI_MCP_SANDBOX_DURABLE, default on).
+        When off, a spec with durability='persistent' is rejected.""",
+    ).tag(config=True)
+
+    scrub_transcript = Bool(
+        help="""Scrub transcripts (TAI_MCP_SANDBOX_SCRUB_TRANSCRIPT, default off): replace the value of
+        every injected credential with '[scrubbed]' in output shown back to consumers.""",
+    ).tag(config=True)
+
+    credentials = Dict(
+        key_trait=Unicode(),
+        value_trait=List(Unicode()),
+        help="""Per-consumer credentials (TAI_MCP_SANDBOX_CREDENTIALS as JSON): consumer label ->
+        names of server environment variables injected into that consumer's sessions (spec.env).
+        The key '*' applies to every consumer. A granted variable missing from the server's
+        environment rejects the session loudly.""",
+    ).tag(config=True)
+
+    @default("isolation")
+    def _isolation_default(self) -> str:
+        return os.environ.get("TAI_MCP_SANDBOX_ISOLATION", "container").strip() or "container"
+
+    @default("egress")
+    def _egress_default(self) -> str:
+        return os.environ.get("TAI_MCP_SANDBOX_EGRESS", "egress").strip() or "egress"
+
+    @default("durable")
+    def _durable_default(self) -> bool:
+        return _env_bool("TAI_MCP_SANDBOX_DURABLE", True)
+
+    @default("scrub_transcript")
+    def _scrub_default(self) -> bool:
+        return _env_bool("TAI_MCP_SANDBOX_SCRUB_TRANSCRIPT", False)
+
+    @default("credentials")
+    def _credentials_default(self) -> dict[str, list[str]]:
+        raw = os.environ.get("TAI_MCP_SANDBOX_CREDENTIALS", "").strip()
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(
+                'TAI_MCP_SANDBOX_CREDENTIALS must be JSON like {"consumer": ["ENV_NAME"]}: ' + str(e)
+            ) from None
+        return value
+
+    @validate("isolation")
+    def _check_isolation(self, proposal: Any) -> str:
+        value = proposal["value"].strip().lower()
+        if value not in ISOLATION_ORDER:
+            raise ValueError(
+                f"isolation floor {proposal['value']!r} is unknown: use one of {', '.join(ISOLATION_ORDER)}"
+            )
+        return value
+
+    @validate("egress")
+    def _check_egress(self, proposal: Any) -> str:
+        value = proposal["value"].strip().lower()
+        value = _EGRESS_ALIASES.get(value, value)
+        if value not in NETWORK_ORDER:
+            raise ValueError(
+                f"egress ceiling {proposal['value']!r} is unknown: use egress (open), internal or none"
+            )
+        return value
+
+    @validate("credentials")
+    def _check_credentials(self, proposal: Any) -> dict[str, list[str]]:
+        value = proposal["value"]
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(n, str) for n in v)
+            for k, v in value.items()
+        ):
+            raise ValueError("credentials must map consumer labels to lists of environment variable names")
+        return dict(value)
+
+    # ------------------------------------------------------------------ apply
+
+    def granted_names(self, consumer: str) -> list[str]:
+        names = list(self.credentials.get("*", []))
+        names += [n for n in self.credentials.get(consumer, []) if n not in names]
+        return names
+
+    def apply(self, spec: SessionSpec) -> SessionSpec:
+        """The spec as the provider must honour it, or SandboxSpecRejectedError."""
+        floor = self.isolation
+        requested = spec.isolation
+        effective = (
+            floor if requested is None or isolation_rank(requested) < isolation_rank(floor) else requested
+        )
+        if network_rank(spec.network) > network_rank(self.egress):
+            raise SandboxSpecRejectedError(
+                f"network={spec.network!r} exceeds the operator's egress ceiling {self.egress!r} "
+                "(TAI_MCP_SANDBOX_EGRESS): ask for "
+                + " or ".join(repr(n) for n in NETWORK_ORDER[: network_rank(self.egress) + 1])
+            )
+        if spec.durability == "persistent" and not self.durable:
+            raise SandboxSpecRejectedError(
+                "persistent workspaces are switched off by the operator (TAI_MCP_SANDBOX_DURABLE=off): "
+                "use durability='ephemeral'"
+            )
+        env = dict(spec.env)
+        for name in self.granted_names(spec.consumer):
+            if name not in os.environ:
+                raise SandboxSpecRejectedError(
+                    f"credential {name} granted to consumer {spec.consumer!r} is not set in the server's "
+                    "environment: set it, or remove it from TAI_MCP_SANDBOX_CREDENTIALS"
+                )
+            env[name] = os.environ[name]
+        return spec.replace(isolation=effective, env=env)
+
+    def injected_values(self) -> list[str]:
+        names = {n for names in self.credentials.values() for n in names}
+        values = {os.environ[n] for n in names if os.environ.get(n)}
+        # longest first, so a value containing another is replaced whole
+        return sorted(values, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        """Replace every injected credential value in ``text``, whatever the scrub setting."""
+        for value in self.injected_values():
+            text = text.replace(value, SCRUBBED)
+        return text
+
+    def scrub(self, text: str) -> str:
+        """The transcript scrubber: ``redact`` when scrub_transcript is on, else ``text`` unchanged."""
+        return self.redact(text) if self.scrub_transcript else text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "isolation": self.isolation,
+            "egress": self.egress,
+            "durable": self.durable,
+            "scrub_transcript": self.scrub_transcript,
+            "credentials": {k: list(v) for k, v in self.credentials.items()},
+        }

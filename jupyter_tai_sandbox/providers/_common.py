@@ -1,0 +1,91 @@
+"""Argument checks and path confinement shared by the providers."""
+
+from __future__ import annotations
+
+import abc
+import math
+import posixpath
+import secrets
+from collections.abc import Mapping, Sequence
+
+from traitlets.config import Configurable
+
+from ..contract import SandboxError, SandboxSpecRejectedError
+
+#: Exit status reported for a command stopped by SIGKILL (128 + 9), as a shell reports it.
+KILLED_EXIT_CODE = 137
+#: How long a stop waits for the command's output to end once its group is dead.
+OUTPUT_GRACE_SECONDS = 0.5
+
+
+def new_session_id() -> str:
+    return "sbx-" + secrets.token_hex(8)
+
+
+def check_exec_args(
+    argv: Sequence[str],
+    timeout_seconds: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> list[str]:
+    """Validate exec arguments; return argv as a list. Raises SandboxSpecRejectedError."""
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
+        raise SandboxSpecRejectedError(
+            "argv must be a list of strings (e.g. ['sh', '-c', 'echo hi']), not a single string"
+        )
+    argv = list(argv)
+    if not argv:
+        raise SandboxSpecRejectedError("argv is empty: name the program to run")
+    for arg in argv:
+        if not isinstance(arg, str):
+            raise SandboxSpecRejectedError(f"argv elements must be strings, got {type(arg).__name__}")
+        if "\x00" in arg:
+            raise SandboxSpecRejectedError("argv elements cannot contain NUL bytes")
+    if not argv[0]:
+        raise SandboxSpecRejectedError("argv[0] is empty: name the program to run")
+    if (
+        isinstance(timeout_seconds, bool)
+        or not isinstance(timeout_seconds, (int, float))
+        or not math.isfinite(timeout_seconds)
+        or timeout_seconds <= 0
+    ):
+        raise SandboxSpecRejectedError(
+            f"timeout_seconds must be a positive number of seconds, not {timeout_seconds!r}"
+        )
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not name or "=" in name or "\x00" in name:
+            raise SandboxSpecRejectedError(f"invalid environment variable name {name!r}")
+        if not isinstance(value, str) or "\x00" in value:
+            raise SandboxSpecRejectedError(f"environment variable {name} must be a string without NUL")
+    if cwd is not None and (not isinstance(cwd, str) or "\x00" in cwd):
+        raise SandboxSpecRejectedError("cwd must be a path string")
+    return argv
+
+
+def workspace_relative(path: str, workspace: str) -> str:
+    """``path`` as a normalised path relative to ``workspace`` ('' for the workspace itself).
+
+    Lexical only: ``..`` that climbs out, or an absolute path outside the
+    workspace, raises SandboxError. Symlinks are the provider's to check.
+    """
+    if not isinstance(path, str) or "\x00" in path:
+        raise SandboxError(f"invalid path {path!r}")
+    workspace = posixpath.normpath(workspace)
+    if posixpath.isabs(path):
+        full = posixpath.normpath(path)
+        if full != workspace and not full.startswith(workspace.rstrip("/") + "/"):
+            raise SandboxError(
+                f"path {path!r} lies outside the session workspace {workspace}: use a path inside it"
+            )
+        rel = posixpath.relpath(full, workspace)
+    else:
+        rel = posixpath.normpath(path)
+    if rel == ".":
+        return ""
+    if rel == ".." or rel.startswith("../"):
+        raise SandboxError(f"path {path!r} climbs out of the session workspace: use a path inside it")
+    return rel
+
+
+class ProviderMeta(type(Configurable), abc.ABCMeta):
+    """Lets a provider be both a traitlets Configurable and a contract ABC."""

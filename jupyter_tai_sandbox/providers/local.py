@@ -1,0 +1,721 @@
+"""sandbox-local: each session's commands run as plain host subprocesses. No isolation.
+
+The workspace is a host directory: ``<root>/<workspace_key>`` for a persistent
+session (created or adopted, never removed by a reap), a fresh directory under
+``<root>/.ephemeral/`` otherwise (removed on destroy and reap). Only
+``isolation="none"`` and ``network="egress"`` are honoured; cpu/memory caps are
+rejected. ``image`` is inert: recorded in info() and the session's sidecar file.
+
+Process groups: every command gets a small holder shell that leads a fresh
+process group, and the command joins that group. The holder keeps the group id
+alive after the command exits, so a stop never signals a group id since given
+to other processes. A completed one-shot lets its group go (what it left running
+keeps running); an interactive command's group is kept until kill() or the
+session's teardown. A process that leaves the group (setsid) is never stopped.
+
+Commands see a small environment, not the server's: PATH, LANG, LC_ALL and TZ
+from the server (``inherit_env``), HOME set to the workspace, then the spec's
+env (credentials), then the exec's env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import stat
+import sys
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from traitlets import Integer, List, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from ..contract import (
+    ExecHandle,
+    ExecResult,
+    ExitItem,
+    OutputChunk,
+    OutputItem,
+    Sandbox,
+    SandboxError,
+    SandboxExecTimeoutError,
+    SandboxNotFoundError,
+    SandboxSession,
+    SandboxSpecRejectedError,
+    SessionInfo,
+    SessionSpec,
+)
+from ..spool import DEFAULT_MEMORY_LIMIT, OutputSpool
+from ._common import (
+    OUTPUT_GRACE_SECONDS,
+    ProviderMeta,
+    check_exec_args,
+    new_session_id,
+    workspace_relative,
+)
+
+_WRITE_CHUNK = 1 << 16
+_HELD_OUTPUT_NOTE = (
+    "a process the command started still held its output after the kill; "
+    "the byte counts cover the output received up to the stop"
+)
+
+
+def _exit_status(returncode: int) -> int:
+    """Python's -N for a signal becomes 128+N, as a shell reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _group_kwargs(pgid: int) -> dict[str, Any]:
+    """Start a child in process group ``pgid`` (0: a new group led by the child)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": pgid}
+    return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover - 3.10
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
+    """One command: its holder, its process, its output and its deadline.
+
+    The command's pipes are read continuously into an :class:`OutputSpool`
+    (this object is the subprocess protocol), whether or not anyone reads.
+    """
+
+    def __init__(self, *, timeout_seconds: float, one_shot: bool, memory_limit: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._timeout_seconds = timeout_seconds
+        self._one_shot = one_shot
+        self._spool = OutputSpool(memory_limit)
+        self._counts = {"stdout": 0, "stderr": 0}
+        self._open_outputs = {1, 2}
+        self._exited: asyncio.Future[None] = loop.create_future()
+        self._output_ended: asyncio.Future[None] = loop.create_future()
+        self._status: int | None = None
+        self._failure: SandboxError | None = None
+        self._timeout_error: SandboxExecTimeoutError | None = None
+        self._killed = False
+        self._stdin: asyncio.WriteTransport | None = None
+        self._stdin_closed = False
+        self._stdin_lost = False
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._writers = 0
+        self._feeder: asyncio.Task[None] | None = None
+        self._group_held = False
+        self._stop_requested = asyncio.Event()
+        self._done = asyncio.Event()
+        self._output = self._iterate()
+        self._kill_lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------- start
+
+    async def start(
+        self, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bytes | bool | None
+    ) -> None:
+        """Spawn holder and command. ``stdin``: bytes to feed, None for /dev/null, True for a pipe."""
+        loop = asyncio.get_running_loop()
+        # The holder leads the group and exits when its stdin closes (or the server dies).
+        self._holder = await asyncio.create_subprocess_exec(
+            "sh",
+            "-c",
+            "read _",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            **_group_kwargs(0),
+        )
+        self._pgid = self._holder.pid
+        self._group_held = True
+        self._deadline = loop.time() + self._timeout_seconds
+        stdin_mode = asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE
+        try:
+            try:
+                self._transport, _ = await loop.subprocess_exec(
+                    lambda: self,
+                    *argv,
+                    stdin=stdin_mode,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    cwd=cwd,
+                    env=env,
+                    **_group_kwargs(self._pgid),
+                )
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+                # as a shell would: 127 not found, 126 not executable
+                self._transport, _ = await loop.subprocess_exec(
+                    lambda: self,
+                    "sh",
+                    "-c",
+                    'printf "%s\\n" "$1" >&2; exit "$2"',
+                    "sh",
+                    f"{argv[0]}: {e.strerror}",
+                    "127" if isinstance(e, FileNotFoundError) else "126",
+                    stdin=stdin_mode,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    cwd=cwd,
+                    env=env,
+                    **_group_kwargs(self._pgid),
+                )
+            self._stdin = self._transport.get_pipe_transport(0)  # type: ignore[assignment]
+            if isinstance(stdin, bytes):
+                self._feeder = asyncio.create_task(self._feed(stdin))
+            self._supervisor = asyncio.create_task(self._supervise())
+        except BaseException:
+            self._release_group(stop_group=True)
+            raise
+
+    # -------------------------------------------------- subprocess protocol
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        stream = "stdout" if fd == 1 else "stderr"
+        self._counts[stream] += len(data)
+        self._spool.put(stream, data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 0:
+            self._stdin_lost = True
+            self._can_write.set()
+            return
+        self._open_outputs.discard(fd)
+        if not self._open_outputs and not self._output_ended.done():
+            self._output_ended.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self._exited.done():
+            self._exited.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # ----------------------------------------------------------------- stdin
+
+    async def _write(self, data: bytes | memoryview) -> None:
+        if self._stdin_lost or self._stdin is None or self._stdin.is_closing():
+            raise BrokenPipeError("the command's stdin is closed")
+        self._stdin.write(data)
+        if not self._can_write.is_set():
+            await self._can_write.wait()
+            if self._stdin_lost:  # lost while this write was still buffered
+                raise BrokenPipeError("the command's stdin closed before the input was written")
+
+    async def _feed(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            for i in range(0, len(view), _WRITE_CHUNK):
+                await self._write(view[i : i + _WRITE_CHUNK])
+        except BrokenPipeError:
+            pass  # the command closed its stdin: the input it did not read is dropped
+        await self.close_stdin()
+
+    def _stdin_pending(self) -> bool:
+        if self._feeder is not None and not self._feeder.done():
+            return True
+        if self._stdin is None or self._stdin_lost:
+            return False
+        return self._writers > 0 or self._stdin.get_write_buffer_size() > 0
+
+    def _stdin_has_reader(self) -> bool:
+        pipe = self._stdin.get_extra_info("pipe") if self._stdin is not None else None
+        if pipe is None or pipe.closed:
+            return False
+        poller = select.poll()
+        poller.register(pipe.fileno(), select.POLLOUT)
+        return not any(events & select.POLLERR for _, events in poller.poll(0))
+
+    def _on_command_exit(self) -> None:
+        """A command that exits while a process it started holds its stdin, with input unwritten, failed."""
+        if not self._stdin_pending():
+            return
+        if self._stdin_has_reader():
+            self._failure = SandboxError(
+                "the command exited while a process it started still held its stdin, "
+                "with input not yet written"
+            )
+        # the input nobody will read is dropped
+        if self._feeder is not None:
+            self._feeder.cancel()
+        self._stdin_closed = True
+        if self._stdin is not None:
+            self._stdin.abort()
+
+    # -------------------------------------------------------------- lifetime
+
+    async def _race(self, awaited: asyncio.Future[Any], stop: asyncio.Task[Any]) -> str:
+        timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
+        done, _ = await asyncio.wait({awaited, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if awaited in done:
+            return "done"
+        return "stop" if stop in done else "deadline"
+
+    async def _supervise(self) -> None:
+        stop = asyncio.create_task(self._stop_requested.wait())
+        try:
+            outcome = await self._race(self._exited, stop)
+            if outcome == "done":
+                self._on_command_exit()
+                if self._failure is not None and self._one_shot:
+                    outcome = "stop"
+                else:
+                    outcome = await self._race(self._output_ended, stop)
+            if outcome != "done":
+                self._release_group(stop_group=True)
+                await self._exited
+                await asyncio.wait({self._output_ended}, timeout=OUTPUT_GRACE_SECONDS)
+                held = not self._output_ended.done()
+                if outcome == "deadline":
+                    self._timeout_error = SandboxExecTimeoutError(
+                        f"the command was still running at its {self._timeout_seconds:g} s deadline "
+                        "and was killed",
+                        stdout_bytes=self._counts["stdout"],
+                        stderr_bytes=self._counts["stderr"],
+                        note=_HELD_OUTPUT_NOTE if held else None,
+                    )
+            self._status = self._read_status()
+        finally:
+            stop.cancel()
+            # closes every pipe, including output a process that left the group still holds
+            self._transport.close()
+            self._spool.close()
+            self._done.set()
+            if self._one_shot:
+                self._release_group(stop_group=False)
+
+    def _read_status(self) -> int | None:
+        returncode = self._transport.get_returncode()
+        return None if returncode is None else _exit_status(returncode)
+
+    def _release_group(self, *, stop_group: bool) -> None:
+        """Let the group go, stopping it first if asked; the group id is never signalled again."""
+        if not self._group_held:
+            return
+        self._group_held = False
+        if stop_group and self._holder.returncode is None:
+            # the holder is alive, so the group id is still this command's
+            _killpg(self._pgid)
+        assert self._holder.stdin is not None
+        self._holder.stdin.close()
+
+    # ------------------------------------------------------------ the handle
+
+    @property
+    def output(self) -> AsyncIterator[OutputItem]:
+        return self._output
+
+    async def _iterate(self) -> AsyncIterator[OutputItem]:
+        try:
+            while True:
+                item = await self._spool.get()
+                if self._timeout_error is not None and not self._killed:
+                    raise self._timeout_error
+                if item is None:
+                    break
+                yield OutputChunk(*item)
+            await self._done.wait()
+            if self._failure is not None:
+                raise self._failure
+            if self._status is None:
+                raise SandboxError("the command's exit status could not be read")
+            yield ExitItem(self._status)
+        finally:
+            self._spool.discard()
+
+    async def write(self, data: bytes) -> None:
+        if self._stdin_closed:
+            raise SandboxError("the command's stdin is closed")
+        if self._done.is_set() or self._exited.done():
+            raise SandboxError("the command has exited; its stdin takes no more input")
+        self._writers += 1
+        try:
+            await self._write(bytes(data))
+        except BrokenPipeError as e:
+            raise SandboxError(f"writing to the command's stdin failed: {e}") from None
+        finally:
+            self._writers -= 1
+
+    async def close_stdin(self) -> None:
+        if self._stdin_closed:
+            return
+        self._stdin_closed = True
+        if self._stdin is not None:
+            self._stdin.close()
+
+    async def kill(self) -> None:
+        async with self._kill_lock:
+            self._killed = True
+            if not self._done.is_set():
+                self._stop_requested.set()
+                await asyncio.shield(self._done.wait())
+            self._release_group(stop_group=True)
+            await self._holder.wait()
+
+
+class LocalSession(SandboxSession):
+    def __init__(
+        self, sandbox: LocalSandbox, session_id: str, spec: SessionSpec, workspace: Path, created_at: float
+    ) -> None:
+        self._sandbox = sandbox
+        self._id = session_id
+        self.spec = spec
+        self.workspace = workspace
+        self.created_at = created_at
+        self.expires_at = created_at + spec.ttl_seconds
+        self._interactive: set[LocalCommand] = set()
+        self._destroyed = False
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def _info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self._id,
+            kind="local",
+            spec=self.spec,
+            isolation="none",
+            workspace=str(self.workspace),
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+        )
+
+    async def info(self) -> SessionInfo:
+        self._check_live()
+        return self._info()
+
+    def _check_live(self) -> None:
+        if self._destroyed:
+            raise SandboxNotFoundError(f"session {self._id} was destroyed")
+
+    # ---------------------------------------------------------------- exec
+
+    def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        base = {k: os.environ[k] for k in self._sandbox.inherit_env if k in os.environ}
+        base.setdefault("PATH", os.defpath)
+        base["HOME"] = str(self.workspace)
+        base["SANDBOX_WORKSPACE"] = str(self.workspace)
+        return {**base, **self.spec.env, **(env or {})}
+
+    def _command_cwd(self, cwd: str | None) -> str:
+        path = self._host_path(cwd or ".")
+        if not path.is_dir():
+            raise SandboxError(f"cwd {cwd!r} is not a folder in the session workspace")
+        return str(path)
+
+    async def _start(
+        self,
+        argv: Sequence[str],
+        timeout_seconds: float,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: bytes | bool | None,
+        one_shot: bool,
+    ) -> LocalCommand:
+        self._check_live()
+        args = check_exec_args(argv, timeout_seconds, env, cwd)
+        command = self._sandbox.command_class(
+            timeout_seconds=timeout_seconds, one_shot=one_shot, memory_limit=self._sandbox.output_memory_limit
+        )
+        try:
+            await command.start(args, env=self._command_env(env), cwd=self._command_cwd(cwd), stdin=stdin)
+        except OSError as e:
+            raise SandboxError(f"could not start {args[0]!r}: {e}") from e
+        return command
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_seconds: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if isinstance(stdin, (bytearray, memoryview)):
+            stdin = bytes(stdin)
+        if stdin is not None and not isinstance(stdin, bytes):
+            raise SandboxSpecRejectedError("stdin must be bytes (or None for no input)")
+        command = await self._start(argv, timeout_seconds, env, cwd, stdin, one_shot=True)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            async for item in command.output:
+                if isinstance(item, OutputChunk):
+                    (out if item.stream == "stdout" else err).append(item.data)
+                else:
+                    return ExecResult(item.exit_code, b"".join(out), b"".join(err))
+        except BaseException:
+            await command.kill()
+            raise
+        raise SandboxError("the command's output ended without an exit status")  # pragma: no cover
+
+    async def exec_start(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_seconds: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        pty: bool = False,
+    ) -> ExecHandle:
+        if pty:
+            raise SandboxSpecRejectedError("the local provider does not run commands under a pty yet")
+        command = await self._start(argv, timeout_seconds, env, cwd, True, one_shot=False)
+        self._interactive.add(command)
+        return command
+
+    # --------------------------------------------------------------- files
+
+    def resolve(self, path: str) -> str:
+        return str(self._host_path(path))
+
+    def _host_path(self, path: str) -> Path:
+        rel = workspace_relative(path, str(self.workspace))
+        full = self.workspace / rel if rel else self.workspace
+        real = Path(os.path.realpath(full))
+        if real != self.workspace and self.workspace not in real.parents:
+            raise SandboxError(
+                f"path {path!r} leads outside the session workspace through a symlink; it is not followed"
+            )
+        return full
+
+    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        self._check_live()
+        target = self._host_path(path)
+        if target == self.workspace:
+            raise SandboxError("put_file needs a file path inside the workspace, not the workspace itself")
+        try:
+            await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
+            self._host_path(path)  # a parent created meanwhile must not be a way out either
+            temp = target.with_name(f".{target.name}.tai-upload-{os.getpid()}")
+            handle = await asyncio.to_thread(open, temp, "wb")
+            try:
+                if isinstance(data, (bytes, bytearray, memoryview)):
+                    await asyncio.to_thread(handle.write, data)
+                else:
+                    async for chunk in data:
+                        await asyncio.to_thread(handle.write, chunk)
+            except BaseException:
+                handle.close()
+                temp.unlink(missing_ok=True)
+                raise
+            handle.close()
+            await asyncio.to_thread(os.replace, temp, target)
+        except (IsADirectoryError, NotADirectoryError, FileExistsError) as e:
+            raise SandboxError(f"cannot write {path!r}: {e.strerror}") from None
+
+    def _file_to_read(self, path: str) -> Path:
+        self._check_live()
+        target = self._host_path(path)
+        try:
+            mode = target.stat().st_mode
+        except FileNotFoundError:
+            raise SandboxNotFoundError(f"no file {path!r} in the session workspace") from None
+        if not stat.S_ISREG(mode):
+            raise SandboxError(f"{path!r} is not a regular file")
+        return target
+
+    async def get_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(self._file_to_read(path).read_bytes)
+
+    async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        handle = await asyncio.to_thread(open, self._file_to_read(path), "rb")
+        try:
+            while chunk := await asyncio.to_thread(handle.read, chunk_size):
+                yield chunk
+        finally:
+            handle.close()
+
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        self._check_live()
+        folder = self._host_path(path)
+        if not folder.is_dir():
+            if not folder.exists():
+                raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
+            raise SandboxError(f"{path!r} is not a folder")
+        return await asyncio.to_thread(_scan, folder)
+
+    # ------------------------------------------------------------ teardown
+
+    async def destroy(self, remove_workspace: bool = False) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        await asyncio.gather(*(command.kill() for command in self._interactive), return_exceptions=True)
+        self._interactive.clear()
+        await self._sandbox._forget(self, remove_workspace)
+
+
+def _scan(folder: Path) -> list[dict[str, Any]]:
+    entries = []
+    with os.scandir(folder) as it:
+        for entry in it:
+            st = entry.stat(follow_symlinks=False)
+            kind = (
+                "symlink"
+                if stat.S_ISLNK(st.st_mode)
+                else "directory"
+                if stat.S_ISDIR(st.st_mode)
+                else "file"
+                if stat.S_ISREG(st.st_mode)
+                else "other"
+            )
+            entries.append({"name": entry.name, "type": kind, "size": st.st_size, "mtime": st.st_mtime})
+    return sorted(entries, key=lambda e: e["name"])
+
+
+class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
+    """sandbox-local: runs each session's code directly on the host. No isolation."""
+
+    kind = "local"
+    max_isolation = "none"
+    networks = frozenset({"egress"})
+    supports_limits = False
+    session_class: type[LocalSession] = LocalSession
+    command_class: type[LocalCommand] = LocalCommand
+
+    root = Unicode(
+        help="""Folder holding the workspaces (SANDBOX_LOCAL_ROOT): persistent ones at
+        <root>/<workspace_key>, ephemeral ones under <root>/.ephemeral/, session sidecar
+        files under <root>/.sessions/. Default: <jupyter data dir>/tai_sandbox/local.""",
+    ).tag(config=True)
+
+    inherit_env = List(
+        Unicode(),
+        default_value=["PATH", "LANG", "LC_ALL", "TZ"],
+        help="Server environment variables passed on to commands (the rest of the server's environment is not).",
+    ).tag(config=True)
+
+    output_memory_limit = Integer(
+        DEFAULT_MEMORY_LIMIT,
+        help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
+    ).tag(config=True)
+
+    @default("root")
+    def _root_default(self) -> str:
+        return os.environ.get("SANDBOX_LOCAL_ROOT") or os.path.join(
+            jupyter_data_dir(), "tai_sandbox", "local"
+        )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sessions: dict[str, LocalSession] = {}
+
+    @property
+    def _root(self) -> Path:
+        return Path(os.path.realpath(self.root))
+
+    def _sidecar(self, session_id: str) -> Path:
+        return self._root / ".sessions" / f"{session_id}.json"
+
+    async def create(self, spec: SessionSpec) -> SandboxSession:
+        if not isinstance(spec, SessionSpec):
+            raise SandboxSpecRejectedError("create() needs a SessionSpec")
+        self.check_spec(spec)
+        session_id = new_session_id()
+        if spec.durability == "persistent":
+            workspace = self._root / spec.workspace_key  # type: ignore[operator]
+        else:
+            workspace = self._root / ".ephemeral" / session_id
+        now = time.time()
+        session = self.session_class(self, session_id, spec, workspace, now)
+        record = {
+            "id": session_id,
+            "kind": self.kind,
+            "image": spec.image,
+            "consumer": spec.consumer,
+            "durability": spec.durability,
+            "workspace_key": spec.workspace_key,
+            "workspace": str(workspace),
+            "created_at": now,
+            "expires_at": session.expires_at,
+            "pid": os.getpid(),
+            "spec": spec.to_public_json(),
+        }
+        try:
+            await asyncio.to_thread(self._provision, workspace, session_id, record)
+        except OSError as e:
+            raise SandboxError(f"cannot provision the workspace {workspace}: {e}") from e
+        self._sessions[session_id] = session
+        self.log.debug("sandbox-local: created %s at %s", session_id, workspace)
+        return session
+
+    def _provision(self, workspace: Path, session_id: str, record: dict[str, Any]) -> None:
+        if workspace.is_symlink() or (workspace.exists() and not workspace.is_dir()):
+            raise SandboxSpecRejectedError(
+                f"{workspace} exists and is not a folder: it cannot be a workspace"
+            )
+        workspace.mkdir(parents=True, exist_ok=True)
+        sidecar = self._sidecar(session_id)
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
+        temp = sidecar.with_suffix(".tmp")
+        temp.write_text(json.dumps(record, indent=1))
+        os.replace(temp, sidecar)
+
+    async def get(self, session_id: str) -> SandboxSession:
+        session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise SandboxNotFoundError(f"no local sandbox session {session_id!r}")
+        return session
+
+    async def list(self) -> list[SessionInfo]:
+        return [s._info() for s in self._sessions.values()]
+
+    async def _forget(self, session: LocalSession, remove_workspace: bool) -> None:
+        self._sessions.pop(session.id, None)
+        remove = session.spec.durability == "ephemeral" or remove_workspace
+        await asyncio.to_thread(self._remove_files, session.id, session.workspace if remove else None)
+
+    def _remove_files(self, session_id: str, workspace: Path | None) -> None:
+        if workspace is not None:
+            shutil.rmtree(workspace, ignore_errors=True)
+        self._sidecar(session_id).unlink(missing_ok=True)
+
+    async def reap(self) -> list[str]:
+        now = time.time()
+        reaped = [s.id for s in list(self._sessions.values()) if s.expires_at <= now]
+        for session_id in reaped:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                await session.destroy(remove_workspace=False)
+        reaped += await asyncio.to_thread(self._reap_orphans, now)
+        if reaped:
+            self.log.info("sandbox-local: reaped %s", ", ".join(reaped))
+        return reaped
+
+    def _reap_orphans(self, now: float) -> list[str]:
+        """Expired sessions an earlier server process left behind (found by their sidecar)."""
+        reaped = []
+        folder = self._root / ".sessions"
+        for sidecar in folder.glob("*.json") if folder.is_dir() else ():
+            session_id = sidecar.stem
+            if session_id in self._sessions:
+                continue
+            try:
+                record = json.loads(sidecar.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("expires_at", now) > now:
+                continue
+            workspace = self._root / ".ephemeral" / session_id
+            self._remove_files(session_id, workspace if record.get("durability") != "persistent" else None)
+            reaped.append(session_id)
+        return reaped
+
+    async def close(self) -> None:
+        for session in list(self._sessions.values()):
+            await asyncio.gather(*(c.kill() for c in session._interactive), return_exceptions=True)

@@ -1,0 +1,141 @@
+"""The sandbox slot: one installed provider, reached only through the policy gate.
+
+``require_sandbox()`` is the chokepoint every door that runs code goes through
+(REST, websocket, magics, the panel, ``sandbox_exec``). It hands out the
+installed provider wrapped in :class:`GatedSandbox`, which applies the
+operator's :class:`~jupyter_tai_sandbox.policy.SandboxPolicy` to every spec at
+create, so no consumer reaches a provider without the policy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from .contract import Sandbox, SandboxError, SandboxSession, SandboxUnavailableError, SessionInfo, SessionSpec
+from .policy import SandboxPolicy
+
+#: Built-in provider names and the classes behind them.
+BUILTIN_PROVIDERS = {
+    "local": "jupyter_tai_sandbox.providers.local:LocalSandbox",
+    "docker": "jupyter_tai_sandbox.providers.docker:DockerSandbox",
+}
+OFF_VALUES = {"", "off", "none"}
+
+_installed: GatedSandbox | None = None
+
+
+class GatedSandbox(Sandbox):
+    """A provider behind the policy: ``create`` applies the policy, everything else delegates."""
+
+    def __init__(self, provider: Sandbox, policy: SandboxPolicy) -> None:
+        self.provider = provider
+        self.policy = policy
+        self.kind = provider.kind
+        self.max_isolation = provider.max_isolation
+        self.networks = provider.networks
+        self.supports_limits = provider.supports_limits
+
+    async def create(self, spec: SessionSpec) -> SandboxSession:
+        return await self.provider.create(self.policy.apply(spec))
+
+    async def get(self, session_id: str) -> SandboxSession:
+        return await self.provider.get(session_id)
+
+    async def list(self) -> list[SessionInfo]:
+        return await self.provider.list()
+
+    async def reap(self) -> list[str]:
+        return await self.provider.reap()
+
+    async def close(self) -> None:
+        await self.provider.close()
+
+
+def load_provider_class(name: str) -> type[Sandbox]:
+    """The provider class for ``local``, ``docker`` or a ``module:Class`` sandbox_module."""
+    target = BUILTIN_PROVIDERS.get(name, name)
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise SandboxUnavailableError(
+            f"unknown sandbox provider {name!r}: set TAI_MCP_SANDBOX (sandbox_module) to off, local, "
+            "docker, or module:Class"
+        )
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise SandboxUnavailableError(
+            f"cannot load sandbox provider {name!r} named by TAI_MCP_SANDBOX (sandbox_module): {e}"
+        ) from e
+    if not (isinstance(cls, type) and issubclass(cls, Sandbox)):
+        raise SandboxUnavailableError(f"sandbox_module {name!r} (TAI_MCP_SANDBOX) is not a Sandbox provider class")
+    return cls
+
+
+def register_sandbox(
+    provider: Sandbox, *, policy: SandboxPolicy | None = None, replace: bool = False
+) -> Sandbox:
+    """Install ``provider`` as the deployment's one sandbox; return it behind the gate.
+
+    The slot holds a single provider: registering a second one is an error unless
+    ``replace`` is set.
+    """
+    global _installed
+    if not isinstance(provider, Sandbox):
+        raise SandboxError(f"register_sandbox needs a Sandbox provider, got {type(provider).__name__}")
+    if _installed is not None and not replace and _installed.provider is not provider:
+        raise SandboxError(
+            f"a {_installed.kind} sandbox provider is already installed: a deployment has exactly one"
+        )
+    _installed = GatedSandbox(provider, policy or SandboxPolicy())
+    return _installed
+
+
+def unregister_sandbox() -> Sandbox | None:
+    """Empty the slot; return the provider that was installed, if any."""
+    global _installed
+    previous, _installed = _installed, None
+    return previous.provider if previous else None
+
+
+def _install_from_env() -> None:
+    name = os.environ.get("TAI_MCP_SANDBOX", "").strip()
+    if name.lower() in OFF_VALUES or _installed is not None:
+        return
+    register_sandbox(load_provider_class(name)())
+
+
+def require_sandbox() -> Sandbox:
+    """The installed provider behind the policy gate, or a loud SandboxUnavailableError."""
+    _install_from_env()
+    if _installed is None:
+        raise SandboxUnavailableError(
+            "no sandbox provider is installed: set TAI_MCP_SANDBOX (the sandbox_module setting, "
+            "SandboxApp.provider) to 'local', 'docker' or a module:Class provider"
+        )
+    return _installed
+
+
+def status() -> str:
+    """The kind row: the installed provider's kind, or ``off``."""
+    try:
+        _install_from_env()
+    except SandboxUnavailableError:
+        return "off"
+    return _installed.kind if _installed is not None else "off"
+
+
+def status_info() -> dict[str, Any]:
+    """The kind row with the policy in force and, when off, how to turn it on."""
+    kind = status()
+    info: dict[str, Any] = {"kind": kind}
+    if _installed is not None:
+        info["policy"] = _installed.policy.to_json()
+        info["max_isolation"] = _installed.max_isolation
+        info["networks"] = sorted(_installed.networks)
+    else:
+        info["message"] = (
+            "no sandbox provider is installed: set TAI_MCP_SANDBOX (sandbox_module) to 'local' or 'docker'"
+        )
+    return info

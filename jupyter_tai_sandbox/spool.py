@@ -1,0 +1,102 @@
+"""A bounded, ordered buffer for a command's output.
+
+Providers take a command's output in as it comes, whether or not anyone reads,
+so a finished command's output is all there however late it is read. Past
+``memory_limit`` bytes the buffer spills to an anonymous temporary file (outside
+any workspace, unlinked from the start), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import struct
+import tempfile
+from typing import BinaryIO
+
+from .contract import OutputStream
+
+DEFAULT_MEMORY_LIMIT = 8 << 20
+_HEADER = struct.Struct(">cI")
+_STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
+_CODE_STREAMS: dict[bytes, OutputStream] = {b"o": "stdout", b"e": "stderr"}
+
+
+class OutputSpool:
+    """A FIFO of ``(stream, data)`` records fed by a provider and drained by one reader."""
+
+    def __init__(self, memory_limit: int = DEFAULT_MEMORY_LIMIT) -> None:
+        self._memory_limit = memory_limit
+        self._memory: collections.deque[tuple[OutputStream, bytes]] = collections.deque()
+        self._memory_bytes = 0
+        self._file: BinaryIO | None = None
+        self._write_pos = 0
+        self._read_pos = 0
+        self._closed = False
+        self._changed = asyncio.Event()
+
+    @property
+    def closed(self) -> bool:
+        """True once the provider will add nothing more."""
+        return self._closed
+
+    def put(self, stream: OutputStream, data: bytes) -> None:
+        if self._closed or not data:
+            return
+        spilling = self._read_pos < self._write_pos
+        if not spilling and self._memory_bytes + len(data) <= self._memory_limit:
+            self._memory.append((stream, data))
+            self._memory_bytes += len(data)
+        else:
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(prefix="tai-sandbox-output-")  # noqa: SIM115 - lives with the spool
+            self._file.seek(self._write_pos)
+            self._file.write(_HEADER.pack(_STREAM_CODES[stream], len(data)))
+            self._file.write(data)
+            self._write_pos = self._file.tell()
+        self._changed.set()
+
+    def close(self) -> None:
+        """No more records; a waiting reader wakes and sees the end after draining."""
+        self._closed = True
+        self._changed.set()
+
+    def discard(self) -> None:
+        """Drop everything buffered and release the temporary file."""
+        self._closed = True
+        self._memory.clear()
+        self._memory_bytes = 0
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._read_pos = self._write_pos = 0
+        self._changed.set()
+
+    def get_nowait(self) -> tuple[OutputStream, bytes] | None:
+        if self._memory:
+            stream, data = self._memory.popleft()
+            self._memory_bytes -= len(data)
+            return stream, data
+        if self._file is not None and self._read_pos < self._write_pos:
+            self._file.seek(self._read_pos)
+            code, size = _HEADER.unpack(self._file.read(_HEADER.size))
+            data = self._file.read(size)
+            self._read_pos = self._file.tell()
+            if self._read_pos == self._write_pos:
+                # caught up: reuse the file from its start
+                self._file.seek(0)
+                self._file.truncate()
+                self._read_pos = self._write_pos = 0
+            return _CODE_STREAMS[code], data
+        return None
+
+    async def get(self) -> tuple[OutputStream, bytes] | None:
+        """The next record, waiting for one; None once closed and drained."""
+        while True:
+            item = self.get_nowait()
+            if item is not None:
+                return item
+            if self._closed:
+                return None
+            self._changed.clear()
+            await self._changed.wait()

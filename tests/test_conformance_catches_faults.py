@@ -1,0 +1,83 @@
+"""The suite must fail a provider that breaks the contract: each planted fault is reported."""
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from jupyter_tai_sandbox.conformance import run_sandbox_conformance
+from jupyter_tai_sandbox.providers.local import LocalCommand, LocalSandbox, LocalSession
+
+
+class KillSparesTheGroup(LocalCommand):
+    """Stops only the holder: the command and what it started keep running."""
+
+    leaked_groups: list[int] = []
+
+    def _release_group(self, *, stop_group: bool) -> None:
+        if self._group_held:
+            KillSparesTheGroup.leaked_groups.append(self._pgid)
+        super()._release_group(stop_group=False)
+
+
+class InventsExitStatus(LocalCommand):
+    def _read_status(self) -> int | None:
+        return 0
+
+
+class FollowsPathsOut(LocalSession):
+    def _host_path(self, path: str) -> Path:
+        return self.workspace / path
+
+
+def provider(tmp_path, **classes):
+    return type("BrokenLocalSandbox", (LocalSandbox,), classes)(root=str(tmp_path))
+
+
+def failed_checks(failures: list[str]) -> set[str]:
+    return {f.split(":", 1)[0] for f in failures}
+
+
+@pytest.fixture
+def leaked_groups():
+    yield KillSparesTheGroup.leaked_groups
+    for pgid in KillSparesTheGroup.leaked_groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    KillSparesTheGroup.leaked_groups.clear()
+
+
+def test_suite_reports_a_kill_that_leaves_the_group_running(tmp_path, leaked_groups):
+    checks = ["group_stopped_after_exit", "deadline_kills_unread_command", "output_before_kill"]
+    sandbox = provider(tmp_path, command_class=KillSparesTheGroup)
+    failures = asyncio.run(run_sandbox_conformance(sandbox, only=checks))
+    assert failed_checks(failures) == set(checks), failures
+    assert any("still running" in f for f in failures), failures
+
+
+def test_suite_reports_an_invented_exit_status(tmp_path):
+    sandbox = provider(tmp_path, command_class=InventsExitStatus)
+    failures = asyncio.run(
+        run_sandbox_conformance(
+            sandbox, only=["streams_and_status", "output_before_kill", "kill_past_deadline"]
+        )
+    )
+    assert failed_checks(failures) == {"streams_and_status", "output_before_kill", "kill_past_deadline"}
+    assert any("expected exit status 137, got 0" in f for f in failures), failures
+
+
+def test_suite_reports_paths_that_escape_the_workspace(tmp_path):
+    sandbox = provider(tmp_path, session_class=FollowsPathsOut)
+    failures = asyncio.run(run_sandbox_conformance(sandbox, only=["workspace_paths"]))
+    assert len(failures) == 1 and failures[0].startswith("workspace_paths: "), failures
+
+
+def test_suite_reports_a_provider_that_accepts_what_it_cannot_honour(tmp_path):
+    sandbox = provider(tmp_path)
+    sandbox.check_spec = lambda spec: None  # never rejects anything
+    failures = asyncio.run(run_sandbox_conformance(sandbox, only=["rejects_what_it_cannot_honour"]))
+    assert failures and "was accepted" in failures[0], failures
+    assert asyncio.run(sandbox.list()) == []  # the suite cleaned up what the fault let through
