@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
+import pty
 import select
 import shutil
 import signal
 import stat
+import struct
 import sys
+import termios
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -55,6 +59,7 @@ from ..contract import (
 )
 from ..spool import DEFAULT_MEMORY_LIMIT, OutputSpool
 from ._common import (
+    KILLED_EXIT_CODE,
     OUTPUT_GRACE_SECONDS,
     ProviderMeta,
     check_exec_args,
@@ -289,12 +294,15 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
             self._status = self._read_status()
         finally:
             stop.cancel()
-            # closes every pipe, including output a process that left the group still holds
-            self._transport.close()
+            self._close_transport()
             self._spool.close()
             self._done.set()
             if self._one_shot:
                 self._release_group(stop_group=False)
+
+    def _close_transport(self) -> None:
+        # closes every pipe, including output a process that left the group still holds
+        self._transport.close()
 
     def _read_status(self) -> int | None:
         returncode = self._transport.get_returncode()
@@ -362,7 +370,187 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
                 self._stop_requested.set()
                 await asyncio.shield(self._done.wait())
             self._release_group(stop_group=True)
-            await self._holder.wait()
+            await self._holder_gone()
+
+    async def _holder_gone(self) -> None:
+        await self._holder.wait()
+
+
+# The pty holder leads a new session and takes the terminal as its controlling tty (its stdin
+# and stdout arrive as the control and status pipes, moved to fds 3 and 4: dash takes only
+# one-digit fds). It runs the command in its own group, so ^C reaches it, reports the
+# command's status on fd 4, lets go of the terminal and waits until fd 3 is closed.
+_PTY_HOLDER = """exec 3<&0 4>&1 0<>"$1" 1>&0 2>&0
+shift
+trap : INT QUIT TSTP HUP
+"$@" 3<&- 4>&-
+status=$?
+exec 0<&- 1>&- 2>&-
+echo "$status" >&4
+exec 4>&-
+read _ <&3
+"""
+
+
+class _PipeRelay(asyncio.Protocol):
+    """Forwards one pipe of a pty command to the command, as if it were a subprocess pipe."""
+
+    def __init__(self, command: LocalPtyCommand, fd: int) -> None:
+        self._command, self._fd = command, fd
+
+    def data_received(self, data: bytes) -> None:
+        self._command.pipe_data_received(self._fd, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._command.pipe_connection_lost(self._fd, exc)
+
+    def pause_writing(self) -> None:
+        self._command.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._command.resume_writing()
+
+
+class LocalPtyCommand(LocalCommand):
+    """An interactive command on a pseudo-terminal: one output stream, resize, ^C as a signal.
+
+    The holder is the command's parent here (a command can only share the terminal's
+    session as its descendant), so the status comes from the holder over a pipe. A
+    stop kills the whole session, since an interactive shell moves jobs to groups of
+    their own. A command stopped while running reports 137: it was killed by SIGKILL.
+    ``close_stdin`` sends the terminal's end-of-file character (^D).
+    """
+
+    async def start(
+        self, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bytes | bool | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._open_outputs = {1}
+        self._stopped = False
+        self._pty_status = bytearray()
+        self._holder_exited = asyncio.Event()
+        master, slave = pty.openpty()
+        _set_window(master, 24, 80)
+        status_r, status_w = os.pipe()
+        control_r, self._control = os.pipe()
+        try:
+            self._transport, _ = await loop.subprocess_exec(
+                lambda: self,
+                "sh",
+                "-c",
+                _PTY_HOLDER,
+                "sh",
+                os.ttyname(slave),
+                *argv,
+                stdin=control_r,
+                stdout=status_w,
+                stderr=slave,
+                start_new_session=True,
+                cwd=cwd,
+                env={"TERM": "xterm-256color", **env},
+            )
+        except BaseException:
+            os.close(master)
+            os.close(status_r)
+            os.close(self._control)
+            raise
+        finally:
+            for fd in (slave, status_w, control_r):
+                os.close(fd)
+        self._pgid = self._transport.get_pid()
+        self._group_held = True
+        self._deadline = loop.time() + self._timeout_seconds
+        self._master = master
+        self._status_pipe, _ = await loop.connect_read_pipe(
+            lambda: _PtyStatus(self), os.fdopen(status_r, "rb", buffering=0)
+        )
+        self._output_pipe, _ = await loop.connect_read_pipe(
+            lambda: _PipeRelay(self, 1), os.fdopen(master, "rb", buffering=0)
+        )
+        self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
+            lambda: _PipeRelay(self, 0), os.fdopen(os.dup(master), "wb", buffering=0)
+        )
+        self._supervisor = asyncio.create_task(self._supervise())
+
+    def process_exited(self) -> None:
+        self._holder_exited.set()  # the command's own exit comes from the status pipe
+
+    def _status_reported(self) -> None:
+        if not self._exited.done():
+            self._exited.set_result(None)
+
+    def _on_command_exit(self) -> None:
+        pass  # the terminal is shared with whatever the command started: no stdin accounting
+
+    def _close_transport(self) -> None:
+        self._output_pipe.close()
+        if self._stdin is not None:
+            self._stdin.close()
+
+    def _read_status(self) -> int | None:
+        reported = self._pty_status.decode(errors="replace").strip()
+        if reported.isdigit():
+            return int(reported)
+        return KILLED_EXIT_CODE if self._stopped else None
+
+    def _release_group(self, *, stop_group: bool) -> None:
+        if not self._group_held:
+            return
+        self._group_held = False
+        if stop_group and self._transport.get_returncode() is None:
+            # the holder leads the session and is alive: every member is this command's
+            self._stopped = True
+            for pid in _session_members(self._pgid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            _killpg(self._pgid)
+        os.close(self._control)
+
+    async def _holder_gone(self) -> None:
+        await self._holder_exited.wait()
+
+    async def close_stdin(self) -> None:
+        if self._stdin_closed or self._exited.done():
+            return
+        with contextlib.suppress(BrokenPipeError):
+            await self._write(b"\x04")
+        self._stdin_closed = True
+
+    async def resize(self, rows: int, cols: int) -> None:
+        if not (isinstance(rows, int) and isinstance(cols, int) and 0 < rows < 10000 and 0 < cols < 10000):
+            raise SandboxSpecRejectedError(f"invalid terminal size {rows}x{cols}")
+        if not self._done.is_set():
+            _set_window(self._master, rows, cols)
+
+
+class _PtyStatus(asyncio.Protocol):
+    def __init__(self, command: LocalPtyCommand) -> None:
+        self._command = command
+
+    def data_received(self, data: bytes) -> None:
+        self._command._pty_status.extend(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._command._status_reported()
+
+
+def _set_window(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            members.append(int(entry))
+    return members
 
 
 class LocalSession(SandboxSession):
@@ -424,10 +612,12 @@ class LocalSession(SandboxSession):
         cwd: str | None,
         stdin: bytes | bool | None,
         one_shot: bool,
+        pty: bool = False,
     ) -> LocalCommand:
         self._check_live()
         args = check_exec_args(argv, timeout_seconds, env, cwd)
-        command = self._sandbox.command_class(
+        command_class = self._sandbox.pty_command_class if pty else self._sandbox.command_class
+        command = command_class(
             timeout_seconds=timeout_seconds, one_shot=one_shot, memory_limit=self._sandbox.output_memory_limit
         )
         try:
@@ -472,9 +662,7 @@ class LocalSession(SandboxSession):
         cwd: str | None = None,
         pty: bool = False,
     ) -> ExecHandle:
-        if pty:
-            raise SandboxSpecRejectedError("the local provider does not run commands under a pty yet")
-        command = await self._start(argv, timeout_seconds, env, cwd, True, one_shot=False)
+        command = await self._start(argv, timeout_seconds, env, cwd, True, one_shot=False, pty=pty)
         self._interactive.add(command)
         return command
 
@@ -587,6 +775,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     supports_limits = False
     session_class: type[LocalSession] = LocalSession
     command_class: type[LocalCommand] = LocalCommand
+    pty_command_class: type[LocalCommand] = LocalPtyCommand
 
     root = Unicode(
         help="""Folder holding the workspaces (SANDBOX_LOCAL_ROOT): persistent ones at
