@@ -52,6 +52,10 @@ class SandboxNotFoundError(SandboxError):
     """No such session (or file inside a session's workspace)."""
 
 
+class SandboxPathError(SandboxError):
+    """A workspace path that cannot be used: outside the workspace, or of the wrong kind."""
+
+
 class SandboxExecTimeoutError(SandboxError):
     """The command was still running at its deadline and was killed.
 
@@ -420,6 +424,7 @@ __all__ = [
     "SandboxIsolation",
     "SandboxNetwork",
     "SandboxNotFoundError",
+    "SandboxPathError",
     "SandboxSession",
     "SandboxSpecRejectedError",
     "SandboxUnavailableError",

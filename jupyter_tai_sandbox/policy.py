@@ -184,7 +184,8 @@ class SandboxPolicy(LoggingConfigurable):
         """The transcript scrubber: ``redact`` when scrub_transcript is on, else ``text`` unchanged."""
         return self.redact(text) if self.scrub_transcript else text
 
-    def to_json(self) -> dict[str, Any]:
+    def public_json(self) -> dict[str, Any]:
+        """The policy in force, as the status row shows it (credential names, never values)."""
         return {
             "isolation": self.isolation,
             "egress": self.egress,

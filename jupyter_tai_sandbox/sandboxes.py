@@ -24,6 +24,9 @@ BUILTIN_PROVIDERS = {
 OFF_VALUES = {"", "off", "none"}
 
 _installed: GatedSandbox | None = None
+#: True once the slot was set explicitly (a provider registered, or switched off by the app):
+#: from then on TAI_MCP_SANDBOX is not consulted.
+_configured = False
 
 
 class GatedSandbox(Sandbox):
@@ -81,7 +84,7 @@ def register_sandbox(
     The slot holds a single provider: registering a second one is an error unless
     ``replace`` is set.
     """
-    global _installed
+    global _installed, _configured
     if not isinstance(provider, Sandbox):
         raise SandboxError(f"register_sandbox needs a Sandbox provider, got {type(provider).__name__}")
     if _installed is not None and not replace and _installed.provider is not provider:
@@ -89,19 +92,29 @@ def register_sandbox(
             f"a {_installed.kind} sandbox provider is already installed: a deployment has exactly one"
         )
     _installed = GatedSandbox(provider, policy or SandboxPolicy())
+    _configured = True
     return _installed
 
 
+def disable_sandbox() -> Sandbox | None:
+    """Switch the slot off explicitly (the kind row reads ``off``); return the previous provider."""
+    global _configured
+    previous = unregister_sandbox()
+    _configured = True
+    return previous
+
+
 def unregister_sandbox() -> Sandbox | None:
-    """Empty the slot; return the provider that was installed, if any."""
-    global _installed
-    previous, _installed = _installed, None
+    """Empty the slot and forget any explicit setting; return the provider that was installed."""
+    global _installed, _configured
+    previous, _installed, _configured = _installed, None, False
     return previous.provider if previous else None
 
 
 def _install_from_env() -> None:
+    """Without explicit configuration, TAI_MCP_SANDBOX names the provider (for scripts)."""
     name = os.environ.get("TAI_MCP_SANDBOX", "").strip()
-    if name.lower() in OFF_VALUES or _installed is not None:
+    if _configured or name.lower() in OFF_VALUES:
         return
     register_sandbox(load_provider_class(name)())
 
@@ -131,9 +144,10 @@ def status_info() -> dict[str, Any]:
     kind = status()
     info: dict[str, Any] = {"kind": kind}
     if _installed is not None:
-        info["policy"] = _installed.policy.to_json()
+        info["policy"] = _installed.policy.public_json()
         info["max_isolation"] = _installed.max_isolation
         info["networks"] = sorted(_installed.networks)
+        info["supports_limits"] = _installed.supports_limits
     else:
         info["message"] = (
             "no sandbox provider is installed: set TAI_MCP_SANDBOX (sandbox_module) to 'local' or 'docker'"

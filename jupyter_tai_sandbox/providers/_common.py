@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from traitlets.config import Configurable
 
-from ..contract import SandboxError, SandboxSpecRejectedError
+from ..contract import SandboxPathError, SandboxSpecRejectedError
 
 #: Exit status reported for a command stopped by SIGKILL (128 + 9), as a shell reports it.
 KILLED_EXIT_CODE = 137
@@ -69,12 +69,12 @@ def workspace_relative(path: str, workspace: str) -> str:
     workspace, raises SandboxError. Symlinks are the provider's to check.
     """
     if not isinstance(path, str) or "\x00" in path:
-        raise SandboxError(f"invalid path {path!r}")
+        raise SandboxPathError(f"invalid path {path!r}")
     workspace = posixpath.normpath(workspace)
     if posixpath.isabs(path):
         full = posixpath.normpath(path)
         if full != workspace and not full.startswith(workspace.rstrip("/") + "/"):
-            raise SandboxError(
+            raise SandboxPathError(
                 f"path {path!r} lies outside the session workspace {workspace}: use a path inside it"
             )
         rel = posixpath.relpath(full, workspace)
@@ -83,7 +83,7 @@ def workspace_relative(path: str, workspace: str) -> str:
     if rel == ".":
         return ""
     if rel == ".." or rel.startswith("../"):
-        raise SandboxError(f"path {path!r} climbs out of the session workspace: use a path inside it")
+        raise SandboxPathError(f"path {path!r} climbs out of the session workspace: use a path inside it")
     return rel
 
 

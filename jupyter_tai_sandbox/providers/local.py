@@ -52,6 +52,7 @@ from ..contract import (
     SandboxError,
     SandboxExecTimeoutError,
     SandboxNotFoundError,
+    SandboxPathError,
     SandboxSession,
     SandboxSpecRejectedError,
     SessionInfo,
@@ -601,7 +602,7 @@ class LocalSession(SandboxSession):
     def _command_cwd(self, cwd: str | None) -> str:
         path = self._host_path(cwd or ".")
         if not path.is_dir():
-            raise SandboxError(f"cwd {cwd!r} is not a folder in the session workspace")
+            raise SandboxPathError(f"cwd {cwd!r} is not a folder in the session workspace")
         return str(path)
 
     async def _start(
@@ -676,7 +677,7 @@ class LocalSession(SandboxSession):
         full = self.workspace / rel if rel else self.workspace
         real = Path(os.path.realpath(full))
         if real != self.workspace and self.workspace not in real.parents:
-            raise SandboxError(
+            raise SandboxPathError(
                 f"path {path!r} leads outside the session workspace through a symlink; it is not followed"
             )
         return full
@@ -685,7 +686,7 @@ class LocalSession(SandboxSession):
         self._check_live()
         target = self._host_path(path)
         if target == self.workspace:
-            raise SandboxError("put_file needs a file path inside the workspace, not the workspace itself")
+            raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
         try:
             await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
             self._host_path(path)  # a parent created meanwhile must not be a way out either
@@ -704,7 +705,7 @@ class LocalSession(SandboxSession):
             handle.close()
             await asyncio.to_thread(os.replace, temp, target)
         except (IsADirectoryError, NotADirectoryError, FileExistsError) as e:
-            raise SandboxError(f"cannot write {path!r}: {e.strerror}") from None
+            raise SandboxPathError(f"cannot write {path!r}: {e.strerror}") from None
 
     def _file_to_read(self, path: str) -> Path:
         self._check_live()
@@ -714,7 +715,7 @@ class LocalSession(SandboxSession):
         except FileNotFoundError:
             raise SandboxNotFoundError(f"no file {path!r} in the session workspace") from None
         if not stat.S_ISREG(mode):
-            raise SandboxError(f"{path!r} is not a regular file")
+            raise SandboxPathError(f"{path!r} is not a regular file")
         return target
 
     async def get_file(self, path: str) -> bytes:
@@ -734,7 +735,7 @@ class LocalSession(SandboxSession):
         if not folder.is_dir():
             if not folder.exists():
                 raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
-            raise SandboxError(f"{path!r} is not a folder")
+            raise SandboxPathError(f"{path!r} is not a folder")
         return await asyncio.to_thread(_scan, folder)
 
     # ------------------------------------------------------------ teardown

@@ -1,0 +1,85 @@
+"""The small ``sh`` scripts the docker provider runs inside a session container.
+
+They use only what the session image contract names: ``sh``, ``setsid``,
+``mv``, ``rm``, ``cat``, ``kill``, ``readlink``, ``ls``, a fractional ``sleep``
+and ``/proc``, with state files in ``/tmp`` (``/tmp/.tai-sbx-<token>.*``).
+
+RUN -- the exec's own process (argv: HOLD, token, cwd, command...). It runs
+HOLD in a new session (so HOLD leads a fresh process group, outside RUN's),
+waits for it, and exits with the command's own status when HOLD recorded one --
+so a kill after the command's exit still reports the command's status -- else
+with HOLD's (137 when the group was killed first).
+
+HOLD -- leads the command's process group and stays in it: it records its pid
+(= the group id) for KILL, runs the command in the foreground (so the command
+keeps stdin and default signal dispositions, unlike a background job of a
+non-interactive shell), records its status (tmp file + mv), then keeps
+the group (and so its id) while any process other than RUN and itself still
+holds the command's stdout or stderr (``readlink`` of ``/proc/*/fd/1`` and
+``/fd/2`` against its own), polling with a fractional sleep. A trapped INT/QUIT
+keeps it alive should a command signal its own group.
+
+The command's stderr travels as fd 3 and becomes its fd 2 only in a shell
+that execs the command: RUN and HOLD keep their own stderr on /dev/null, so
+the "Killed" line a shell prints for a foreground child stopped by a signal
+never lands in the command's stderr.
+
+KILL -- (argv: token) kills the recorded group with SIGKILL, waiting briefly
+for HOLD to record it. A group already gone is nothing to stop; any other
+failure prints the kill's error line and exits 1.
+"""
+
+RUN = r"""h=$1 t=/tmp/.tai-sbx-$2 d=$3
+shift 3
+exec 3>&2 2>/dev/null
+setsid sh -c "$h" sh "$t" "$d" "$@"
+r=$?
+if [ -f "$t.s" ]; then r=$(cat "$t.s"); fi
+rm -f "$t.p" "$t.s" "$t.n" "$t.r"
+exit $r
+"""
+
+HOLD = r"""t=$1
+echo $$ >"$t.n" && mv "$t.n" "$t.p"
+cd "$2" 2>&3 || exit
+shift 2
+trap : INT QUIT
+sh -c 'exec "$@" 2>&3 3>&-' sh "$@"
+echo $? >"$t.r" && mv "$t.r" "$t.s"
+o1=$(readlink /proc/$$/fd/1) o2=$(readlink /proc/$$/fd/3)
+held() {
+  ls -l /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2 2>/dev/null | {
+    while read -r l; do
+      case "$l" in *" /proc/$$/fd/"* | *" /proc/$PPID/fd/"*) continue ;; esac
+      case "$l" in *" -> $o1" | *" -> $o2") exit 0 ;; esac
+    done
+    exit 1
+  }
+}
+while held >/dev/null 2>&1 3>&-; do sleep 0.05 3>&-; done
+"""
+
+KILL = r"""t=/tmp/.tai-sbx-$1 i=0
+while [ ! -f "$t.p" ]; do
+  i=$((i + 1))
+  [ $i -gt 150 ] && exit 0
+  sleep 0.01
+done
+p=$(cat "$t.p" 2>/dev/null) || exit 0
+[ -n "$p" ] || exit 0
+kill -9 -"$p" 2>/dev/null && exit 0
+[ -d /proc/"$p" ] || exit 0
+kill -9 -"$p"
+exit 1
+"""
+
+#: argv: folder. Prints ``type/size/mtime/name`` records, NUL-terminated.
+LIST = r"""cd "$1" || exit 3
+for f in * .[!.]* ..?*; do
+  [ -e "$f" ] || [ -L "$f" ] || continue
+  if [ -L "$f" ]; then k=symlink; elif [ -d "$f" ]; then k=directory; elif [ -f "$f" ]; then k=file; else k=other; fi
+  set -f
+  set -- $(ls -lnd --full-time "$f" 2>/dev/null)
+  printf '%s/%s/%s %s %s/%s\0' "$k" "$5" "$6" "$7" "$8" "$f"
+done
+"""

@@ -1,0 +1,97 @@
+"""Helpers for the tests that need a real Docker engine.
+
+Outside CI the docker tests skip, saying how to start an engine, when none
+answers; with ``CI=true`` a missing engine fails them instead.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from jupyter_tai_sandbox.image import DEFAULT_IMAGE, build_minimal_image
+from jupyter_tai_sandbox.providers.docker import LABEL, VOLUME_PREFIX
+
+TEST_IMAGE = os.environ.get("TAI_SANDBOX_TEST_IMAGE", DEFAULT_IMAGE)
+START_HINT = (
+    "no Docker engine answers at $DOCKER_HOST or /var/run/docker.sock: start one "
+    "(as root: `nohup dockerd >/tmp/dockerd.log 2>&1 &`, or run .ci/docker-up) to run the docker tests"
+)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def docker_client():  # -> docker.DockerClient
+    """A client of a live engine with the test image built, or skip (fail in CI)."""
+    try:
+        import docker
+
+        client = docker.from_env(version="auto", timeout=30)
+        client.ping()
+    except Exception as e:
+        if in_ci():
+            pytest.fail(f"{START_HINT} ({e})")
+        pytest.skip(f"{START_HINT} ({e})")
+    try:
+        client.images.get(TEST_IMAGE)
+    except docker.errors.ImageNotFound:
+        if TEST_IMAGE != DEFAULT_IMAGE:
+            pytest.fail(f"test image {TEST_IMAGE} is missing: build or load it first")
+        build_minimal_image(TEST_IMAGE)
+    return client
+
+
+#: Put on everything this test run makes (DockerSandbox.extra_labels), so runs sharing an engine stay apart.
+RUN_LABEL = {f"{LABEL}.test-run": secrets.token_hex(6)}
+
+
+def leftovers(client) -> list[str]:
+    """Containers and volumes this test run made, and idle networks of ours, that still exist."""
+    (key, value), = RUN_LABEL.items()
+    mine = {"label": f"{key}={value}"}
+    found = [f"container {c.name}" for c in client.containers.list(all=True, filters=mine)]
+    found += [f"volume {v.name}" for v in client.volumes.list(filters=mine)]
+    for network in client.networks.list():
+        labels = network.attrs.get("Labels") or {}
+        if network.name.startswith(VOLUME_PREFIX) or any(k.startswith(LABEL) for k in labels):
+            network.reload()
+            if not network.attrs.get("Containers"):  # one in use belongs to a live session elsewhere
+                found.append(f"network {network.name}")
+    return found
+
+
+@contextmanager
+def host_listener() -> Iterator[int]:
+    """A TCP port on this machine (all addresses) that answers ``pong`` to every connection."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"pong\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
