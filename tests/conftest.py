@@ -7,6 +7,8 @@ import pytest
 
 from jupyter_tai_sandbox import sandboxes
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
 _POLICY_ENV = (
     "TAI_MCP_SANDBOX",
     "TAI_MCP_SANDBOX_ISOLATION",

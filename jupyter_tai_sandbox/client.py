@@ -1,0 +1,319 @@
+"""An async Python client of the /api/sandbox REST and websocket API.
+
+The server's typed errors come back as the same exception classes
+(``SandboxNotFoundError``, ``SandboxExecTimeoutError`` with its byte counts, ...).
+
+Finding the server: explicit ``url``/``token``, else ``TAI_SANDBOX_URL`` /
+``TAI_SANDBOX_TOKEN`` (set for kernels started by a server running the
+extension), else the first running Jupyter server that jupyter_server lists.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import urllib.parse
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
+
+from . import contract
+from .contract import ExecResult, ExitItem, OutputChunk, OutputItem, SandboxError, SandboxUnavailableError
+
+_STREAMS = {1: "stdout", 2: "stderr"}
+
+
+def error_from_body(status: int, body: bytes) -> SandboxError:
+    """The exception a JSON error body stands for."""
+    try:
+        data = json.loads(body)
+        message = data["message"]
+        data["error"]
+    except (ValueError, KeyError, TypeError):
+        return SandboxError(f"HTTP {status}: {body[:200].decode(errors='replace')}")
+    return error_from_message(data, fallback=f"HTTP {status}: {message}")
+
+
+def error_from_message(data: Mapping[str, Any], fallback: str | None = None) -> SandboxError:
+    name, message = str(data.get("error", "")), str(data.get("message", ""))
+    cls = getattr(contract, name, None)
+    if cls is contract.SandboxExecTimeoutError:
+        error = contract.SandboxExecTimeoutError(
+            message,
+            stdout_bytes=int(data.get("stdout_bytes", 0)),
+            stderr_bytes=int(data.get("stderr_bytes", 0)),
+        )
+        error.note = data.get("note")
+        return error
+    if isinstance(cls, type) and issubclass(cls, SandboxError):
+        return cls(message)
+    return SandboxError(fallback or f"{name}: {message}")
+
+
+def discover_server() -> tuple[str, str]:
+    """(base url, token) of the server to talk to; SandboxUnavailableError when none is found."""
+    url = os.environ.get("TAI_SANDBOX_URL")
+    if url:
+        return url, os.environ.get("TAI_SANDBOX_TOKEN", "")
+    try:
+        from jupyter_server.serverapp import list_running_servers
+
+        for server in list_running_servers():
+            return server["url"], server.get("token", "")
+    except ImportError:  # pragma: no cover - jupyter_server is a dependency
+        pass
+    raise SandboxUnavailableError(
+        "no Jupyter server found: set TAI_SANDBOX_URL (and TAI_SANDBOX_TOKEN), or start "
+        "`jupyter server` with the jupyter_tai_sandbox extension (TAI_MCP_SANDBOX names the provider)"
+    )
+
+
+class SandboxClient:
+    """REST and websocket calls to one server."""
+
+    def __init__(
+        self, url: str | None = None, token: str | None = None, request_timeout: float = 3600.0
+    ) -> None:
+        if url is None:
+            url, found_token = discover_server()
+            token = token if token is not None else found_token
+        self.url = url.rstrip("/") + "/"
+        self.token = token or ""
+        self.request_timeout = request_timeout
+        self._http = AsyncHTTPClient()
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _url(self, *parts: str, params: Mapping[str, str] | None = None, scheme: str | None = None) -> str:
+        path = "/".join(
+            urllib.parse.quote(p, safe="/" if i == len(parts) - 1 else "") for i, p in enumerate(parts)
+        )
+        url = urllib.parse.urljoin(self.url, "api/sandbox/" + path)
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        if scheme:
+            url = scheme + url.split(":", 1)[1]
+        return url
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"} if self.token else {}
+
+    async def _request(
+        self,
+        method: str,
+        *parts: str,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        headers = self._headers()
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body)
+            headers["Content-Type"] = "application/json"
+        if body is None and method in ("POST", "PUT") and "body_producer" not in kwargs:
+            body = b""
+        request = HTTPRequest(
+            self._url(*parts, params=params),
+            method=method,
+            headers=headers,
+            body=body,
+            request_timeout=self.request_timeout,
+            **kwargs,
+        )
+        try:
+            response = await self._http.fetch(request)
+        except HTTPClientError as e:
+            if e.response is None:
+                raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+            raise error_from_body(e.code, e.response.body) from None
+        except OSError as e:
+            raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+        if response.code == 204:
+            return None
+        if response.headers.get("Content-Type", "").startswith("application/json"):
+            return json.loads(response.body)
+        return response.body
+
+    # ------------------------------------------------------------------- REST
+
+    async def status(self) -> dict[str, Any]:
+        return await self._request("GET", "status")
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return (await self._request("GET", "sessions"))["sessions"]
+
+    async def create(self, **spec: Any) -> dict[str, Any]:
+        return await self._request("POST", "sessions", body=spec)
+
+    async def info(self, session_id: str) -> dict[str, Any]:
+        return await self._request("GET", "sessions", session_id)
+
+    async def destroy(self, session_id: str, remove_workspace: bool = False) -> None:
+        await self._request(
+            "DELETE", "sessions", session_id, params={"remove_workspace": "1" if remove_workspace else "0"}
+        )
+
+    async def exec(
+        self,
+        session_id: str,
+        argv: Sequence[str],
+        *,
+        timeout_seconds: float,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        body: dict[str, Any] = {"argv": list(argv), "timeout_seconds": timeout_seconds, "encoding": "base64"}
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        if stdin is not None:
+            body["stdin_b64"] = base64.b64encode(stdin).decode()
+        if env:
+            body["env"] = dict(env)
+        if cwd is not None:
+            body["cwd"] = cwd
+        data = await self._request("POST", "sessions", session_id, "exec", body=body)
+        return ExecResult(
+            data["exit_code"], base64.b64decode(data["stdout"]), base64.b64decode(data["stderr"])
+        )
+
+    async def list_files(self, session_id: str, path: str = "") -> list[dict[str, Any]]:
+        return (await self._request("GET", "sessions", session_id, "files", path))["entries"]
+
+    async def upload(self, session_id: str, path: str, data: bytes | AsyncIterable[bytes]) -> dict[str, Any]:
+        """Upload ``data`` (bytes, or chunks streamed as they come) to a workspace path."""
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            return await self._request("PUT", "sessions", session_id, "files", path, body=bytes(data))
+
+        async def produce(write: Any) -> None:
+            async for chunk in data:
+                await write(chunk)
+
+        return await self._request("PUT", "sessions", session_id, "files", path, body_producer=produce)
+
+    async def download(self, session_id: str, path: str) -> bytes:
+        return await self._request("GET", "sessions", session_id, "files", path)
+
+    async def download_to(self, session_id: str, path: str, sink: Any) -> int:
+        """Stream a workspace file into ``sink`` (anything with ``write(bytes)``); return its size."""
+        size = 0
+
+        def write(chunk: bytes) -> None:
+            nonlocal size
+            size += len(chunk)
+            sink.write(chunk)
+
+        await self._request("GET", "sessions", session_id, "files", path, streaming_callback=write)
+        return size
+
+    # -------------------------------------------------------------- websocket
+
+    async def exec_start(
+        self,
+        session_id: str,
+        argv: Sequence[str],
+        *,
+        timeout_seconds: float,
+        pty: bool = False,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+    ) -> RemoteExec:
+        request = HTTPRequest(
+            self._url("sessions", session_id, "exec", "ws", scheme="ws"), headers=self._headers()
+        )
+        try:
+            connection = await websocket_connect(request, max_message_size=64 << 20)
+        except HTTPClientError as e:
+            if e.response is not None and e.response.body:
+                raise error_from_body(e.code, e.response.body) from None
+            raise SandboxError(f"the exec websocket was refused: HTTP {e.code}") from None
+        except OSError as e:
+            raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+        start: dict[str, Any] = {
+            "type": "start",
+            "argv": list(argv),
+            "timeout_seconds": timeout_seconds,
+            "pty": pty,
+        }
+        if env:
+            start["env"] = dict(env)
+        if cwd is not None:
+            start["cwd"] = cwd
+        if rows and cols:
+            start.update(rows=rows, cols=cols)
+        await connection.write_message(json.dumps(start))
+        remote = RemoteExec(connection)
+        await remote._wait_started()
+        return remote
+
+    def close(self) -> None:
+        """Nothing to release: the HTTP client is shared per event loop."""
+
+
+class RemoteExec:
+    """The websocket side of an interactive command, shaped like ``ExecHandle``."""
+
+    def __init__(self, connection: WebSocketClientConnection) -> None:
+        self._ws = connection
+        self._ended = False
+        #: requests the server refused while the command ran on (e.g. a write after the exit)
+        self.rejected: list[SandboxError] = []
+        self.output: AsyncIterator[OutputItem] = self._iterate()
+
+    async def _wait_started(self) -> None:
+        message = await self._ws.read_message()
+        if message is None:
+            raise SandboxError("the exec websocket closed before the command started")
+        data = json.loads(message)
+        if data.get("type") != "started":
+            self._ws.close()
+            raise error_from_message(data)
+
+    async def _iterate(self) -> AsyncIterator[OutputItem]:
+        while True:
+            message = await self._ws.read_message()
+            if message is None:
+                raise SandboxError("the exec websocket closed without an exit message")
+            if isinstance(message, bytes):
+                yield OutputChunk(_STREAMS[message[0]], message[1:])  # type: ignore[arg-type]
+                continue
+            data = json.loads(message)
+            if data.get("type") == "rejected":
+                self.rejected.append(error_from_message(data))
+                continue
+            self._ended = True
+            self._ws.close()
+            if data.get("type") == "exit":
+                yield ExitItem(int(data["exit_code"]))
+                return
+            raise error_from_message(data)
+
+    async def _send(self, message: str | bytes) -> None:
+        try:
+            await self._ws.write_message(message, binary=isinstance(message, bytes))
+        except WebSocketClosedError:
+            raise SandboxError("the command has ended: its websocket is closed") from None
+
+    async def write(self, data: bytes) -> None:
+        await self._send(bytes(data))
+
+    async def close_stdin(self) -> None:
+        await self._send(json.dumps({"type": "close_stdin"}))
+
+    async def kill(self) -> None:
+        if not self._ended:
+            with contextlib.suppress(SandboxError):
+                await self._send(json.dumps({"type": "kill"}))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._send(json.dumps({"type": "resize", "rows": rows, "cols": cols}))
+
+    def disconnect(self) -> None:
+        """Drop the connection (the server kills the command)."""
+        self._ws.close()

@@ -1,0 +1,214 @@
+"""Interactive exec over a websocket, terminal-like.
+
+Protocol (documented in README, "Websocket protocol"):
+
+client -> server
+  text  {"type": "start", "argv": [...], "timeout_seconds": N, "pty": false,
+         "env": {}, "cwd": ".", "rows": 24, "cols": 80}          first message, once
+  binary  bytes for the command's stdin
+  text  {"type": "stdin", "data": "text"}                        stdin as text
+  text  {"type": "close_stdin"} | {"type": "kill"} | {"type": "resize", "rows": R, "cols": C}
+
+server -> client
+  text  {"type": "started"}
+  binary  one byte stream id (1 stdout, 2 stderr) then the bytes
+  text  {"type": "rejected", "request": "<type>", "error": ..., "message": ...}  a refused
+        request (a write after the exit, a resize without a pty...); the command runs on
+  text  {"type": "exit", "exit_code": N}  or  {"type": "error", "error": "<ErrorClass>", "message": ...}
+        exactly one of the two, last; then the server closes the socket.
+
+A client that disconnects kills its command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from typing import Any
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.base.websocket import WebSocketMixin
+from tornado import web
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+
+from . import sandboxes
+from .contract import (
+    ExecHandle,
+    ExitItem,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSession,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+)
+from .handlers import AUTH_RESOURCE, error_body, error_status
+
+STREAM_IDS = {"stdout": 1, "stderr": 2}
+_kills: set[asyncio.Future[None]] = set()
+_START_FIELDS = {"type", "argv", "timeout_seconds", "pty", "env", "cwd", "rows", "cols"}
+
+
+def _parse_start(message: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(message) - _START_FIELDS)
+    if unknown:
+        raise SandboxSpecRejectedError(f"unknown start field(s): {', '.join(unknown)}")
+    argv = message.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise SandboxSpecRejectedError("start needs argv: a non-empty list of strings")
+    timeout = message.get("timeout_seconds")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise SandboxSpecRejectedError("start needs timeout_seconds: a positive number")
+    env = message.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise SandboxSpecRejectedError("env must be an object of string values")
+    return {
+        "argv": argv,
+        "timeout_seconds": float(timeout),
+        "pty": bool(message.get("pty", False)),
+        "env": env,
+        "cwd": message.get("cwd"),
+    }
+
+
+class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
+    """One interactive command per connection."""
+
+    auth_resource = AUTH_RESOURCE
+
+    session: SandboxSession
+    handle: ExecHandle | None = None
+    _pump: asyncio.Task[None] | None = None
+    _finished = False
+
+    def set_default_headers(self) -> None:
+        """JupyterHandler's headers make no sense on a websocket."""
+
+    def get_compression_options(self) -> Any:
+        return self.settings.get("websocket_compression_options", None)
+
+    @ws_authenticated
+    async def get(self, session_id: str) -> None:
+        # the kernel websocket's pattern: authorize with "execute" here, not per message
+        if not await ensure_async(
+            self.authorizer.is_authorized(self, self.current_user, "execute", AUTH_RESOURCE)
+        ):
+            raise web.HTTPError(403)
+        try:
+            self.session = await sandboxes.require_sandbox().get(session_id)
+        except SandboxNotFoundError as e:
+            raise web.HTTPError(404, str(e)) from None
+        except SandboxUnavailableError as e:
+            raise web.HTTPError(503, str(e)) from None
+        await super().get(session_id=session_id)
+
+    def open(self, session_id: str) -> None:  # type: ignore[override]
+        super().open()  # starts the ping loop
+
+    async def on_message(self, message: str | bytes) -> None:
+        if self._finished:
+            return
+        request: Any = {"type": "stdin"}
+        try:
+            if isinstance(message, bytes):
+                await self._stdin(message)
+                return
+            try:
+                request = json.loads(message)
+            except ValueError:
+                request = {}
+                raise SandboxSpecRejectedError("control messages are JSON objects") from None
+            if not isinstance(request, dict):
+                request = {}
+                raise SandboxSpecRejectedError("control messages are JSON objects")
+            await self._control(request)
+        except SandboxError as e:
+            if self.handle is None:
+                await self._finish_with(error_body(e, error_status(e)))
+            else:
+                # the command runs on: a refused request is answered, the stream does not end
+                await self._send({"type": "rejected", "request": request.get("type"), **error_body(e, 400)})
+
+    async def _control(self, request: dict[str, Any]) -> None:
+        kind = request.get("type")
+        if kind == "start":
+            if self.handle is not None:
+                raise SandboxSpecRejectedError("this connection already started a command")
+            start = _parse_start(request)
+            self.handle = await self.session.exec_start(start.pop("argv"), **start)
+            if start["pty"] and "rows" in request and "cols" in request:
+                await self.handle.resize(int(request["rows"]), int(request["cols"]))
+            await self._send({"type": "started"})
+            self._pump = asyncio.create_task(self._relay_output(self.handle))
+            return
+        if self.handle is None:
+            raise SandboxSpecRejectedError('send {"type": "start", ...} first')
+        if kind == "stdin":
+            data = request.get("data")
+            if not isinstance(data, str):
+                raise SandboxSpecRejectedError(
+                    "stdin messages carry text in 'data' (send bytes as binary frames)"
+                )
+            await self._stdin(data.encode())
+        elif kind == "close_stdin":
+            await self.handle.close_stdin()
+        elif kind == "kill":
+            await self.handle.kill()
+        elif kind == "resize":
+            rows, cols = request.get("rows"), request.get("cols")
+            if not isinstance(rows, int) or not isinstance(cols, int):
+                raise SandboxSpecRejectedError("resize needs integer rows and cols")
+            await self.handle.resize(rows, cols)
+        else:
+            raise SandboxSpecRejectedError(f"unknown message type {kind!r}")
+
+    async def _stdin(self, data: bytes) -> None:
+        if self.handle is None:
+            raise SandboxSpecRejectedError('send {"type": "start", ...} before stdin')
+        await self.handle.write(data)
+
+    async def _relay_output(self, handle: ExecHandle) -> None:
+        try:
+            async for item in handle.output:
+                if isinstance(item, ExitItem):
+                    await self._finish_with({"type": "exit", "exit_code": item.exit_code})
+                    return
+                await self.write_message(bytes([STREAM_IDS[item.stream]]) + item.data, binary=True)
+        except WebSocketClosedError:
+            return
+        except SandboxError as e:
+            await self._finish_with(error_body(e, error_status(e)))
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        await self.write_message(json.dumps(message))
+
+    async def _finish_with(self, message: dict[str, Any]) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        if "type" not in message:
+            message = {"type": "error", **message}
+        with contextlib.suppress(WebSocketClosedError):
+            await self._send(message)
+        self.close(1000)
+        if self.handle is not None:
+            await self.handle.kill()
+
+    def on_close(self) -> None:
+        super().on_close()
+        if self.handle is not None and not self._finished:
+            self._finished = True
+            if self._pump is not None:
+                self._pump.cancel()
+            # on_close cannot await: keep the task referenced until it is done
+            task = asyncio.ensure_future(self.handle.kill())
+            _kills.add(task)
+            task.add_done_callback(_kills.discard)
