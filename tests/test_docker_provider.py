@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
+import socket
 import time
 
 import pytest
@@ -12,12 +14,16 @@ from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, host_listener, 
 
 from jupyter_tai_sandbox.conformance import run_sandbox_conformance
 from jupyter_tai_sandbox.contract import (
+    ExitItem,
+    OutputChunk,
+    SandboxError,
+    SandboxExecTimeoutError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
     SessionSpec,
 )
-from jupyter_tai_sandbox.providers.docker import LABEL_SESSION, LABEL_SPEC, DockerSandbox
+from jupyter_tai_sandbox.providers.docker import LABEL_POOL, LABEL_SESSION, LABEL_SPEC, DockerSandbox
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +38,7 @@ def provider(**traits) -> DockerSandbox:
 
 
 def spec(**changes) -> SessionSpec:
-    return SessionSpec(image=TEST_IMAGE, consumer="docker-tests", **changes)
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-tests", **changes})
 
 
 def container_attrs(client, session_id: str) -> dict:
@@ -176,6 +182,268 @@ def test_unreachable_engine_is_a_typed_unavailability(tmp_path):
             asyncio.run(action)
         assert url in str(caught.value)
         assert time.monotonic() - started < 30
+
+
+async def read_until(handle, marker: bytes, seconds: float = 10.0) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while marker not in seen:
+        item = await asyncio.wait_for(handle.output.__anext__(), max(0.01, deadline - time.monotonic()))
+        assert isinstance(item, OutputChunk), f"ended before {marker!r}: {seen!r}"
+        seen += item.data
+    return seen
+
+
+async def running_in(session, pid: int) -> bool:
+    """Whether ``pid`` (of the container's pid namespace) is alive, not a zombie."""
+    probe = await session.exec(
+        ["sh", "-c", 'read -r l </proc/$1/stat && set -- ${l##*) } && [ "$1" != Z ]', "sh", str(pid)],
+        timeout_seconds=10,
+    )
+    return probe.exit_code == 0
+
+
+async def wait_stopped_in(session, pid: int, seconds: float = 3.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while await running_in(session, pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def test_pty_command_has_a_terminal_that_resizes_and_takes_ctrl_c(client):
+    async def scenario():
+        sandbox = provider()
+        session = await sandbox.create(spec())
+        try:
+            handle = await session.exec_start(["sh", "-i"], timeout_seconds=30, pty=True)
+            await handle.write(b"stty size; echo $TERM\n")
+            assert b"24 80" in await read_until(handle, b"xterm-256color")
+            await handle.resize(40, 120)
+            await handle.write(b"stty size\n")
+            await read_until(handle, b"40 120")
+            await handle.write(b"sleep 20\n")
+            await asyncio.sleep(0.3)
+            await handle.write(b"\x03")
+            await handle.write(b"echo interrupted-$?\n")
+            await read_until(handle, b"interrupted-130")
+            await handle.write(b"exit 5\n")
+            items = [item async for item in handle.output]
+            assert items[-1] == ExitItem(5)
+            await handle.kill()
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_pty_kill_stops_jobs_the_shell_moved_to_groups_of_their_own(client):
+    async def scenario():
+        sandbox = provider()
+        session = await sandbox.create(spec())
+        try:
+            handle = await session.exec_start(["sh", "-i"], timeout_seconds=30, pty=True)
+            await handle.write(b"sleep 60 & echo job-$!\n")
+            seen = b""
+            while not (found := re.search(rb"job-(\d+)\r\n", seen)):
+                seen += (await asyncio.wait_for(handle.output.__anext__(), 5)).data
+            pid = int(found.group(1))
+            assert await running_in(session, pid)
+            await handle.kill()
+            items = [item async for item in handle.output]
+            assert items[-1] == ExitItem(137)
+            assert await wait_stopped_in(session, pid)
+            with pytest.raises(SandboxError):
+                await handle.resize(0, 10)
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_pty_close_stdin_sends_end_of_file(client):
+    async def scenario():
+        sandbox = provider()
+        session = await sandbox.create(spec())
+        try:
+            handle = await session.exec_start(["cat"], timeout_seconds=30, pty=True)
+            await handle.write(b"hello\n")
+            await handle.close_stdin()
+            items = [item async for item in handle.output]
+            assert b"".join(i.data for i in items[:-1]).count(b"hello") == 2  # echo + cat
+            assert items[-1] == ExitItem(0)
+            await handle.kill()
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_pty_kill_after_the_exit_keeps_the_status_and_a_missing_command_is_127(client):
+    async def scenario():
+        sandbox = provider()
+        session = await sandbox.create(spec())
+        try:
+            handle = await session.exec_start(["sh", "-c", "exit 3"], timeout_seconds=30, pty=True)
+            items = [item async for item in handle.output]
+            assert items[-1] == ExitItem(3)
+            await handle.kill()
+            await handle.kill()
+            handle = await session.exec_start(["no-such-command"], timeout_seconds=30, pty=True)
+            items = [item async for item in handle.output]
+            assert items[-1] == ExitItem(127)
+            assert b"no-such-command" in b"".join(i.data for i in items[:-1])
+            await handle.kill()
+            # the deadline stops a pty command's whole session too
+            handle = await session.exec_start(["sh", "-i"], timeout_seconds=2, pty=True)
+            await handle.write(b"sleep 60 & echo job-$!\n")
+            seen = b""
+            while not (found := re.search(rb"job-(\d+)\r\n", seen)):
+                seen += (await asyncio.wait_for(handle.output.__anext__(), 5)).data
+            pid = int(found.group(1))
+            with pytest.raises(SandboxExecTimeoutError):
+                async for _ in handle.output:
+                    pass
+            assert await wait_stopped_in(session, pid)
+            await handle.kill()
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+async def pool_ready(sandbox: DockerSandbox, count: int, seconds: float = 20.0) -> None:
+    await sandbox.list()  # connects, which starts the pool
+    deadline = time.monotonic() + seconds
+    while sandbox._pool.ready_count() < count:
+        assert time.monotonic() < deadline, f"the pool holds {sandbox._pool.ready_count()} of {count}"
+        await asyncio.sleep(0.05)
+
+
+def pooled_ids(client) -> set[str]:
+    return {c.id for c in client.containers.list(all=True, filters={"label": [LABEL_POOL, RUN_FILTER]})}
+
+
+RUN_FILTER = "{}={}".format(*next(iter(RUN_LABEL.items())))
+
+
+def test_pool_hands_out_started_containers_refills_and_never_reuses_one(client):
+    async def main() -> None:
+        sandbox = provider(pool_size=2)
+        try:
+            await pool_ready(sandbox, 2)
+            waiting = pooled_ids(client)
+            assert len(waiting) == 2
+            others = {i.id for i in await sandbox.list()}  # sessions of other runs on this engine
+            started = time.time()
+            session = await sandbox.create(spec(consumer="pool-user", ttl_seconds=120))
+            assert session.container_id in waiting  # handed out: no container was started for it
+            attrs = client.containers.get(session.container_id).attrs
+            assert attrs["Name"] == f"/tai-{session.id}"
+            assert attrs["State"]["Running"] and attrs["Created"] < time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started + 1))
+            result = await session.exec(["sh", "-c", "echo ran > mark; cat mark"], timeout_seconds=10)
+            assert result.stdout == b"ran\n"
+            (info,) = [i for i in await sandbox.list() if i.id not in others]  # a pooled container is no session
+            assert (info.id, info.consumer, info.spec.ttl_seconds) == (session.id, "pool-user", 120)
+            assert info.expires_at - info.created_at == 120
+            await pool_ready(sandbox, 2)  # refilled in the background
+            used = session.container_id
+            await session.destroy()
+            assert used not in {c.id for c in client.containers.list(all=True)}
+            seen = {used}
+            for _ in range(3):
+                again = await sandbox.create(spec())
+                assert again.container_id not in seen  # never a container a session has run in
+                assert await again.list_files() == []
+                seen.add(again.container_id)
+                await again.destroy()
+            # other specs are not served from the pool
+            capped = await sandbox.create(spec(memory_mb=64))
+            assert capped.container_id not in pooled_ids(client) | seen
+            await capped.destroy()
+        finally:
+            await sandbox.close()
+        assert pooled_ids(client) == set()  # close() removes what waited in the pool
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_pooled_session_env_reaches_commands_and_survives_a_restart(client):
+    async def main() -> None:
+        sandbox = provider(pool_size=1)
+        try:
+            await pool_ready(sandbox, 1)
+            session = await sandbox.create(spec(env={"SECRET_TOKEN": "pooled-secret"}, ttl_seconds=1.5))
+            assert session._record is not None
+            result = await session.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10)
+            assert result.stdout == b"pooled-secret"
+            handle = await session.exec_start(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10, pty=True)
+            assert b"pooled-secret" in b"".join([i.data async for i in handle.output if isinstance(i, OutputChunk)])
+            await handle.kill()
+            attrs = client.containers.get(session.container_id).attrs
+            assert "pooled-secret" not in json.dumps(attrs["Config"]["Labels"])
+            volume = client.volumes.get(f"tai-rec-{session.id}")
+            assert "pooled-secret" not in json.dumps(volume.attrs["Labels"])
+            await asyncio.gather(*sandbox._background)  # the env is kept in the container meanwhile
+            later = provider()  # a restarted server
+            try:
+                again = await later.get(session.id)
+                assert (await again.info()).spec == session.spec
+                result = await again.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10)
+                assert result.stdout == b"pooled-secret"
+                assert session.id in {i.id for i in await later.list()}
+                await asyncio.sleep(1.6)
+                assert session.id in await later.reap()
+                with pytest.raises(SandboxNotFoundError):
+                    await later.get(session.id)
+                with pytest.raises(SandboxNotFoundError):
+                    await session.info()
+            finally:
+                await later.close()
+            assert f"tai-rec-{session.id}" not in [v.name for v in client.volumes.list()]
+        finally:
+            await sandbox.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_unclaimed_pooled_containers_of_a_gone_server_are_reaped(client):
+    async def main() -> None:
+        gone = provider()
+        dead = f"{socket.gethostname()}:{2**22 + 12345}:gone"  # beyond pid_max: no such process
+        left = await gone._create_pooled(dead)
+        stale = await gone._create_pooled(f"elsewhere:1:{secrets.token_hex(2)}")
+        await gone.close()
+        later = provider(pool_idle_seconds=3600)
+        try:
+            listed = {i.id for i in await later.list()}
+            assert not listed & {f"tai-{c}" for c in (left, stale)}
+            await later.reap()
+            remaining = pooled_ids(client)
+            assert left not in remaining  # its owner is gone
+            assert stale in remaining  # another host's pool, not yet past its idle limit
+        finally:
+            await later._remove_container(stale)
+            await later.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_docker_provider_with_a_warm_pool_passes_the_conformance_suite(client):
+    async def main() -> list[str]:
+        sandbox = provider(pool_size=2)
+        try:
+            return await run_sandbox_conformance(sandbox)
+        finally:
+            await sandbox.close()
+
+    assert asyncio.run(main()) == []
+    assert pooled_ids(client) == set()
 
 
 def test_nothing_is_left_behind(client):

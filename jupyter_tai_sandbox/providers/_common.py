@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import math
 import posixpath
 import secrets
@@ -10,7 +12,14 @@ from collections.abc import Mapping, Sequence
 
 from traitlets.config import Configurable
 
-from ..contract import SandboxPathError, SandboxSpecRejectedError
+from ..contract import (
+    ExecHandle,
+    ExecResult,
+    OutputChunk,
+    SandboxError,
+    SandboxPathError,
+    SandboxSpecRejectedError,
+)
 
 #: Exit status reported for a command stopped by SIGKILL (128 + 9), as a shell reports it.
 KILLED_EXIT_CODE = 137
@@ -60,6 +69,32 @@ def check_exec_args(
     if cwd is not None and (not isinstance(cwd, str) or "\x00" in cwd):
         raise SandboxSpecRejectedError("cwd must be a path string")
     return argv
+
+
+def check_stdin(stdin: object) -> bytes | None:
+    """A one-shot's stdin as bytes (or None for no input); SandboxSpecRejectedError otherwise."""
+    if isinstance(stdin, (bytearray, memoryview)):
+        stdin = bytes(stdin)
+    if stdin is not None and not isinstance(stdin, bytes):
+        raise SandboxSpecRejectedError("stdin must be bytes (or None for no input)")
+    return stdin
+
+
+async def run_to_end(handle: ExecHandle) -> ExecResult:
+    """A one-shot's result: read the handle's output to its exit; stop the command on any failure."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    try:
+        async for item in handle.output:
+            if isinstance(item, OutputChunk):
+                (out if item.stream == "stdout" else err).append(item.data)
+            else:
+                return ExecResult(item.exit_code, b"".join(out), b"".join(err))
+    except BaseException:
+        with contextlib.suppress(SandboxError):
+            await asyncio.shield(handle.kill())
+        raise
+    raise SandboxError("the command's output ended without an exit status")  # pragma: no cover
 
 
 def workspace_relative(path: str, workspace: str) -> str:

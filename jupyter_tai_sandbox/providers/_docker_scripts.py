@@ -27,6 +27,24 @@ never lands in the command's stderr.
 KILL -- (argv: token) kills the recorded group with SIGKILL, waiting briefly
 for HOLD to record it. A group already gone is nothing to stop; any other
 failure prints the kill's error line and exits 1.
+
+RUN_PTY -- the exec's own process for a command on a terminal (argv: token,
+cwd, rows, cols, command...). The engine starts a tty exec as the leader of a
+new session with the terminal as its controlling tty and its group in the
+foreground, so RUN_PTY stays in place: it records its pid (= the session id),
+sets the window size when the image has ``stty``, and runs the command in the
+foreground group, so ^C (and a resize's SIGWINCH) reaches it; an interactive
+shell then moves jobs to groups of its own, all within the session. INT, QUIT,
+TSTP and HUP are trapped so the holder outlives a ^C. After the command's exit
+it lets go of the terminal and holds the session while any other process
+still holds the terminal (as for HOLD's output), until KILL_PTY marks a stop
+(``.k``), then exits with the command's own status.
+
+KILL_PTY -- (argv: token) marks the stop, then SIGKILLs every process of the
+recorded session but its holder (read from ``/proc/*/stat``), pass after pass
+until none is left, so a job forked meanwhile goes too; a process that left
+the session (setsid) is not stopped. A member that cannot be killed prints the
+kill's error line and exits 1.
 """
 
 RUN = r"""h=$1 t=/tmp/.tai-sbx-$2 d=$3
@@ -70,6 +88,57 @@ p=$(cat "$t.p" 2>/dev/null) || exit 0
 kill -9 -"$p" 2>/dev/null && exit 0
 [ -d /proc/"$p" ] || exit 0
 kill -9 -"$p"
+exit 1
+"""
+
+RUN_PTY = r"""t=/tmp/.tai-sbx-$1 d=$2
+exec 3>&2 2>/dev/null
+echo $$ >"$t.n" && mv "$t.n" "$t.p"
+cd "$d" 2>&3 || exit
+stty rows "$3" cols "$4" 2>/dev/null
+shift 4
+trap : INT QUIT TSTP HUP
+o=$(readlink /proc/$$/fd/0)
+"$@" 2>&3 3>&-
+r=$?
+exec 0</dev/null 1>/dev/null 3>&-
+held() {
+  ls -l /proc/[0-9]*/fd/0 /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2 2>/dev/null | {
+    while read -r l; do
+      case "$l" in *" /proc/$$/fd/"*) continue ;; esac
+      case "$l" in *" -> $o") exit 0 ;; esac
+    done
+    exit 1
+  }
+}
+while [ ! -f "$t.k" ] && held; do sleep 0.05; done
+rm -f "$t.p" "$t.k" "$t.n"
+exit $r
+"""
+
+KILL_PTY = r"""t=/tmp/.tai-sbx-$1 i=0
+while [ ! -f "$t.p" ]; do
+  i=$((i + 1))
+  [ $i -gt 150 ] && exit 0
+  sleep 0.01
+done
+p=$(cat "$t.p" 2>/dev/null) || exit 0
+[ -n "$p" ] || exit 0
+: >"$t.k"
+i=0
+while [ $i -lt 100 ]; do
+  i=$((i + 1)) n=0
+  for d in /proc/[0-9]*; do
+    { read -r l <"$d/stat"; } 2>/dev/null || continue
+    set -- ${l##*) }
+    [ "$4" = "$p" ] && [ "$1" != Z ] && [ "${d#/proc/}" != "$p" ] || continue
+    n=$((n + 1))
+    kill -9 "${d#/proc/}" 2>/dev/null || [ ! -d "$d" ] || e=$(kill -9 "${d#/proc/}" 2>&1)
+  done
+  [ $n -eq 0 ] && exit 0
+  sleep 0.01
+done
+echo "${e:-processes of the session survived SIGKILL}" >&2
 exit 1
 """
 

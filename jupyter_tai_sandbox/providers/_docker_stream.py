@@ -103,25 +103,52 @@ async def read_output(reader: asyncio.StreamReader, tty: bool) -> AsyncIterator[
     """The command's output as ``(stream, data)`` pieces, until the engine closes it.
 
     A tty stream is one unframed stdout; otherwise frames are demultiplexed.
+    Each read takes in what the socket holds (up to ``READ_SIZE``); the frames
+    in it are yielded with adjacent pieces of one stream joined, so a piece
+    taken in is a whole unit of output and a large output costs few awaits.
     """
     if tty:
         while data := await reader.read(READ_SIZE):
             yield "stdout", data
         return
-    while True:
-        try:
-            header = await reader.readexactly(_FRAME.size)
-        except asyncio.IncompleteReadError as e:
-            if e.partial:
-                raise SandboxError("the Docker engine cut an output frame header short") from None
-            return
-        code, size = _FRAME.unpack(header)
-        stream = _STREAMS.get(code)
-        while size:
-            # A frame is read in pieces: a piece taken in is a whole unit of output.
-            piece = await reader.read(min(size, READ_SIZE))
-            if not piece:
-                return
-            size -= len(piece)
-            if stream is not None:
-                yield stream, piece
+    frames = _Demux()
+    while data := await reader.read(READ_SIZE):
+        for piece in frames.feed(data):
+            yield piece
+    if frames.header:
+        raise SandboxError("the Docker engine cut an output frame header short")
+
+
+class _Demux:
+    """Splits the engine's framed stream (8-byte headers, then payloads) into stream pieces."""
+
+    def __init__(self) -> None:
+        self.header = b""  # a header split across reads
+        self.stream: OutputStream | None = None
+        self.remaining = 0  # payload bytes of the current frame still to come
+
+    def feed(self, data: bytes) -> list[tuple[OutputStream, bytes]]:
+        pieces: list[tuple[OutputStream, list[bytes]]] = []
+        view = memoryview(data)
+        at = 0
+        while at < len(view):
+            if not self.remaining:
+                need = _FRAME.size - len(self.header)
+                self.header += bytes(view[at : at + need])
+                at += need
+                if len(self.header) < _FRAME.size:
+                    break
+                code, self.remaining = _FRAME.unpack(self.header)
+                self.stream = _STREAMS.get(code)
+                self.header = b""
+                continue
+            take = view[at : at + self.remaining]
+            at += len(take)
+            self.remaining -= len(take)
+            if self.stream is None:
+                continue
+            if pieces and pieces[-1][0] == self.stream:
+                pieces[-1][1].append(take)
+            else:
+                pieces.append((self.stream, [take]))
+        return [(stream, b"".join(parts)) for stream, parts in pieces]

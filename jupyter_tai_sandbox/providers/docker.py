@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from traitlets import Bool, Dict, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..contract import (
@@ -47,12 +47,24 @@ from ..contract import (
 from ..image import DEFAULT_IMAGE
 from ..spool import DEFAULT_MEMORY_LIMIT, OutputSpool
 from . import _docker_scripts as scripts
-from ._common import OUTPUT_GRACE_SECONDS, ProviderMeta, check_exec_args, new_session_id, workspace_relative
+from ._common import (
+    OUTPUT_GRACE_SECONDS,
+    ProviderMeta,
+    check_exec_args,
+    check_stdin,
+    new_session_id,
+    run_to_end,
+    workspace_relative,
+)
+from ._docker_pool import WarmPool, owner_gone
 from ._docker_stream import EngineAddress, EngineRefusal, read_output, start_exec
 
 WORKSPACE = "/workspace"
 #: A kill's fixed limit: a stop that has not finished by then raises SandboxError.
 KILL_LIMIT_SECONDS = 5.0
+#: A pty command's terminal: its window (rows, cols) at the start, and its TERM.
+PTY_WINDOW = (24, 80)
+PTY_TERM = "xterm-256color"
 LABEL = "jupyter-tai-sandbox"
 LABEL_SESSION = f"{LABEL}.session"
 LABEL_CONSUMER = f"{LABEL}.consumer"
@@ -61,9 +73,18 @@ LABEL_EXPIRES = f"{LABEL}.expires"
 LABEL_SPEC = f"{LABEL}.spec"
 LABEL_WORKSPACE = f"{LABEL}.workspace"
 LABEL_NETWORK = f"{LABEL}.network"
+#: on a warm-pool container: its owner (see _docker_pool)
+LABEL_POOL = f"{LABEL}.pool"
+#: on a session record volume: the id of the pooled container the session runs in
+LABEL_RECORD = f"{LABEL}.record"
+RECORD_PREFIX = "tai-rec-"
+#: where a pooled session's spec env is kept inside its container, for a restarted server
+POOLED_ENV_FILE = "/tmp/.tai-sbx-env.json"
 VOLUME_PREFIX = "tai-sbx-"
 _SESSION_ID = re.compile(r"^sbx-[0-9a-f]{16}$")
-_WRITE_CHUNK = 1 << 16
+_WRITE_CHUNK = 1 << 18
+#: stdin bytes the transport buffers before a write waits (asyncio's default is 64 KiB)
+_WRITE_BUFFER = 1 << 20
 _HELD_OUTPUT_NOTE = (
     "a process the command started still held its output after the kill; "
     "the byte counts cover the output received up to the stop"
@@ -82,6 +103,11 @@ def _docker() -> Any:
             "the docker provider needs the docker SDK: pip install 'jupyter-tai-sandbox[docker]'"
         ) from e
     return docker
+
+
+def _check_window(rows: int, cols: int) -> None:
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 10000 for n in (rows, cols)):
+        raise SandboxSpecRejectedError(f"invalid terminal size {rows}x{cols}")
 
 
 def _inside(path: str) -> bool:
@@ -110,6 +136,7 @@ class DockerCommand(ExecHandle):
         self._exec_id = exec_id
         self._token = token
         self._reader, self._writer = stream
+        self._writer.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
         self._tty = tty
         self._timeout_seconds = timeout_seconds
         self._spool = OutputSpool(session._sandbox.output_memory_limit)
@@ -198,7 +225,7 @@ class DockerCommand(ExecHandle):
         async with self._stop_lock:
             if self._reading.done():
                 return
-            await self._session._kill_group(self._exec_id, self._token)
+            await self._session._kill_group(self._exec_id, self._token, pty=self._tty)
             await asyncio.wait({self._reading}, timeout=OUTPUT_GRACE_SECONDS)
             if not self._reading.done():
                 # a process that left the group still holds the output: stop taking it in
@@ -259,10 +286,20 @@ class DockerCommand(ExecHandle):
     async def close_stdin(self) -> None:
         if self._stdin_closed:
             return
+        if self._tty:
+            await self._send_end_of_file()
+            return
         self._stdin_closed = True
         if not self._writer.is_closing() and self._writer.can_write_eof():
             with contextlib.suppress(OSError, RuntimeError):
                 self._writer.write_eof()
+
+    async def _send_end_of_file(self) -> None:
+        """A terminal has no half-close: send its end-of-file character (^D), as a user would."""
+        if not self._done.is_set() and not self._reading.done():
+            with contextlib.suppress(SandboxError):
+                await self.write(b"\x04")
+        self._stdin_closed = True
 
     async def kill(self) -> None:
         async with self._kill_lock:
@@ -273,10 +310,15 @@ class DockerCommand(ExecHandle):
     async def resize(self, rows: int, cols: int) -> None:
         if not self._tty:
             await super().resize(rows, cols)
+        _check_window(rows, cols)
         if self._done.is_set():
             return
-        api = self._session._sandbox._api
-        await self._session._sandbox._call(api.exec_resize, self._exec_id, height=int(rows), width=int(cols))
+        try:
+            await self._session._resize(self._exec_id, rows, cols)
+        except SandboxError:
+            if await self._session._exec_running(self._exec_id):
+                raise
+            # the command ended meanwhile: there is no terminal left to resize
 
     def _abandon(self) -> None:
         """The session is gone: stop taking output in (its status read then reports why)."""
@@ -315,15 +357,20 @@ class DockerSession(SandboxSession):
         spec: SessionSpec,
         created_at: float,
         expires_at: float,
+        record: str | None = None,
     ) -> None:
         self._sandbox = sandbox
         self._container = container_id
+        #: the record volume of a session started in a pooled container (None otherwise)
+        self._record = record
         self._id = session_id
         self.spec = spec
         self.created_at = created_at
         self.expires_at = expires_at
         self._destroyed = False
         self._owner: tuple[int, int] | None = None
+        #: environment given to every exec (a pooled container was started without the spec's env)
+        self._exec_env: dict[str, str] = {}
 
     @property
     def id(self) -> str:
@@ -354,7 +401,10 @@ class DockerSession(SandboxSession):
 
     async def info(self) -> SessionInfo:
         self._check_live()
-        await self._sandbox._inspect_session(self._id)
+        if self._record is None:
+            await self._sandbox._inspect_session(self._id)
+        else:
+            await self._sandbox._inspect_pooled(self._id, self._container)
         return self._info()
 
     def _check_live(self) -> None:
@@ -395,8 +445,14 @@ class DockerSession(SandboxSession):
         args = check_exec_args(argv, timeout_seconds, env, cwd)
         workdir = WORKSPACE if cwd is None else await self._folder(cwd, what="cwd")
         token = secrets.token_hex(8)
-        cmd = ["sh", "-c", scripts.RUN, "sh", scripts.HOLD, token, workdir, *args]
-        exec_id = await self._exec_raw(cmd, env={"SANDBOX_WORKSPACE": WORKSPACE, **(env or {})}, stdin=stdin, tty=tty)
+        command_env = {"SANDBOX_WORKSPACE": WORKSPACE, **self._exec_env, **(env or {})}
+        if tty:
+            rows, cols = PTY_WINDOW
+            cmd = ["sh", "-c", scripts.RUN_PTY, "sh", token, workdir, str(rows), str(cols), *args]
+            command_env = {"TERM": PTY_TERM, **command_env}
+        else:
+            cmd = ["sh", "-c", scripts.RUN, "sh", scripts.HOLD, token, workdir, *args]
+        exec_id = await self._exec_raw(cmd, env=command_env, stdin=stdin, tty=tty)
         sandbox = self._sandbox
         stream = None
         try:
@@ -404,12 +460,16 @@ class DockerSession(SandboxSession):
             command = DockerCommand(
                 self, exec_id, token, stream, timeout_seconds=timeout_seconds, tty=tty, stdin=stdin
             )
+            if tty:
+                # an image without stty still gets its window size from the engine (unless it ended already)
+                with contextlib.suppress(SandboxError):
+                    await self._resize(exec_id, *PTY_WINDOW)
         except BaseException:
             # a start that failed or was cancelled stops whatever it may have started
             if stream is not None:
                 stream[1].close()
             with contextlib.suppress(SandboxError):
-                await asyncio.shield(self._kill_group(exec_id, token))
+                await asyncio.shield(self._kill_group(exec_id, token, pty=tty))
             raise
         sandbox._commands.setdefault(self._id, set()).add(command)
         return command
@@ -423,26 +483,11 @@ class DockerSession(SandboxSession):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        if isinstance(stdin, (bytearray, memoryview)):
-            stdin = bytes(stdin)
-        if stdin is not None and not isinstance(stdin, bytes):
-            raise SandboxSpecRejectedError("stdin must be bytes (or None for no input)")
+        stdin = check_stdin(stdin)
         command = await self._start(argv, timeout_seconds, env, cwd, stdin=stdin is not None, tty=False)
         if stdin is not None:
             command._feeder = asyncio.create_task(command._feed(stdin))
-        out: list[bytes] = []
-        err: list[bytes] = []
-        try:
-            async for item in command.output:
-                if isinstance(item, OutputChunk):
-                    (out if item.stream == "stdout" else err).append(item.data)
-                else:
-                    return ExecResult(item.exit_code, b"".join(out), b"".join(err))
-        except BaseException:
-            with contextlib.suppress(SandboxError):
-                await asyncio.shield(command.kill())
-            raise
-        raise SandboxError("the command's output ended without an exit status")  # pragma: no cover
+        return await run_to_end(command)
 
     async def exec_start(
         self,
@@ -479,8 +524,21 @@ class DockerSession(SandboxSession):
         code = await asyncio.wait_for(run(), timeout=limit)
         return code, bytes(out), bytes(err)
 
-    async def _kill_group(self, exec_id: str, token: str) -> None:
-        """SIGKILL the command's process group through a separate exec, within the fixed 5 s limit."""
+    async def _exec_running(self, exec_id: str) -> bool:
+        with contextlib.suppress(SandboxError):
+            info = await self._sandbox._call(self._sandbox._api.exec_inspect, exec_id)
+            return bool(info.get("Running"))
+        return False
+
+    async def _resize(self, exec_id: str, rows: int, cols: int) -> None:
+        api = self._sandbox._api
+        await self._sandbox._call(api.exec_resize, exec_id, height=rows, width=cols, what="resize a terminal")
+
+    async def _kill_group(self, exec_id: str, token: str, *, pty: bool = False) -> None:
+        """SIGKILL the command's process group (its session, on a terminal) through a separate exec.
+
+        The stop has a fixed limit of 5 s.
+        """
         partial: list[bytes] = []
         try:
             info = await asyncio.wait_for(
@@ -489,7 +547,7 @@ class DockerSession(SandboxSession):
             if not info.get("Running"):
                 return  # the wrapper has ended: there is nothing left to stop
             code, out, err = await self._run_script(
-                scripts.KILL, token, limit=KILL_LIMIT_SECONDS, partial=partial
+                scripts.KILL_PTY if pty else scripts.KILL, token, limit=KILL_LIMIT_SECONDS, partial=partial
             )
         except asyncio.TimeoutError:
             said = b"".join(partial).decode("utf-8", "replace").strip()
@@ -674,7 +732,7 @@ class DockerSession(SandboxSession):
         if self._destroyed:
             return
         self._destroyed = True
-        await self._sandbox._destroy(self._id, self._container, self.spec, remove_workspace)
+        await self._sandbox._destroy(self._id, self._container, self.spec, remove_workspace, self._record)
 
 
 def _int(text: str) -> int:
@@ -769,6 +827,25 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     status, so a kill after the exit still reports it. Deadlines are timers
     on the event loop and kill whether or not anyone reads.
 
+    **Terminals.** ``exec_start(pty=True)`` runs a tty exec under
+    ``RUN_PTY`` instead: the engine makes the exec's process the leader of a
+    new session whose controlling terminal is the tty, and the command runs in
+    the foreground group there, so ^C (0x03 written to stdin) interrupts it,
+    ``stty size`` works (24x80 at the start, then each resize()) and an
+    interactive shell's job control works. A stop kills every process of that
+    session (an interactive shell moves jobs to groups of their own), found by
+    session id in ``/proc/*/stat``; the holder reports the command's own status
+    (137 when it was killed). ``close_stdin`` sends the terminal's end-of-file
+    character (^D).
+
+    **Warm pool.** With ``pool_size`` > 0, containers for the default spec are
+    started ahead and handed out at create (see ``_docker_pool``): a session
+    in one is found through its record volume ``tai-rec-<session id>`` (the
+    same labels a session container carries; the container is renamed
+    ``tai-<session id>``), its spec env is passed to each exec and kept in the
+    container (``/tmp/.tai-sbx-env.json``) for a restarted server. Pooled
+    containers are never listed as sessions and never serve a second session.
+
     **Transport.** Blocking SDK calls (create, inspect, archive) run in worker
     threads. Exec streams do not: each exec's attached connection is opened with
     asyncio streams (``_docker_stream``) and read by one task per command into
@@ -848,6 +925,21 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="Extra labels put on every session container and workspace volume this provider makes.",
     ).tag(config=True)
 
+    pool_size = Integer(
+        0,
+        help="""Warm pool: how many pre-started containers wait for sessions of the default spec (the
+        default image, ephemeral, egress network, no cpu/memory caps; any env, which is then given to
+        each command). A create takes one instead of starting a container, and the pool refills in the
+        background. A pooled container serves one session only. 0 turns the pool off.""",
+    ).tag(config=True)
+
+    pool_idle_seconds = Float(
+        3600.0,
+        help="""Longest a pooled container waits unclaimed: older ones are replaced, and any provider's
+        reap removes an unclaimed pooled container past this age (at once when its owning process on this
+        host is gone). close() removes the pool's containers.""",
+    ).tag(config=True)
+
     @default("base_url")
     def _base_url_default(self) -> str:
         return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -857,6 +949,10 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self._client: Any = None
         self._network_lock: asyncio.Lock | None = None
         self._commands: dict[str, set[DockerCommand]] = {}
+        self._pool = WarmPool(self)
+        #: spec env of the pooled sessions this provider handed out (others read it from the container)
+        self._pooled_env: dict[str, dict[str, str]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
 
     # --------------------------------------------------------------- engine
 
@@ -884,7 +980,14 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                     f"cannot reach the Docker engine at {self.base_url}: {e}. Start one (dockerd) or set "
                     "DockerSandbox.base_url / DOCKER_HOST"
                 ) from None
+            self._pool.fill_soon()
         return self._client
+
+    def _spawn(self, coro: Any) -> None:
+        """Run a housekeeping coroutine in the background; close() waits for it."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _translate(self, error: BaseException, what: str) -> BaseException:
         """An SDK (or requests) exception as the contract's error."""
@@ -920,6 +1023,12 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
+        if self._poolable(spec):
+            container_id = self._pool.take()
+            if container_id is not None:
+                session = await self._claim(container_id, spec, session_id, now, expires)
+                if session is not None:
+                    return session
         labels = {
             **self.extra_labels,
             LABEL_SESSION: session_id,
@@ -928,17 +1037,203 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             LABEL_EXPIRES: repr(expires),
             LABEL_SPEC: json.dumps(spec.to_public_json()),
         }
+        names = (f"tai-{session_id}", labels, {**self.extra_labels, LABEL_SESSION: session_id})
         if spec.network == "internal":
             async with self._lock_network():
                 await self._ensure_network()
-                container_id = await self._call(self._create_container, spec, session_id, labels, what="create")
+                container_id = await self._call(self._create_container, spec, *names, what="create")
         else:
-            container_id = await self._call(self._create_container, spec, session_id, labels, what="create")
+            container_id = await self._call(self._create_container, spec, *names, what="create")
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
         return DockerSession(self, container_id, session_id, spec, now, expires)
 
-    def _create_container(self, spec: SessionSpec, session_id: str, labels: dict[str, str]) -> str:
-        """Create and start the session container (blocking); remove it again if the start fails."""
+    # ------------------------------------------------------------ warm pool
+
+    def _poolable(self, spec: SessionSpec) -> bool:
+        """A spec a pooled container can serve: the default one, env aside."""
+        return (
+            self.pool_size > 0
+            and spec.image in (None, self.image)
+            and spec.durability == "ephemeral"
+            and spec.network == "egress"
+            and spec.cpu is None
+            and spec.memory_mb is None
+            and not (spec.env and self.read_only_rootfs)  # the env is kept in the container's /tmp
+        )
+
+    async def _create_pooled(self, owner: str) -> str:
+        now = time.time()
+        labels = {
+            **self.extra_labels,
+            LABEL_POOL: owner,
+            LABEL_CREATED: repr(now),
+            LABEL_EXPIRES: repr(now + self.pool_idle_seconds),
+        }
+        name = f"tai-pool-{secrets.token_hex(8)}"
+        volume_labels = {**self.extra_labels, LABEL_POOL: owner}
+        return await self._call(
+            self._create_container, SessionSpec(), name, labels, volume_labels, what="start a pooled container"
+        )
+
+    async def _claim(
+        self, container_id: str, spec: SessionSpec, session_id: str, now: float, expires: float
+    ) -> DockerSession | None:
+        """Make a pooled container the session's: its record volume, and its name. None if that failed."""
+        api = self._api
+        record = RECORD_PREFIX + session_id
+        labels = {
+            **self.extra_labels,
+            LABEL_RECORD: container_id,
+            LABEL_SESSION: session_id,
+            LABEL_CONSUMER: spec.consumer,
+            LABEL_CREATED: repr(now),
+            LABEL_EXPIRES: repr(expires),
+            LABEL_SPEC: json.dumps(spec.to_public_json()),
+        }
+        made = await asyncio.gather(
+            self._call(api.create_volume, record, labels=labels, what="record a session"),
+            self._call(api.rename, container_id, f"tai-{session_id}", what="name a session container"),
+            return_exceptions=True,
+        )
+        failed = [r for r in made if isinstance(r, BaseException)]
+        if failed:
+            self.log.warning("sandbox-docker: a pooled container could not be claimed: %s", failed[0])
+            self._spawn(self._remove_container(container_id, record))
+            return None
+        session = DockerSession(self, container_id, session_id, spec, now, expires, record=record)
+        session._exec_env = dict(spec.env)
+        self._pooled_env[session_id] = dict(spec.env)
+        if spec.env:
+            self._spawn(self._save_env(container_id, spec.env))
+        self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, container_id[:12])
+        return session
+
+    async def _save_env(self, container_id: str, env: Mapping[str, str]) -> None:
+        """Keep a pooled session's spec env in its container (root-only file), for a restarted server."""
+        body = json.dumps(dict(env)).encode()
+        info = tarfile.TarInfo(posixpath.basename(POOLED_ENV_FILE))
+        info.size, info.mode, info.mtime = len(body), 0o600, int(time.time())
+        archive = info.tobuf(format=tarfile.PAX_FORMAT) + body + b"\0" * (-len(body) % tarfile.BLOCKSIZE)
+        archive += b"\0" * (2 * tarfile.BLOCKSIZE)
+        try:
+            await self._call(self._api.put_archive, container_id, posixpath.dirname(POOLED_ENV_FILE), archive)
+        except SandboxError as e:
+            self.log.warning("sandbox-docker: could not keep a pooled session's env in %s: %s", container_id[:12], e)
+
+    async def _load_env(self, container_id: str) -> dict[str, str]:
+        def load() -> dict[str, str]:
+            stream, _ = self._api.get_archive(container_id, POOLED_ENV_FILE)
+            with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as tar:
+                member = tar.next()
+                handle = tar.extractfile(member) if member is not None else None
+                return json.loads(handle.read()) if handle is not None else {}
+
+        try:
+            env = await self._call(load, what="read a pooled session's env")
+        except SandboxNotFoundError:
+            return {}
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+    async def _remove_container(self, container_id: str, record: str | None = None) -> None:
+        """Remove a container (and its anonymous volume) and a record volume; missing ones are fine."""
+        docker = _docker()
+
+        def remove() -> None:
+            try:
+                self._client.api.remove_container(container_id, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                if "already in progress" not in str(e):
+                    raise
+            if record is not None:
+                with contextlib.suppress(docker.errors.NotFound):
+                    self._client.api.remove_volume(record)
+
+        await self._call(remove, what="remove a session container")
+
+    async def _records(self) -> list[dict[str, Any]]:
+        """The record volumes of sessions in pooled containers."""
+        found = await self._call(self._api.volumes, filters={"label": LABEL_RECORD}, what="list session records")
+        return list((found or {}).get("Volumes") or [])
+
+    async def _pooled_containers(self) -> list[dict[str, Any]]:
+        return await self._call(
+            self._api.containers, all=True, filters={"label": LABEL_POOL}, what="list pooled containers"
+        )
+
+    def _session_from_record(self, volume: Mapping[str, Any], env: Mapping[str, str]) -> DockerSession:
+        labels = volume.get("Labels") or {}
+        summary = {"Id": labels[LABEL_RECORD], "Labels": labels}
+        session = self._session_from(summary, [f"{k}={v}" for k, v in env.items()])
+        session._record = volume["Name"]
+        session._exec_env = dict(session.spec.env)
+        return session
+
+    async def _inspect_pooled(self, session_id: str, container_id: str) -> dict[str, Any]:
+        try:
+            return await self._call(self._api.inspect_container, container_id, what="inspect a session")
+        except SandboxNotFoundError:
+            raise SandboxNotFoundError(f"no docker sandbox session {session_id!r}") from None
+
+    async def _get_pooled(self, session_id: str) -> DockerSession:
+        """A session in a pooled container, from its record volume."""
+        try:
+            volume = await self._call(self._api.inspect_volume, RECORD_PREFIX + session_id, what="find a session")
+        except SandboxNotFoundError:
+            raise SandboxNotFoundError(f"no docker sandbox session {session_id!r}") from None
+        labels = volume.get("Labels") or {}
+        if labels.get(LABEL_SESSION) != session_id or LABEL_RECORD not in labels:
+            raise SandboxNotFoundError(f"no docker sandbox session {session_id!r}")
+        await self._inspect_pooled(session_id, labels[LABEL_RECORD])
+        env = self._pooled_env.get(session_id)
+        if env is None:
+            env = await self._load_env(labels[LABEL_RECORD])
+        try:
+            return self._session_from_record(volume, env)
+        except (KeyError, ValueError, SandboxError) as e:
+            raise SandboxNotFoundError(f"session record {volume.get('Name')} is unreadable: {e}") from None
+
+    async def _reap_pool(self, now: float) -> list[str]:
+        """Expired pooled sessions, records left without a container, and stale unclaimed containers."""
+        records, pooled = await asyncio.gather(self._records(), self._pooled_containers())
+        alive = {c["Id"] for c in pooled}
+        claimed = set()
+        reaped = []
+        for volume in records:
+            labels = volume.get("Labels") or {}
+            container_id = labels.get(LABEL_RECORD, "")
+            claimed.add(container_id)
+            try:
+                expired = float(labels[LABEL_EXPIRES]) <= now
+            except (KeyError, ValueError):
+                expired = True
+            if expired or container_id not in alive:
+                await self._forget_pooled(labels.get(LABEL_SESSION, ""))
+                await self._remove_container(container_id, volume["Name"])
+                if expired and labels.get(LABEL_SESSION):
+                    reaped.append(labels[LABEL_SESSION])
+        for container in pooled:
+            labels = container.get("Labels") or {}
+            if container["Id"] in claimed or self._pool.is_ours(labels, LABEL_POOL):
+                continue
+            try:
+                stale = float(labels[LABEL_EXPIRES]) <= now
+            except (KeyError, ValueError):
+                stale = True
+            if stale or owner_gone(labels.get(LABEL_POOL, "")):
+                await self._remove_container(container["Id"])
+        return reaped
+
+    async def _forget_pooled(self, session_id: str) -> None:
+        self._pooled_env.pop(session_id, None)
+        for command in self._commands.pop(session_id, set()):
+            command._abandon()
+
+    def _create_container(
+        self, spec: SessionSpec, name: str, labels: dict[str, str], volume_labels: dict[str, str]
+    ) -> str:
+        """Create and start a container (blocking); remove it again if the start fails."""
         docker = _docker()
         image = spec.image or self.image
         client = self._client
@@ -950,9 +1245,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 client.volumes.create(volume, labels={**self.extra_labels, LABEL_WORKSPACE: str(spec.workspace_key)})
             mount = docker.types.Mount(WORKSPACE, volume, type="volume")
         else:
-            mount = docker.types.Mount(
-                WORKSPACE, None, type="volume", labels={**self.extra_labels, LABEL_SESSION: session_id}
-            )
+            mount = docker.types.Mount(WORKSPACE, None, type="volume", labels=volume_labels)
         network: dict[str, Any] = {
             "egress": {"network_mode": "bridge"},
             "none": {"network_mode": "none"},
@@ -975,7 +1268,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 image,
                 entrypoint=["sleep", "2147483647"],
                 command=[],
-                name=f"tai-{session_id}",
+                name=name,
                 labels=labels,
                 environment=env,
                 working_dir=WORKSPACE,
@@ -1076,7 +1369,14 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             raise SandboxNotFoundError(f"no docker sandbox session {session_id!r}") from None
 
     async def get(self, session_id: str) -> SandboxSession:
-        attrs = await self._inspect_session(session_id)
+        if session_id in self._pooled_env:
+            return await self._get_pooled(session_id)
+        try:
+            attrs = await self._inspect_session(session_id)
+        except SandboxNotFoundError:
+            if not (isinstance(session_id, str) and _SESSION_ID.match(session_id)):
+                raise
+            return await self._get_pooled(session_id)
         summary = {"Id": attrs["Id"], "Labels": attrs["Config"].get("Labels") or {}}
         try:
             return self._session_from(summary, attrs["Config"].get("Env"))
@@ -1084,10 +1384,22 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             raise SandboxNotFoundError(f"container {attrs['Id'][:12]} has unreadable session labels: {e}") from None
 
     async def list(self) -> list[SessionInfo]:
+        await self._connect()
+        summaries, records, pooled = await asyncio.gather(
+            self._containers(), self._records(), self._pooled_containers()
+        )
+        alive = {c["Id"] for c in pooled}
         infos = []
-        for summary in await self._containers():
+        for summary in summaries:
             try:
                 infos.append(self._session_from(summary, None)._info())
+            except (KeyError, ValueError, SandboxError):
+                continue
+        for volume in records:
+            if (volume.get("Labels") or {}).get(LABEL_RECORD) not in alive:
+                continue  # its container is gone: the reap removes the record
+            try:
+                infos.append(self._session_from_record(volume, {})._info())
             except (KeyError, ValueError, SandboxError):
                 continue
         return sorted(infos, key=lambda i: i.created_at)
@@ -1108,25 +1420,17 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 except SandboxNotFoundError:
                     continue  # reaped meanwhile by someone else
                 reaped.append(session.id)
+        reaped += await self._reap_pool(now)
         if reaped:
             self.log.info("sandbox-docker: reaped %s", ", ".join(reaped))
         return reaped
 
-    async def _destroy(self, session_id: str, container_id: str, spec: SessionSpec, remove_workspace: bool) -> None:
-        for command in self._commands.pop(session_id, set()):
-            command._abandon()
+    async def _destroy(
+        self, session_id: str, container_id: str, spec: SessionSpec, remove_workspace: bool, record: str | None
+    ) -> None:
+        await self._forget_pooled(session_id)
         docker = _docker()
-
-        def remove() -> None:
-            try:
-                self._client.api.remove_container(container_id, force=True, v=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                if "already in progress" not in str(e):
-                    raise
-
-        await self._call(remove, what="remove a session container")
+        await self._remove_container(container_id, record)
         if spec.network == "internal":
             await self._drop_network()
         if remove_workspace and spec.durability == "persistent":
@@ -1142,6 +1446,9 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def close(self) -> None:
         commands = [c for group in self._commands.values() for c in group]
         await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
+        await self._pool.close()
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self._client is not None:
             client, self._client = self._client, None
             await asyncio.to_thread(client.close)

@@ -64,7 +64,9 @@ from ._common import (
     OUTPUT_GRACE_SECONDS,
     ProviderMeta,
     check_exec_args,
+    check_stdin,
     new_session_id,
+    run_to_end,
     workspace_relative,
 )
 
@@ -90,6 +92,24 @@ def _group_kwargs(pgid: int) -> dict[str, Any]:
 def _killpg(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+async def spawn_holder() -> asyncio.subprocess.Process:
+    """A holder: it leads a new process group, and exits when its stdin closes (or the server dies)."""
+    return await asyncio.create_subprocess_exec(
+        "sh",
+        "-c",
+        "read _",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        **_group_kwargs(0),
+    )
+
+
+def _release_holder(holder: asyncio.subprocess.Process) -> None:
+    if holder.stdin is not None:
+        holder.stdin.close()
 
 
 class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
@@ -128,20 +148,20 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
     # ---------------------------------------------------------------- start
 
     async def start(
-        self, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bytes | bool | None
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bytes | bool | None,
+        holder: asyncio.subprocess.Process | None = None,
     ) -> None:
-        """Spawn holder and command. ``stdin``: bytes to feed, None for /dev/null, True for a pipe."""
+        """Spawn the command (and its holder, unless a fresh one is given).
+
+        ``stdin``: bytes to feed, None for /dev/null, True for a pipe.
+        """
         loop = asyncio.get_running_loop()
-        # The holder leads the group and exits when its stdin closes (or the server dies).
-        self._holder = await asyncio.create_subprocess_exec(
-            "sh",
-            "-c",
-            "read _",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            **_group_kwargs(0),
-        )
+        self._holder = holder if holder is not None else await spawn_holder()
         self._pgid = self._holder.pid
         self._group_held = True
         self._deadline = loop.time() + self._timeout_seconds
@@ -423,8 +443,16 @@ class LocalPtyCommand(LocalCommand):
     """
 
     async def start(
-        self, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bytes | bool | None
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bytes | bool | None,
+        holder: asyncio.subprocess.Process | None = None,
     ) -> None:
+        if holder is not None:
+            _release_holder(holder)  # the pty holder is the command's parent: a plain holder is no use
         loop = asyncio.get_running_loop()
         self._open_outputs = {1}
         self._stopped = False
@@ -566,6 +594,8 @@ class LocalSession(SandboxSession):
         self.expires_at = created_at + spec.ttl_seconds
         self._interactive: set[LocalCommand] = set()
         self._destroyed = False
+        # A holder spawned ahead for the next command, so a command costs one spawn, not two.
+        self._spare_holder: asyncio.Task[asyncio.subprocess.Process] | None = None
 
     @property
     def id(self) -> str:
@@ -621,11 +651,30 @@ class LocalSession(SandboxSession):
         command = command_class(
             timeout_seconds=timeout_seconds, one_shot=one_shot, memory_limit=self._sandbox.output_memory_limit
         )
+        env_, cwd_ = self._command_env(env), self._command_cwd(cwd)
         try:
-            await command.start(args, env=self._command_env(env), cwd=self._command_cwd(cwd), stdin=stdin)
+            await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=await self._take_holder())
         except OSError as e:
             raise SandboxError(f"could not start {args[0]!r}: {e}") from e
+        if not self._destroyed:
+            self._spare_holder = asyncio.ensure_future(spawn_holder())
         return command
+
+    async def _take_holder(self) -> asyncio.subprocess.Process | None:
+        spare, self._spare_holder = self._spare_holder, None
+        if spare is None:
+            return None
+        try:
+            holder = await spare
+        except (OSError, RuntimeError):  # RuntimeError: spawned on an event loop since closed
+            return None
+        return holder if holder.returncode is None else None
+
+    async def _drop_spare_holder(self) -> None:
+        holder = await self._take_holder()
+        if holder is not None:
+            _release_holder(holder)
+            await holder.wait()
 
     async def exec(
         self,
@@ -636,23 +685,8 @@ class LocalSession(SandboxSession):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        if isinstance(stdin, (bytearray, memoryview)):
-            stdin = bytes(stdin)
-        if stdin is not None and not isinstance(stdin, bytes):
-            raise SandboxSpecRejectedError("stdin must be bytes (or None for no input)")
-        command = await self._start(argv, timeout_seconds, env, cwd, stdin, one_shot=True)
-        out: list[bytes] = []
-        err: list[bytes] = []
-        try:
-            async for item in command.output:
-                if isinstance(item, OutputChunk):
-                    (out if item.stream == "stdout" else err).append(item.data)
-                else:
-                    return ExecResult(item.exit_code, b"".join(out), b"".join(err))
-        except BaseException:
-            await command.kill()
-            raise
-        raise SandboxError("the command's output ended without an exit status")  # pragma: no cover
+        command = await self._start(argv, timeout_seconds, env, cwd, check_stdin(stdin), one_shot=True)
+        return await run_to_end(command)
 
     async def exec_start(
         self,
@@ -746,6 +780,7 @@ class LocalSession(SandboxSession):
         self._destroyed = True
         await asyncio.gather(*(command.kill() for command in self._interactive), return_exceptions=True)
         self._interactive.clear()
+        await self._drop_spare_holder()
         await self._sandbox._forget(self, remove_workspace)
 
 
@@ -909,3 +944,4 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def close(self) -> None:
         for session in list(self._sessions.values()):
             await asyncio.gather(*(c.kill() for c in session._interactive), return_exceptions=True)
+            await session._drop_spare_holder()
