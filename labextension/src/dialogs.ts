@@ -1,0 +1,99 @@
+/** The New session dialog body: a form whose value is an ISessionForm. */
+import { Dialog } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+
+import { IStatus } from './api';
+import { ISessionForm } from './spec';
+
+type Field = HTMLInputElement | HTMLSelectElement;
+
+export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessionForm> {
+  constructor(initial: ISessionForm, status: IStatus | null) {
+    super();
+    this.addClass('jp-TaiSandbox-newSession');
+    const networks = status?.networks?.length ? status.networks : ['egress', 'internal', 'none'];
+    const limits = status?.supports_limits !== false;
+
+    this._image = this._input('image', 'Image', initial.image, 'provider default');
+    this._durability = this._select('durability', 'Durability', initial.durability, [
+      'ephemeral',
+      'persistent'
+    ]);
+    this._workspaceKey = this._input(
+      'workspaceKey',
+      'Workspace key',
+      initial.workspaceKey,
+      'needed for persistent'
+    );
+    this._network = this._select(
+      'network',
+      'Network',
+      networks.includes(initial.network) ? initial.network : networks[0],
+      networks
+    );
+    this._ttl = this._input('ttlSeconds', 'TTL (seconds)', initial.ttlSeconds, '3600');
+    this._cpu = this._input('cpu', 'CPUs', initial.cpu, limits ? 'no limit' : 'not supported');
+    this._memory = this._input(
+      'memoryMb',
+      'Memory (MB)',
+      initial.memoryMb,
+      limits ? 'no limit' : 'not supported'
+    );
+    if (!limits) {
+      this._cpu.disabled = true;
+      this._memory.disabled = true;
+    }
+  }
+
+  getValue(): ISessionForm {
+    return {
+      image: this._image.value,
+      durability: this._durability.value as ISessionForm['durability'],
+      workspaceKey: this._workspaceKey.value,
+      network: this._network.value as ISessionForm['network'],
+      ttlSeconds: this._ttl.value,
+      cpu: this._cpu.value,
+      memoryMb: this._memory.value
+    };
+  }
+
+  private _row(name: string, label: string, field: Field): void {
+    const row = document.createElement('label');
+    row.className = 'jp-TaiSandbox-formRow';
+    const text = document.createElement('span');
+    text.textContent = label;
+    field.name = name;
+    field.classList.add('jp-mod-styled');
+    row.append(text, field);
+    this.node.appendChild(row);
+  }
+
+  private _input(name: string, label: string, value: string, placeholder: string): HTMLInputElement {
+    const input = document.createElement('input');
+    input.type = 'text';
+    input.value = value;
+    input.placeholder = placeholder;
+    this._row(name, label, input);
+    return input;
+  }
+
+  private _select(name: string, label: string, value: string, options: string[]): HTMLSelectElement {
+    const select = document.createElement('select');
+    for (const option of options) {
+      const o = document.createElement('option');
+      o.value = o.textContent = option;
+      select.appendChild(o);
+    }
+    select.value = value;
+    this._row(name, label, select);
+    return select;
+  }
+
+  private _image: HTMLInputElement;
+  private _durability: HTMLSelectElement;
+  private _workspaceKey: HTMLInputElement;
+  private _network: HTMLSelectElement;
+  private _ttl: HTMLInputElement;
+  private _cpu: HTMLInputElement;
+  private _memory: HTMLInputElement;
+}

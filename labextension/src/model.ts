@@ -1,0 +1,285 @@
+/**
+ * The panel's state: the kind row and the live sessions, refreshed by a poll,
+ * with the transitions a user should be told about (server lost, server back).
+ * Nothing here touches the DOM.
+ */
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { ISessionInfo, IStatus, SandboxClient } from './api';
+import { SandboxAPIError } from './request';
+
+/** ok: a provider answers; off: no provider; unreachable: no server; error: the server failed. */
+export type Connection = 'loading' | 'ok' | 'off' | 'unreachable' | 'error';
+
+export interface IPanelState {
+  connection: Connection;
+  status: IStatus | null;
+  sessions: ISessionInfo[];
+  /** Date.now() when `sessions` was fetched (their seconds_left are relative to it). */
+  fetchedAt: number;
+  /** What went wrong, for the status row, when connection is unreachable or error. */
+  problem: string | null;
+}
+
+export const INITIAL_STATE: IPanelState = {
+  connection: 'loading',
+  status: null,
+  sessions: [],
+  fetchedAt: 0,
+  problem: null
+};
+
+/** A message for the user when the state changes in a way they must hear about. */
+export interface INotice {
+  level: 'error' | 'success' | 'info';
+  message: string;
+}
+
+/** The state after a successful fetch. */
+export function stateFromFetch(
+  status: IStatus,
+  sessions: ISessionInfo[],
+  now: number
+): IPanelState {
+  const off = status.kind === 'off';
+  return {
+    connection: off ? 'off' : 'ok',
+    status,
+    sessions: off ? [] : sortSessions(sessions),
+    fetchedAt: now,
+    problem: null
+  };
+}
+
+/** The state after a failed fetch: keep what we knew, say what failed. */
+export function stateFromError(prev: IPanelState, error: unknown): IPanelState {
+  const unreachable = error instanceof SandboxAPIError && error.unreachable;
+  return {
+    ...prev,
+    connection: unreachable ? 'unreachable' : 'error',
+    problem: describeError(error)
+  };
+}
+
+/** The notice (if any) for going from one state to the next. */
+export function transitionNotice(prev: IPanelState, next: IPanelState): INotice | null {
+  const lost = (c: Connection) => c === 'unreachable' || c === 'error';
+  if (lost(next.connection) && !lost(prev.connection)) {
+    return {
+      level: 'error',
+      message: `Sandbox panel: ${next.problem ?? 'the server failed'} Retrying…`
+    };
+  }
+  if (!lost(next.connection) && lost(prev.connection)) {
+    return { level: 'success', message: 'Sandbox panel: the server answers again.' };
+  }
+  if (next.connection === 'off' && prev.connection === 'ok') {
+    return { level: 'info', message: `Sandbox provider is off. ${next.status?.message ?? ''}`.trim() };
+  }
+  return null;
+}
+
+/** A readable message for any error (never a stack trace). */
+export function describeError(error: unknown): string {
+  if (error instanceof SandboxAPIError) {
+    return error.message.trim() || `${error.error} (${error.status})`;
+  }
+  if (error instanceof Error) {
+    return error.message;
+  }
+  return String(error);
+}
+
+/** Newest first, so a session just created shows at the top. */
+export function sortSessions(sessions: ISessionInfo[]): ISessionInfo[] {
+  return [...sessions].sort((a, b) => b.created_at - a.created_at || a.id.localeCompare(b.id));
+}
+
+/** Seconds before the reaper takes a session, counted down from the last fetch. */
+export function secondsLeft(session: ISessionInfo, fetchedAt: number, now: number): number {
+  return Math.max(0, session.seconds_left - Math.max(0, now - fetchedAt) / 1000);
+}
+
+/** `45s`, `12m 05s`, `3h 20m`, `2d 4h`; `expired` at zero. */
+export function formatDuration(seconds: number): string {
+  const s = Math.floor(seconds);
+  if (s <= 0) {
+    return 'expired';
+  }
+  const pad = (n: number) => String(n).padStart(2, '0');
+  if (s < 60) {
+    return `${s}s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
+  }
+  if (s < 86400) {
+    return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
+  }
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+/** The one-line summary of the kind row. */
+export function statusLine(state: IPanelState): string {
+  switch (state.connection) {
+    case 'loading':
+      return 'Loading…';
+    case 'unreachable':
+    case 'error':
+      return state.problem ?? 'The server failed.';
+    case 'off':
+      return state.status?.message || 'No sandbox provider is configured.';
+    default: {
+      const status = state.status;
+      if (!status) {
+        return '';
+      }
+      const floor = status.policy?.isolation ?? '?';
+      const egress = status.policy?.egress ?? '?';
+      return `Provider ${status.kind} · isolation floor ${floor} · egress ${egress}`;
+    }
+  }
+}
+
+export namespace SessionsModel {
+  export interface IOptions {
+    client: SandboxClient;
+    /** Seconds between two refreshes (backs off while the server is unreachable). */
+    interval?: number;
+    /** When true the poll sleeps (e.g. while the panel is hidden); default: when the page is hidden. */
+    standby?: () => boolean;
+  }
+}
+
+/** The live state, refreshed by a poll; `changed` fires on each new state. */
+export class SessionsModel {
+  constructor(options: SessionsModel.IOptions) {
+    this.client = options.client;
+    this._interval = (options.interval ?? 3) * 1000;
+    this._standby = options.standby ?? (() => false);
+  }
+
+  readonly client: SandboxClient;
+
+  get state(): IPanelState {
+    return this._state;
+  }
+
+  get changed(): ISignal<this, IPanelState> {
+    return this._changed;
+  }
+
+  /** Notices to show the user (connection lost / back / provider off). */
+  get notice(): ISignal<this, INotice> {
+    return this._notice;
+  }
+
+  get isDisposed(): boolean {
+    return this._isDisposed;
+  }
+
+  /** Start polling (standby while the page is hidden, backoff while failing). */
+  start(): void {
+    if (this._poll) {
+      return;
+    }
+    this._poll = new Poll({
+      factory: () => this.refresh(true),
+      frequency: { interval: this._interval, backoff: true, max: 10 * 1000 },
+      name: 'jupyter-tai-sandbox:sessions',
+      standby: () => this._standby() || 'when-hidden'
+    });
+  }
+
+  /** Change the poll interval (seconds). */
+  setInterval(seconds: number): void {
+    this._interval = Math.max(1, seconds) * 1000;
+    if (this._poll) {
+      this._poll.frequency = { ...this._poll.frequency, interval: this._interval };
+    }
+  }
+
+  /**
+   * Fetch the kind row and the sessions now. Resolves with the new state;
+   * with `rethrow`, a failure rejects after updating the state (so a Poll backs off).
+   */
+  async refresh(rethrow = false): Promise<IPanelState> {
+    let next: IPanelState;
+    try {
+      const status = await this.client.status();
+      const sessions = status.kind === 'off' ? [] : await this.client.listSessions();
+      next = stateFromFetch(status, sessions, Date.now());
+    } catch (error) {
+      this._set(stateFromError(this._state, error));
+      if (rethrow) {
+        throw error;
+      }
+      return this._state;
+    }
+    this._set(next);
+    return next;
+  }
+
+  /** Refresh at once and restart the poll's clock (after a create or a destroy). */
+  async refreshSoon(): Promise<void> {
+    if (this._poll) {
+      await this._poll.refresh();
+      await this._poll.tick;
+    } else {
+      await this.refresh();
+    }
+  }
+
+  /** Forget a session at once (after a destroy), without waiting for the poll. */
+  removeLocally(id: string): void {
+    const sessions = this._state.sessions.filter(s => s.id !== id);
+    if (sessions.length !== this._state.sessions.length) {
+      this._set({ ...this._state, sessions });
+    }
+  }
+
+  /** Show a session at once (after a create), without waiting for the poll. */
+  addLocally(session: ISessionInfo, now = Date.now()): void {
+    const fetchedAt = this._state.fetchedAt || now;
+    // seconds_left is relative to `now`; the list counts down from fetchedAt
+    const shifted = {
+      ...session,
+      seconds_left: session.seconds_left + Math.max(0, now - fetchedAt) / 1000
+    };
+    const others = this._state.sessions.filter(s => s.id !== session.id);
+    this._set({ ...this._state, sessions: sortSessions([shifted, ...others]), fetchedAt });
+  }
+
+  /** The session with that id, if the last fetch saw it. */
+  find(id: string): ISessionInfo | undefined {
+    return this._state.sessions.find(s => s.id === id);
+  }
+
+  dispose(): void {
+    if (this._isDisposed) {
+      return;
+    }
+    this._isDisposed = true;
+    this._poll?.dispose();
+    Signal.clearData(this);
+  }
+
+  private _set(next: IPanelState): void {
+    const prev = this._state;
+    this._state = next;
+    const notice = transitionNotice(prev, next);
+    this._changed.emit(next);
+    if (notice) {
+      this._notice.emit(notice);
+    }
+  }
+
+  private _state: IPanelState = INITIAL_STATE;
+  private _interval: number;
+  private _standby: () => boolean;
+  private _poll: Poll | null = null;
+  private _isDisposed = false;
+  private _changed = new Signal<this, IPanelState>(this);
+  private _notice = new Signal<this, INotice>(this);
+}

@@ -1,0 +1,207 @@
+/**
+ * The left sidebar: the kind row, the session list (kept current by the
+ * model's poll, time left counted down every second) and the per-session actions.
+ */
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { ISessionInfo } from './api';
+import { button } from './files';
+import { IPanelState, SessionsModel, formatDuration, secondsLeft, statusLine } from './model';
+
+export namespace SandboxPanel {
+  export interface IActions {
+    newSession(): void;
+    openTerminal(id: string): void;
+    openFiles(id: string): void;
+    destroy(id: string): void;
+  }
+  export interface IOptions {
+    model: SessionsModel;
+    actions: IActions;
+  }
+}
+
+export class SandboxPanel extends Widget {
+  constructor(options: SandboxPanel.IOptions) {
+    super();
+    this._model = options.model;
+    this._actions = options.actions;
+    this.id = 'jp-tai-sandbox-panel';
+    this.addClass('jp-TaiSandbox-panel');
+    this.title.caption = 'Sandbox sessions';
+
+    const header = document.createElement('div');
+    header.className = 'jp-TaiSandbox-header';
+    const title = document.createElement('h2');
+    title.textContent = 'Sandboxes';
+    this._newButton = button('New session…', 'Create a sandbox session', () =>
+      this._actions.newSession()
+    );
+    this._newButton.classList.add('jp-mod-accept', 'jp-TaiSandbox-new');
+    const refresh = button('↻', 'Refresh the status and the sessions', () =>
+      void this._model.refreshSoon()
+    );
+    header.append(title, this._newButton, refresh);
+
+    this._status = document.createElement('div');
+    this._status.className = 'jp-TaiSandbox-status';
+    this._list = document.createElement('ul');
+    this._list.className = 'jp-TaiSandbox-sessions';
+    this._empty = document.createElement('div');
+    this._empty.className = 'jp-TaiSandbox-empty';
+    this.node.append(header, this._status, this._list, this._empty);
+
+    this._model.changed.connect(this._render, this);
+    this._render();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    window.clearInterval(this._timer);
+    this._model.changed.disconnect(this._render, this);
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    void this._model.refreshSoon();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this._timer = window.setInterval(() => this._tick(), 1000);
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    window.clearInterval(this._timer);
+    super.onBeforeDetach(msg);
+  }
+
+  private _render(): void {
+    const state = this._model.state;
+    this._status.textContent = statusLine(state);
+    this._status.dataset.connection = state.connection;
+    this._newButton.disabled = state.connection !== 'ok';
+    this._newButton.title =
+      state.connection === 'off'
+        ? 'No sandbox provider is configured (see the status above)'
+        : 'Create a sandbox session';
+
+    const seen = new Set<string>();
+    let previous: HTMLElement | null = null;
+    for (const session of state.sessions) {
+      seen.add(session.id);
+      let item = this._items.get(session.id);
+      if (!item) {
+        item = this._createItem(session);
+        this._items.set(session.id, item);
+      }
+      this._fill(item, session, state);
+      const want: ChildNode | null = previous ? previous.nextSibling : this._list.firstChild;
+      if (want !== item) {
+        this._list.insertBefore(item, want);
+      }
+      previous = item;
+    }
+    for (const [id, item] of this._items) {
+      if (!seen.has(id)) {
+        item.remove();
+        this._items.delete(id);
+      }
+    }
+    this._empty.textContent =
+      state.connection === 'ok' && state.sessions.length === 0 ? 'No sessions yet.' : '';
+  }
+
+  private _tick(): void {
+    const state = this._model.state;
+    for (const session of state.sessions) {
+      const item = this._items.get(session.id);
+      const left = item?.querySelector('.jp-TaiSandbox-timeLeft');
+      if (left) {
+        left.textContent = timeLeftText(session, state);
+      }
+    }
+  }
+
+  private _createItem(session: ISessionInfo): HTMLElement {
+    const item = document.createElement('li');
+    item.className = 'jp-TaiSandbox-session';
+    item.dataset.sessionId = session.id;
+
+    const id = document.createElement('div');
+    id.className = 'jp-TaiSandbox-sessionId';
+    id.textContent = session.id;
+    id.title = session.workspace;
+    const details = document.createElement('div');
+    details.className = 'jp-TaiSandbox-sessionDetails';
+    const left = document.createElement('div');
+    left.className = 'jp-TaiSandbox-timeLeft';
+
+    const actions = document.createElement('div');
+    actions.className = 'jp-TaiSandbox-sessionActions';
+    const terminal = button('Terminal', 'Open a terminal in this session', () =>
+      this._actions.openTerminal(session.id)
+    );
+    terminal.classList.add('jp-TaiSandbox-openTerminal');
+    const files = button('Files', "Browse this session's workspace", () =>
+      this._actions.openFiles(session.id)
+    );
+    files.classList.add('jp-TaiSandbox-openFiles');
+    const destroy = button('Destroy', 'Destroy this session', () =>
+      this._actions.destroy(session.id)
+    );
+    destroy.classList.add('jp-mod-warn', 'jp-TaiSandbox-destroy');
+    actions.append(terminal, files, destroy);
+
+    item.append(id, details, left, actions);
+    return item;
+  }
+
+  private _fill(item: HTMLElement, session: ISessionInfo, state: IPanelState): void {
+    const details = item.querySelector('.jp-TaiSandbox-sessionDetails') as HTMLElement;
+    const fields: [string, string][] = [
+      ['consumer', session.consumer],
+      ['image', session.image ?? '(default)'],
+      ['durability', session.durability],
+      ['workspace key', session.workspace_key ?? '—'],
+      ['network', session.network],
+      ['isolation', session.isolation]
+    ];
+    details.replaceChildren(
+      ...fields.map(([label, value]) => {
+        const span = document.createElement('span');
+        span.className = 'jp-TaiSandbox-field';
+        span.dataset.field = label;
+        const l = document.createElement('span');
+        l.className = 'jp-TaiSandbox-fieldLabel';
+        l.textContent = `${label}: `;
+        const v = document.createElement('span');
+        v.textContent = value;
+        span.append(l, v);
+        return span;
+      })
+    );
+    (item.querySelector('.jp-TaiSandbox-timeLeft') as HTMLElement).textContent = timeLeftText(
+      session,
+      state
+    );
+  }
+
+  private _model: SessionsModel;
+  private _actions: SandboxPanel.IActions;
+  private _newButton: HTMLButtonElement;
+  private _status: HTMLElement;
+  private _list: HTMLElement;
+  private _empty: HTMLElement;
+  private _items = new Map<string, HTMLElement>();
+  private _timer = 0;
+}
+
+function timeLeftText(session: ISessionInfo, state: IPanelState): string {
+  const left = secondsLeft(session, state.fetchedAt, Date.now());
+  return left > 0 ? `reaped in ${formatDuration(left)}` : 'reaping…';
+}
