@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+from .contract import SandboxError
 from .image import DEFAULT_IMAGE, ImageBuildError, build_minimal_image
+
+#: `preset run` exit status when the run itself failed (as `docker run` does), not the command
+RUN_FAILED = 125
 
 
 def _build_image(args: argparse.Namespace) -> int:
@@ -19,6 +27,131 @@ def _build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _registry(args: argparse.Namespace) -> Any:
+    from .tools import PresetStore, ToolRegistry
+
+    return ToolRegistry(PresetStore(args.store))
+
+
+def _read_json(source: str, what: str) -> Any:
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SandboxError(f"cannot read {what} {source}: {e}") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise SandboxError(f"{what} {source} is not valid JSON: {e}") from None
+
+
+def _preset_add(args: argparse.Namespace) -> int:
+    from .tools import OPERATOR_CLI
+
+    definition = _read_json(args.file, "preset file")
+    preset = _registry(args).author(definition, principal=OPERATOR_CLI, name=args.name, replace=args.replace)
+    print(f"preset {preset.name} saved in {_registry(args).store.path}")
+    return 0
+
+
+def _preset_list(args: argparse.Namespace) -> int:
+    tools = _registry(args).list_json()
+    if args.json:
+        print(json.dumps(tools, indent=2))
+        return 0
+    for tool in tools:
+        fenced = " [fenced]" if tool["fenced"] else ""
+        over = "base tool" if tool["kind"] == "base" else f"preset over {tool['base']}"
+        print(f"{tool['name']:<24} {over}{fenced}: {tool['description']}")
+    return 0
+
+
+def _preset_rm(args: argparse.Namespace) -> int:
+    from .tools import OPERATOR_CLI
+
+    _registry(args).remove(args.name, principal=OPERATOR_CLI)
+    print(f"preset {args.name} removed")
+    return 0
+
+
+def _preset_run(args: argparse.Namespace) -> int:
+    from . import sandboxes
+    from .policy import SandboxPolicy
+    from .tools import OPERATOR_CLI
+
+    inputs = _read_json(args.input_file, "input file") if args.input_file else json.loads(args.input)
+    if args.provider:
+        provider = sandboxes.load_provider_class(args.provider)()
+        sandboxes.register_sandbox(provider, policy=SandboxPolicy(), replace=True)
+
+    async def run() -> dict[str, Any]:
+        try:
+            return await _registry(args).run(args.name, inputs, principal=OPERATOR_CLI)
+        finally:
+            installed = sandboxes.installed()
+            if installed is not None:
+                await installed.close()
+                sandboxes.unregister_sandbox()
+
+    result = asyncio.run(run())
+    if args.json or "exit_code" not in result:
+        print(json.dumps(result, indent=2))
+        return 0
+    sys.stdout.write(result["stdout"])
+    sys.stderr.write(result["stderr"])
+    return int(result["exit_code"]) & 0xFF
+
+
+def _preset_door(handler: Any) -> Any:
+    def door(args: argparse.Namespace) -> int:
+        try:
+            return int(handler(args))
+        except (SandboxError, ValueError) as e:
+            print(f"preset {args.preset_command}: {type(e).__name__}: {e}", file=sys.stderr)
+            return RUN_FAILED if args.preset_command == "run" else 1
+
+    return door
+
+
+def _add_preset_commands(commands: Any) -> None:
+    preset = commands.add_parser(
+        "preset",
+        help="author, list, remove and run code tools (presets over sandbox_exec), as the operator",
+        description="""Presets authored here go through the same chokepoint as the REST API and the
+        SandboxApp.presets config, and are stored in the same file a server reads (its changes are
+        seen without a restart). The CLI acts as the operator: whoever can write the store and run
+        the provider is admin, so the jupyter_tai_sandbox:admin fence is passed, not asked.""",
+    )
+    preset.add_argument(
+        "--store", default=None, help="the preset store (default: <jupyter data dir>/tai_sandbox/presets.json)"
+    )
+    sub = preset.add_subparsers(dest="preset_command", required=True)
+    add = sub.add_parser("add", help="add a preset from a JSON file ('-' reads stdin)")
+    add.add_argument("file")
+    add.add_argument("--name", default=None, help="the preset's name (default: the file's 'name')")
+    add.add_argument("--replace", action="store_true", help="replace a stored preset of the same name")
+    add.set_defaults(run=_preset_door(_preset_add))
+    listing = sub.add_parser("list", help="list base tools and stored presets")
+    listing.add_argument("--json", action="store_true", help="full definitions as JSON")
+    listing.set_defaults(run=_preset_door(_preset_list))
+    rm = sub.add_parser("rm", help="remove a stored preset")
+    rm.add_argument("name")
+    rm.set_defaults(run=_preset_door(_preset_rm))
+    run = sub.add_parser(
+        "run",
+        help="run a tool in this process (the command's stdout/stderr and exit status; 125 if the run failed)",
+    )
+    run.add_argument("name")
+    run.add_argument("--input", default="{}", help="the tool's input as a JSON object (default {})")
+    run.add_argument("--input-file", default=None, help="read the input from a JSON file ('-' for stdin)")
+    run.add_argument(
+        "--provider",
+        default=None,
+        help="local, docker or module:Class (default: TAI_MCP_SANDBOX); the policy comes from TAI_MCP_SANDBOX_*",
+    )
+    run.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    run.set_defaults(run=_preset_door(_preset_run))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jupyter tai-sandbox", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -29,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--name", default=DEFAULT_IMAGE, help=f"image name (default: {DEFAULT_IMAGE})")
     build.add_argument("--base-url", default=None, help="Docker engine URL (default: $DOCKER_HOST or the unix socket)")
     build.set_defaults(run=_build_image)
+    _add_preset_commands(commands)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from traitlets import Bool, Dict, List, Unicode, default, validate
@@ -184,6 +185,18 @@ class SandboxPolicy(LoggingConfigurable):
         """The transcript scrubber: ``redact`` when scrub_transcript is on, else ``text`` unchanged."""
         return self.redact(text) if self.scrub_transcript else text
 
+    def scrub_bytes(self, data: bytes) -> bytes:
+        """``scrub`` for exact bytes (e.g. base64 exec output): values replaced in their UTF-8 form."""
+        scrubber = self.stream_scrubber()
+        return scrubber.feed(data) + scrubber.flush() if scrubber is not None else data
+
+    def stream_scrubber(self) -> StreamScrubber | None:
+        """A scrubber for one output stream, or None when scrub_transcript is off or nothing is injected."""
+        if not self.scrub_transcript:
+            return None
+        values = self.injected_values()
+        return StreamScrubber(values) if values else None
+
     def public_json(self) -> dict[str, Any]:
         """The policy in force, as the status row shows it (credential names, never values)."""
         return {
@@ -193,3 +206,54 @@ class SandboxPolicy(LoggingConfigurable):
             "scrub_transcript": self.scrub_transcript,
             "credentials": {k: list(v) for k, v in self.credentials.items()},
         }
+
+
+class StreamScrubber:
+    """Scrubs one byte stream chunk by chunk, so a value split across chunks is still replaced.
+
+    Bytes in, bytes out (binary safe). It holds back at most ``len(longest value) - 1``
+    bytes: the tail that could still grow into a value. ``flush()`` releases it at the end.
+    """
+
+    def __init__(self, values: Iterable[str | bytes], replacement: bytes = SCRUBBED.encode()) -> None:
+        encoded = {v.encode() if isinstance(v, str) else bytes(v) for v in values}
+        self.values = sorted((v for v in encoded if v), key=len, reverse=True)
+        self.replacement = replacement
+        self.longest = len(self.values[0]) if self.values else 0
+        # longest first: at one position the longest value present wins
+        self._pattern = re.compile(b"|".join(re.escape(v) for v in self.values)) if self.values else None
+        self._pending = b""
+
+    def _could_grow(self, tail: bytes) -> bool:
+        """Whether ``tail`` is a proper prefix of a value (so more data might complete it)."""
+        return len(tail) < self.longest and any(len(v) > len(tail) and v.startswith(tail) for v in self.values)
+
+    def feed(self, data: bytes) -> bytes:
+        """The scrubbed bytes that can be released now."""
+        if self._pattern is None:
+            return data
+        buf = self._pending + data
+        out = bytearray()
+        pos = 0
+        hold = len(buf)
+        for match in self._pattern.finditer(buf):
+            if self._could_grow(buf[match.start() :]):
+                hold = match.start()  # a longer value may start here: decide when more arrives
+                break
+            out += buf[pos : match.start()] + self.replacement
+            pos = match.end()
+        cut = hold
+        for i in range(max(pos, len(buf) - self.longest + 1), hold):
+            if self._could_grow(buf[i:]):
+                cut = i
+                break
+        out += buf[pos:cut]
+        self._pending = buf[cut:]
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """The held-back tail, scrubbed (the stream has ended)."""
+        tail, self._pending = self._pending, b""
+        if not tail or self._pattern is None:
+            return tail
+        return self._pattern.sub(lambda _m: self.replacement, tail)

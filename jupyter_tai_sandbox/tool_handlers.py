@@ -1,0 +1,82 @@
+"""REST doors of the code tools (thin: parse, resolve the principal, call the chokepoint).
+
+The fence is not checked here: :class:`~jupyter_tai_sandbox.tools.ToolRegistry`
+checks it at its authoring and tool-run chokepoints, for every door. These
+handlers only ask jupyter_server's Authorizer, once per request, which admin
+actions the user holds on ``jupyter_tai_sandbox:admin``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized
+from tornado import web
+
+from .handlers import SandboxAPIHandler, bad_request
+from .tools import ADMIN_RESOURCE, Decided, Principal, ToolRegistry
+
+TOOL_NAME = r"(?P<name>[^/]+)"
+_ADMIN_ACTIONS = ("read", "write", "execute")
+
+
+class ToolsAPIHandler(SandboxAPIHandler):
+    @property
+    def tools(self) -> ToolRegistry:
+        return self.settings["tai_sandbox_tools"]
+
+    async def principal(self) -> Principal:
+        """The user, with the admin actions the server's Authorizer grants it."""
+        user = self.current_user
+        allowed = set()
+        for action in _ADMIN_ACTIONS:
+            if await ensure_async(self.authorizer.is_authorized(self, user, action, ADMIN_RESOURCE)):
+                allowed.add(action)
+        return Decided(name=f"user {getattr(user, 'username', user)!r}", door="rest", allowed=frozenset(allowed))
+
+
+class ToolsHandler(ToolsAPIHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.write_json({"tools": self.tools.list_json()})
+
+
+class ToolHandler(ToolsAPIHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, name: str) -> None:
+        self.write_json(self.tools.get(name).to_json())
+
+    @web.authenticated
+    @authorized
+    async def put(self, name: str) -> None:
+        replace = self.get_argument("replace", "0").lower() in ("1", "true", "yes")
+        existed = name in self.tools.presets()
+        preset = self.tools.author(self.read_json(), principal=await self.principal(), name=name, replace=replace)
+        self.write_json(preset.to_json(), status=200 if existed else 201)
+
+    @web.authenticated
+    @authorized
+    async def delete(self, name: str) -> None:
+        self.tools.remove(name, principal=await self.principal())
+        self.set_status(204)
+        self.finish()
+
+
+class ToolRunHandler(ToolsAPIHandler):
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, name: str) -> None:
+        inputs: Any = self.read_json()
+        if not isinstance(inputs, dict):  # pragma: no cover - read_json guarantees an object
+            raise bad_request("the tool input is a JSON object")
+        self.write_json(await self.tools.run(name, inputs, principal=await self.principal()))
+
+
+tool_handlers = [
+    (r"/api/sandbox/tools", ToolsHandler),
+    (rf"/api/sandbox/tools/{TOOL_NAME}", ToolHandler),
+    (rf"/api/sandbox/tools/{TOOL_NAME}/run", ToolRunHandler),
+]
