@@ -1,0 +1,581 @@
+"""%%sandbox / %sandbox against a real `jupyter server` subprocess and real kernels it starts.
+
+The helpers here (LiveServer, Kernel, ServerKernelManager) are shared with
+tests/test_notebooks.py. Kernels are started through the server's REST API,
+exactly as JupyterLab starts them, so they find the sandbox API through the
+environment the extension exports (no setup in the kernel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client import AsyncKernelManager, BlockingKernelClient
+
+REPO = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """``jupyter server`` in a subprocess on localhost, with a token and its own runtime/config dirs."""
+
+    def __init__(
+        self, tmp: Path, *, python: str = sys.executable, args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.tmp = tmp
+        self.python = python
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.root = tmp / "root"
+        self.runtime = tmp / "runtime"
+        for folder in (self.root, self.runtime, tmp / "config"):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.log_path = tmp / "server.log"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("TAI_SANDBOX_", "TAI_MCP_"))}
+        self.env.update(JUPYTER_RUNTIME_DIR=str(self.runtime), JUPYTER_CONFIG_DIR=str(tmp / "config"))
+        self.env.update(env or {})
+        self.args = args
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: float = 90) -> LiveServer:
+        command = [
+            self.python, "-m", "jupyter_server", "--no-browser", "--allow-root", f"--port={self.port}",
+            "--ip=127.0.0.1", "--ServerApp.port_retries=0", f"--ServerApp.token={self.token}",
+            f"--ServerApp.root_dir={self.root}", *self.args,
+        ]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        cwd=self.root)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"jupyter server exited {self.process.returncode}:\n{self.log()}")
+            try:
+                self.request("GET", "api/status")
+                return self
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.2)
+        raise AssertionError(f"jupyter server did not answer within {wait} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # jupyter server asks to confirm one ^C; two stop it
+            time.sleep(0.2)
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        if self.process is not None:
+            self._log.close()
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, method=method, data=data,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+        return json.loads(raw) if raw else None
+
+    def session_ids(self) -> set[str]:
+        return {s["id"] for s in self.request("GET", "api/sandbox/sessions")["sessions"]}
+
+    def start_kernel(self) -> Kernel:
+        kernel_id = self.request("POST", "api/kernels", {"name": "python3"})["id"]
+        return Kernel(self, kernel_id)
+
+    def connection_file(self, kernel_id: str, wait: float = 30) -> Path:
+        path = self.runtime / f"kernel-{kernel_id}.json"
+        deadline = time.monotonic() + wait
+        while not path.exists():
+            assert time.monotonic() < deadline, f"no connection file for kernel {kernel_id}"
+            time.sleep(0.05)
+        return path
+
+
+@dataclass
+class Run:
+    """What one execute request produced, with arrival times (seconds after the request)."""
+
+    streams: list[tuple[float, str, str]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    displays: list[dict[str, Any]] = field(default_factory=list)
+    reply: dict[str, Any] = field(default_factory=dict)
+    finished: float = 0.0
+
+    def text(self, name: str) -> str:
+        return "".join(t for _, n, t in self.streams if n == name)
+
+    @property
+    def stdout(self) -> str:
+        return self.text("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self.text("stderr")
+
+    def error_line(self) -> str:
+        """The one-line error the cell showed (its traceback must be a single line)."""
+        assert len(self.errors) == 1, self.errors
+        traceback = self.errors[0]["traceback"]
+        assert len(traceback) == 1 and "\n" not in traceback[0].strip(), traceback
+        return ANSI.sub("", traceback[0])
+
+
+class Kernel:
+    """A kernel the live server started, driven through its connection file."""
+
+    def __init__(self, server: LiveServer, kernel_id: str) -> None:
+        self.server = server
+        self.id = kernel_id
+        self.client = BlockingKernelClient()
+        self.client.load_connection_file(str(server.connection_file(kernel_id)))
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 60, interrupt_when: str | None = None) -> Run:
+        """Execute ``code``; with ``interrupt_when``, interrupt the kernel (as the stop button does)
+        once that text has been printed."""
+        run = Run()
+        start = time.monotonic()
+        msg_id = self.client.execute(code, allow_stdin=False)
+        interrupted = False
+        while True:
+            message = self.client.get_iopub_msg(timeout=timeout)
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            now = time.monotonic() - start
+            if kind == "stream":
+                run.streams.append((now, content["name"], content["text"]))
+                if interrupt_when and not interrupted and interrupt_when in run.stdout:
+                    interrupted = True
+                    run.interrupted_at = now  # type: ignore[attr-defined]
+                    self.interrupt()
+            elif kind == "error":
+                run.errors.append(content)
+            elif kind in ("display_data", "execute_result"):
+                run.displays.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                run.finished = now
+                break
+        run.reply = self.client.get_shell_msg(timeout=timeout)["content"]
+        return run
+
+    def ok(self, code: str, **kwargs: Any) -> Run:
+        run = self.run(code, **kwargs)
+        assert not run.errors, (code, run.errors, run.stderr)
+        return run
+
+    def interrupt(self) -> None:
+        self.server.request("POST", f"api/kernels/{self.id}/interrupt")
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.server.request("DELETE", f"api/kernels/{self.id}")
+
+
+class ServerKernelManager(AsyncKernelManager):
+    """nbclient's kernel manager for a kernel the live server started (interrupts go through REST)."""
+
+    has_kernel = True  # type: ignore[assignment]
+
+    def __init__(self, server: LiveServer, kernel_id: str, **kwargs: Any) -> None:
+        super().__init__(kernel_name="python3", **kwargs)
+        self.server = server
+        self.kernel_id = kernel_id
+        self.load_connection_file(str(server.connection_file(kernel_id)))
+
+    async def is_alive(self) -> bool:  # type: ignore[override]
+        return True
+
+    async def interrupt_kernel(self) -> None:  # type: ignore[override]
+        self.server.request("POST", f"api/kernels/{self.kernel_id}/interrupt")
+
+    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+        self.server.request("DELETE", f"api/kernels/{self.kernel_id}")
+
+
+def proc_gone(pid: int) -> bool:
+    """True when ``pid`` has exited (gone, or a zombie nobody reaped: see DESIGN's traps)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+LOCAL_ARGS = ("--SandboxApp.provider=local", "--SandboxPolicy.isolation=none")
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("magics-server")
+    live = LiveServer(tmp, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp / 'sandboxes'}")).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def kernel(server):
+    k = server.start_kernel()
+    k.ok("%load_ext jupyter_tai_sandbox")
+    yield k
+    k.shutdown()
+
+
+@pytest.fixture
+def fresh_kernel(server):
+    k = server.start_kernel()
+    k.ok("%load_ext jupyter_tai_sandbox")
+    yield k
+    k.shutdown()
+
+
+# ---------------------------------------------------------------- streaming, interrupt
+
+
+def test_kernel_started_by_the_server_finds_it_without_setup(server, kernel):
+    run = kernel.ok("import os; print(os.environ['TAI_SANDBOX_URL'], os.environ['TAI_SANDBOX_TOKEN'] != '')")
+    assert run.stdout.split() == [server.url, "True"]
+    status = kernel.ok("%sandbox status").stdout
+    assert f"server    {server.url}" in status and "(found via TAI_SANDBOX_URL)" in status
+    assert "provider  local" in status
+
+
+def test_output_arrives_live_one_line_a_second(kernel):
+    run = kernel.ok("%%sandbox\nfor i in 1 2 3 4; do echo line $i; sleep 1; done\necho done >&2; exit 3")
+    arrivals = {}
+    for t, name, text in run.streams:
+        for line in text.splitlines():
+            arrivals.setdefault((name, line), t)
+    firsts = [arrivals[("stdout", f"line {i}")] for i in range(1, 5)]
+    # each line shows about a second after the previous one, and the first long before the end
+    assert firsts[0] < 1.5, firsts
+    assert firsts[0] < run.finished - 2.5, (firsts, run.finished)
+    for earlier, later in itertools.pairwise(firsts):
+        assert 0.5 < later - earlier < 2.0, firsts
+    assert arrivals[("stderr", "done")] >= firsts[-1]
+    assert "sandbox: exit status 3" in run.stderr
+    assert "line" not in run.stderr and "done" not in run.stdout
+
+
+def test_interrupt_kills_the_remote_command(fresh_kernel, server):
+    cell = '%%sandbox\necho "shell $$"; sleep 300 & echo "child $!"; echo ready; wait; echo never'
+    run = fresh_kernel.run(cell, timeout=30, interrupt_when="ready")
+    assert run.finished - run.interrupted_at < 5  # type: ignore[attr-defined]
+    assert run.errors and run.errors[0]["ename"] == "SandboxInterrupted"
+    line = run.error_line()
+    assert line.startswith("KeyboardInterrupt: the command was killed in session 'default'"), line
+    assert "never" not in run.stdout
+    pids = [int(m) for m in re.findall(r"(?:shell|child) (\d+)", run.stdout)]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while not all(proc_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(proc_gone(p) for p in pids), [Path(f"/proc/{p}/cmdline").read_bytes() for p in pids if not proc_gone(p)]
+    assert fresh_kernel.ok("print(6 * 7)").stdout == "42\n"  # the kernel carries on
+    assert fresh_kernel.ok("%%sandbox\necho again").stdout == "again\n"
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_interpreter_env_and_python_unbuffered(kernel):
+    run = kernel.ok('%%sandbox python3 --env GREETING=hello --env "PAIR=a=b"\n'
+                    'import os, sys\nprint(sys.version_info[0], os.environ["GREETING"], os.environ["PAIR"])')
+    assert run.stdout == "3 hello a=b\n"
+    run = kernel.ok("%%sandbox 'sh -e'\necho one\nfalse\necho two")
+    assert run.stdout == "one\n" and "exit status 1" in run.stderr
+
+
+def test_in_hands_values_over_and_out_err_capture(kernel):
+    kernel.ok("data = {'xs': [1, 2, 3]}\nodd = {1, 2, frozenset({3})}")
+    run = kernel.ok(
+        "%%sandbox python3 --in data --in odd --out captured --err complaints\n"
+        "import json, os, pickle\n"
+        "assert os.environ['data'].endswith('.json') and os.environ['odd'].endswith('.pkl')\n"
+        "print(sum(json.load(open(os.environ['data']))['xs']))\n"
+        "print(sorted(map(str, pickle.load(open(os.environ['odd'], 'rb')))))\n"
+        "print('warning', file=__import__('sys').stderr)"
+    )
+    assert run.stdout == "" and run.stderr == ""  # captured, not printed
+    shown = kernel.ok("print(repr(captured)); print(repr(complaints))").stdout
+    assert shown == "\"6\\n['1', '2', 'frozenset({3})']\\n\"\n'warning\\n'\n"
+    run = kernel.ok("%%sandbox --in data\ncat \"$data\"")
+    assert json.loads(run.stdout) == {"xs": [1, 2, 3]}
+
+
+def test_raise_and_timeout(kernel):
+    run = kernel.run("%%sandbox --raise\necho partial; exit 4")
+    assert run.stdout == "partial\n"
+    assert run.errors[0]["ename"] == "SandboxCommandError"
+    assert "exited with status 4" in run.error_line()
+    assert kernel.ok("1 + 1").displays  # the kernel survived
+
+    start = time.monotonic()
+    run = kernel.ok("%%sandbox --timeout 1\necho started; sleep 30; echo never")
+    assert time.monotonic() - start < 6
+    assert run.stdout == "started\n"
+    assert "deadline" in run.stderr and "--timeout" in run.stderr
+    run = kernel.run("%%sandbox --timeout 1 --raise\nsleep 30")
+    assert "killed at its deadline" in run.error_line()
+
+
+def test_outputs_folder_is_displayed_with_mime_types(kernel):
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    run = kernel.ok(
+        "%%sandbox python3\n"
+        "import base64, os\n"
+        "os.makedirs('outputs/sub', exist_ok=True)\n"
+        f"open('outputs/dot.png', 'wb').write(base64.b64decode('{png}'))\n"
+        "open('outputs/photo.jpg', 'wb').write(b'\\xff\\xd8\\xff\\xe0fakejpeg')\n"
+        "open('outputs/chart.svg', 'w').write('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"4\" height=\"4\"/>')\n"
+        "open('outputs/table.html', 'w').write('<table><tr><td>1</td></tr></table>')\n"
+        "open('outputs/sub/data.json', 'w').write('{\"k\": [1, 2]}')\n"
+        "open('outputs/notes.md', 'w').write('# Title')\n"
+        "open('outputs/ignored.txt', 'w').write('plain text is not displayed')\n"
+    )
+    shown = {d["metadata"]["sandbox_path"]: d["data"] for d in run.displays}
+    assert set(shown) == {"outputs/dot.png", "outputs/photo.jpg", "outputs/chart.svg", "outputs/table.html",
+                          "outputs/sub/data.json", "outputs/notes.md"}
+    assert shown["outputs/dot.png"]["image/png"] == png
+    assert "image/jpeg" in shown["outputs/photo.jpg"]
+    assert shown["outputs/chart.svg"]["image/svg+xml"].startswith("<svg")
+    assert "<table>" in shown["outputs/table.html"]["text/html"]
+    assert shown["outputs/sub/data.json"]["application/json"] == {"k": [1, 2]}
+    assert shown["outputs/notes.md"]["text/markdown"] == "# Title"
+    # only new or changed files show: an unchanged folder shows nothing the next time
+    assert kernel.ok("%%sandbox\necho quiet").displays == []
+    run = kernel.ok("%%sandbox\nsleep 1; echo '# Changed' > outputs/notes.md")
+    assert [d["data"]["text/markdown"] for d in run.displays] == ["# Changed\n"]
+
+
+def test_named_sessions_persistent_workspaces_and_line_magics(kernel, server, tmp_path):
+    key = f"magics-{secrets.token_hex(3)}"
+    kernel.ok("%%sandbox --session alpha\necho kept > alpha.txt")
+    assert kernel.ok("%%sandbox --session alpha\ncat alpha.txt").stdout == "kept\n"
+    assert "No such file" in kernel.ok("%%sandbox\ncat alpha.txt").stderr  # the default session is another one
+
+    run = kernel.ok(f"%sandbox new notes --persistent {key} --timeout 5")
+    assert "session 'notes' started" in run.stdout
+    kernel.ok("%%sandbox\necho first >> notes.txt")  # new made it current
+    status = kernel.ok("%sandbox status").stdout
+    assert "session   notes" in status and f"workspace '{key}'" in status
+    listing = kernel.ok("%sandbox sessions").stdout
+    assert re.search(r"^notes \*\s", listing, re.M) and re.search(r"^alpha\s", listing, re.M)
+    assert key in listing
+    assert "removed" in kernel.ok("%sandbox rm notes").stdout
+    kernel.ok(f"%sandbox new notes2 --persistent {key}")
+    assert kernel.ok("%%sandbox\ncat notes.txt").stdout == "first\n"  # the workspace outlived its session
+    # the session default timeout set with `new ... --timeout` applies (5 s there, none here)
+    kernel.ok("%sandbox use notes2")
+    kernel.ok("%sandbox rm notes2 --workspace")
+    assert "session   default" in kernel.ok("%sandbox status").stdout  # rm of the current falls back
+
+    # cell options apply when a session starts: same options, same session
+    kernel.ok(f"%%sandbox --persistent {key}-b\necho one > f")
+    assert kernel.ok(f"%%sandbox --persistent {key}-b\ncat f").stdout == "one\n"
+    listing = kernel.ok("%sandbox sessions").stdout
+    assert f"default(persistent={key}-b)" in listing
+    kernel.ok(f"%sandbox rm 'default(persistent={key}-b)' --workspace")
+
+    # use adopts a server session by id
+    sid = server.request("POST", "api/sandbox/sessions", {"ttl_seconds": 60})["id"]
+    kernel.ok(f"%sandbox use {sid}")
+    assert kernel.ok("%%sandbox\necho adopted").stdout == "adopted\n"
+    kernel.ok(f"%sandbox rm {sid}")
+    assert sid not in server.session_ids()
+    kernel.ok("%sandbox use default")
+    kernel.ok("%sandbox rm alpha")
+
+
+def test_put_and_get(kernel, tmp_path):
+    local = tmp_path / "in.csv"
+    local.write_text("b,2\na,1\n")
+    assert "(8 bytes)" in kernel.ok(f"%sandbox put {local} data/in.csv").stdout
+    kernel.ok("%%sandbox\nsort data/in.csv > data/sorted.csv")
+    back = tmp_path / "sorted.csv"
+    kernel.ok(f"%sandbox get data/sorted.csv {back}")
+    assert back.read_text() == "a,1\nb,2\n"
+    kernel.ok(f"%sandbox put {local} data/")  # a folder target keeps the name
+    kernel.ok(f"%sandbox get data/in.csv {tmp_path}")  # a folder target keeps the name
+    assert (tmp_path / "in.csv").read_text() == "b,2\na,1\n"
+    assert kernel.ok("%%sandbox\nls data").stdout.split() == ["in.csv", "sorted.csv"]
+
+
+def test_usage(kernel):
+    reply = kernel.ok("%sandbox?").reply
+    page = reply["payload"][0]["data"]["text/plain"]
+    for text in ("--session", "--persistent", "--in", "--out", "--raise", "put LOCAL [REMOTE]",
+                 "get REMOTE [LOCAL]", "connect URL", "rm NAME"):
+        assert text in page, text
+
+
+# ---------------------------------------------------------------- bad input
+
+
+BAD_INPUT = [
+    ("%%sandbox --bogus\necho hi", "unrecognized arguments: --bogus"),
+    ("%%sandbox --session\necho hi", "argument --session: expected one argument"),
+    ("%sandbox use", "the following arguments are required: NAME"),
+    ("%sandbox use no-such-session", "no session named 'no-such-session'"),
+    ("%sandbox rm no-such-session", "no session named 'no-such-session'"),
+    ("%sandbox new", "the following arguments are required: NAME"),
+    ("%sandbox frobnicate", "unknown subcommand 'frobnicate'"),
+    ("%sandbox put /no/such/file.csv", "no local file '/no/such/file.csv'"),
+    ("%sandbox get ../../etc/passwd", "leads outside the workspace"),
+    ("%sandbox get /etc/passwd", "is outside the workspace"),
+    ("%sandbox put /etc/hostname /etc/hostname", "is outside the workspace"),
+    ("%sandbox get no-such-file.txt", "no file 'no-such-file.txt'"),
+    ("%%sandbox --memory lots\necho hi", "--memory takes MiB"),
+    ("%%sandbox --timeout -1\necho hi", "--timeout must be a positive number"),
+    ("%%sandbox --in undefined_variable\necho hi", "no variable 'undefined_variable'"),
+    ("%%sandbox --env NOEQUALS\necho hi", "--env takes NAME=VALUE"),
+    ("%%sandbox --network none\necho hi", "cannot honour network='none'"),
+    ("%%sandbox --memory 64\necho hi", "cannot enforce cpu/memory_mb caps"),
+    ("%%sandbox --persistent 'bad key!'\necho hi", "invalid workspace_key"),
+    ("%sandbox connect not-a-url", "connect takes the server's http(s) URL"),
+]
+
+
+def test_bad_input_gives_one_line_and_leaks_nothing(kernel, server):
+    kernel.ok("%%sandbox\necho warm")  # the default session exists; nothing else may appear
+    before = server.session_ids()
+    for code, expected in BAD_INPUT:
+        run = kernel.run(code)
+        line = run.error_line()
+        assert expected in line, (code, line)
+        assert line.startswith("sandbox: "), line
+        assert server.session_ids() == before, code
+    assert kernel.ok("print('alive')").stdout == "alive\n"
+    assert kernel.ok("%%sandbox\necho still working").stdout == "still working\n"
+
+
+def test_dead_server_then_connect(fresh_kernel, server):
+    dead = f"http://127.0.0.1:{free_port()}/"
+    fresh_kernel.ok(f"import os; os.environ['TAI_SANDBOX_URL'] = {dead!r}")
+    before = server.session_ids()
+    line = fresh_kernel.run("%%sandbox\necho hi").error_line()
+    assert line.startswith(f"sandbox: cannot reach the sandbox API at {dead}"), line
+    line = fresh_kernel.run(f"%sandbox connect {dead}").error_line()
+    assert "cannot reach the sandbox API" in line
+    run = fresh_kernel.ok(f"%sandbox connect {server.url} --token {server.token}")
+    assert "provider local" in run.stdout
+    assert fresh_kernel.ok("%%sandbox\necho connected").stdout == "connected\n"
+    assert "(found via %sandbox connect)" in fresh_kernel.ok("%sandbox status").stdout
+    assert len(server.session_ids() - before) == 1
+
+
+def test_provider_off_prints_the_setting_to_change(tmp_path):
+    off = LiveServer(tmp_path, args=("--SandboxApp.provider=off",)).start()
+    try:
+        k = off.start_kernel()
+        try:
+            k.ok("%load_ext jupyter_tai_sandbox")
+            line = k.run("%%sandbox\necho hi").error_line()
+            assert line.startswith("sandbox: no sandbox provider is installed") and "TAI_MCP_SANDBOX" in line, line
+            assert "provider  off" in k.ok("%sandbox status").stdout
+            assert "TAI_MCP_SANDBOX" in k.run("%sandbox sessions").error_line()
+            assert k.ok("print('alive')").stdout == "alive\n"
+        finally:
+            k.shutdown()
+    finally:
+        off.stop()
+
+
+def test_kernel_exit_destroys_its_sessions(server):
+    k = server.start_kernel()
+    k.ok("%load_ext jupyter_tai_sandbox")
+    before = server.session_ids()
+    k.ok("%%sandbox\necho one")
+    k.ok("%%sandbox --session other\necho two")
+    mine = server.session_ids() - before
+    assert len(mine) == 2
+    k.shutdown()
+    deadline = time.monotonic() + 15
+    while mine & server.session_ids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not mine & server.session_ids()
+
+
+def test_export_env_is_restored_when_the_extension_stops(monkeypatch):
+    from jupyter_tai_sandbox.app import SandboxApp
+
+    class FakeServer:
+        connection_url = "http://127.0.0.1:1234/base/"
+
+        class identity_provider:
+            token = "secret"
+
+    monkeypatch.setenv("TAI_SANDBOX_URL", "http://before/")
+    monkeypatch.delenv("TAI_SANDBOX_TOKEN", raising=False)
+    app = SandboxApp()
+    app.export_server_env(FakeServer())
+    assert os.environ["TAI_SANDBOX_URL"] == "http://127.0.0.1:1234/base/"
+    assert os.environ["TAI_SANDBOX_TOKEN"] == "secret"
+    app._reaper = None
+    app.sandbox = None
+    import asyncio
+
+    asyncio.run(app.stop_extension())
+    assert os.environ["TAI_SANDBOX_URL"] == "http://before/"
+    assert "TAI_SANDBOX_TOKEN" not in os.environ
+
+
+
+
+def test_interrupt_kills_the_command_in_a_docker_session(tmp_path):
+    from docker_support import RUN_LABEL, TEST_IMAGE, docker_client
+
+    docker_client()  # skips without an engine (fails in CI)
+    (key, value), = RUN_LABEL.items()
+    live = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.image={TEST_IMAGE}",
+                                      f"--DockerSandbox.extra_labels={key}={value}")).start()
+    try:
+        k = live.start_kernel()
+        try:
+            k.ok("%load_ext jupyter_tai_sandbox")
+            run = k.run("%%sandbox\nsleep 300 & echo ready; wait", timeout=60, interrupt_when="ready")
+            assert run.finished - run.interrupted_at < 5  # type: ignore[attr-defined]
+            assert run.errors and run.errors[0]["ename"] == "SandboxInterrupted"
+            left = k.ok("%%sandbox\nps -o pid,args | grep '[s]leep 300' || echo none left").stdout
+            assert left == "none left\n"
+        finally:
+            k.shutdown()
+    finally:
+        live.stop()
