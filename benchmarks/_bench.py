@@ -1,0 +1,168 @@
+"""Measurement helpers: rounds, medians/p95, ratios against baselines, targets, the table and chart."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    low, high = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+@dataclass
+class Row:
+    group: str
+    name: str
+    unit: str  # "ms" (lower is better) or "MiB/s" (higher is better)
+    samples: list[float]
+    baseline: str | None = None  # the name of the row this one is compared with
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+    @property
+    def p95(self) -> float:
+        return percentile(self.samples, 0.95)
+
+
+@dataclass
+class Target:
+    name: str
+    passed: bool
+    seen: str
+
+
+class Report:
+    def __init__(self, quick: bool = False, image: str | None = None) -> None:
+        self.quick = quick
+        self.image = image
+        self.rows: dict[str, Row] = {}
+        self.targets: list[Target] = []
+        self.notes: list[str] = []
+        self.meta: dict[str, Any] = {}
+
+    def rounds(self, full: int) -> int:
+        return max(2, full // 4) if self.quick else full
+
+    def add(self, row: Row) -> Row:
+        self.rows[row.name] = row
+        print(f"   {row.name:<48} median {row.median:9.2f} {row.unit:<5} p95 {row.p95:9.2f}", flush=True)
+        return row
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def ratio(self, name: str) -> float | None:
+        row = self.rows.get(name)
+        base = self.rows.get(row.baseline) if row and row.baseline else None
+        if row is None or base is None or not base.median:
+            return None
+        return row.median / base.median
+
+    def target(self, name: str, passed: bool, seen: str) -> None:
+        self.targets.append(Target(name, bool(passed), seen))
+        print(f"   target {'PASS' if passed else 'MISS'}: {name} ({seen})", flush=True)
+
+    # ------------------------------------------------------------- output
+
+    def table(self) -> str:
+        lines = [
+            f"{'benchmark':<50} {'median':>10} {'p95':>10} {'unit':<6} {'ratio':>7}  baseline",
+            "-" * 110,
+        ]
+        for row in self.rows.values():
+            ratio = self.ratio(row.name)
+            lines.append(
+                f"{row.name:<50} {row.median:>10.2f} {row.p95:>10.2f} {row.unit:<6} "
+                f"{'' if ratio is None else f'{ratio:.2f}x':>7}  {row.baseline or ''}"
+            )
+        lines += ["", "targets:"]
+        lines += [f"  {'PASS' if t.passed else 'MISS'}  {t.name}: {t.seen}" for t in self.targets]
+        if self.notes:
+            lines += ["", "notes:"] + [f"  - {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        rows = []
+        for row in self.rows.values():
+            data = asdict(row)
+            data.update(median=row.median, p95=row.p95, ratio=self.ratio(row.name))
+            rows.append(data)
+        return {
+            "meta": self.meta,
+            "rows": rows,
+            "targets": [asdict(t) for t in self.targets],
+            "notes": self.notes,
+        }
+
+    def chart(self, path: Path) -> Path | None:
+        """One horizontal bar per compared row: its ratio to its baseline (1.0 = as fast as raw)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            self.note("matplotlib is not installed: no chart (pip install matplotlib)")
+            return None
+        compared = [(r.name, self.ratio(r.name), r.unit) for r in self.rows.values() if self.ratio(r.name)]
+        if not compared:
+            return None
+        names = [n for n, _, _ in compared]
+        # time ratios: lower is better; throughput ratios are inverted so that lower is better too
+        values = [v if unit == "ms" else 1 / v for _, v, unit in compared]
+        fig, ax = plt.subplots(figsize=(10, 0.42 * len(names) + 1.5))
+        colors = ["#4c9a2a" if v <= 1.2 else "#e3a21a" if v <= 2 else "#c0392b" for v in values]
+        ax.barh(names, values, color=colors)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.invert_yaxis()
+        ax.set_xlabel("cost relative to the baseline (time ratio; throughput inverted) - lower is better")
+        ax.set_title("jupyter-tai-sandbox vs raw mechanisms (same run, same machine)")
+        for i, v in enumerate(values):
+            ax.text(v, i, f" {v:.2f}x", va="center", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+async def interleaved_throughput(
+    rounds: int, variants: dict[str, Callable[[], Awaitable[int]]]
+) -> dict[str, list[float]]:
+    """MiB/s of several variants (each returns the bytes it moved), round-robin after one warm-up each."""
+    for once in variants.values():
+        await once()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, once in variants.items():
+            started = time.perf_counter()
+            moved = await once()
+            samples[name].append(moved / (1 << 20) / (time.perf_counter() - started))
+    return samples
+
+
+async def interleaved(rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]]) -> dict[str, list[float]]:
+    """Time several variants round-robin, so drift on the machine hits each alike (ms per call)."""
+    for once in variants.values():
+        await once()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, once in variants.items():
+            started = time.perf_counter()
+            await once()
+            samples[name].append((time.perf_counter() - started) * 1000)
+    return samples

@@ -1,0 +1,576 @@
+"""The benchmark groups. Each measures our API and its baseline in the same run, round-robin."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from _bench import Report, Row, interleaved, interleaved_throughput
+from _server import JupyterServer
+
+from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
+from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.providers.local import LocalSandbox
+
+STREAM_BYTES = 256 << 20
+STDIN_BYTES = 64 << 20
+BENCH_LABEL = {"jupyter-tai-sandbox.bench": "1"}
+TRUE_DOCKER = ["sh", "-c", ":"]  # a busybox image has no /bin/true
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _docker_client() -> Any:
+    import docker
+
+    client = docker.from_env(version="auto", timeout=120)
+    client.ping()
+    return client
+
+
+def _image(report: Report) -> str:
+    image = report.image or DEFAULT_IMAGE
+    client = _docker_client()
+    try:
+        client.images.get(image)
+    except Exception:
+        from jupyter_tai_sandbox.image import build_minimal_image
+
+        build_minimal_image(image)
+    finally:
+        client.close()
+    return image
+
+
+def _docker_sandbox(image: str, **traits: Any) -> Any:
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    return DockerSandbox(image=image, extra_labels=BENCH_LABEL, **traits)
+
+
+@contextlib.asynccontextmanager
+async def local_session() -> AsyncIterator[Any]:
+    root = tempfile.mkdtemp(prefix="tai-bench-")
+    sandbox = LocalSandbox(root=root)
+    session = await sandbox.create(SessionSpec())
+    try:
+        yield session
+    finally:
+        await session.destroy()
+        await sandbox.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def drain(handle: Any) -> int:
+    """Read an interactive output to its end; the bytes it carried."""
+    total = 0
+    async for item in handle.output:
+        if isinstance(item, OutputChunk):
+            total += len(item.data)
+    await handle.kill()
+    return total
+
+
+def _compare(report: Report, group: str, unit: str, samples: dict[str, list[float]], baseline: str) -> None:
+    report.add(Row(group, baseline, unit, samples.pop(baseline)))
+    for name, values in samples.items():
+        report.add(Row(group, name, unit, values, baseline=baseline))
+
+
+# ----------------------------------------------------------------------- local
+
+
+async def local_group(report: Report) -> None:
+    async def raw() -> None:
+        process = await asyncio.create_subprocess_exec(
+            "true", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        await process.communicate()
+
+    async with local_session() as session:
+
+        async def ours() -> None:
+            await session.exec(["true"], timeout_seconds=30)
+
+        samples = await interleaved(
+            report.rounds(200), {"local exec true: raw subprocess": raw, "local exec true: ours": ours}
+        )
+    _compare(report, "local", "ms", samples, "local exec true: raw subprocess")
+    ratio = report.ratio("local exec true: ours")
+    report.target("local exec overhead <= 1.5x raw subprocess", ratio <= 1.5, f"{ratio:.2f}x")
+
+
+# ---------------------------------------------------------------------- docker
+
+
+async def docker_group(report: Report) -> None:
+    image = _image(report)
+    client = _docker_client()
+    sandbox = _docker_sandbox(image)
+    session = await sandbox.create(SessionSpec(image=image))
+    container = client.containers.get(session.container_id)
+    try:
+
+        async def sdk() -> None:
+            assert container.exec_run(TRUE_DOCKER).exit_code == 0
+
+        async def cli() -> None:
+            process = await asyncio.create_subprocess_exec(
+                "docker", "exec", container.id, *TRUE_DOCKER, stdout=asyncio.subprocess.DEVNULL
+            )
+            assert await process.wait() == 0
+
+        async def ours() -> None:
+            assert (await session.exec(TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
+
+        samples = await interleaved(
+            report.rounds(40),
+            {
+                "docker exec: raw SDK exec_run": sdk,
+                "docker exec: docker CLI": cli,
+                "docker exec: ours": ours,
+            },
+        )
+    finally:
+        await session.destroy()
+        await sandbox.close()
+        client.close()
+    _compare(report, "docker", "ms", samples, "docker exec: raw SDK exec_run")
+    ratio = report.ratio("docker exec: ours")
+    report.target("docker one-shot exec <= 1.2x raw SDK exec_run", ratio <= 1.2, f"{ratio:.2f}x")
+
+
+# ---------------------------------------------------------------------- create
+
+
+async def create_group(report: Report) -> None:
+    await _create_local(report)
+    await _create_docker(report)
+
+
+async def _create_local(report: Report) -> None:
+    root = Path(tempfile.mkdtemp(prefix="tai-bench-"))
+    sandbox = LocalSandbox(root=str(root))
+
+    async def raw() -> None:
+        folder = root / "raw" / uuid.uuid4().hex
+        await asyncio.to_thread(folder.mkdir, parents=True)
+        process = await asyncio.create_subprocess_exec("true", cwd=folder, stdout=asyncio.subprocess.PIPE)
+        await process.communicate()
+        await asyncio.to_thread(shutil.rmtree, folder)
+
+    async def ours() -> None:
+        session = await sandbox.create(SessionSpec())
+        await session.exec(["true"], timeout_seconds=30)
+        await session.destroy()
+
+    try:
+        samples = await interleaved(
+            report.rounds(60),
+            {"local create+first command+destroy: raw mkdir+spawn": raw, "local create+first command+destroy: ours": ours},
+        )
+    finally:
+        await sandbox.close()
+        shutil.rmtree(root, ignore_errors=True)
+    _compare(report, "create", "ms", samples, "local create+first command+destroy: raw mkdir+spawn")
+
+
+async def _create_docker(report: Report) -> None:
+    image = _image(report)
+    client = _docker_client()
+    rounds = report.rounds(12)
+
+    async def raw() -> None:
+        started = time.perf_counter()
+        container = await asyncio.to_thread(
+            client.containers.run, image, ["sleep", "2147483647"], detach=True, init=True, labels=BENCH_LABEL
+        )
+        result = await asyncio.to_thread(container.exec_run, TRUE_DOCKER)
+        assert result.exit_code == 0
+        first = time.perf_counter()
+        await asyncio.to_thread(container.remove, force=True, v=True)
+        return first - started
+
+    async def ours_with(sandbox: Any) -> float:
+        started = time.perf_counter()
+        session = await sandbox.create(SessionSpec(image=image))
+        assert (await session.exec(TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
+        first = time.perf_counter()
+        await session.destroy()
+        return first - started
+
+    cold = _docker_sandbox(image)
+    warm = _docker_sandbox(image, pool_size=4)
+    await warm.list()  # connects: the pool fills
+    await _wait_pool(warm, 4)
+    variants: dict[str, Callable[[], Awaitable[float]]] = {
+        "docker create to first command: raw SDK run+exec": raw,
+        "docker create to first command: ours, pool off": lambda: ours_with(cold),
+        "docker create to first command: ours, pool on": lambda: ours_with(warm),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    try:
+        for _ in range(rounds):
+            for name, once in variants.items():
+                samples[name].append(await once() * 1000)
+                await asyncio.sleep(0.3)  # the pool's refill is background work: let it finish between rounds
+    finally:
+        await cold.close()
+        await warm.close()
+        client.close()
+    _compare(report, "create", "ms", samples, "docker create to first command: raw SDK run+exec")
+    p50 = report.rows["docker create to first command: ours, pool on"].median
+    report.target("docker create-to-first-command p50 < 100 ms with the warm pool", p50 < 100, f"{p50:.1f} ms")
+
+
+async def _wait_pool(sandbox: Any, count: int, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while sandbox._pool.ready_count() < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+# ---------------------------------------------------------------------- stream
+
+
+async def stream_group(report: Report) -> None:
+    await _stream_local(report)
+    await _stream_docker(report)
+
+
+async def _stream_local(report: Report) -> None:
+    rounds = report.rounds(5)
+
+    async def raw_out() -> int:
+        process = await asyncio.create_subprocess_exec(
+            "head", "-c", str(STREAM_BYTES), "/dev/zero", stdout=asyncio.subprocess.PIPE
+        )
+        total = 0
+        while data := await process.stdout.read(1 << 18):
+            total += len(data)
+        await process.wait()
+        return total
+
+    async def raw_in() -> int:
+        process = await asyncio.create_subprocess_exec(
+            "cat", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await process.communicate(PAYLOAD)
+        return len(out)
+
+    async with local_session() as session:
+
+        async def ours_out() -> int:
+            handle = await session.exec_start(["head", "-c", str(STREAM_BYTES), "/dev/zero"], timeout_seconds=120)
+            return await drain(handle)
+
+        async def ours_in() -> int:
+            return len((await session.exec(["cat"], stdin=PAYLOAD, timeout_seconds=120)).stdout)
+
+        for name, variants in (
+            ("stdout 256 MiB", {"raw pipe read": raw_out, "ours": ours_out}),
+            ("stdin echo 64 MiB through cat", {"raw pipe": raw_in, "ours": ours_in}),
+        ):
+            named = {f"local {name}: {label}": once for label, once in variants.items()}
+            samples = await interleaved_throughput(rounds, named)
+            _compare(report, "stream", "MiB/s", samples, next(iter(named)))
+    _stream_target(report, "local")
+
+
+PAYLOAD = os.urandom(1 << 20) * (STDIN_BYTES >> 20)
+
+
+async def _stream_docker(report: Report) -> None:
+    image = _image(report)
+    client = _docker_client()
+    sandbox = _docker_sandbox(image)
+    session = await sandbox.create(SessionSpec(image=image))
+    rounds = report.rounds(4)
+    try:
+
+        async def raw_out() -> int:
+            return await asyncio.to_thread(
+                _sdk_stream, client, session.container_id, ["head", "-c", str(STREAM_BYTES), "/dev/zero"], None
+            )
+
+        async def raw_in() -> int:
+            return await asyncio.to_thread(_sdk_stream, client, session.container_id, ["cat"], PAYLOAD)
+
+        async def ours_out() -> int:
+            handle = await session.exec_start(["head", "-c", str(STREAM_BYTES), "/dev/zero"], timeout_seconds=120)
+            return await drain(handle)
+
+        async def ours_in() -> int:
+            return len((await session.exec(["cat"], stdin=PAYLOAD, timeout_seconds=120)).stdout)
+
+        for name, variants in (
+            ("stdout 256 MiB", {"raw SDK exec stream": raw_out, "ours": ours_out}),
+            ("stdin echo 64 MiB through cat", {"raw SDK exec socket": raw_in, "ours": ours_in}),
+        ):
+            named = {f"docker {name}: {label}": once for label, once in variants.items()}
+            samples = await interleaved_throughput(rounds, named)
+            _compare(report, "stream", "MiB/s", samples, next(iter(named)))
+    finally:
+        await session.destroy()
+        await sandbox.close()
+        client.close()
+    _stream_target(report, "docker")
+
+
+def _stream_target(report: Report, kind: str) -> None:
+    for name in (f"{kind} stdout 256 MiB: ours", f"{kind} stdin echo 64 MiB through cat: ours"):
+        ratio = report.ratio(name)
+        report.target(f"{name} >= 0.8x the raw baseline", ratio >= 0.8, f"{ratio:.2f}x")
+
+
+def _sdk_stream(client: Any, container_id: str, cmd: list[str], stdin: bytes | None) -> int:
+    """The raw SDK path: exec_create + exec_start(socket), demultiplexed by hand; stdin from a thread."""
+    api = client.api
+    exec_id = api.exec_create(container_id, cmd, stdin=stdin is not None)["Id"]
+    sock = api.exec_start(exec_id, socket=True)
+    raw = sock._sock
+    writer = None
+    if stdin is not None:
+
+        def feed() -> None:
+            raw.sendall(stdin)
+            raw.shutdown(socket.SHUT_WR)
+
+        writer = threading.Thread(target=feed)
+        writer.start()
+    total = 0
+    pending = b""
+    try:
+        while True:
+            data = raw.recv(1 << 18)
+            if not data:
+                break
+            pending += data
+            while len(pending) >= 8:
+                size = struct.unpack(">L", pending[4:8])[0]
+                if len(pending) < 8 + size:
+                    break
+                if pending[0] == 1:
+                    total += size
+                pending = pending[8 + size :]
+    finally:
+        if writer is not None:
+            writer.join()
+        sock.close()
+    return total
+
+
+# ---------------------------------------------------------------------- server
+
+
+def _client(url: str, token: str) -> Any:
+    from jupyter_tai_sandbox.client import SandboxClient
+
+    class Client(SandboxClient):
+        def _url(self, *parts: str, params: Any = None, scheme: str | None = None) -> str:
+            url = super()._url(*parts, params=params)
+            if scheme and not url.startswith(scheme + ":"):
+                # SandboxClient._url drops the ':' after a ws scheme ('ws//host'); reported upstream
+                url = ("wss" if url.startswith("https:") else "ws") + url[url.index(":") :]
+            return url
+
+    return Client(url, token)
+
+
+async def server_group(report: Report) -> None:
+    with JupyterServer(provider="local") as server:
+        client = _client(server.url, server.token)
+        await _server_exec(report, client)
+        await _server_stream(report, client)
+        await _server_concurrency(report, client, server)
+
+
+async def _server_exec(report: Report, client: Any) -> None:
+    info = await client.create(ttl_seconds=600)
+    async with local_session() as session:
+
+        async def rest() -> None:
+            assert (await client.exec(info["id"], ["true"], timeout_seconds=30)).exit_code == 0
+
+        async def direct() -> None:
+            assert (await session.exec(["true"], timeout_seconds=30)).exit_code == 0
+
+        samples = await interleaved(
+            report.rounds(200), {"local exec true: direct Python API": direct, "local exec true: REST": rest}
+        )
+    await client.destroy(info["id"])
+    _compare(report, "server", "ms", samples, "local exec true: direct Python API")
+    added = report.rows["local exec true: REST"].median - report.rows["local exec true: direct Python API"].median
+    report.rows["local exec true: REST"].extra["added_ms"] = added
+    report.target("REST exec adds <= 2 ms over the direct API (local)", added <= 2.0, f"+{added:.2f} ms")
+
+
+async def _server_stream(report: Report, client: Any) -> None:
+    info = await client.create(ttl_seconds=600)
+    rounds = report.rounds(4)
+    argv = ["head", "-c", str(STREAM_BYTES), "/dev/zero"]
+    async with local_session() as session:
+
+        async def direct() -> int:
+            return await drain(await session.exec_start(argv, timeout_seconds=120))
+
+        async def ws() -> int:
+            return await drain(await client.exec_start(info["id"], argv, timeout_seconds=120))
+
+        base = "local stdout 256 MiB: direct handle"
+        samples = await interleaved_throughput(rounds, {base: direct, "local stdout 256 MiB: websocket": ws})
+        _compare(report, "server", "MiB/s", samples, base)
+    await client.destroy(info["id"])
+    ratio = report.ratio("local stdout 256 MiB: websocket")
+    report.target("websocket streaming >= 0.5x the direct handle", ratio >= 0.5, f"{ratio:.2f}x")
+
+
+async def _server_concurrency(report: Report, client: Any, server: JupyterServer) -> None:
+    sessions, execs = (8, 5) if report.quick else (32, 20)
+    ids = [info["id"] for info in await asyncio.gather(*(client.create(ttl_seconds=600) for _ in range(sessions)))]
+    # a warm-up pass, so what is measured is growth under load, not the first allocations
+    await asyncio.gather(*(client.exec(i, ["true"], timeout_seconds=60) for i in ids))
+    rss_before = server.rss_mib()
+    latencies: list[float] = []
+    peak = rss_before
+    stop = asyncio.Event()
+
+    async def sample_rss() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, server.rss_mib())
+            await asyncio.sleep(0.05)
+
+    async def worker(session_id: str) -> None:
+        for _ in range(execs):
+            started = time.perf_counter()
+            assert (await client.exec(session_id, ["true"], timeout_seconds=60)).exit_code == 0
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    sampler = asyncio.create_task(sample_rss())
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in ids))
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await sampler
+    rss_after = server.rss_mib()
+    await asyncio.gather(*(client.destroy(i) for i in ids))
+    name = f"server concurrency {sessions}x{execs} REST exec true (local)"
+    row = report.add(Row("server", name, "ms", latencies))
+    row.extra.update(
+        p99_ms=_p(latencies, 0.99),
+        execs_per_second=len(latencies) / elapsed,
+        rss_before_mib=rss_before,
+        rss_peak_mib=peak,
+        rss_after_mib=rss_after,
+    )
+    print(f"   p50 {row.median:.1f} ms, p99 {row.extra['p99_ms']:.1f} ms, {row.extra['execs_per_second']:.0f} exec/s, "
+          f"server RSS {rss_before:.0f} -> peak {peak:.0f} -> {rss_after:.0f} MiB", flush=True)
+    growth = rss_after - rss_before
+    report.target("server RSS growth over the concurrency run <= 50 MiB", growth <= 50,
+                  f"{growth:+.1f} MiB (peak {peak - rss_before:+.1f} MiB)")
+
+
+def _p(values: list[float], q: float) -> float:
+    from _bench import percentile
+
+    return percentile(values, q)
+
+
+# ------------------------------------------------------------------------ peer
+
+
+async def peer_group(report: Report) -> None:
+    """llm-sandbox (docker backend) next to ours, same engine and image."""
+    try:
+        from llm_sandbox import SandboxSession
+    except ImportError:
+        report.note("llm-sandbox is not installed (pip install llm-sandbox): the peer was not measured")
+        return
+    image = _image(report)
+    client = _docker_client()
+    rounds = report.rounds(8)
+
+    def peer_open() -> Any:
+        session = SandboxSession(
+            lang="python", backend="docker", client=client, image=image, skip_environment_setup=True,
+            runtime_configs={"labels": BENCH_LABEL},
+        )
+        session.open()
+        return session
+
+    def peer_close(session: Any) -> None:
+        # its close() stops the container first: 10 s with a shell as PID 1 ignoring SIGTERM
+        session.container.remove(force=True)
+        session.container = None
+
+    async def peer_create() -> float:
+        started = time.perf_counter()
+        session = await asyncio.to_thread(peer_open)
+        output = await asyncio.to_thread(session.execute_command, "sh -c :")
+        first = time.perf_counter()
+        assert output.exit_code == 0
+        await asyncio.to_thread(peer_close, session)
+        return first - started
+
+    ours = _docker_sandbox(image)
+
+    async def ours_create() -> float:
+        started = time.perf_counter()
+        session = await ours.create(SessionSpec(image=image))
+        await session.exec(TRUE_DOCKER, timeout_seconds=30)
+        first = time.perf_counter()
+        await session.destroy()
+        return first - started
+
+    samples: dict[str, list[float]] = {"peer llm-sandbox create to first command": [], "ours create to first command (pool off)": []}
+    try:
+        for _ in range(rounds):
+            samples["peer llm-sandbox create to first command"].append(await peer_create() * 1000)
+            samples["ours create to first command (pool off)"].append(await ours_create() * 1000)
+        peer = await asyncio.to_thread(peer_open)
+        session = await ours.create(SessionSpec(image=image))
+        try:
+
+            async def peer_exec() -> None:
+                assert (await asyncio.to_thread(peer.execute_command, "sh -c :")).exit_code == 0
+
+            async def ours_exec() -> None:
+                assert (await session.exec(TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
+
+            execs = await interleaved(report.rounds(40), {"peer llm-sandbox exec": peer_exec, "ours exec (vs peer)": ours_exec})
+        finally:
+            await asyncio.to_thread(peer_close, peer)
+            await session.destroy()
+    finally:
+        await ours.close()
+        client.close()
+    _compare(report, "peer", "ms", samples, "peer llm-sandbox create to first command")
+    _compare(report, "peer", "ms", execs, "peer llm-sandbox exec")
+    report.note(
+        "llm-sandbox used the local image (it pulls only when the image is missing), with "
+        "skip_environment_setup=True (its Python venv/pip setup needs a Python image and network); "
+        "its sessions are removed with a forced remove, since its close() stops the container first "
+        "(a 10 s SIGTERM grace with a shell as PID 1)"
+    )
+
+
+GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
+    "local": local_group,
+    "docker": docker_group,
+    "create": create_group,
+    "stream": stream_group,
+    "server": server_group,
+    "peer": peer_group,
+}
