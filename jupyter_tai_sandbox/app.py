@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Integer, Unicode, default, validate
+from traitlets import Dict, Float, Integer, Unicode, default, validate
 from traitlets.config import Configurable
 
 from . import sandboxes
@@ -16,6 +16,7 @@ from ._version import __version__
 from .contract import Sandbox, SandboxError, SandboxSession, SessionSpec
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
+from .tools import PresetStore, ToolRegistry
 
 
 def _provider_classes() -> list[type]:
@@ -68,6 +69,23 @@ class SandboxApp(ExtensionApp):
         help="Largest file accepted by an upload (PUT sessions/{id}/files/{path}), in bytes; larger gets 413.",
     ).tag(config=True)
 
+    presets = Dict(
+        key_trait=Unicode(),
+        value_trait=Dict(),
+        help="""Code tools from config (the manifest-apply door): tool name -> preset definition
+        {"description", "base" (default "sandbox_exec"), "input_schema" (JSON Schema of the tool's
+        input), "session" (fixed image/network/durability/workspace_key/cpu/memory_mb),
+        "binding" (argv or script + args, stdin, env, timeout_seconds; fields as {"field": NAME})}.
+        Applied at start through the same preset chokepoint as REST and the CLI, as the operator;
+        an invalid entry fails the extension's start. Not written to the preset store.""",
+    ).tag(config=True)
+
+    presets_path = Unicode(
+        "",
+        help="""The preset store: presets authored at run time (REST PUT tools/{name}, CLI preset add),
+        one JSON file replaced atomically. Default: <jupyter data dir>/tai_sandbox/presets.json.""",
+    ).tag(config=True)
+
     @default("provider")
     def _provider_default(self) -> str:
         return os.environ.get("TAI_MCP_SANDBOX", "off").strip() or "off"
@@ -78,9 +96,13 @@ class SandboxApp(ExtensionApp):
         return "off" if value.lower() in sandboxes.OFF_VALUES else value
 
     def initialize_settings(self) -> None:
+        # the config door first: an invalid SandboxApp.presets stops the start before a provider exists
+        self.tools = ToolRegistry(PresetStore(self.presets_path or None), log=self.log)
+        self.tools.apply_manifest(self.presets)
         self.policy = SandboxPolicy(parent=self)
         self.registry = SessionRegistry()
         self._reaper: asyncio.Task[None] | None = None
+        self.sandbox: Sandbox | None = None
         if self.provider == "off":
             sandboxes.disable_sandbox()
             self.log.info(
@@ -88,7 +110,7 @@ class SandboxApp(ExtensionApp):
             )
         else:
             provider = self._make_provider()
-            sandboxes.register_sandbox(provider, policy=self.policy, replace=True)
+            self.sandbox = sandboxes.register_sandbox(provider, policy=self.policy, replace=True)
             self.log.info(
                 "jupyter_tai_sandbox: %s provider, isolation floor %s, egress ceiling %s",
                 provider.kind,
@@ -97,6 +119,7 @@ class SandboxApp(ExtensionApp):
             )
         self.settings.update(
             {
+                "tai_sandbox_tools": self.tools,
                 "tai_sandbox_app": self,
                 "tai_sandbox_registry": self.registry,
                 "tai_sandbox_policy": self.policy,
@@ -111,16 +134,36 @@ class SandboxApp(ExtensionApp):
 
     def initialize_handlers(self) -> None:
         from .handlers import SESSION_ID, rest_handlers
+        from .tool_handlers import tool_handlers
         from .ws import ExecWebSocketHandler
 
         self.handlers.extend(rest_handlers)
+        self.handlers.extend(tool_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.start_reaper()
+        self.export_server_env(serverapp)
+
+    #: what kernels this server starts read to find its sandbox API (client.discover_server)
+    KERNEL_ENV = ("TAI_SANDBOX_URL", "TAI_SANDBOX_TOKEN")
+
+    def export_server_env(self, serverapp: Any) -> None:
+        """Kernels inherit the server's environment: put this server's URL and token there.
+
+        So ``%%sandbox`` in a kernel this server started needs no setup. The token is the
+        one the server already writes into its runtime file for the same user. The old
+        values come back at stop (tests run several servers in one process).
+        """
+        url = serverapp.connection_url
+        if not url.startswith(("http://", "https://")):
+            return  # a unix socket: kernels fall back to discovery
+        self._saved_env = {name: os.environ.get(name) for name in self.KERNEL_ENV}
+        os.environ["TAI_SANDBOX_URL"] = url
+        os.environ["TAI_SANDBOX_TOKEN"] = getattr(serverapp.identity_provider, "token", "") or ""
 
     def start_reaper(self) -> None:
-        if self._reaper is None and self.provider != "off":
+        if self._reaper is None and self.sandbox is not None:
             self._reaper = asyncio.create_task(self._reap_forever())
 
     async def _reap_forever(self) -> None:
@@ -129,8 +172,10 @@ class SandboxApp(ExtensionApp):
             await asyncio.sleep(self.reap_interval)
 
     async def reap_once(self) -> list[str]:
+        if self.sandbox is None:
+            return []
         try:
-            reaped = await sandboxes.require_sandbox().reap()
+            reaped = await self.sandbox.reap()
         except SandboxError as e:
             self.log.warning("jupyter_tai_sandbox: reaping failed: %s", e)
             return []
@@ -143,11 +188,14 @@ class SandboxApp(ExtensionApp):
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
-        if self.provider == "off":
-            return
-        try:
-            sandbox = sandboxes.require_sandbox()
-        except SandboxError:
+        for name, value in getattr(self, "_saved_env", {}).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
+        sandbox = self.sandbox
+        if sandbox is None:
             return
         for session_id in list(self.registry.ids):
             try:
@@ -157,7 +205,9 @@ class SandboxApp(ExtensionApp):
                 self.log.debug("jupyter_tai_sandbox: %s at shutdown: %s", session_id, e)
             self.registry.forget(session_id)
         await sandbox.close()
-        sandboxes.unregister_sandbox()
+        self.sandbox = None
+        if sandboxes.installed() is sandbox:
+            sandboxes.unregister_sandbox()
 
 
 main = launch_new_instance = SandboxApp.launch_instance

@@ -25,6 +25,8 @@ from . import contract
 from .contract import ExecResult, ExitItem, OutputChunk, OutputItem, SandboxError, SandboxUnavailableError
 
 _STREAMS = {1: "stdout", 2: "stderr"}
+#: dot segments travel percent-encoded, so nothing between here and the server resolves them
+_DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
 
 
 def error_from_body(status: int, body: bytes) -> SandboxError:
@@ -89,14 +91,16 @@ class SandboxClient:
     # ---------------------------------------------------------------- plumbing
 
     def _url(self, *parts: str, params: Mapping[str, str] | None = None, scheme: str | None = None) -> str:
-        path = "/".join(
-            urllib.parse.quote(p, safe="/" if i == len(parts) - 1 else "") for i, p in enumerate(parts)
-        )
-        url = urllib.parse.urljoin(self.url, "api/sandbox/" + path)
+        # Concatenated, never urljoin'ed: a workspace path like "/etc/x" or "../x" must reach the
+        # server as written (which refuses it), not be resolved away on this side.
+        if len(parts) >= 2 and parts[-2] == "files":  # the last part is a workspace path
+            parts = (*parts[:-1], *parts[-1].split("/"))
+        path = "/".join(_DOT_SEGMENTS.get(seg, urllib.parse.quote(seg, safe="")) for seg in parts)
+        url = self.url + "api/sandbox/" + path
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        if scheme:
-            url = scheme + url.split(":", 1)[1]
+        if scheme == "ws":
+            url = ("wss" if url.startswith("https:") else "ws") + url[url.index(":") :]
         return url
 
     def _headers(self) -> dict[str, str]:

@@ -17,6 +17,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
+from tornado.escape import url_escape
 
 from . import sandboxes
 from .contract import (
@@ -44,6 +45,9 @@ def error_status(error: BaseException | None, fallback: int = 500) -> int:
     """The HTTP status of an error: the one place where errors become status codes."""
     if isinstance(error, web.HTTPError):
         return error.status_code
+    declared = getattr(error, "http_status", None)  # e.g. the tools' 403/409/422 errors
+    if isinstance(error, SandboxError) and isinstance(declared, int):
+        return declared
     for kind, status in (
         (SandboxUnavailableError, 503),
         (SandboxSpecRejectedError, 400),
@@ -64,6 +68,7 @@ def error_body(error: BaseException | None, status: int) -> dict[str, Any]:
         body: dict[str, Any] = {"error": type(error).__name__, "message": str(error)}
         if isinstance(error, SandboxExecTimeoutError):
             body.update(stdout_bytes=error.stdout_bytes, stderr_bytes=error.stderr_bytes, note=error.note)
+        body.update(getattr(error, "details", None) or {})  # e.g. {"field": ...} of a tool input error
         return body
     if isinstance(error, web.HTTPError):
         message = error.log_message % error.args if error.log_message else (error.reason or "")
@@ -221,8 +226,8 @@ class ExecHandler(SandboxAPIHandler):
         session = await self.get_session(session_id)
         result = await session.exec(request.pop("argv"), **request)
         if encoding == "base64":
-            out = base64.b64encode(result.stdout).decode()
-            err = base64.b64encode(result.stderr).decode()
+            out = base64.b64encode(self.policy.scrub_bytes(result.stdout)).decode()
+            err = base64.b64encode(self.policy.scrub_bytes(result.stderr)).decode()
         else:
             out = self.policy.scrub(result.stdout.decode(errors="replace"))
             err = self.policy.scrub(result.stderr.decode(errors="replace"))
@@ -323,7 +328,7 @@ class FileHandler(SandboxAPIHandler):
         name = posixpath.basename(path.rstrip("/")) or "download"
         self.set_header("Content-Type", "application/octet-stream")
         self.set_header(
-            "Content-Disposition", f"attachment; filename*=UTF-8''{web.url_escape(name, plus=False)}"
+            "Content-Disposition", f"attachment; filename*=UTF-8''{url_escape(name, plus=False)}"
         )
         self.write(first)
         await self.flush()

@@ -96,6 +96,11 @@ def register_sandbox(
     return _installed
 
 
+def installed() -> GatedSandbox | None:
+    """The gated provider in the slot, without consulting the environment."""
+    return _installed
+
+
 def disable_sandbox() -> Sandbox | None:
     """Switch the slot off explicitly (the kind row reads ``off``); return the previous provider."""
     global _configured

@@ -87,7 +87,7 @@ class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     session: SandboxSession
     handle: ExecHandle | None = None
     _pump: asyncio.Task[None] | None = None
-    _finished = False
+    _ended = False
 
     def set_default_headers(self) -> None:
         """JupyterHandler's headers make no sense on a websocket."""
@@ -114,7 +114,7 @@ class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         super().open()  # starts the ping loop
 
     async def on_message(self, message: str | bytes) -> None:
-        if self._finished:
+        if self._ended:
             return
         request: Any = {"type": "stdin"}
         try:
@@ -176,24 +176,54 @@ class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         await self.handle.write(data)
 
     async def _relay_output(self, handle: ExecHandle) -> None:
+        # one frame in flight while the next is read: memory stays bounded by a frame or two,
+        # and reading the handle overlaps with flushing to the socket
+        in_flight: asyncio.Future[None] | None = None
+        # with scrub_transcript on, one scrubber per stream (it holds back < len(longest secret) bytes)
+        policy = self.settings.get("tai_sandbox_policy")
+        scrubbers = {s: policy.stream_scrubber() for s in STREAM_IDS} if policy is not None else {}
+        scrubbers = {s: scrubber for s, scrubber in scrubbers.items() if scrubber is not None}
+
+        async def drain_scrubbers() -> None:
+            for stream, scrubber in scrubbers.items():
+                tail = scrubber.flush()
+                if tail:
+                    await self.write_message(bytes([STREAM_IDS[stream]]) + tail, binary=True)
+
         try:
             async for item in handle.output:
                 if isinstance(item, ExitItem):
+                    if in_flight is not None:
+                        await in_flight
+                    await drain_scrubbers()
                     await self._finish_with({"type": "exit", "exit_code": item.exit_code})
                     return
-                await self.write_message(bytes([STREAM_IDS[item.stream]]) + item.data, binary=True)
+                data = item.data
+                scrubber = scrubbers.get(item.stream)
+                if scrubber is not None:
+                    data = scrubber.feed(data)
+                    if not data:
+                        continue
+                frame = self.write_message(bytes([STREAM_IDS[item.stream]]) + data, binary=True)
+                if in_flight is not None:
+                    await in_flight
+                in_flight = frame
         except WebSocketClosedError:
             return
         except SandboxError as e:
+            with contextlib.suppress(WebSocketClosedError):
+                if in_flight is not None:
+                    await in_flight
+                await drain_scrubbers()
             await self._finish_with(error_body(e, error_status(e)))
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.write_message(json.dumps(message))
 
     async def _finish_with(self, message: dict[str, Any]) -> None:
-        if self._finished:
+        if self._ended:
             return
-        self._finished = True
+        self._ended = True
         if "type" not in message:
             message = {"type": "error", **message}
         with contextlib.suppress(WebSocketClosedError):
@@ -204,8 +234,8 @@ class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     def on_close(self) -> None:
         super().on_close()
-        if self.handle is not None and not self._finished:
-            self._finished = True
+        if self.handle is not None and not self._ended:
+            self._ended = True
             if self._pump is not None:
                 self._pump.cancel()
             # on_close cannot await: keep the task referenced until it is done

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tornado.httpclient import HTTPClientError
+import pytest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+PROVIDERS = ["local", "docker"]
 
 
 def server_config(provider: str, root: Any, **extra: Any) -> dict[str, Any]:
@@ -16,9 +19,19 @@ def server_config(provider: str, root: Any, **extra: Any) -> dict[str, Any]:
         "SandboxPolicy": {"isolation": "none"},
         "LocalSandbox": {"root": str(root)},
     }
+    if provider == "docker":
+        from docker_support import RUN_LABEL, TEST_IMAGE, docker_client
+
+        docker_client()  # skips (fails in CI) without an engine
+        config["DockerSandbox"] = {"image": TEST_IMAGE, "extra_labels": RUN_LABEL}
     for section, values in extra.items():
         config.setdefault(section, {}).update(values)
     return config
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request) -> str:
+    return request.param
 
 
 def sandbox_app(jp_serverapp):
@@ -43,7 +56,22 @@ async def call(jp_fetch, *parts: str, method: str = "GET", body: Any = None, par
     except HTTPClientError as e:
         response = e.response
         assert response is not None, e
-    content_type = response.headers.get("Content-Type", "")
-    if response.body and content_type.startswith("application/json"):
-        return response.code, json.loads(response.body)
-    return response.code, response.body
+    return response.code, decode(response)
+
+
+def decode(response) -> Any:
+    if response.body and response.headers.get("Content-Type", "").startswith("application/json"):
+        return json.loads(response.body)
+    return response.body
+
+
+async def fetch_raw_path(port: int, base_url: str, path: str, token: str, method: str = "GET", body=None):
+    """A request whose path is sent exactly as given (no client-side escaping)."""
+    url = f"http://localhost:{port}{base_url.rstrip('/')}/{path.lstrip('/')}"
+    try:
+        response = await AsyncHTTPClient().fetch(
+            url, method=method, body=body, headers={"Authorization": f"token {token}"}, allow_nonstandard_methods=True
+        )
+    except HTTPClientError as e:
+        response = e.response
+    return response.code, decode(response)
