@@ -220,6 +220,9 @@ class ServerKernelManager(AsyncKernelManager):
     async def is_alive(self) -> bool:  # type: ignore[override]
         return True
 
+    # what the kernel client itself calls while it waits for a slow kernel to answer
+    _async_is_alive = is_alive
+
     async def interrupt_kernel(self) -> None:  # type: ignore[override]
         self.server.request("POST", f"api/kernels/{self.kernel_id}/interrupt")
 
