@@ -17,6 +17,7 @@ from ..contract import (
     ExecResult,
     OutputChunk,
     SandboxError,
+    SandboxExecTimeoutError,
     SandboxPathError,
     SandboxSpecRejectedError,
 )
@@ -25,6 +26,22 @@ from ..contract import (
 KILLED_EXIT_CODE = 137
 #: How long a stop waits for the command's output to end once its group is dead.
 OUTPUT_GRACE_SECONDS = 0.5
+
+
+_HELD_OUTPUT_NOTE = (
+    "a process the command started still held its output after the kill; "
+    "the byte counts cover the output received up to the stop"
+)
+
+
+def deadline_error(timeout_seconds: float, counts: dict[str, int], held: bool) -> SandboxExecTimeoutError:
+    """The timeout of a command killed at its deadline: byte counts, and a note when its output was still held."""
+    return SandboxExecTimeoutError(
+        f"the command was still running at its {timeout_seconds:g} s deadline and was killed",
+        stdout_bytes=counts["stdout"],
+        stderr_bytes=counts["stderr"],
+        note=_HELD_OUTPUT_NOTE if held else None,
+    )
 
 
 def new_session_id() -> str:

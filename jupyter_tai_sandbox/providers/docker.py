@@ -35,7 +35,6 @@ from ..contract import (
     OutputItem,
     Sandbox,
     SandboxError,
-    SandboxExecTimeoutError,
     SandboxNotFoundError,
     SandboxPathError,
     SandboxSession,
@@ -52,6 +51,7 @@ from ._common import (
     ProviderMeta,
     check_exec_args,
     check_stdin,
+    deadline_error,
     new_session_id,
     run_to_end,
     workspace_relative,
@@ -85,10 +85,6 @@ _SESSION_ID = re.compile(r"^sbx-[0-9a-f]{16}$")
 _WRITE_CHUNK = 1 << 18
 #: stdin bytes the transport buffers before a write waits (asyncio's default is 64 KiB)
 _WRITE_BUFFER = 1 << 20
-_HELD_OUTPUT_NOTE = (
-    "a process the command started still held its output after the kill; "
-    "the byte counts cover the output received up to the stop"
-)
 # Go's os.FileMode type bits, as the engine's path stat reports them
 _MODE_DIR, _MODE_SYMLINK, _MODE_TYPE = 1 << 31, 1 << 27, 0x8F280000
 
@@ -212,12 +208,7 @@ class DockerCommand(ExecHandle):
                 f"the command reached its {self._timeout_seconds:g} s deadline and could not be stopped: {e}"
             )
         else:
-            self._timeout_error = SandboxExecTimeoutError(
-                f"the command was still running at its {self._timeout_seconds:g} s deadline and was killed",
-                stdout_bytes=self._counts["stdout"],
-                stderr_bytes=self._counts["stderr"],
-                note=_HELD_OUTPUT_NOTE if self._held else None,
-            )
+            self._timeout_error = deadline_error(self._timeout_seconds, self._counts, self._held)
         await self._done.wait()
 
     async def _stop(self) -> None:

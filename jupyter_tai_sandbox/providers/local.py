@@ -65,16 +65,13 @@ from ._common import (
     ProviderMeta,
     check_exec_args,
     check_stdin,
+    deadline_error,
     new_session_id,
     run_to_end,
     workspace_relative,
 )
 
 _WRITE_CHUNK = 1 << 16
-_HELD_OUTPUT_NOTE = (
-    "a process the command started still held its output after the kill; "
-    "the byte counts cover the output received up to the stop"
-)
 
 
 def _exit_status(returncode: int) -> int:
@@ -305,13 +302,7 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
                 await asyncio.wait({self._output_ended}, timeout=OUTPUT_GRACE_SECONDS)
                 held = not self._output_ended.done()
                 if outcome == "deadline":
-                    self._timeout_error = SandboxExecTimeoutError(
-                        f"the command was still running at its {self._timeout_seconds:g} s deadline "
-                        "and was killed",
-                        stdout_bytes=self._counts["stdout"],
-                        stderr_bytes=self._counts["stderr"],
-                        note=_HELD_OUTPUT_NOTE if held else None,
-                    )
+                    self._timeout_error = deadline_error(self._timeout_seconds, self._counts, held)
             self._status = self._read_status()
         finally:
             stop.cancel()
