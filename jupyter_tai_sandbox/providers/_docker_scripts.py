@@ -77,7 +77,9 @@ held() {
 while held >/dev/null 2>&1 3>&-; do sleep 0.05 3>&-; done
 """
 
-KILL = r"""t=/tmp/.tai-sbx-$1 i=0
+#: argv: token. Waits briefly for the wrapper to record its group (exit 0, nothing to stop, if it
+#: never does), leaving the group id in $p and the state-file prefix in $t.
+_FIND_GROUP = r"""t=/tmp/.tai-sbx-$1 i=0
 while [ ! -f "$t.p" ]; do
   i=$((i + 1))
   [ $i -gt 150 ] && exit 0
@@ -85,7 +87,9 @@ while [ ! -f "$t.p" ]; do
 done
 p=$(cat "$t.p" 2>/dev/null) || exit 0
 [ -n "$p" ] || exit 0
-kill -9 -"$p" 2>/dev/null && exit 0
+"""
+
+KILL = _FIND_GROUP + r"""kill -9 -"$p" 2>/dev/null && exit 0
 [ -d /proc/"$p" ] || exit 0
 kill -9 -"$p"
 exit 1
@@ -116,15 +120,7 @@ rm -f "$t.p" "$t.k" "$t.n"
 exit $r
 """
 
-KILL_PTY = r"""t=/tmp/.tai-sbx-$1 i=0
-while [ ! -f "$t.p" ]; do
-  i=$((i + 1))
-  [ $i -gt 150 ] && exit 0
-  sleep 0.01
-done
-p=$(cat "$t.p" 2>/dev/null) || exit 0
-[ -n "$p" ] || exit 0
-: >"$t.k"
+KILL_PTY = _FIND_GROUP + r""": >"$t.k"
 i=0
 while [ $i -lt 100 ]; do
   i=$((i + 1)) n=0
