@@ -211,3 +211,7 @@ class SandboxApp(ExtensionApp):
 
 
 main = launch_new_instance = SandboxApp.launch_instance
+
+
+if __name__ == "__main__":
+    main()
