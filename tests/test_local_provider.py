@@ -2,9 +2,12 @@
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
+import sys
 import time
 
 import pytest
@@ -173,6 +176,98 @@ def test_interactive_group_is_kept_until_kill_even_after_the_exit(sandbox):
         finally:
             stop(pid)
             await session.destroy()
+
+    run(scenario())
+
+
+def system_pipe_size() -> int:
+    read_end, write_end = os.pipe()
+    try:
+        return fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.mark.parametrize(("configured", "seen"), [(None, 256 << 10), (1 << 20, 1 << 20), (0, None)])
+def test_stdout_pipe_has_the_configured_kernel_buffer(tmp_path, configured, seen):
+    traits = {} if configured is None else {"stdout_pipe_size": configured}
+    sandbox = LocalSandbox(root=str(tmp_path), **traits)
+    seen = seen or system_pipe_size()
+
+    async def scenario():
+        session = await sandbox.create(SessionSpec())
+        script = "import fcntl; print(fcntl.fcntl(1, fcntl.F_GETPIPE_SZ), fcntl.fcntl(2, fcntl.F_GETPIPE_SZ))"
+        result = await session.exec([sys.executable, "-c", script], timeout_seconds=10)
+        assert result.stdout.split() == [str(seen).encode(), str(system_pipe_size()).encode()]
+        await session.destroy()
+
+    run(scenario())
+
+
+def test_a_command_is_not_its_groups_leader_so_it_may_start_a_session(sandbox):
+    async def scenario():
+        session = await sandbox.create(SessionSpec())
+        script = "import os; os.setsid(); print(os.getsid(0) == os.getpid())"
+        result = await session.exec([sys.executable, "-c", script], timeout_seconds=10)
+        assert (result.exit_code, result.stdout, result.stderr) == (0, b"True\n", b"")
+        await session.destroy()
+
+    run(scenario())
+
+
+def zombie_children() -> list[int]:
+    zombies = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[0] == "Z" and int(fields[1]) == os.getpid():
+                    zombies.append(int(entry))
+    return zombies
+
+
+def test_every_process_a_session_started_is_reaped_by_its_destroy(sandbox):
+    async def scenario():
+        session = await sandbox.create(SessionSpec())
+        for _ in range(5):
+            assert (await session.exec(["true"], timeout_seconds=10)).exit_code == 0
+        assert (await session.exec(["no-such-program"], timeout_seconds=10)).exit_code == 127
+        with pytest.raises(SandboxError):
+            await session.exec(["sleep", "5"], timeout_seconds=0.2)
+        finished = await session.exec_start(["true"], timeout_seconds=10)
+        assert [item async for item in finished.output][-1] == ExitItem(0)
+        killed = await session.exec_start(["sleep", "30"], timeout_seconds=30)
+        await killed.kill()
+        await session.exec_start(["sleep", "30"], timeout_seconds=30)  # left to the teardown
+        await session.destroy()
+        for _ in range(40):
+            if not zombie_children():
+                break
+            await asyncio.sleep(0.05)
+        assert zombie_children() == []
+
+    run(scenario())
+
+
+def test_commands_run_and_stop_where_the_kernel_has_no_pidfd(sandbox, monkeypatch):
+    def no_pidfd(pid, flags=0):
+        raise OSError(errno.ENOSYS, "pidfd_open is not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+
+    async def scenario():
+        session = await sandbox.create(SessionSpec())
+        result = await session.exec(["sh", "-c", "echo out; exit 3"], timeout_seconds=10)
+        assert (result.exit_code, result.stdout) == (3, b"out\n")
+        handle = await session.exec_start(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], timeout_seconds=30)
+        items = [item async for item in handle.output]
+        assert items[-1] == ExitItem(0)
+        pid = int(b"".join(i.data for i in items if isinstance(i, OutputChunk)))
+        await handle.kill()
+        assert await wait_stopped(pid)
+        await session.destroy()
 
     run(scenario())
 

@@ -6,12 +6,15 @@ session (created or adopted, never removed by a reap), a fresh directory under
 ``isolation="none"`` and ``network="egress"`` are honoured; cpu/memory caps are
 rejected. ``image`` is inert: recorded in info() and the session's sidecar file.
 
-Process groups: every command gets a small holder shell that leads a fresh
-process group, and the command joins that group. The holder keeps the group id
-alive after the command exits, so a stop never signals a group id since given
-to other processes. A completed one-shot lets its group go (what it left running
-keeps running); an interactive command's group is kept until kill() or the
-session's teardown. A process that leaves the group (setsid) is never stopped.
+Process groups: every command joins a fresh process group led by a small holder
+process (``true``, left unreaped: a zombie keeps its pid, and so the group id,
+out of reuse). The group keeps its id after the command exits, so a stop never
+signals a group id since given to other processes, and the command itself is not
+a group leader (it may call setsid). A completed one-shot lets its group go (what
+it left running keeps running); an interactive command's group is kept until
+kill() or the session's teardown. A process that leaves the group (setsid) is
+never stopped. Exits are watched with pidfds on the event loop, not a thread per
+child.
 
 Commands see a small environment, not the server's: PATH, LANG, LC_ALL and TZ
 from the server (``inherit_env``), HOME set to the workspace, then the spec's
@@ -31,10 +34,12 @@ import shutil
 import signal
 import stat
 import struct
+import subprocess
 import sys
 import termios
+import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,22 +96,66 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def spawn_holder() -> asyncio.subprocess.Process:
-    """A holder: it leads a new process group, and exits when its stdin closes (or the server dies)."""
-    return await asyncio.create_subprocess_exec(
-        "sh",
-        "-c",
-        "read _",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        **_group_kwargs(0),
-    )
+_TRUE = shutil.which("true") or "/bin/true"
 
 
-def _release_holder(holder: asyncio.subprocess.Process) -> None:
-    if holder.stdin is not None:
-        holder.stdin.close()
+def spawn_group_holder() -> int:
+    """A holder for a new process group: ``true`` spawned as the group's leader and left unreaped.
+
+    Its zombie keeps the group id reserved (a pid is not given out again before it is
+    reaped), so the group keeps its id after the command has exited, at the cost of no
+    running process and no pipe. Reaped by :func:`reap_holder`.
+    """
+    return os.posix_spawn(_TRUE, [_TRUE], {}, setpgroup=0)
+
+
+def holder_unreaped(pid: int) -> bool:
+    """Whether the holder is still ours (running or a zombie): only then is its group id still ours."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def reap_holder(pid: int) -> None:
+    """Reap a holder now if it has exited (``true`` exits at once), else once it does."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            on_child_exit(pid, lambda _returncode: None)
+
+
+def on_child_exit(pid: int, callback: Callable[[int], None]) -> None:
+    """Reap child ``pid`` once it exits, then call ``callback(returncode)`` on the running loop.
+
+    A pidfd watched by the loop where the kernel has them (no thread per child, unlike
+    asyncio's default child watcher); a thread blocked in waitpid otherwise.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        threading.Thread(
+            target=lambda: loop.call_soon_threadsafe(callback, _wait(pid, 0)),
+            name=f"tai-sandbox-wait-{pid}",
+            daemon=True,
+        ).start()
+        return
+
+    def readable() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        callback(_wait(pid, os.WNOHANG))
+
+    loop.add_reader(pidfd, readable)
+
+
+def _wait(pid: int, options: int) -> int:
+    try:
+        _, status = os.waitpid(pid, options)
+    except ChildProcessError:  # reaped by someone else: its status is lost
+        return 255
+    return os.waitstatus_to_exitcode(status)
 
 
 class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
@@ -116,9 +165,12 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
     (this object is the subprocess protocol), whether or not anyone reads.
     """
 
-    def __init__(self, *, timeout_seconds: float, one_shot: bool, memory_limit: int) -> None:
+    def __init__(
+        self, *, timeout_seconds: float, one_shot: bool, memory_limit: int, stdout_pipe_size: int = 0
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._timeout_seconds = timeout_seconds
+        self._stdout_pipe_size = stdout_pipe_size
         self._one_shot = one_shot
         self._spool = OutputSpool(memory_limit)
         self._counts = {"stdout": 0, "stderr": 0}
@@ -151,54 +203,65 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
         env: dict[str, str],
         cwd: str,
         stdin: bytes | bool | None,
-        holder: asyncio.subprocess.Process | None = None,
+        holder: int | None = None,
     ) -> None:
-        """Spawn the command (and its holder, unless a fresh one is given).
+        """Spawn the command in the group of ``holder`` (a fresh one from :func:`spawn_group_holder`).
 
         ``stdin``: bytes to feed, None for /dev/null, True for a pipe.
         """
         loop = asyncio.get_running_loop()
-        self._holder = holder if holder is not None else await spawn_holder()
-        self._pgid = self._holder.pid
+        self._pgid = holder if holder is not None else spawn_group_holder()
         self._group_held = True
+        self._returncode: int | None = None
+        self._pipes: list[asyncio.BaseTransport] = []
         self._deadline = loop.time() + self._timeout_seconds
-        stdin_mode = asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE
         try:
             try:
-                self._transport, _ = await loop.subprocess_exec(
-                    lambda: self,
-                    *argv,
-                    stdin=stdin_mode,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    cwd=cwd,
-                    env=env,
-                    **_group_kwargs(self._pgid),
-                )
+                process = self._spawn(argv, env=env, cwd=cwd, stdin=stdin)
             except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
                 # as a shell would: 127 not found, 126 not executable
-                self._transport, _ = await loop.subprocess_exec(
-                    lambda: self,
-                    "sh",
-                    "-c",
-                    'printf "%s\\n" "$1" >&2; exit "$2"',
-                    "sh",
-                    f"{argv[0]}: {e.strerror}",
-                    "127" if isinstance(e, FileNotFoundError) else "126",
-                    stdin=stdin_mode,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    cwd=cwd,
-                    env=env,
-                    **_group_kwargs(self._pgid),
+                status = "127" if isinstance(e, FileNotFoundError) else "126"
+                script = ["sh", "-c", 'printf "%s\\n" "$1" >&2; exit "$2"', "sh", f"{argv[0]}: {e.strerror}", status]
+                process = self._spawn(script, env=env, cwd=cwd, stdin=stdin)
+            on_child_exit(process.pid, self._process_reaped)
+            if self._stdout_pipe_size:
+                with contextlib.suppress(OSError):  # over the user's pipe allowance: keep the default
+                    fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, self._stdout_pipe_size)
+            self._process = process
+            for fd, pipe in ((1, process.stdout), (2, process.stderr)):
+                transport, _ = await loop.connect_read_pipe(lambda fd=fd: _PipeRelay(self, fd), pipe)
+                self._pipes.append(transport)
+            if process.stdin is not None:
+                self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
+                    lambda: _PipeRelay(self, 0), process.stdin
                 )
-            self._stdin = self._transport.get_pipe_transport(0)  # type: ignore[assignment]
+                self._pipes.append(self._stdin)  # type: ignore[arg-type]
             if isinstance(stdin, bytes):
                 self._feeder = asyncio.create_task(self._feed(stdin))
             self._supervisor = asyncio.create_task(self._supervise())
         except BaseException:
             self._release_group(stop_group=True)
+            self._close_transport()
             raise
+
+    def _spawn(self, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bytes | bool | None) -> Any:
+        # Popen directly, not loop.subprocess_exec: the exit comes from a pidfd, with no
+        # watcher thread per child (half the cost of a short command).
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            bufsize=0,
+            **_group_kwargs(self._pgid),
+        )
+
+    def _process_reaped(self, returncode: int) -> None:
+        self._returncode = returncode
+        self._process.returncode = returncode  # reaped here: Popen must not wait for it again
+        self.process_exited()
 
     # -------------------------------------------------- subprocess protocol
 
@@ -314,22 +377,21 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
 
     def _close_transport(self) -> None:
         # closes every pipe, including output a process that left the group still holds
-        self._transport.close()
+        for pipe in self._pipes:
+            pipe.close()
 
     def _read_status(self) -> int | None:
-        returncode = self._transport.get_returncode()
-        return None if returncode is None else _exit_status(returncode)
+        return None if self._returncode is None else _exit_status(self._returncode)
 
     def _release_group(self, *, stop_group: bool) -> None:
         """Let the group go, stopping it first if asked; the group id is never signalled again."""
         if not self._group_held:
             return
         self._group_held = False
-        if stop_group and self._holder.returncode is None:
-            # the holder is alive, so the group id is still this command's
+        if stop_group and holder_unreaped(self._pgid):
+            # the holder is not reaped, so the group id is still this command's
             _killpg(self._pgid)
-        assert self._holder.stdin is not None
-        self._holder.stdin.close()
+        reap_holder(self._pgid)
 
     # ------------------------------------------------------------ the handle
 
@@ -385,7 +447,7 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
             await self._holder_gone()
 
     async def _holder_gone(self) -> None:
-        await self._holder.wait()
+        pass  # the group's holder is reaped by _release_group
 
 
 # The pty holder leads a new session and takes the terminal as its controlling tty (its stdin
@@ -440,10 +502,10 @@ class LocalPtyCommand(LocalCommand):
         env: dict[str, str],
         cwd: str,
         stdin: bytes | bool | None,
-        holder: asyncio.subprocess.Process | None = None,
+        holder: int | None = None,
     ) -> None:
         if holder is not None:
-            _release_holder(holder)  # the pty holder is the command's parent: a plain holder is no use
+            reap_holder(holder)  # the pty holder is the command's parent: a group holder is no use
         loop = asyncio.get_running_loop()
         self._open_outputs = {1}
         self._stopped = False
@@ -585,8 +647,8 @@ class LocalSession(SandboxSession):
         self.expires_at = created_at + spec.ttl_seconds
         self._interactive: set[LocalCommand] = set()
         self._destroyed = False
-        # A holder spawned ahead for the next command, so a command costs one spawn, not two.
-        self._spare_holder: asyncio.Task[asyncio.subprocess.Process] | None = None
+        # A group holder spawned ahead, while the previous command runs, for the next one.
+        self._spare_holder: int | None = None
 
     @property
     def id(self) -> str:
@@ -640,32 +702,29 @@ class LocalSession(SandboxSession):
         args = check_exec_args(argv, timeout_seconds, env, cwd)
         command_class = self._sandbox.pty_command_class if pty else self._sandbox.command_class
         command = command_class(
-            timeout_seconds=timeout_seconds, one_shot=one_shot, memory_limit=self._sandbox.output_memory_limit
+            timeout_seconds=timeout_seconds,
+            one_shot=one_shot,
+            memory_limit=self._sandbox.output_memory_limit,
+            stdout_pipe_size=self._sandbox.stdout_pipe_size,
         )
         env_, cwd_ = self._command_env(env), self._command_cwd(cwd)
+        holder = None if pty else self._take_holder()
         try:
-            await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=await self._take_holder())
+            await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=holder)
         except OSError as e:
             raise SandboxError(f"could not start {args[0]!r}: {e}") from e
-        if not self._destroyed:
-            self._spare_holder = asyncio.ensure_future(spawn_holder())
+        if not (pty or self._destroyed or self._spare_holder):
+            self._spare_holder = spawn_group_holder()
         return command
 
-    async def _take_holder(self) -> asyncio.subprocess.Process | None:
-        spare, self._spare_holder = self._spare_holder, None
-        if spare is None:
-            return None
-        try:
-            holder = await spare
-        except (OSError, RuntimeError):  # RuntimeError: spawned on an event loop since closed
-            return None
-        return holder if holder.returncode is None else None
+    def _take_holder(self) -> int | None:
+        holder, self._spare_holder = self._spare_holder, None
+        return holder
 
-    async def _drop_spare_holder(self) -> None:
-        holder = await self._take_holder()
+    def _drop_spare_holder(self) -> None:
+        holder = self._take_holder()
         if holder is not None:
-            _release_holder(holder)
-            await holder.wait()
+            reap_holder(holder)
 
     async def exec(
         self,
@@ -771,7 +830,7 @@ class LocalSession(SandboxSession):
         self._destroyed = True
         await asyncio.gather(*(command.kill() for command in self._interactive), return_exceptions=True)
         self._interactive.clear()
-        await self._drop_spare_holder()
+        self._drop_spare_holder()
         await self._sandbox._forget(self, remove_workspace)
 
 
@@ -819,6 +878,16 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     output_memory_limit = Integer(
         DEFAULT_MEMORY_LIMIT,
         help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
+    ).tag(config=True)
+
+    stdout_pipe_size = Integer(
+        256 << 10,
+        min=0,
+        max=16 << 20,
+        help="""Kernel buffer of each command's stdout pipe, in bytes (Linux F_SETPIPE_SZ, rounded
+        up to a power of two pages; at most /proc/sys/fs/pipe-max-size for unprivileged users).
+        Larger pipes mean fewer wake-ups when a command writes a lot; each running command holds
+        this much of its user's pipe allowance. 0 keeps the system default (64 KiB).""",
     ).tag(config=True)
 
     @default("root")
@@ -935,4 +1004,4 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def close(self) -> None:
         for session in list(self._sessions.values()):
             await asyncio.gather(*(c.kill() for c in session._interactive), return_exceptions=True)
-            await session._drop_spare_holder()
+            session._drop_spare_holder()
