@@ -26,6 +26,8 @@ import asyncio
 import contextlib
 import json
 import math
+import struct
+from collections.abc import Awaitable
 from typing import Any
 
 from jupyter_core.utils import ensure_async
@@ -33,7 +35,8 @@ from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
-from tornado.websocket import WebSocketClosedError, WebSocketHandler
+from tornado.iostream import StreamClosedError
+from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol13
 
 from . import sandboxes
 from .contract import (
@@ -48,6 +51,11 @@ from .contract import (
 from .handlers import AUTH_RESOURCE, error_body, error_status
 
 STREAM_IDS = {"stdout": 1, "stderr": 2}
+# RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
+_BINARY_FINAL = 0x82
+_FRAME_HEAD_SHORT = struct.Struct("!BB")
+_FRAME_HEAD_16 = struct.Struct("!BBH")
+_FRAME_HEAD_64 = struct.Struct("!BBQ")
 _kills: set[asyncio.Future[None]] = set()
 _START_FIELDS = {"type", "argv", "timeout_seconds", "pty", "env", "cwd", "rows", "cols"}
 
@@ -188,7 +196,7 @@ class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             for stream, scrubber in scrubbers.items():
                 tail = scrubber.flush()
                 if tail:
-                    await self.write_message(bytes([STREAM_IDS[stream]]) + tail, binary=True)
+                    await self._write_output(STREAM_IDS[stream], tail)
 
         try:
             async for item in handle.output:
@@ -204,18 +212,44 @@ class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
                     data = scrubber.feed(data)
                     if not data:
                         continue
-                frame = self.write_message(bytes([STREAM_IDS[item.stream]]) + data, binary=True)
+                frame = self._write_output(STREAM_IDS[item.stream], data)
                 if in_flight is not None:
                     await in_flight
                 in_flight = frame
-        except WebSocketClosedError:
+        except (WebSocketClosedError, StreamClosedError):
             return
         except SandboxError as e:
-            with contextlib.suppress(WebSocketClosedError):
+            with contextlib.suppress(WebSocketClosedError, StreamClosedError):
                 if in_flight is not None:
                     await in_flight
                 await drain_scrubbers()
             await self._finish_with(error_body(e, error_status(e)))
+
+    def _write_output(self, stream_id: int, data: bytes) -> Awaitable[None]:
+        """Send one output frame (the stream id, then the bytes); the returned awaitable is its flush.
+
+        Without compression the frame is built here in one copy and handed to the connection's
+        stream in one write: tornado's write_message copies a payload twice, and 256 MiB streamed
+        that way ran at 0.35x the direct handle against 0.45x this way (benchmarks/run.py). A
+        compressed connection goes through write_message.
+        """
+        connection = self.ws_connection
+        if connection is None or connection.is_closing():
+            raise WebSocketClosedError()
+        payload = bytes((stream_id,))
+        if getattr(connection, "_compressor", None) is not None or not isinstance(connection, WebSocketProtocol13):
+            return self.write_message(payload + data, binary=True)
+        size = len(data) + 1
+        if size < 126:
+            header = _FRAME_HEAD_SHORT.pack(_BINARY_FINAL, size)
+        elif size <= 0xFFFF:
+            header = _FRAME_HEAD_16.pack(_BINARY_FINAL, 126, size)
+        else:
+            header = _FRAME_HEAD_64.pack(_BINARY_FINAL, 127, size)
+        try:
+            return connection.stream.write(b"".join((header, payload, data)))
+        except StreamClosedError:
+            raise WebSocketClosedError() from None
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.write_message(json.dumps(message))
