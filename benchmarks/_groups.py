@@ -377,15 +377,7 @@ def _sdk_stream(client: Any, container_id: str, cmd: list[str], stdin: bytes | N
 def _client(url: str, token: str) -> Any:
     from jupyter_tai_sandbox.client import SandboxClient
 
-    class Client(SandboxClient):
-        def _url(self, *parts: str, params: Any = None, scheme: str | None = None) -> str:
-            url = super()._url(*parts, params=params)
-            if scheme and not url.startswith(scheme + ":"):
-                # SandboxClient._url drops the ':' after a ws scheme ('ws//host'); reported upstream
-                url = ("wss" if url.startswith("https:") else "ws") + url[url.index(":") :]
-            return url
-
-    return Client(url, token)
+    return SandboxClient(url, token)
 
 
 async def server_group(report: Report) -> None:

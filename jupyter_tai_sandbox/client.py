@@ -10,19 +10,21 @@ extension), else the first running Jupyter server that jupyter_server lists.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import os
 import urllib.parse
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
 from . import contract
 from .contract import ExecResult, ExitItem, OutputChunk, OutputItem, SandboxError, SandboxUnavailableError
+from .http_connections import BodyProducer, HTTPConnections
 
 _STREAMS = {1: "stdout", 2: "stderr"}
 #: dot segments travel percent-encoded, so nothing between here and the server resolves them
@@ -86,7 +88,8 @@ class SandboxClient:
         self.url = url.rstrip("/") + "/"
         self.token = token or ""
         self.request_timeout = request_timeout
-        self._http = AsyncHTTPClient()
+        self._http = HTTPConnections(self.url)
+        self._http_loop: asyncio.AbstractEventLoop | None = None
 
     # ---------------------------------------------------------------- plumbing
 
@@ -106,36 +109,48 @@ class SandboxClient:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"} if self.token else {}
 
+    def _connections(self) -> HTTPConnections:
+        # connections belong to the event loop that opened them
+        loop = asyncio.get_running_loop()
+        if loop is not self._http_loop:
+            self._http.close()
+            self._http_loop = loop
+        return self._http
+
     async def _request(
         self,
         method: str,
         *parts: str,
         body: Any = None,
         params: Mapping[str, str] | None = None,
-        **kwargs: Any,
+        body_producer: BodyProducer | None = None,
+        streaming_callback: Callable[[bytes], None] | None = None,
     ) -> Any:
         headers = self._headers()
         if body is not None and not isinstance(body, bytes):
-            body = json.dumps(body)
+            body = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        if body is None and method in ("POST", "PUT") and "body_producer" not in kwargs:
+        if body is None and method in ("POST", "PUT") and body_producer is None:
             body = b""
-        request = HTTPRequest(
-            self._url(*parts, params=params),
-            method=method,
-            headers=headers,
-            body=body,
-            request_timeout=self.request_timeout,
-            **kwargs,
-        )
+        url = self._url(*parts, params=params)
         try:
-            response = await self._http.fetch(request)
-        except HTTPClientError as e:
-            if e.response is None:
-                raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
-            raise error_from_body(e.code, e.response.body) from None
+            response = await self._connections().fetch(
+                method,
+                url[url.index("/", url.index("//") + 2) :],
+                headers,
+                body=body,
+                body_producer=body_producer,
+                streaming_callback=streaming_callback,
+                timeout=self.request_timeout,
+            )
+        except TimeoutError:
+            raise SandboxUnavailableError(
+                f"no answer from the sandbox API at {self.url} within {self.request_timeout:g} s"
+            ) from None
         except OSError as e:
             raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+        if response.code >= 400:
+            raise error_from_body(response.code, response.body)
         if response.code == 204:
             return None
         if response.headers.get("Content-Type", "").startswith("application/json"):
@@ -257,7 +272,8 @@ class SandboxClient:
         return remote
 
     def close(self) -> None:
-        """Nothing to release: the HTTP client is shared per event loop."""
+        """Close the idle connections (a later call opens new ones)."""
+        self._http.close()
 
 
 class RemoteExec:
