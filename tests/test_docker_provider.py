@@ -212,6 +212,33 @@ async def wait_stopped_in(session, pid: int, seconds: float = 3.0) -> bool:
     return True
 
 
+def test_every_deadline_stop_of_held_output_is_noted(client):
+    """The engine handles a container's exec exits one at a time, waiting up to 2 s on an exec whose
+    output is still held; the wrapper waits for the stop's own exec to exit first, so the stop
+    returns at once and sees the output still held, every time."""
+    escape = 'setsid sh -c "echo \\$\\$ > $1; echo held; exec sleep 60" &'
+
+    async def scenario():
+        sandbox = provider()
+        session = await sandbox.create(spec())
+        try:
+            for attempt in range(3):
+                started = time.monotonic()
+                with pytest.raises(SandboxExecTimeoutError) as raised:
+                    await session.exec(["sh", "-c", escape, "sh", f"held{attempt}.pid"], timeout_seconds=1.5)
+                took = time.monotonic() - started
+                pid = int((await session.get_file(f"held{attempt}.pid")).decode())
+                await session.exec(["kill", "-9", str(pid)], timeout_seconds=10)
+                assert raised.value.note, f"attempt {attempt}: the stop of held output was not noted"
+                assert raised.value.stdout_bytes == len(b"held\n")
+                assert took < 1.5 + 1.5, f"attempt {attempt}: the timeout came {took:.1f}s after the start"
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(scenario())
+
+
 def test_pty_command_has_a_terminal_that_resizes_and_takes_ctrl_c(client):
     async def scenario():
         sandbox = provider()

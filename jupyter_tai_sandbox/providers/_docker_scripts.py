@@ -1,32 +1,43 @@
 """The small ``sh`` scripts the docker provider runs inside a session container.
 
 They use only what the session image contract names: ``sh``, ``setsid``,
-``mv``, ``rm``, ``cat``, ``kill``, ``readlink``, ``ls``, a fractional ``sleep``
-and ``/proc``, with state files in ``/tmp`` (``/tmp/.tai-sbx-<token>.*``).
+``rm``, ``kill``, ``readlink``, ``ls``, a fractional ``sleep`` and ``/proc``,
+with state files in ``/tmp`` (``/tmp/.tai-sbx-<token>.*``). A one-shot's
+wrapper spawns as little as it can (each spawn in a container costs about a
+millisecond): no ``mv`` or ``cat`` for state files, and no ``ls`` or
+``readlink`` where the shell's ``test`` has ``-ef``.
 
 RUN -- the exec's own process (argv: HOLD, token, cwd, command...). It runs
 HOLD in a new session (so HOLD leads a fresh process group, outside RUN's),
 waits for it, and exits with the command's own status when HOLD recorded one --
 so a kill after the command's exit still reports the command's status -- else
-with HOLD's (137 when the group was killed first).
+with HOLD's (137 when the group was killed first). When a KILL is under way
+(``.k`` names its pid) RUN waits for that KILL to exit first (at most 1 s): the
+engine handles one container's exec exits one at a time and waits up to 2 s on
+an exec whose output is still held, so a KILL whose exit queued behind RUN's
+would seem to take 2 s, and the held output would be closed by the engine
+before the provider could see it held.
 
 HOLD -- leads the command's process group and stays in it: it records its pid
 (= the group id) for KILL, runs the command in the foreground (so the command
 keeps stdin and default signal dispositions, unlike a background job of a
-non-interactive shell), records its status (tmp file + mv), then keeps
-the group (and so its id) while any process other than RUN and itself still
-holds the command's stdout or stderr (``readlink`` of ``/proc/*/fd/1`` and
-``/fd/2`` against its own), polling with a fractional sleep. A trapped INT/QUIT
-keeps it alive should a command signal its own group.
+non-interactive shell), records its status, then keeps the group (and so its
+id) while any process other than RUN and itself still holds the command's
+stdout or stderr (``/proc/*/fd/1`` and ``/fd/2`` compared with its own by the
+shell's ``test -ef``, which spawns nothing; by ``readlink`` and ``ls`` in a
+shell without ``-ef``), polling with a fractional sleep. A trapped INT/QUIT
+keeps it alive should a command signal its own group. State files are written
+in place and read with the shell's ``read``: a reader that finds one empty
+(still being written) looks again.
 
 The command's stderr travels as fd 3 and becomes its fd 2 only in a shell
 that execs the command: RUN and HOLD keep their own stderr on /dev/null, so
 the "Killed" line a shell prints for a foreground child stopped by a signal
 never lands in the command's stderr.
 
-KILL -- (argv: token) kills the recorded group with SIGKILL, waiting briefly
-for HOLD to record it. A group already gone is nothing to stop; any other
-failure prints the kill's error line and exits 1.
+KILL -- (argv: token) records its own pid in ``.k``, then kills the recorded
+group with SIGKILL, waiting briefly for HOLD to record it. A group already gone
+is nothing to stop; any other failure prints the kill's error line and exits 1.
 
 RUN_PTY -- the exec's own process for a command on a terminal (argv: token,
 cwd, rows, cols, command...). The engine starts a tty exec as the leader of a
@@ -38,7 +49,8 @@ shell then moves jobs to groups of its own, all within the session. INT, QUIT,
 TSTP and HUP are trapped so the holder outlives a ^C. After the command's exit
 it lets go of the terminal and holds the session while any other process
 still holds the terminal (as for HOLD's output), until KILL_PTY marks a stop
-(``.k``), then exits with the command's own status.
+(``.k``), waits for that KILL_PTY to exit (as RUN does), then exits with the
+command's own status.
 
 KILL_PTY -- (argv: token) marks the stop, then SIGKILLs every process of the
 recorded session but its holder (read from ``/proc/*/stat``), pass after pass
@@ -47,49 +59,71 @@ the session (setsid) is not stopped. A member that cannot be killed prints the
 kill's error line and exits 1.
 """
 
+#: Waits (at most 1 s) for a KILL under way -- its pid in ``$t.k`` -- to have exited.
+_AWAIT_KILL = r"""if [ -f "$t.k" ]; then
+  i=0 k=
+  while [ $i -lt 100 ]; do
+    [ -n "$k" ] || { read -r k <"$t.k"; } 2>/dev/null
+    [ -n "$k" ] && [ ! -d /proc/"$k" ] && break
+    i=$((i + 1))
+    sleep 0.01
+  done
+fi
+"""
+
 RUN = r"""h=$1 t=/tmp/.tai-sbx-$2 d=$3
 shift 3
 exec 3>&2 2>/dev/null
 setsid sh -c "$h" sh "$t" "$d" "$@"
 r=$?
-if [ -f "$t.s" ]; then r=$(cat "$t.s"); fi
-rm -f "$t.p" "$t.s" "$t.n" "$t.r"
+{ read -r s <"$t.s"; } 2>/dev/null && r=$s
+""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.s" "$t.k"
 exit $r
 """
 
 HOLD = r"""t=$1
-echo $$ >"$t.n" && mv "$t.n" "$t.p"
+echo $$ >"$t.p"
 cd "$2" 2>&3 || exit
 shift 2
 trap : INT QUIT
 sh -c 'exec "$@" 2>&3 3>&-' sh "$@"
-echo $? >"$t.r" && mv "$t.r" "$t.s"
-o1=$(readlink /proc/$$/fd/1) o2=$(readlink /proc/$$/fd/3)
-held() {
-  ls -l /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2 2>/dev/null | {
-    while read -r l; do
-      case "$l" in *" /proc/$$/fd/"* | *" /proc/$PPID/fd/"*) continue ;; esac
-      case "$l" in *" -> $o1" | *" -> $o2") exit 0 ;; esac
+echo $? >"$t.s"
+if [ /proc/$$/fd/1 -ef /proc/$$/fd/1 ] 2>/dev/null; then
+  held() {
+    for f in /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2; do
+      case $f in /proc/$$/* | /proc/$PPID/*) continue ;; esac
+      { [ "$f" -ef /proc/$$/fd/1 ] || [ "$f" -ef /proc/$$/fd/3 ]; } 2>/dev/null && return 0
     done
-    exit 1
+    return 1
   }
-}
-while held >/dev/null 2>&1 3>&-; do sleep 0.05 3>&-; done
+else
+  o1=$(readlink /proc/$$/fd/1) o2=$(readlink /proc/$$/fd/3)
+  held() {
+    ls -l /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2 2>/dev/null | {
+      while read -r l; do
+        case "$l" in *" /proc/$$/fd/"* | *" /proc/$PPID/fd/"*) continue ;; esac
+        case "$l" in *" -> $o1" | *" -> $o2") exit 0 ;; esac
+      done
+      exit 1
+    }
+  } >/dev/null 2>&1 3>&-
+fi
+while held; do sleep 0.05 3>&-; done
 """
 
 #: argv: token. Waits briefly for the wrapper to record its group (exit 0, nothing to stop, if it
 #: never does), leaving the group id in $p and the state-file prefix in $t.
 _FIND_GROUP = r"""t=/tmp/.tai-sbx-$1 i=0
-while [ ! -f "$t.p" ]; do
+until { read -r p <"$t.p"; } 2>/dev/null && [ -n "$p" ]; do
   i=$((i + 1))
   [ $i -gt 150 ] && exit 0
   sleep 0.01
 done
-p=$(cat "$t.p" 2>/dev/null) || exit 0
-[ -n "$p" ] || exit 0
 """
 
-KILL = _FIND_GROUP + r"""kill -9 -"$p" 2>/dev/null && exit 0
+KILL = _FIND_GROUP + r"""echo $$ >"$t.k"
+kill -9 -"$p" 2>/dev/null && exit 0
+rm -f "$t.k"
 [ -d /proc/"$p" ] || exit 0
 kill -9 -"$p"
 exit 1
@@ -97,7 +131,7 @@ exit 1
 
 RUN_PTY = r"""t=/tmp/.tai-sbx-$1 d=$2
 exec 3>&2 2>/dev/null
-echo $$ >"$t.n" && mv "$t.n" "$t.p"
+echo $$ >"$t.p"
 cd "$d" 2>&3 || exit
 stty rows "$3" cols "$4" 2>/dev/null
 shift 4
@@ -116,11 +150,11 @@ held() {
   }
 }
 while [ ! -f "$t.k" ] && held; do sleep 0.05; done
-rm -f "$t.p" "$t.k" "$t.n"
+""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.k"
 exit $r
 """
 
-KILL_PTY = _FIND_GROUP + r""": >"$t.k"
+KILL_PTY = _FIND_GROUP + r"""echo $$ >"$t.k"
 i=0
 while [ $i -lt 100 ]; do
   i=$((i + 1)) n=0
