@@ -267,7 +267,8 @@ class FileHandler(SandboxAPIHandler):
         if not path or path.endswith("/"):
             raise SandboxPathError("PUT needs a file path inside the workspace, e.g. files/data/input.csv")
         session = await self.get_session(self.path_kwargs["session_id"])
-        session.resolve(path)
+        # refuse a bad path before the body streams in; resolve() may ask the engine (blocking)
+        await asyncio.to_thread(session.resolve, path)
         self._received = 0
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(_UPLOAD_QUEUE_CHUNKS)
         self._upload = asyncio.create_task(session.put_file(path, self._body()))
