@@ -1,7 +1,8 @@
 """Side-by-side benchmarks: our API against the raw mechanisms underneath it, and a peer.
 
 One entry point: ``python benchmarks/run.py`` (``--quick`` for fewer rounds,
-``--only NAME`` to run some groups: local, docker, create, stream, server, peer).
+``--only NAME`` to run some groups: local, docker, create, stream, server, peer;
+``--out DIR`` for the results folder).
 Every baseline is measured in the same run on the same machine; the table shows
 medians, p95 and the ratio to the baseline, then each target with PASS or MISS.
 Results go to ``benchmarks/results/`` as JSON and a PNG chart. Everything stays on
@@ -30,6 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--only", action="append", choices=sorted(GROUPS), help="run only these groups")
     parser.add_argument("--image", default=None, help="session image (default: the minimal test image)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"folder for the JSON and chart (default: {RESULTS})")
     return parser.parse_args(argv)
 
 
@@ -50,14 +52,14 @@ async def main(args: argparse.Namespace) -> int:
         "cpus": os.cpu_count(),
         "quick": args.quick,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    chart = report.chart(args.out / "latest.png")
     data = report.to_json()
     for name in (f"bench-{stamp}.json", "latest.json"):
-        (RESULTS / name).write_text(json.dumps(data, indent=1))
-    chart = report.chart(RESULTS / "latest.png")
+        (args.out / name).write_text(json.dumps(data, indent=1))
     print(report.table())
-    print(f"\nwrote {RESULTS / 'latest.json'}" + (f" and {chart}" if chart else ""))
+    print(f"\nwrote {args.out / 'latest.json'}" + (f" and {chart}" if chart else ""))
     return 0
 
 
