@@ -80,18 +80,8 @@ def bad_request(message: str) -> SandboxSpecRejectedError:
     return SandboxSpecRejectedError(message)
 
 
-class SandboxAPIHandler(ExtensionHandlerMixin, APIHandler):
-    """Base of the REST handlers: JSON errors, body parsing, session lookup."""
-
-    auth_resource = AUTH_RESOURCE
-
-    @property
-    def registry(self) -> Any:
-        return self.settings["tai_sandbox_registry"]
-
-    @property
-    def policy(self) -> Any:
-        return self.settings["tai_sandbox_policy"]
+class JSONErrorsMixin:
+    """Errors answered as ``{"error": ..., "message": ...}`` with their status; expected ones logged briefly."""
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -105,6 +95,20 @@ class SandboxAPIHandler(ExtensionHandlerMixin, APIHandler):
             self.log.info("%s %s: %s: %s", self.request.method, self.request.path, typ.__name__, value)
         else:
             super().log_exception(typ, value, tb)
+
+
+class SandboxAPIHandler(JSONErrorsMixin, ExtensionHandlerMixin, APIHandler):
+    """Base of the REST handlers: JSON errors, body parsing, session lookup."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def registry(self) -> Any:
+        return self.settings["tai_sandbox_registry"]
+
+    @property
+    def policy(self) -> Any:
+        return self.settings["tai_sandbox_policy"]
 
     def read_json(self) -> dict[str, Any]:
         try:

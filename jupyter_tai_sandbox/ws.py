@@ -43,12 +43,10 @@ from .contract import (
     ExecHandle,
     ExitItem,
     SandboxError,
-    SandboxNotFoundError,
     SandboxSession,
     SandboxSpecRejectedError,
-    SandboxUnavailableError,
 )
-from .handlers import AUTH_RESOURCE, error_body, error_status
+from .handlers import AUTH_RESOURCE, JSONErrorsMixin, error_body, error_status
 
 STREAM_IDS = {"stdout": 1, "stderr": 2}
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
@@ -87,7 +85,7 @@ def _parse_start(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
+class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, JupyterHandler):
     """One interactive command per connection."""
 
     auth_resource = AUTH_RESOURCE
@@ -110,12 +108,8 @@ class ExecWebSocketHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             self.authorizer.is_authorized(self, self.current_user, "execute", AUTH_RESOURCE)
         ):
             raise web.HTTPError(403)
-        try:
-            self.session = await sandboxes.require_sandbox().get(session_id)
-        except SandboxNotFoundError as e:
-            raise web.HTTPError(404, str(e)) from None
-        except SandboxUnavailableError as e:
-            raise web.HTTPError(503, str(e)) from None
+        # a refusal is answered in JSON (404 for an unknown session, 503 with no provider)
+        self.session = await sandboxes.require_sandbox().get(session_id)
         await super().get(session_id=session_id)
 
     def open(self, session_id: str) -> None:  # type: ignore[override]

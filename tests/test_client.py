@@ -9,7 +9,7 @@ import pytest
 from server_support import server_config
 
 from jupyter_tai_sandbox.client import SandboxClient
-from jupyter_tai_sandbox.contract import SandboxNotFoundError, SandboxUnavailableError
+from jupyter_tai_sandbox.contract import ExitItem, OutputChunk, SandboxNotFoundError, SandboxUnavailableError
 from jupyter_tai_sandbox.http_connections import HTTPConnections
 
 BIG = 120 << 20
@@ -123,3 +123,32 @@ async def test_an_unreachable_server_is_a_typed_error():
         client = SandboxClient(f"http://127.0.0.1:{port}/", "token")
         with pytest.raises(SandboxUnavailableError, match="cannot reach"):
             await client.status()
+
+
+async def test_sixteen_mib_both_ways_through_the_clients_websocket(client):
+    info = await client.create(ttl_seconds=120)
+    data = os.urandom(16 << 20)
+    remote = await client.exec_start(info["id"], ["cat"], timeout_seconds=60)
+
+    async def feed():
+        for i in range(0, len(data), 1 << 20):
+            await remote.write(data[i : i + (1 << 20)])
+        await remote.close_stdin()
+
+    feeder = asyncio.create_task(feed())
+    received = bytearray()
+    items = []
+    async for item in remote.output:
+        if isinstance(item, OutputChunk):
+            assert item.stream == "stdout" and isinstance(item.data, bytes)
+            received += item.data
+        else:
+            items.append(item)
+    await feeder
+    assert items == [ExitItem(0)] and bytes(received) == data
+    await client.destroy(info["id"])
+
+
+async def test_an_unknown_session_refuses_the_websocket_with_a_typed_error(client):
+    with pytest.raises(SandboxNotFoundError):
+        await client.exec_start("sbx-0000000000000000", ["true"], timeout_seconds=5)

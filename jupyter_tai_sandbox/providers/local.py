@@ -159,10 +159,11 @@ def _wait(pid: int, options: int) -> int:
 
 
 class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
-    """One command: its holder, its process, its output and its deadline.
+    """One command: its group's holder, its process, its output and its deadline.
 
     The command's pipes are read continuously into an :class:`OutputSpool`
-    (this object is the subprocess protocol), whether or not anyone reads.
+    (through :class:`_PipeRelay`; a pty command's holder is started as a
+    subprocess with this object as its protocol), whether or not anyone reads.
     """
 
     def __init__(
@@ -467,9 +468,9 @@ read _ <&3
 
 
 class _PipeRelay(asyncio.Protocol):
-    """Forwards one pipe of a pty command to the command, as if it were a subprocess pipe."""
+    """Forwards one pipe (0 stdin, 1 stdout, 2 stderr) to its command, as a subprocess transport would."""
 
-    def __init__(self, command: LocalPtyCommand, fd: int) -> None:
+    def __init__(self, command: LocalCommand, fd: int) -> None:
         self._command, self._fd = command, fd
 
     def data_received(self, data: bytes) -> None:
