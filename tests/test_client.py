@@ -152,3 +152,19 @@ async def test_sixteen_mib_both_ways_through_the_clients_websocket(client):
 async def test_an_unknown_session_refuses_the_websocket_with_a_typed_error(client):
     with pytest.raises(SandboxNotFoundError):
         await client.exec_start("sbx-0000000000000000", ["true"], timeout_seconds=5)
+
+
+async def test_a_server_that_never_answers_is_a_typed_error_after_the_request_timeout():
+    async def never_answer(reader, writer):
+        await reader.read()  # hold the connection until the client drops it
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = SandboxClient(f"http://127.0.0.1:{port}/", "token", request_timeout=0.3)
+    try:
+        with pytest.raises(SandboxUnavailableError, match="no answer"):
+            await client.status()
+    finally:
+        client.close()
+        server.close()
+        await server.wait_closed()
