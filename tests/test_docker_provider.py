@@ -231,7 +231,7 @@ def test_every_deadline_stop_of_held_output_is_noted(client):
                 await session.exec(["kill", "-9", str(pid)], timeout_seconds=10)
                 assert raised.value.note, f"attempt {attempt}: the stop of held output was not noted"
                 assert raised.value.stdout_bytes == len(b"held\n")
-                assert took < 1.5 + 1.5, f"attempt {attempt}: the timeout came {took:.1f}s after the start"
+                assert took < 1.5 + 3, f"attempt {attempt}: the timeout came {took:.1f}s after the start"
         finally:
             await session.destroy()
             await sandbox.close()
