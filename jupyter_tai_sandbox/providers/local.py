@@ -158,12 +158,11 @@ def _wait(pid: int, options: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
+class LocalCommand(ExecHandle):
     """One command: its group's holder, its process, its output and its deadline.
 
     The command's pipes are read continuously into an :class:`OutputSpool`
-    (through :class:`_PipeRelay`; a pty command's holder is started as a
-    subprocess with this object as its protocol), whether or not anyone reads.
+    (through :class:`_PipeRelay`), whether or not anyone reads.
     """
 
     def __init__(
@@ -213,7 +212,6 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
         loop = asyncio.get_running_loop()
         self._pgid = holder if holder is not None else spawn_group_holder()
         self._group_held = True
-        self._returncode: int | None = None
         self._pipes: list[asyncio.BaseTransport] = []
         self._deadline = loop.time() + self._timeout_seconds
         try:
@@ -224,11 +222,11 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
                 status = "127" if isinstance(e, FileNotFoundError) else "126"
                 script = ["sh", "-c", 'printf "%s\\n" "$1" >&2; exit "$2"', "sh", f"{argv[0]}: {e.strerror}", status]
                 process = self._spawn(script, env=env, cwd=cwd, stdin=stdin)
+            self._process = process
             on_child_exit(process.pid, self._process_reaped)
             if self._stdout_pipe_size:
                 with contextlib.suppress(OSError):  # over the user's pipe allowance: keep the default
                     fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, self._stdout_pipe_size)
-            self._process = process
             for fd, pipe in ((1, process.stdout), (2, process.stderr)):
                 transport, _ = await loop.connect_read_pipe(lambda fd=fd: _PipeRelay(self, fd), pipe)
                 self._pipes.append(transport)
@@ -260,7 +258,6 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
         )
 
     def _process_reaped(self, returncode: int) -> None:
-        self._returncode = returncode
         self._process.returncode = returncode  # reaped here: Popen must not wait for it again
         self.process_exited()
 
@@ -382,7 +379,8 @@ class LocalCommand(ExecHandle, asyncio.SubprocessProtocol):
             pipe.close()
 
     def _read_status(self) -> int | None:
-        return None if self._returncode is None else _exit_status(self._returncode)
+        returncode = self._process.returncode
+        return None if returncode is None else _exit_status(returncode)
 
     def _release_group(self, *, stop_group: bool) -> None:
         """Let the group go, stopping it first if asked; the group id is never signalled again."""
@@ -486,7 +484,7 @@ class _PipeRelay(asyncio.Protocol):
         self._command.resume_writing()
 
 
-class LocalPtyCommand(LocalCommand):
+class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
     """An interactive command on a pseudo-terminal: one output stream, resize, ^C as a signal.
 
     The holder is the command's parent here (a command can only share the terminal's
@@ -505,8 +503,7 @@ class LocalPtyCommand(LocalCommand):
         stdin: bytes | bool | None,
         holder: int | None = None,
     ) -> None:
-        if holder is not None:
-            reap_holder(holder)  # the pty holder is the command's parent: a group holder is no use
+        # no group holder (the session gives none): the pty holder is the command's parent
         loop = asyncio.get_running_loop()
         self._open_outputs = {1}
         self._stopped = False
