@@ -124,22 +124,18 @@ class HTTPConnections:
         """One request (``target``: path and query). A streamed response body goes to
         ``streaming_callback`` when the status is 2xx; otherwise it is returned whole.
         Raises OSError (StreamClosedError included) or TimeoutError when no answer comes."""
-        stream, reused = await self._stream()
-        try:
-            return await asyncio.wait_for(
-                self._exchange(stream, method, target, headers, body, body_producer, streaming_callback),
-                timeout,
-            )
-        except StreamClosedError:
-            # the server may close an idle connection as the request leaves: a request that could
-            # not have reached it is sent again on a new connection
-            if not reused or body_producer is not None or method not in ("GET", "HEAD", "PUT", "DELETE"):
-                raise
-            stream, _ = await self._stream()
-            return await asyncio.wait_for(
-                self._exchange(stream, method, target, headers, body, body_producer, streaming_callback),
-                timeout,
-            )
+        # the server may close an idle connection as a request leaves on it: an idempotent
+        # request with its whole body at hand is sent again, once, on a new connection
+        retry = body_producer is None and method in ("GET", "HEAD", "PUT", "DELETE")
+        while True:
+            stream, reused = await self._stream()
+            exchange = self._exchange(stream, method, target, headers, body, body_producer, streaming_callback)
+            try:
+                return await asyncio.wait_for(exchange, timeout)
+            except StreamClosedError:
+                if not (reused and retry):
+                    raise
+                retry = False
 
     async def _exchange(
         self,
