@@ -140,29 +140,28 @@ class Report:
         return path
 
 
+async def _round_robin(
+    rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]], sample: Callable[[Any, float], float]
+) -> dict[str, list[float]]:
+    """Run the variants round-robin after one warm-up each, so drift on the machine hits each alike."""
+    for once in variants.values():
+        await once()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, once in variants.items():
+            started = time.perf_counter()
+            result = await once()
+            samples[name].append(sample(result, time.perf_counter() - started))
+    return samples
+
+
 async def interleaved_throughput(
     rounds: int, variants: dict[str, Callable[[], Awaitable[int]]]
 ) -> dict[str, list[float]]:
-    """MiB/s of several variants (each returns the bytes it moved), round-robin after one warm-up each."""
-    for once in variants.values():
-        await once()
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, once in variants.items():
-            started = time.perf_counter()
-            moved = await once()
-            samples[name].append(moved / (1 << 20) / (time.perf_counter() - started))
-    return samples
+    """MiB/s of several variants (each returns the bytes it moved)."""
+    return await _round_robin(rounds, variants, lambda moved, seconds: moved / (1 << 20) / seconds)
 
 
 async def interleaved(rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]]) -> dict[str, list[float]]:
-    """Time several variants round-robin, so drift on the machine hits each alike (ms per call)."""
-    for once in variants.values():
-        await once()
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, once in variants.items():
-            started = time.perf_counter()
-            await once()
-            samples[name].append((time.perf_counter() - started) * 1000)
-    return samples
+    """Milliseconds per call of several variants."""
+    return await _round_robin(rounds, variants, lambda _result, seconds: seconds * 1000)

@@ -270,22 +270,7 @@ async def _stream_local(report: Report) -> None:
         return len(out)
 
     async with local_session() as session:
-
-        async def ours_out() -> int:
-            handle = await session.exec_start(["head", "-c", str(STREAM_BYTES), "/dev/zero"], timeout_seconds=120)
-            return await drain(handle)
-
-        async def ours_in() -> int:
-            return len((await session.exec(["cat"], stdin=PAYLOAD, timeout_seconds=120)).stdout)
-
-        for name, variants in (
-            ("stdout 256 MiB", {"raw pipe read": raw_out, "ours": ours_out}),
-            ("stdin echo 64 MiB through cat", {"raw pipe": raw_in, "ours": ours_in}),
-        ):
-            named = {f"local {name}: {label}": once for label, once in variants.items()}
-            samples = await interleaved_throughput(rounds, named)
-            _compare(report, "stream", "MiB/s", samples, next(iter(named)))
-    _stream_target(report, "local")
+        await _stream_rows(report, "local", session, rounds, ("raw pipe read", raw_out), ("raw pipe", raw_in))
 
 
 PAYLOAD = os.urandom(1 << 20) * (STDIN_BYTES >> 20)
@@ -307,31 +292,39 @@ async def _stream_docker(report: Report) -> None:
         async def raw_in() -> int:
             return await asyncio.to_thread(_sdk_stream, client, session.container_id, ["cat"], PAYLOAD)
 
-        async def ours_out() -> int:
-            handle = await session.exec_start(["head", "-c", str(STREAM_BYTES), "/dev/zero"], timeout_seconds=120)
-            return await drain(handle)
-
-        async def ours_in() -> int:
-            return len((await session.exec(["cat"], stdin=PAYLOAD, timeout_seconds=120)).stdout)
-
-        for name, variants in (
-            ("stdout 256 MiB", {"raw SDK exec stream": raw_out, "ours": ours_out}),
-            ("stdin echo 64 MiB through cat", {"raw SDK exec socket": raw_in, "ours": ours_in}),
-        ):
-            named = {f"docker {name}: {label}": once for label, once in variants.items()}
-            samples = await interleaved_throughput(rounds, named)
-            _compare(report, "stream", "MiB/s", samples, next(iter(named)))
+        await _stream_rows(
+            report, "docker", session, rounds, ("raw SDK exec stream", raw_out), ("raw SDK exec socket", raw_in)
+        )
     finally:
         await session.destroy()
         await sandbox.close()
         client.close()
-    _stream_target(report, "docker")
 
 
-def _stream_target(report: Report, kind: str) -> None:
-    for name in (f"{kind} stdout 256 MiB: ours", f"{kind} stdin echo 64 MiB through cat: ours"):
-        ratio = report.ratio(name)
-        report.target(f"{name} >= 0.8x the raw baseline", ratio >= 0.8, f"{ratio:.2f}x")
+Throughput = Callable[[], Awaitable[int]]
+
+
+async def _stream_rows(
+    report: Report, kind: str, session: Any, rounds: int, raw_out: tuple[str, Throughput], raw_in: tuple[str, Throughput]
+) -> None:
+    """stdout of 256 MiB and a 64 MiB stdin echo through our API, each next to its raw baseline; then the targets."""
+
+    async def ours_out() -> int:
+        handle = await session.exec_start(["head", "-c", str(STREAM_BYTES), "/dev/zero"], timeout_seconds=120)
+        return await drain(handle)
+
+    async def ours_in() -> int:
+        return len((await session.exec(["cat"], stdin=PAYLOAD, timeout_seconds=120)).stdout)
+
+    for name, (raw_label, raw), ours in (
+        ("stdout 256 MiB", raw_out, ours_out),
+        ("stdin echo 64 MiB through cat", raw_in, ours_in),
+    ):
+        baseline, compared = f"{kind} {name}: {raw_label}", f"{kind} {name}: ours"
+        samples = await interleaved_throughput(rounds, {baseline: raw, compared: ours})
+        _compare(report, "stream", "MiB/s", samples, baseline)
+        ratio = report.ratio(compared)
+        report.target(f"{compared} >= 0.8x the raw baseline", ratio >= 0.8, f"{ratio:.2f}x")
 
 
 def _sdk_stream(client: Any, container_id: str, cmd: list[str], stdin: bytes | None) -> int:
