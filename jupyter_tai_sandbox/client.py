@@ -22,8 +22,8 @@ from typing import Any
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
-from . import contract
 from .contract import ExecResult, ExitItem, OutputChunk, OutputItem, SandboxError, SandboxUnavailableError
+from .errors import error_from_json
 from .http_connections import BodyProducer, HTTPConnections
 
 _STREAMS = {1: "stdout", 2: "stderr"}
@@ -39,23 +39,7 @@ def error_from_body(status: int, body: bytes) -> SandboxError:
         data["error"]
     except (ValueError, KeyError, TypeError):
         return SandboxError(f"HTTP {status}: {body[:200].decode(errors='replace')}")
-    return error_from_message(data, fallback=f"HTTP {status}: {message}")
-
-
-def error_from_message(data: Mapping[str, Any], fallback: str | None = None) -> SandboxError:
-    name, message = str(data.get("error", "")), str(data.get("message", ""))
-    cls = getattr(contract, name, None)
-    if cls is contract.SandboxExecTimeoutError:
-        error = contract.SandboxExecTimeoutError(
-            message,
-            stdout_bytes=int(data.get("stdout_bytes", 0)),
-            stderr_bytes=int(data.get("stderr_bytes", 0)),
-        )
-        error.note = data.get("note")
-        return error
-    if isinstance(cls, type) and issubclass(cls, SandboxError):
-        return cls(message)
-    return SandboxError(fallback or f"{name}: {message}")
+    return error_from_json(data, fallback=f"HTTP {status}: {message}")
 
 
 def discover_server() -> tuple[str, str]:
@@ -293,7 +277,7 @@ class RemoteExec:
         data = json.loads(message)
         if data.get("type") != "started":
             self._ws.close()
-            raise error_from_message(data)
+            raise error_from_json(data)
 
     async def _iterate(self) -> AsyncIterator[OutputItem]:
         while True:
@@ -305,14 +289,14 @@ class RemoteExec:
                 continue
             data = json.loads(message)
             if data.get("type") == "rejected":
-                self.rejected.append(error_from_message(data))
+                self.rejected.append(error_from_json(data))
                 continue
             self._ended = True
             self._ws.close()
             if data.get("type") == "exit":
                 yield ExitItem(int(data["exit_code"]))
                 return
-            raise error_from_message(data)
+            raise error_from_json(data)
 
     async def _send(self, message: str | bytes) -> None:
         try:

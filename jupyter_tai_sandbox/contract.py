@@ -4,6 +4,29 @@ A provider implements :class:`Sandbox` (sessions) and :class:`SandboxSession`
 (exec, files, teardown). Consumers never construct providers themselves; they
 call :func:`jupyter_tai_sandbox.sandboxes.require_sandbox`, which hands out the
 installed provider behind the policy gate.
+
+Glossary
+--------
+session
+    One live workspace with exec, file transfer and a TTL, made by a provider.
+consumer
+    The label a session is made for; the operator grants credentials per consumer.
+owner
+    The principal (user) who made a session; only it, or an admin, sees and uses it.
+door
+    A way in from outside: REST, the exec websocket, the magics, the panel, the CLI,
+    the code-tool runs. Every door builds the same typed values (:class:`SessionSpec`,
+    :class:`ExecRequest`) and goes through the one chokepoint.
+chokepoint
+    ``require_sandbox()``: the only way to a provider, behind the operator's policy.
+fence
+    The admin tier of code tools: authoring or running one needs
+    ``jupyter_tai_sandbox:admin``, checked at the tool chokepoints, not per route.
+workspace key
+    The name of a persistent workspace (volume ``tai-sbx-<key>``) that outlives sessions.
+holder
+    The small shell process a provider keeps in a command's process group, so the
+    group keeps its id (and a stop never signals a reused one) until the handle is done.
 """
 
 from __future__ import annotations
@@ -46,6 +69,17 @@ class SandboxUnavailableError(SandboxError):
 
 class SandboxSpecRejectedError(SandboxError):
     """The session spec (or an argument) asks for something that cannot be honoured."""
+
+
+class SandboxRequestError(SandboxSpecRejectedError):
+    """A malformed request: a field missing, of the wrong type, or out of range.
+
+    ``field`` names the offending field (``argv``, ``timeout_seconds``, ...) when there is one.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class SandboxNotFoundError(SandboxError):
@@ -99,6 +133,8 @@ class SessionSpec:
 
     ``env`` is the credential channel: every command of the session sees it.
     ``isolation=None`` inherits the operator's floor (the policy fills it in).
+    ``owner`` is the principal the session belongs to, set by the doors (never
+    by a caller's body); ``None`` (direct Python use) means no owner check.
     """
 
     image: str | None = None
@@ -111,6 +147,7 @@ class SessionSpec:
     memory_mb: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     consumer: str = "default"
+    owner: str | None = None
 
     def __post_init__(self) -> None:
         if self.isolation is not None and self.isolation not in ISOLATION_ORDER:
@@ -143,6 +180,10 @@ class SessionSpec:
             raise _reject("image must be a non-empty image reference, or unset for the provider's default")
         if not isinstance(self.consumer, str) or not self.consumer or len(self.consumer) > 128:
             raise _reject("consumer must be a non-empty label of at most 128 characters")
+        if self.owner is not None and (
+            not isinstance(self.owner, str) or not self.owner or len(self.owner) > 256 or "\x00" in self.owner
+        ):
+            raise _reject("owner must be a non-empty user name of at most 256 characters")
         if not isinstance(self.env, Mapping):
             raise _reject("env must be a mapping of variable names to string values")
         for name, value in self.env.items():
@@ -184,9 +225,13 @@ class SessionSpec:
 
 
 def _is_positive_number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        value = float(value)
+    except OverflowError:  # a JSON integer like 10**400
+        return False
+    return math.isfinite(value) and value > 0
 
 
 @dataclass(frozen=True)
@@ -210,6 +255,10 @@ class SessionInfo:
         return self.spec.image
 
     @property
+    def owner(self) -> str | None:
+        return self.spec.owner
+
+    @property
     def durability(self) -> SandboxDurability:
         return self.spec.durability
 
@@ -225,6 +274,7 @@ class SessionInfo:
             "id": self.id,
             "kind": self.kind,
             "consumer": self.consumer,
+            "owner": self.owner,
             "image": self.image,
             "isolation": self.isolation,
             "network": self.spec.network,
@@ -257,6 +307,171 @@ class ExitItem:
 
 
 OutputItem = OutputChunk | ExitItem
+
+#: A terminal's size when a pty command gives none: rows, columns.
+DEFAULT_WINDOW = (24, 80)
+#: The largest terminal side accepted (rows or columns).
+MAX_WINDOW_SIDE = 10_000
+#: Total bytes of argv and env one command may carry (Linux takes about 2 MiB, less on some hosts).
+MAX_COMMAND_BYTES = 1 << 20
+
+
+def _bad(field: str, message: str) -> SandboxRequestError:
+    return SandboxRequestError(f"{field}: {message}", field=field)
+
+
+def _encoded_size(field: str, text: str) -> int:
+    """Bytes of ``text`` as the OS gets it; a lone surrogate (from JSON) cannot be passed at all."""
+    try:
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        raise _bad(field, "contains a lone surrogate that no program can receive") from None
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """One command as every door asks for it, validated once on construction.
+
+    ``stdin`` is for one-shot runs only; ``pty``, ``rows`` and ``cols`` for
+    interactive ones. ``max_timeout_seconds`` (not stored) is the operator's ceiling,
+    checked when a door builds the request. Every bad field raises
+    :class:`SandboxRequestError` naming it.
+    """
+
+    argv: tuple[str, ...]
+    timeout_seconds: float
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    stdin: bytes | None = None
+    pty: bool = False
+    rows: int | None = None
+    cols: int | None = None
+
+    def __post_init__(self) -> None:
+        argv = self.argv
+        if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
+            raise _bad("argv", "a list of strings, e.g. ['sh', '-c', 'echo hi'], not a single string")
+        argv = tuple(argv)
+        if not argv:
+            raise _bad("argv", "empty: name the program to run")
+        size = 0
+        for arg in argv:
+            if not isinstance(arg, str):
+                raise _bad("argv", f"elements must be strings, got {type(arg).__name__}")
+            if "\x00" in arg:
+                raise _bad("argv", "elements cannot contain NUL bytes")
+            size += _encoded_size("argv", arg) + 1
+        if not argv[0]:
+            raise _bad("argv", "argv[0] is empty: name the program to run")
+        if not _is_positive_number(self.timeout_seconds):
+            raise _bad("timeout_seconds", f"a positive number of seconds is required, not {self.timeout_seconds!r}")
+        if not isinstance(self.env, Mapping):
+            raise _bad("env", "an object of variable names to string values")
+        for name, value in self.env.items():
+            if not isinstance(name, str) or not _ENV_NAME_PATTERN.match(name):
+                raise _bad("env", f"invalid environment variable name {name!r}")
+            if not isinstance(value, str) or "\x00" in value:
+                raise _bad("env", f"variable {name} must be a string without NUL bytes")
+            size += len(name) + _encoded_size("env", value) + 2
+        if size > MAX_COMMAND_BYTES:
+            raise _bad("argv", f"argv and env together are {size} bytes; the limit is {MAX_COMMAND_BYTES}")
+        if self.cwd is not None and (not isinstance(self.cwd, str) or "\x00" in self.cwd or not self.cwd):
+            raise _bad("cwd", "a non-empty workspace path string")
+        if self.cwd is not None:
+            _encoded_size("cwd", self.cwd)
+        stdin = self.stdin
+        if isinstance(stdin, (bytearray, memoryview)):
+            stdin = bytes(stdin)
+        if stdin is not None and not isinstance(stdin, bytes):
+            raise _bad("stdin", "bytes (or None for no input)")
+        if not isinstance(self.pty, bool):
+            raise _bad("pty", "true or false")
+        for side in ("rows", "cols"):
+            value = getattr(self, side)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_WINDOW_SIDE
+            ):
+                raise _bad(side, f"a whole number from 1 to {MAX_WINDOW_SIDE}, not {value!r}")
+        object.__setattr__(self, "argv", argv)
+        object.__setattr__(self, "timeout_seconds", float(self.timeout_seconds))
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "stdin", stdin)
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The terminal size a pty command starts with."""
+        return (self.rows or DEFAULT_WINDOW[0], self.cols or DEFAULT_WINDOW[1])
+
+    def check_limit(self, max_timeout_seconds: float | None) -> ExecRequest:
+        """Refuse a deadline past the operator's ceiling (never clamp it silently)."""
+        if max_timeout_seconds and self.timeout_seconds > max_timeout_seconds:
+            raise _bad(
+                "timeout_seconds",
+                f"{self.timeout_seconds:g} s is over the operator's maximum of {max_timeout_seconds:g} s "
+                "(SandboxPolicy.max_timeout_seconds)",
+            )
+        return self
+
+    #: the JSON fields of each kind of request
+    ONE_SHOT_FIELDS = frozenset({"argv", "timeout_seconds", "env", "cwd", "stdin", "stdin_b64"})
+    INTERACTIVE_FIELDS = frozenset({"argv", "timeout_seconds", "env", "cwd", "pty", "rows", "cols"})
+
+    @classmethod
+    def from_json(
+        cls,
+        data: Any,
+        *,
+        interactive: bool = False,
+        max_timeout_seconds: float | None = None,
+        ignore: frozenset[str] = frozenset(),
+    ) -> ExecRequest:
+        """A request from a JSON object (REST body, websocket start, tool binding).
+
+        ``stdin`` is text and ``stdin_b64`` base64 bytes (one-shot only); fields in
+        ``ignore`` belong to the door (``type``, ``encoding``) and are skipped.
+        """
+        import base64
+        import binascii
+
+        if not isinstance(data, Mapping):
+            raise SandboxRequestError("an exec request is a JSON object")
+        known = cls.INTERACTIVE_FIELDS if interactive else cls.ONE_SHOT_FIELDS
+        unknown = sorted(set(data) - known - ignore)
+        if unknown:
+            raise SandboxRequestError(
+                f"unknown field(s): {', '.join(unknown)}; known: {', '.join(sorted(known | ignore))}",
+                field=unknown[0],
+            )
+        if "argv" not in data:
+            raise _bad("argv", 'required: a non-empty list of strings, e.g. ["sh", "-c", "echo hi"]')
+        if not isinstance(data["argv"], list):
+            raise _bad("argv", 'a non-empty list of strings, e.g. ["sh", "-c", "echo hi"]')
+        if "timeout_seconds" not in data:
+            raise _bad("timeout_seconds", "required: a positive number of seconds")
+        stdin: bytes | None = None
+        if data.get("stdin") is not None and data.get("stdin_b64") is not None:
+            raise _bad("stdin", "give stdin (text) or stdin_b64 (base64 bytes), not both")
+        if data.get("stdin") is not None:
+            if not isinstance(data["stdin"], str):
+                raise _bad("stdin", "a string (use stdin_b64 for bytes)")
+            stdin = data["stdin"].encode(errors="surrogatepass")
+        elif data.get("stdin_b64") is not None:
+            try:
+                stdin = base64.b64decode(data["stdin_b64"], validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                raise _bad("stdin_b64", "not valid base64") from None
+        env = data.get("env")
+        request = cls(
+            argv=data["argv"],
+            timeout_seconds=data["timeout_seconds"],
+            env={} if env is None else env,
+            cwd=data.get("cwd"),
+            stdin=stdin,
+            pty=data.get("pty", False),
+            rows=data.get("rows"),
+            cols=data.get("cols"),
+        )
+        return request.check_limit(max_timeout_seconds)
 
 
 # ------------------------------------------------------------------ interfaces
@@ -304,7 +519,6 @@ class SandboxSession(abc.ABC):
     @abc.abstractmethod
     async def info(self) -> SessionInfo: ...
 
-    @abc.abstractmethod
     async def exec(
         self,
         argv: Sequence[str],
@@ -315,8 +529,9 @@ class SandboxSession(abc.ABC):
         cwd: str | None = None,
     ) -> ExecResult:
         """Run ``argv`` to its end; its stdin is fed while its output is read."""
+        request = ExecRequest(argv, timeout_seconds, env={} if env is None else env, cwd=cwd, stdin=stdin)
+        return await self.run(request)
 
-    @abc.abstractmethod
     async def exec_start(
         self,
         argv: Sequence[str],
@@ -325,8 +540,22 @@ class SandboxSession(abc.ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         pty: bool = False,
+        rows: int | None = None,
+        cols: int | None = None,
     ) -> ExecHandle:
-        """Start ``argv`` and return its handle."""
+        """Start ``argv`` and return its handle (on a terminal of ``rows`` x ``cols`` when ``pty``)."""
+        request = ExecRequest(
+            argv, timeout_seconds, env={} if env is None else env, cwd=cwd, pty=pty, rows=rows, cols=cols
+        )
+        return await self.start(request)
+
+    @abc.abstractmethod
+    async def run(self, request: ExecRequest) -> ExecResult:
+        """Run a validated one-shot request to its end (what :meth:`exec` calls)."""
+
+    @abc.abstractmethod
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        """Start a validated interactive request (what :meth:`exec_start` calls)."""
 
     @abc.abstractmethod
     async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
@@ -413,6 +642,7 @@ __all__ = [
     "ISOLATION_ORDER",
     "NETWORK_ORDER",
     "ExecHandle",
+    "ExecRequest",
     "ExecResult",
     "ExitItem",
     "OutputChunk",
@@ -425,6 +655,7 @@ __all__ = [
     "SandboxNetwork",
     "SandboxNotFoundError",
     "SandboxPathError",
+    "SandboxRequestError",
     "SandboxSession",
     "SandboxSpecRejectedError",
     "SandboxUnavailableError",

@@ -49,6 +49,13 @@ from .contract import (
     SandboxSpecRejectedError,
     SessionSpec,
 )
+from .errors import (
+    PresetConflictError,
+    PresetInvalidError,
+    PresetStoreError,
+    ToolAccessDeniedError,
+    ToolInputError,
+)
 
 ADMIN_RESOURCE = "jupyter_tai_sandbox:admin"
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
@@ -64,40 +71,6 @@ STORE_VERSION = 1
 
 
 # --------------------------------------------------------------------- errors
-
-
-class ToolAccessDeniedError(SandboxError):
-    """The fenced admin tier refused the acting principal (HTTP 403)."""
-
-    http_status = 403
-
-
-class PresetInvalidError(SandboxSpecRejectedError):
-    """A preset definition refused at authoring time (HTTP 400)."""
-
-    http_status = 400
-
-
-class PresetConflictError(SandboxError):
-    """The preset's name is taken (a base tool, a config preset, or a stored one without replace) (HTTP 409)."""
-
-    http_status = 409
-
-
-class ToolInputError(SandboxSpecRejectedError):
-    """The caller's input fails the tool's declared schema (HTTP 422); ``field`` names the failing field."""
-
-    http_status = 422
-
-    def __init__(self, field: str, message: str) -> None:
-        where = f"input field {field!r}" if field else "the input"
-        super().__init__(f"{where}: {message}")
-        self.field = field
-        self.details = {"field": field}
-
-
-class PresetStoreError(SandboxError):
-    """The preset store on disk cannot be read or written."""
 
 
 # ----------------------------------------------------------------- principals

@@ -5,10 +5,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import math
 import posixpath
 import secrets
-from collections.abc import Mapping, Sequence
 
 from traitlets.config import Configurable
 
@@ -46,55 +44,6 @@ def deadline_error(timeout_seconds: float, counts: dict[str, int], held: bool) -
 
 def new_session_id() -> str:
     return "sbx-" + secrets.token_hex(8)
-
-
-def check_exec_args(
-    argv: Sequence[str],
-    timeout_seconds: float,
-    env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-) -> list[str]:
-    """Validate exec arguments; return argv as a list. Raises SandboxSpecRejectedError."""
-    if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
-        raise SandboxSpecRejectedError(
-            "argv must be a list of strings (e.g. ['sh', '-c', 'echo hi']), not a single string"
-        )
-    argv = list(argv)
-    if not argv:
-        raise SandboxSpecRejectedError("argv is empty: name the program to run")
-    for arg in argv:
-        if not isinstance(arg, str):
-            raise SandboxSpecRejectedError(f"argv elements must be strings, got {type(arg).__name__}")
-        if "\x00" in arg:
-            raise SandboxSpecRejectedError("argv elements cannot contain NUL bytes")
-    if not argv[0]:
-        raise SandboxSpecRejectedError("argv[0] is empty: name the program to run")
-    if (
-        isinstance(timeout_seconds, bool)
-        or not isinstance(timeout_seconds, (int, float))
-        or not math.isfinite(timeout_seconds)
-        or timeout_seconds <= 0
-    ):
-        raise SandboxSpecRejectedError(
-            f"timeout_seconds must be a positive number of seconds, not {timeout_seconds!r}"
-        )
-    for name, value in (env or {}).items():
-        if not isinstance(name, str) or not name or "=" in name or "\x00" in name:
-            raise SandboxSpecRejectedError(f"invalid environment variable name {name!r}")
-        if not isinstance(value, str) or "\x00" in value:
-            raise SandboxSpecRejectedError(f"environment variable {name} must be a string without NUL")
-    if cwd is not None and (not isinstance(cwd, str) or "\x00" in cwd):
-        raise SandboxSpecRejectedError("cwd must be a path string")
-    return argv
-
-
-def check_stdin(stdin: object) -> bytes | None:
-    """A one-shot's stdin as bytes (or None for no input); SandboxSpecRejectedError otherwise."""
-    if isinstance(stdin, (bytearray, memoryview)):
-        stdin = bytes(stdin)
-    if stdin is not None and not isinstance(stdin, bytes):
-        raise SandboxSpecRejectedError("stdin must be bytes (or None for no input)")
-    return stdin
 
 
 async def run_to_end(handle: ExecHandle) -> ExecResult:

@@ -29,6 +29,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..contract import (
     ExecHandle,
+    ExecRequest,
     ExecResult,
     ExitItem,
     OutputChunk,
@@ -49,8 +50,6 @@ from . import _docker_scripts as scripts
 from ._common import (
     OUTPUT_GRACE_SECONDS,
     ProviderMeta,
-    check_exec_args,
-    check_stdin,
     deadline_error,
     new_session_id,
     run_to_end,
@@ -63,7 +62,6 @@ WORKSPACE = "/workspace"
 #: A kill's fixed limit: a stop that has not finished by then raises SandboxError.
 KILL_LIMIT_SECONDS = 5.0
 #: A pty command's terminal: its window (rows, cols) at the start, and its TERM.
-PTY_WINDOW = (24, 80)
 PTY_TERM = "xterm-256color"
 LABEL = "jupyter-tai-sandbox"
 LABEL_SESSION = f"{LABEL}.session"
@@ -422,23 +420,15 @@ class DockerSession(SandboxSession):
             raise SandboxNotFoundError(f"session {self._id} is gone (its container no longer exists)") from None
         return created["Id"]
 
-    async def _start(
-        self,
-        argv: Sequence[str],
-        timeout_seconds: float,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        *,
-        stdin: bool,
-        tty: bool,
-    ) -> DockerCommand:
+    async def _start(self, request: ExecRequest, *, stdin: bool, tty: bool) -> DockerCommand:
         self._check_live()
-        args = check_exec_args(argv, timeout_seconds, env, cwd)
-        workdir = WORKSPACE if cwd is None else await self._folder(cwd, what="cwd")
+        args = list(request.argv)
+        workdir = WORKSPACE if request.cwd is None else await self._folder(request.cwd, what="cwd")
         token = secrets.token_hex(8)
-        command_env = {"SANDBOX_WORKSPACE": WORKSPACE, **self._exec_env, **(env or {})}
+        command_env = {"SANDBOX_WORKSPACE": WORKSPACE, **self._exec_env, **request.env}
+        window = request.window
         if tty:
-            rows, cols = PTY_WINDOW
+            rows, cols = window
             cmd = ["sh", "-c", scripts.RUN_PTY, "sh", token, workdir, str(rows), str(cols), *args]
             command_env = {"TERM": PTY_TERM, **command_env}
         else:
@@ -449,12 +439,12 @@ class DockerSession(SandboxSession):
         try:
             stream = await start_exec(sandbox._address, sandbox._api_version, exec_id, tty)
             command = DockerCommand(
-                self, exec_id, token, stream, timeout_seconds=timeout_seconds, tty=tty, stdin=stdin
+                self, exec_id, token, stream, timeout_seconds=request.timeout_seconds, tty=tty, stdin=stdin
             )
             if tty:
                 # an image without stty still gets its window size from the engine (unless it ended already)
                 with contextlib.suppress(SandboxError):
-                    await self._resize(exec_id, *PTY_WINDOW)
+                    await self._resize(exec_id, *window)
         except BaseException:
             # a start that failed or was cancelled stops whatever it may have started
             if stream is not None:
@@ -465,31 +455,14 @@ class DockerSession(SandboxSession):
         sandbox._commands.setdefault(self._id, set()).add(command)
         return command
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_seconds: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> ExecResult:
-        stdin = check_stdin(stdin)
-        command = await self._start(argv, timeout_seconds, env, cwd, stdin=stdin is not None, tty=False)
-        if stdin is not None:
-            command._feeder = asyncio.create_task(command._feed(stdin))
+    async def run(self, request: ExecRequest) -> ExecResult:
+        command = await self._start(request, stdin=request.stdin is not None, tty=False)
+        if request.stdin is not None:
+            command._feeder = asyncio.create_task(command._feed(request.stdin))
         return await run_to_end(command)
 
-    async def exec_start(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_seconds: float,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        pty: bool = False,
-    ) -> ExecHandle:
-        return await self._start(argv, timeout_seconds, env, cwd, stdin=True, tty=bool(pty))
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        return await self._start(request, stdin=True, tty=request.pty)
 
     async def _run_script(self, script: str, *args: str, limit: float, partial: list[bytes] | None = None) -> tuple[int, bytes, bytes]:
         """Run one of our own scripts (no wrapper) to its end within ``limit`` seconds."""

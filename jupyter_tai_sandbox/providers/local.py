@@ -48,7 +48,9 @@ from traitlets import Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..contract import (
+    DEFAULT_WINDOW,
     ExecHandle,
+    ExecRequest,
     ExecResult,
     ExitItem,
     OutputChunk,
@@ -68,8 +70,6 @@ from ._common import (
     KILLED_EXIT_CODE,
     OUTPUT_GRACE_SECONDS,
     ProviderMeta,
-    check_exec_args,
-    check_stdin,
     deadline_error,
     new_session_id,
     run_to_end,
@@ -204,10 +204,11 @@ class LocalCommand(ExecHandle):
         cwd: str,
         stdin: bytes | bool | None,
         holder: int | None = None,
+        window: tuple[int, int] = DEFAULT_WINDOW,
     ) -> None:
         """Spawn the command in the group of ``holder`` (a fresh one from :func:`spawn_group_holder`).
 
-        ``stdin``: bytes to feed, None for /dev/null, True for a pipe.
+        ``stdin``: bytes to feed, None for /dev/null, True for a pipe. ``window`` is for terminals.
         """
         loop = asyncio.get_running_loop()
         self._pgid = holder if holder is not None else spawn_group_holder()
@@ -502,6 +503,7 @@ class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
         cwd: str,
         stdin: bytes | bool | None,
         holder: int | None = None,
+        window: tuple[int, int] = DEFAULT_WINDOW,
     ) -> None:
         # no group holder (the session gives none): the pty holder is the command's parent
         loop = asyncio.get_running_loop()
@@ -510,7 +512,7 @@ class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
         self._pty_status = bytearray()
         self._holder_exited = asyncio.Event()
         master, slave = pty.openpty()
-        _set_window(master, 24, 80)
+        _set_window(master, *window)
         status_r, status_w = os.pipe()
         control_r, self._control = os.pipe()
         try:
@@ -686,29 +688,22 @@ class LocalSession(SandboxSession):
             raise SandboxPathError(f"cwd {cwd!r} is not a folder in the session workspace")
         return str(path)
 
-    async def _start(
-        self,
-        argv: Sequence[str],
-        timeout_seconds: float,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        stdin: bytes | bool | None,
-        one_shot: bool,
-        pty: bool = False,
-    ) -> LocalCommand:
+    async def _start(self, request: ExecRequest, *, one_shot: bool) -> LocalCommand:
         self._check_live()
-        args = check_exec_args(argv, timeout_seconds, env, cwd)
+        pty = request.pty and not one_shot
         command_class = self._sandbox.pty_command_class if pty else self._sandbox.command_class
         command = command_class(
-            timeout_seconds=timeout_seconds,
+            timeout_seconds=request.timeout_seconds,
             one_shot=one_shot,
             memory_limit=self._sandbox.output_memory_limit,
             stdout_pipe_size=self._sandbox.stdout_pipe_size,
         )
-        env_, cwd_ = self._command_env(env), self._command_cwd(cwd)
+        env_, cwd_ = self._command_env(request.env), self._command_cwd(request.cwd)
+        stdin: bytes | bool | None = request.stdin if one_shot else True
         holder = None if pty else self._take_holder()
+        args = list(request.argv)
         try:
-            await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=holder)
+            await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=holder, window=request.window)
         except OSError as e:
             raise SandboxError(f"could not start {args[0]!r}: {e}") from e
         if not (pty or self._destroyed or self._spare_holder):
@@ -724,28 +719,11 @@ class LocalSession(SandboxSession):
         if holder is not None:
             reap_holder(holder)
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_seconds: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> ExecResult:
-        command = await self._start(argv, timeout_seconds, env, cwd, check_stdin(stdin), one_shot=True)
-        return await run_to_end(command)
+    async def run(self, request: ExecRequest) -> ExecResult:
+        return await run_to_end(await self._start(request, one_shot=True))
 
-    async def exec_start(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_seconds: float,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        pty: bool = False,
-    ) -> ExecHandle:
-        command = await self._start(argv, timeout_seconds, env, cwd, True, one_shot=False, pty=pty)
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        command = await self._start(request, one_shot=False)
         self._interactive.add(command)
         return command
 

@@ -1,0 +1,81 @@
+"""What every sandbox handler shares: typed access to the extension's state, JSON errors, activity.
+
+Handlers reach the app's session registry, policy and tools through
+:class:`SandboxHandlerMixin` (as jupyter_server_terminals' ``TerminalsMixin``
+reaches its manager), never through string keys in ``settings``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, cast
+
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+
+from .contract import SandboxError
+from .errors import SandboxRequestError, error_body, error_status
+
+if TYPE_CHECKING:
+    from .app import SandboxApp
+    from .policy import SandboxPolicy
+    from .sessions import SessionRegistry
+    from .tools import ToolRegistry
+
+AUTH_RESOURCE = "jupyter_tai_sandbox:sessions"
+ADMIN_RESOURCE = "jupyter_tai_sandbox:admin"
+
+
+class SandboxHandlerMixin(ExtensionHandlerMixin):
+    """The extension's state, typed."""
+
+    @property
+    def sandbox_app(self) -> SandboxApp:
+        return cast("SandboxApp", self.extensionapp)
+
+    @property
+    def sessions(self) -> SessionRegistry:
+        return self.sandbox_app.registry
+
+    @property
+    def policy(self) -> SandboxPolicy:
+        return self.sandbox_app.policy
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self.sandbox_app.tools
+
+    def touch(self) -> None:
+        """Record sandbox use, so idle culling (the server's and JupyterHub's) sees it."""
+        self.sandbox_app.touch()
+
+
+class JSONErrorsMixin:
+    """Errors answered as ``{"error": ..., "message": ...}`` with their status; expected ones logged briefly."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        status = error_status(error, status_code)
+        self.set_status(status)  # type: ignore[attr-defined]
+        self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
+        self.finish(json.dumps(error_body(error, status)))  # type: ignore[attr-defined]
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, SandboxError) and error_status(value) < 500 or error_status(value) == 504:
+            # an expected outcome (a bad field, a deadline): one line, no traceback
+            request = self.request  # type: ignore[attr-defined]
+            self.log.info("%s %s: %s: %s", request.method, request.path, typ.__name__, value)  # type: ignore[attr-defined]
+        else:
+            super().log_exception(typ, value, tb)  # type: ignore[misc]
+
+
+def parse_json_object(body: bytes | None, what: str = "the request body") -> dict[str, Any]:
+    """A request body as a JSON object, or SandboxRequestError saying what is wrong with it."""
+    try:
+        data = json.loads(body or b"{}")
+    except UnicodeDecodeError:
+        raise SandboxRequestError(f"{what} is not UTF-8") from None
+    except (ValueError, RecursionError) as e:
+        raise SandboxRequestError(f"{what} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise SandboxRequestError(f"{what} must be a JSON object")
+    return data
