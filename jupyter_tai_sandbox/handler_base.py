@@ -60,7 +60,7 @@ class JSONErrorsMixin:
         self.finish(json.dumps(error_body(error, status)))  # type: ignore[attr-defined]
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, SandboxError) and error_status(value) < 500 or error_status(value) == 504:
+        if (isinstance(value, SandboxError) and error_status(value) < 500) or error_status(value) == 504:
             # an expected outcome (a bad field, a deadline): one line, no traceback
             request = self.request  # type: ignore[attr-defined]
             self.log.info("%s %s: %s: %s", request.method, request.path, typ.__name__, value)  # type: ignore[attr-defined]

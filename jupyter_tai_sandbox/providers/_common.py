@@ -17,7 +17,6 @@ from ..contract import (
     SandboxError,
     SandboxExecTimeoutError,
     SandboxPathError,
-    SandboxSpecRejectedError,
 )
 
 #: Exit status reported for a command stopped by SIGKILL (128 + 9), as a shell reports it.

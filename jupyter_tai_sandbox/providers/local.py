@@ -39,7 +39,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
