@@ -1,0 +1,357 @@
+"""LocalCommand: one host command of sandbox-local, its process group, output, stdin and deadline.
+
+The command runs as a direct child of the server in a fresh process group kept by
+a holder (:func:`._posix.spawn_group_holder`). Its pipes are read continuously into
+an :class:`OutputSpool` whether or not anyone reads; its exit is watched by a
+:class:`._posix.ChildWatch`. The pty variant lives in :mod:`._local_pty`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import select
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..contract import (
+    DEFAULT_WINDOW,
+    ExecHandle,
+    ExitItem,
+    OutputChunk,
+    OutputItem,
+    SandboxError,
+    SandboxExecTimeoutError,
+)
+from ..spool import OutputSpool
+from ._common import OUTPUT_GRACE_SECONDS, deadline_error
+from ._posix import (
+    ChildWatch,
+    exit_status,
+    group_kwargs,
+    holder_unreaped,
+    killpg,
+    reap_holder,
+    spawn_group_holder,
+)
+
+_WRITE_CHUNK = 1 << 16
+
+
+class LocalCommand(ExecHandle):
+    """One command: its group's holder, its process, its output and its deadline.
+
+    The command's pipes are read continuously into an :class:`OutputSpool`
+    (through :class:`_PipeRelay`), whether or not anyone reads.
+    """
+
+    def __init__(
+        self, *, timeout_seconds: float, one_shot: bool, memory_limit: int, stdout_pipe_size: int = 0
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._timeout_seconds = timeout_seconds
+        self._stdout_pipe_size = stdout_pipe_size
+        self._one_shot = one_shot
+        self._spool = OutputSpool(memory_limit)
+        self._counts = {"stdout": 0, "stderr": 0}
+        self._open_outputs = {1, 2}
+        self._exited: asyncio.Future[None] = loop.create_future()
+        self._output_ended: asyncio.Future[None] = loop.create_future()
+        self._status: int | None = None
+        self._failure: SandboxError | None = None
+        self._timeout_error: SandboxExecTimeoutError | None = None
+        self._killed = False
+        self._stdin: asyncio.WriteTransport | None = None
+        self._stdin_closed = False
+        self._stdin_lost = False
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._writers = 0
+        self._feeder: asyncio.Task[None] | None = None
+        self._group_held = False
+        self._stop_requested = asyncio.Event()
+        self._done = asyncio.Event()
+        self._output = self._iterate()
+        self._kill_lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------- start
+
+    async def start(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bytes | bool | None,
+        holder: int | None = None,
+        window: tuple[int, int] = DEFAULT_WINDOW,
+    ) -> None:
+        """Spawn the command in the group of ``holder`` (a fresh one from :func:`spawn_group_holder`).
+
+        ``stdin``: bytes to feed, None for /dev/null, True for a pipe. ``window`` is for terminals.
+        """
+        loop = asyncio.get_running_loop()
+        self._pgid = holder if holder is not None else spawn_group_holder()
+        self._group_held = True
+        self._pipes: list[asyncio.BaseTransport] = []
+        self._deadline = loop.time() + self._timeout_seconds
+        try:
+            try:
+                process = self._spawn(argv, env=env, cwd=cwd, stdin=stdin)
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+                # as a shell would: 127 not found, 126 not executable
+                status = "127" if isinstance(e, FileNotFoundError) else "126"
+                script = ["sh", "-c", 'printf "%s\\n" "$1" >&2; exit "$2"', "sh", f"{argv[0]}: {e.strerror}", status]
+                process = self._spawn(script, env=env, cwd=cwd, stdin=stdin)
+            self._process = process
+            self._watch = ChildWatch(process.pid, self._process_reaped)
+            if self._stdout_pipe_size:
+                with contextlib.suppress(OSError):  # over the user's pipe allowance: keep the default
+                    fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, self._stdout_pipe_size)
+            for fd, pipe in ((1, process.stdout), (2, process.stderr)):
+                transport, _ = await loop.connect_read_pipe(lambda fd=fd: _PipeRelay(self, fd), pipe)
+                self._pipes.append(transport)
+            if process.stdin is not None:
+                self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
+                    lambda: _PipeRelay(self, 0), process.stdin
+                )
+                self._pipes.append(self._stdin)  # type: ignore[arg-type]
+            if isinstance(stdin, bytes):
+                self._feeder = asyncio.create_task(self._feed(stdin))
+            self._supervisor = asyncio.create_task(self._supervise())
+        except BaseException:
+            self._release_group(stop_group=True)
+            self._close_transport()
+            raise
+
+    def _spawn(self, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bytes | bool | None) -> Any:
+        # Popen directly, not loop.subprocess_exec: the exit comes from a pidfd, with no
+        # watcher thread per child (half the cost of a short command).
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            bufsize=0,
+            **group_kwargs(self._pgid),
+        )
+
+    def _process_reaped(self, returncode: int | None) -> None:
+        self._process.returncode = 255 if returncode is None else returncode  # reaped here: Popen must not wait for it again
+        self.process_exited()
+
+    # -------------------------------------------------- subprocess protocol
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        stream = "stdout" if fd == 1 else "stderr"
+        self._counts[stream] += len(data)
+        self._spool.put(stream, data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 0:
+            self._stdin_lost = True
+            self._can_write.set()
+            return
+        self._open_outputs.discard(fd)
+        if not self._open_outputs and not self._output_ended.done():
+            self._output_ended.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self._exited.done():
+            self._exited.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # ----------------------------------------------------------------- stdin
+
+    async def _write(self, data: bytes | memoryview) -> None:
+        if self._stdin_lost or self._stdin is None or self._stdin.is_closing():
+            raise BrokenPipeError("the command's stdin is closed")
+        self._stdin.write(data)
+        if not self._can_write.is_set():
+            await self._can_write.wait()
+            if self._stdin_lost:  # lost while this write was still buffered
+                raise BrokenPipeError("the command's stdin closed before the input was written")
+
+    async def _feed(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            for i in range(0, len(view), _WRITE_CHUNK):
+                await self._write(view[i : i + _WRITE_CHUNK])
+        except BrokenPipeError:
+            pass  # the command closed its stdin: the input it did not read is dropped
+        await self.close_stdin()
+
+    def _stdin_pending(self) -> bool:
+        if self._feeder is not None and not self._feeder.done():
+            return True
+        if self._stdin is None or self._stdin_lost:
+            return False
+        return self._writers > 0 or self._stdin.get_write_buffer_size() > 0
+
+    def _stdin_has_reader(self) -> bool:
+        pipe = self._stdin.get_extra_info("pipe") if self._stdin is not None else None
+        if pipe is None or pipe.closed:
+            return False
+        poller = select.poll()
+        poller.register(pipe.fileno(), select.POLLOUT)
+        return not any(events & select.POLLERR for _, events in poller.poll(0))
+
+    def _on_command_exit(self) -> None:
+        """A command that exits while a process it started holds its stdin, with input unwritten, failed."""
+        if not self._stdin_pending():
+            return
+        if self._stdin_has_reader():
+            self._failure = SandboxError(
+                "the command exited while a process it started still held its stdin, "
+                "with input not yet written"
+            )
+        # the input nobody will read is dropped
+        if self._feeder is not None:
+            self._feeder.cancel()
+        self._stdin_closed = True
+        if self._stdin is not None:
+            self._stdin.abort()
+
+    # -------------------------------------------------------------- lifetime
+
+    async def _race(self, awaited: asyncio.Future[Any], stop: asyncio.Task[Any]) -> str:
+        timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
+        done, _ = await asyncio.wait({awaited, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if awaited in done:
+            return "done"
+        return "stop" if stop in done else "deadline"
+
+    async def _supervise(self) -> None:
+        stop = asyncio.create_task(self._stop_requested.wait())
+        try:
+            outcome = await self._race(self._exited, stop)
+            if outcome == "done":
+                self._on_command_exit()
+                if self._failure is not None and self._one_shot:
+                    outcome = "stop"
+                else:
+                    outcome = await self._race(self._output_ended, stop)
+            if outcome != "done":
+                self._release_group(stop_group=True)
+                await self._exited
+                await asyncio.wait({self._output_ended}, timeout=OUTPUT_GRACE_SECONDS)
+                held = not self._output_ended.done()
+                if outcome == "deadline":
+                    self._timeout_error = deadline_error(self._timeout_seconds, self._counts, held)
+            self._status = self._read_status()
+        finally:
+            stop.cancel()
+            self._close_transport()
+            self._spool.close()
+            self._done.set()
+            if self._one_shot:
+                self._release_group(stop_group=False)
+
+    def _close_transport(self) -> None:
+        # closes every pipe, including output a process that left the group still holds
+        for pipe in self._pipes:
+            pipe.close()
+
+    def _read_status(self) -> int | None:
+        returncode = self._process.returncode
+        return None if returncode is None else exit_status(returncode)
+
+    def _release_group(self, *, stop_group: bool) -> None:
+        """Let the group go, stopping it first if asked; the group id is never signalled again."""
+        if not self._group_held:
+            return
+        self._group_held = False
+        if stop_group and holder_unreaped(self._pgid):
+            # the holder is not reaped, so the group id is still this command's
+            killpg(self._pgid)
+        reap_holder(self._pgid)
+
+    # ------------------------------------------------------------ the handle
+
+    @property
+    def output(self) -> AsyncIterator[OutputItem]:
+        return self._output
+
+    async def _iterate(self) -> AsyncIterator[OutputItem]:
+        try:
+            while True:
+                item = await self._spool.get()
+                if self._timeout_error is not None and not self._killed:
+                    raise self._timeout_error
+                if item is None:
+                    break
+                yield OutputChunk(*item)
+            await self._done.wait()
+            if self._failure is not None:
+                raise self._failure
+            if self._status is None:
+                raise SandboxError("the command's exit status could not be read")
+            yield ExitItem(self._status)
+        finally:
+            self._spool.discard()
+
+    async def write(self, data: bytes) -> None:
+        if self._stdin_closed:
+            raise SandboxError("the command's stdin is closed")
+        if self._done.is_set() or self._exited.done():
+            raise SandboxError("the command has exited; its stdin takes no more input")
+        self._writers += 1
+        try:
+            await self._write(bytes(data))
+        except BrokenPipeError as e:
+            raise SandboxError(f"writing to the command's stdin failed: {e}") from None
+        finally:
+            self._writers -= 1
+
+    async def close_stdin(self) -> None:
+        if self._stdin_closed:
+            return
+        self._stdin_closed = True
+        if self._stdin is not None:
+            self._stdin.close()
+
+    async def kill(self) -> None:
+        async with self._kill_lock:
+            self._killed = True
+            if not self._done.is_set():
+                self._stop_requested.set()
+                await asyncio.shield(self._done.wait())
+            self._release_group(stop_group=True)
+            await self._holder_gone()
+
+    async def _holder_gone(self) -> None:
+        pass  # the group's holder is reaped by _release_group
+
+
+# The pty holder leads a new session and takes the terminal as its controlling tty (its stdin
+# and stdout arrive as the control and status pipes, moved to fds 3 and 4: dash takes only
+# one-digit fds). It runs the command in its own group, so ^C reaches it, reports the
+# command's status on fd 4, lets go of the terminal and waits until fd 3 is closed.
+
+
+class _PipeRelay(asyncio.Protocol):
+    """Forwards one pipe (0 stdin, 1 stdout, 2 stderr) to its command, as a subprocess transport would."""
+
+    def __init__(self, command: LocalCommand, fd: int) -> None:
+        self._command, self._fd = command, fd
+
+    def data_received(self, data: bytes) -> None:
+        self._command.pipe_data_received(self._fd, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._command.pipe_connection_lost(self._fd, exc)
+
+    def pause_writing(self) -> None:
+        self._command.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._command.resume_writing()

@@ -1,0 +1,160 @@
+"""LocalPtyCommand: an interactive sandbox-local command on a pseudo-terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pty
+import signal
+
+from ..contract import DEFAULT_WINDOW, SandboxSpecRejectedError
+from ._common import KILLED_EXIT_CODE
+from ._local_command import LocalCommand, _PipeRelay
+from ._posix import killpg, session_members, set_window
+
+# The pty holder leads a new session and takes the terminal as its controlling tty (its stdin
+# and stdout arrive as the control and status pipes, moved to fds 3 and 4: dash takes only
+# one-digit fds). It runs the command in its own group, so ^C reaches it, reports the
+# command's status on fd 4, lets go of the terminal and waits until fd 3 is closed.
+_PTY_HOLDER = """exec 3<&0 4>&1 0<>"$1" 1>&0 2>&0
+shift
+trap : INT QUIT TSTP HUP
+"$@" 3<&- 4>&-
+status=$?
+exec 0<&- 1>&- 2>&-
+echo "$status" >&4
+exec 4>&-
+read _ <&3
+"""
+
+
+class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
+    """An interactive command on a pseudo-terminal: one output stream, resize, ^C as a signal.
+
+    The holder is the command's parent here (a command can only share the terminal's
+    session as its descendant), so the status comes from the holder over a pipe. A
+    stop kills the whole session, since an interactive shell moves jobs to groups of
+    their own. A command stopped while running reports 137: it was killed by SIGKILL.
+    ``close_stdin`` sends the terminal's end-of-file character (^D).
+    """
+
+    async def start(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bytes | bool | None,
+        holder: int | None = None,
+        window: tuple[int, int] = DEFAULT_WINDOW,
+    ) -> None:
+        # no group holder (the session gives none): the pty holder is the command's parent
+        loop = asyncio.get_running_loop()
+        self._open_outputs = {1}
+        self._stopped = False
+        self._pty_status = bytearray()
+        self._holder_exited = asyncio.Event()
+        master, slave = pty.openpty()
+        set_window(master, *window)
+        status_r, status_w = os.pipe()
+        control_r, self._control = os.pipe()
+        try:
+            self._transport, _ = await loop.subprocess_exec(
+                lambda: self,
+                "sh",
+                "-c",
+                _PTY_HOLDER,
+                "sh",
+                os.ttyname(slave),
+                *argv,
+                stdin=control_r,
+                stdout=status_w,
+                stderr=slave,
+                start_new_session=True,
+                cwd=cwd,
+                env={"TERM": "xterm-256color", **env},
+            )
+        except BaseException:
+            os.close(master)
+            os.close(status_r)
+            os.close(self._control)
+            raise
+        finally:
+            for fd in (slave, status_w, control_r):
+                os.close(fd)
+        self._pgid = self._transport.get_pid()
+        self._group_held = True
+        self._deadline = loop.time() + self._timeout_seconds
+        self._master = master
+        self._status_pipe, _ = await loop.connect_read_pipe(
+            lambda: _PtyStatus(self), os.fdopen(status_r, "rb", buffering=0)
+        )
+        self._output_pipe, _ = await loop.connect_read_pipe(
+            lambda: _PipeRelay(self, 1), os.fdopen(master, "rb", buffering=0)
+        )
+        self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
+            lambda: _PipeRelay(self, 0), os.fdopen(os.dup(master), "wb", buffering=0)
+        )
+        self._supervisor = asyncio.create_task(self._supervise())
+
+    def process_exited(self) -> None:
+        self._holder_exited.set()  # the command's own exit comes from the status pipe
+
+    def _status_reported(self) -> None:
+        if not self._exited.done():
+            self._exited.set_result(None)
+
+    def _on_command_exit(self) -> None:
+        pass  # the terminal is shared with whatever the command started: no stdin accounting
+
+    def _close_transport(self) -> None:
+        self._output_pipe.close()
+        if self._stdin is not None:
+            self._stdin.close()
+
+    def _read_status(self) -> int | None:
+        reported = self._pty_status.decode(errors="replace").strip()
+        if reported.isdigit():
+            return int(reported)
+        return KILLED_EXIT_CODE if self._stopped else None
+
+    def _release_group(self, *, stop_group: bool) -> None:
+        if not self._group_held:
+            return
+        self._group_held = False
+        if stop_group and self._transport.get_returncode() is None:
+            # the holder leads the session and is alive: every member is this command's
+            self._stopped = True
+            for pid in session_members(self._pgid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            killpg(self._pgid)
+        os.close(self._control)
+
+    async def _holder_gone(self) -> None:
+        await self._holder_exited.wait()
+
+    async def close_stdin(self) -> None:
+        if self._stdin_closed or self._exited.done():
+            return
+        with contextlib.suppress(BrokenPipeError):
+            await self._write(b"\x04")
+        self._stdin_closed = True
+
+    async def resize(self, rows: int, cols: int) -> None:
+        if not (isinstance(rows, int) and isinstance(cols, int) and 0 < rows < 10000 and 0 < cols < 10000):
+            raise SandboxSpecRejectedError(f"invalid terminal size {rows}x{cols}")
+        if not self._done.is_set():
+            set_window(self._master, rows, cols)
+
+
+class _PtyStatus(asyncio.Protocol):
+    def __init__(self, command: LocalPtyCommand) -> None:
+        self._command = command
+
+    def data_received(self, data: bytes) -> None:
+        self._command._pty_status.extend(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._command._status_reported()

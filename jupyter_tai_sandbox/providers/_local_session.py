@@ -1,0 +1,226 @@
+"""LocalSession: one sandbox-local session: its workspace, exec and file transfer.
+
+Commands see a small environment, not the server's: PATH, LANG, LC_ALL and TZ
+from the server (``LocalSandbox.inherit_env``), HOME set to the workspace, then
+the spec's env (credentials), then the exec's env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..contract import (
+    ExecHandle,
+    ExecRequest,
+    ExecResult,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxPathError,
+    SandboxSession,
+    SessionInfo,
+    SessionSpec,
+)
+from ._common import run_to_end, workspace_relative
+from ._local_command import LocalCommand
+from ._posix import reap_holder, spawn_group_holder
+
+if TYPE_CHECKING:
+    from .local import LocalSandbox
+
+
+class LocalSession(SandboxSession):
+    def __init__(
+        self, sandbox: LocalSandbox, session_id: str, spec: SessionSpec, workspace: Path, created_at: float
+    ) -> None:
+        self._sandbox = sandbox
+        self._id = session_id
+        self.spec = spec
+        self.workspace = workspace
+        self.created_at = created_at
+        self.expires_at = created_at + spec.ttl_seconds
+        self._interactive: set[LocalCommand] = set()
+        self._destroyed = False
+        # A group holder spawned ahead, while the previous command runs, for the next one.
+        self._spare_holder: int | None = None
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def _info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self._id,
+            kind="local",
+            spec=self.spec,
+            isolation="none",
+            workspace=str(self.workspace),
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+        )
+
+    async def info(self) -> SessionInfo:
+        self._check_live()
+        return self._info()
+
+    def _check_live(self) -> None:
+        if self._destroyed:
+            raise SandboxNotFoundError(f"session {self._id} was destroyed")
+
+    # ---------------------------------------------------------------- exec
+
+    def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        base = {k: os.environ[k] for k in self._sandbox.inherit_env if k in os.environ}
+        base.setdefault("PATH", os.defpath)
+        base["HOME"] = str(self.workspace)
+        base["SANDBOX_WORKSPACE"] = str(self.workspace)
+        return {**base, **self.spec.env, **(env or {})}
+
+    def _command_cwd(self, cwd: str | None) -> str:
+        path = self._host_path(cwd or ".")
+        if not path.is_dir():
+            raise SandboxPathError(f"cwd {cwd!r} is not a folder in the session workspace")
+        return str(path)
+
+    async def _start(self, request: ExecRequest, *, one_shot: bool) -> LocalCommand:
+        self._check_live()
+        pty = request.pty and not one_shot
+        command_class = self._sandbox.pty_command_class if pty else self._sandbox.command_class
+        command = command_class(
+            timeout_seconds=request.timeout_seconds,
+            one_shot=one_shot,
+            memory_limit=self._sandbox.output_memory_limit,
+            stdout_pipe_size=self._sandbox.stdout_pipe_size,
+        )
+        env_, cwd_ = self._command_env(request.env), self._command_cwd(request.cwd)
+        stdin: bytes | bool | None = request.stdin if one_shot else True
+        holder = None if pty else self._take_holder()
+        args = list(request.argv)
+        try:
+            await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=holder, window=request.window)
+        except OSError as e:
+            raise SandboxError(f"could not start {args[0]!r}: {e}") from e
+        if not (pty or self._destroyed or self._spare_holder):
+            self._spare_holder = spawn_group_holder()
+        return command
+
+    def _take_holder(self) -> int | None:
+        holder, self._spare_holder = self._spare_holder, None
+        return holder
+
+    def _drop_spare_holder(self) -> None:
+        holder = self._take_holder()
+        if holder is not None:
+            reap_holder(holder)
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        return await run_to_end(await self._start(request, one_shot=True))
+
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        command = await self._start(request, one_shot=False)
+        self._interactive.add(command)
+        return command
+
+    # --------------------------------------------------------------- files
+
+    def resolve(self, path: str) -> str:
+        return str(self._host_path(path))
+
+    def _host_path(self, path: str) -> Path:
+        rel = workspace_relative(path, str(self.workspace))
+        full = self.workspace / rel if rel else self.workspace
+        real = Path(os.path.realpath(full))
+        if real != self.workspace and self.workspace not in real.parents:
+            raise SandboxPathError(
+                f"path {path!r} leads outside the session workspace through a symlink; it is not followed"
+            )
+        return full
+
+    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        self._check_live()
+        target = self._host_path(path)
+        if target == self.workspace:
+            raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
+        try:
+            await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
+            self._host_path(path)  # a parent created meanwhile must not be a way out either
+            temp = target.with_name(f".{target.name}.tai-upload-{os.getpid()}")
+            handle = await asyncio.to_thread(open, temp, "wb")
+            try:
+                if isinstance(data, (bytes, bytearray, memoryview)):
+                    await asyncio.to_thread(handle.write, data)
+                else:
+                    async for chunk in data:
+                        await asyncio.to_thread(handle.write, chunk)
+            except BaseException:
+                handle.close()
+                temp.unlink(missing_ok=True)
+                raise
+            handle.close()
+            await asyncio.to_thread(os.replace, temp, target)
+        except (IsADirectoryError, NotADirectoryError, FileExistsError) as e:
+            raise SandboxPathError(f"cannot write {path!r}: {e.strerror}") from None
+
+    def _file_to_read(self, path: str) -> Path:
+        self._check_live()
+        target = self._host_path(path)
+        try:
+            mode = target.stat().st_mode
+        except FileNotFoundError:
+            raise SandboxNotFoundError(f"no file {path!r} in the session workspace") from None
+        if not stat.S_ISREG(mode):
+            raise SandboxPathError(f"{path!r} is not a regular file")
+        return target
+
+    async def get_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(self._file_to_read(path).read_bytes)
+
+    async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        handle = await asyncio.to_thread(open, self._file_to_read(path), "rb")
+        try:
+            while chunk := await asyncio.to_thread(handle.read, chunk_size):
+                yield chunk
+        finally:
+            handle.close()
+
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        self._check_live()
+        folder = self._host_path(path)
+        if not folder.is_dir():
+            if not folder.exists():
+                raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
+            raise SandboxPathError(f"{path!r} is not a folder")
+        return await asyncio.to_thread(_scan, folder)
+
+    # ------------------------------------------------------------ teardown
+
+    async def destroy(self, remove_workspace: bool = False) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        await asyncio.gather(*(command.kill() for command in self._interactive), return_exceptions=True)
+        self._interactive.clear()
+        self._drop_spare_holder()
+        await self._sandbox._forget(self, remove_workspace)
+
+
+def _scan(folder: Path) -> list[dict[str, Any]]:
+    entries = []
+    with os.scandir(folder) as it:
+        for entry in it:
+            st = entry.stat(follow_symlinks=False)
+            kind = (
+                "symlink"
+                if stat.S_ISLNK(st.st_mode)
+                else "directory"
+                if stat.S_ISDIR(st.st_mode)
+                else "file"
+                if stat.S_ISREG(st.st_mode)
+                else "other"
+            )
+            entries.append({"name": entry.name, "type": kind, "size": st.st_size, "mtime": st.st_mtime})
+    return sorted(entries, key=lambda e: e["name"])

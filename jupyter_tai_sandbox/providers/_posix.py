@@ -1,0 +1,154 @@
+"""POSIX process primitives for sandbox-local: group holders, child-exit watching, stops, terminals.
+
+Nothing here knows about sessions or the exec contract; the command classes in
+:mod:`._local_command` and :mod:`._local_pty` build on these.
+
+Group holders: every command joins a fresh process group led by a small holder
+process (``true``, left unreaped: a zombie keeps its pid, and so the group id, out
+of reuse). The group keeps its id after the command exits, so a stop never signals
+a group id since given to other processes.
+
+Children are reaped on the event loop's thread only (:class:`ChildWatch`), so a
+signal sent from that thread to a child not yet reaped can never reach a process
+that has since been given the same pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import struct
+import sys
+import termios
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def exit_status(returncode: int) -> int:
+    """Python's -N for a signal becomes 128+N, as a shell reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def group_kwargs(pgid: int) -> dict[str, Any]:
+    """Popen arguments that start a child in process group ``pgid`` (0: a new group led by the child)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": pgid}
+    return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover - 3.10
+
+
+def killpg(pgid: int) -> None:
+    """SIGKILL every process in group ``pgid`` (nothing if it is empty or gone)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+_TRUE = shutil.which("true") or "/bin/true"
+
+
+def spawn_group_holder() -> int:
+    """A holder for a new process group: ``true`` spawned as the group's leader and left unreaped.
+
+    Its zombie keeps the group id reserved (a pid is not given out again before it is
+    reaped), so the group keeps its id after the command has exited, at the cost of no
+    running process and no pipe. Reaped by :func:`reap_holder`.
+    """
+    return os.posix_spawn(_TRUE, [_TRUE], {}, setpgroup=0)
+
+
+def holder_unreaped(pid: int) -> bool:
+    """Whether the holder is still ours (running or a zombie): only then is its group id still ours."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def reap_holder(pid: int) -> None:
+    """Reap a holder now if it has exited (``true`` exits at once), else once it does."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            ChildWatch(pid, lambda _returncode: None)
+
+
+class ChildWatch:
+    """Reaps child ``pid`` once it exits, then calls ``callback(returncode)`` on the running loop.
+
+    ``returncode`` is Python's (``-N`` for signal N), or None when the status could not
+    be read (someone else reaped the child). A pidfd watched by the loop where the kernel
+    has them (no thread per child, unlike asyncio's default child watcher); otherwise a
+    thread waits for the exit *without reaping* and the loop reaps. Either way the reap
+    happens on the loop's thread, so :meth:`kill` called there is race-free.
+    """
+
+    def __init__(self, pid: int, callback: Callable[[int | None], None]) -> None:
+        self.pid = pid
+        self.reaped = False
+        self._callback = callback
+        self._loop = asyncio.get_running_loop()
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            threading.Thread(target=self._wait_in_thread, name=f"tai-sandbox-wait-{pid}", daemon=True).start()
+            return
+        self._loop.add_reader(self._pidfd, self._reap)
+
+    def _wait_in_thread(self) -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        self._loop.call_soon_threadsafe(self._reap)
+
+    def _reap(self) -> None:
+        if self.reaped:
+            return
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        self.reaped = True
+        try:
+            _, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else: its status is lost
+            returncode = None
+        else:
+            returncode = os.waitstatus_to_exitcode(status) if _ else None
+        self._callback(returncode)
+
+    def kill(self) -> None:
+        """SIGKILL the child if it is not reaped yet (call on the loop's thread)."""
+        if self.reaped:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)  # unreaped, and only this thread reaps: still ours
+
+
+def set_window(fd: int, rows: int, cols: int) -> None:
+    """Set the size of the terminal behind ``fd``."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def processes() -> Iterator[tuple[int, str, int, int]]:
+    """``(pid, state, ppid, session id)`` of every process visible in /proc."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        yield int(entry), fields[0].decode(), int(fields[1]), int(fields[3])
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in session ``sid``."""
+    return [pid for pid, state, _, session in processes() if session == sid and state not in ("Z", "X")]
