@@ -7,16 +7,21 @@ import contextlib
 import os
 from typing import Any
 
+from jupyter_server._tz import utcnow
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Dict, Float, Integer, Unicode, default, validate
 from traitlets.config import Configurable
 
 from . import sandboxes
 from ._version import __version__
-from .contract import Sandbox, SandboxError, SandboxSession, SessionSpec
+from .contract import Sandbox, SandboxError, isolation_rank
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
+from .sessions import SessionRegistry
 from .tools import PresetStore, ToolRegistry
+
+#: the web app setting the server's idle culling reads (any key ending in _last_activity)
+LAST_ACTIVITY_KEY = "jupyter_tai_sandbox_last_activity"
 
 
 def _provider_classes() -> list[type]:
@@ -26,21 +31,6 @@ def _provider_classes() -> list[type]:
 
         classes.append(DockerSandbox)
     return classes
-
-
-class SessionRegistry:
-    """The sessions this server created, so shutdown stops exactly those."""
-
-    def __init__(self) -> None:
-        self.ids: set[str] = set()
-
-    async def create(self, spec: SessionSpec) -> SandboxSession:
-        session = await sandboxes.require_sandbox().create(spec)
-        self.ids.add(session.id)
-        return session
-
-    def forget(self, session_id: str) -> None:
-        self.ids.discard(session_id)
 
 
 class SandboxApp(ExtensionApp):
@@ -86,6 +76,16 @@ class SandboxApp(ExtensionApp):
         one JSON file replaced atomically. Default: <jupyter data dir>/tai_sandbox/presets.json.""",
     ).tag(config=True)
 
+    max_preset_bytes = Integer(
+        64 << 10,
+        help="Largest preset definition (as JSON) the preset store accepts, in bytes. 0 means no limit.",
+    ).tag(config=True)
+
+    max_presets = Integer(
+        200,
+        help="Most presets the preset store holds; authoring one more is refused. 0 means no limit.",
+    ).tag(config=True)
+
     @default("provider")
     def _provider_default(self) -> str:
         return os.environ.get("TAI_MCP_SANDBOX", "off").strip() or "off"
@@ -97,34 +97,79 @@ class SandboxApp(ExtensionApp):
 
     def initialize_settings(self) -> None:
         # the config door first: an invalid SandboxApp.presets stops the start before a provider exists
-        self.tools = ToolRegistry(PresetStore(self.presets_path or None), log=self.log)
+        self.tools = ToolRegistry(
+            PresetStore(self.presets_path or None),
+            log=self.log,
+            max_preset_bytes=self.max_preset_bytes,
+            max_presets=self.max_presets,
+        )
         self.tools.apply_manifest(self.presets)
         self.policy = SandboxPolicy(parent=self)
-        self.registry = SessionRegistry()
+        self.registry = SessionRegistry(self.policy)
+        self.live_commands = 0
         self._reaper: asyncio.Task[None] | None = None
         self.sandbox: Sandbox | None = None
+        sandboxes.use_policy(self.policy)
         if self.provider == "off":
-            sandboxes.disable_sandbox()
-            self.log.info(
-                "jupyter_tai_sandbox: no sandbox provider (set SandboxApp.provider or TAI_MCP_SANDBOX)"
-            )
+            plugin = sandboxes.installed()
+            if plugin is not None:
+                # a plugin registered its provider: it stays, under this server's policy
+                self.sandbox = plugin
+                self.log.info("jupyter_tai_sandbox: %s provider registered by a plugin", plugin.kind)
+            else:
+                sandboxes.disable_sandbox()
+                self.log.info(
+                    "jupyter_tai_sandbox: no sandbox provider (set SandboxApp.provider or TAI_MCP_SANDBOX)"
+                )
         else:
+            self._install_provider()
+
+    def _install_provider(self) -> None:
+        """Start the configured provider; one that cannot start leaves the routes answering 503 saying why."""
+        try:
             provider = self._make_provider()
-            self.sandbox = sandboxes.register_sandbox(provider, policy=self.policy, replace=True)
-            self.log.info(
-                "jupyter_tai_sandbox: %s provider, isolation floor %s, egress ceiling %s",
-                provider.kind,
-                self.policy.isolation,
-                self.policy.egress,
+        except Exception as e:  # any failure of a provider's start, reported, never a half-loaded server
+            message = (
+                f"the sandbox provider {self.provider!r} (SandboxApp.provider, TAI_MCP_SANDBOX) could not "
+                f"start: {e}. Use off, local, docker or module:Class."
             )
-        self.settings.update(
-            {
-                "tai_sandbox_tools": self.tools,
-                "tai_sandbox_app": self,
-                "tai_sandbox_registry": self.registry,
-                "tai_sandbox_policy": self.policy,
-            }
+            self.log.error("jupyter_tai_sandbox: %s", message)
+            sandboxes.mark_failed(message)
+            return
+        previous = sandboxes.installed()
+        if previous is not None and previous.provider is not provider:
+            self.log.warning(
+                "jupyter_tai_sandbox: the configured %s provider replaces the %s provider a plugin registered",
+                provider.kind,
+                previous.kind,
+            )
+        self.sandbox = sandboxes.register_sandbox(provider, policy=self.policy, replace=True)
+        self.log.info(
+            "jupyter_tai_sandbox: %s provider, isolation floor %s, egress ceiling %s",
+            provider.kind,
+            self.policy.isolation,
+            self.policy.egress,
         )
+        if isolation_rank(self.policy.isolation) > isolation_rank(provider.max_isolation):
+            self.log.warning(
+                "jupyter_tai_sandbox: the isolation floor is %r but the %s provider gives %r at most, so "
+                "every session create will be refused. Lower the floor: --SandboxPolicy.isolation=%s "
+                "(or TAI_MCP_SANDBOX_ISOLATION=%s), or use a stronger provider.",
+                self.policy.isolation,
+                provider.kind,
+                provider.max_isolation,
+                provider.max_isolation,
+                provider.max_isolation,
+            )
+
+    def touch(self) -> None:
+        """Record sandbox use for the server's idle culling (and JupyterHub's, which asks /api/status)."""
+        if self.serverapp is not None and self.serverapp.web_app is not None:
+            self.serverapp.web_app.settings[LAST_ACTIVITY_KEY] = utcnow()
+
+    def current_activity(self) -> bool:
+        """Interactive sandbox commands are open (the server's no-activity shutdown waits for them)."""
+        return self.live_commands > 0
 
     def _make_provider(self) -> Sandbox:
         cls = sandboxes.load_provider_class(self.provider)
@@ -196,6 +241,8 @@ class SandboxApp(ExtensionApp):
         self._saved_env = {}
         sandbox = self.sandbox
         if sandbox is None:
+            if sandboxes.failure() is not None:
+                sandboxes.unregister_sandbox()
             return
         for session_id in list(self.registry.ids):
             try:

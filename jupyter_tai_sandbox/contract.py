@@ -320,6 +320,13 @@ def _bad(field: str, message: str) -> SandboxRequestError:
     return SandboxRequestError(f"{field}: {message}", field=field)
 
 
+def check_window_side(side: str, value: Any) -> int:
+    """A terminal's ``rows`` or ``cols``: a whole number from 1 to MAX_WINDOW_SIDE."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_WINDOW_SIDE:
+        raise _bad(side, f"a whole number from 1 to {MAX_WINDOW_SIDE}, not {value!r}")
+    return value
+
+
 def _encoded_size(field: str, text: str) -> int:
     """Bytes of ``text`` as the OS gets it; a lone surrogate (from JSON) cannot be passed at all."""
     try:
@@ -388,10 +395,8 @@ class ExecRequest:
             raise _bad("pty", "true or false")
         for side in ("rows", "cols"):
             value = getattr(self, side)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_WINDOW_SIDE
-            ):
-                raise _bad(side, f"a whole number from 1 to {MAX_WINDOW_SIDE}, not {value!r}")
+            if value is not None:
+                check_window_side(side, value)
         object.__setattr__(self, "argv", argv)
         object.__setattr__(self, "timeout_seconds", float(self.timeout_seconds))
         object.__setattr__(self, "env", dict(self.env))
@@ -619,6 +624,10 @@ class Sandbox(abc.ABC):
     def effective_isolation(self, spec: SessionSpec) -> SandboxIsolation:
         return spec.isolation or self.max_isolation
 
+    def image_allowed(self, image: str | None) -> bool:
+        """Whether a non-admin caller may ask for ``image`` (the operator's allow-list); any by default."""
+        return True
+
     @abc.abstractmethod
     async def create(self, spec: SessionSpec) -> SandboxSession: ...
 
@@ -661,4 +670,5 @@ __all__ = [
     "SandboxUnavailableError",
     "SessionInfo",
     "SessionSpec",
+    "check_window_side",
 ]

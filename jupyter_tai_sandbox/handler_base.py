@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, cast
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 
 from .contract import SandboxError
 from .errors import SandboxRequestError, error_body, error_status
+from .sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
 
 if TYPE_CHECKING:
     from .app import SandboxApp
@@ -21,12 +23,29 @@ if TYPE_CHECKING:
     from .sessions import SessionRegistry
     from .tools import ToolRegistry
 
-AUTH_RESOURCE = "jupyter_tai_sandbox:sessions"
-ADMIN_RESOURCE = "jupyter_tai_sandbox:admin"
+__all__ = ["ADMIN_RESOURCE", "AUTH_RESOURCE", "JSONErrorsMixin", "SandboxHandlerMixin", "parse_json_object"]
+
+
+
+_ADMIN_ACTIONS = ("read", "write", "execute")
 
 
 class SandboxHandlerMixin(ExtensionHandlerMixin):
-    """The extension's state, typed."""
+    """The extension's state, typed, and who the request acts for."""
+
+    _caller: Caller | None = None
+
+    async def caller(self) -> Caller:
+        """The request's principal, with the admin actions the Authorizer grants it (asked once)."""
+        if self._caller is None:
+            handler: Any = self
+            user = handler.current_user
+            granted = set()
+            for action in _ADMIN_ACTIONS:
+                if await ensure_async(handler.authorizer.is_authorized(handler, user, action, ADMIN_RESOURCE)):
+                    granted.add(action)
+            self._caller = Caller(principal_name(handler.identity_provider, user), frozenset(granted))
+        return self._caller
 
     @property
     def sandbox_app(self) -> SandboxApp:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from traitlets import Bool, Dict, List, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from .contract import (
@@ -37,6 +38,19 @@ def _env_bool(name: str, fallback: bool) -> bool:
     if value in _FALSE:
         return False
     raise ValueError(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+def _env_number(name: str, fallback: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return fallback
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={raw!r} must be a finite number >= 0 (0: no limit)")
+    return value
 
 
 class SandboxPolicy(LoggingConfigurable):
@@ -75,6 +89,36 @@ class SandboxPolicy(LoggingConfigurable):
         The key '*' applies to every consumer. A granted variable missing from the server's
         environment rejects the session loudly.""",
     ).tag(config=True)
+
+    max_ttl_seconds = Float(
+        24 * 3600.0,
+        help="""Longest TTL a session may ask for, in seconds (TAI_MCP_SANDBOX_MAX_TTL_SECONDS). A spec over
+        it is refused (400), never clamped. 0 means no maximum.""",
+    ).tag(config=True)
+
+    max_timeout_seconds = Float(
+        6 * 3600.0,
+        help="""Longest deadline (timeout_seconds) one command may ask for through any door
+        (TAI_MCP_SANDBOX_MAX_TIMEOUT_SECONDS). Over it is refused (400), never clamped. 0 means no maximum.""",
+    ).tag(config=True)
+
+    max_sessions_per_user = Integer(
+        20,
+        help="""Most live sessions one user (principal) may hold at once (TAI_MCP_SANDBOX_MAX_SESSIONS_PER_USER);
+        one more is refused with 429. Admins creating for themselves count too. 0 means no cap.""",
+    ).tag(config=True)
+
+    @default("max_ttl_seconds")
+    def _max_ttl_default(self) -> float:
+        return _env_number("TAI_MCP_SANDBOX_MAX_TTL_SECONDS", 24 * 3600.0)
+
+    @default("max_timeout_seconds")
+    def _max_timeout_default(self) -> float:
+        return _env_number("TAI_MCP_SANDBOX_MAX_TIMEOUT_SECONDS", 6 * 3600.0)
+
+    @default("max_sessions_per_user")
+    def _max_sessions_default(self) -> int:
+        return int(_env_number("TAI_MCP_SANDBOX_MAX_SESSIONS_PER_USER", 20))
 
     @default("isolation")
     def _isolation_default(self) -> str:
@@ -154,6 +198,11 @@ class SandboxPolicy(LoggingConfigurable):
                 "(TAI_MCP_SANDBOX_EGRESS): ask for "
                 + " or ".join(repr(n) for n in NETWORK_ORDER[: network_rank(self.egress) + 1])
             )
+        if self.max_ttl_seconds and spec.ttl_seconds > self.max_ttl_seconds:
+            raise SandboxSpecRejectedError(
+                f"ttl_seconds {spec.ttl_seconds:g} is over the operator's maximum of {self.max_ttl_seconds:g} s "
+                "(SandboxPolicy.max_ttl_seconds, TAI_MCP_SANDBOX_MAX_TTL_SECONDS)"
+            )
         if spec.durability == "persistent" and not self.durable:
             raise SandboxSpecRejectedError(
                 "persistent workspaces are switched off by the operator (TAI_MCP_SANDBOX_DURABLE=off): "
@@ -197,15 +246,24 @@ class SandboxPolicy(LoggingConfigurable):
         values = self.injected_values()
         return StreamScrubber(values) if values else None
 
-    def public_json(self) -> dict[str, Any]:
-        """The policy in force, as the status row shows it (credential names, never values)."""
-        return {
+    def public_json(self, *, show_credentials: bool = True) -> dict[str, Any]:
+        """The policy in force, as the status row shows it (credential names, never values).
+
+        Which consumer holds which credential names is shown only with ``show_credentials``
+        (to admins): it tells a user which label to impersonate.
+        """
+        data: dict[str, Any] = {
             "isolation": self.isolation,
             "egress": self.egress,
             "durable": self.durable,
             "scrub_transcript": self.scrub_transcript,
-            "credentials": {k: list(v) for k, v in self.credentials.items()},
+            "max_ttl_seconds": self.max_ttl_seconds,
+            "max_timeout_seconds": self.max_timeout_seconds,
+            "max_sessions_per_user": self.max_sessions_per_user,
         }
+        if show_credentials:
+            data["credentials"] = {k: list(v) for k, v in self.credentials.items()}
+        return data
 
 
 class StreamScrubber:

@@ -27,6 +27,10 @@ _installed: GatedSandbox | None = None
 #: True once the slot was set explicitly (a provider registered, or switched off by the app):
 #: from then on TAI_MCP_SANDBOX is not consulted.
 _configured = False
+#: The policy a registration without its own gets: the server extension's configured one while it runs.
+_default_policy: SandboxPolicy | None = None
+#: Why the configured provider could not start (the slot then answers SandboxUnavailableError with it).
+_failure: str | None = None
 
 
 class GatedSandbox(Sandbox):
@@ -42,6 +46,9 @@ class GatedSandbox(Sandbox):
 
     async def create(self, spec: SessionSpec) -> SandboxSession:
         return await self.provider.create(self.policy.apply(spec))
+
+    def image_allowed(self, image: str | None) -> bool:
+        return self.provider.image_allowed(image)
 
     async def get(self, session_id: str) -> SandboxSession:
         return await self.provider.get(session_id)
@@ -84,16 +91,38 @@ def register_sandbox(
     The slot holds a single provider: registering a second one is an error unless
     ``replace`` is set.
     """
-    global _installed, _configured
+    global _installed, _configured, _failure
     if not isinstance(provider, Sandbox):
         raise SandboxError(f"register_sandbox needs a Sandbox provider, got {type(provider).__name__}")
+    if isinstance(provider, GatedSandbox):
+        provider = provider.provider
     if _installed is not None and not replace and _installed.provider is not provider:
         raise SandboxError(
             f"a {_installed.kind} sandbox provider is already installed: a deployment has exactly one"
         )
-    _installed = GatedSandbox(provider, policy or SandboxPolicy())
+    _installed = GatedSandbox(provider, policy or _default_policy or SandboxPolicy())
     _configured = True
+    _failure = None
     return _installed
+
+
+def use_policy(policy: SandboxPolicy | None) -> None:
+    """Make ``policy`` the one in force: for the provider installed now and any registered later.
+
+    The server extension calls this with its configured policy, so a plugin's
+    ``register_sandbox(provider)`` without a policy gets the server's, not one read
+    from environment variables alone.
+    """
+    global _default_policy
+    _default_policy = policy
+    if _installed is not None and policy is not None:
+        _installed.policy = policy
+
+
+def mark_failed(message: str) -> None:
+    """The configured provider could not start: every call answers SandboxUnavailableError(message)."""
+    global _installed, _configured, _failure
+    _installed, _configured, _failure = None, True, message
 
 
 def installed() -> GatedSandbox | None:
@@ -111,8 +140,8 @@ def disable_sandbox() -> Sandbox | None:
 
 def unregister_sandbox() -> Sandbox | None:
     """Empty the slot and forget any explicit setting; return the provider that was installed."""
-    global _installed, _configured
-    previous, _installed, _configured = _installed, None, False
+    global _installed, _configured, _failure, _default_policy
+    previous, _installed, _configured, _failure, _default_policy = _installed, None, False, None, None
     return previous.provider if previous else None
 
 
@@ -124,9 +153,11 @@ def _install_from_env() -> None:
     register_sandbox(load_provider_class(name)())
 
 
-def require_sandbox() -> Sandbox:
+def require_sandbox() -> GatedSandbox:
     """The installed provider behind the policy gate, or a loud SandboxUnavailableError."""
     _install_from_env()
+    if _failure is not None:
+        raise SandboxUnavailableError(_failure)
     if _installed is None:
         raise SandboxUnavailableError(
             "no sandbox provider is installed: set TAI_MCP_SANDBOX (the sandbox_module setting, "
@@ -144,17 +175,28 @@ def status() -> str:
     return _installed.kind if _installed is not None else "off"
 
 
-def status_info() -> dict[str, Any]:
-    """The kind row with the policy in force and, when off, how to turn it on."""
+def failure() -> str | None:
+    """Why the configured provider could not start, or None."""
+    return _failure
+
+
+def status_info(*, show_credentials: bool = True) -> dict[str, Any]:
+    """The kind row with the policy in force and, when off, how to turn it on.
+
+    ``show_credentials=False`` leaves out which consumer holds which credential names
+    (only admins see that map).
+    """
     kind = status()
     info: dict[str, Any] = {"kind": kind}
+    if _failure is not None:
+        info["error"] = _failure
     if _installed is not None:
-        info["policy"] = _installed.policy.public_json()
+        info["policy"] = _installed.policy.public_json(show_credentials=show_credentials)
         info["max_isolation"] = _installed.max_isolation
         info["networks"] = sorted(_installed.networks)
         info["supports_limits"] = _installed.supports_limits
     else:
-        info["message"] = (
+        info["message"] = _failure or (
             "no sandbox provider is installed: set TAI_MCP_SANDBOX (sandbox_module) to 'local' or 'docker'"
         )
     return info

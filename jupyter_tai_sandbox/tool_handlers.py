@@ -10,30 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from .handlers import SandboxAPIHandler, bad_request
-from .tools import ADMIN_RESOURCE, Decided, Principal, ToolRegistry
+from .handlers import SandboxAPIHandler
+from .tools import Decided, Principal
 
 TOOL_NAME = r"(?P<name>[^/]+)"
-_ADMIN_ACTIONS = ("read", "write", "execute")
 
 
 class ToolsAPIHandler(SandboxAPIHandler):
-    @property
-    def tools(self) -> ToolRegistry:
-        return self.settings["tai_sandbox_tools"]
-
     async def principal(self) -> Principal:
-        """The user, with the admin actions the server's Authorizer grants it."""
-        user = self.current_user
-        allowed = set()
-        for action in _ADMIN_ACTIONS:
-            if await ensure_async(self.authorizer.is_authorized(self, user, action, ADMIN_RESOURCE)):
-                allowed.add(action)
-        return Decided(name=f"user {getattr(user, 'username', user)!r}", door="rest", allowed=frozenset(allowed))
+        """The caller at the tool chokepoints: its admin actions decide the fence, its name owns the sessions."""
+        caller = await self.caller()
+        return Decided(name=f"user {caller.name!r}", door="rest", allowed=caller.admin_actions, owner=caller.name)
 
 
 class ToolsHandler(ToolsAPIHandler):
@@ -70,9 +60,9 @@ class ToolRunHandler(ToolsAPIHandler):
     @authorized(action="execute")
     async def post(self, name: str) -> None:
         inputs: Any = self.read_json()
-        if not isinstance(inputs, dict):  # pragma: no cover - read_json guarantees an object
-            raise bad_request("the tool input is a JSON object")
+        self.touch()
         self.write_json(await self.tools.run(name, inputs, principal=await self.principal()))
+        self.touch()
 
 
 tool_handlers = [

@@ -28,13 +28,14 @@ who owns the server's files and configuration and is therefore admin.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,6 +45,7 @@ from jsonschema.exceptions import SchemaError, ValidationError, best_match
 
 from . import sandboxes
 from .contract import (
+    ExecRequest,
     SandboxError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
@@ -56,8 +58,8 @@ from .errors import (
     ToolAccessDeniedError,
     ToolInputError,
 )
+from .sessions import ADMIN_RESOURCE
 
-ADMIN_RESOURCE = "jupyter_tai_sandbox:admin"
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Session settings a preset may fix (the consumer is always the tool's name).
@@ -77,10 +79,14 @@ STORE_VERSION = 1
 
 
 class Principal:
-    """Who acts at a chokepoint, and which admin actions it may take."""
+    """Who acts at a chokepoint, and which admin actions it may take.
+
+    ``owner`` is the user a tool's session belongs to (None for the operator's doors).
+    """
 
     name = "anonymous"
     door = "?"
+    owner: str | None = None
 
     def may(self, action: str) -> bool:
         """Whether ``action`` (``read``, ``write``, ``execute``) on ``jupyter_tai_sandbox:admin`` is allowed."""
@@ -108,6 +114,7 @@ class Decided(Principal):
     name: str = "user"  # type: ignore[assignment]
     door: str = "rest"
     allowed: frozenset[str] = frozenset()
+    owner: str | None = None
 
     def may(self, action: str) -> bool:
         return action in self.allowed
@@ -163,7 +170,7 @@ class BaseTool:
         """This tool's own input for a preset call (fixed-schema tools: the caller's input as is)."""
         return dict(inputs)
 
-    async def run(self, inputs: Mapping[str, Any], *, consumer: str) -> dict[str, Any]:
+    async def run(self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
     def to_json(self) -> dict[str, Any]:
@@ -252,8 +259,8 @@ class SandboxExecTool(BaseTool):
                 out["timeout_seconds"] = timeout
         return out
 
-    async def run(self, inputs: Mapping[str, Any], *, consumer: str) -> dict[str, Any]:
-        timeout = float(inputs.get("timeout_seconds", 60))
+    async def run(self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None) -> dict[str, Any]:
+        timeout = inputs.get("timeout_seconds", 60)
         durability = inputs.get("durability") or ("persistent" if inputs.get("workspace_key") else "ephemeral")
         spec = SessionSpec(
             image=inputs.get("image"),
@@ -263,8 +270,9 @@ class SandboxExecTool(BaseTool):
             workspace_key=inputs.get("workspace_key"),
             cpu=inputs.get("cpu"),
             memory_mb=inputs.get("memory_mb"),
-            ttl_seconds=timeout + _TTL_MARGIN,
+            ttl_seconds=_ttl_for(timeout),
             consumer=consumer,
+            owner=owner,
         )
         if "argv" in inputs:
             argv = list(inputs["argv"])
@@ -272,24 +280,47 @@ class SandboxExecTool(BaseTool):
             argv = ["sh", "-c", inputs["script"], "sandbox_exec", *inputs.get("args", [])]
         stdin = inputs.get("stdin")
         sandbox = sandboxes.require_sandbox()  # the policy gate: isolation, egress, credentials
-        session = await sandbox.create(spec)
-        try:
-            result = await session.exec(
-                argv,
-                timeout_seconds=timeout,
-                stdin=stdin.encode() if stdin is not None else None,
-                env=dict(inputs.get("env") or {}),
-            )
-        finally:
-            with contextlib.suppress(SandboxError):
-                await session.destroy(remove_workspace=False)
-        policy = getattr(sandbox, "policy", None)
-        scrub = policy.scrub if policy is not None else (lambda text: text)
+        request = ExecRequest(
+            argv,
+            timeout,
+            env=dict(inputs.get("env") or {}),
+            stdin=stdin.encode(errors="surrogatepass") if stdin is not None else None,
+        ).check_limit(sandbox.policy.max_timeout_seconds)
+        # seed 002's per-workspace_key lease: runs on one durable workspace take turns
+        async with _workspace_lease(spec.workspace_key):
+            session = await sandbox.create(spec)
+            try:
+                result = await session.run(request)
+            finally:
+                with contextlib.suppress(SandboxError):
+                    await session.destroy(remove_workspace=False)
+        scrub = sandbox.policy.scrub
         return {
             "exit_code": result.exit_code,
             "stdout": scrub(result.stdout.decode(errors="replace")),
             "stderr": scrub(result.stderr.decode(errors="replace")),
         }
+
+
+_leases: dict[str, asyncio.Lock] = {}
+
+
+@contextlib.asynccontextmanager
+async def _workspace_lease(workspace_key: str | None) -> AsyncIterator[None]:
+    """One tool run at a time per persistent workspace (in this server)."""
+    if workspace_key is None:
+        yield
+        return
+    async with _leases.setdefault(workspace_key, asyncio.Lock()):
+        yield
+
+
+def _ttl_for(timeout: Any) -> float:
+    """A tool session's TTL: its command's deadline plus a margin (it is destroyed right after)."""
+    try:
+        return float(timeout) + _TTL_MARGIN
+    except (TypeError, ValueError, OverflowError):
+        return _TTL_MARGIN  # the request's own validation reports the bad timeout
 
 
 class SandboxStatusTool(BaseTool):
@@ -299,14 +330,21 @@ class SandboxStatusTool(BaseTool):
     description = "Which sandbox provider is installed (or 'off') and the policy in force."
     input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
 
-    async def run(self, inputs: Mapping[str, Any], *, consumer: str) -> dict[str, Any]:
-        return sandboxes.status_info()
+    async def run(self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None) -> dict[str, Any]:
+        return sandboxes.status_info(show_credentials=owner is None)
 
 
 BASE_TOOLS: dict[str, BaseTool] = {t.name: t for t in (SandboxExecTool(), SandboxStatusTool())}
 
 
 # -------------------------------------------------------------------- binding
+
+
+def _fenced_base(definition: Any) -> bool:
+    """Whether a stored definition's base tool is fenced (an unknown base counts as fenced)."""
+    base_name = definition.get("base", "sandbox_exec") if isinstance(definition, Mapping) else None
+    base = BASE_TOOLS.get(base_name) if isinstance(base_name, str) else None
+    return base is None or base.fenced
 
 
 def _is_ref(value: Any) -> bool:
@@ -633,10 +671,19 @@ class PresetStore:
 class ToolRegistry:
     """Base tools, config (manifest) presets and stored presets: the two chokepoints live here."""
 
-    def __init__(self, store: PresetStore | None = None, log: Any = None) -> None:
+    def __init__(
+        self,
+        store: PresetStore | None = None,
+        log: Any = None,
+        *,
+        max_preset_bytes: int = 64 << 10,
+        max_presets: int = 200,
+    ) -> None:
         self.store = store if store is not None else PresetStore()
         self.config: dict[str, Preset] = {}
         self.log = log
+        self.max_preset_bytes = max_preset_bytes
+        self.max_presets = max_presets
         self._shadowed: set[str] = set()
 
     # --- reading (not fenced)
@@ -693,6 +740,8 @@ class ToolRegistry:
         # fence before validation: a refused principal learns nothing about the definition
         if base is None or base.fenced:
             fence(principal, "write", f"author a preset over {base_name or 'sandbox_exec'}")
+        if source == "store":
+            self._check_size(definition)
         preset = parse_preset(definition, name=name, source=source)
         if preset.name in BASE_TOOLS:
             raise PresetConflictError(f"{preset.name!r} is a base tool: give the preset another name")
@@ -710,9 +759,29 @@ class ToolRegistry:
                     f"a preset named {preset.name!r} exists: remove it first, or replace it "
                     "(REST: PUT ...?replace=1, CLI: preset add --replace)"
                 )
+            if preset.name in stored:
+                # replacing needs the fence of the definition it replaces, too
+                if _fenced_base(stored[preset.name]):
+                    fence(principal, "write", f"replace the tool {preset.name!r}")
+            elif self.max_presets and len(stored) >= self.max_presets:
+                raise PresetInvalidError(
+                    f"the preset store holds {len(stored)} presets, the most allowed "
+                    "(SandboxApp.max_presets): remove one first"
+                )
             stored[preset.name] = preset.definition()
             self.store.save(stored)
         return preset
+
+    def _check_size(self, definition: Any) -> None:
+        try:
+            size = len(json.dumps(definition))
+        except (TypeError, ValueError):
+            return  # parse_preset says what is wrong with it
+        if self.max_preset_bytes and size > self.max_preset_bytes:
+            raise PresetInvalidError(
+                f"the preset definition is {size} bytes of JSON; the limit is {self.max_preset_bytes} "
+                "(SandboxApp.max_preset_bytes)"
+            )
 
     def remove(self, name: str, *, principal: Principal) -> None:
         """Delete a stored preset (the authoring chokepoint, so the fence applies)."""
@@ -767,4 +836,4 @@ class ToolRegistry:
             if isinstance(tool, Preset):
                 raise ToolInputError(e.field, f"preset {name!r} bound an invalid {base.name} input: {e}") from None
             raise
-        return await base.run(base_input, consumer=name)
+        return await base.run(base_input, consumer=name, owner=principal.owner)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import struct
 from collections.abc import Awaitable
 from typing import Any
@@ -38,15 +37,17 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol13
 
-from . import sandboxes
 from .contract import (
     ExecHandle,
+    ExecRequest,
     ExitItem,
     SandboxError,
+    SandboxRequestError,
     SandboxSession,
-    SandboxSpecRejectedError,
+    check_window_side,
 )
-from .handlers import AUTH_RESOURCE, JSONErrorsMixin, error_body, error_status
+from .errors import error_body, error_status
+from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 
 STREAM_IDS = {"stdout": 1, "stderr": 2}
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
@@ -55,40 +56,15 @@ _FRAME_HEAD_SHORT = struct.Struct("!BB")
 _FRAME_HEAD_16 = struct.Struct("!BBH")
 _FRAME_HEAD_64 = struct.Struct("!BBQ")
 _kills: set[asyncio.Future[None]] = set()
-_START_FIELDS = {"type", "argv", "timeout_seconds", "pty", "env", "cwd", "rows", "cols"}
 
 
-def _parse_start(message: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(message) - _START_FIELDS)
-    if unknown:
-        raise SandboxSpecRejectedError(f"unknown start field(s): {', '.join(unknown)}")
-    argv = message.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise SandboxSpecRejectedError("start needs argv: a non-empty list of strings")
-    timeout = message.get("timeout_seconds")
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise SandboxSpecRejectedError("start needs timeout_seconds: a positive number")
-    env = message.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise SandboxSpecRejectedError("env must be an object of string values")
-    return {
-        "argv": argv,
-        "timeout_seconds": float(timeout),
-        "pty": bool(message.get("pty", False)),
-        "env": env,
-        "cwd": message.get("cwd"),
-    }
-
-
-class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, JupyterHandler):
+class ExecWebSocketHandler(
+    JSONErrorsMixin, SandboxHandlerMixin, WebSocketMixin, WebSocketHandler, JupyterHandler
+):
     """One interactive command per connection."""
 
     auth_resource = AUTH_RESOURCE
+    _counted = False
 
     session: SandboxSession
     handle: ExecHandle | None = None
@@ -104,12 +80,13 @@ class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, Ju
     @ws_authenticated
     async def get(self, session_id: str) -> None:
         # the kernel websocket's pattern: authorize with "execute" here, not per message
-        if not await ensure_async(
-            self.authorizer.is_authorized(self, self.current_user, "execute", AUTH_RESOURCE)
-        ):
+        user = self.current_user
+        if not await ensure_async(self.authorizer.is_authorized(self, user, "execute", AUTH_RESOURCE)):
             raise web.HTTPError(403)
-        # a refusal is answered in JSON (404 for an unknown session, 503 with no provider)
-        self.session = await sandboxes.require_sandbox().get(session_id)
+        caller = await self.caller()
+        # a refusal is answered in JSON (404 for an unknown or another user's session, 503 with no provider)
+        self.session = await self.sessions.get(session_id, caller, manage=True)
+        self.touch()
         await super().get(session_id=session_id)
 
     def open(self, session_id: str) -> None:  # type: ignore[override]
@@ -127,10 +104,10 @@ class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, Ju
                 request = json.loads(message)
             except ValueError:
                 request = {}
-                raise SandboxSpecRejectedError("control messages are JSON objects") from None
+                raise SandboxRequestError("control messages are JSON objects") from None
             if not isinstance(request, dict):
                 request = {}
-                raise SandboxSpecRejectedError("control messages are JSON objects")
+                raise SandboxRequestError("control messages are JSON objects")
             await self._control(request)
         except SandboxError as e:
             if self.handle is None:
@@ -143,20 +120,25 @@ class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, Ju
         kind = request.get("type")
         if kind == "start":
             if self.handle is not None:
-                raise SandboxSpecRejectedError("this connection already started a command")
-            start = _parse_start(request)
-            self.handle = await self.session.exec_start(start.pop("argv"), **start)
-            if start["pty"] and "rows" in request and "cols" in request:
-                await self.handle.resize(int(request["rows"]), int(request["cols"]))
+                raise SandboxRequestError("this connection already started a command")
+            start = ExecRequest.from_json(
+                request,
+                interactive=True,
+                max_timeout_seconds=self.policy.max_timeout_seconds,
+                ignore=frozenset({"type"}),
+            )
+            self.handle = await self.session.start(start)
+            self.sandbox_app.live_commands += 1
+            self._counted = True
             await self._send({"type": "started"})
             self._pump = asyncio.create_task(self._relay_output(self.handle))
             return
         if self.handle is None:
-            raise SandboxSpecRejectedError('send {"type": "start", ...} first')
+            raise SandboxRequestError('send {"type": "start", ...} first')
         if kind == "stdin":
             data = request.get("data")
             if not isinstance(data, str):
-                raise SandboxSpecRejectedError(
+                raise SandboxRequestError(
                     "stdin messages carry text in 'data' (send bytes as binary frames)"
                 )
             await self._stdin(data.encode())
@@ -165,16 +147,16 @@ class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, Ju
         elif kind == "kill":
             await self.handle.kill()
         elif kind == "resize":
-            rows, cols = request.get("rows"), request.get("cols")
-            if not isinstance(rows, int) or not isinstance(cols, int):
-                raise SandboxSpecRejectedError("resize needs integer rows and cols")
+            rows = check_window_side("rows", request.get("rows"))
+            cols = check_window_side("cols", request.get("cols"))
             await self.handle.resize(rows, cols)
         else:
-            raise SandboxSpecRejectedError(f"unknown message type {kind!r}")
+            raise SandboxRequestError(f"unknown message type {kind!r}")
 
     async def _stdin(self, data: bytes) -> None:
         if self.handle is None:
-            raise SandboxSpecRejectedError('send {"type": "start", ...} before stdin')
+            raise SandboxRequestError('send {"type": "start", ...} before stdin')
+        self.touch()
         await self.handle.write(data)
 
     async def _relay_output(self, handle: ExecHandle) -> None:
@@ -182,8 +164,7 @@ class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, Ju
         # and reading the handle overlaps with flushing to the socket
         in_flight: asyncio.Future[None] | None = None
         # with scrub_transcript on, one scrubber per stream (it holds back < len(longest secret) bytes)
-        policy = self.settings.get("tai_sandbox_policy")
-        scrubbers = {s: policy.stream_scrubber() for s in STREAM_IDS} if policy is not None else {}
+        scrubbers = {s: self.policy.stream_scrubber() for s in STREAM_IDS}
         scrubbers = {s: scrubber for s, scrubber in scrubbers.items() if scrubber is not None}
 
         async def drain_scrubbers() -> None:
@@ -257,11 +238,19 @@ class ExecWebSocketHandler(JSONErrorsMixin, WebSocketMixin, WebSocketHandler, Ju
         with contextlib.suppress(WebSocketClosedError):
             await self._send(message)
         self.close(1000)
+        self._uncount()
         if self.handle is not None:
             await self.handle.kill()
 
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.sandbox_app.live_commands -= 1
+            self.touch()
+
     def on_close(self) -> None:
         super().on_close()
+        self._uncount()
         if self.handle is not None and not self._ended:
             self._ended = True
             if self._pump is not None:

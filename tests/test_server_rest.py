@@ -141,23 +141,23 @@ async def test_delete_keeps_a_persistent_workspace_unless_asked(jp_fetch):
 
 
 @pytest.mark.parametrize(
-    ("raw", "message"),
+    ("raw", "message", "error"),
     [
-        (b"{not json", "not valid JSON"),
-        (b"[1, 2]", "JSON object"),
-        (b'{"imag": "typo"}', "unknown session spec field"),
-        (b'{"ttl_seconds": "soon"}', "ttl_seconds"),
-        (b'{"isolation": "paranoid"}', "unknown isolation"),
-        (b'{"durability": "persistent"}', "workspace_key"),
-        (b'{"env": {"A": 1}}', "string"),
-        (b'{"image": "\xff\xfe"}', "UTF-8"),
+        (b"{not json", "not valid JSON", "SandboxRequestError"),
+        (b"[1, 2]", "JSON object", "SandboxRequestError"),
+        (b'{"imag": "typo"}', "unknown session spec field", "SandboxSpecRejectedError"),
+        (b'{"ttl_seconds": "soon"}', "ttl_seconds", "SandboxSpecRejectedError"),
+        (b'{"isolation": "paranoid"}', "unknown isolation", "SandboxSpecRejectedError"),
+        (b'{"durability": "persistent"}', "workspace_key", "SandboxSpecRejectedError"),
+        (b'{"env": {"A": 1}}', "string", "SandboxSpecRejectedError"),
+        (b'{"image": "\xff\xfe"}', "UTF-8", "SandboxRequestError"),
     ],
 )
-async def test_bad_session_bodies_are_400_with_a_typed_error(jp_fetch, raw, message):
+async def test_bad_session_bodies_are_400_with_a_typed_error(jp_fetch, raw, message, error):
     before = {s["id"] for s in (await call(jp_fetch, "sessions"))[1]["sessions"]}
     status, body = await call(jp_fetch, "sessions", method="POST", raw=raw)
     assert status == 400, body
-    assert body["error"] == "SandboxSpecRejectedError" and message in body["message"]
+    assert body["error"] == error and message in body["message"]
     after = {s["id"] for s in (await call(jp_fetch, "sessions"))[1]["sessions"]}
     assert after <= before  # nothing was created
 
@@ -188,7 +188,9 @@ async def test_bad_exec_bodies_are_400(jp_fetch, exec_body):
     sid = await new_session(jp_fetch)
     status, body = await call(jp_fetch, "sessions", sid, "exec", method="POST", body=exec_body)
     assert status == 400, body
-    assert body["error"] in ("SandboxSpecRejectedError", "SandboxPathError") and body["message"]
+    assert body["error"] in ("SandboxRequestError", "SandboxPathError") and body["message"]
+    if body["error"] == "SandboxRequestError":
+        assert body["field"] in exec_body or body["field"] in ("argv", "timeout_seconds"), body
     await call(jp_fetch, "sessions", sid, method="DELETE")
 
 
@@ -255,7 +257,7 @@ async def test_an_oversized_upload_is_413_and_loses_nothing(jp_fetch, jp_servera
 async def test_non_utf8_exec_body_is_400(jp_fetch):
     sid = await new_session(jp_fetch)
     status, body = await call(jp_fetch, "sessions", sid, "exec", method="POST", raw=b'{"argv": ["\xff"]}')
-    assert status == 400 and body["error"] == "SandboxSpecRejectedError"
+    assert status == 400 and body["error"] == "SandboxRequestError"
     await call(jp_fetch, "sessions", sid, method="DELETE")
 
 

@@ -145,7 +145,7 @@ async def test_a_bad_first_message_ends_with_one_error(jp_ws_fetch, jp_fetch, fi
     ws = await jp_ws_fetch("api", "sandbox", "sessions", session_id, "exec", "ws")
     await ws.write_message(first, binary=isinstance(first, bytes))
     _, _, final, notes = await read_all(ws)
-    assert notes == [] and final["type"] == "error" and final["error"] == "SandboxSpecRejectedError"
+    assert notes == [] and final["type"] == "error" and final["error"] == "SandboxRequestError"
 
 
 async def test_unknown_session_refuses_the_upgrade(jp_ws_fetch):

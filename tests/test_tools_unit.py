@@ -9,6 +9,7 @@ import pytest
 
 from jupyter_tai_sandbox import cli, sandboxes, tools
 from jupyter_tai_sandbox.contract import SandboxNotFoundError
+from jupyter_tai_sandbox.errors import error_status
 from jupyter_tai_sandbox.policy import SCRUBBED, SandboxPolicy, StreamScrubber
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 from jupyter_tai_sandbox.tools import (
@@ -170,7 +171,7 @@ def test_a_corrupt_store_is_reported_loudly(registry):
 def test_input_errors_name_the_failing_field(inputs, field):
     with pytest.raises(ToolInputError) as refused:
         validate_input(WORD_COUNT["input_schema"], inputs)
-    assert refused.value.field == field and refused.value.http_status == 422
+    assert refused.value.field == field and error_status(refused.value) == 422
     assert (repr(field) if field else "the input") in str(refused.value)
 
 

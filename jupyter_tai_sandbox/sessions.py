@@ -1,0 +1,177 @@
+"""Who may use which session: principals, owners, the consumer label, per-user limits.
+
+Every door that acts for a user (REST, the exec websocket, tool runs, and the
+magics and the panel through REST) goes through :class:`SessionRegistry`:
+
+* a session records its **owner**, the principal that created it;
+* a caller sees and acts on its own sessions only; another user's session id
+  answers exactly like an unknown one (404), so ids leak nothing;
+* the **consumer** label (which picks the operator's credentials) is derived
+  from the caller; naming another consumer is an admin act;
+* a caller holds at most ``SandboxPolicy.max_sessions_per_user`` live sessions;
+* a persistent workspace in use by a live session cannot be removed (409).
+
+An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
+``write`` (manage all) on ``jupyter_tai_sandbox:admin``.
+"""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvider, PasswordIdentityProvider
+
+from . import sandboxes
+from .contract import SandboxNotFoundError, SandboxSession, SessionInfo, SessionSpec
+from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError
+
+#: the Authorizer resource of every session route (read / write / execute)
+AUTH_RESOURCE = "jupyter_tai_sandbox:sessions"
+#: the Authorizer resource of the admin tier: all users' sessions, other consumers, the code-tool fence
+ADMIN_RESOURCE = "jupyter_tai_sandbox:admin"
+#: jupyter_server's own providers: one shared secret, and a random anonymous user per request.
+SHARED_SECRET_PROVIDERS = (IdentityProvider, PasswordIdentityProvider, LegacyIdentityProvider)
+
+
+def server_owner() -> str:
+    """The principal of a server whose only credential is its token or password."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # pragma: no cover - a uid without a passwd entry
+        return "owner"
+
+
+def principal_name(identity_provider: Any, user: Any) -> str:
+    """Who a request acts for.
+
+    With jupyter_server's own token/password identity provider every authenticated
+    caller holds the same secret (and gets an invented anonymous name per request),
+    so all of them are one principal: the server's owner. With any other
+    IdentityProvider (JupyterHub's, a custom one) the principal is ``user.username``.
+    """
+    if type(identity_provider) in SHARED_SECRET_PROVIDERS:
+        return server_owner()
+    name = getattr(user, "username", None)
+    if not isinstance(name, str) or not name:
+        raise SandboxForbiddenError("the identity provider gave this request no user name")
+    return name
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated principal and the admin actions the Authorizer grants it."""
+
+    name: str
+    admin_actions: frozenset[str] = frozenset()
+
+    @property
+    def sees_all(self) -> bool:
+        return "read" in self.admin_actions or "write" in self.admin_actions
+
+    @property
+    def manages_all(self) -> bool:
+        return "write" in self.admin_actions
+
+    def may(self, action: str) -> bool:
+        """Whether ``action`` on ``jupyter_tai_sandbox:admin`` is granted (the tools' fence asks this)."""
+        return action in self.admin_actions
+
+
+class SessionRegistry:
+    """The sessions this server created (shutdown stops exactly those), and the owner rules of every door."""
+
+    def __init__(self, policy: Any = None) -> None:
+        self.ids: set[str] = set()
+        self.policy = policy
+
+    # ------------------------------------------------------------- create
+
+    def spec_for(self, caller: Caller, data: Mapping[str, Any]) -> SessionSpec:
+        """The spec a caller's JSON body asks for, with its owner and consumer bound to the caller."""
+        data = dict(data)
+        owner = data.pop("owner", None)
+        if owner is not None and owner != caller.name and not caller.manages_all:
+            raise SandboxForbiddenError(
+                "a session belongs to the user who creates it: naming another owner needs write on "
+                "jupyter_tai_sandbox:admin"
+            )
+        consumer = data.pop("consumer", None)
+        if consumer is not None and consumer != caller.name and not caller.manages_all:
+            raise SandboxForbiddenError(
+                f"the consumer label picks the operator's credentials: yours is {caller.name!r}; naming "
+                f"another ({consumer!r}) needs write on jupyter_tai_sandbox:admin"
+            )
+        return SessionSpec.from_json(
+            {**data, "owner": owner or caller.name, "consumer": consumer or caller.name}
+        )
+
+    async def create(self, spec: SessionSpec, caller: Caller | None = None) -> SandboxSession:
+        """Create through the policy gate; a caller's own limits are checked first."""
+        sandbox = sandboxes.require_sandbox()
+        if caller is not None:
+            await self._check_quota(caller, spec)
+            if not caller.manages_all and spec.image is not None and not sandbox.image_allowed(spec.image):
+                raise SandboxForbiddenError(
+                    f"image {spec.image!r} is not on the operator's allow-list "
+                    "(DockerSandbox.allowed_images); leave image unset for the default"
+                )
+        session = await sandbox.create(spec)
+        self.ids.add(session.id)
+        return session
+
+    async def _check_quota(self, caller: Caller, spec: SessionSpec) -> None:
+        limit = getattr(self.policy, "max_sessions_per_user", 0)
+        if not limit:
+            return
+        owner = spec.owner or caller.name
+        live = [info for info in await sandboxes.require_sandbox().list() if info.owner == owner]
+        if len(live) >= limit:
+            raise SandboxQuotaError(
+                f"{owner!r} already holds {len(live)} live sessions, the most one user may hold "
+                f"(SandboxPolicy.max_sessions_per_user = {limit}): destroy one first"
+            )
+
+    # ------------------------------------------------------------ find
+
+    def visible(self, caller: Caller, info: SessionInfo) -> bool:
+        return caller.sees_all or info.owner == caller.name
+
+    async def get(self, session_id: str, caller: Caller, *, manage: bool = False) -> SandboxSession:
+        """The caller's session (any, for an admin); 404 exactly like an unknown id otherwise.
+
+        ``manage``: the call changes the session (exec, upload, destroy), which an admin
+        needs ``write`` for; reading (info, download, listing) needs ``read``.
+        """
+        session = await sandboxes.require_sandbox().get(session_id)
+        info = await session.info()
+        if info.owner == caller.name or (caller.manages_all if manage else caller.sees_all):
+            return session
+        raise SandboxNotFoundError(f"no sandbox session {session_id!r}")
+
+    async def list(self, caller: Caller) -> list[SessionInfo]:
+        return [info for info in await sandboxes.require_sandbox().list() if self.visible(caller, info)]
+
+    # --------------------------------------------------------- destroy
+
+    async def destroy(self, session: SandboxSession, *, remove_workspace: bool = False) -> None:
+        if remove_workspace:
+            info = await session.info()
+            if info.workspace_key is not None:
+                holders = [
+                    other.id
+                    for other in await sandboxes.require_sandbox().list()
+                    if other.workspace_key == info.workspace_key and other.id != session.id
+                ]
+                if holders:
+                    raise SandboxConflictError(
+                        f"workspace {info.workspace_key!r} is in use by {len(holders)} other live "
+                        "session(s): destroy them first, or destroy this one without remove_workspace"
+                    )
+        await session.destroy(remove_workspace=remove_workspace)
+        self.forget(session.id)
+
+    def forget(self, session_id: str) -> None:
+        self.ids.discard(session_id)
