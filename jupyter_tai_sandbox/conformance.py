@@ -1,21 +1,32 @@
 """The conformance suite: what certifies a provider.
 
 ``await run_sandbox_conformance(provider)`` runs every check against a live
-provider and returns a list of failures, each naming the check and what was
-seen; an empty list certifies the provider. Every session the suite creates is
-destroyed before it returns (persistent test workspaces included). The checks
-use only the commands the session image contract names, plus ``head``,
-``printf`` and ``ln`` (checks needing ``ln`` are skipped when it is missing).
+provider at full strength and returns a list of failures, each naming the
+check and what was seen; an empty list certifies the provider. A run that is
+not a certification -- a subset of the checks (``only``), smaller payloads or a
+stretched ``timeout_scale`` -- never returns a bare ``[]``: its list ends with
+an entry starting ``"not a certification: "``. An unknown check name raises
+ValueError. Every session the suite creates is destroyed before it returns
+(persistent test workspaces included).
+
+The same checks have a pytest face for provider authors,
+:class:`jupyter_tai_sandbox.testing.SandboxConformance`, where each check is its
+own test. The checks use only the commands the session image contract names,
+plus ``head``, ``printf``, ``stty`` and ``ln`` (checks needing ``ln`` are
+skipped when it is missing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import math
 import os
+import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from .contract import (
@@ -35,6 +46,14 @@ from .contract import (
 )
 
 KILLED = 137
+INTERRUPTED = 130  # 128 + SIGINT
+
+#: The payload sizes a certifying run uses; smaller ones are a weakened run.
+FULL_STRENGTH = {"big_stdin_bytes": 16 << 20, "big_output_bytes": 4 << 20}
+#: The most a certifying run may stretch the suite's deadlines and waits (a loaded CI machine).
+MAX_CERTIFYING_TIMEOUT_SCALE = 2.0
+#: How an entry of a run that certifies nothing starts.
+NOT_A_CERTIFICATION = "not a certification"
 
 
 class CheckFailed(Exception):
@@ -93,8 +112,8 @@ class ConformanceSuite:
         *,
         image: str | None = None,
         timeout_scale: float = 1.0,
-        big_stdin_bytes: int = 16 << 20,
-        big_output_bytes: int = 4 << 20,
+        big_stdin_bytes: int = FULL_STRENGTH["big_stdin_bytes"],
+        big_output_bytes: int = FULL_STRENGTH["big_output_bytes"],
         check_timeout: float = 120.0,
     ) -> None:
         self.sandbox = sandbox
@@ -626,32 +645,334 @@ class ConformanceSuite:
         created = {s.id for s in self.created}
         expect(after - before <= created, "a rejected spec left a session behind")
 
+    # ------------------------------------------------------ pty (a terminal)
+
+    async def read_until(self, handle: ExecHandle, pattern: bytes, what: str, timeout: float = 10.0) -> bytes:
+        """Read a handle's output until ``pattern`` (a regular expression) shows; return what was read."""
+        seen = bytearray()
+        deadline = time.monotonic() + self.t(timeout)
+        while not re.search(pattern, seen):
+            left = deadline - time.monotonic()
+            try:
+                item = await asyncio.wait_for(handle.output.__anext__(), max(0.01, left))
+            except asyncio.TimeoutError:
+                raise CheckFailed(
+                    f"{what}: no {pattern!r} within {self.t(timeout):g}s: {bytes(seen[-300:])!r}"
+                ) from None
+            except StopAsyncIteration:
+                raise CheckFailed(
+                    f"{what}: the output ended before {pattern!r}: {bytes(seen[-300:])!r}"
+                ) from None
+            if not isinstance(item, OutputChunk):
+                raise CheckFailed(
+                    f"{what}: the command ended ({item!r}) before {pattern!r}: {bytes(seen[-300:])!r}"
+                )
+            seen += item.data
+        return bytes(seen)
+
+    async def check_pty_window_and_resize(self) -> None:
+        """A pty command starts on a 24x80 terminal (or the rows x cols asked), and follows a resize."""
+        session = await self.session()
+        for size, expected in (({}, b"24 80"), ({"rows": 30, "cols": 100}, b"30 100")):
+            handle = await session.exec_start(["stty", "size"], timeout_seconds=self.t(30), pty=True, **size)
+            out, _, items = await drain(handle)
+            expect(expected in out, f"stty size on a pty started with {size or 'no size'} printed {out!r}")
+            expect_one_exit(items, 0, "stty size on a pty")
+            await handle.kill()
+        handle = await session.exec_start(["sh", "-i"], timeout_seconds=self.t(60), pty=True)
+        try:
+            await handle.resize(40, 120)
+            await handle.write(b"stty size\n")
+            await self.read_until(handle, rb"40 120", "stty size after resize(40, 120)")
+            await handle.resize(33, 91)
+            await handle.write(b"stty size\n")
+            await self.read_until(handle, rb"33 91", "stty size after a second resize(33, 91)")
+            # ^C interrupts the shell's foreground job, not the shell
+            await handle.write(b"sleep 30\n")
+            await asyncio.sleep(self.t(0.5))
+            await handle.write(b"\x03")
+            await handle.write(b"echo interrupted-$?\n")
+            await self.read_until(handle, rb"interrupted-130", "^C of the shell's foreground sleep")
+            # end-of-file ends the shell like a user's ^D would
+            await handle.write(b"exit 5\n")
+            (_, _, items), took = await self.timed(drain(handle))
+            expect(took < self.t(5), f"the terminal's output took {took:.1f}s to end after `exit 5`")
+            expect_one_exit(items, 5, "an interactive shell on a pty that ran `exit 5`")
+        finally:
+            await handle.kill()
+        handle = await session.exec_start(["cat"], timeout_seconds=self.t(30), pty=True)
+        await handle.write(b"hello\n")
+        await handle.close_stdin()
+        out, _, items = await drain(handle)
+        expect(
+            out.count(b"hello") == 2, f"cat on a pty, then close_stdin: {out!r} (expected the echo and cat's)"
+        )
+        expect_one_exit(items, 0, "cat on a pty after close_stdin (end of file)")
+        await handle.kill()
+
+    async def check_pty_ctrl_c(self) -> None:
+        """^C written to a pty interrupts the running command: its exit status is 130."""
+        session = await self.session()
+        handle = await session.exec_start(
+            ["sh", "-c", "echo ready; sleep 30"], timeout_seconds=self.t(60), pty=True
+        )
+        try:
+            await self.read_until(handle, rb"ready", "a pty command's first line")
+            await asyncio.sleep(self.t(0.3))
+            await handle.write(b"\x03")
+            (_, _, items), took = await self.timed(drain(handle))
+            expect(took < self.t(5), f"the output took {took:.1f}s to end after ^C")
+            expect_one_exit(items, INTERRUPTED, "`sh -c 'sleep 30'` on a pty after ^C")
+        finally:
+            await handle.kill()
+
+    async def check_pty_stop_ends_the_terminal_session(self) -> None:
+        """kill() and the deadline stop a terminal's whole session, jobs in groups of their own too."""
+        session = await self.session()
+        for stop in ("kill", "deadline"):
+            timeout = self.t(60) if stop == "kill" else self.t(3)
+            handle = await session.exec_start(["sh", "-i"], timeout_seconds=timeout, pty=True)
+            try:
+                # an interactive shell moves its background job to a process group of its own
+                await handle.write(b"sleep 60 & echo job-$!\n")
+                seen = await self.read_until(handle, rb"job-(\d+)\r?\n", f"a background job ({stop})")
+                found = re.search(rb"job-(\d+)\r?\n", seen)
+                assert found is not None
+                pid = found.group(1).decode()
+                expect(
+                    await self.is_running(session, pid), f"the terminal's job {pid} is not running ({stop})"
+                )
+                if stop == "kill":
+                    _, took = await self.timed(handle.kill())
+                    expect(took < self.t(6), f"kill() of a terminal took {took:.1f}s")
+                    (_, _, items), took = await self.timed(drain(handle))
+                    expect(took < self.t(3), f"the terminal's output took {took:.1f}s to end after kill()")
+                    expect_one_exit(items, KILLED, "a killed terminal")
+                else:
+                    _, took = await self.timed(
+                        expect_raises(SandboxExecTimeoutError, drain(handle), "a terminal past its deadline")
+                    )
+                await self.expect_stopped(session, pid, f"the {stop}'s stop of a terminal's background job")
+            finally:
+                await handle.kill()
+
+    # ------------------------------------------------------- cancelled calls
+
+    async def cmdline_holds(self, session: SandboxSession, token: str) -> bool:
+        """Whether a live process has ``token`` in its command line."""
+        listing = await self.sh(session, "cat /proc/[0-9]*/cmdline 2>/dev/null; true")
+        return token.encode() in listing
+
+    async def expect_none_running(self, session: SandboxSession, token: str, what: str) -> None:
+        await asyncio.sleep(self.t(0.5))  # a stop still on its way gets its moment
+        deadline = time.monotonic() + self.t(3)
+        while await self.cmdline_holds(session, token):
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"{what}: a process it started is still running")
+            await asyncio.sleep(0.1)
+
+    def token(self) -> str:
+        """A sleep time no other process is likely to have on its command line."""
+        return f"59.{secrets.randbelow(10**6):06d}"
+
+    async def check_cancelled_one_shot_stops_its_group(self) -> None:
+        """A cancelled one-shot (the task awaiting exec is cancelled) stops the command and its group."""
+        session = await self.session()
+        script = "echo $$ > one.pid; sleep 60 & echo $! > child.pid; wait"
+        task = asyncio.create_task(session.exec(["sh", "-c", script], timeout_seconds=self.t(60)))
+        try:
+            command = await self.read_pid(session, "one.pid")
+            child = await self.read_pid(session, "child.pid")
+        except CheckFailed:
+            task.cancel()
+            raise
+        expect(not task.done(), f"the one-shot ended before it was cancelled: {task!r}")
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=self.t(6))
+        expect(task in done, "a cancelled one-shot did not end within 6 s")
+        expect(task.cancelled(), f"a cancelled one-shot ended otherwise: {task!r}")
+        await self.expect_stopped(session, command, "a cancelled one-shot's command")
+        await self.expect_stopped(session, child, "a cancelled one-shot's child in its group")
+
+    async def check_cancelled_start_leaves_nothing_running(self) -> None:
+        """A cancelled exec_start (the awaiting task is cancelled mid-start) leaves nothing running."""
+        session = await self.session()
+        token = self.token()
+        script = f"sleep {token} & wait"
+        # cancel after ever more event-loop turns, then ever longer, until a start beats its cancel
+        delays: list[tuple[str, float]] = [("turns", n) for n in (0, 1, 2, 3, 5, 8, 13)]
+        delays += [("seconds", s) for s in (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)]
+        for unit, amount in delays:
+            task = asyncio.create_task(session.exec_start(["sh", "-c", script], timeout_seconds=self.t(60)))
+            if unit == "turns":
+                for _ in range(int(amount)):
+                    await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(amount)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=self.t(6))
+            expect(task in done, f"an exec_start cancelled after {amount:g} {unit} did not end within 6 s")
+            if task.cancelled():
+                continue
+            error = task.exception()
+            if error is not None:
+                raise CheckFailed(
+                    f"an exec_start cancelled after {amount:g} {unit} raised {type(error).__name__}: {error}"
+                )
+            await task.result().kill()  # the start won the race: later cancels would come later still
+            break
+        await self.expect_none_running(session, token, "a cancelled exec_start")
+
+    # -------------------------------------------------------------- stdin
+
+    @contextlib.contextmanager
+    def loop_errors(self) -> Any:
+        """Collect what the event loop reports meanwhile (a task's exception nobody retrieved...)."""
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+        seen: list[str] = []
+        loop.set_exception_handler(
+            lambda _loop, context: seen.append(str(context.get("message")) + f" {context.get('exception')!r}")
+        )
+        try:
+            yield seen
+        finally:
+            gc.collect()  # a task's unretrieved exception is reported when the task is collected
+            loop.set_exception_handler(previous)
+
+    async def check_failed_stdin_write_is_one_error(self) -> None:
+        """A failed stdin write raises one SandboxError; a command that closed its stdin is no failure."""
+        session = await self.session()
+        data = os.urandom(self.big_stdin_bytes)
+        with self.loop_errors() as reported:
+            # a command killed while its one-shot stdin is fed closed its stdin: the result still comes back
+            task = asyncio.create_task(
+                session.exec(
+                    ["sh", "-c", "echo $$ > fed.pid; exec sleep 60"], stdin=data, timeout_seconds=self.t(60)
+                )
+            )
+            try:
+                await self.kill_pid(session, await self.read_pid(session, "fed.pid"))
+            except BaseException:
+                task.cancel()
+                raise
+            done, _ = await asyncio.wait({task}, timeout=self.t(6))
+            expect(task in done, "a one-shot whose command was killed while its stdin was fed did not end")
+            error = task.exception()
+            if error is not None:
+                raise CheckFailed(
+                    "a one-shot whose command was killed (closing its stdin) while its stdin was fed raised "
+                    f"{type(error).__name__}: {error}, not its result"
+                )
+            expect(task.result().exit_code == KILLED, f"it reported exit status {task.result().exit_code}")
+            # an interactive write still pending when its command is killed fails with one SandboxError
+            handle = await session.exec_start(["sleep", "60"], timeout_seconds=self.t(60))
+            writer = asyncio.create_task(handle.write(data))
+            await asyncio.sleep(self.t(0.5))
+            await handle.kill()
+            done, _ = await asyncio.wait({writer}, timeout=self.t(5))
+            expect(writer in done, "a pending write did not end after kill()")
+            error = writer.exception()
+            expect(
+                error is None or isinstance(error, SandboxError),
+                f"a pending write failed with {type(error).__name__}: {error}, not a SandboxError",
+            )
+            await expect_raises(SandboxError, handle.write(b"x"), "a write after kill()")
+            # a one-shot whose stdin write fails as its session goes away raises one SandboxError
+            other = await self.session()
+            task = asyncio.create_task(other.exec(["sleep", "60"], stdin=data, timeout_seconds=self.t(4)))
+            await asyncio.sleep(self.t(1))
+            await other.destroy()
+            done, _ = await asyncio.wait({task}, timeout=self.t(4) + 6)
+            expect(task in done, "a one-shot fed stdin did not end after its session was destroyed")
+            error = task.exception()
+            expect(
+                isinstance(error, SandboxError),
+                f"a one-shot whose session went away mid-stdin gave {type(error).__name__}: {error}",
+            )
+            await asyncio.sleep(0)
+        expect(not reported, f"besides the one error, the event loop reported: {reported}")
+
+    # ------------------------------------------------- a command that calls setsid
+
+    async def check_setsid_command_is_stopped(self) -> None:
+        """A command that itself calls setsid is still the command: its deadline and kill() stop it."""
+        session = await self.session()
+        script = "echo $$ > $1; echo started; exec sleep 30"
+        pids: list[str] = []
+        try:
+            # a one-shot at its deadline
+            _, took = await self.timed(
+                expect_raises(
+                    SandboxExecTimeoutError,
+                    session.exec(["setsid", "sh", "-c", script, "sh", "ss1.pid"], timeout_seconds=self.t(1)),
+                    "a one-shot that called setsid, past its deadline",
+                )
+            )
+            pids.append(await self.read_pid(session, "ss1.pid"))
+            expect(took < self.t(1) + 2, f"a setsid one-shot with a 1 s deadline took {took:.1f}s")
+            await self.expect_stopped(session, pids[-1], "the deadline of a one-shot that called setsid")
+            # an interactive command at its deadline
+            handle = await session.exec_start(
+                ["setsid", "sh", "-c", script, "sh", "ss2.pid"], timeout_seconds=self.t(1)
+            )
+            pids.append(await self.read_pid(session, "ss2.pid"))
+            _, took = await self.timed(
+                expect_raises(
+                    SandboxExecTimeoutError, drain(handle), "an interactive command that called setsid"
+                )
+            )
+            expect(
+                took < self.t(1) + 2, f"a setsid command's 1 s deadline answered {took:.1f}s after the start"
+            )
+            await self.expect_stopped(
+                session, pids[-1], "the deadline of an interactive command that called setsid"
+            )
+            await handle.kill()
+            # kill()
+            handle = await session.exec_start(
+                ["setsid", "sh", "-c", script, "sh", "ss3.pid"], timeout_seconds=self.t(60)
+            )
+            pids.append(await self.read_pid(session, "ss3.pid"))
+            _, took = await self.timed(handle.kill())
+            expect(took < self.t(3), f"kill() of a command that called setsid took {took:.1f}s")
+            (_, _, items), took = await self.timed(drain(handle))
+            expect(took < self.t(3), f"the output took {took:.1f}s to end after kill()")
+            expect_one_exit(items, KILLED, "a killed command that called setsid")
+            await self.expect_stopped(session, pids[-1], "kill() of a command that called setsid")
+        finally:
+            for pid in pids:
+                with contextlib.suppress(SandboxError):
+                    await self.kill_pid(session, pid)
+
     # ------------------------------------------------------------------ run
 
-    def checks(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-        return [
-            (name.removeprefix("check_"), getattr(self, name))
-            for name in dir(self)
-            if name.startswith("check_") and callable(getattr(self, name))
-        ]
-
-    async def run(self, only: list[str] | None = None) -> list[str]:
+    async def run_check(self, name: str) -> str | None:
+        """Run one check by name; return its failure, or None when it passed."""
+        check = getattr(self, f"check_{name}")
+        limit = self.check_timeout * self.scale
         try:
-            for name, check in self.checks():
-                if only is not None and name not in only:
-                    continue
-                try:
-                    await asyncio.wait_for(check(), timeout=self.check_timeout * self.scale)
-                except CheckFailed as e:
-                    self.failures.append(f"{name}: {e}")
-                except asyncio.TimeoutError:
-                    self.failures.append(
-                        f"{name}: did not finish within {self.check_timeout * self.scale:g}s"
-                    )
-                except Exception as e:
-                    self.failures.append(f"{name}: raised {type(e).__name__}: {e}")
+            await asyncio.wait_for(check(), timeout=limit)
+        except CheckFailed as e:
+            return f"{name}: {e}"
+        except asyncio.TimeoutError:
+            return f"{name}: did not finish within {limit:g}s"
+        except Exception as e:
+            return f"{name}: raised {type(e).__name__}: {e}"
+        return None
+
+    async def run(self, names: list[str]) -> list[str]:
+        """Run the named checks in order; return their failures (no verdict on certification)."""
+        try:
+            for name in names:
+                failure = await self.run_check(name)
+                if failure is not None:
+                    self.failures.append(failure)
         finally:
             await self.cleanup()
+        left = [i.id for i in await self.sandbox.list() if self.tag in i.consumer]
+        if left:
+            self.failures.append(f"cleanup: sessions the suite destroyed are still listed: {left}")
         return self.failures
 
     async def cleanup(self) -> None:
@@ -659,6 +980,74 @@ class ConformanceSuite:
             with contextlib.suppress(SandboxError):
                 await session.destroy(remove_workspace=True)
         self.created.clear()
+
+
+def check_names() -> list[str]:
+    """Every check of the suite, by name, in the order a run takes them."""
+    return [name.removeprefix("check_") for name in vars(ConformanceSuite) if name.startswith("check_")]
+
+
+def check_doc(name: str) -> str:
+    """The one-line description of a check."""
+    doc = getattr(ConformanceSuite, f"check_{name}").__doc__ or ""
+    return doc.strip().splitlines()[0] if doc.strip() else name.replace("_", " ")
+
+
+def selected_checks(only: list[str] | None) -> list[str]:
+    """The checks ``only`` names, in suite order; ValueError for an unknown name or an empty selection."""
+    every = check_names()
+    if only is None:
+        return every
+    if isinstance(only, str):
+        raise ValueError(f"only must be a list of check names, not the string {only!r}")
+    unknown = [name for name in only if name not in every]
+    if unknown:
+        raise ValueError(f"unknown conformance check(s) {unknown}; the checks are: {', '.join(every)}")
+    if not only:
+        raise ValueError("only=[] selects no check: pass None to run them all")
+    return [name for name in every if name in only]
+
+
+def weakenings(*, timeout_scale: float = 1.0, **options: Any) -> list[str]:
+    """What about these options makes a run weaker than a certification asks (empty: full strength).
+
+    ValueError for an option the suite cannot run with at all.
+    """
+    if not (isinstance(timeout_scale, (int, float)) and math.isfinite(timeout_scale) and timeout_scale > 0):
+        raise ValueError(f"timeout_scale must be a finite number > 0, not {timeout_scale!r}")
+    found = []
+    if timeout_scale > MAX_CERTIFYING_TIMEOUT_SCALE:
+        found.append(
+            f"timeout_scale={timeout_scale:g} stretches the deadlines past the certifying "
+            f"{MAX_CERTIFYING_TIMEOUT_SCALE:g}"
+        )
+    for option, full in FULL_STRENGTH.items():
+        value = options.get(option, full)
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{option} must be a positive int, not {value!r}")
+        if value < full:
+            found.append(f"{option}={value} is below the full-strength {full}")
+    return found
+
+
+async def run_checks(
+    sandbox: Sandbox,
+    names: list[str],
+    *,
+    image: str | None = None,
+    timeout_scale: float = 1.0,
+    **options: Any,
+) -> list[str]:
+    """Run the named checks against ``sandbox``; return their failures.
+
+    A building block (the pytest face runs one check at a time with it): an
+    empty return says these checks passed, and certifies nothing. Use
+    :func:`run_sandbox_conformance` to certify a provider.
+    """
+    names = selected_checks(names)
+    weakenings(timeout_scale=timeout_scale, **options)  # raises for options the suite cannot use
+    suite = ConformanceSuite(sandbox, image=image, timeout_scale=timeout_scale, **options)
+    return await suite.run(names)
 
 
 async def run_sandbox_conformance(
@@ -672,28 +1061,61 @@ async def run_sandbox_conformance(
     """Run every check against ``sandbox``; return the failures (empty certifies it).
 
     ``image``: the session image to ask for (None: the provider's default).
-    ``timeout_scale`` stretches every deadline and wait for a slow provider.
-    ``only`` runs a subset of the checks, by name (``lifecycle``, ``ttl_reap``...).
+    ``timeout_scale`` stretches every deadline and wait for a slow provider
+    (up to ``MAX_CERTIFYING_TIMEOUT_SCALE`` a run still certifies).
+    ``only`` runs a subset of the checks, by name (``lifecycle``, ``ttl_reap``...;
+    see :func:`check_names`); an unknown name raises ValueError. A subset, or
+    ``big_stdin_bytes``/``big_output_bytes`` below full strength, or a larger
+    ``timeout_scale``, is no certification: the list then ends with entries
+    starting ``"not a certification: "``, so it is never empty.
     """
-    suite = ConformanceSuite(sandbox, image=image, timeout_scale=timeout_scale, **options)
-    return await suite.run(only)
+    names = selected_checks(only)
+    notices = [f"{NOT_A_CERTIFICATION}: {w}" for w in weakenings(timeout_scale=timeout_scale, **options)]
+    if len(names) < len(check_names()):
+        notices.append(
+            f"{NOT_A_CERTIFICATION}: only {len(names)} of the {len(check_names())} checks ran ({', '.join(names)})"
+        )
+    failures = await run_checks(sandbox, names, image=image, timeout_scale=timeout_scale, **options)
+    return failures + notices
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m jupyter_tai_sandbox.conformance PROVIDER``: certify a provider, print the verdict."""
+    """``python -m jupyter_tai_sandbox.conformance PROVIDER``: certify a provider, print the verdict.
+
+    Exit status: 0 certified, 1 a check failed, 2 the checks run passed but the
+    run was no certification (``--only``, a large ``--timeout-scale``) or the
+    arguments were wrong.
+    """
     import argparse
 
     from .sandboxes import load_provider_class
 
     parser = argparse.ArgumentParser(
         prog="python -m jupyter_tai_sandbox.conformance",
-        description="Run the sandbox conformance suite against a provider and print what failed.",
+        description="Run the sandbox conformance suite against a provider and print what failed. "
+        "Exit status 0: certified; 1: a check failed; 2: the checks run passed but the run "
+        "certifies nothing (a subset, or deadlines stretched too far).",
     )
     parser.add_argument("provider", help="local, docker, or module:Class")
     parser.add_argument("--image", help="session image to ask for (default: the provider's)")
-    parser.add_argument("--timeout-scale", type=float, default=1.0, help="stretch every deadline")
-    parser.add_argument("--only", action="append", help="run only this check (repeatable)")
+    parser.add_argument(
+        "--timeout-scale",
+        type=float,
+        default=1.0,
+        help=f"stretch every deadline (above {MAX_CERTIFYING_TIMEOUT_SCALE:g} the run certifies nothing)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=check_names(),
+        metavar="CHECK",
+        help="run only this check (repeatable; the run then certifies nothing): " + ", ".join(check_names()),
+    )
     args = parser.parse_args(argv)
+    try:
+        weakenings(timeout_scale=args.timeout_scale)
+    except ValueError as e:
+        parser.error(str(e))
     provider = load_provider_class(args.provider)()
 
     async def certify() -> list[str]:
@@ -705,12 +1127,22 @@ def main(argv: list[str] | None = None) -> int:
             await provider.close()
 
     started = time.monotonic()
-    failures = asyncio.run(certify())
+    entries = asyncio.run(certify())
+    failures = [e for e in entries if not e.startswith(f"{NOT_A_CERTIFICATION}:")]
+    notices = [e for e in entries if e.startswith(f"{NOT_A_CERTIFICATION}:")]
     for failure in failures:
         print(f"FAIL {failure}")
-    verdict = "certified" if not failures else f"{len(failures)} check(s) failed"
-    print(f"{provider.kind}: {verdict} in {time.monotonic() - started:.1f}s")
-    return 1 if failures else 0
+    for notice in notices:
+        print(f"NOTE {notice}")
+    took = f"in {time.monotonic() - started:.1f}s"
+    if failures:
+        print(f"{provider.kind}: {len(failures)} check(s) failed {took}")
+        return 1
+    if notices:
+        print(f"{provider.kind}: the checks run passed {took}, but this run is {NOT_A_CERTIFICATION}")
+        return 2
+    print(f"{provider.kind}: certified {took}")
+    return 0
 
 
 if __name__ == "__main__":
