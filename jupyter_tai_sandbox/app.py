@@ -110,6 +110,10 @@ class SandboxApp(ExtensionApp):
         self._reaper: asyncio.Task[None] | None = None
         self.sandbox: Sandbox | None = None
         sandboxes.use_policy(self.policy)
+        # normalised here too: a value loaded from config files skips the trait's validator
+        self.provider = self.provider.strip()
+        if self.provider.lower() in sandboxes.OFF_VALUES:
+            self.provider = "off"
         if self.provider == "off":
             plugin = sandboxes.installed()
             if plugin is not None:
@@ -129,10 +133,9 @@ class SandboxApp(ExtensionApp):
         try:
             provider = self._make_provider()
         except Exception as e:  # any failure of a provider's start, reported, never a half-loaded server
-            message = (
-                f"the sandbox provider {self.provider!r} (SandboxApp.provider, TAI_MCP_SANDBOX) could not "
-                f"start: {e}. Use off, local, docker or module:Class."
-            )
+            message = f"the sandbox provider {self.provider!r} (SandboxApp.provider, TAI_MCP_SANDBOX) could not start: {e}"
+            if "off, local, docker" not in message:
+                message += ". Use off, local, docker or module:Class."
             self.log.error("jupyter_tai_sandbox: %s", message)
             sandboxes.mark_failed(message)
             return
