@@ -7,7 +7,8 @@ import pytest
 
 from jupyter_tai_sandbox import sandboxes
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+# server_support is a plugin: its fixtures (``provider``) reach every test module without an import
+pytest_plugins = ["pytest_jupyter.jupyter_server", "server_support"]
 
 _POLICY_ENV = (
     "TAI_MCP_SANDBOX",
