@@ -5,13 +5,13 @@ import json
 import time
 
 import pytest
-from server_support import call, provider, sandbox_app, server_config  # noqa: F401
+from server_support import call, sandbox_app, server_config
 
 from jupyter_tai_sandbox.contract import SessionSpec
 
 
 @pytest.fixture
-def jp_server_config(provider, tmp_path):  # noqa: F811
+def jp_server_config(provider, tmp_path):
     return server_config(provider, tmp_path / "sandboxes", SandboxApp={"reap_interval": 0.2})
 
 
@@ -51,7 +51,7 @@ async def test_shutdown_stops_its_sessions_and_keeps_persistent_workspaces(jp_fe
         await sandbox.close()
 
 
-async def test_a_restarted_server_reaps_what_an_earlier_one_left(jp_fetch, jp_serverapp, provider, tmp_path):  # noqa: F811
+async def test_a_restarted_server_reaps_what_an_earlier_one_left(jp_fetch, jp_serverapp, provider, tmp_path):
     app = sandbox_app(jp_serverapp)
     # an "earlier server": another provider instance on the same engine or root, which then went away
     earlier = type(app.sandbox.provider)(**_same_place(app.sandbox.provider))
@@ -61,7 +61,7 @@ async def test_a_restarted_server_reaps_what_an_earlier_one_left(jp_fetch, jp_se
     assert left.id in await app.reap_once()
 
 
-def _same_place(provider):  # noqa: F811
+def _same_place(provider):
     if provider.kind == "local":
         return {"root": provider.root}
     return {"image": provider.image, "extra_labels": dict(provider.extra_labels)}
