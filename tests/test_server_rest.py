@@ -5,14 +5,14 @@ import json
 import os
 
 import pytest
-from server_support import call, fetch_raw_path, provider, sandbox_app, server_config  # noqa: F401
+from server_support import call, fetch_raw_path, sandbox_app, server_config
 from tornado.httpclient import AsyncHTTPClient
 
 BIG = 120 << 20  # more than tornado's 100 MiB default body buffer: only a streamed route copes
 
 
 @pytest.fixture
-def jp_server_config(provider, tmp_path):  # noqa: F811
+def jp_server_config(provider, tmp_path):
     return server_config(provider, tmp_path / "sandboxes")
 
 
@@ -27,13 +27,13 @@ async def run(jp_fetch, sid, argv, **extra):
                       body={"argv": argv, "timeout_seconds": 30, **extra})
 
 
-async def test_status_names_the_provider_and_policy(jp_fetch, provider):  # noqa: F811
+async def test_status_names_the_provider_and_policy(jp_fetch, provider):
     status, body = await call(jp_fetch, "status")
     assert status == 200
     assert body["kind"] == provider and body["policy"]["isolation"] == "none"
 
 
-async def test_session_lifecycle_over_rest(jp_fetch, provider):  # noqa: F811
+async def test_session_lifecycle_over_rest(jp_fetch, provider):
     status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60, "consumer": "nb"})
     assert status == 201, info
     assert (info["kind"], info["consumer"], info["durability"]) == (provider, "nb", "ephemeral")
