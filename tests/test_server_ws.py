@@ -6,7 +6,7 @@ import os
 import time
 
 import pytest
-from server_support import call, provider, server_config  # noqa: F401
+from server_support import call, server_config
 from tornado.httpclient import HTTPClientError
 
 from jupyter_tai_sandbox.client import SandboxClient
@@ -14,7 +14,7 @@ from jupyter_tai_sandbox.contract import ExitItem, OutputChunk, SandboxExecTimeo
 
 
 @pytest.fixture
-def jp_server_config(provider, tmp_path):  # noqa: F811
+def jp_server_config(provider, tmp_path):
     return server_config(provider, tmp_path / "sandboxes")
 
 
