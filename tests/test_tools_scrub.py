@@ -11,7 +11,7 @@ import os
 import time
 
 import pytest
-from server_support import call, provider, server_config  # noqa: F401
+from server_support import call, server_config
 
 SECRET = "s3cr3t-Value-42"
 LEAK = {
@@ -27,7 +27,7 @@ def scrub(request) -> bool:
 
 
 @pytest.fixture
-def jp_server_config(provider, scrub, tmp_path, monkeypatch):  # noqa: F811
+def jp_server_config(provider, scrub, tmp_path, monkeypatch):
     monkeypatch.setenv("TAI_TOOL_SECRET", SECRET)
     return server_config(
         provider,
