@@ -6,7 +6,7 @@ import os
 import sys
 
 import pytest
-from server_support import call, provider, server_config  # noqa: F401
+from server_support import call, server_config
 from test_api_spec import check
 
 from jupyter_tai_sandbox import cli
@@ -46,7 +46,7 @@ def store_path(tmp_path):
 
 
 @pytest.fixture
-def jp_server_config(provider, tmp_path, store_path):  # noqa: F811
+def jp_server_config(provider, tmp_path, store_path):
     return server_config(provider, tmp_path / "sandboxes", SandboxApp={"presets_path": str(store_path)})
 
 
@@ -152,7 +152,7 @@ async def test_the_base_tool_runs_directly_for_an_admin(jp_fetch):
     assert status == 200 and result["kind"] in ("local", "docker")
 
 
-async def test_network_portability(jp_fetch, provider):  # noqa: F811
+async def test_network_portability(jp_fetch, provider):
     await put(jp_fetch, "unset", WORD_COUNT)
     await put(jp_fetch, "egress", {**WORD_COUNT, "session": {"network": "egress"}})
     for name in ("unset", "egress"):
@@ -168,7 +168,7 @@ async def test_network_portability(jp_fetch, provider):  # noqa: F811
             assert f"network={network!r}" in body["message"]
 
 
-async def test_limits_are_honoured_by_docker_and_refused_loudly_by_local(jp_fetch, provider):  # noqa: F811
+async def test_limits_are_honoured_by_docker_and_refused_loudly_by_local(jp_fetch, provider):
     await put(jp_fetch, "capped", {**WORD_COUNT, "session": {"cpu": 0.5, "memory_mb": 64}})
     status, body = await run(jp_fetch, "capped", {"text": "a b"})
     if provider == "docker":
@@ -177,7 +177,7 @@ async def test_limits_are_honoured_by_docker_and_refused_loudly_by_local(jp_fetc
         assert (status, body["error"]) == (400, "SandboxSpecRejectedError") and "caps" in body["message"]
 
 
-async def test_a_preset_can_ask_for_a_durable_workspace(jp_fetch, provider):  # noqa: F811
+async def test_a_preset_can_ask_for_a_durable_workspace(jp_fetch, provider):
     key = f"tools-test-{provider}"
     counter = {
         "description": "Count runs in a durable workspace.",
@@ -202,7 +202,7 @@ async def test_a_timeout_is_a_504(jp_fetch):
     assert (status, body["error"]) == (504, "SandboxExecTimeoutError")
 
 
-async def test_the_cli_door_authors_into_the_store_the_server_reads(jp_fetch, store_path, tmp_path, provider):  # noqa: F811
+async def test_the_cli_door_authors_into_the_store_the_server_reads(jp_fetch, store_path, tmp_path, provider):
     path = tmp_path / "wc.json"
     path.write_text(json.dumps({"name": "word_count", **WORD_COUNT}))
     assert cli.main(["preset", "--store", str(store_path), "add", str(path)]) == 0
