@@ -27,10 +27,35 @@ def _build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_server_config(extra_file: str | None = None) -> Any:
+    """The Jupyter config the server would read: jupyter_server_config.{json,py} on the config path,
+    then ``extra_file`` (the CLI's ``--config``), which wins."""
+    from jupyter_core.paths import jupyter_config_path
+    from traitlets.config import Config
+    from traitlets.config.application import Application
+
+    loader = Application(log_level="ERROR")
+    loader.load_config_file("jupyter_server_config", path=jupyter_config_path())
+    config = Config(loader.config)
+    if extra_file:
+        path = Path(extra_file)
+        if not path.is_file():
+            raise SandboxError(f"--config {extra_file}: no such file")
+        extra = Application(log_level="ERROR")
+        extra.load_config_file(path.name, path=[str(path.parent.resolve())])
+        config.merge(extra.config)
+    return config
+
+
 def _registry(args: argparse.Namespace) -> Any:
     from .tools import PresetStore, ToolRegistry
 
-    return ToolRegistry(PresetStore(args.store))
+    config = load_server_config(getattr(args, "config", None))
+    app_config = config.get("SandboxApp", {})
+    store = args.store or app_config.get("presets_path") or None
+    registry = ToolRegistry(PresetStore(store))
+    registry.apply_manifest(app_config.get("presets", {}))
+    return registry
 
 
 def _read_json(source: str, what: str) -> Any:
@@ -74,14 +99,24 @@ def _preset_rm(args: argparse.Namespace) -> int:
 
 
 def _preset_run(args: argparse.Namespace) -> int:
+    from traitlets.config import Configurable
+
     from . import sandboxes
     from .policy import SandboxPolicy
     from .tools import OPERATOR_CLI
 
     inputs = _read_json(args.input_file, "input file") if args.input_file else json.loads(args.input)
-    if args.provider:
-        provider = sandboxes.load_provider_class(args.provider)()
-        sandboxes.register_sandbox(provider, policy=SandboxPolicy(), replace=True)
+    # the same config the server reads, so its policy (egress ceiling, credentials...) applies here too
+    config = load_server_config(args.config)
+    if args.isolation:
+        config.SandboxPolicy.isolation = args.isolation
+    name = args.provider or config.get("SandboxApp", {}).get("provider") or ""
+    if name.strip().lower() not in sandboxes.OFF_VALUES:
+        cls = sandboxes.load_provider_class(name.strip())
+        provider = cls(config=config) if issubclass(cls, Configurable) else cls()
+        sandboxes.register_sandbox(provider, policy=SandboxPolicy(config=config), replace=True)
+    else:
+        sandboxes.use_policy(SandboxPolicy(config=config))
 
     async def run() -> dict[str, Any]:
         try:
@@ -122,7 +157,14 @@ def _add_preset_commands(commands: Any) -> None:
         the provider is admin, so the jupyter_tai_sandbox:admin fence is passed, not asked.""",
     )
     preset.add_argument(
-        "--store", default=None, help="the preset store (default: <jupyter data dir>/tai_sandbox/presets.json)"
+        "--store",
+        default=None,
+        help="the preset store (default: SandboxApp.presets_path, else <jupyter data dir>/tai_sandbox/presets.json)",
+    )
+    preset.add_argument(
+        "--config",
+        default=None,
+        help="a Jupyter config file (.py or .json) read after the server's own jupyter_server_config files",
     )
     sub = preset.add_subparsers(dest="preset_command", required=True)
     add = sub.add_parser("add", help="add a preset from a JSON file ('-' reads stdin)")
@@ -146,7 +188,14 @@ def _add_preset_commands(commands: Any) -> None:
     run.add_argument(
         "--provider",
         default=None,
-        help="local, docker or module:Class (default: TAI_MCP_SANDBOX); the policy comes from TAI_MCP_SANDBOX_*",
+        help="""local, docker or module:Class (default: SandboxApp.provider from the Jupyter config, else
+        TAI_MCP_SANDBOX); the policy is the server's: Jupyter config files, then TAI_MCP_SANDBOX_*""",
+    )
+    run.add_argument(
+        "--isolation",
+        choices=("none", "container", "vm"),
+        default=None,
+        help="the isolation floor for this run (SandboxPolicy.isolation); --provider local needs none",
     )
     run.add_argument("--json", action="store_true", help="print the whole result as JSON")
     run.set_defaults(run=_preset_door(_preset_run))

@@ -607,8 +607,9 @@ class Sandbox(abc.ABC):
         if isolation_rank(wanted) > isolation_rank(self.max_isolation):
             raise SandboxSpecRejectedError(
                 f"the {self.kind} provider gives isolation {self.max_isolation!r} at most; "
-                f"isolation {wanted!r} was requested (lower TAI_MCP_SANDBOX_ISOLATION or install a "
-                "stronger provider)"
+                f"isolation {wanted!r} was requested. Lower the operator's floor to {self.max_isolation!r} "
+                f"(--SandboxPolicy.isolation={self.max_isolation} or TAI_MCP_SANDBOX_ISOLATION="
+                f"{self.max_isolation}), or install a stronger provider"
             )
         if spec.network not in self.networks:
             raise SandboxSpecRejectedError(

@@ -61,7 +61,7 @@ class TestIdleCulling:
     async def test_a_sandbox_exec_moves_the_servers_last_activity(self, jp_fetch, jp_serverapp):
         _, info = await call(jp_fetch, "sessions", method="POST", body={})
         before = jp_serverapp.web_app.last_activity()
-        _, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
+        await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
                                body={"argv": ["sleep", "0.05"], "timeout_seconds": 5})
         assert jp_serverapp.web_app.last_activity() > before
         response = await jp_fetch("api", "status")
