@@ -76,6 +76,13 @@ class SandboxApp(ExtensionApp):
         one JSON file replaced atomically. Default: <jupyter data dir>/tai_sandbox/presets.json.""",
     ).tag(config=True)
 
+    max_output_bytes = Integer(
+        64 << 20,
+        help="""Most output (stdout and stderr together, in bytes) a one-shot exec over REST or a tool run
+        keeps. Past it the command is stopped and the call answers 413 OutputTooLargeError with the byte
+        counts. Stream large output through the exec websocket or a workspace file instead. 0: no limit.""",
+    ).tag(config=True)
+
     max_preset_bytes = Integer(
         64 << 10,
         help="Largest preset definition (as JSON) the preset store accepts, in bytes. 0 means no limit.",
@@ -102,6 +109,7 @@ class SandboxApp(ExtensionApp):
             log=self.log,
             max_preset_bytes=self.max_preset_bytes,
             max_presets=self.max_presets,
+            max_output_bytes=self.max_output_bytes,
         )
         self.tools.apply_manifest(self.presets)
         self.policy = SandboxPolicy(parent=self)

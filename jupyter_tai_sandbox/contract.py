@@ -353,6 +353,8 @@ class ExecRequest:
     pty: bool = False
     rows: int | None = None
     cols: int | None = None
+    #: most bytes of output a one-shot run keeps; past it the command is stopped (None: no limit)
+    output_limit: int | None = None
 
     def __post_init__(self) -> None:
         argv = self.argv
@@ -397,6 +399,10 @@ class ExecRequest:
             value = getattr(self, side)
             if value is not None:
                 check_window_side(side, value)
+        if self.output_limit is not None and (
+            isinstance(self.output_limit, bool) or not isinstance(self.output_limit, int) or self.output_limit < 0
+        ):
+            raise _bad("output_limit", "a whole number of bytes >= 0, or None for no limit")
         object.__setattr__(self, "argv", argv)
         object.__setattr__(self, "timeout_seconds", float(self.timeout_seconds))
         object.__setattr__(self, "env", dict(self.env))

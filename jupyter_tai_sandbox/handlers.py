@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
+import dataclasses
 import json
 import posixpath
 from collections.abc import AsyncIterator
@@ -29,6 +31,7 @@ from .errors import UploadTooLargeError
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin, parse_json_object
 
 _DOWNLOAD_CHUNK = 1 << 20
+_RESPONSE_SLICE = 1 << 20
 _UPLOAD_QUEUE_CHUNKS = 8
 _ENCODINGS = ("utf-8", "base64")
 
@@ -96,6 +99,8 @@ class SessionHandler(SandboxAPIHandler):
 
 
 class ExecHandler(SandboxAPIHandler):
+    """One-shot exec; the answer is streamed, so the output is held once (as the command gave it)."""
+
     @web.authenticated
     @authorized(action="execute")
     async def post(self, session_id: str) -> None:
@@ -108,17 +113,44 @@ class ExecHandler(SandboxAPIHandler):
         request = ExecRequest.from_json(
             data, max_timeout_seconds=self.policy.max_timeout_seconds, ignore=frozenset({"encoding"})
         )
+        limit = self.sandbox_app.max_output_bytes
+        request = dataclasses.replace(request, output_limit=limit or None)
         session = await self.get_session(session_id, manage=True)
         self.touch()
         result = await session.run(request)
         self.touch()
-        if encoding == "base64":
-            out = base64.b64encode(self.policy.scrub_bytes(result.stdout)).decode()
-            err = base64.b64encode(self.policy.scrub_bytes(result.stderr)).decode()
-        else:
-            out = self.policy.scrub(result.stdout.decode(errors="replace"))
-            err = self.policy.scrub(result.stderr.decode(errors="replace"))
-        self.write_json({"exit_code": result.exit_code, "stdout": out, "stderr": err, "encoding": encoding})
+        self.set_header("Content-Type", "application/json")
+        self.write(f'{{"exit_code": {result.exit_code}, "encoding": "{encoding}", "stdout": "')
+        await self._write_output(result.stdout, encoding)
+        self.write('", "stderr": "')
+        await self._write_output(result.stderr, encoding)
+        self.finish('"}')
+
+    async def _write_output(self, data: bytes, encoding: str) -> None:
+        """One output stream as the inside of a JSON string, scrubbed, in bounded slices."""
+        scrubber = self.policy.stream_scrubber()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        carry = b""  # base64 goes out in multiples of 3 bytes
+        for start in range(0, len(data) + 1, _RESPONSE_SLICE):
+            last = start + _RESPONSE_SLICE >= len(data)
+            piece = data[start : start + _RESPONSE_SLICE]
+            if scrubber is not None:
+                # scrubbing is linear but not free: keep the loop answering on large outputs
+                piece = await asyncio.to_thread(scrubber.feed, piece) if len(piece) > 1 << 16 else scrubber.feed(piece)
+                if last:
+                    piece += scrubber.flush()
+            if encoding == "base64":
+                piece, carry = carry + piece, b""
+                if not last:
+                    cut = len(piece) - len(piece) % 3
+                    piece, carry = piece[:cut], piece[cut:]
+                self.write(base64.b64encode(piece))
+            else:
+                text = decoder.decode(piece, final=last)
+                self.write(json.dumps(text)[1:-1])
+            await self.flush()
+            if last:
+                break
 
 
 @web.stream_request_body

@@ -295,14 +295,16 @@ class StreamScrubber:
         pos = 0
         hold = len(buf)
         for match in self._pattern.finditer(buf):
-            if self._could_grow(buf[match.start() :]):
+            # look at most one value's length ahead: copying the rest of the buffer per match
+            # made a stream full of secrets quadratic
+            if self._could_grow(buf[match.start() : match.start() + self.longest]):
                 hold = match.start()  # a longer value may start here: decide when more arrives
                 break
             out += buf[pos : match.start()] + self.replacement
             pos = match.end()
         cut = hold
         for i in range(max(pos, len(buf) - self.longest + 1), hold):
-            if self._could_grow(buf[i:]):
+            if self._could_grow(buf[i : i + self.longest]):
                 cut = i
                 break
         out += buf[pos:cut]

@@ -170,7 +170,9 @@ class BaseTool:
         """This tool's own input for a preset call (fixed-schema tools: the caller's input as is)."""
         return dict(inputs)
 
-    async def run(self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None) -> dict[str, Any]:
+    async def run(
+        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None, output_limit: int | None = None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def to_json(self) -> dict[str, Any]:
@@ -259,7 +261,9 @@ class SandboxExecTool(BaseTool):
                 out["timeout_seconds"] = timeout
         return out
 
-    async def run(self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None) -> dict[str, Any]:
+    async def run(
+        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None, output_limit: int | None = None
+    ) -> dict[str, Any]:
         timeout = inputs.get("timeout_seconds", 60)
         durability = inputs.get("durability") or ("persistent" if inputs.get("workspace_key") else "ephemeral")
         spec = SessionSpec(
@@ -285,6 +289,7 @@ class SandboxExecTool(BaseTool):
             timeout,
             env=dict(inputs.get("env") or {}),
             stdin=stdin.encode(errors="surrogatepass") if stdin is not None else None,
+            output_limit=output_limit,
         ).check_limit(sandbox.policy.max_timeout_seconds)
         # seed 002's per-workspace_key lease: runs on one durable workspace take turns
         async with _workspace_lease(spec.workspace_key):
@@ -330,7 +335,9 @@ class SandboxStatusTool(BaseTool):
     description = "Which sandbox provider is installed (or 'off') and the policy in force."
     input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
 
-    async def run(self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None) -> dict[str, Any]:
+    async def run(
+        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None, output_limit: int | None = None
+    ) -> dict[str, Any]:
         return sandboxes.status_info(show_credentials=owner is None)
 
 
@@ -678,12 +685,14 @@ class ToolRegistry:
         *,
         max_preset_bytes: int = 64 << 10,
         max_presets: int = 200,
+        max_output_bytes: int = 64 << 20,
     ) -> None:
         self.store = store if store is not None else PresetStore()
         self.config: dict[str, Preset] = {}
         self.log = log
         self.max_preset_bytes = max_preset_bytes
         self.max_presets = max_presets
+        self.max_output_bytes = max_output_bytes
         self._shadowed: set[str] = set()
 
     # --- reading (not fenced)
@@ -836,4 +845,6 @@ class ToolRegistry:
             if isinstance(tool, Preset):
                 raise ToolInputError(e.field, f"preset {name!r} bound an invalid {base.name} input: {e}") from None
             raise
-        return await base.run(base_input, consumer=name, owner=principal.owner)
+        return await base.run(
+            base_input, consumer=name, owner=principal.owner, output_limit=self.max_output_bytes or None
+        )

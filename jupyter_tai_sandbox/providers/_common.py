@@ -45,13 +45,21 @@ def new_session_id() -> str:
     return "sbx-" + secrets.token_hex(8)
 
 
-async def run_to_end(handle: ExecHandle) -> ExecResult:
-    """A one-shot's result: read the handle's output to its exit; stop the command on any failure."""
+async def run_to_end(handle: ExecHandle, output_limit: int | None = None) -> ExecResult:
+    """A one-shot's result: read the handle's output to its exit; stop the command on any failure.
+
+    Past ``output_limit`` bytes (stdout and stderr together) the command is stopped and
+    :class:`~jupyter_tai_sandbox.errors.OutputTooLargeError` says how much it had given.
+    """
     out: list[bytes] = []
     err: list[bytes] = []
+    counts = {"stdout": 0, "stderr": 0}
     try:
         async for item in handle.output:
             if isinstance(item, OutputChunk):
+                counts[item.stream] += len(item.data)
+                if output_limit is not None and counts["stdout"] + counts["stderr"] > output_limit:
+                    raise _too_much_output(output_limit, counts)
                 (out if item.stream == "stdout" else err).append(item.data)
             else:
                 return ExecResult(item.exit_code, b"".join(out), b"".join(err))
@@ -60,6 +68,18 @@ async def run_to_end(handle: ExecHandle) -> ExecResult:
             await asyncio.shield(handle.kill())
         raise
     raise SandboxError("the command's output ended without an exit status")  # pragma: no cover
+
+
+def _too_much_output(limit: int, counts: dict[str, int]) -> SandboxError:
+    from ..errors import OutputTooLargeError
+
+    return OutputTooLargeError(
+        f"the command gave more than {limit} bytes of output, the most a one-shot call keeps "
+        "(SandboxApp.max_output_bytes): it was stopped. Write large output to a workspace file and "
+        "download it, or use the exec websocket, which streams",
+        stdout_bytes=counts["stdout"],
+        stderr_bytes=counts["stderr"],
+    )
 
 
 def workspace_relative(path: str, workspace: str) -> str:
