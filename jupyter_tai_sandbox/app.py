@@ -18,6 +18,7 @@ from .contract import Sandbox, SandboxError, isolation_rank
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
 from .sessions import SessionRegistry
+from .spool import OutputSpool
 from .tools import PresetStore, ToolRegistry
 
 #: the web app setting the server's idle culling reads (any key ending in _last_activity)
@@ -83,6 +84,13 @@ class SandboxApp(ExtensionApp):
         counts. Stream large output through the exec websocket or a workspace file instead. 0: no limit.""",
     ).tag(config=True)
 
+    max_spill_bytes = Integer(
+        1 << 30,
+        help="""Most unread output one command may keep on the server's disk (in a deleted temporary file)
+        once its memory buffer is full. Past it the command is stopped and its output ends with
+        OutputTooLargeError saying why. 0 means no limit (only the command's deadline bounds it).""",
+    ).tag(config=True)
+
     max_preset_bytes = Integer(
         64 << 10,
         help="Largest preset definition (as JSON) the preset store accepts, in bytes. 0 means no limit.",
@@ -112,6 +120,7 @@ class SandboxApp(ExtensionApp):
             max_output_bytes=self.max_output_bytes,
         )
         self.tools.apply_manifest(self.presets)
+        OutputSpool.default_disk_limit = self.max_spill_bytes
         self.policy = SandboxPolicy(parent=self)
         self.registry = SessionRegistry(self.policy)
         self.live_commands = 0

@@ -3,7 +3,10 @@
 Providers take a command's output in as it comes, whether or not anyone reads,
 so a finished command's output is all there however late it is read. Past
 ``memory_limit`` bytes the buffer spills to an anonymous temporary file (outside
-any workspace, unlinked from the start), so memory stays bounded.
+any workspace, unlinked from the start), so memory stays bounded. Past
+``disk_limit`` unread bytes in that file the spool stops taking output in:
+``overflowed`` turns true, ``on_overflow`` is called once (the provider stops the
+command there), and the reader gets what was kept, then the end.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ import asyncio
 import collections
 import struct
 import tempfile
+from collections.abc import Callable
 from typing import BinaryIO
 
 from .contract import OutputStream
 
 DEFAULT_MEMORY_LIMIT = 8 << 20
+#: Unread output one command may keep on the server's disk (SandboxApp.max_spill_bytes sets it).
+DEFAULT_DISK_LIMIT = 1 << 30
 _HEADER = struct.Struct(">cI")
 _STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 _CODE_STREAMS: dict[bytes, OutputStream] = {b"o": "stdout", b"e": "stderr"}
@@ -25,8 +31,14 @@ _CODE_STREAMS: dict[bytes, OutputStream] = {b"o": "stdout", b"e": "stderr"}
 class OutputSpool:
     """A FIFO of ``(stream, data)`` records fed by a provider and drained by one reader."""
 
-    def __init__(self, memory_limit: int = DEFAULT_MEMORY_LIMIT) -> None:
+    #: the disk limit of spools made without one (SandboxApp.max_spill_bytes sets it for the server)
+    default_disk_limit = DEFAULT_DISK_LIMIT
+
+    def __init__(self, memory_limit: int = DEFAULT_MEMORY_LIMIT, disk_limit: int | None = None) -> None:
         self._memory_limit = memory_limit
+        self._disk_limit = self.default_disk_limit if disk_limit is None else disk_limit
+        self.overflowed = False
+        self.on_overflow: Callable[[], None] | None = None
         self._memory: collections.deque[tuple[OutputStream, bytes]] = collections.deque()
         self._memory_bytes = 0
         self._file: BinaryIO | None = None
@@ -41,12 +53,16 @@ class OutputSpool:
         return self._closed
 
     def put(self, stream: OutputStream, data: bytes) -> None:
-        if self._closed or not data:
+        if self._closed or not data or self.overflowed:
             return
         spilling = self._read_pos < self._write_pos
         if not spilling and self._memory_bytes + len(data) <= self._memory_limit:
             self._memory.append((stream, data))
             self._memory_bytes += len(data)
+        elif self._disk_limit and self._write_pos - self._read_pos + len(data) > self._disk_limit:
+            self.overflowed = True
+            if self.on_overflow is not None:
+                self.on_overflow()
         else:
             if self._file is None:
                 self._file = tempfile.TemporaryFile(prefix="tai-sandbox-output-")  # noqa: SIM115 - lives with the spool

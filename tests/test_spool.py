@@ -46,3 +46,21 @@ def test_discard_drops_everything_and_refuses_more():
         assert await spool.get() is None
 
     asyncio.run(scenario())
+
+
+def test_past_the_disk_limit_the_spool_stops_taking_output_and_says_so():
+    async def main():
+        calls = []
+        spool = OutputSpool(memory_limit=10, disk_limit=100)
+        spool.on_overflow = lambda: calls.append(1)
+        for _ in range(30):
+            spool.put("stdout", b"x" * 10)
+        assert spool.overflowed and calls == [1]
+        spool.close()
+        kept = b""
+        while (item := await spool.get()) is not None:
+            kept += item[1]
+        # what fits in memory plus what fits on disk (with its record headers), nothing after the overflow
+        assert kept == b"x" * len(kept) and 10 < len(kept) <= 110
+
+    asyncio.run(main())
