@@ -5,7 +5,19 @@ The server's typed errors come back as the same exception classes
 
 Finding the server: explicit ``url``/``token``, else ``TAI_SANDBOX_URL`` /
 ``TAI_SANDBOX_TOKEN`` (set for kernels started by a server running the
-extension), else the first running Jupyter server that jupyter_server lists.
+extension), else the first running Jupyter server that jupyter_server lists:
+the one started first (see ``running_servers``), with a ``SeveralServersWarning``
+naming it when more than one runs.
+
+Use it as an async context manager (or call ``await client.aclose()``)::
+
+    async with SandboxClient() as client:
+        info = await client.create(ttl_seconds=600, network="none")
+        result = await client.exec(info["id"], ["echo", "hi"], timeout_seconds=30)
+        await client.destroy(info["id"])
+
+``destroy_blocking`` removes a session from code that has no event loop at hand
+(an ``atexit`` hook, say).
 """
 
 from __future__ import annotations
@@ -15,14 +27,25 @@ import base64
 import contextlib
 import json
 import os
+import urllib.error
 import urllib.parse
+import urllib.request
+import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
-from .contract import ExecResult, ExitItem, OutputChunk, OutputItem, SandboxError, SandboxUnavailableError
+from .contract import (
+    ExecResult,
+    ExitItem,
+    OutputChunk,
+    OutputItem,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+)
 from .errors import error_from_json
 from .http_connections import BodyProducer, HTTPConnections
 
@@ -42,18 +65,57 @@ def error_from_body(status: int, body: bytes) -> SandboxError:
     return error_from_json(data, fallback=f"HTTP {status}: {message}")
 
 
+class SeveralServersWarning(UserWarning):
+    """More than one Jupyter server runs and none was named: the message says which is used."""
+
+
+def running_servers() -> list[dict[str, Any]]:
+    """The running Jupyter servers jupyter_server lists, the one started first first.
+
+    Started first means the oldest server info file (``jpserver-<pid>.json`` in the
+    runtime folder, written once when a server starts); ties go to the smaller pid.
+    """
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+        from jupyter_server.serverapp import list_running_servers
+    except ImportError:  # pragma: no cover - jupyter_server is a dependency
+        return []
+    runtime = jupyter_runtime_dir()
+
+    def started(server: dict[str, Any]) -> tuple[float, int]:
+        pid = int(server.get("pid") or 0)
+        try:
+            when = os.stat(os.path.join(runtime, f"jpserver-{pid}.json")).st_mtime
+        except OSError:
+            when = float("inf")
+        return when, pid
+
+    return sorted(list_running_servers(runtime), key=started)
+
+
 def discover_server() -> tuple[str, str]:
-    """(base url, token) of the server to talk to; SandboxUnavailableError when none is found."""
+    """(base url, token) of the server to talk to; SandboxUnavailableError when none is found.
+
+    ``TAI_SANDBOX_URL`` (and ``TAI_SANDBOX_TOKEN``) when set, else the running Jupyter
+    server started first (``running_servers``), deterministically: with several running,
+    a ``SeveralServersWarning`` names the one chosen and how to pick another.
+    """
     url = os.environ.get("TAI_SANDBOX_URL")
     if url:
         return url, os.environ.get("TAI_SANDBOX_TOKEN", "")
-    try:
-        from jupyter_server.serverapp import list_running_servers
-
-        for server in list_running_servers():
-            return server["url"], server.get("token", "")
-    except ImportError:  # pragma: no cover - jupyter_server is a dependency
-        pass
+    servers = running_servers()
+    if servers:
+        chosen = servers[0]
+        if len(servers) > 1:
+            others = ", ".join(s["url"] for s in servers[1:])
+            warnings.warn(
+                f"{len(servers)} Jupyter servers are running; using the one started first, {chosen['url']} "
+                f"(pid {chosen.get('pid')}), not {others}: set TAI_SANDBOX_URL (and TAI_SANDBOX_TOKEN) "
+                "or pass url= to choose",
+                SeveralServersWarning,
+                stacklevel=2,
+            )
+        return chosen["url"], chosen.get("token", "")
     raise SandboxUnavailableError(
         "no Jupyter server found: set TAI_SANDBOX_URL (and TAI_SANDBOX_TOKEN), or start "
         "`jupyter server` with the jupyter_tai_sandbox extension (TAI_MCP_SANDBOX names the provider)"
@@ -255,9 +317,38 @@ class SandboxClient:
         await remote._wait_started()
         return remote
 
+    def destroy_blocking(self, session_id: str, remove_workspace: bool = False, timeout: float = 3.0) -> bool:
+        """``destroy`` without an event loop (a plain blocking request): for ``atexit`` hooks and
+        other code where the loop, or the executors the async client resolves names with, are gone.
+
+        True when the server destroyed it, False when it was already gone; typed errors as ``destroy``.
+        """
+        url = self._url("sessions", session_id, params={"remove_workspace": "1" if remove_workspace else "0"})
+        request = urllib.request.Request(url, method="DELETE", headers=self._headers())
+        try:
+            with urllib.request.urlopen(request, timeout=timeout):
+                return True
+        except urllib.error.HTTPError as e:
+            error = error_from_body(e.code, e.read())
+            if isinstance(error, SandboxNotFoundError):
+                return False
+            raise error from None
+        except OSError as e:
+            raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+
     def close(self) -> None:
-        """Close the idle connections (a later call opens new ones)."""
+        """Close the idle connections (a later call opens new ones). ``aclose`` is the async spelling."""
         self._http.close()
+
+    async def aclose(self) -> None:
+        """Close the idle connections; what ``async with SandboxClient(...)`` does on the way out."""
+        self.close()
+
+    async def __aenter__(self) -> SandboxClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class RemoteExec:

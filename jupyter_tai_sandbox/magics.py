@@ -14,76 +14,66 @@ interrupt (``KeyboardInterrupt``) arrives and kills the remote command.
 
 Errors a user can cause (bad options, no server, provider off, a path outside
 the workspace...) show as one line in the cell, never a traceback.
+
+The modules: ``magics`` (this one: the magics, sessions by name, the line
+subcommands), ``magics_options`` (the options, declared once, and what turns
+them into requests), ``magics_stream`` (the loop thread and a command's output
+streamed into the cell), ``magics_outputs`` (files under ``outputs/``, found
+and displayed inert).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
-import base64
-import codecs
-import concurrent.futures
 import contextlib
-import json
+import difflib
 import os
-import pickle
 import posixpath
-import queue
 import secrets
 import shlex
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import MagicArgumentParser, argument, kwds, magic_arguments
+from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
-from .client import SandboxClient
-from .contract import (
-    ExitItem,
-    OutputChunk,
-    SandboxError,
-    SandboxExecTimeoutError,
-    SandboxNotFoundError,
-    SandboxUnavailableError,
-    SessionSpec,
+from .client import SandboxClient, SeveralServersWarning, discover_server
+from .contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
+from .magics_options import (
+    DEFAULT_TIMEOUT,
+    HANDOFF_DIR,
+    SandboxMagicError,
+    add_session_options,
+    command,
+    describe,
+    env_pairs,
+    identifier,
+    options_differ,
+    options_label,
+    parse,
+    serialise,
+    session_options,
+    spec_body,
+    spec_only,
+    spec_options,
+    split,
+    subparser,
+    workspace_path,
 )
+from .magics_outputs import Snapshot, changed_outputs, display_outputs, inert_display, snapshot
+from .magics_stream import LoopThread, SandboxInterrupted, stream_command
 
 T = TypeVar("T")
 
-#: the folder of the workspace whose new or changed files are displayed after a cell
-OUTPUTS_DIR = "outputs"
-#: where --in values and long cell bodies are written in the workspace
-HANDOFF_DIR = ".sandbox"
-DEFAULT_TIMEOUT = 3600.0
-#: sessions the magics start live this long unless --ttl says otherwise (a reaped one is restarted)
-DEFAULT_TTL = 8 * 3600.0
-DISPLAY_MAX_BYTES = 10 << 20
-#: how long an interrupted cell waits for the killed command's exit before dropping the connection
-KILL_WAIT_SECONDS = 10.0
-
-MIME_TYPES = {
-    ".png": "image/png",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".svg": "image/svg+xml",
-    ".html": "text/html",
-    ".htm": "text/html",
-    ".json": "application/json",
-    ".md": "text/markdown",
-    ".markdown": "text/markdown",
-}
-_C_INTERPRETERS = ("sh", "bash", "dash", "ash", "zsh", "ksh", "python", "pypy")
-_INLINE_MAX = 64 << 10
-_SPEC_OPTIONS = ("image", "persistent", "network", "cpu", "memory", "ttl")
-
+SUBCOMMAND_NAMES = ("status", "sessions", "new", "use", "rm", "put", "get", "connect")
 SUBCOMMANDS = """\
 line magics:
   %sandbox status                     the server, its provider and policy, the current session
@@ -102,18 +92,15 @@ Data handoff: --in VAR writes the kernel's VAR into the workspace (JSON when it
 serialises as JSON, else a pickle) and sets the environment variable VAR to the
 file's path; --out VAR / --err VAR capture the output into Python variables.
 Files the cell writes under outputs/ in the workspace (PNG, JPEG, SVG, HTML,
-JSON, Markdown) are displayed in the cell. A kernel interrupt kills the command.
+JSON, Markdown) are displayed in the cell, inert: HTML in a sandboxed iframe
+with scripts off, SVG as an image, Markdown as text (--trusted-outputs shows
+them as active content: only for a sandbox whose every writer you trust).
+A kernel interrupt kills the command.
 
 The server is the one that started this kernel (TAI_SANDBOX_URL and
-TAI_SANDBOX_TOKEN), else the first running Jupyter server, else `%sandbox connect`.
+TAI_SANDBOX_TOKEN), else the first running Jupyter server (the one started
+first; a warning says so when several run), else `%sandbox connect`.
 """
-
-
-class SandboxMagicError(Exception):
-    """A failure shown as one line in the cell (the kernel carries on)."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[0;31msandbox:\x1b[0m {self}"]
 
 
 class SandboxCommandError(subprocess.CalledProcessError):
@@ -126,13 +113,6 @@ class SandboxCommandError(subprocess.CalledProcessError):
 
     def _render_traceback_(self) -> list[str]:
         return [f"\x1b[0;31mSandboxCommandError:\x1b[0m {self}"]
-
-
-class SandboxInterrupted(KeyboardInterrupt):
-    """The kernel was interrupted; the sandboxed command was killed."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[0;31mKeyboardInterrupt:\x1b[0m {self}"]
 
 
 @dataclass
@@ -148,184 +128,6 @@ class _Session:
     created_here: bool = True
 
 
-@dataclass
-class _Run:
-    """One streamed command, shared between the kernel's thread and the loop thread."""
-
-    output: queue.Queue[Any] = field(default_factory=queue.Queue)
-    remote: Any = None
-    kill_requested: bool = False
-    tasks: set[asyncio.Future[Any]] = field(default_factory=set)
-
-    def request_kill(self) -> None:  # on the loop thread
-        self.kill_requested = True
-        if self.remote is not None:
-            task = asyncio.ensure_future(self.remote.kill())
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    def disconnect(self) -> None:  # on the loop thread: the server kills a disconnected command
-        self.kill_requested = True
-        if self.remote is not None:
-            self.remote.disconnect()
-
-
-_DONE = object()
-
-
-class _LoopThread:
-    """A private asyncio loop on a daemon thread (the kernel's own loop is ipykernel's)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._main, name="jupyter-tai-sandbox-magics", daemon=True)
-        self._thread.start()
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, fn: Callable[[], Any]) -> None:
-        self.loop.call_soon_threadsafe(fn)
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Wait for ``coro`` in the calling thread, interruptibly (KeyboardInterrupt passes through)."""
-        future = self.submit(coro)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return future.result(timeout=0.2)
-            except concurrent.futures.TimeoutError:
-                if deadline is not None and time.monotonic() > deadline:
-                    future.cancel()
-                    raise SandboxMagicError(f"no answer from the sandbox API within {timeout:g} s") from None
-
-
-# ------------------------------------------------------------------ parsing
-
-
-def _memory_mb(text: str) -> int:
-    value = text.strip().lower().removesuffix("b").removesuffix("i")
-    scale = 1
-    if value.endswith("g"):
-        value, scale = value[:-1], 1024
-    elif value.endswith("m"):
-        value = value[:-1]
-    try:
-        mb = int(float(value) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--memory takes MiB (512) or a size like 512m or 1g, not {text!r}") from None
-    if mb <= 0:
-        raise argparse.ArgumentTypeError("--memory must be positive")
-    return mb
-
-
-def _positive(what: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} takes a number of seconds, not {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"{what} must be a positive number")
-        return value
-
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--cpu takes a number of CPUs, not {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("--cpu must be positive")
-    return value
-
-
-def _add_spec_options(parser: MagicArgumentParser) -> None:
-    parser.add_argument("--image", help="the session's image (docker provider)")
-    parser.add_argument("--persistent", metavar="KEY", help="a persistent workspace named KEY, kept after the session")
-    parser.add_argument("--network", choices=["egress", "internal", "none"], help="the session's network")
-    parser.add_argument("--cpu", type=_positive_float, help="CPU cap, in CPUs")
-    parser.add_argument("--memory", type=_memory_mb, help="memory cap: MiB, or 512m / 1g")
-    parser.add_argument("--ttl", type=_positive("--ttl"), help=f"session lifetime in seconds (default {DEFAULT_TTL:g})")
-    parser.add_argument("--timeout", type=_positive("--timeout"), help="default command deadline, in seconds")
-
-
-def _parser(prog: str, *positionals: tuple[str, dict[str, Any]]) -> MagicArgumentParser:
-    parser = MagicArgumentParser(prog=f"%sandbox {prog}")
-    for name, options in positionals:
-        parser.add_argument(name, **options)
-    return parser
-
-
-def _spec_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in _SPEC_OPTIONS if getattr(args, name, None) is not None}
-
-
-def _spec_body(options: dict[str, Any]) -> dict[str, Any]:
-    """The POST /sessions body for magic options, validated here first (a bad spec creates nothing)."""
-    body: dict[str, Any] = {"ttl_seconds": options.get("ttl", DEFAULT_TTL)}
-    if "image" in options:
-        body["image"] = options["image"]
-    if "persistent" in options:
-        body.update(durability="persistent", workspace_key=options["persistent"])
-    if "network" in options:
-        body["network"] = options["network"]
-    if "cpu" in options:
-        body["cpu"] = options["cpu"]
-    if "memory" in options:
-        body["memory_mb"] = options["memory"]
-    SessionSpec(**body)  # raises SandboxSpecRejectedError with the contract's message
-    return body
-
-
-def _options_label(options: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(options.items()))
-
-
-def _identifier(name: str, option: str) -> str:
-    if not name.isidentifier():
-        raise SandboxMagicError(f"{option} takes a Python variable name, not {name!r}")
-    return name
-
-
-def _env_pairs(pairs: list[str] | None) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs or []:
-        name, sep, value = pair.partition("=")
-        if not sep or not name.isidentifier():
-            raise SandboxMagicError(f"--env takes NAME=VALUE, not {pair!r}")
-        env[name] = value
-    return env
-
-
-def _serialise(name: str, value: Any) -> tuple[str, bytes]:
-    """(file extension, bytes) of a value handed to the session: JSON when it is JSON, else a pickle."""
-    try:
-        return "json", json.dumps(value, allow_nan=False).encode()
-    except (TypeError, ValueError):
-        pass
-    try:
-        return "pkl", pickle.dumps(value)
-    except Exception as e:
-        raise SandboxMagicError(f"--in {name}: the value is neither JSON nor picklable ({e})") from None
-
-
-def _argv(interpreter: list[str], body: str, script_path: str) -> tuple[list[str], bool]:
-    """The command for a cell, and whether the body must be uploaded to ``script_path`` first."""
-    base = posixpath.basename(interpreter[0])
-    if len(body.encode()) <= _INLINE_MAX and any(
-        base == name or (name in ("python", "pypy") and base.startswith(name)) for name in _C_INTERPRETERS
-    ):
-        return [*interpreter, "-c", body], False
-    return [*interpreter, script_path], True
-
-
 # ------------------------------------------------------------------ the magics
 
 
@@ -335,7 +137,7 @@ class SandboxMagics(Magics):
 
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._client: SandboxClient | None = None
         self._client_source = ""
         self._explicit: tuple[str, str] | None = None
@@ -352,18 +154,17 @@ class SandboxMagics(Magics):
     @kwds(epilog=SUBCOMMANDS)
     @argument("interpreter", nargs="?", default=None, help="the program running the cell body (default: sh)")
     @argument("--session", metavar="NAME", help="a named session: created on first use, then reused")
-    @argument("--image", help="the session's image (docker provider)")
-    @argument("--persistent", metavar="KEY", help="a persistent workspace named KEY, kept after the session")
-    @argument("--network", choices=["egress", "internal", "none"], help="the session's network")
-    @argument("--cpu", type=_positive_float, help="CPU cap, in CPUs")
-    @argument("--memory", type=_memory_mb, help="memory cap: MiB, or 512m / 1g")
-    @argument("--ttl", type=_positive("--ttl"), help=f"session lifetime in seconds (default {DEFAULT_TTL:g})")
-    @argument("--timeout", type=_positive("--timeout"), help=f"command deadline in seconds (default {DEFAULT_TIMEOUT:g})")
     @argument("--env", action="append", metavar="K=V", help="an environment variable for the command (repeatable)")
     @argument("--in", dest="inputs", action="append", metavar="VAR", help="hand the kernel's VAR to the command (repeatable)")
     @argument("--out", metavar="VAR", help="capture stdout into VAR instead of printing it")
     @argument("--err", metavar="VAR", help="capture stderr into VAR instead of printing it")
     @argument("--raise", dest="raise_error", action="store_true", help="a non-zero exit raises SandboxCommandError")
+    @argument(
+        "--trusted-outputs", action="store_true",
+        help="show outputs/ HTML, Markdown and SVG as active content (their scripts run in this page, as you): "
+        "only for a sandbox whose every writer you trust",
+    )
+    @session_options
     def sandbox(self, line: str, cell: str | None = None) -> None:
         """%%sandbox [INTERPRETER] [options]: run the cell in a sandbox session, like %%script.
 
@@ -385,23 +186,42 @@ class SandboxMagics(Magics):
 
     # ---------------------------------------------------------------- plumbing
 
-    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, find_server: bool = True) -> T:
+        """Run ``coro`` on the loop thread and wait for it here (the server found first, in this thread)."""
         if self._loop is None:
-            self._loop = _LoopThread()
+            self._loop = LoopThread()
+        if find_server:
+            try:
+                self._ensure_client()
+            except BaseException:
+                coro.close()
+                raise
         return self._loop.run(coro, timeout)
 
-    async def _get_client(self) -> SandboxClient:
+    def _ensure_client(self) -> SandboxClient:
+        """The client, found here in the kernel's thread (so a note on the choice prints in the cell)."""
         if self._client is None:
             if self._explicit is not None:
                 url, token = self._explicit
-                self._client_source = "%sandbox connect"
+                source = "%sandbox connect"
+            elif os.environ.get("TAI_SANDBOX_URL"):
+                url, token = os.environ["TAI_SANDBOX_URL"], os.environ.get("TAI_SANDBOX_TOKEN", "")
+                source = "TAI_SANDBOX_URL"
             else:
-                self._client_source = (
-                    "TAI_SANDBOX_URL" if os.environ.get("TAI_SANDBOX_URL") else "a running Jupyter server"
-                )
-                url, token = None, None  # type: ignore[assignment]
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", SeveralServersWarning)
+                    url, token = discover_server()
+                several = [w for w in caught if issubclass(w.category, SeveralServersWarning)]
+                source = "a running Jupyter server"
+                for warning in several:
+                    print(f"sandbox: {warning.message}", file=sys.stderr, flush=True)
+                    source = "the first started of several running Jupyter servers"
             self._client = SandboxClient(url, token)
+            self._client_source = source
         return self._client
+
+    async def _get_client(self) -> SandboxClient:
+        return self._ensure_client()
 
     async def _create(self, name: str, options: dict[str, Any], body: dict[str, Any]) -> _Session:
         client = await self._get_client()
@@ -428,8 +248,7 @@ class SandboxMagics(Magics):
                 with self._lock:
                     self._sessions.pop(name, None)
                 raise SandboxMagicError(f"session {name!r} is gone from the server") from None
-        spec_options = {k: v for k, v in known.options.items() if k in _SPEC_OPTIONS}
-        again = await self._create(name, known.options, _spec_body(spec_options))
+        again = await self._create(name, known.options, spec_body(known.options))
         note = f"session {name!r} had expired or was removed; started a new one (its workspace is new"
         note += ", the persistent one is back)" if "persistent" in known.options else ")"
         return again, note
@@ -439,20 +258,20 @@ class SandboxMagics(Magics):
         with self._lock:
             if session is not None:
                 known = self._sessions.get(session)
-                if known is not None and options and _options_differ(known.options, options):
+                if known is not None and options and options_differ(known.options, options):
                     raise SandboxMagicError(
-                        f"session {session!r} was started with {_options_label(_spec_only(known.options)) or 'no options'}; "
+                        f"session {session!r} was started with {options_label(spec_only(known.options)) or 'no options'}; "
                         f"session options apply when a session starts: use another --session or `%sandbox rm {session}`"
                     )
                 return session, options
             current = self._sessions.get(self._current)
-            if not options or (current is not None and not _options_differ(current.options, options)):
+            if not options or (current is not None and not options_differ(current.options, options)):
                 return self._current, options if current is None else current.options
-            return f"default({_options_label(options)})", options
+            return f"default({options_label(options)})", options
 
     def _session_for(self, session: str | None, options: dict[str, Any] | None = None) -> _Session:
         name, opts = self._pick(session, options or {})
-        body = _spec_body(_spec_only(opts))
+        body = spec_body(opts)
         known, note = self._run(self._ensure(name, opts, body))
         if note:
             print(f"sandbox: {note}", file=sys.stderr)
@@ -461,42 +280,49 @@ class SandboxMagics(Magics):
     # ---------------------------------------------------------------- the cell
 
     def _cell(self, line: str, cell: str) -> None:
-        args = self.sandbox.parser.parse_args(_split(line))
+        args = parse(self.sandbox.parser, split(line))
         interpreter = shlex.split(args.interpreter) if args.interpreter else ["sh"]
         if not interpreter:
             raise SandboxMagicError("the interpreter is empty")
-        env = {"PYTHONUNBUFFERED": "1", **_env_pairs(args.env)}
-        out_var = _identifier(args.out, "--out") if args.out else None
-        err_var = _identifier(args.err, "--err") if args.err else None
+        env = {"PYTHONUNBUFFERED": "1", **env_pairs(args.env)}
+        out_var = identifier(args.out, "--out") if args.out else None
+        err_var = identifier(args.err, "--err") if args.err else None
         inputs: list[tuple[str, str, bytes]] = []
         for name in args.inputs or []:
-            _identifier(name, "--in")
+            identifier(name, "--in")
             if name not in self.shell.user_ns:
                 raise SandboxMagicError(f"--in {name}: no variable {name!r} in the kernel")
-            inputs.append((name, *_serialise(name, self.shell.user_ns[name])))
-        known = self._session_for(args.session, _spec_options(args))
+            inputs.append((name, *serialise(name, self.shell.user_ns[name])))
+        known = self._session_for(args.session, spec_options(args))
         timeout = args.timeout or known.timeout or DEFAULT_TIMEOUT
 
         script = f"{HANDOFF_DIR}/cell-{self._token}"
-        argv, upload_body = _argv(interpreter, cell, script)
+        argv, upload_body = command(interpreter, cell, script)
         before = self._run(self._prelude(known, inputs, env, cell if upload_body else None, script))
 
-        out, err, exit_code, timed_out = self._stream(known, argv, timeout, env, out_var, err_var)
+        assert self._loop is not None
+        outcome = stream_command(
+            self._loop, self._get_client, known.id, known.name, argv, timeout, env,
+            capture_out=out_var is not None, capture_err=err_var is not None,
+        )
         if out_var:
-            self.shell.user_ns[out_var] = out
+            self.shell.user_ns[out_var] = outcome.stdout
         if err_var:
-            self.shell.user_ns[err_var] = err
-        self._display_outputs(known, before)
+            self.shell.user_ns[err_var] = outcome.stderr
+        display_outputs(self._run(self._changed_outputs(known.id, before)), trusted=args.trusted_outputs)
+        exit_code, timed_out = outcome.exit_code, outcome.timed_out
         if timed_out is not None:
             print(f"sandbox: {timed_out} (set --timeout to allow longer)", file=sys.stderr, flush=True)
         elif exit_code:
             print(f"sandbox: exit status {exit_code}", file=sys.stderr, flush=True)
         if args.raise_error and (exit_code or timed_out is not None):
-            raise SandboxCommandError(exit_code if timed_out is None else None, shlex.join(interpreter), out, err)
+            raise SandboxCommandError(
+                exit_code if timed_out is None else None, shlex.join(interpreter), outcome.stdout, outcome.stderr
+            )
 
     async def _prelude(
         self, known: _Session, inputs: list[tuple[str, str, bytes]], env: dict[str, str], body: str | None, script: str
-    ) -> dict[str, tuple[Any, Any]]:
+    ) -> Snapshot:
         client = await self._get_client()
         for name, ext, data in inputs:
             path = f"{HANDOFF_DIR}/in/{name}.{ext}"
@@ -504,170 +330,30 @@ class SandboxMagics(Magics):
             env[name] = posixpath.join(known.workspace, path) if known.workspace else path
         if body is not None:
             await client.upload(known.id, script, body.encode())
-        return await self._snapshot(client, known.id)
+        return await snapshot(client, known.id)
 
-    async def _snapshot(self, client: SandboxClient, session_id: str) -> dict[str, tuple[Any, Any]]:
-        """``{path: (size, mtime)}`` of the files under outputs/ (three levels, 500 entries at most)."""
-        found: dict[str, tuple[Any, Any]] = {}
-        folders = [(OUTPUTS_DIR, 0)]
-        while folders and len(found) < 500:
-            folder, depth = folders.pop()
-            try:
-                entries = await client.list_files(session_id, folder + "/")
-            except SandboxNotFoundError:
-                continue
-            except SandboxError:
-                if folder == OUTPUTS_DIR:
-                    continue  # outputs is a file, or leads outside the workspace: nothing to show
-                raise
-            for entry in entries:
-                path = f"{folder}/{entry['name']}"
-                if entry.get("type") == "directory" and depth < 2:
-                    folders.append((path, depth + 1))
-                elif entry.get("type") == "file":
-                    found[path] = (entry.get("size"), entry.get("mtime"))
-        return found
-
-    def _stream(
-        self, known: _Session, argv: list[str], timeout: float, env: dict[str, str],
-        out_var: str | None, err_var: str | None,
-    ) -> tuple[str, str, int | None, str | None]:
-        """Run ``argv``, writing its output into the cell as it arrives; (out, err, exit, timeout message)."""
-        assert self._loop is not None
-        run = _Run()
-        future = self._loop.submit(self._pump(known.id, argv, timeout, env, run))
-        decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in ("stdout", "stderr")}
-        captured: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        sinks = {"stdout": None if out_var else sys.stdout, "stderr": None if err_var else sys.stderr}
-        exit_code: int | None = None
-        timed_out: str | None = None
-
-        def take(item: Any) -> None:
-            nonlocal exit_code, timed_out
-            if isinstance(item, OutputChunk):
-                text = decoders[item.stream].decode(item.data)
-                sink = sinks[item.stream]
-                if sink is None:
-                    captured[item.stream].append(text)
-                elif text:
-                    sink.write(text)
-                    sink.flush()
-            elif isinstance(item, ExitItem):
-                exit_code = item.exit_code
-            elif isinstance(item, SandboxExecTimeoutError):
-                timed_out = str(item)
-            elif isinstance(item, SandboxError):
-                raise SandboxMagicError(str(item))
-            elif isinstance(item, BaseException):
-                raise item
-
-        try:
-            while True:
-                try:
-                    item = run.output.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                if item is _DONE:
-                    break
-                take(item)
-        except KeyboardInterrupt:
-            self._loop.call(run.request_kill)
-            deadline = time.monotonic() + KILL_WAIT_SECONDS
-            while not future.done() and time.monotonic() < deadline:
-                try:
-                    future.result(timeout=0.1)
-                except concurrent.futures.TimeoutError:
-                    continue
-                except KeyboardInterrupt:
-                    break  # a second interrupt: drop the connection at once
-            if not future.done():
-                self._loop.call(run.disconnect)
-            with contextlib.suppress(queue.Empty, SandboxMagicError):
-                while (item := run.output.get_nowait()) is not _DONE:
-                    take(item)
-            for stream in ("stdout", "stderr"):
-                if sinks[stream] is not None:
-                    sinks[stream].flush()
-            raise SandboxInterrupted(
-                f"the command was killed in session {known.name!r}" + (f" (exit {exit_code})" if exit_code else "")
-            ) from None
-        for stream, decoder in decoders.items():
-            tail = decoder.decode(b"", final=True)
-            if sinks[stream] is None:
-                captured[stream].append(tail)
-            elif tail:
-                sinks[stream].write(tail)
-        return "".join(captured["stdout"]), "".join(captured["stderr"]), exit_code, timed_out
-
-    async def _pump(self, session_id: str, argv: list[str], timeout: float, env: dict[str, str], run: _Run) -> None:
-        try:
-            client = await self._get_client()
-            run.remote = await client.exec_start(session_id, argv, timeout_seconds=timeout, env=env)
-            if run.kill_requested:
-                await run.remote.kill()
-            with contextlib.suppress(SandboxError):
-                await run.remote.close_stdin()
-            async for item in run.remote.output:
-                run.output.put(item)
-        except Exception as e:
-            run.output.put(e)
-        finally:
-            run.output.put(_DONE)
-
-    def _display_outputs(self, known: _Session, before: dict[str, tuple[Any, Any]]) -> None:
-        from IPython.display import display
-
-        for path, data in self._run(self._changed_outputs(known.id, before)):
-            mime = MIME_TYPES[posixpath.splitext(path)[1].lower()]
-            bundle: dict[str, Any] = {"text/plain": f"<sandbox {path}>"}
-            if mime in ("image/png", "image/jpeg"):
-                bundle[mime] = base64.b64encode(data).decode()
-            elif mime == "application/json":
-                try:
-                    bundle[mime] = json.loads(data)
-                except ValueError:
-                    print(f"sandbox: {path} is not valid JSON; not shown", file=sys.stderr)
-                    continue
-            else:
-                bundle[mime] = data.decode(errors="replace")
-            display(bundle, raw=True, metadata={"sandbox_path": path})
-
-    async def _changed_outputs(
-        self, session_id: str, before: dict[str, tuple[Any, Any]]
-    ) -> list[tuple[str, bytes]]:
-        client = await self._get_client()
-        after = await self._snapshot(client, session_id)
-        shown = []
-        for path in sorted(after):
-            if after[path] == before.get(path):
-                continue
-            if posixpath.splitext(path)[1].lower() not in MIME_TYPES:
-                continue
-            size = after[path][0] or 0
-            if size > DISPLAY_MAX_BYTES:
-                print(f"sandbox: {path} is {size} bytes; too large to show (use %sandbox get)", file=sys.stderr)
-                continue
-            with contextlib.suppress(SandboxNotFoundError):
-                shown.append((path, await client.download(session_id, path)))
-        return shown
+    async def _changed_outputs(self, session_id: str, before: Snapshot) -> list[tuple[str, bytes]]:
+        return await changed_outputs(await self._get_client(), session_id, before)
 
     # ---------------------------------------------------------------- line magics
 
     def _line(self, line: str) -> None:
-        words = _split(line)
+        words = split(line)
         if not words:
             words = ["status"]
-        command, rest = words[0], words[1:]
-        handler = getattr(self, f"_do_{command}", None)
+        name, rest = words[0], words[1:]
+        handler = getattr(self, f"_do_{name}", None) if name in SUBCOMMAND_NAMES else None
         if handler is None:
+            close = difflib.get_close_matches(name, SUBCOMMAND_NAMES, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
             raise SandboxMagicError(
-                f"unknown subcommand {command!r}: use status, sessions, new, use, rm, put, get or connect "
+                f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, put, get or connect "
                 "(or a %%sandbox cell); %sandbox? shows usage"
             )
         handler(rest)
 
     def _do_status(self, argv: list[str]) -> None:
-        _parser("status").parse_args(argv)
+        parse(subparser("status"), argv)
 
         async def status() -> tuple[dict[str, Any], dict[str, Any] | None]:
             client = await self._get_client()
@@ -694,10 +380,10 @@ class SandboxMagics(Magics):
         if info is None:
             print(f"session   {self._current} (starts with the next %%sandbox cell)")
         else:
-            print(f"session   {self._current}  {_describe(info)}")
+            print(f"session   {self._current}  {describe(info)}")
 
     def _do_sessions(self, argv: list[str]) -> None:
-        _parser("sessions").parse_args(argv)
+        parse(subparser("sessions"), argv)
         listed = self._run(self._list())
         with self._lock:
             names = {s.id: s.name for s in self._sessions.values()}
@@ -723,24 +409,24 @@ class SandboxMagics(Magics):
         return await (await self._get_client()).sessions()
 
     def _do_new(self, argv: list[str]) -> None:
-        parser = _parser("new", ("name", {"metavar": "NAME", "help": "the session's name in this kernel"}))
-        _add_spec_options(parser)
-        args = parser.parse_args(argv)
+        parser = subparser("new", ("name", {"metavar": "NAME", "help": "the session's name in this kernel"}))
+        add_session_options(parser)
+        args = parse(parser, argv)
         with self._lock:
             if args.name in self._sessions:
                 raise SandboxMagicError(
                     f"session {args.name!r} already exists: `%sandbox use {args.name}` to run cells in it, "
                     f"or `%sandbox rm {args.name}` first"
                 )
-        options = _spec_options(args)
+        options = spec_options(args)
         if args.timeout is not None:
             options["timeout"] = args.timeout
-        known = self._run(self._create(args.name, options, _spec_body(_spec_only(options))))
+        known = self._run(self._create(args.name, options, spec_body(options)))
         self._current = args.name
         print(f"session {args.name!r} started ({known.kind}, id {known.id}); cells now run in it")
 
     def _do_use(self, argv: list[str]) -> None:
-        args = _parser("use", ("name", {"metavar": "NAME"})).parse_args(argv)
+        args = parse(subparser("use", ("name", {"metavar": "NAME"})), argv)
         with self._lock:
             known = self._sessions.get(args.name)
         if known is None:
@@ -766,9 +452,9 @@ class SandboxMagics(Magics):
         return known
 
     def _do_rm(self, argv: list[str]) -> None:
-        parser = _parser("rm", ("name", {"metavar": "NAME"}))
+        parser = subparser("rm", ("name", {"metavar": "NAME"}))
         parser.add_argument("--workspace", action="store_true", help="also remove a persistent workspace")
-        args = parser.parse_args(argv)
+        args = parse(parser, argv)
         with self._lock:
             known = self._sessions.get(args.name)
         session_id = known.id if known is not None else args.name
@@ -791,9 +477,9 @@ class SandboxMagics(Magics):
         print(f"session {args.name!r} " + ("removed" if gone else "was already gone"))
 
     def _do_put(self, argv: list[str]) -> None:
-        parser = _parser("put", ("local", {"metavar": "LOCAL"}), ("remote", {"metavar": "REMOTE", "nargs": "?"}))
+        parser = subparser("put", ("local", {"metavar": "LOCAL"}), ("remote", {"metavar": "REMOTE", "nargs": "?"}))
         parser.add_argument("--session", metavar="NAME")
-        args = parser.parse_args(argv)
+        args = parse(parser, argv)
         local = os.path.expanduser(args.local)
         if not os.path.exists(local):
             raise SandboxMagicError(f"no local file {args.local!r} (the kernel's folder is {os.getcwd()})")
@@ -803,7 +489,7 @@ class SandboxMagics(Magics):
         if remote.endswith("/"):
             remote += os.path.basename(local)
         known = self._session_for(args.session)
-        remote = _workspace_path(known, remote)
+        remote = workspace_path(remote, known.workspace, known.name)
 
         async def upload() -> dict[str, Any]:
             client = await self._get_client()
@@ -819,9 +505,9 @@ class SandboxMagics(Magics):
         print(f"{args.local} -> {known.name}:{remote} ({result.get('size', '?')} bytes)")
 
     def _do_get(self, argv: list[str]) -> None:
-        parser = _parser("get", ("remote", {"metavar": "REMOTE"}), ("local", {"metavar": "LOCAL", "nargs": "?"}))
+        parser = subparser("get", ("remote", {"metavar": "REMOTE"}), ("local", {"metavar": "LOCAL", "nargs": "?"}))
         parser.add_argument("--session", metavar="NAME")
-        args = parser.parse_args(argv)
+        args = parse(parser, argv)
         base = posixpath.basename(posixpath.normpath(args.remote))
         local = os.path.expanduser(args.local or base)
         if os.path.isdir(local):
@@ -830,7 +516,7 @@ class SandboxMagics(Magics):
         if not os.path.isdir(folder):
             raise SandboxMagicError(f"no local folder {folder!r} to write {os.path.basename(local)!r} into")
         known = self._session_for(args.session)
-        remote = _workspace_path(known, args.remote)
+        remote = workspace_path(args.remote, known.workspace, known.name)
 
         async def download() -> int:
             client = await self._get_client()
@@ -858,9 +544,9 @@ class SandboxMagics(Magics):
         print(f"{known.name}:{remote} -> {local} ({size} bytes)")
 
     def _do_connect(self, argv: list[str]) -> None:
-        parser = _parser("connect", ("url", {"metavar": "URL"}))
+        parser = subparser("connect", ("url", {"metavar": "URL"}))
         parser.add_argument("--token", default="", help="the server's token")
-        args = parser.parse_args(argv)
+        args = parse(parser, argv)
         if not args.url.startswith(("http://", "https://")):
             raise SandboxMagicError(f"connect takes the server's http(s) URL, not {args.url!r}")
 
@@ -869,7 +555,7 @@ class SandboxMagics(Magics):
             return client, await asyncio.wait_for(client.status(), 30)
 
         try:
-            client, status = self._run(connect())
+            client, status = self._run(connect(), find_server=False)
         except asyncio.TimeoutError:
             raise SandboxUnavailableError(f"no answer from {args.url} within 30 s") from None
         if not isinstance(status, dict) or "kind" not in status:
@@ -888,8 +574,8 @@ class SandboxMagics(Magics):
     def _cleanup(self) -> None:
         """At kernel exit: destroy the sessions this kernel started (persistent workspaces stay).
 
-        Plain blocking requests: by the time atexit runs, the executors the async client
-        resolves names with are shut down.
+        Blocking requests (``SandboxClient.destroy_blocking``): by the time atexit runs, the
+        executors the async client resolves names with are shut down.
         """
         with self._lock:
             ids = [s.id for s in self._sessions.values() if s.created_here]
@@ -897,59 +583,20 @@ class SandboxMagics(Magics):
         client = self._client
         if not ids or client is None:
             return
-        import urllib.request
-
         for session_id in ids:
-            request = urllib.request.Request(
-                f"{client.url}api/sandbox/sessions/{session_id}", method="DELETE", headers=client._headers()
-            )
-            with contextlib.suppress(Exception), urllib.request.urlopen(request, timeout=3):
-                pass
-
-
-def _workspace_path(known: _Session, path: str) -> str:
-    """``path`` relative to the workspace; a path leading out of it is refused here, before any request."""
-    normal = posixpath.normpath(path)
-    if posixpath.isabs(normal):
-        workspace = known.workspace.rstrip("/")
-        if not workspace or not (normal == workspace or normal.startswith(workspace + "/")):
-            raise SandboxMagicError(
-                f"path {path!r} is outside the workspace of session {known.name!r} ({known.workspace or '?'}): "
-                "give a path relative to it"
-            )
-        normal = posixpath.relpath(normal, workspace)
-    if normal == ".." or normal.startswith("../"):
-        raise SandboxMagicError(f"path {path!r} leads outside the workspace of session {known.name!r}")
-    return normal
-
-
-def _split(line: str) -> list[str]:
-    try:
-        return shlex.split(line)
-    except ValueError as e:
-        raise SandboxMagicError(f"cannot parse {line!r}: {e}") from None
-
-
-def _spec_only(options: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in options.items() if k in _SPEC_OPTIONS and k != "timeout"}
-
-
-def _options_differ(started: dict[str, Any], given: dict[str, Any]) -> bool:
-    return _spec_only(started) != _spec_only(given)
-
-
-def _describe(info: dict[str, Any]) -> str:
-    workspace = info.get("durability", "")
-    if info.get("workspace_key"):
-        workspace += f" workspace {info['workspace_key']!r}"
-    return (
-        f"{info['id']}  ({info.get('kind')}, isolation {info.get('isolation')}, network {info.get('network')}, "
-        f"{workspace}; {info.get('seconds_left', 0):.0f} s left; workspace {info.get('workspace')})"
-    )
+            with contextlib.suppress(Exception):
+                client.destroy_blocking(session_id, timeout=3)
 
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(SandboxMagics)
 
 
-__all__ = ["SandboxCommandError", "SandboxMagicError", "SandboxMagics", "load_ipython_extension"]
+__all__ = [
+    "SandboxCommandError",
+    "SandboxInterrupted",
+    "SandboxMagicError",
+    "SandboxMagics",
+    "inert_display",
+    "load_ipython_extension",
+]

@@ -1,15 +1,26 @@
-"""The Python client: kept-alive connections, streamed transfers past tornado's 100 MiB cap, reconnects."""
+"""The Python client: kept-alive connections, streamed transfers past tornado's 100 MiB cap, reconnects,
+closing (``aclose``, ``async with``), the blocking destroy, and which server it finds."""
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
+import subprocess
+import time
+import warnings
 
 import pytest
 from server_support import server_config
 
-from jupyter_tai_sandbox.client import SandboxClient
-from jupyter_tai_sandbox.contract import ExitItem, OutputChunk, SandboxNotFoundError, SandboxUnavailableError
+from jupyter_tai_sandbox.client import SandboxClient, SeveralServersWarning, discover_server, running_servers
+from jupyter_tai_sandbox.contract import (
+    ExitItem,
+    OutputChunk,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+)
 from jupyter_tai_sandbox.http_connections import HTTPConnections
 
 BIG = 120 << 20
@@ -168,3 +179,102 @@ async def test_a_server_that_never_answers_is_a_typed_error_after_the_request_ti
         client.close()
         server.close()
         await server.wait_closed()
+
+
+# ---------------------------------------------------------------- closing, blocking destroy
+
+
+async def test_async_context_manager_and_aclose(jp_fetch, jp_serverapp, jp_http_port, jp_base_url):
+    url, token = f"http://localhost:{jp_http_port}{jp_base_url}", jp_serverapp.identity_provider.token
+    async with SandboxClient(url, token) as client:
+        info = await client.create(ttl_seconds=120)
+        assert (await client.exec(info["id"], ["true"], timeout_seconds=10)).exit_code == 0
+        assert connections_to(jp_http_port) == 1
+    assert connections_to(jp_http_port) == 0  # leaving the block closed the idle connection
+    async with client:  # a closed client opens connections again when used
+        await client.destroy(info["id"])
+    await client.aclose()  # closing twice is harmless
+    client.close()  # the sync spelling stays
+
+
+async def test_destroy_blocking_from_a_thread(client):
+    info = await client.create(ttl_seconds=120)
+    # blocking: never on the loop the server runs on (here the test's own), so from a thread
+    assert await asyncio.to_thread(client.destroy_blocking, info["id"]) is True
+    with pytest.raises(SandboxNotFoundError):
+        await client.info(info["id"])
+    assert await asyncio.to_thread(client.destroy_blocking, info["id"]) is False  # already gone
+    with socket_bound() as port, pytest.raises(SandboxUnavailableError, match="cannot reach"):
+        SandboxClient(f"http://127.0.0.1:{port}/", "t").destroy_blocking("sbx-0000000000000000")
+
+
+async def test_destroy_blocking_keeps_remove_workspace_and_typed_errors(client):
+    info = await client.create(ttl_seconds=120, durability="persistent", workspace_key="blocking-destroy")
+    await client.upload(info["id"], "kept.txt", b"x")
+    assert await asyncio.to_thread(client.destroy_blocking, info["id"], True)
+    again = await client.create(ttl_seconds=120, durability="persistent", workspace_key="blocking-destroy")
+    assert await client.list_files(again["id"], "") == []  # remove_workspace=True reached the server
+    await client.destroy(again["id"], remove_workspace=True)
+    assert await asyncio.to_thread(client.destroy_blocking, "../status") is False  # sent quoted, not resolved
+    stranger = SandboxClient(client.url, "not-the-token")
+    with pytest.raises(SandboxError, match="HTTP 403"):  # a refusal is an error, not "already gone"
+        await asyncio.to_thread(stranger.destroy_blocking, info["id"])
+
+
+# ---------------------------------------------------------------- finding the server
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    """An empty Jupyter runtime folder, and no TAI_SANDBOX_URL."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("TAI_SANDBOX_URL", raising=False)
+    monkeypatch.delenv("TAI_SANDBOX_TOKEN", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def other_pid():
+    """The pid of a live process other than this one (a running server's info file needs one)."""
+    process = subprocess.Popen(["sleep", "300"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def server_file(runtime, pid: int, url: str, started: float) -> None:
+    path = runtime / f"jpserver-{pid}.json"
+    path.write_text(json.dumps({"url": url, "token": f"token-{pid}", "pid": pid, "port": 1}))
+    os.utime(path, (started, started))
+
+
+def test_discovery_with_one_server_is_quiet(runtime):
+    server_file(runtime, os.getpid(), "http://one/", time.time())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert discover_server() == ("http://one/", f"token-{os.getpid()}")
+
+
+def test_discovery_picks_the_server_started_first_and_warns(runtime, other_pid):
+    now = time.time()
+    server_file(runtime, os.getpid(), "http://newer/", now)
+    server_file(runtime, other_pid, "http://older/", now - 60)
+    for _ in range(3):  # deterministic, whatever order the folder lists them in
+        with pytest.warns(SeveralServersWarning, match=r"2 Jupyter servers are running; using the one started "
+                          r"first, http://older/ \(pid \d+\), not http://newer/.*TAI_SANDBOX_URL"):
+            assert discover_server() == ("http://older/", f"token-{other_pid}")
+    assert [s["url"] for s in running_servers()] == ["http://older/", "http://newer/"]
+    server_file(runtime, os.getpid(), "http://newer/", now - 120)  # now this one is older
+    with pytest.warns(SeveralServersWarning):
+        assert discover_server()[0] == "http://newer/"
+
+
+def test_discovery_prefers_the_environment(runtime, other_pid, monkeypatch):
+    server_file(runtime, other_pid, "http://listed/", time.time())
+    monkeypatch.setenv("TAI_SANDBOX_URL", "http://from-env/")
+    assert discover_server() == ("http://from-env/", "")
+
+
+def test_no_server_is_a_typed_error(runtime):
+    with pytest.raises(SandboxUnavailableError, match="no Jupyter server found"):
+        discover_server()

@@ -8,6 +8,7 @@ runs the getting-started notebook against a server from that venv.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -65,9 +66,13 @@ def check_getting_started(out: dict[str, list[dict[str, Any]]], provider: str = 
     assert text(out["handoff"]) == ""  # captured by --out
     assert text(out["report"]).split() == ["GRACE", "9.00", "ADA", "8.67", "LINUS", "7.00"]
     shown = data(out["outputs"])
-    assert [sorted(d) for d in shown] == [["image/svg+xml", "text/plain"], ["text/markdown", "text/plain"]]
-    assert shown[0]["image/svg+xml"].count("<rect") == 3
-    assert "| grace | 9.00 |" in shown[1]["text/markdown"]
+    # inert by default: the SVG as an <img> of a data URL, the Markdown as its text
+    assert [sorted(d) for d in shown] == [["text/html", "text/plain"], ["text/plain"]]
+    prefix = '<img src="data:image/svg+xml;base64,'
+    assert shown[0]["text/html"].startswith(prefix)
+    svg = base64.b64decode(shown[0]["text/html"][len(prefix):].split('"', 1)[0]).decode()
+    assert svg.count("<rect") == 3
+    assert "| grace | 9.00 |" in shown[1]["text/plain"]
     assert "cities.csv -> default:data/cities.csv" in text(out["put"])
     assert "3 data/by-size.csv" in text(out["sort"])
     assert text(out["read-back"]).splitlines()[:3] == ["Nantes,320732", "Lyon,522250", "Paris,2102650"]
