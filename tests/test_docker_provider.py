@@ -406,7 +406,7 @@ def test_pooled_session_env_reaches_commands_and_survives_a_restart(client):
         try:
             await pool_ready(sandbox, 1)
             session = await sandbox.create(spec(env={"SECRET_TOKEN": "pooled-secret"}, ttl_seconds=1.5))
-            assert session._record is not None
+            assert session.record is not None
             result = await session.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10)
             assert result.stdout == b"pooled-secret"
             handle = await session.exec_start(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10, pty=True)
@@ -416,7 +416,7 @@ def test_pooled_session_env_reaches_commands_and_survives_a_restart(client):
             assert "pooled-secret" not in json.dumps(attrs["Config"]["Labels"])
             volume = client.volumes.get(f"tai-rec-{session.id}")
             assert "pooled-secret" not in json.dumps(volume.attrs["Labels"])
-            await asyncio.gather(*sandbox._background)  # the env is kept in the container meanwhile
+            await sandbox._pool.settle()  # the env is kept in the container meanwhile
             later = provider()  # a restarted server
             try:
                 again = await later.get(session.id)
@@ -443,8 +443,8 @@ def test_unclaimed_pooled_containers_of_a_gone_server_are_reaped(client):
     async def main() -> None:
         gone = provider()
         dead = f"{socket.gethostname()}:{2**22 + 12345}:gone"  # beyond pid_max: no such process
-        left = await gone._create_pooled(dead)
-        stale = await gone._create_pooled(f"elsewhere:1:{secrets.token_hex(2)}")
+        left = await gone._pool.create(dead)
+        stale = await gone._pool.create(f"elsewhere:1:{secrets.token_hex(2)}")
         await gone.close()
         later = provider(pool_idle_seconds=3600)
         try:
@@ -455,7 +455,7 @@ def test_unclaimed_pooled_containers_of_a_gone_server_are_reaped(client):
             assert left not in remaining  # its owner is gone
             assert stale in remaining  # another host's pool, not yet past its idle limit
         finally:
-            await later._remove_container(stale)
+            await later.engine.remove_container(stale)
             await later.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))

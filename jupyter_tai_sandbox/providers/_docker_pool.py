@@ -1,20 +1,22 @@
 """The docker provider's warm pool: pre-started containers for the default spec.
 
 A pooled container is started like a default session's container (the
-provider's image, an anonymous workspace volume, the default bridge, no caps,
-no spec env) but carries the pool label instead of a session's, so it is never
-listed as a session. At hand-out the provider claims it (see
-``DockerSandbox._claim``): the session's identity goes into a *record*, a small
+provider's image, an anonymous workspace volume, the default bridge, the
+default limits, no spec env) but carries the pool label instead of a
+session's, so it is never listed as a session. At hand-out the pool *claims*
+it for the session: the session's identity goes into a *record*, a small
 labelled volume ``tai-rec-<session id>`` that names the container (labels
 cannot change on a running container), and the container is renamed
-``tai-<session id>``. A claimed container is never handed out again: it goes
-with its session.
+``tai-<session id>``. The session's spec env is passed to each exec and kept
+in the container (``/tmp/.tai-sbx-env.json``, root only) for a restarted
+server. A claimed container is never handed out again: it goes with its
+session.
 
 The pool refills in the background, one container at a time, after a short
 pause, so the create that emptied a slot and its first command do not compete
-with a container start. Containers waiting longer than ``pool_idle_seconds``
-are replaced; any provider's reap removes an unclaimed pooled container past
-that age, or at once when its owner (a process on this host) is gone.
+with a container start. Containers waiting longer than ``idle_seconds`` are
+replaced; any provider's reap removes an unclaimed pooled container past that
+age, or at once when its owner (a process on this host) is gone.
 """
 
 from __future__ import annotations
@@ -22,21 +24,36 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import os
+import posixpath
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from ..contract import SandboxError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .docker import DockerSandbox
+from ..contract import SandboxError, SandboxNotFoundError
+from ._docker_archive import tar_bytes
+from ._docker_names import (
+    LABEL_CREATED,
+    LABEL_EXPIRES,
+    LABEL_POOL,
+    LABEL_RECORD,
+    LABEL_SESSION,
+    POOLED_ENV_FILE,
+    RECORD_PREFIX,
+)
+from .docker_engine import DockerEngine
 
 #: a pooled container this close to its idle limit is not handed out (another reap may take it)
 HANDOUT_MARGIN_SECONDS = 60.0
 #: pause before a refill starts, so the session just handed out runs its first command undisturbed
 REFILL_DELAY_SECONDS = 0.25
+
+#: starts a default-spec container: (name, container labels, anonymous volume labels) -> container id
+Starter = Callable[[str, dict[str, str], dict[str, str]], Awaitable[str]]
 
 
 def new_owner() -> str:
@@ -59,33 +76,78 @@ def owner_gone(owner: str) -> bool:
     return False
 
 
-class WarmPool:
-    """Ready container ids, handed out once each and refilled in the background."""
+@dataclass(frozen=True)
+class PooledSession:
+    """A session living in a pooled container, as its record volume tells it."""
 
-    def __init__(self, sandbox: DockerSandbox) -> None:
-        self._sandbox = sandbox
+    session_id: str
+    container_id: str
+    record: str
+    labels: Mapping[str, str]
+    env: Mapping[str, str]
+
+
+class WarmPool:
+    """Ready container ids, handed out once each and refilled in the background; and the records
+    of the sessions living in pooled containers."""
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        start: Starter,
+        *,
+        size: int,
+        idle_seconds: float,
+        labels: Mapping[str, str],
+        log: Any,
+    ) -> None:
+        self._engine = engine
+        self._start = start
+        self.size = size
+        self.idle_seconds = idle_seconds
+        self._labels = dict(labels)
+        self._log = log
         self.owner = new_owner()
         self._ready: collections.deque[tuple[str, float]] = collections.deque()
         self._filler: asyncio.Task[None] | None = None
         self._closing = False
+        #: spec env of the pooled sessions this pool handed out (others read it from the container)
+        self._env: dict[str, dict[str, str]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
 
-    @property
-    def size(self) -> int:
-        return self._sandbox.pool_size
+    # -------------------------------------------------------------- filling
 
     def ready_count(self) -> int:
         return len(self._ready)
 
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Housekeeping in the background; close() and settle() wait for it."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def settle(self) -> None:
+        """Wait for the background housekeeping under way (env saves, removals)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def create(self, owner: str | None = None) -> str:
+        """Start one pooled container kept by ``owner`` (default: this pool); its id."""
+        owner = owner or self.owner
+        now = time.time()
+        labels = {**self._labels, LABEL_POOL: owner, LABEL_CREATED: repr(now), LABEL_EXPIRES: repr(now + self.idle_seconds)}
+        return await self._start(f"tai-pool-{secrets.token_hex(8)}", labels, {**self._labels, LABEL_POOL: owner})
+
     def take(self) -> str | None:
         """A fresh pooled container's id, or None when none is ready; schedules a refill."""
-        fresh_after = time.time() - (self._sandbox.pool_idle_seconds - HANDOUT_MARGIN_SECONDS)
+        fresh_after = time.time() - (self.idle_seconds - HANDOUT_MARGIN_SECONDS)
         found = None
         while self._ready:
             container_id, created = self._ready.popleft()
             if created >= fresh_after:
                 found = container_id
                 break
-            self._sandbox._spawn(self._sandbox._remove_container(container_id))
+            self._spawn(self._engine.remove_container(container_id))
         self.fill_soon(delay=REFILL_DELAY_SECONDS)
         return found
 
@@ -100,21 +162,125 @@ class WarmPool:
         failures = 0
         while not self._closing and len(self._ready) < self.size:
             try:
-                container_id = await self._sandbox._create_pooled(self.owner)
+                container_id = await self.create()
             except SandboxError as e:
                 failures += 1
-                self._sandbox.log.warning("sandbox-docker: the warm pool could not start a container: %s", e)
+                self._log.warning("sandbox-docker: the warm pool could not start a container: %s", e)
                 if failures >= 3:
                     return  # the next hand-out tries again
                 await asyncio.sleep(0.5 * failures)
                 continue
             if self._closing:
-                await self._sandbox._remove_container(container_id)
+                await self._engine.remove_container(container_id)
                 return
             self._ready.append((container_id, time.time()))
 
-    def is_ours(self, labels: dict[str, Any], pool_label: str) -> bool:
-        return labels.get(pool_label) == self.owner
+    # ------------------------------------------------------------- sessions
+
+    async def claim(self, container_id: str, session_id: str, labels: Mapping[str, str], env: Mapping[str, str]) -> str | None:
+        """Make a pooled container the session's (its record volume carries ``labels``, and its
+        name); the record's name, or None when that failed (the container is then removed)."""
+        record = RECORD_PREFIX + session_id
+        made = await asyncio.gather(
+            self._engine.create_volume(record, {**labels, LABEL_RECORD: container_id}),
+            self._engine.rename(container_id, f"tai-{session_id}"),
+            return_exceptions=True,
+        )
+        failed = [r for r in made if isinstance(r, BaseException)]
+        if failed:
+            self._log.warning("sandbox-docker: a pooled container could not be claimed: %s", failed[0])
+            self._spawn(self._engine.remove_container(container_id, volume=record))
+            return None
+        self._env[session_id] = dict(env)
+        if env:
+            self._spawn(self._save_env(container_id, env))
+        return record
+
+    def knows(self, session_id: str) -> bool:
+        """Whether this pool handed out ``session_id`` (and it was not forgotten since)."""
+        return session_id in self._env
+
+    def forget(self, session_id: str) -> None:
+        self._env.pop(session_id, None)
+
+    async def _save_env(self, container_id: str, env: Mapping[str, str]) -> None:
+        archive = tar_bytes(posixpath.basename(POOLED_ENV_FILE), json.dumps(dict(env)).encode(), mode=0o600)
+        try:
+            await self._engine.put_archive(container_id, posixpath.dirname(POOLED_ENV_FILE), archive)
+        except SandboxError as e:
+            self._log.warning("sandbox-docker: could not keep a pooled session's env in %s: %s", container_id[:12], e)
+
+    async def _load_env(self, container_id: str) -> dict[str, str]:
+        try:
+            env = json.loads(await self._engine.read_file(container_id, POOLED_ENV_FILE) or b"{}")
+        except SandboxNotFoundError:
+            return {}
+        except ValueError:
+            env = {}
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+    async def records(self) -> list[dict[str, Any]]:
+        """The record volumes of sessions in pooled containers (this pool's and others')."""
+        return await self._engine.volumes(LABEL_RECORD)
+
+    async def containers(self) -> list[dict[str, Any]]:
+        """Every pooled container on the engine, claimed or not."""
+        return await self._engine.containers(LABEL_POOL, what="list pooled containers")
+
+    @staticmethod
+    def from_record(volume: Mapping[str, Any], env: Mapping[str, str]) -> PooledSession:
+        labels = volume.get("Labels") or {}
+        return PooledSession(labels[LABEL_SESSION], labels[LABEL_RECORD], volume["Name"], labels, env)
+
+    async def find(self, session_id: str) -> PooledSession:
+        """A session in a pooled container, from its record volume; SandboxNotFoundError when none."""
+        missing = SandboxNotFoundError(f"no docker sandbox session {session_id!r}")
+        volume = await self._engine.volume(RECORD_PREFIX + session_id)
+        labels = (volume or {}).get("Labels") or {}
+        if volume is None or labels.get(LABEL_SESSION) != session_id or LABEL_RECORD not in labels:
+            raise missing
+        try:
+            await self._engine.inspect_container(labels[LABEL_RECORD], what="inspect a session")
+        except SandboxNotFoundError:
+            raise missing from None
+        env = self._env.get(session_id)
+        if env is None:
+            env = await self._load_env(labels[LABEL_RECORD])
+        return self.from_record(volume, env)
+
+    async def reap(self, now: float, on_gone: Callable[[str], None]) -> list[str]:
+        """Remove expired pooled sessions, records left without a container, and stale unclaimed
+        containers; the ids of the expired sessions (``on_gone`` is told of every session removed)."""
+        records, pooled = await asyncio.gather(self.records(), self.containers())
+        alive = {c["Id"] for c in pooled}
+        claimed = set()
+        reaped = []
+        for volume in records:
+            labels = volume.get("Labels") or {}
+            container_id = labels.get(LABEL_RECORD, "")
+            claimed.add(container_id)
+            try:
+                expired = float(labels[LABEL_EXPIRES]) <= now
+            except (KeyError, ValueError):
+                expired = True
+            if expired or container_id not in alive:
+                session_id = labels.get(LABEL_SESSION, "")
+                self.forget(session_id)
+                on_gone(session_id)
+                await self._engine.remove_container(container_id, volume=volume["Name"])
+                if expired and session_id:
+                    reaped.append(session_id)
+        for container in pooled:
+            labels = container.get("Labels") or {}
+            if container["Id"] in claimed or labels.get(LABEL_POOL) == self.owner:
+                continue
+            try:
+                stale = float(labels[LABEL_EXPIRES]) <= now
+            except (KeyError, ValueError):
+                stale = True
+            if stale or owner_gone(labels.get(LABEL_POOL, "")):
+                await self._engine.remove_container(container["Id"])
+        return reaped
 
     async def close(self) -> None:
         """Stop refilling and remove every container still waiting in the pool."""
@@ -124,4 +290,5 @@ class WarmPool:
                 await asyncio.shield(self._filler)
         waiting = [container_id for container_id, _ in self._ready]
         self._ready.clear()
-        await asyncio.gather(*(self._sandbox._remove_container(c) for c in waiting), return_exceptions=True)
+        await asyncio.gather(*(self._engine.remove_container(c) for c in waiting), return_exceptions=True)
+        await self.settle()

@@ -21,7 +21,9 @@ before the provider could see it held.
 HOLD -- leads the command's process group and stays in it: it records its pid
 (= the group id) for KILL, runs the command in the foreground (so the command
 keeps stdin and default signal dispositions, unlike a background job of a
-non-interactive shell), records its status, then keeps the group (and so its
+non-interactive shell) through a ``sh -c`` that records its own pid (``.c``,
+the command's pid once it execs) -- the command stays HOLD's child even if it
+calls ``setsid`` --, records its status, then keeps the group (and so its
 id) while any process other than RUN and itself still holds the command's
 stdout or stderr (``/proc/*/fd/1`` and ``/fd/2`` compared with its own by the
 shell's ``test -ef``, which spawns nothing; by ``readlink`` and ``ls`` in a
@@ -35,8 +37,10 @@ that execs the command: RUN and HOLD keep their own stderr on /dev/null, so
 the "Killed" line a shell prints for a foreground child stopped by a signal
 never lands in the command's stderr.
 
-KILL -- (argv: token) records its own pid in ``.k``, then kills the recorded
-group with SIGKILL, waiting briefly for HOLD to record it. A group already gone
+KILL -- (argv: token) records its own pid in ``.k``, SIGKILLs the command's own
+process (``.c``) when it is still HOLD's child -- so a command that left the
+group by ``setsid`` is stopped too, and a pid since reused is not --, then
+kills the recorded group with SIGKILL, waiting briefly for HOLD to record it. A group already gone
 is nothing to stop; any other failure prints the kill's error line and exits 1.
 
 RUN_PTY -- the exec's own process for a command on a terminal (argv: token,
@@ -44,7 +48,8 @@ cwd, rows, cols, command...). The engine starts a tty exec as the leader of a
 new session with the terminal as its controlling tty and its group in the
 foreground, so RUN_PTY stays in place: it records its pid (= the session id),
 sets the window size when the image has ``stty``, and runs the command in the
-foreground group, so ^C (and a resize's SIGWINCH) reaches it; an interactive
+foreground group (through a ``sh -c`` that records the command's pid in
+``.c``, as HOLD does), so ^C (and a resize's SIGWINCH) reaches it; an interactive
 shell then moves jobs to groups of its own, all within the session. INT, QUIT,
 TSTP and HUP are trapped so the holder outlives a ^C. After the command's exit
 it lets go of the terminal and holds the session while any other process
@@ -54,8 +59,9 @@ command's own status.
 
 KILL_PTY -- (argv: token) marks the stop, then SIGKILLs every process of the
 recorded session but its holder (read from ``/proc/*/stat``), pass after pass
-until none is left, so a job forked meanwhile goes too; a process that left
-the session (setsid) is not stopped. A member that cannot be killed prints the
+until none is left, so a job forked meanwhile goes too, and the command's own
+process (``.c``, as for KILL) even if it left the session; any other process
+that left the session (setsid) is not stopped. A member that cannot be killed prints the
 kill's error line and exits 1.
 """
 
@@ -77,7 +83,7 @@ exec 3>&2 2>/dev/null
 setsid sh -c "$h" sh "$t" "$d" "$@"
 r=$?
 { read -r s <"$t.s"; } 2>/dev/null && r=$s
-""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.s" "$t.k"
+""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.s" "$t.k" "$t.c"
 exit $r
 """
 
@@ -86,7 +92,7 @@ echo $$ >"$t.p"
 cd "$2" 2>&3 || exit
 shift 2
 trap : INT QUIT
-sh -c 'exec "$@" 2>&3 3>&-' sh "$@"
+sh -c 'echo $$ >"$1.c"; shift; exec "$@" 2>&3 3>&-' sh "$t" "$@"
 echo $? >"$t.s"
 if [ /proc/$$/fd/1 -ef /proc/$$/fd/1 ] 2>/dev/null; then
   held() {
@@ -121,7 +127,16 @@ until { read -r p <"$t.p"; } 2>/dev/null && [ -n "$p" ]; do
 done
 """
 
+#: Reads the command's own pid (``$t.c``) into $c: it stays the wrapper's child even after a setsid.
+_OWN = r"""c=
+{ read -r c <"$t.c"; } 2>/dev/null
+"""
+
 KILL = _FIND_GROUP + r"""echo $$ >"$t.k"
+""" + _OWN + r"""if [ -n "$c" ] && { read -r l <"/proc/$c/stat"; } 2>/dev/null; then
+  set -- ${l##*) }
+  [ "$2" = "$p" ] && [ "$1" != Z ] && kill -9 "$c" 2>/dev/null
+fi
 kill -9 -"$p" 2>/dev/null && exit 0
 rm -f "$t.k"
 [ -d /proc/"$p" ] || exit 0
@@ -137,7 +152,7 @@ stty rows "$3" cols "$4" 2>/dev/null
 shift 4
 trap : INT QUIT TSTP HUP
 o=$(readlink /proc/$$/fd/0)
-"$@" 2>&3 3>&-
+sh -c 'echo $$ >"$1.c"; shift; exec "$@"' sh "$t" "$@" 2>&3 3>&-
 r=$?
 exec 0</dev/null 1>/dev/null 3>&-
 held() {
@@ -150,18 +165,19 @@ held() {
   }
 }
 while [ ! -f "$t.k" ] && held; do sleep 0.05; done
-""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.k"
+""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.k" "$t.c"
 exit $r
 """
 
 KILL_PTY = _FIND_GROUP + r"""echo $$ >"$t.k"
-i=0
+""" + _OWN + r"""i=0
 while [ $i -lt 100 ]; do
   i=$((i + 1)) n=0
   for d in /proc/[0-9]*; do
     { read -r l <"$d/stat"; } 2>/dev/null || continue
     set -- ${l##*) }
-    [ "$4" = "$p" ] && [ "$1" != Z ] && [ "${d#/proc/}" != "$p" ] || continue
+    [ "$1" != Z ] && [ "${d#/proc/}" != "$p" ] || continue
+    [ "$4" = "$p" ] || { [ "${d#/proc/}" = "$c" ] && [ "$2" = "$p" ]; } || continue
     n=$((n + 1))
     kill -9 "${d#/proc/}" 2>/dev/null || [ ! -d "$d" ] || e=$(kill -9 "${d#/proc/}" 2>&1)
   done

@@ -74,6 +74,9 @@ async def start_exec(
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
         writer.close()
         raise SandboxError(f"the Docker engine at {address.url} dropped an exec start: {e!r}") from e
+    except BaseException:  # cancelled (a stop's limit, a cancelled start): no connection left open
+        writer.close()
+        raise
     lines = raw.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1]) if len(lines[0].split()) > 1 else 0
     if status in (101, 200):

@@ -1,0 +1,51 @@
+"""Names the docker provider gives things on the engine: labels, prefixes, paths.
+
+Every container, volume and network the provider makes carries labels under
+``jupyter-tai-sandbox``; anything without them is never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+WORKSPACE = "/workspace"
+LABEL = "jupyter-tai-sandbox"
+#: on a session container (or a pooled session's record volume): the session id
+LABEL_SESSION = f"{LABEL}.session"
+LABEL_CONSUMER = f"{LABEL}.consumer"
+#: the principal a session, or a persistent workspace volume, belongs to
+LABEL_OWNER = f"{LABEL}.owner"
+LABEL_CREATED = f"{LABEL}.created"
+LABEL_EXPIRES = f"{LABEL}.expires"
+#: the session spec as JSON, env *names* only
+LABEL_SPEC = f"{LABEL}.spec"
+#: on a persistent workspace volume: its key
+LABEL_WORKSPACE = f"{LABEL}.workspace"
+#: on an internal network: "internal"
+LABEL_NETWORK = f"{LABEL}.network"
+#: on a warm-pool container: the process that keeps it (see _docker_pool)
+LABEL_POOL = f"{LABEL}.pool"
+#: on a session record volume: the id of the pooled container the session runs in
+LABEL_RECORD = f"{LABEL}.record"
+RECORD_PREFIX = "tai-rec-"
+VOLUME_PREFIX = "tai-sbx-"
+CONTAINER_PREFIX = "tai-"
+#: where a pooled session's spec env is kept inside its container, for a restarted server
+POOLED_ENV_FILE = "/tmp/.tai-sbx-env.json"
+SESSION_ID = re.compile(r"^sbx-[0-9a-f]{16}$")
+
+
+def is_session_id(value: object) -> bool:
+    return isinstance(value, str) and bool(SESSION_ID.match(value))
+
+
+def workspace_volume(key: str) -> str:
+    return VOLUME_PREFIX + key
+
+
+def owner_network(base: str, owner: str | None) -> str:
+    """The internal network of ``owner``'s sessions: ``base`` plus a short hash of the owner."""
+    if owner is None:
+        return base
+    return f"{base}-{hashlib.sha256(owner.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"

@@ -1,0 +1,394 @@
+"""A docker session: one container, its commands and its workspace files.
+
+Commands start under the wrapper scripts (``_docker_scripts``) and become
+:class:`DockerCommand` handles. Files go through the engine's archive API,
+confined to ``/workspace``: each path component is checked with the engine's
+stat and a symlink leading outside the workspace is refused; uploads are
+extracted under the resolved folder with the missing parent folders in the
+archive itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import posixpath
+import secrets
+import tempfile
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..contract import (
+    ExecHandle,
+    ExecRequest,
+    ExecResult,
+    SandboxError,
+    SandboxIsolation,
+    SandboxNotFoundError,
+    SandboxPathError,
+    SandboxSession,
+    SessionInfo,
+    SessionSpec,
+)
+from . import _docker_scripts as scripts
+from ._common import run_to_end, workspace_relative
+from ._docker_archive import tar_chunks
+from ._docker_command import DockerCommand, stop_command
+from ._docker_names import WORKSPACE
+from .docker_engine import DockerEngine
+
+#: A pty command's TERM.
+PTY_TERM = "xterm-256color"
+#: the longest file name the engine's file systems take (bytes)
+NAME_MAX = 255
+#: how long a folder listing may take
+LIST_LIMIT_SECONDS = 60.0
+# Go's os.FileMode type bits, as the engine's path stat reports them
+_MODE_DIR, _MODE_SYMLINK, _MODE_TYPE = 1 << 31, 1 << 27, 0x8F280000
+
+
+class CommandRegistry:
+    """The live commands of a provider's sessions, by session id (a session may have several handles)."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, set[DockerCommand]] = {}
+
+    def add(self, session_id: str, command: DockerCommand) -> None:
+        self._by_session.setdefault(session_id, set()).add(command)
+
+    def discard(self, session_id: str, command: DockerCommand) -> None:
+        self._by_session.get(session_id, set()).discard(command)
+
+    def abandon(self, session_id: str) -> None:
+        """The session is gone: its commands stop taking output in."""
+        for command in self._by_session.pop(session_id, set()):
+            command.abandon()
+
+    def all(self) -> list[DockerCommand]:
+        return [c for group in self._by_session.values() for c in group]
+
+
+@dataclass(frozen=True)
+class SessionSite:
+    """What every session of one provider shares."""
+
+    engine: DockerEngine
+    kind: str
+    isolation: SandboxIsolation
+    memory_limit: int
+    log: Any
+    commands: CommandRegistry
+    #: tears a session down: (session, remove_workspace)
+    teardown: Callable[[DockerSession, bool], Awaitable[None]]
+
+
+class _Located:
+    """A workspace path resolved in the container: its real existing part, and what does not exist yet."""
+
+    def __init__(self, real: str, missing: list[str], stat: dict[str, Any] | None) -> None:
+        self.real = real
+        self.missing = missing
+        self.stat = stat
+
+    @property
+    def exists(self) -> bool:
+        return not self.missing
+
+    @property
+    def is_dir(self) -> bool:
+        return self.stat is not None and self.stat["mode"] != -1 and bool(self.stat["mode"] & _MODE_DIR)
+
+    @property
+    def is_file(self) -> bool:
+        return self.stat is not None and self.stat["mode"] != -1 and not self.stat["mode"] & _MODE_TYPE
+
+
+def _inside(path: str) -> bool:
+    return path == WORKSPACE or path.startswith(WORKSPACE + "/")
+
+
+class DockerSession(SandboxSession):
+    """One session container."""
+
+    def __init__(
+        self,
+        site: SessionSite,
+        container_id: str,
+        session_id: str,
+        spec: SessionSpec,
+        created_at: float,
+        expires_at: float,
+        *,
+        record: str | None = None,
+        exec_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._site = site
+        self._engine = site.engine
+        self._container = container_id
+        #: the record volume of a session started in a pooled container (None otherwise)
+        self._record = record
+        self._id = session_id
+        self.spec = spec
+        self.created_at = created_at
+        self.expires_at = expires_at
+        self._destroyed = False
+        self._file_user: tuple[int, int] | None = None
+        #: environment given to every exec (a pooled container was started without the spec's env)
+        self._exec_env: dict[str, str] = dict(exec_env or {})
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def container_id(self) -> str:
+        return self._container
+
+    @property
+    def record(self) -> str | None:
+        """The record volume of a session in a pooled container, else None."""
+        return self._record
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    def _info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self._id,
+            kind=self._site.kind,
+            spec=self.spec,
+            isolation=self._site.isolation,
+            workspace=WORKSPACE,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+        )
+
+    async def info(self) -> SessionInfo:
+        self._check_live()
+        try:
+            await self._engine.inspect_container(self._container, what="inspect a session")
+        except SandboxNotFoundError:
+            raise SandboxNotFoundError(f"no docker sandbox session {self._id!r}") from None
+        return self._info()
+
+    def _check_live(self) -> None:
+        if self._destroyed:
+            raise SandboxNotFoundError(f"session {self._id} was destroyed")
+
+    async def _file_owner(self) -> tuple[int, int]:
+        """Uploaded files belong to the container's user when it is numeric (uid[:gid]), else to root."""
+        if self._file_user is None:
+            attrs = await self._engine.inspect_container(self._container, what="inspect a session")
+            uid, _, gid = (attrs["Config"].get("User") or "").partition(":")
+            self._file_user = (int(uid), int(gid) if gid.isdigit() else int(uid)) if uid.isdigit() else (0, 0)
+        return self._file_user
+
+    # ----------------------------------------------------------------- exec
+
+    async def _start(self, request: ExecRequest, *, stdin: bool, tty: bool) -> DockerCommand:
+        self._check_live()
+        args = list(request.argv)
+        workdir = WORKSPACE if request.cwd is None else await self._folder(request.cwd, what="cwd")
+        token = secrets.token_hex(8)
+        command_env = {"SANDBOX_WORKSPACE": WORKSPACE, **self._exec_env, **request.env}
+        window = request.window
+        if tty:
+            rows, cols = window
+            cmd = ["sh", "-c", scripts.RUN_PTY, "sh", token, workdir, str(rows), str(cols), *args]
+            command_env = {"TERM": PTY_TERM, **command_env}
+        else:
+            cmd = ["sh", "-c", scripts.RUN, "sh", scripts.HOLD, token, workdir, *args]
+        engine = self._engine
+        try:
+            exec_id = await engine.exec_create(self._container, cmd, env=command_env, stdin=stdin, tty=tty)
+        except SandboxNotFoundError:
+            raise SandboxNotFoundError(f"session {self._id} is gone (its container no longer exists)") from None
+        stream = None
+        try:
+            stream = await engine.exec_start(exec_id, tty)
+            command = DockerCommand(
+                engine,
+                self._container,
+                exec_id,
+                token,
+                stream,
+                timeout_seconds=request.timeout_seconds,
+                tty=tty,
+                stdin=stdin,
+                memory_limit=self._site.memory_limit,
+                log=self._site.log,
+                gone=lambda: self._destroyed,
+                on_done=lambda c: self._site.commands.discard(self._id, c),
+            )
+            if tty:
+                # an image without stty still gets its window size from the engine (unless it ended already)
+                with contextlib.suppress(SandboxError):
+                    await engine.exec_resize(exec_id, *window)
+        except BaseException:
+            # a start that failed or was cancelled stops whatever it may have started
+            if stream is not None:
+                stream[1].close()
+            with contextlib.suppress(SandboxError):
+                await asyncio.shield(
+                    stop_command(engine, self._container, exec_id, token, pty=tty, gone=lambda: self._destroyed)
+                )
+            raise
+        self._site.commands.add(self._id, command)
+        return command
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        command = await self._start(request, stdin=request.stdin is not None, tty=False)
+        if request.stdin is not None:
+            command.feed(request.stdin)
+        return await run_to_end(command)
+
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        return await self._start(request, stdin=True, tty=request.pty)
+
+    # ---------------------------------------------------------------- paths
+
+    def resolve(self, path: str) -> str:
+        """The container path of ``path``. Symlinks are checked through the engine (a blocking stat per component)."""
+        rel = workspace_relative(path, WORKSPACE)
+        self._locate(rel, path)
+        return posixpath.join(WORKSPACE, rel) if rel else WORKSPACE
+
+    def _stat(self, container_path: str) -> dict[str, Any] | None:
+        stat = self._engine.stat_path(self._container, container_path)
+        if stat is None and self._destroyed:
+            raise SandboxNotFoundError(f"session {self._id} is gone")
+        return stat
+
+    def _locate(self, rel: str, path: str) -> _Located:
+        """Resolve ``rel`` component by component; a symlink leading outside the workspace raises. Blocking."""
+        parts = rel.split("/") if rel else []
+        for name in parts:
+            if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+                raise SandboxPathError(
+                    f"cannot use {path!r}: a file name is at most {NAME_MAX} bytes, and {name[:20]!r}... is longer"
+                )
+        current, stat = WORKSPACE, self._stat(WORKSPACE)
+        for i, name in enumerate(parts):
+            if stat is None or stat["mode"] == -1 or not stat["mode"] & _MODE_DIR:
+                raise SandboxPathError(f"cannot use {path!r}: {current} is not a folder")
+            candidate = f"{current}/{name}"
+            stat = self._stat(candidate)
+            if stat is None:
+                return _Located(current, parts[i:], None)
+            if stat["mode"] != -1 and stat["mode"] & _MODE_SYMLINK:
+                target = posixpath.normpath(stat.get("linkTarget") or "/")
+                if not _inside(target):
+                    raise SandboxPathError(
+                        f"path {path!r} leads outside the session workspace through a symlink; it is not followed"
+                    )
+                candidate, stat = target, self._stat(target)
+                if stat is None:
+                    return _Located(posixpath.dirname(target), [posixpath.basename(target), *parts[i + 1 :]], None)
+            current = candidate
+        return _Located(current, [], stat)
+
+    async def _where(self, path: str) -> _Located:
+        self._check_live()
+        rel = workspace_relative(path, WORKSPACE)
+        return await asyncio.to_thread(self._locate, rel, path)
+
+    async def _folder(self, path: str, what: str) -> str:
+        located = await self._where(path)
+        if not located.exists or not located.is_dir:
+            raise SandboxPathError(f"{what} {path!r} is not a folder in the session workspace")
+        return located.real
+
+    # ---------------------------------------------------------------- files
+
+    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        located = await self._where(path)
+        if located.exists and located.real == WORKSPACE:
+            raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
+        if located.exists and not located.is_file:
+            raise SandboxPathError(f"cannot write {path!r}: it exists and is not a regular file")
+        if located.exists:
+            folder, parents, name = posixpath.dirname(located.real), [], posixpath.basename(located.real)
+        else:
+            folder, parents, name = located.real, located.missing[:-1], located.missing[-1]
+        with tempfile.SpooledTemporaryFile(max_size=8 << 20, prefix="tai-sandbox-upload-") as body:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                await asyncio.to_thread(body.write, data)
+            else:
+                async for chunk in data:
+                    await asyncio.to_thread(body.write, chunk)
+            size = body.tell()
+            body.seek(0)
+            archive = tar_chunks(name, body, size, parents=parents, owner=await self._file_owner())
+            try:
+                await self._engine.put_archive(self._container, folder, archive)
+            except SandboxNotFoundError:
+                raise SandboxNotFoundError(f"session {self._id} is gone") from None
+
+    async def _file(self, path: str) -> str:
+        located = await self._where(path)
+        if not located.exists:
+            raise SandboxNotFoundError(f"no file {path!r} in the session workspace")
+        if not located.is_file:
+            raise SandboxPathError(f"{path!r} is not a regular file")
+        return located.real
+
+    async def get_file(self, path: str) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_file(path)])
+
+    async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        real = await self._file(path)
+        async for chunk in self._engine.iter_archive_file(self._container, real, chunk_size):
+            yield chunk
+
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        located = await self._where(path)
+        if not located.exists:
+            raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
+        if not located.is_dir:
+            raise SandboxPathError(f"{path!r} is not a folder")
+        cmd = ["sh", "-c", scripts.LIST, "sh", located.real]
+        try:
+            code, out, err = await asyncio.wait_for(self._engine.run(self._container, cmd), LIST_LIMIT_SECONDS)
+        except asyncio.TimeoutError:
+            raise SandboxError(f"listing {path!r} took longer than {LIST_LIMIT_SECONDS:g} s") from None
+        if code != 0:
+            raise SandboxError(f"listing {path!r} failed: {err.decode('utf-8', 'replace').strip()}")
+        entries = []
+        for record in out.split(b"\0"):
+            if not record:
+                continue
+            kind, size, stamp, name = record.decode("utf-8", "surrogateescape").split("/", 3)
+            entries.append({"name": name, "type": kind, "size": _int(size), "mtime": _mtime(stamp)})
+        return sorted(entries, key=lambda e: e["name"])
+
+    # ------------------------------------------------------------- teardown
+
+    async def destroy(self, remove_workspace: bool = False) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        await self._site.teardown(self, remove_workspace)
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def _mtime(stamp: str) -> float | None:
+    """``2026-11-30 02:30:55 +0000`` (``ls --full-time``, maybe with fractions) as epoch seconds."""
+    try:
+        day, clock, zone = stamp.split(" ")
+        whole, _, frac = clock.partition(".")
+        base = calendar.timegm(time.strptime(f"{day} {whole}", "%Y-%m-%d %H:%M:%S"))
+        sign = -1 if zone.startswith("-") else 1
+        offset = sign * (int(zone[1:3]) * 3600 + int(zone[3:5]) * 60)
+        return base - offset + (float(f"0.{frac}") if frac else 0.0)
+    except (ValueError, IndexError):
+        return None

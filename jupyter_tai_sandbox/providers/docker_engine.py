@@ -1,0 +1,454 @@
+"""DockerEngine: every call this package makes to one Docker engine.
+
+A :class:`DockerEngine` is built from the engine's address (``unix://`` or
+``tcp://``; TLS material later) and knows nothing of sessions: the docker
+provider (and a future swarm provider, with one engine object per node) say
+*what* to create, run or remove, and the engine object does it.
+
+It owns:
+
+* the SDK client, connected on first use, and the worker threads its blocking
+  calls run in (a pool of its own, so a stalled engine cannot starve the
+  event loop's default executor);
+* error translation: the SDK's and ``requests``' exceptions become the
+  contract's errors -- :class:`SandboxNotFoundError` (nothing there),
+  :class:`EngineRefusedError` (the engine answered no; its HTTP status and its
+  own message, without the SDK's URL noise), :class:`MissingImageError`, and
+  :class:`SandboxUnavailableError` (the engine cannot be reached);
+* containers (create-and-start, inspect, list, rename, remove), volumes,
+  networks, execs (create, attached start over asyncio streams, inspect,
+  resize, a helper command run to its end), the path stat (the engine's
+  ``HEAD /containers/{id}/archive``, reached through the SDK's private
+  ``api._url``) and archives in and out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import functools
+import json
+import re
+import tarfile
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from ..contract import (
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+)
+from ._docker_archive import ChunkReader
+from ._docker_stream import EngineAddress, EngineRefusal, read_output, start_exec
+
+T = TypeVar("T")
+
+#: the SDK's per-request socket timeout (seconds)
+DEFAULT_TIMEOUT = 120.0
+#: worker threads for blocking SDK calls (a frozen engine holds one per call in flight)
+WORKERS = 32
+_SDK_NOISE = re.compile(r"^\d{3} (Client|Server) Error for \S+: [^(]*\(\"?(?P<msg>.*?)\"?\)$", re.S)
+
+
+def docker_sdk() -> Any:
+    """The ``docker`` package, or SandboxUnavailableError naming the extra to install."""
+    try:
+        import docker
+    except ImportError as e:  # pragma: no cover - the docker extra is missing
+        raise SandboxUnavailableError(
+            "the docker provider needs the docker SDK: pip install 'jupyter-tai-sandbox[docker]'"
+        ) from e
+    return docker
+
+
+def readable(error: Any) -> str:
+    """The engine's own message of an SDK error, without the SDK's status line and URL."""
+    text = str(getattr(error, "explanation", None) or error)
+    found = _SDK_NOISE.match(text)
+    return (found.group("msg") if found else text).strip()
+
+
+class EngineRefusedError(SandboxError):
+    """The engine answered a request with an error: ``status`` (HTTP) and its own ``detail``."""
+
+    def __init__(self, message: str, *, status: int | None, detail: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+
+
+class MissingImageError(SandboxSpecRejectedError):
+    """The image a container was asked of is not on the engine."""
+
+    def __init__(self, message: str, *, image: str) -> None:
+        super().__init__(message)
+        self.image = image
+
+
+class DockerEngine:
+    """One Docker engine, reached at ``base_url``; every method is a coroutine unless noted."""
+
+    def __init__(self, base_url: str, *, tls: Any = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.base_url = base_url
+        self._tls = tls
+        self._timeout = timeout
+        self._client: Any = None
+        self._address: EngineAddress | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------ plumbing
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    @property
+    def _api(self) -> Any:
+        if self._client is None:
+            raise SandboxUnavailableError(f"not connected to the Docker engine at {self.base_url}")
+        return self._client.api
+
+    async def connect(self) -> None:
+        """Connect on first use (idempotent); SandboxUnavailableError when the engine does not answer."""
+        if self._client is not None:
+            return
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._client is not None:
+                return
+            address = EngineAddress(self.base_url)
+            docker = docker_sdk()
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="docker-engine")
+
+            def connect() -> Any:
+                return docker.DockerClient(base_url=self.base_url, version="auto", timeout=self._timeout, tls=self._tls or False)
+
+            try:
+                client = await asyncio.get_running_loop().run_in_executor(self._executor, connect)
+            except Exception as e:
+                raise SandboxUnavailableError(
+                    f"cannot reach the Docker engine at {self.base_url}: {e}. Start one (dockerd) or set "
+                    "DockerSandbox.base_url / DOCKER_HOST"
+                ) from None
+            self._address, self._client = address, client
+
+    def translate(self, error: BaseException, what: str) -> BaseException:
+        """An SDK (or requests) exception as the contract's error; others pass through."""
+        if isinstance(error, SandboxError):
+            return error
+        errors = docker_sdk().errors
+        if isinstance(error, errors.ImageNotFound):
+            return SandboxNotFoundError(f"the Docker engine has no image to {what}: {readable(error)}")
+        if isinstance(error, errors.NotFound):
+            return SandboxNotFoundError(f"the Docker engine found nothing to {what}: {readable(error)}")
+        if isinstance(error, errors.APIError):
+            status = getattr(getattr(error, "response", None), "status_code", None)
+            detail = readable(error)
+            return EngineRefusedError(
+                f"the Docker engine at {self.base_url} refused to {what}: {detail}", status=status, detail=detail
+            )
+        if isinstance(error, (errors.DockerException, OSError)) or type(error).__module__.startswith(
+            ("requests", "urllib3")
+        ):
+            return SandboxUnavailableError(f"cannot reach the Docker engine at {self.base_url} to {what}: {error}")
+        return error
+
+    async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        assert self._executor is not None
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def _call(self, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
+        """Run a blocking SDK call (a callable, or the name of a low-level API method) in a
+        worker thread, with its errors typed."""
+        await self.connect()
+        if isinstance(fn, str):
+            fn = getattr(self._api, fn)
+        try:
+            return await self._thread(fn, *args, **kwargs)
+        except Exception as e:
+            raise self.translate(e, what) from None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            with contextlib.suppress(Exception):
+                await self._thread(client.close)
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            executor.shutdown(wait=False)
+
+    # ---------------------------------------------------------- containers
+
+    async def create_container(self, image: str, options: Mapping[str, Any], *, what: str = "create a container") -> str:
+        """Create and start a container (``options`` as the SDK's ``containers.create`` takes them).
+
+        A start that fails removes the container again. MissingImageError when the
+        image is not on the engine.
+        """
+        docker = docker_sdk()
+
+        def create() -> str:
+            try:
+                container = self._client.containers.create(image, **options)
+            except docker.errors.ImageNotFound as e:
+                raise MissingImageError(
+                    f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
+                ) from None
+            try:
+                container.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True, v=True)
+                raise
+            return str(container.id)
+
+        return await self._call(what, create)
+
+    async def inspect_container(self, container_id: str, *, what: str = "inspect a container") -> dict[str, Any]:
+        return await self._call(what, "inspect_container", container_id)
+
+    async def containers(self, label: str | Sequence[str], *, what: str = "list containers") -> list[dict[str, Any]]:
+        """Summaries of every container (all states) carrying ``label`` (``key`` or ``key=value``; all of a list)."""
+        await self.connect()
+        return list(await self._call(what, "containers", all=True, filters={"label": label}) or [])
+
+    async def rename(self, container_id: str, name: str) -> None:
+        await self._call("name a container", "rename", container_id, name)
+
+    async def remove_container(self, container_id: str, *, volume: str | None = None) -> None:
+        """Remove a container with its anonymous volumes (and the named ``volume``); missing ones are fine."""
+        docker = docker_sdk()
+
+        def remove() -> None:
+            try:
+                self._client.api.remove_container(container_id, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                if "already in progress" not in str(e):
+                    raise
+            if volume is not None:
+                with contextlib.suppress(docker.errors.NotFound):
+                    self._client.api.remove_volume(volume)
+
+        await self._call("remove a container", remove)
+
+    # ------------------------------------------------------------- volumes
+
+    async def volume(self, name: str) -> dict[str, Any] | None:
+        """The volume's description, or None when there is none."""
+        try:
+            return await self._call(f"inspect volume {name}", "inspect_volume", name)
+        except SandboxNotFoundError:
+            return None
+
+    async def create_volume(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        """Create a volume; the engine returns an existing one of that name unchanged (check its labels)."""
+        return await self._call(f"create volume {name}", "create_volume", name, labels=dict(labels))
+
+    async def volumes(self, label: str) -> list[dict[str, Any]]:
+        found = await self._call("list volumes", "volumes", filters={"label": label})
+        return list((found or {}).get("Volumes") or [])
+
+    async def remove_volume(self, name: str) -> None:
+        """Remove a volume; a missing one is fine, one in use is an EngineRefusedError (409)."""
+        with contextlib.suppress(SandboxNotFoundError):
+            await self._call(f"remove volume {name}", "remove_volume", name)
+
+    # ------------------------------------------------------------ networks
+
+    async def ensure_network(self, name: str, *, labels: Mapping[str, str], options: Mapping[str, str]) -> None:
+        """Create the internal (no route out) bridge network ``name`` unless it exists."""
+
+        def ensure() -> None:
+            client = self._client
+            if not [n for n in client.networks.list(names=[name]) if n.name == name]:
+                client.networks.create(
+                    name, driver="bridge", internal=True, check_duplicate=True, options=dict(options), labels=dict(labels)
+                )
+
+        await self._call(f"create network {name}", ensure)
+
+    async def drop_network_if_idle(self, name: str) -> bool:
+        """Remove network ``name`` when no container is on it; True when it is gone."""
+        docker = docker_sdk()
+
+        def drop() -> bool:
+            for network in self._client.networks.list(names=[name]):
+                if network.name != name:
+                    continue
+                network.reload()
+                if network.attrs.get("Containers"):
+                    return False
+                try:
+                    network.remove()
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError:
+                    return False  # a container joined meanwhile
+            return True
+
+        return await self._call(f"remove network {name}", drop)
+
+    # --------------------------------------------------------------- execs
+
+    async def exec_create(
+        self, container_id: str, cmd: Sequence[str], *, env: Mapping[str, str] | None, stdin: bool, tty: bool
+    ) -> str:
+        created = await self._call(
+            "create a command", "exec_create", container_id, list(cmd), stdin=stdin, tty=tty,
+            environment=dict(env or {}),
+        )
+        return str(created["Id"])
+
+    async def exec_start(self, exec_id: str, tty: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Start a created exec attached: its hijacked connection (EngineRefusal when the engine says no)."""
+        await self.connect()
+        assert self._address is not None
+        return await start_exec(self._address, str(self._api._version), exec_id, tty)
+
+    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        return await self._call("inspect a command", "exec_inspect", exec_id)
+
+    async def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
+        await self._call("resize a terminal", "exec_resize", exec_id, height=rows, width=cols)
+
+    async def exec_exit_code(self, exec_id: str, *, within: float) -> int | None:
+        """The exec's exit status once the engine reports it ended; None when it still runs after ``within`` s.
+
+        Bounded: an engine that does not answer by then is a SandboxUnavailableError.
+        """
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + within
+        while True:
+            try:
+                info = await asyncio.wait_for(self.exec_inspect(exec_id), max(give_up - loop.time(), 0.2))
+            except asyncio.TimeoutError:
+                raise SandboxUnavailableError(
+                    f"the Docker engine at {self.base_url} did not answer within {within:g} s"
+                ) from None
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            if loop.time() > give_up:
+                return None
+            await asyncio.sleep(0.02)
+
+    async def run(
+        self, container_id: str, cmd: Sequence[str], *, said: list[bytes] | None = None
+    ) -> tuple[int, bytes, bytes]:
+        """Run a helper command (no stdin, no tty) to its end: status, stdout, stderr.
+
+        Unbounded: callers put their own limit around it. Output pieces also go to
+        ``said`` as they arrive, so a caller that gives up can tell what it had printed.
+        """
+        exec_id = await self.exec_create(container_id, cmd, env=None, stdin=False, tty=False)
+        out, err = bytearray(), bytearray()
+        reader, writer = await self.exec_start(exec_id, False)
+        try:
+            async for stream, data in read_output(reader, False):
+                (out if stream == "stdout" else err).extend(data)
+                if said is not None:
+                    said.append(data)
+        finally:
+            writer.close()
+        code = await self.exec_exit_code(exec_id, within=1.0)
+        if code is None:
+            raise SandboxError("the engine did not report the helper command's exit status")
+        return code, bytes(out), bytes(err)
+
+    # ---------------------------------------------------------- files
+
+    def stat_path(self, container_id: str, path: str) -> dict[str, Any] | None:
+        """The engine's lstat of a container path, or None when it is missing. Blocking.
+
+        Returns ``{"mode": -1}`` for a path the engine cannot stat (a component
+        that is not a folder, a name too long); a missing container reads as a
+        missing path.
+        """
+        api = self._api
+        try:
+            response = api.head(api._url("/containers/{0}/archive", container_id), params={"path": path})
+        except Exception as e:
+            raise SandboxUnavailableError(f"cannot reach the Docker engine at {self.base_url}: {e}") from e
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            return {"mode": -1}
+        return json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
+
+    async def put_archive(self, container_id: str, folder: str, archive: bytes | Iterable[bytes]) -> None:
+        """Extract a tar archive (bytes or chunks) into ``folder`` of the container."""
+        await self._call("write files", "put_archive", container_id, folder, archive)
+
+    async def iter_archive_file(self, container_id: str, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        """Stream the content of one file of the container (the first member of its archive).
+
+        The archive is read in a worker thread, at most a few chunks ahead; leaving the
+        iteration early stops it (the engine holds the container while an archive is open).
+        """
+        await self.connect()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=4)
+        stop = threading.Event()
+        api = self._api
+
+        def hand(item: bytes | BaseException | None) -> None:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+        def produce() -> None:
+            try:
+                stream, _ = api.get_archive(container_id, path, chunk_size=chunk_size)
+                try:
+                    with tarfile.open(fileobj=ChunkReader(stream), mode="r|") as tar:
+                        member = tar.next()
+                        handle = tar.extractfile(member) if member is not None else None
+                        while handle is not None and not stop.is_set():
+                            chunk = handle.read(chunk_size)
+                            if not chunk:
+                                break
+                            hand(chunk)
+                finally:
+                    close = getattr(stream, "close", None)
+                    if close is not None:
+                        close()
+                hand(None)
+            except BaseException as e:
+                if not stop.is_set():
+                    hand(e)
+
+        worker = loop.run_in_executor(self._executor, produce)
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise self.translate(item, "read a file") from None
+                yield item
+        finally:
+            stop.set()
+            while not worker.done():
+                while not queue.empty():
+                    queue.get_nowait()
+                await asyncio.wait({worker}, timeout=0.05)
+
+    async def read_file(self, container_id: str, path: str) -> bytes:
+        """A (small) file of the container, whole."""
+        return b"".join([chunk async for chunk in self.iter_archive_file(container_id, path)])
+
+
+__all__ = [
+    "DockerEngine",
+    "EngineRefusal",
+    "EngineRefusedError",
+    "MissingImageError",
+    "docker_sdk",
+    "readable",
+]
