@@ -84,3 +84,15 @@ def test_suite_reports_a_provider_that_accepts_what_it_cannot_honour(tmp_path):
     assert failed_checks(failures) == {"rejects_what_it_cannot_honour"}
     assert "was accepted" in failures[0], failures
     assert asyncio.run(sandbox.list()) == []  # the suite cleaned up what the fault let through
+
+
+def test_suite_reports_a_terminal_that_ignores_a_resize(tmp_path):
+    sandbox = LocalSandbox(root=str(tmp_path))
+
+    async def ignore(self, rows: int, cols: int) -> None:
+        pass
+
+    sandbox.pty_command_class = type("IgnoresResize", (sandbox.pty_command_class,), {"resize": ignore})
+    failures = asyncio.run(run_sandbox_conformance(sandbox, only=["pty_window_and_resize", "pty_ctrl_c"]))
+    assert failed_checks(failures) == {"pty_window_and_resize"}, failures
+    assert "stty size after resize(40, 120)" in failures[0], failures
