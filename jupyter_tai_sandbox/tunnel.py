@@ -1,0 +1,541 @@
+"""Port forwarding over the exec seam: TCP connections to ports inside a session.
+
+A consumer of the contract, not a provider feature. A small relay program is
+started in the session with ``exec_start`` (``python3 -c RELAY_SOURCE``: the
+session needs python3 and nothing else, no network either); it multiplexes TCP
+connections to ``127.0.0.1:<port>`` *inside* the session over its stdin and
+stdout. On the host, :meth:`Tunnel.forward` listens on ``127.0.0.1`` (an
+ephemeral port by default) and hands each accepted connection to the relay.
+So it works on every provider, ``network: none`` sessions included.
+
+The wire: frames of ``>IBI`` (connection id, kind, payload length) + payload.
+
+======  =========  ===========================================================
+kind    direction  meaning
+======  =========  ===========================================================
+HELLO   relay->    the relay runs (payload: protocol version)
+OPEN    ->relay    connect connection ``id`` to the payload's port (u16)
+DATA    both       bytes of connection ``id``
+CREDIT  both       the receiver wrote out u32 more bytes (sent once a quarter window is owed)
+EOF     both       the sender's side is done (half-close: ``shutdown(SHUT_WR)``)
+RESET   both       the connection is gone (payload: why); forget it
+======  =========  ===========================================================
+
+**Back-pressure per connection.** Each side may have at most ``window`` bytes of
+one connection's DATA unacknowledged; the receiver queues DATA per connection (it
+never blocks reading the shared stream) and returns CREDIT as it writes the bytes
+out to that connection's socket. A connection whose far end does not read stops at
+its window; the others go on.
+
+**Close.** A connection ends normally when both sides sent EOF (each side closes
+its socket once it sent and received EOF); an error on either end sends RESET.
+
+**Relay death** (its exit, a kill, the session's destroy or reap, its deadline)
+ends every connection at once and closes the listeners: :attr:`Tunnel.closed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .contract import ExitItem, OutputChunk, SandboxError, SandboxSession
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">IBI")
+HELLO, OPEN, DATA, CREDIT, EOF, RESET = range(1, 7)
+#: bytes of one connection's data in flight (per direction) before its sender waits for CREDIT
+DEFAULT_WINDOW = 4 << 20
+#: the largest DATA payload one frame carries
+MAX_FRAME = 256 << 10
+#: how long :meth:`Tunnel.start` waits for the relay's HELLO
+START_TIMEOUT = 30.0
+
+log = logging.getLogger(__name__)
+
+
+class TunnelError(SandboxError):
+    """The relay could not start, or died."""
+
+
+#: The relay, run in the session as ``python3 -u -c RELAY_SOURCE WINDOW``. Threads, blocking sockets and
+#: os.read/os.write on fds 0/1, so it works whatever kind of fd the provider gives it (pipe, fifo, socket).
+RELAY_SOURCE = r"""
+import os, socket, struct, sys, threading
+from collections import deque
+H = struct.Struct(">IBI")
+HELLO, OPEN, DATA, CREDIT, EOF, RESET = range(1, 7)
+W = int(sys.argv[1]); MAXF = int(sys.argv[2])
+out_lock = threading.Lock()
+conns = {}
+
+def send(cid, kind, data=b""):
+    buf = memoryview(H.pack(cid, kind, len(data)) + data)
+    with out_lock:
+        while buf:
+            buf = buf[os.write(1, buf):]
+
+class Conn:
+    def __init__(self, cid, port):
+        self.cid, self.port = cid, port
+        self.sock = None
+        self.cv = threading.Condition()
+        self.q = deque()
+        self.credit = W
+        self.dead = False
+        self.sent_eof = self.got_eof = False
+        threading.Thread(target=self.writer, daemon=True).start()
+
+    def reset(self, why, tell=True):
+        with self.cv:
+            if self.dead:
+                return
+            self.dead = True
+            self.cv.notify_all()
+        conns.pop(self.cid, None)
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+        if tell:
+            send(self.cid, RESET, why.encode("utf-8", "replace")[:1000])
+
+    def done_one_way(self):
+        with self.cv:
+            finished = self.sent_eof and self.got_eof and not self.dead
+            if finished:
+                self.dead = True
+        if finished:
+            conns.pop(self.cid, None)
+            self.sock.close()
+
+    def writer(self):
+        try:
+            self.sock = socket.create_connection(("127.0.0.1", self.port))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as e:
+            self.reset("connect to port %d failed: %s" % (self.port, e))
+            return
+        threading.Thread(target=self.reader, daemon=True).start()
+        owed = 0
+        while True:
+            with self.cv:
+                while not self.q and not self.dead:
+                    self.cv.wait()
+                if self.dead:
+                    return
+                item = self.q.popleft()
+            if item is None:
+                try:
+                    self.sock.shutdown(socket.SHUT_WR)
+                except OSError as e:
+                    self.reset("half-close failed: %s" % e)
+                    return
+                with self.cv:
+                    self.got_eof = True
+                self.done_one_way()
+                return
+            try:
+                self.sock.sendall(item)
+            except OSError as e:
+                self.reset("write failed: %s" % e)
+                return
+            owed += len(item)
+            if owed >= W // 4:
+                send(self.cid, CREDIT, struct.pack(">I", owed))
+                owed = 0
+
+    def reader(self):
+        while True:
+            with self.cv:
+                while self.credit <= 0 and not self.dead:
+                    self.cv.wait()
+                if self.dead:
+                    return
+                n = min(self.credit, MAXF)
+            try:
+                data = self.sock.recv(n)
+            except OSError as e:
+                self.reset("read failed: %s" % e)
+                return
+            if not data:
+                with self.cv:
+                    if self.dead:
+                        return
+                    self.sent_eof = True
+                send(self.cid, EOF)
+                self.done_one_way()
+                return
+            with self.cv:
+                if self.dead:
+                    return
+                self.credit -= len(data)
+            send(self.cid, DATA, data)
+
+def main():
+    send(0, HELLO, struct.pack(">I", 1))
+    buf = bytearray()
+    while True:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            os._exit(0)
+        buf += chunk
+        at = 0
+        while len(buf) - at >= 9:
+            cid, kind, n = H.unpack_from(buf, at)
+            if len(buf) - at - 9 < n:
+                break
+            payload = bytes(buf[at + 9 : at + 9 + n])
+            at += 9 + n
+            c = conns.get(cid)
+            if kind == OPEN:
+                conns[cid] = Conn(cid, struct.unpack(">H", payload)[0])
+            elif c is None:
+                continue
+            elif kind == DATA or kind == EOF:
+                with c.cv:
+                    c.q.append(payload if kind == DATA else None)
+                    c.cv.notify_all()
+            elif kind == CREDIT:
+                with c.cv:
+                    c.credit += struct.unpack(">I", payload)[0]
+                    c.cv.notify_all()
+            elif kind == RESET:
+                c.reset("", tell=False)
+        del buf[:at]
+
+main()
+"""
+
+
+@dataclass
+class Forward:
+    """One host listener: ``127.0.0.1:port`` on the host reaches ``127.0.0.1:remote_port`` in the session."""
+
+    remote_port: int
+    host: str
+    port: int
+    server: asyncio.base_events.Server
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class _Connection:
+    """The host side of one forwarded connection."""
+
+    def __init__(self, tunnel: Tunnel, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.tunnel = tunnel
+        self.cid = cid
+        self.reader = reader
+        self.writer = writer
+        self.credit = tunnel.window
+        self.credit_event = asyncio.Event()
+        self.credit_event.set()
+        self.inbox: deque[bytes | None] = deque()
+        self.inbox_event = asyncio.Event()
+        self.sent_eof = False
+        self.got_eof = False
+        self.dead = False
+        self.tasks = [
+            asyncio.create_task(self._upstream(), name=f"tunnel-up-{cid}"),
+            asyncio.create_task(self._downstream(), name=f"tunnel-down-{cid}"),
+        ]
+
+    async def _upstream(self) -> None:
+        """Host socket -> relay, within the credit the relay gave."""
+        try:
+            while not self.dead:
+                while self.credit <= 0 and not self.dead:
+                    self.credit_event.clear()
+                    await self.credit_event.wait()
+                if self.dead:
+                    return
+                data = await self.reader.read(min(self.credit, MAX_FRAME))
+                if self.dead:
+                    return
+                if not data:
+                    self.sent_eof = True
+                    self.tunnel._send(self.cid, EOF)
+                    self._maybe_finished()
+                    return
+                self.credit -= len(data)
+                self.tunnel._send(self.cid, DATA, data)
+        except (OSError, ConnectionError) as e:
+            self.reset(f"host read failed: {e}")
+
+    async def _downstream(self) -> None:
+        """Relay -> host socket; CREDIT goes back as the bytes are written out."""
+        owed = 0
+        quarter = max(1, self.tunnel.window // 4)
+        try:
+            while not self.dead:
+                if not self.inbox:
+                    self.inbox_event.clear()
+                    await self.inbox_event.wait()
+                    continue
+                item = self.inbox.popleft()
+                if item is None:
+                    if self.writer.can_write_eof():
+                        self.writer.write_eof()
+                    self.got_eof = True
+                    self._maybe_finished()
+                    return
+                self.writer.write(item)
+                await self.writer.drain()
+                owed += len(item)
+                if owed >= quarter:
+                    self.tunnel._send(self.cid, CREDIT, struct.pack(">I", owed))
+                    owed = 0
+        except (OSError, ConnectionError, RuntimeError) as e:
+            self.reset(f"host write failed: {e}")
+
+    def _maybe_finished(self) -> None:
+        if self.sent_eof and self.got_eof and not self.dead:
+            self.dead = True
+            self.tunnel._forget(self.cid)
+            self.writer.close()
+
+    def on_frame(self, kind: int, payload: bytes) -> None:
+        if kind in (DATA, EOF):
+            self.inbox.append(payload if kind == DATA else None)
+            self.inbox_event.set()
+        elif kind == CREDIT:
+            (n,) = struct.unpack(">I", payload)
+            self.credit += n
+            self.credit_event.set()
+        elif kind == RESET:
+            self.reset(payload.decode("utf-8", "replace"), tell=False)
+
+    def reset(self, why: str, *, tell: bool = True) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        if why:
+            log.debug("tunnel connection %d reset: %s", self.cid, why)
+        self.tunnel._forget(self.cid)
+        if tell:
+            self.tunnel._send(self.cid, RESET, why.encode()[:1000])
+        self.credit_event.set()
+        self.inbox_event.set()
+        self.writer.transport.abort()
+        current = asyncio.current_task()
+        for task in self.tasks:
+            if task is not current:
+                task.cancel()
+
+
+class Tunnel:
+    """A relay in one session and the host listeners forwarding to it.
+
+    Start with :meth:`start`; forward ports with :meth:`forward`; end with
+    :meth:`close` (kills the relay). :attr:`closed` is set when the relay is gone
+    for whatever reason, and :attr:`exit_reason` says why.
+    """
+
+    def __init__(self, handle: object, *, window: int = DEFAULT_WINDOW) -> None:
+        self.handle = handle
+        self.window = window
+        self.closed = asyncio.Event()
+        self.exit_reason: str | None = None
+        self._hello = asyncio.get_running_loop().create_future()
+        self._ids = itertools.count(1)
+        self._conns: dict[int, _Connection] = {}
+        self._forwards: list[Forward] = []
+        self._out: deque[bytes] = deque()
+        self._out_event = asyncio.Event()
+        self._stderr_tail = b""
+        self._writer = asyncio.create_task(self._write_loop(), name="tunnel-writer")
+        self._reader = asyncio.create_task(self._read_loop(), name="tunnel-reader")
+
+    @classmethod
+    async def start(
+        cls,
+        session: SandboxSession,
+        *,
+        python: str = "python3",
+        timeout_seconds: float,
+        window: int = DEFAULT_WINDOW,
+        start_timeout: float = START_TIMEOUT,
+    ) -> Tunnel:
+        """Start the relay in ``session`` (``python`` is the interpreter there) and wait for it to answer."""
+        if not 0 < window < 1 << 31:
+            raise ValueError("window must be a positive number of bytes below 2 GiB")
+        argv = relay_argv(python, window)
+        handle = await session.exec_start(argv, timeout_seconds=timeout_seconds)
+        tunnel = cls(handle, window=window)
+        try:
+            await asyncio.wait_for(asyncio.shield(tunnel._hello), start_timeout)
+        except asyncio.TimeoutError:
+            await tunnel.close()
+            raise TunnelError(f"the tunnel relay did not answer within {start_timeout:g} s") from None
+        except BaseException:
+            await tunnel.close()
+            raise
+        return tunnel
+
+    # ------------------------------------------------------------ listeners
+
+    async def forward(self, remote_port: int, *, host: str = "127.0.0.1", port: int = 0) -> Forward:
+        """Listen on ``host:port`` (0: an ephemeral port) and forward each connection to ``remote_port``."""
+        if self.closed.is_set():
+            raise TunnelError(f"the tunnel is closed: {self.exit_reason}")
+        if not 0 < remote_port < 65536:
+            raise ValueError(f"remote_port must be a TCP port number, not {remote_port!r}")
+
+        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._accept(remote_port, reader, writer)
+
+        server = await asyncio.start_server(accepted, host, port)
+        bound = server.sockets[0].getsockname()[1]
+        forward = Forward(remote_port, host, bound, server)
+        self._forwards.append(forward)
+        return forward
+
+    def _accept(self, remote_port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.closed.is_set():
+            writer.transport.abort()
+            return
+        cid = next(self._ids)
+        self._send(cid, OPEN, struct.pack(">H", remote_port))
+        self._conns[cid] = _Connection(self, cid, reader, writer)
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    # --------------------------------------------------------------- stream
+
+    def _send(self, cid: int, kind: int, payload: bytes = b"") -> None:
+        if self.closed.is_set():
+            return
+        self._out.append(HEADER.pack(cid, kind, len(payload)))
+        if payload:
+            self._out.append(payload)
+        self._out_event.set()
+
+    def _forget(self, cid: int) -> None:
+        self._conns.pop(cid, None)
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                if not self._out:
+                    self._out_event.clear()
+                    await self._out_event.wait()
+                    continue
+                parts: list[bytes] = []
+                size = 0
+                while self._out and size < (4 << 20):
+                    part = self._out.popleft()
+                    parts.append(part)
+                    size += len(part)
+                await self.handle.write(b"".join(parts))  # type: ignore[attr-defined]
+        except SandboxError as e:
+            self._die(f"writing to the relay failed: {e}")
+
+    async def _read_loop(self) -> None:
+        buf = bytearray()
+        reason = "the relay ended"
+        try:
+            async for item in self.handle.output:  # type: ignore[attr-defined]
+                if isinstance(item, OutputChunk):
+                    if item.stream == "stderr":
+                        self._stderr_tail = (self._stderr_tail + item.data)[-4000:]
+                        continue
+                    buf += item.data
+                    at = self._dispatch(buf)
+                    if at:
+                        del buf[:at]
+                elif isinstance(item, ExitItem):
+                    reason = f"the relay exited with status {item.exit_code}"
+        except SandboxError as e:
+            reason = f"the relay failed: {e}"
+        except asyncio.CancelledError:
+            reason = "the tunnel was closed"
+            raise
+        finally:
+            tail = self._stderr_tail.decode("utf-8", "replace").strip()
+            self._die(reason + (f"; its stderr: {tail[-1000:]}" if tail else ""))
+
+    def _dispatch(self, buf: bytearray) -> int:
+        at, end = 0, len(buf)
+        while end - at >= HEADER.size:
+            cid, kind, n = HEADER.unpack_from(buf, at)
+            if end - at - HEADER.size < n:
+                break
+            payload = bytes(buf[at + HEADER.size : at + HEADER.size + n])
+            at += HEADER.size + n
+            if kind == HELLO:
+                if not self._hello.done():
+                    self._hello.set_result(payload)
+                continue
+            conn = self._conns.get(cid)
+            if conn is not None:
+                conn.on_frame(kind, payload)
+        return at
+
+    def _die(self, reason: str) -> None:
+        if self.closed.is_set():
+            return
+        self.exit_reason = reason
+        self.closed.set()
+        log.debug("tunnel closed: %s", reason)
+        if not self._hello.done():
+            self._hello.set_exception(TunnelError(f"the tunnel relay did not start: {reason}"))
+            self._hello.exception()  # retrieved: start() reports it
+        for forward in self._forwards:
+            forward.close()
+        for conn in list(self._conns.values()):
+            conn.reset("", tell=False)
+        self._conns.clear()
+        self._writer.cancel()
+
+    async def close(self) -> None:
+        """Kill the relay: every connection ends and the listeners close. Idempotent."""
+        with contextlib.suppress(SandboxError):
+            await self.handle.kill()  # type: ignore[attr-defined]
+        # the output ends promptly after a kill; bound the wait anyway
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self._reader), 10.0)
+        if not self._reader.done():
+            self._reader.cancel()
+        self._die("the tunnel was closed")
+        for forward in self._forwards:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(forward.server.wait_closed(), 1.0)
+
+
+def relay_argv(python: str = "python3", window: int = DEFAULT_WINDOW) -> list[str]:
+    """The command that runs the relay in a session."""
+    return [python, "-u", "-c", RELAY_SOURCE, str(window), str(MAX_FRAME)]
+
+
+async def open_tunnel(
+    session: SandboxSession,
+    ports: Sequence[int],
+    *,
+    python: str = "python3",
+    timeout_seconds: float,
+) -> tuple[Tunnel, dict[int, int]]:
+    """A tunnel with one host listener per port of ``ports``: ``(tunnel, {remote_port: host_port})``."""
+    tunnel = await Tunnel.start(session, python=python, timeout_seconds=timeout_seconds)
+    try:
+        mapping = {}
+        for port in ports:
+            mapping[port] = (await tunnel.forward(port)).port
+    except BaseException:
+        await tunnel.close()
+        raise
+    return tunnel, mapping
+
+
+__all__ = ["DEFAULT_WINDOW", "RELAY_SOURCE", "Forward", "Tunnel", "TunnelError", "open_tunnel", "relay_argv"]
