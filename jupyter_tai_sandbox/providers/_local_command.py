@@ -60,6 +60,8 @@ class LocalCommand(ExecHandle):
         self._exited: asyncio.Future[None] = loop.create_future()
         self._output_ended: asyncio.Future[None] = loop.create_future()
         self._status: int | None = None
+        self._returncode: int | None = None
+        self._watch: ChildWatch | None = None
         self._failure: SandboxError | None = None
         self._timeout_error: SandboxExecTimeoutError | None = None
         self._killed = False
@@ -141,7 +143,10 @@ class LocalCommand(ExecHandle):
         )
 
     def _process_reaped(self, returncode: int | None) -> None:
-        self._process.returncode = 255 if returncode is None else returncode  # reaped here: Popen must not wait for it again
+        """``returncode`` None: the status was lost (reaped elsewhere); it is never made up."""
+        self._returncode = returncode
+        # reaped here: Popen must never wait for (or warn about) the pid again
+        self._process.returncode = returncode if returncode is not None else -1
         self.process_exited()
 
     # -------------------------------------------------- subprocess protocol
@@ -262,14 +267,20 @@ class LocalCommand(ExecHandle):
             pipe.close()
 
     def _read_status(self) -> int | None:
-        returncode = self._process.returncode
+        returncode = self._returncode
         return None if returncode is None else exit_status(returncode)
 
     def _release_group(self, *, stop_group: bool) -> None:
-        """Let the group go, stopping it first if asked; the group id is never signalled again."""
+        """Let the group go, stopping it first if asked; the group id is never signalled again.
+
+        A stop also kills the command's own process, which may have left the group
+        (setsid): it is our unreaped child, so the signal cannot reach another process.
+        """
         if not self._group_held:
             return
         self._group_held = False
+        if stop_group and self._watch is not None:
+            self._watch.kill()
         if stop_group and holder_unreaped(self._pgid):
             # the holder is not reaped, so the group id is still this command's
             killpg(self._pgid)

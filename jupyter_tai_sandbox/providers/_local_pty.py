@@ -6,21 +6,22 @@ import asyncio
 import contextlib
 import os
 import pty
-import signal
+import subprocess
 
 from ..contract import DEFAULT_WINDOW, SandboxSpecRejectedError
-from ._common import KILLED_EXIT_CODE
 from ._local_command import LocalCommand, _PipeRelay
-from ._posix import killpg, session_members, set_window
+from ._posix import ChildWatch, kill_session_but_leader, set_window
 
 # The pty holder leads a new session and takes the terminal as its controlling tty (its stdin
 # and stdout arrive as the control and status pipes, moved to fds 3 and 4: dash takes only
 # one-digit fds). It runs the command in its own group, so ^C reaches it, reports the
-# command's status on fd 4, lets go of the terminal and waits until fd 3 is closed.
-_PTY_HOLDER = """exec 3<&0 4>&1 0<>"$1" 1>&0 2>&0
+# command's status on fd 4, lets go of the terminal and waits until fd 3 is closed. Its own
+# stderr is /dev/null while it waits, so a stop does not add the shell's "Killed" to the
+# terminal's output; the command (a subshell that execs it) gets the terminal as stderr.
+_PTY_HOLDER = """exec 3<&0 4>&1 0<>"$1" 1>&0 2>/dev/null
 shift
 trap : INT QUIT TSTP HUP
-"$@" 3<&- 4>&-
+(exec "$@" 2>&1 3<&- 4>&-)
 status=$?
 exec 0<&- 1>&- 2>&-
 echo "$status" >&4
@@ -29,14 +30,16 @@ read _ <&3
 """
 
 
-class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
+class LocalPtyCommand(LocalCommand):
     """An interactive command on a pseudo-terminal: one output stream, resize, ^C as a signal.
 
     The holder is the command's parent here (a command can only share the terminal's
-    session as its descendant), so the status comes from the holder over a pipe. A
-    stop kills the whole session, since an interactive shell moves jobs to groups of
-    their own. A command stopped while running reports 137: it was killed by SIGKILL.
-    ``close_stdin`` sends the terminal's end-of-file character (^D).
+    session as its descendant), so the status comes from the holder over a pipe: the
+    status its shell read from the command's own wait status (137 for one stopped by
+    SIGKILL). When none arrives, the output ends with SandboxError. A stop kills every
+    process of the terminal's session, since an interactive shell moves jobs to groups
+    of their own, and the command itself even if it left that session; never the holder,
+    which reports the status. ``close_stdin`` sends the terminal's end-of-file (^D).
     """
 
     async def start(
@@ -52,22 +55,16 @@ class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
         # no group holder (the session gives none): the pty holder is the command's parent
         loop = asyncio.get_running_loop()
         self._open_outputs = {1}
-        self._stopped = False
         self._pty_status = bytearray()
         self._holder_exited = asyncio.Event()
+        self._pipes = []
         master, slave = pty.openpty()
-        set_window(master, *window)
         status_r, status_w = os.pipe()
         control_r, self._control = os.pipe()
         try:
-            self._transport, _ = await loop.subprocess_exec(
-                lambda: self,
-                "sh",
-                "-c",
-                _PTY_HOLDER,
-                "sh",
-                os.ttyname(slave),
-                *argv,
+            set_window(master, *window)
+            process = subprocess.Popen(
+                ["sh", "-c", _PTY_HOLDER, "sh", os.ttyname(slave), *argv],
                 stdin=control_r,
                 stdout=status_w,
                 stderr=slave,
@@ -76,29 +73,43 @@ class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
                 env={"TERM": "xterm-256color", **env},
             )
         except BaseException:
-            os.close(master)
-            os.close(status_r)
-            os.close(self._control)
+            for fd in (master, status_r, self._control):
+                os.close(fd)
             raise
         finally:
             for fd in (slave, status_w, control_r):
                 os.close(fd)
-        self._pgid = self._transport.get_pid()
+        self._holder = process
+        self._holder_watch = ChildWatch(process.pid, self._holder_reaped)
+        self._pgid = process.pid
         self._group_held = True
         self._deadline = loop.time() + self._timeout_seconds
         self._master = master
-        self._status_pipe, _ = await loop.connect_read_pipe(
-            lambda: _PtyStatus(self), os.fdopen(status_r, "rb", buffering=0)
-        )
-        self._output_pipe, _ = await loop.connect_read_pipe(
-            lambda: _PipeRelay(self, 1), os.fdopen(master, "rb", buffering=0)
-        )
-        self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
-            lambda: _PipeRelay(self, 0), os.fdopen(os.dup(master), "wb", buffering=0)
-        )
-        self._supervisor = asyncio.create_task(self._supervise())
+        files = [
+            os.fdopen(status_r, "rb", buffering=0),
+            os.fdopen(master, "rb", buffering=0),
+            os.fdopen(os.dup(master), "wb", buffering=0),
+        ]
+        try:
+            self._status_pipe, _ = await loop.connect_read_pipe(lambda: _PtyStatus(self), files[0])
+            self._pipes.append(self._status_pipe)
+            self._output_pipe, _ = await loop.connect_read_pipe(lambda: _PipeRelay(self, 1), files[1])
+            self._pipes.append(self._output_pipe)
+            self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
+                lambda: _PipeRelay(self, 0), files[2]
+            )
+            self._pipes.append(self._stdin)  # type: ignore[arg-type]
+            self._supervisor = asyncio.create_task(self._supervise())
+        except BaseException:  # a cancelled start stops what it started
+            self._release_group(stop_group=True)
+            for pipe in self._pipes:
+                pipe.close()
+            for file in files:
+                file.close()
+            raise
 
-    def process_exited(self) -> None:
+    def _holder_reaped(self, returncode: int | None) -> None:
+        self._holder.returncode = returncode if returncode is not None else -1  # Popen must not wait again
         self._holder_exited.set()  # the command's own exit comes from the status pipe
 
     def _status_reported(self) -> None:
@@ -115,22 +126,16 @@ class LocalPtyCommand(LocalCommand, asyncio.SubprocessProtocol):
 
     def _read_status(self) -> int | None:
         reported = self._pty_status.decode(errors="replace").strip()
-        if reported.isdigit():
-            return int(reported)
-        return KILLED_EXIT_CODE if self._stopped else None
+        return int(reported) if reported.isdigit() else None
 
     def _release_group(self, *, stop_group: bool) -> None:
         if not self._group_held:
             return
         self._group_held = False
-        if stop_group and self._transport.get_returncode() is None:
-            # the holder leads the session and is alive: every member is this command's
-            self._stopped = True
-            for pid in session_members(self._pgid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            killpg(self._pgid)
-        os.close(self._control)
+        if stop_group and not self._holder_watch.reaped:
+            # the holder is an unreaped child: its pid, the session id, is still this command's
+            kill_session_but_leader(self._pgid)
+        os.close(self._control)  # the holder reports the command's status, then ends
 
     async def _holder_gone(self) -> None:
         await self._holder_exited.wait()

@@ -149,6 +149,66 @@ def processes() -> Iterator[tuple[int, str, int, int]]:
         yield int(entry), fields[0].decode(), int(fields[1]), int(fields[3])
 
 
-def session_members(sid: int) -> list[int]:
-    """Pids of the live (not zombie) processes in session ``sid``."""
-    return [pid for pid, state, _, session in processes() if session == sid and state not in ("Z", "X")]
+def process_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, ppid, session id)`` of ``pid``, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0].decode(), int(fields[1]), int(fields[3])
+
+
+def _alive(state: str) -> bool:
+    return state not in ("Z", "X")
+
+
+def kill_verified(pid: int, still_ours: Callable[[int], bool]) -> None:
+    """SIGKILL ``pid`` if ``still_ours(pid)`` holds for the process a pidfd pins down.
+
+    The pidfd is opened first and the check made after, so a pid given to another
+    process between a /proc scan and the signal is never signalled.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfds: the narrow reuse window stays
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if still_ours(pid):
+                os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        if still_ours(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+
+
+def kill_session_but_leader(leader: int, rounds: int = 50) -> None:
+    """SIGKILL every live process of session ``leader`` and every child of the leader, not the leader.
+
+    The leader's children are stopped even if they left its session (a command that
+    called setsid); what *they* started and moved out of the session is left alone.
+    Call only while ``leader`` is an unreaped child of ours, so its pid (and so the
+    session id) is still its own. Rescans until a round finds no new process, since
+    a member may fork while the first round runs (a killed process cannot fork).
+    """
+
+    def ours(pid: int) -> bool:
+        stat = process_stat(pid)
+        return stat is not None and _alive(stat[0]) and leader in (stat[1], stat[2])
+
+    killed: set[int] = set()
+    for _ in range(rounds):
+        targets = [
+            pid
+            for pid, state, ppid, sid in processes()
+            if pid != leader and pid not in killed and _alive(state) and leader in (ppid, sid)
+        ]
+        if not targets:
+            return
+        for pid in targets:
+            kill_verified(pid, ours)
+            killed.add(pid)
