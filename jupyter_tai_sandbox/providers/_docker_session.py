@@ -294,7 +294,7 @@ class DockerSession(SandboxSession):
     async def _where(self, path: str) -> _Located:
         self._check_live()
         rel = workspace_relative(path, WORKSPACE)
-        return await asyncio.to_thread(self._locate, rel, path)
+        return await self._engine.blocking(self._locate, rel, path)
 
     async def _folder(self, path: str, what: str) -> str:
         located = await self._where(path)

@@ -484,7 +484,15 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
         return DockerSession(self._site, container_id, session_id, spec, now, expires)
 
-    def _session_from(self, container_id: str, labels: Mapping[str, str], env: Sequence[str] | None, **kw: Any) -> DockerSession:
+    def _session_from(
+        self,
+        container_id: str,
+        labels: Mapping[str, str],
+        env: Sequence[str] | None,
+        *,
+        record: str | None = None,
+        pooled: bool = False,
+    ) -> DockerSession:
         public = json.loads(labels[LABEL_SPEC])
         values = dict(item.split("=", 1) for item in env or () if "=" in item)
         public["env"] = {name: values.get(name, "") for name in public.get("env", [])}
@@ -493,14 +501,14 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         spec = SessionSpec.from_json(public)
         return DockerSession(
             self._site, container_id, labels[LABEL_SESSION], spec,
-            float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]), **kw,
+            float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]),
+            record=record, exec_env=spec.env if pooled else None,
         )
 
     def _session_from_pooled(self, pooled: PooledSession) -> DockerSession:
+        """A session in a pooled container: its spec env (not in the container's) goes to every exec."""
         env = [f"{k}={v}" for k, v in pooled.env.items()]
-        session = self._session_from(pooled.container_id, pooled.labels, env, record=pooled.record)
-        session._exec_env = dict(session.spec.env)
-        return session
+        return self._session_from(pooled.container_id, pooled.labels, env, record=pooled.record, pooled=True)
 
     async def _get_pooled(self, session_id: str) -> DockerSession:
         pooled = await self._pool.find(session_id)

@@ -267,12 +267,19 @@ class DockerEngine:
     async def ensure_network(self, name: str, *, labels: Mapping[str, str], options: Mapping[str, str]) -> None:
         """Create the internal (no route out) bridge network ``name`` unless it exists."""
 
+        docker = docker_sdk()
+
         def ensure() -> None:
             client = self._client
-            if not [n for n in client.networks.list(names=[name]) if n.name == name]:
+            if [n for n in client.networks.list(names=[name]) if n.name == name]:
+                return
+            try:
                 client.networks.create(
                     name, driver="bridge", internal=True, check_duplicate=True, options=dict(options), labels=dict(labels)
                 )
+            except docker.errors.APIError as e:
+                if e.status_code != 409:  # 409: another provider on this engine made it meanwhile
+                    raise
 
         await self._call(f"create network {name}", ensure)
 
@@ -382,6 +389,11 @@ class DockerEngine:
         if response.status_code != 200:
             return {"mode": -1}
         return json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking function that calls the engine (such as :meth:`stat_path`) in a worker thread."""
+        await self.connect()
+        return await self._thread(fn, *args)
 
     async def put_archive(self, container_id: str, folder: str, archive: bytes | Iterable[bytes]) -> None:
         """Extract a tar archive (bytes or chunks) into ``folder`` of the container."""
