@@ -15,6 +15,7 @@ from traitlets.config import Configurable
 from . import sandboxes
 from ._version import __version__
 from .contract import Sandbox, SandboxError, isolation_rank
+from .execs import ExecRegistry
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
 from .sessions import SessionRegistry
@@ -91,6 +92,21 @@ class SandboxApp(ExtensionApp):
         OutputTooLargeError saying why. 0 means no limit (only the command's deadline bounds it).""",
     ).tag(config=True)
 
+    detach_grace_seconds = Float(
+        60.0,
+        help="""How long an interactive command runs on after its last websocket closed (a reload, a closed
+        tab, a lab restart) before it is killed, in seconds; attaching again within it (by exec id, from an
+        output offset) cancels the kill. The command's own deadline always applies. 0 kills on disconnect.
+        The default covers a page reload or a server-side lab restart without keeping an abandoned
+        command's processes for long.""",
+    ).tag(config=True)
+
+    exec_ring_bytes = Integer(
+        1 << 20,
+        help="""Bytes of each interactive command's most recent output the server keeps for a client that
+        attaches again (replayed from the offset it asks for, as far back as the ring reaches).""",
+    ).tag(config=True)
+
     max_preset_bytes = Integer(
         64 << 10,
         help="Largest preset definition (as JSON) the preset store accepts, in bytes. 0 means no limit.",
@@ -123,7 +139,7 @@ class SandboxApp(ExtensionApp):
         OutputSpool.default_disk_limit = self.max_spill_bytes
         self.policy = SandboxPolicy(parent=self)
         self.registry = SessionRegistry(self.policy)
-        self.live_commands = 0
+        self.execs = ExecRegistry(ring_bytes=self.exec_ring_bytes, grace_seconds=self.detach_grace_seconds)
         self._reaper: asyncio.Task[None] | None = None
         self.sandbox: Sandbox | None = None
         sandboxes.use_policy(self.policy)
@@ -188,8 +204,8 @@ class SandboxApp(ExtensionApp):
             self.serverapp.web_app.settings[LAST_ACTIVITY_KEY] = utcnow()
 
     def current_activity(self) -> bool:
-        """Interactive sandbox commands are open (the server's no-activity shutdown waits for them)."""
-        return self.live_commands > 0
+        """Interactive sandbox commands are running (the server's no-activity shutdown waits for them)."""
+        return len(self.execs) > 0
 
     def _make_provider(self) -> Sandbox:
         cls = sandboxes.load_provider_class(self.provider)
@@ -205,10 +221,16 @@ class SandboxApp(ExtensionApp):
         self.handlers.extend(rest_handlers)
         self.handlers.extend(tool_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
+        from . import mcp_door
+
+        self.handlers.extend(mcp_door.handlers(self))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.start_reaper()
         self.export_server_env(serverapp)
+        from . import mcp_door
+
+        await mcp_door.start(self)
 
     #: what kernels this server starts read to find its sandbox API (client.discover_server)
     KERNEL_ENV = ("TAI_SANDBOX_URL", "TAI_SANDBOX_TOKEN")
@@ -250,6 +272,9 @@ class SandboxApp(ExtensionApp):
 
     async def stop_extension(self) -> None:
         """Stop every session this server started (persistent workspaces are kept)."""
+        from . import mcp_door
+
+        await mcp_door.stop(self)
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
@@ -259,6 +284,7 @@ class SandboxApp(ExtensionApp):
             else:
                 os.environ[name] = value
         self._saved_env = {}
+        await self.execs.close()
         sandbox = self.sandbox
         if sandbox is None:
             if sandboxes.failure() is not None:

@@ -153,6 +153,17 @@ class ExecHandler(SandboxAPIHandler):
                 break
 
 
+class ExecsHandler(SandboxAPIHandler):
+    """The session's running interactive commands (the caller's own; all of them for an admin)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, session_id: str) -> None:
+        session = await self.get_session(session_id)
+        caller = await self.caller()
+        self.write_json({"execs": [live.to_json() for live in self.sandbox_app.execs.list(session.id, caller)]})
+
+
 @web.stream_request_body
 class FileHandler(SandboxAPIHandler):
     """GET downloads a file (streamed) or lists a folder; PUT uploads a file (streamed)."""
@@ -269,5 +280,6 @@ rest_handlers = [
     (r"/api/sandbox/sessions", SessionsHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}", SessionHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/exec", ExecHandler),
+    (rf"/api/sandbox/sessions/{SESSION_ID}/execs", ExecsHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/files(?:/(?P<path>.*))?", FileHandler),
 ]

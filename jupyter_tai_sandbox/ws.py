@@ -1,28 +1,32 @@
-"""Interactive exec over a websocket, terminal-like.
+"""Interactive exec over a websocket, terminal-like, with commands that survive a closed tab.
 
 Protocol (documented in README, "Websocket protocol"):
 
 client -> server
   text  {"type": "start", "argv": [...], "timeout_seconds": N, "pty": false,
-         "env": {}, "cwd": ".", "rows": 24, "cols": 80}          first message, once
+         "env": {}, "cwd": ".", "rows": 24, "cols": 80}          first message: a new command
+  text  {"type": "attach", "exec_id": "exe-...", "offset": N}    first message: a running one
   binary  bytes for the command's stdin
   text  {"type": "stdin", "data": "text"}                        stdin as text
   text  {"type": "close_stdin"} | {"type": "kill"} | {"type": "resize", "rows": R, "cols": C}
 
 server -> client
-  text  {"type": "started"}
+  text  {"type": "started", "exec_id": "exe-..."}
+  text  {"type": "attached", "exec_id": "exe-...", "offset": N}  N: the first offset replayed
   binary  one byte stream id (1 stdout, 2 stderr) then the bytes
   text  {"type": "rejected", "request": "<type>", "error": ..., "message": ...}  a refused
         request (a write after the exit, a resize without a pty...); the command runs on
   text  {"type": "exit", "exit_code": N}  or  {"type": "error", "error": "<ErrorClass>", "message": ...}
         exactly one of the two, last; then the server closes the socket.
+  text  {"type": "detached", ...}  another client attached to the command; this socket closes.
 
-A client that disconnects kills its command.
+Offsets count the output bytes of both streams together, from the command's start.
+A client that disconnects detaches: the command runs on (within its own deadline)
+and is killed after SandboxApp.detach_grace_seconds unless someone attaches again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import struct
@@ -37,38 +41,27 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol13
 
-from .contract import (
-    ExecHandle,
-    ExecRequest,
-    ExitItem,
-    SandboxError,
-    SandboxRequestError,
-    SandboxSession,
-    check_window_side,
-)
+from .contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
 from .errors import error_body, error_status
+from .execs import STREAM_IDS, LiveExec
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 
-STREAM_IDS = {"stdout": 1, "stderr": 2}
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
 _BINARY_FINAL = 0x82
 _FRAME_HEAD_SHORT = struct.Struct("!BB")
 _FRAME_HEAD_16 = struct.Struct("!BBH")
 _FRAME_HEAD_64 = struct.Struct("!BBQ")
-_kills: set[asyncio.Future[None]] = set()
 
 
 class ExecWebSocketHandler(
     JSONErrorsMixin, SandboxHandlerMixin, WebSocketMixin, WebSocketHandler, JupyterHandler
 ):
-    """One interactive command per connection."""
+    """One interactive command per connection: started here, or attached to by its exec id."""
 
     auth_resource = AUTH_RESOURCE
-    _counted = False
 
     session: SandboxSession
-    handle: ExecHandle | None = None
-    _pump: asyncio.Task[None] | None = None
+    live: LiveExec | None = None
     _ended = False
 
     def set_default_headers(self) -> None:
@@ -83,9 +76,8 @@ class ExecWebSocketHandler(
         user = self.current_user
         if not await ensure_async(self.authorizer.is_authorized(self, user, "execute", AUTH_RESOURCE)):
             raise web.HTTPError(403)
-        caller = await self.caller()
         # a refusal is answered in JSON (404 for an unknown or another user's session, 503 with no provider)
-        self.session = await self.sessions.get(session_id, caller, manage=True)
+        self.session = await self.sessions.get(session_id, await self.caller(), manage=True)
         self.touch()
         await super().get(session_id=session_id)
 
@@ -110,95 +102,85 @@ class ExecWebSocketHandler(
                 raise SandboxRequestError("control messages are JSON objects")
             await self._control(request)
         except SandboxError as e:
-            if self.handle is None:
-                await self._finish_with(error_body(e, error_status(e)))
+            if self.live is None:
+                await self.send_final({"type": "error", **error_body(e, error_status(e))})
             else:
                 # the command runs on: a refused request is answered, the stream does not end
-                await self._send({"type": "rejected", "request": request.get("type"), **error_body(e, 400)})
+                with contextlib.suppress(WebSocketClosedError):
+                    await self._send({"type": "rejected", "request": request.get("type"), **error_body(e, 400)})
 
     async def _control(self, request: dict[str, Any]) -> None:
         kind = request.get("type")
-        if kind == "start":
-            if self.handle is not None:
-                raise SandboxRequestError("this connection already started a command")
-            start = ExecRequest.from_json(
-                request,
-                interactive=True,
-                max_timeout_seconds=self.policy.max_timeout_seconds,
-                ignore=frozenset({"type"}),
-            )
-            self.handle = await self.session.start(start)
-            self.sandbox_app.live_commands += 1
-            self._counted = True
-            await self._send({"type": "started"})
-            self._pump = asyncio.create_task(self._relay_output(self.handle))
+        if kind in ("start", "attach"):
+            if self.live is not None:
+                raise SandboxRequestError("this connection already has a command")
+            await (self._start(request) if kind == "start" else self._attach(request))
             return
-        if self.handle is None:
-            raise SandboxRequestError('send {"type": "start", ...} first')
+        live = self.live
+        if live is None:
+            raise SandboxRequestError('send {"type": "start", ...} or {"type": "attach", ...} first')
         if kind == "stdin":
             data = request.get("data")
             if not isinstance(data, str):
-                raise SandboxRequestError(
-                    "stdin messages carry text in 'data' (send bytes as binary frames)"
-                )
-            await self._stdin(data.encode())
+                raise SandboxRequestError("stdin messages carry text in 'data' (send bytes as binary frames)")
+            await self._stdin(data.encode(errors="surrogatepass"))
         elif kind == "close_stdin":
-            await self.handle.close_stdin()
+            await live.handle.close_stdin()
         elif kind == "kill":
-            await self.handle.kill()
+            await live.handle.kill()
         elif kind == "resize":
             rows = check_window_side("rows", request.get("rows"))
             cols = check_window_side("cols", request.get("cols"))
-            await self.handle.resize(rows, cols)
+            await live.handle.resize(rows, cols)
         else:
             raise SandboxRequestError(f"unknown message type {kind!r}")
 
-    async def _stdin(self, data: bytes) -> None:
-        if self.handle is None:
-            raise SandboxRequestError('send {"type": "start", ...} before stdin')
-        self.touch()
-        await self.handle.write(data)
-
-    async def _relay_output(self, handle: ExecHandle) -> None:
-        # one frame in flight while the next is read: memory stays bounded by a frame or two,
-        # and reading the handle overlaps with flushing to the socket
-        in_flight: asyncio.Future[None] | None = None
+    async def _start(self, message: dict[str, Any]) -> None:
+        request = ExecRequest.from_json(
+            message,
+            interactive=True,
+            max_timeout_seconds=self.policy.max_timeout_seconds,
+            ignore=frozenset({"type"}),
+        )
+        caller = await self.caller()
+        handle = await self.session.start(request)
         # with scrub_transcript on, one scrubber per stream (it holds back < len(longest secret) bytes)
         scrubbers = {s: self.policy.stream_scrubber() for s in STREAM_IDS}
-        scrubbers = {s: scrubber for s, scrubber in scrubbers.items() if scrubber is not None}
+        live = self.sandbox_app.execs.add(
+            handle,
+            session_id=self.session.id,
+            owner=caller.name,
+            argv=request.argv,
+            pty=request.pty,
+            scrubbers={s: scrubber for s, scrubber in scrubbers.items() if scrubber is not None},
+        )
+        self.live = live
+        await self._send({"type": "started", "exec_id": live.id})
+        await live.attach(self, 0)
 
-        async def drain_scrubbers() -> None:
-            for stream, scrubber in scrubbers.items():
-                tail = scrubber.flush()
-                if tail:
-                    await self._write_output(STREAM_IDS[stream], tail)
+    async def _attach(self, message: dict[str, Any]) -> None:
+        exec_id, offset = message.get("exec_id"), message.get("offset", 0)
+        if not isinstance(exec_id, str):
+            raise SandboxRequestError("attach needs exec_id: the id 'started' gave", field="exec_id")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise SandboxRequestError("offset: a whole number of bytes >= 0", field="offset")
+        live = self.sandbox_app.execs.get(exec_id, await self.caller(), self.session.id)
+        self.live = live
+        await self._send({"type": "attached", "exec_id": live.id, "offset": max(offset, live.start_offset)})
+        await live.attach(self, offset)
 
-        try:
-            async for item in handle.output:
-                if isinstance(item, ExitItem):
-                    if in_flight is not None:
-                        await in_flight
-                    await drain_scrubbers()
-                    await self._finish_with({"type": "exit", "exit_code": item.exit_code})
-                    return
-                data = item.data
-                scrubber = scrubbers.get(item.stream)
-                if scrubber is not None:
-                    data = scrubber.feed(data)
-                    if not data:
-                        continue
-                frame = self._write_output(STREAM_IDS[item.stream], data)
-                if in_flight is not None:
-                    await in_flight
-                in_flight = frame
-        except (WebSocketClosedError, StreamClosedError):
-            return
-        except SandboxError as e:
-            with contextlib.suppress(WebSocketClosedError, StreamClosedError):
-                if in_flight is not None:
-                    await in_flight
-                await drain_scrubbers()
-            await self._finish_with(error_body(e, error_status(e)))
+    async def _stdin(self, data: bytes) -> None:
+        if self.live is None:
+            raise SandboxRequestError('send {"type": "start", ...} before stdin')
+        self.touch()
+        await self.live.write(data)
+
+    # ------------------------------------------------------ the listener
+
+    def send_output(self, stream_id: int, data: bytes) -> Awaitable[None]:
+        """One output frame (the stream id, then the bytes); the awaitable is its flush."""
+        self.touch()
+        return self._write_output(stream_id, data)
 
     def _write_output(self, stream_id: int, data: bytes) -> Awaitable[None]:
         """Send one output frame (the stream id, then the bytes); the returned awaitable is its flush.
@@ -229,33 +211,17 @@ class ExecWebSocketHandler(
     async def _send(self, message: dict[str, Any]) -> None:
         await self.write_message(json.dumps(message))
 
-    async def _finish_with(self, message: dict[str, Any]) -> None:
+    async def send_final(self, message: dict[str, Any]) -> None:
+        """The last message (exit, error or detached), then close."""
         if self._ended:
             return
         self._ended = True
-        if "type" not in message:
-            message = {"type": "error", **message}
-        with contextlib.suppress(WebSocketClosedError):
+        with contextlib.suppress(WebSocketClosedError, StreamClosedError):
             await self._send(message)
         self.close(1000)
-        self._uncount()
-        if self.handle is not None:
-            await self.handle.kill()
-
-    def _uncount(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.sandbox_app.live_commands -= 1
-            self.touch()
 
     def on_close(self) -> None:
         super().on_close()
-        self._uncount()
-        if self.handle is not None and not self._ended:
-            self._ended = True
-            if self._pump is not None:
-                self._pump.cancel()
-            # on_close cannot await: keep the task referenced until it is done
-            task = asyncio.ensure_future(self.handle.kill())
-            _kills.add(task)
-            task.add_done_callback(_kills.discard)
+        self._ended = True
+        if self.live is not None:
+            self.live.detach(self)
