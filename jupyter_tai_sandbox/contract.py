@@ -316,6 +316,10 @@ MAX_WINDOW_SIDE = 10_000
 MAX_COMMAND_BYTES = 1 << 20
 
 
+#: exit statuses of the default file operations' scripts
+_MISSING, _EXISTS = 18, 17
+
+
 def _bad(field: str, message: str) -> SandboxRequestError:
     return SandboxRequestError(f"{field}: {message}", field=field)
 
@@ -585,6 +589,52 @@ class SandboxSession(abc.ABC):
     @abc.abstractmethod
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
         """List a workspace folder: ``[{"name", "type": "file"|"directory"|"symlink"|"other", "size"}]``."""
+
+    async def remove_path(self, path: str) -> None:
+        """Delete a workspace file, or a folder with everything in it; never the workspace itself.
+
+        The default runs ``rm`` in the session on the resolved path; providers may do better.
+        """
+        target = await self._confined(path, "delete")
+        await self._file_op(f'test -e "$1" || test -L "$1" || exit {_MISSING}; rm -rf -- "$1"', target, what=path)
+
+    async def move_path(self, path: str, new_path: str) -> None:
+        """Rename or move a workspace file or folder; the new path must not exist yet (parents are made)."""
+        source = await self._confined(path, "move")
+        target = await self._confined(new_path, "move to")
+        await self._file_op(
+            f'test -e "$1" || test -L "$1" || exit {_MISSING}; test -e "$2" && exit {_EXISTS}; '
+            'mkdir -p -- "$(dirname -- "$2")" && mv -- "$1" "$2"',
+            source,
+            target,
+            what=path,
+        )
+
+    async def make_folder(self, path: str) -> None:
+        """Make a workspace folder (and its parents); an existing file there is a conflict."""
+        target = await self._confined(path, "make")
+        await self._file_op(f'test -e "$1" && ! test -d "$1" && exit {_EXISTS}; mkdir -p -- "$1"', target, what=path)
+
+    async def _confined(self, path: str, what: str) -> str:
+        import asyncio
+
+        resolved = await asyncio.to_thread(self.resolve, path)
+        workspace = await asyncio.to_thread(self.resolve, ".")
+        if resolved.rstrip("/") == workspace.rstrip("/"):
+            raise SandboxPathError(f"cannot {what} the workspace itself: name a path inside it")
+        return resolved
+
+    async def _file_op(self, script: str, *paths: str, what: str) -> None:
+        result = await self.exec(["sh", "-c", script, "sh", *paths], timeout_seconds=60)
+        if result.exit_code == _MISSING:
+            raise SandboxNotFoundError(f"no file or folder {what!r} in the session workspace")
+        if result.exit_code == _EXISTS:
+            from .errors import SandboxConflictError
+
+            raise SandboxConflictError(f"{what!r}: the target exists already in the session workspace")
+        if result.exit_code != 0:
+            message = result.stderr.decode(errors="replace").strip() or f"exit status {result.exit_code}"
+            raise SandboxPathError(f"{what!r}: {message}")
 
     @abc.abstractmethod
     def resolve(self, path: str) -> str:

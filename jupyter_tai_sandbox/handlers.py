@@ -32,6 +32,7 @@ from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin, p
 
 _DOWNLOAD_CHUNK = 1 << 20
 _RESPONSE_SLICE = 1 << 20
+_SMALL_BODY = 64 << 10
 _UPLOAD_QUEUE_CHUNKS = 8
 _ENCODINGS = ("utf-8", "base64")
 
@@ -209,6 +210,12 @@ class FileHandler(SandboxAPIHandler):
             yield chunk
 
     async def data_received(self, chunk: bytes) -> None:
+        if self.request.method in ("POST", "PATCH"):
+            # a small JSON body (the new path, the kind of entry), kept whole
+            self._small_body = getattr(self, "_small_body", b"") + chunk
+            if len(self._small_body) > _SMALL_BODY:
+                raise SandboxRequestError("the request body is too large for a file operation")
+            return
         if self._upload is None or self._rejected is not None:
             return
         self._received += len(chunk)
@@ -222,6 +229,41 @@ class FileHandler(SandboxAPIHandler):
         await asyncio.wait({queued, self._upload}, return_when=asyncio.FIRST_COMPLETED)
         if not queued.done():
             queued.cancel()
+
+    @web.authenticated
+    @authorized
+    async def delete(self, session_id: str, path: str | None = None) -> None:
+        """Delete a file, or a folder with what it holds."""
+        session = await self.get_session(session_id, manage=True)
+        await session.remove_path(_named(path))
+        self.touch()
+        self.set_status(204)
+        self.finish()
+
+    @web.authenticated
+    @authorized
+    async def patch(self, session_id: str, path: str | None = None) -> None:
+        """Rename or move: ``{"path": "new/path"}``; the new path must not exist (409)."""
+        body = parse_json_object(getattr(self, "_small_body", b""))
+        new_path = body.get("path")
+        if not isinstance(new_path, str) or not new_path:
+            raise SandboxRequestError("path: the new workspace path, a non-empty string", field="path")
+        session = await self.get_session(session_id, manage=True)
+        await session.move_path(_named(path), new_path)
+        self.touch()
+        self.write_json({"path": new_path})
+
+    @web.authenticated
+    @authorized
+    async def post(self, session_id: str, path: str | None = None) -> None:
+        """Make a folder (and its parents): ``{"type": "directory"}``."""
+        body = parse_json_object(getattr(self, "_small_body", b""))
+        if body.get("type") != "directory":
+            raise SandboxRequestError('type: "directory" (files are made with PUT)', field="type")
+        session = await self.get_session(session_id, manage=True)
+        await session.make_folder(_named(path))
+        self.touch()
+        self.write_json({"path": path, "type": "directory"}, status=201)
 
     def on_connection_close(self) -> None:
         if self._upload is not None and not self._upload.done():
@@ -271,6 +313,12 @@ class FileHandler(SandboxAPIHandler):
             await self.flush()
         self.touch()
         self.finish()
+
+
+def _named(path: str | None) -> str:
+    if not path or not path.strip("/"):
+        raise SandboxPathError("name a file or folder inside the workspace, e.g. files/data/old.csv")
+    return path
 
 
 SESSION_ID = r"(?P<session_id>[^/]+)"
