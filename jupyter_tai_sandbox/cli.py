@@ -18,13 +18,147 @@ RUN_FAILED = 125
 
 
 def _build_image(args: argparse.Namespace) -> int:
+    if args.python:
+        return _build_python_image(args)
+    name = args.name or DEFAULT_IMAGE
     try:
-        image_id = build_minimal_image(args.name, base_url=args.base_url)
+        image_id = build_minimal_image(name, base_url=args.base_url)
     except ImageBuildError as e:
         print(f"build-image: {e}", file=sys.stderr)
         return 1
-    print(f"built {args.name} ({image_id[:19]})")
+    print(f"built {name} ({image_id[:19]})")
     return 0
+
+
+def _build_python_image(args: argparse.Namespace) -> int:
+    from .image import PYTHON_IMAGE, build_python_image
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        build_python_image(
+            args.name or PYTHON_IMAGE,
+            suite=args.suite,
+            mirror=args.mirror,
+            force=args.force,
+            progress=progress,
+            base_url=args.base_url,
+        )
+    except ImageBuildError as e:
+        print(f"build-image --python: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _kernelspec_install(args: argparse.Namespace) -> int:
+    from . import kernelspecs
+
+    folder = kernelspecs.install(
+        args.name,
+        user=args.user,
+        prefix=args.prefix,
+        display_name=args.display_name,
+        image=args.image,
+        network=args.network,
+        workspace_key=args.persistent,
+        cpu=args.cpu,
+        memory_mb=args.memory,
+        ttl_seconds=args.ttl,
+        isolation=args.isolation,
+        provider=args.provider,
+    )
+    print(f"installed kernelspec {args.name} ({args.display_name}) in {folder}")
+    return 0
+
+
+def _kernelspec_list(args: argparse.Namespace) -> int:
+    from . import kernelspecs
+
+    specs = kernelspecs.list_specs()
+    if args.json:
+        print(json.dumps(specs, indent=2))
+        return 0
+    if not specs:
+        print("no sandboxed kernelspecs (install one: jupyter tai-sandbox kernelspec install)")
+    for name, entry in specs.items():
+        spec = entry["spec"]
+        config = spec["metadata"]["kernel_provisioner"].get("config", {})
+        settings = " ".join(f"{k}={v}" for k, v in sorted(config.items()))
+        print(f"{name:<24} {spec['display_name']!r} {settings}  [{entry['resource_dir']}]")
+    return 0
+
+
+def _kernelspec_remove(args: argparse.Namespace) -> int:
+    from . import kernelspecs
+
+    for name in args.names:
+        folder = kernelspecs.remove(name)
+        print(f"removed kernelspec {name} ({folder})")
+    return 0
+
+
+def _kernelspec_door(handler: Any) -> Any:
+    def door(args: argparse.Namespace) -> int:
+        try:
+            return int(handler(args))
+        except (SandboxError, ValueError, KeyError, OSError) as e:
+            message = e.args[0] if isinstance(e, KeyError) and e.args else e
+            print(f"kernelspec {args.kernelspec_command}: {message}", file=sys.stderr)
+            return 1
+
+    return door
+
+
+def _add_kernelspec_commands(commands: Any) -> None:
+    from .image import PYTHON_IMAGE
+    from .kernelspecs import DEFAULT_DISPLAY_NAME, DEFAULT_NAME, NETWORKS
+
+    kernelspec = commands.add_parser(
+        "kernelspec",
+        help="install, list and remove kernelspecs of sandboxed kernels (the kernel runs in a session)",
+        description="""A sandboxed kernel runs ipykernel inside a sandbox session created through the
+        server's policy; its ZMQ ports are forwarded over the exec seam. Pick it in JupyterLab's launcher.
+        On the local provider the kernel runs with the server's own Python on the host: not isolated.""",
+    )
+    sub = kernelspec.add_subparsers(dest="kernelspec_command", required=True)
+    install = sub.add_parser("install", help="write a sandboxed kernelspec")
+    install.add_argument("--name", default=DEFAULT_NAME, help=f"the kernelspec's name (default: {DEFAULT_NAME})")
+    install.add_argument(
+        "--display-name", default=DEFAULT_DISPLAY_NAME, help=f"shown in the launcher (default: {DEFAULT_DISPLAY_NAME!r})"
+    )
+    install.add_argument(
+        "--image",
+        default=PYTHON_IMAGE,
+        help=f"the session image; it needs python3 and ipykernel (default: {PYTHON_IMAGE}; the local provider ignores it)",
+    )
+    install.add_argument(
+        "--network",
+        choices=NETWORKS,
+        default="auto",
+        help="the session's network; auto (default): none where the provider can, else egress (local)",
+    )
+    install.add_argument("--persistent", metavar="KEY", default=None, help="keep the workspace in volume KEY across restarts")
+    install.add_argument("--cpu", type=float, default=None, help="CPUs for the session (docker)")
+    install.add_argument("--memory", type=int, metavar="MB", default=None, help="memory cap in MiB (docker)")
+    install.add_argument("--ttl", type=float, metavar="SECONDS", default=None, help="the session's TTL (default: the policy's maximum)")
+    install.add_argument("--isolation", choices=("none", "container", "vm"), default=None, help="ask for at least this isolation")
+    install.add_argument(
+        "--provider",
+        choices=("local", "docker"),
+        default=None,
+        help="the provider to use where none is configured (nbclient, scripts); a server uses its own",
+    )
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for this user only")
+    where.add_argument("--prefix", default=None, help="install under this prefix (e.g. sys.prefix)")
+    install.set_defaults(run=_kernelspec_door(_kernelspec_install))
+    listing = sub.add_parser("list", help="list the installed sandboxed kernelspecs")
+    listing.add_argument("--json", action="store_true", help="as JSON")
+    listing.set_defaults(run=_kernelspec_door(_kernelspec_list))
+    remove = sub.add_parser("remove", help="remove sandboxed kernelspecs (others are refused)")
+    remove.add_argument("names", nargs="+", metavar="NAME")
+    remove.set_defaults(run=_kernelspec_door(_kernelspec_remove))
 
 
 def load_server_config(extra_file: str | None = None) -> Any:
@@ -206,12 +340,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser(
         "build-image",
-        help="build the minimal session image offline from Debian's busybox-static (no registry needed)",
+        help="""build the minimal session image offline from Debian's busybox-static (no registry needed);
+        --python: the Python image for sandboxed kernels, from Debian's packages (debootstrap)""",
     )
-    build.add_argument("--name", default=DEFAULT_IMAGE, help=f"image name (default: {DEFAULT_IMAGE})")
+    build.add_argument(
+        "--name",
+        default=None,
+        help=f"image name (default: {DEFAULT_IMAGE}; with --python: jupyter-tai-sandbox/python:latest)",
+    )
     build.add_argument("--base-url", default=None, help="Docker engine URL (default: $DOCKER_HOST or the unix socket)")
+    build.add_argument(
+        "--python",
+        action="store_true",
+        help="build the Python image (python3, ipykernel) with debootstrap and docker import; needs root",
+    )
+    build.add_argument("--force", action="store_true", help="with --python: rebuild even if the image exists")
+    build.add_argument("--suite", default="bookworm", help="with --python: the Debian suite (default: bookworm)")
+    build.add_argument("--mirror", default=None, help="with --python: the Debian mirror (default: the one apt uses)")
     build.set_defaults(run=_build_image)
     _add_preset_commands(commands)
+    _add_kernelspec_commands(commands)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 DEFAULT_IMAGE = "jupyter-tai-sandbox/minimal:latest"
 BUSYBOX_CANDIDATES = ("/usr/bin/busybox", "/bin/busybox")
@@ -113,3 +115,189 @@ def build_minimal_image(name: str = DEFAULT_IMAGE, base_url: str | None = None) 
             f"could not import {name} into the Docker engine ({e}); is an engine running? "
             "(start one with: dockerd &)"
         ) from e
+
+
+# ------------------------------------------------------------ the Python image
+
+PYTHON_IMAGE = "jupyter-tai-sandbox/python:latest"
+DEFAULT_SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+#: debootstrap's own --include: what the tunnel's relay needs (python3 only) and the docker provider's
+#: wrapper (sh from dash; setsid from util-linux; kill from procps; mkfifo, mv, rm, cat, readlink, ls, sleep
+#: from coreutils). debootstrap resolves dependencies shallowly, so the kernel's packages come after, with apt.
+BASE_PACKAGES = ("python3", "procps")
+#: installed with apt-get in the new root: what a kernel needs
+PYTHON_PACKAGES = ("python3-ipykernel",)
+_APT_SOURCES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d")
+
+
+def apt_mirror(suite: str = DEFAULT_SUITE) -> str:
+    """The Debian mirror this machine's apt sources name for ``suite`` (one-line or deb822), else deb.debian.org."""
+    files: list[str] = []
+    for source in _APT_SOURCES:
+        if os.path.isdir(source):
+            files += sorted(os.path.join(source, n) for n in os.listdir(source) if n.endswith((".list", ".sources")))
+        elif os.path.isfile(source):
+            files.append(source)
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for stanza in text.split("\n\n"):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                line = line.strip()
+                if line.startswith("deb ") and "security" not in line:
+                    words = [w for w in line.split() if not w.startswith("[") and not w.endswith("]")]
+                    if len(words) >= 3 and words[2] == suite:
+                        return words[1]
+                key, sep, value = line.partition(":")
+                if sep and not line.startswith("#"):
+                    fields[key.strip().lower()] = value.strip()
+            if suite in fields.get("suites", "").split() and fields.get("uris"):
+                return fields["uris"].split()[0]
+    return DEFAULT_MIRROR
+
+
+def _say(progress: Any, line: str) -> None:
+    if progress is not None:
+        progress(line)
+
+
+def image_exists(name: str) -> bool:
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:
+        raise ImageBuildError("the docker command is missing (Debian: apt-get install docker.io)")
+    return subprocess.run([docker_cli, "image", "inspect", name], capture_output=True, check=False).returncode == 0
+
+
+def build_python_image(
+    name: str = PYTHON_IMAGE,
+    *,
+    suite: str = DEFAULT_SUITE,
+    mirror: str | None = None,
+    force: bool = False,
+    progress: Callable[[str], Any] | None = None,
+    base_url: str | None = None,
+) -> str | None:
+    """Build the Python session image offline from Debian's packages; return its id (None: kept as it was).
+
+    ``debootstrap --variant=minbase --include=python3,procps SUITE DIR MIRROR`` into a temporary folder,
+    ``chroot DIR apt-get install --no-install-recommends python3-ipykernel`` (debootstrap alone resolves
+    dependencies too shallowly for it), then ``tar -C DIR -c . | docker import - NAME``: no registry. About
+    300 MB and one to three minutes. An existing ``name`` is kept unless ``force``. ``progress`` gets
+    one line of text at a time (debootstrap's own ``I:`` lines included).
+    """
+    env = dict(os.environ)
+    if base_url:
+        env["DOCKER_HOST"] = base_url
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:
+        raise ImageBuildError("the docker command is missing (Debian: apt-get install docker.io)")
+    if not force and subprocess.run(
+        [docker_cli, "image", "inspect", name], capture_output=True, env=env, check=False
+    ).returncode == 0:
+        _say(progress, f"{name} exists: kept (--force rebuilds it)")
+        return None
+    debootstrap = shutil.which("debootstrap") or next(
+        (p for p in ("/usr/sbin/debootstrap", "/sbin/debootstrap") if os.path.exists(p)), None
+    )
+    if debootstrap is None:
+        raise ImageBuildError("debootstrap is missing: install it (Debian: apt-get install debootstrap)")
+    if os.geteuid() != 0:
+        raise ImageBuildError("debootstrap needs root: run build-image --python as root (or with sudo)")
+    mirror = mirror or apt_mirror(suite)
+    started = time.monotonic()
+    with tempfile_dir() as root:
+        argv = [
+            debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, root, mirror,
+        ]  # fmt: skip
+        _say(progress, f"debootstrap {suite} from {mirror} into {root} ...")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = [*tail[-19:], line]
+            if line.startswith(("I: Retrieving", "I: Validating", "I: Unpacking", "I: Configuring")):
+                continue  # one per package: too chatty
+            _say(progress, f"  {line}")
+        if proc.wait() != 0:
+            raise ImageBuildError(
+                f"debootstrap failed (status {proc.returncode}); its last lines:\n" + "\n".join(tail)
+            )
+        _install_in_root(root, PYTHON_PACKAGES, progress)
+        # what an image does not need: package caches and lists
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            folder = os.path.join(root, junk)
+            for entry in os.listdir(folder) if os.path.isdir(folder) else ():
+                path = os.path.join(folder, entry)
+                if os.path.isfile(path):
+                    os.unlink(path)
+        os.makedirs(os.path.join(root, "workspace"), exist_ok=True)
+        os.chmod(os.path.join(root, "workspace"), 0o777)
+        os.chmod(os.path.join(root, "tmp"), 0o1777)
+        _say(progress, f"docker import {name} ...")
+        changes: list[str] = []
+        for change in _CHANGES:
+            changes += ["--change", change]
+        tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
+        try:
+            imported = subprocess.run(
+                [docker_cli, "import", *changes, "-", name], stdin=tar.stdout, capture_output=True, text=True,
+                env=env, check=False,
+            )  # fmt: skip
+        finally:
+            assert tar.stdout is not None
+            tar.stdout.close()
+            tar.wait()
+        if imported.returncode != 0 or tar.returncode != 0:
+            raise ImageBuildError(f"docker import of {name} failed: {imported.stderr.strip() or 'tar failed'}")
+    image_id = imported.stdout.strip()
+    _say(progress, f"built {name} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
+    return image_id
+
+
+def _install_in_root(root: str, packages: Sequence[str], progress: Callable[[str], Any] | None) -> None:
+    """``apt-get install`` ``packages`` inside the new root (chroot), with the host's resolver."""
+    with contextlib.suppress(OSError):
+        shutil.copyfile("/etc/resolv.conf", os.path.join(root, "etc/resolv.conf"))
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "DEBIAN_FRONTEND": "noninteractive",
+        "LC_ALL": "C",
+        "HOME": "/root",
+    }
+    for step in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]):
+        _say(progress, f"chroot: {' '.join(step)}")
+        done = subprocess.run(["chroot", root, *step], capture_output=True, text=True, env=env, check=False)
+        for line in done.stdout.splitlines():
+            if line.startswith(("Setting up", "Get:")):
+                continue  # one per package: too chatty
+            _say(progress, f"  {line}")
+        if done.returncode != 0:
+            raise ImageBuildError(
+                f"{' '.join(step)} in the new root failed (status {done.returncode}): "
+                + "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+            )
+    subprocess.run(["chroot", root, "apt-get", "clean"], capture_output=True, env=env, check=False)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(root, "etc/resolv.conf"))
+
+
+@contextlib.contextmanager
+def tempfile_dir() -> Iterator[str]:
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="tai-sandbox-rootfs-")
+    try:
+        yield root
+    finally:
+        # debootstrap leaves /proc or /sys mounted when it fails midway: unmount before removing
+        for mount in ("proc", "sys", "dev/pts"):
+            path = os.path.join(root, mount)
+            if os.path.ismount(path):
+                subprocess.run(["umount", "-l", path], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)

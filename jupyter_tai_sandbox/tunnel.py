@@ -14,7 +14,7 @@ The wire: frames of ``>IBI`` (connection id, kind, payload length) + payload.
 kind    direction  meaning
 ======  =========  ===========================================================
 HELLO   relay->    the relay runs (payload: protocol version)
-OPEN    ->relay    connect connection ``id`` to the payload's port (u16)
+OPEN    ->relay    connect connection ``id`` to the payload's port (u16), retrying for u32 ms
 DATA    both       bytes of connection ``id``
 CREDIT  both       the receiver wrote out u32 more bytes (sent once a quarter window is owed)
 EOF     both       the sender's side is done (half-close: ``shutdown(SHUT_WR)``)
@@ -67,7 +67,7 @@ class TunnelError(SandboxError):
 #: The relay, run in the session as ``python3 -u -c RELAY_SOURCE WINDOW``. Threads, blocking sockets and
 #: os.read/os.write on fds 0/1, so it works whatever kind of fd the provider gives it (pipe, fifo, socket).
 RELAY_SOURCE = r"""
-import os, socket, struct, sys, threading
+import os, socket, struct, sys, threading, time
 from collections import deque
 H = struct.Struct(">IBI")
 HELLO, OPEN, DATA, CREDIT, EOF, RESET = range(1, 7)
@@ -82,8 +82,8 @@ def send(cid, kind, data=b""):
             buf = buf[os.write(1, buf):]
 
 class Conn:
-    def __init__(self, cid, port):
-        self.cid, self.port = cid, port
+    def __init__(self, cid, port, wait):
+        self.cid, self.port, self.wait = cid, port, wait
         self.sock = None
         self.cv = threading.Condition()
         self.q = deque()
@@ -118,12 +118,22 @@ class Conn:
             self.sock.close()
 
     def writer(self):
-        try:
-            self.sock = socket.create_connection(("127.0.0.1", self.port))
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError as e:
-            self.reset("connect to port %d failed: %s" % (self.port, e))
-            return
+        until = time.monotonic() + self.wait
+        while True:
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.port))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                break
+            except OSError as e:
+                if time.monotonic() >= until or self.dead:
+                    self.reset("connect to port %d failed: %s" % (self.port, e))
+                    return
+                time.sleep(0.02)
+        with self.cv:
+            if self.dead:
+                sock.close()
+                return
+            self.sock = sock
         threading.Thread(target=self.reader, daemon=True).start()
         owed = 0
         while True:
@@ -197,7 +207,8 @@ def main():
             at += 9 + n
             c = conns.get(cid)
             if kind == OPEN:
-                conns[cid] = Conn(cid, struct.unpack(">H", payload)[0])
+                port, wait = struct.unpack(">HI", payload)
+                conns[cid] = Conn(cid, port, wait / 1000.0)
             elif c is None:
                 continue
             elif kind == DATA or kind == EOF:
@@ -224,6 +235,7 @@ class Forward:
     host: str
     port: int
     server: asyncio.base_events.Server
+    connect_wait: float = 0.0
 
     def close(self) -> None:
         self.server.close()
@@ -384,28 +396,38 @@ class Tunnel:
 
     # ------------------------------------------------------------ listeners
 
-    async def forward(self, remote_port: int, *, host: str = "127.0.0.1", port: int = 0) -> Forward:
-        """Listen on ``host:port`` (0: an ephemeral port) and forward each connection to ``remote_port``."""
+    async def forward(
+        self, remote_port: int, *, host: str = "127.0.0.1", port: int = 0, connect_wait: float = 0.0
+    ) -> Forward:
+        """Listen on ``host:port`` (0: an ephemeral port) and forward each connection to ``remote_port``.
+
+        ``connect_wait``: seconds the relay keeps retrying a refused connect (a server still starting, such
+        as a kernel: its client's first bytes wait in the relay instead of being lost); 0 resets at once.
+        """
         if self.closed.is_set():
             raise TunnelError(f"the tunnel is closed: {self.exit_reason}")
         if not 0 < remote_port < 65536:
             raise ValueError(f"remote_port must be a TCP port number, not {remote_port!r}")
 
+        wait_ms = max(0, min(int(connect_wait * 1000), 0xFFFFFFFF))
+
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self._accept(remote_port, reader, writer)
+            self._accept(remote_port, wait_ms, reader, writer)
 
         server = await asyncio.start_server(accepted, host, port)
         bound = server.sockets[0].getsockname()[1]
-        forward = Forward(remote_port, host, bound, server)
+        forward = Forward(remote_port, host, bound, server, connect_wait)
         self._forwards.append(forward)
         return forward
 
-    def _accept(self, remote_port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept(
+        self, remote_port: int, wait_ms: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         if self.closed.is_set():
             writer.transport.abort()
             return
         cid = next(self._ids)
-        self._send(cid, OPEN, struct.pack(">H", remote_port))
+        self._send(cid, OPEN, struct.pack(">HI", remote_port, wait_ms))
         self._conns[cid] = _Connection(self, cid, reader, writer)
 
     @property

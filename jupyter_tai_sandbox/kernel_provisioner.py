@@ -1,0 +1,423 @@
+"""Sandboxed kernels: a jupyter_client kernel provisioner whose kernel runs in a sandbox session.
+
+Registered on the ``jupyter_client.kernel_provisioners`` entry point as
+``tai-sandbox-provisioner``; a kernelspec names it (``jupyter tai-sandbox
+kernelspec install`` writes one). For each kernel start:
+
+1. a session is created through :func:`~jupyter_tai_sandbox.sandboxes.require_sandbox`,
+   so the operator's policy holds (isolation floor, egress ceiling, credentials, TTL
+   ceiling, durable switch) and the per-user session cap; its owner is the server's
+   principal (:func:`~jupyter_tai_sandbox.sessions.server_owner`), its consumer label
+   ``kernel:<kernel id>`` (so the panel can tell kernels apart). A refused spec fails
+   the start at once with the policy's message;
+2. a :class:`~jupyter_tai_sandbox.tunnel.Tunnel` relay starts in the session and five
+   host listeners on 127.0.0.1 forward to the kernel's ZMQ ports in the session; the
+   connection info the kernel manager (and every client) sees points at the listeners;
+3. the connection file, with the in-session ports and ip 127.0.0.1, is written into the
+   workspace (``.tai-kernel/kernel-<id>.json``) and ``python3 -m ipykernel_launcher -f
+   <it>`` starts with ``exec_start``. Nothing of the server's environment goes in: the
+   kernel sees the session's env (the policy's credentials) and the kernelspec's ``env``.
+
+``poll``/``wait`` follow the kernel command's handle; ``kill``/``terminate`` kill it (the
+whole process group); other signals go through the seam as ``kill -SIG <pid>``.
+Interrupts: kernelspecs written by the CLI use ``interrupt_mode: message`` (ipykernel
+interrupts itself); ``signal`` works too (SIGINT through the seam). A restart is a fresh
+session (a persistent ``workspace_key`` keeps the files); shutdown and culling (both
+end in ``cleanup``) destroy the session; the host listeners keep their ports across a
+restart when they can, so connected clients reconnect by themselves.
+
+**TTL.** The contract has no way to extend a session's TTL, so the session is made
+with the kernel's whole allowed life: ``ttl_seconds`` (default: the operator's
+``SandboxPolicy.max_ttl_seconds``, 24 h), and the kernel and relay commands get the
+same deadline (capped by ``SandboxPolicy.max_timeout_seconds``). Shutdown destroys the
+session long before that; a kernel still running at its deadline dies like a crashed
+kernel, and the server's restarter starts a fresh one in a fresh session. A server that
+dies without shutting its kernels down leaves sessions that the TTL reap removes.
+
+**Providers.** In a Jupyter server the provider is the server's (SandboxApp.provider).
+In another process (nbclient, jupyter console, a script) the slot is filled from
+``TAI_MCP_SANDBOX``, else the Jupyter server config files (SandboxApp.provider and
+SandboxPolicy), else the kernelspec's ``provider`` setting. The local provider runs the
+kernel with the server's own Python (``sys.executable``) on the host: it is **not
+isolated**, only a separate workspace.
+
+The provisioner needs its caller's event loop to run while the kernel is in use (the
+tunnel pumps on it): jupyter_server and nbclient qualify; a blocking KernelManager
+used outside a running loop does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from traitlets import Float, Integer, Unicode
+
+from . import sandboxes
+from .contract import ExitItem, OutputChunk, SandboxError, SandboxSession, SessionSpec
+from .tunnel import Tunnel, TunnelError
+
+PROVISIONER_NAME = "tai-sandbox-provisioner"
+#: where the connection file (and the kernel's pid) go in the workspace
+KERNEL_DIR = ".tai-kernel"
+PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+#: argv[0] values replaced by the server's own interpreter on the local provider
+_PYTHON_NAMES = ("python", "python3")
+#: the kernelspec env entries never forwarded (the server's own ones)
+DEFAULT_TTL = 24 * 3600.0
+
+
+class SandboxKernelError(SandboxError):
+    """A sandboxed kernel could not start."""
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ensure_provider(fallback: str) -> None:
+    """Outside a server, fill the empty slot as the CLI does: TAI_MCP_SANDBOX, server config, ``fallback``."""
+    if sandboxes.installed() is not None or sandboxes.failure() is not None:
+        return
+    if getattr(sandboxes, "_configured", False) or os.environ.get("TAI_MCP_SANDBOX", "").strip():
+        return  # the server switched it off, or require_sandbox() reads the variable itself
+    from traitlets.config import Configurable
+
+    from .cli import load_server_config
+    from .policy import SandboxPolicy
+
+    config = load_server_config()
+    name = str(config.get("SandboxApp", {}).get("provider") or fallback or "").strip()
+    if name.lower() in sandboxes.OFF_VALUES:
+        return
+    cls = sandboxes.load_provider_class(name)
+    provider = cls(config=config) if issubclass(cls, Configurable) else cls()
+    sandboxes.register_sandbox(provider, policy=SandboxPolicy(config=config))
+
+
+class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
+    """Runs the kernel in a sandbox session; its ZMQ ports come to the host through a tunnel.
+
+    Settings come from the kernelspec's ``metadata.kernel_provisioner.config``.
+    """
+
+    image = Unicode(None, allow_none=True, help="The session image (None: the provider's default).").tag(
+        config=True
+    )
+    network = Unicode(
+        "auto",
+        help="""none, internal or egress; 'auto' (default): the narrowest the provider supports (none on docker,
+        egress on local, which has no network isolation at all). Past the operator's ceiling: refused.""",
+    ).tag(config=True)
+    workspace_key = Unicode(
+        None, allow_none=True, help="A persistent workspace kept across restarts and kernels (None: ephemeral)."
+    ).tag(config=True)
+    cpu = Float(None, allow_none=True, help="CPUs for the session (container providers).").tag(config=True)
+    memory_mb = Integer(None, allow_none=True, help="Memory cap in MiB (container providers).").tag(config=True)
+    ttl_seconds = Float(
+        None, allow_none=True, help="The session's TTL (None: SandboxPolicy.max_ttl_seconds, else 24 h)."
+    ).tag(config=True)
+    isolation = Unicode(None, allow_none=True, help="At least this isolation (None: the operator's floor).").tag(
+        config=True
+    )
+    provider = Unicode(
+        "",
+        help="""The provider to install when this process has none configured (not in a server: nbclient, a
+        script): local or docker. TAI_MCP_SANDBOX and the server config files come first.""",
+    ).tag(config=True)
+    start_timeout = Float(60.0, help="Seconds for the session, the relay and the kernel's ports to come up.").tag(
+        config=True
+    )
+
+    session: SandboxSession | None = None
+    tunnel: Tunnel | None = None
+    _handle: Any = None
+    _watch: asyncio.Task[None] | None = None
+    _exit_code: int | None = None
+    _stderr_tail: bytes = b""
+    _pid: int | None = None
+    _env: dict[str, str]
+    _argv: list[str]
+    _listen_ports: dict[str, int] | None = None
+
+    # ---------------------------------------------------------------- launch
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        km = self.parent
+        extra = list(kwargs.pop("extra_arguments", []) or [])
+        env = kwargs.pop("env", None) or {}
+        # only the kernelspec's own env entries and the session name go into the session: never the
+        # server's environment (its tokens, its credentials)
+        self._env = {k: str(v) for k, v in (self.kernel_spec.env or {}).items()}
+        for name in ("JPY_SESSION_NAME",):
+            if env.get(name):
+                self._env[name] = env[name]
+        self._env.setdefault("PYTHONUNBUFFERED", "1")
+        self._argv = list(self.kernel_spec.argv) + extra
+        if km is not None and getattr(km, "transport", "tcp") != "tcp":
+            raise SandboxKernelError("a sandboxed kernel needs transport 'tcp' (its ports are forwarded)")
+        kwargs["cmd"] = list(self._argv)
+        return kwargs
+
+    def _spec(self, sandbox: Any) -> SessionSpec:
+        policy = getattr(sandbox, "policy", None)
+        ttl = self.ttl_seconds or (getattr(policy, "max_ttl_seconds", 0) or DEFAULT_TTL)
+        network = self.network
+        if network == "auto":
+            networks = getattr(sandbox, "networks", frozenset({"egress"}))
+            network = next((n for n in ("none", "internal", "egress") if n in networks), "egress")
+        from .sessions import server_owner
+
+        return SessionSpec(
+            image=self.image,
+            isolation=self.isolation,  # type: ignore[arg-type]
+            network=network,  # type: ignore[arg-type]
+            durability="persistent" if self.workspace_key else "ephemeral",
+            workspace_key=self.workspace_key,
+            ttl_seconds=ttl,
+            cpu=self.cpu,
+            memory_mb=self.memory_mb,
+            consumer=f"kernel:{self.kernel_id}",
+            owner=server_owner(),
+        )
+
+    async def _create_session(self, spec: SessionSpec) -> SandboxSession:
+        """Through the chokepoint, with the per-user cap. The kernelspec is the operator's configuration
+        (like a preset), so its image is not checked against the non-admin allow-list."""
+        from .sessions import Caller, SessionRegistry
+
+        sandbox = sandboxes.require_sandbox()
+        registry = SessionRegistry(sandbox.policy)
+        operator = Caller(spec.owner or "owner", frozenset({"write"}))
+        return await registry.create(spec, operator)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        try:
+            return await asyncio.wait_for(self._launch(), self.start_timeout)
+        except asyncio.TimeoutError:
+            await self._teardown()
+            raise SandboxKernelError(
+                f"the sandboxed kernel did not come up within {self.start_timeout:g} s "
+                f"(SandboxProvisioner.start_timeout){self._stderr_note()}"
+            ) from None
+        except BaseException:
+            await self._teardown()
+            raise
+
+    async def _launch(self) -> KernelConnectionInfo:
+        km = self.parent
+        _ensure_provider(self.provider)
+        sandbox = sandboxes.require_sandbox()
+        spec = self._spec(sandbox)
+        self.session = session = await self._create_session(spec)
+        self._exit_code = None
+        self._stderr_tail = b""
+        self._pid = None
+        local = sandbox.kind == "local"
+        python = sys.executable if local else "python3"
+        argv = list(self._argv)
+        if argv and argv[0] in _PYTHON_NAMES:
+            argv[0] = python
+        policy = sandbox.policy
+        life = spec.ttl_seconds
+        if policy.max_timeout_seconds:
+            life = min(life, policy.max_timeout_seconds)
+
+        self.tunnel = tunnel = await Tunnel.start(session, python=python, timeout_seconds=life)
+        # host listeners first (they hold their ports), then the in-session ports, distinct from them
+        previous = self._listen_ports or {}
+        listen: dict[str, int] = {}
+        inner_ports = _free_ports(len(PORT_NAMES))
+        for name, inner in zip(PORT_NAMES, inner_ports, strict=True):
+            forward = None
+            if previous.get(name):
+                with contextlib.suppress(OSError):
+                    forward = await tunnel.forward(inner, port=previous[name], connect_wait=self.start_timeout)
+            if forward is None:
+                forward = await tunnel.forward(inner, connect_wait=self.start_timeout)
+            listen[name] = forward.port
+        if set(listen.values()) & set(inner_ports) and local:  # pragma: no cover - bound ports are never reused
+            raise SandboxKernelError("port clash between the host listeners and the kernel's ports")
+        self._listen_ports = listen
+
+        info = dict(km.get_connection_info()) if km is not None else {}
+        info.update(transport="tcp", ip="127.0.0.1")
+        inner_info = {**info, **dict(zip(PORT_NAMES, inner_ports, strict=True))}
+        inner_info["key"] = _text(inner_info.get("key", b""))
+        for field in ("curve_publickey", "curve_secretkey"):
+            if inner_info.get(field) is not None:
+                inner_info[field] = _text(inner_info[field])
+        rel = f"{KERNEL_DIR}/kernel-{self.kernel_id}.json"
+        await session.put_file(rel, json.dumps(inner_info, indent=1).encode())
+        connection_file = session.resolve(rel)
+        pid_file = session.resolve(f"{KERNEL_DIR}/kernel-{self.kernel_id}.pid")
+        argv = [a.replace("{connection_file}", connection_file) for a in argv]
+        self._pid_file = f"{KERNEL_DIR}/kernel-{self.kernel_id}.pid"
+        # the pid (for signals through the seam), then the kernel itself in the same process
+        wrapped = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', pid_file, *argv]
+        self._handle = await session.exec_start(wrapped, timeout_seconds=life, env=self._env)
+        self._watch = asyncio.create_task(self._follow(self._handle), name=f"kernel-{self.kernel_id}")
+        self.connection_info = {**info, **listen}
+        self.log.info(
+            "sandboxed kernel %s: %s session %s (%s, network %s), ports forwarded to %s",
+            self.kernel_id,
+            sandbox.kind,
+            session.id,
+            spec.image or "default image",
+            spec.network,
+            ", ".join(str(listen[n]) for n in PORT_NAMES),
+        )
+        return self.connection_info
+
+    async def _follow(self, handle: Any) -> None:
+        """Drain the kernel's own output (its log) and take its exit status; a dead tunnel kills it."""
+        assert self.tunnel is not None
+        tunnel_gone = asyncio.create_task(self.tunnel.closed.wait())
+        code: int | None = None
+        try:
+            output = handle.output.__aiter__()
+            while True:
+                step = asyncio.ensure_future(output.__anext__())
+                done, _ = await asyncio.wait({step, tunnel_gone}, return_when=asyncio.FIRST_COMPLETED)
+                if step not in done:
+                    # the forwarded ports are gone: the kernel is unreachable, so end it
+                    self.log.warning("sandboxed kernel %s: tunnel ended (%s)", self.kernel_id, self.tunnel.exit_reason)
+                    with contextlib.suppress(SandboxError):
+                        await handle.kill()
+                    done, _ = await asyncio.wait({step})
+                try:
+                    item = step.result()
+                except StopAsyncIteration:
+                    break
+                if isinstance(item, OutputChunk):
+                    self._stderr_tail = (self._stderr_tail + item.data)[-4000:]
+                    self.log.debug("kernel %s: %s", self.kernel_id, item.data.decode("utf-8", "replace").rstrip())
+                elif isinstance(item, ExitItem):
+                    code = item.exit_code
+        except SandboxError as e:
+            self.log.warning("sandboxed kernel %s ended: %s", self.kernel_id, e)
+            code = -signal.SIGKILL
+        finally:
+            tunnel_gone.cancel()
+            self._exit_code = 1 if code is None else code
+        if code not in (0, None):
+            self.log.warning("sandboxed kernel %s exited with status %s%s", self.kernel_id, code, self._stderr_note())
+
+    def _stderr_note(self) -> str:
+        tail = self._stderr_tail.decode("utf-8", "replace").strip()
+        return f"; its last output: {tail[-800:]}" if tail else ""
+
+    # ------------------------------------------------------------- lifecycle
+
+    @property
+    def has_process(self) -> bool:
+        return self._handle is not None
+
+    async def poll(self) -> int | None:
+        if self._handle is None:
+            return 0
+        if self._watch is not None and not self._watch.done():
+            return None
+        return self._exit_code if self._exit_code is not None else 0
+
+    async def wait(self) -> int | None:
+        if self._handle is None:
+            return 0
+        if self._watch is not None:
+            await asyncio.shield(self._watch)
+        code = self._exit_code
+        await self._kill_handle()
+        self._handle = None
+        return code
+
+    async def _kill_handle(self) -> None:
+        if self._handle is not None:
+            with contextlib.suppress(SandboxError):
+                await self._handle.kill()
+
+    async def send_signal(self, signum: int) -> None:
+        if self._handle is None:
+            return
+        if signum == signal.SIGKILL:
+            await self._kill_handle()
+            return
+        pid = await self._kernel_pid()
+        if pid is None or self.session is None:
+            if signum == signal.SIGTERM:
+                await self._kill_handle()
+            return
+        try:
+            await self.session.exec(["kill", f"-{int(signum)}", str(pid)], timeout_seconds=10)
+        except SandboxError as e:
+            self.log.warning("sandboxed kernel %s: signal %s failed: %s", self.kernel_id, signum, e)
+
+    async def _kernel_pid(self) -> int | None:
+        if self._pid is None and self.session is not None:
+            with contextlib.suppress(SandboxError, ValueError):
+                self._pid = int((await self.session.get_file(self._pid_file)).decode().strip())
+        return self._pid
+
+    async def kill(self, restart: bool = False) -> None:
+        await self._kill_handle()
+
+    async def terminate(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGTERM)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Shutdown, culling and restart all end here: the session goes (a persistent workspace stays)."""
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        handle, tunnel, session = self._handle, self.tunnel, self.session
+        self.tunnel = self.session = None
+        if handle is not None:
+            with contextlib.suppress(SandboxError):
+                await handle.kill()
+        if self._watch is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._watch), 10)
+        self._handle = None
+        if tunnel is not None:
+            with contextlib.suppress(SandboxError, TunnelError):
+                await tunnel.close()
+        if session is not None:
+            try:
+                await session.destroy(remove_workspace=False)
+            except SandboxError as e:
+                self.log.warning("sandboxed kernel %s: destroying session %s: %s", self.kernel_id, session.id, e)
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        return max(recommended, 5.0)
+
+    def get_stable_start_time(self, recommended: float = 10.0) -> float:
+        return max(recommended, self.start_timeout)
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info = await super().get_provisioner_info()
+        info["session_id"] = self.session.id if self.session is not None else None
+        return info
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+__all__ = ["PROVISIONER_NAME", "SandboxKernelError", "SandboxProvisioner"]

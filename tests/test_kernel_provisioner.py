@@ -1,0 +1,230 @@
+"""Sandboxed kernels on the local provider: nbclient runs a notebook on the provisioner's kernel.
+
+The kernelspec is written by the CLI into a temporary prefix on JUPYTER_PATH; the kernel
+runs with this Python in a local session (no isolation), reached through the tunnel.
+test_kernel_docker.py runs the same notebook in a container with network none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from jupyter_tai_sandbox import sandboxes
+from jupyter_tai_sandbox.cli import main as cli
+from jupyter_tai_sandbox.kernel_provisioner import PROVISIONER_NAME, SandboxProvisioner
+from jupyter_tai_sandbox.policy import SandboxPolicy
+from jupyter_tai_sandbox.providers.local import LocalSandbox
+
+pytestmark = pytest.mark.timeout(240)
+
+#: the interrupted cell's deadline in nbclient; the interrupt must land within INTERRUPT_LIMIT after it
+SLEEP_CELL_TIMEOUT = 2
+INTERRUPT_LIMIT = 5.0
+SECRET = "TAI_TEST_SERVER_SECRET"
+
+
+def notebook() -> Any:
+    cells = [
+        "x = 41",
+        "import os, socket, sys\nx += 1\n"
+        "print(x, os.path.exists('/.dockerenv'), socket.gethostname(), os.getcwd(), sep='|')",
+        f"print(repr(os.environ.get({SECRET!r})))",
+        "from IPython.display import HTML\nHTML('<b>rich</b>')",
+        "import time\ntime.sleep(60)",
+        "print('after the interrupt', x)",
+    ]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    nb.cells[4].metadata["tags"] = ["raises-exception"]
+    return nb
+
+
+def stdout(cell: Any) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+
+
+def install_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str, name: str = "sbx-test") -> str:
+    prefix = tmp_path / "prefix"
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    assert cli(["kernelspec", "install", "--name", name, "--prefix", str(prefix), *args]) == 0
+    return name
+
+
+async def run_notebook(kernel_name: str, *, restart_check: Any = None) -> dict[str, Any]:
+    """Run notebook() cell by cell, then restart the kernel and run one more cell; return what was seen."""
+    nb = notebook()
+    client = NotebookClient(
+        nb,
+        kernel_name=kernel_name,
+        timeout=60,
+        startup_timeout=90,
+        interrupt_on_timeout=True,
+        timeout_func=lambda cell: SLEEP_CELL_TIMEOUT if "sleep" in cell.source else 60,
+    )
+    seen: dict[str, Any] = {}
+    started = time.monotonic()
+    async with client.async_setup_kernel():
+        seen["start_seconds"] = time.monotonic() - started
+        provisioner = client.km.provisioner
+        assert isinstance(provisioner, SandboxProvisioner)
+        seen["first_session"] = provisioner.session.id
+        seen["first_info"] = await provisioner.session.info()
+        for index, cell in enumerate(nb.cells):
+            t0 = time.monotonic()
+            await client.async_execute_cell(cell, index)
+            if "sleep" in cell.source:
+                seen["sleep_cell_seconds"] = time.monotonic() - t0
+        seen["cells"] = list(nb.cells)
+        await client.km.restart_kernel()
+        await client.kc.wait_for_ready(timeout=90)
+        seen["second_session"] = provisioner.session.id
+        if restart_check is not None:
+            await restart_check(seen["first_session"])
+        after = nbformat.v4.new_code_cell("import os\nprint('x' in globals(), os.getcwd(), sep='|')")
+        nb.cells.append(after)
+        await client.async_execute_cell(after, len(nb.cells) - 1)
+        seen["after_restart"] = stdout(after)
+    return seen
+
+
+def check_notebook(seen: dict[str, Any], *, in_container: bool) -> str:
+    cells = seen["cells"]
+    x, dockerenv, hostname, cwd = stdout(cells[1]).strip().split("|")
+    assert x == "42"
+    assert cwd == seen["first_info"].workspace  # the kernel runs in its session's workspace
+    if in_container:  # (this machine may be a container itself: compare hostnames too)
+        assert dockerenv == "True" and hostname != socket.gethostname()
+    else:
+        assert hostname == socket.gethostname()
+    assert stdout(cells[2]).strip() == "None"  # the server's environment does not reach the kernel
+    rich = [o for o in cells[3].outputs if o.output_type == "execute_result"]
+    assert rich and rich[0].data["text/html"] == "<b>rich</b>"
+    errors = [o for o in cells[4].outputs if o.output_type == "error"]
+    assert errors and errors[0].ename == "KeyboardInterrupt"
+    assert seen["sleep_cell_seconds"] < SLEEP_CELL_TIMEOUT + INTERRUPT_LIMIT, seen["sleep_cell_seconds"]
+    assert stdout(cells[5]).strip() == "after the interrupt 42"  # the same kernel, its state kept
+    assert seen["second_session"] != seen["first_session"]  # a restart is a fresh session
+    assert seen["after_restart"].split("|")[0] == "False"
+    info = seen["first_info"]
+    assert info.consumer.startswith("kernel:")
+    assert info.owner
+    return hostname
+
+
+def test_kernelspec_install_list_remove(tmp_path, monkeypatch, capsys):
+    name = install_spec(
+        tmp_path, monkeypatch, "--display-name", "Py (sbx)", "--network", "none", "--persistent", "nb-work",
+        "--cpu", "1.5", "--memory", "512",
+    )  # fmt: skip
+    folder = tmp_path / "prefix" / "share" / "jupyter" / "kernels" / name
+    spec = json.loads((folder / "kernel.json").read_text())
+    assert spec["interrupt_mode"] == "message"
+    assert spec["display_name"] == "Py (sbx)"
+    assert "{connection_file}" in spec["argv"]
+    provisioner = spec["metadata"]["kernel_provisioner"]
+    assert provisioner["provisioner_name"] == PROVISIONER_NAME
+    assert provisioner["config"] == {
+        "image": "jupyter-tai-sandbox/python:latest",
+        "network": "none",
+        "workspace_key": "nb-work",
+        "cpu": 1.5,
+        "memory_mb": 512,
+    }
+    assert (folder / "logo-64x64.png").exists()  # the launcher's icon
+    capsys.readouterr()
+    assert cli(["kernelspec", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert list(listed) == [name]
+    assert cli(["kernelspec", "list"]) == 0
+    assert "Py (sbx)" in capsys.readouterr().out
+    # a bad setting is refused before anything is written
+    assert cli(["kernelspec", "install", "--name", "bad", "--prefix", str(tmp_path / "p2"), "--persistent", "a b"]) == 1
+    assert "workspace_key" in capsys.readouterr().err
+    # the provisioner is found through its entry point
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    assert KernelProvisionerFactory.instance().is_provisioner_available(
+        type("Spec", (), {"metadata": spec["metadata"], "display_name": "x"})()
+    )
+    assert cli(["kernelspec", "remove", name]) == 0
+    assert not folder.exists()
+    assert cli(["kernelspec", "remove", name]) == 1
+    assert "no kernelspec" in capsys.readouterr().err
+
+
+def test_removing_a_foreign_kernelspec_is_refused(tmp_path, monkeypatch, capsys):
+    prefix = tmp_path / "prefix"
+    folder = prefix / "share" / "jupyter" / "kernels" / "plain"
+    folder.mkdir(parents=True)
+    (folder / "kernel.json").write_text(json.dumps({"argv": ["python3"], "display_name": "plain", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    assert cli(["kernelspec", "remove", "plain"]) == 1
+    assert "not a sandboxed kernel" in capsys.readouterr().err
+    assert folder.exists()
+
+
+def test_notebook_on_the_local_provider(tmp_path, monkeypatch):
+    name = install_spec(tmp_path, monkeypatch)
+    monkeypatch.setenv(SECRET, "do-not-leak")
+    sandbox = LocalSandbox(root=str(tmp_path / "root"))
+    sandboxes.register_sandbox(sandbox, policy=SandboxPolicy(isolation="none"))
+
+    async def main() -> dict[str, Any]:
+        async def check_gone(first: str) -> None:
+            assert first not in {info.id for info in await sandbox.list()}
+
+        seen = await run_notebook(name, restart_check=check_gone)
+        seen["left"] = [info for info in await sandbox.list() if info.consumer.startswith("kernel:")]
+        return seen
+
+    seen = asyncio.run(main())
+    check_notebook(seen, in_container=False)
+    assert seen["first_info"].isolation == "none"
+    assert seen["left"] == []  # shutdown destroyed the session
+    assert not Path(seen["first_info"].workspace).exists()
+
+
+def test_a_refused_spec_fails_the_start_with_the_policy_message(tmp_path, monkeypatch):
+    name = install_spec(tmp_path, monkeypatch)
+    sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="vm"))
+    nb = notebook()
+    started = time.monotonic()
+    with pytest.raises(Exception, match="gives isolation 'none' at most; isolation 'vm' was requested"):
+        NotebookClient(nb, kernel_name=name, startup_timeout=60).execute()
+    assert time.monotonic() - started < 10
+
+
+def test_no_provider_fails_the_start_saying_how_to_install_one(tmp_path, monkeypatch):
+    name = install_spec(tmp_path, monkeypatch)
+    sandboxes.disable_sandbox()  # as a server with SandboxApp.provider = off
+    started = time.monotonic()
+    with pytest.raises(Exception, match="no sandbox provider is installed"):
+        NotebookClient(notebook(), kernel_name=name, startup_timeout=60).execute()
+    assert time.monotonic() - started < 10
+
+
+def test_the_kernelspec_provider_fills_an_unconfigured_slot(tmp_path, monkeypatch):
+    """Outside a server (nbclient alone), --provider local is used when nothing else names one."""
+    monkeypatch.setenv("SANDBOX_LOCAL_ROOT", str(tmp_path / "root"))
+    monkeypatch.setenv("TAI_MCP_SANDBOX_ISOLATION", "none")
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "config"))  # no server config here
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", str(tmp_path / "config"))
+    name = install_spec(tmp_path, monkeypatch, "--provider", "local")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import sys, os\nprint(sys.executable, os.getcwd())")]
+    NotebookClient(nb, kernel_name=name, startup_timeout=90, timeout=60).execute()
+    executable, cwd = stdout(nb.cells[0]).split()
+    assert executable == sys.executable  # the local provider runs the server's own Python
+    assert cwd.startswith(os.path.realpath(tmp_path / "root"))
+    assert sandboxes.installed() is not None and sandboxes.installed().kind == "local"
