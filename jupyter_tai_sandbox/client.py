@@ -289,17 +289,7 @@ class SandboxClient:
         rows: int | None = None,
         cols: int | None = None,
     ) -> RemoteExec:
-        request = HTTPRequest(
-            self._url("sessions", session_id, "exec", "ws", scheme="ws"), headers=self._headers()
-        )
-        try:
-            connection = await websocket_connect(request, max_message_size=64 << 20)
-        except HTTPClientError as e:
-            if e.response is not None and e.response.body:
-                raise error_from_body(e.code, e.response.body) from None
-            raise SandboxError(f"the exec websocket was refused: HTTP {e.code}") from None
-        except OSError as e:
-            raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+        connection = await self._exec_socket(session_id)
         start: dict[str, Any] = {
             "type": "start",
             "argv": list(argv),
@@ -316,6 +306,35 @@ class SandboxClient:
         remote = RemoteExec(connection)
         await remote._wait_started()
         return remote
+
+    async def attach(self, session_id: str, exec_id: str, offset: int = 0) -> RemoteExec:
+        """Attach to a running interactive command (after a disconnect, from another process...).
+
+        The output replays what the server's ring still holds from ``offset`` (``RemoteExec.offset``
+        says where it really starts), then goes live.
+        """
+        connection = await self._exec_socket(session_id)
+        await connection.write_message(json.dumps({"type": "attach", "exec_id": exec_id, "offset": offset}))
+        remote = RemoteExec(connection)
+        await remote._wait_started()
+        return remote
+
+    async def execs(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's running interactive commands: id, argv, pty, started, owner, attached, offset."""
+        return (await self._request("GET", "sessions", session_id, "execs"))["execs"]
+
+    async def _exec_socket(self, session_id: str) -> WebSocketClientConnection:
+        request = HTTPRequest(
+            self._url("sessions", session_id, "exec", "ws", scheme="ws"), headers=self._headers()
+        )
+        try:
+            return await websocket_connect(request, max_message_size=64 << 20)
+        except HTTPClientError as e:
+            if e.response is not None and e.response.body:
+                raise error_from_body(e.code, e.response.body) from None
+            raise SandboxError(f"the exec websocket was refused: HTTP {e.code}") from None
+        except OSError as e:
+            raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
 
     def destroy_blocking(self, session_id: str, remove_workspace: bool = False, timeout: float = 3.0) -> bool:
         """``destroy`` without an event loop (a plain blocking request): for ``atexit`` hooks and
@@ -357,6 +376,9 @@ class RemoteExec:
     def __init__(self, connection: WebSocketClientConnection) -> None:
         self._ws = connection
         self._ended = False
+        #: the command's exec id (to attach again later) and the output offset its stream starts at
+        self.exec_id: str | None = None
+        self.offset = 0
         #: requests the server refused while the command ran on (e.g. a write after the exit)
         self.rejected: list[SandboxError] = []
         self.output: AsyncIterator[OutputItem] = self._iterate()
@@ -366,9 +388,11 @@ class RemoteExec:
         if message is None:
             raise SandboxError("the exec websocket closed before the command started")
         data = json.loads(message)
-        if data.get("type") != "started":
+        if data.get("type") not in ("started", "attached"):
             self._ws.close()
             raise error_from_json(data)
+        self.exec_id = data.get("exec_id")
+        self.offset = int(data.get("offset", 0))
 
     async def _iterate(self) -> AsyncIterator[OutputItem]:
         while True:
@@ -382,6 +406,10 @@ class RemoteExec:
             if data.get("type") == "rejected":
                 self.rejected.append(error_from_json(data))
                 continue
+            if data.get("type") == "detached":
+                self._ended = True
+                self._ws.close()
+                raise SandboxError(f"detached: {data.get('message', 'another client attached')}")
             self._ended = True
             self._ws.close()
             if data.get("type") == "exit":
@@ -410,5 +438,5 @@ class RemoteExec:
         await self._send(json.dumps({"type": "resize", "rows": rows, "cols": cols}))
 
     def disconnect(self) -> None:
-        """Drop the connection (the server kills the command)."""
+        """Drop the connection: the command runs on for the server's detach grace time (attach to keep it)."""
         self._ws.close()

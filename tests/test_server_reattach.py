@@ -146,3 +146,30 @@ async def test_another_user_cannot_list_or_attach(jp_fetch, jp_ws_fetch):
     assert (message["type"], message["error"]) == ("error", "SandboxNotFoundError")
     await ws.write_message(json.dumps({"type": "kill"}))
     await read_until(ws, lambda out: False)
+
+
+async def test_the_client_attaches_from_where_it_left(jp_fetch, jp_serverapp, jp_base_url, jp_http_port, jp_auth_header):
+    from jupyter_tai_sandbox.client import SandboxClient
+    from jupyter_tai_sandbox.contract import ExitItem, OutputChunk
+
+    token = jp_auth_header["Authorization"].split()[-1]
+    async with SandboxClient(f"http://localhost:{jp_http_port}{jp_base_url}", token) as client:
+        sid = (await client.create(ttl_seconds=120))["id"]
+        remote = await client.exec_start(sid, COUNT, timeout_seconds=30)
+        seen = b""
+        async for item in remote.output:
+            seen += item.data if isinstance(item, OutputChunk) else b""
+            if seen.count(b"\n") >= 5:
+                break
+        remote.disconnect()
+        assert [e["id"] for e in await client.execs(sid)] == [remote.exec_id]
+        again = await client.attach(sid, remote.exec_id, offset=len(seen))
+        assert again.offset == len(seen)
+        rest, last = b"", None
+        async for item in again.output:
+            if isinstance(item, ExitItem):
+                last = item
+            else:
+                rest += item.data
+        assert seen + rest == b"".join(b"%d\n" % i for i in range(1, 41)) and last == ExitItem(0)
+        await client.destroy(sid)
