@@ -82,6 +82,31 @@ class SandboxRequestError(SandboxSpecRejectedError):
         self.field = field
 
 
+class SandboxConflictError(SandboxError):
+    """The request conflicts with the present state (a workspace in use, a name or path taken)."""
+
+
+class OutputTooLargeError(SandboxError):
+    """A command gave more output than is kept for it (a one-shot's limit, the unread-output cap).
+
+    The command was stopped. Carries the byte counts received and the exit code when there was one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stdout_bytes: int = 0,
+        stderr_bytes: int = 0,
+        exit_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.stdout_bytes = stdout_bytes
+        self.stderr_bytes = stderr_bytes
+        self.exit_code = exit_code
+        self.details = {"stdout_bytes": stdout_bytes, "stderr_bytes": stderr_bytes, "exit_code": exit_code}
+
+
 class SandboxNotFoundError(SandboxError):
     """No such session (or file inside a session's workspace)."""
 
@@ -629,8 +654,6 @@ class SandboxSession(abc.ABC):
         if result.exit_code == _MISSING:
             raise SandboxNotFoundError(f"no file or folder {what!r} in the session workspace")
         if result.exit_code == _EXISTS:
-            from .errors import SandboxConflictError
-
             raise SandboxConflictError(f"{what!r}: the target exists already in the session workspace")
         if result.exit_code != 0:
             message = result.stderr.decode(errors="replace").strip() or f"exit status {result.exit_code}"
@@ -713,7 +736,9 @@ __all__ = [
     "ExitItem",
     "OutputChunk",
     "OutputItem",
+    "OutputTooLargeError",
     "Sandbox",
+    "SandboxConflictError",
     "SandboxDurability",
     "SandboxError",
     "SandboxExecTimeoutError",

@@ -15,6 +15,8 @@ from typing import Any
 
 from . import contract
 from .contract import (
+    OutputTooLargeError,
+    SandboxConflictError,
     SandboxError,
     SandboxExecTimeoutError,
     SandboxNotFoundError,
@@ -31,37 +33,12 @@ class SandboxForbiddenError(SandboxError):
     """The caller may not do this (another consumer's label, the admin fence, ...)."""
 
 
-class SandboxConflictError(SandboxError):
-    """The request conflicts with the present state (a workspace in use, a name taken)."""
-
-
 class SandboxQuotaError(SandboxError):
     """An operator limit on how much a user may hold at once (live sessions, ...)."""
 
 
 class UploadTooLargeError(SandboxError):
     """An upload larger than SandboxApp.max_upload_bytes."""
-
-
-class OutputTooLargeError(SandboxError):
-    """A command gave more output than a door keeps; the command was stopped.
-
-    Carries the exit code when the command had one, and the byte counts received.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        stdout_bytes: int = 0,
-        stderr_bytes: int = 0,
-        exit_code: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.stdout_bytes = stdout_bytes
-        self.stderr_bytes = stderr_bytes
-        self.exit_code = exit_code
-        self.details = {"stdout_bytes": stdout_bytes, "stderr_bytes": stderr_bytes, "exit_code": exit_code}
 
 
 # -------------------------------------------------------------- tool errors
@@ -118,10 +95,8 @@ ERROR_CLASSES: dict[str, type[SandboxError]] = {
     for cls in (
         *(getattr(contract, name) for name in contract.__all__ if name.endswith("Error")),
         SandboxForbiddenError,
-        SandboxConflictError,
         SandboxQuotaError,
         UploadTooLargeError,
-        OutputTooLargeError,
         ToolAccessDeniedError,
         PresetInvalidError,
         PresetConflictError,
@@ -203,3 +178,23 @@ def _strip_note(message: str, note: Any) -> str:
     """The timeout's message without the note the server appended (the error adds it again)."""
     suffix = f" ({note})" if note else ""
     return message[: -len(suffix)] if suffix and message.endswith(suffix) else message
+
+
+__all__ = [
+    "ERROR_CLASSES",
+    "STATUS_TABLE",
+    "OutputTooLargeError",
+    "PresetConflictError",
+    "PresetInvalidError",
+    "PresetStoreError",
+    "SandboxConflictError",
+    "SandboxForbiddenError",
+    "SandboxQuotaError",
+    "SandboxRequestError",
+    "ToolAccessDeniedError",
+    "ToolInputError",
+    "UploadTooLargeError",
+    "error_body",
+    "error_from_json",
+    "error_status",
+]

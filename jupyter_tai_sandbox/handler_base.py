@@ -8,7 +8,7 @@ reaches its manager), never through string keys in ``settings``.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.extension.handler import ExtensionHandlerMixin
@@ -18,10 +18,23 @@ from .errors import SandboxRequestError, error_body, error_status
 from .sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
 
 if TYPE_CHECKING:
-    from .app import SandboxApp
+    from .execs import ExecRegistry
     from .policy import SandboxPolicy
     from .sessions import SessionRegistry
     from .tools import ToolRegistry
+
+
+class SandboxAppState(Protocol):
+    """What handlers use of the extension app (SandboxApp), named without importing it."""
+
+    registry: SessionRegistry
+    policy: SandboxPolicy
+    tools: ToolRegistry
+    execs: ExecRegistry
+    max_upload_bytes: int
+    max_output_bytes: int
+
+    def touch(self) -> None: ...
 
 __all__ = ["ADMIN_RESOURCE", "AUTH_RESOURCE", "JSONErrorsMixin", "SandboxHandlerMixin", "parse_json_object"]
 
@@ -48,8 +61,8 @@ class SandboxHandlerMixin(ExtensionHandlerMixin):
         return self._caller
 
     @property
-    def sandbox_app(self) -> SandboxApp:
-        return cast("SandboxApp", self.extensionapp)
+    def sandbox_app(self) -> SandboxAppState:
+        return cast("SandboxAppState", self.extensionapp)
 
     @property
     def sessions(self) -> SessionRegistry:

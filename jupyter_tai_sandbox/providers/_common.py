@@ -14,6 +14,7 @@ from ..contract import (
     ExecHandle,
     ExecResult,
     OutputChunk,
+    OutputTooLargeError,
     SandboxError,
     SandboxExecTimeoutError,
     SandboxPathError,
@@ -71,8 +72,6 @@ async def run_to_end(handle: ExecHandle, output_limit: int | None = None) -> Exe
 
 
 def _too_much_output(limit: int, counts: dict[str, int]) -> SandboxError:
-    from ..errors import OutputTooLargeError
-
     return OutputTooLargeError(
         f"the command gave more than {limit} bytes of output, the most a one-shot call keeps "
         "(SandboxApp.max_output_bytes): it was stopped. Write large output to a workspace file and "
