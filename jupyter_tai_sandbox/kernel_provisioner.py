@@ -59,10 +59,19 @@ from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from tornado.web import HTTPError
 from traitlets import Float, Integer, Unicode
 
 from . import sandboxes
-from .contract import ExitItem, OutputChunk, SandboxError, SandboxSession, SessionSpec
+from .contract import (
+    ExitItem,
+    OutputChunk,
+    SandboxError,
+    SandboxSession,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+    SessionSpec,
+)
 from .tunnel import Tunnel, TunnelError
 
 PROVISIONER_NAME = "tai-sandbox-provisioner"
@@ -75,8 +84,27 @@ _PYTHON_NAMES = ("python", "python3")
 DEFAULT_TTL = 24 * 3600.0
 
 
-class SandboxKernelError(SandboxError):
-    """A sandboxed kernel could not start."""
+class SandboxKernelError(SandboxError, HTTPError):
+    """A sandboxed kernel could not start.
+
+    Also a tornado HTTPError, so jupyter_server answers the kernel start (POST /api/kernels)
+    with this message and status, and JupyterLab shows it, instead of "Unhandled error".
+    """
+
+    def __init__(self, message: str, status_code: int = 500) -> None:
+        HTTPError.__init__(self, status_code, message)
+        self.args = (message,)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _start_error(e: SandboxError) -> SandboxKernelError:
+    if isinstance(e, SandboxKernelError):
+        return e
+    status = 503 if isinstance(e, SandboxUnavailableError) else 400 if isinstance(e, SandboxSpecRejectedError) else 500
+    return SandboxKernelError(f"the sandboxed kernel could not start: {e}", status)
 
 
 def _free_ports(count: int) -> list[int]:
@@ -218,6 +246,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 f"the sandboxed kernel did not come up within {self.start_timeout:g} s "
                 f"(SandboxProvisioner.start_timeout){self._stderr_note()}"
             ) from None
+        except SandboxError as e:
+            await self._teardown()
+            raise _start_error(e) from e
         except BaseException:
             await self._teardown()
             raise
