@@ -25,7 +25,7 @@ from typing import Any
 from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvider, PasswordIdentityProvider
 
 from . import sandboxes
-from .contract import SandboxNotFoundError, SandboxSession, SessionInfo, SessionSpec
+from .contract import DEFAULT_TTL_SECONDS, SandboxNotFoundError, SandboxSession, SessionInfo, SessionSpec
 from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError
 
 #: the Authorizer resource of every session route (read / write / execute)
@@ -104,6 +104,9 @@ class SessionRegistry:
                 f"the consumer label picks the operator's credentials: yours is {caller.name!r}; naming "
                 f"another ({consumer!r}) needs write on jupyter_tai_sandbox:admin"
             )
+        max_ttl = getattr(self.policy, "max_ttl_seconds", 0)
+        if "ttl_seconds" not in data and max_ttl and max_ttl < DEFAULT_TTL_SECONDS:
+            data["ttl_seconds"] = max_ttl  # an unset TTL is the default within the operator's maximum
         return SessionSpec.from_json(
             {**data, "owner": owner or caller.name, "consumer": consumer or caller.name}
         )

@@ -37,10 +37,10 @@ class AdminOnlyAdmin(Authorizer):
 
 
 @pytest.fixture
-def jp_server_config(tmp_path, monkeypatch):
+def jp_server_config(provider, tmp_path, monkeypatch):
     monkeypatch.setenv("WORD_COUNT_TOKEN", "s3cret-value")
     return server_config(
-        "local",
+        provider,
         tmp_path / "sandboxes",
         ServerApp={"identity_provider_class": HeaderUsers, "authorizer_class": AdminOnlyAdmin},
         SandboxPolicy={
@@ -170,6 +170,22 @@ async def test_removing_a_workspace_in_use_is_refused(jp_fetch):
     await call(jp_fetch, "sessions", second["id"], method="DELETE", headers=as_user("alice"))
     assert (await call(jp_fetch, "sessions", first["id"], method="DELETE", params={"remove_workspace": "1"},
                        headers=as_user("alice")))[0] == 204
+
+
+async def test_another_users_workspace_key_is_not_found(jp_fetch):
+    alice = await create(jp_fetch, "alice", durability="persistent", workspace_key="alices-data")
+    await call(jp_fetch, "sessions", alice["id"], "files", "secret.txt", method="PUT", raw=b"alice's",
+               headers=as_user("alice"))
+    status, body = await call(jp_fetch, "sessions", method="POST", headers=as_user("bob"),
+                              body={"durability": "persistent", "workspace_key": "alices-data"})
+    assert (status, body["error"]) == (404, "SandboxNotFoundError"), body
+    # bob's refusal neither mounted nor touched it; the admin may name alice as the owner
+    admin = await create(jp_fetch, "admin", durability="persistent", workspace_key="alices-data", owner="alice")
+    assert await call(jp_fetch, "sessions", admin["id"], "files", "secret.txt", headers=as_user("admin")) == (
+        200, b"alice's")
+    for info in (admin, alice):
+        await call(jp_fetch, "sessions", info["id"], method="DELETE", headers=as_user("admin"))
+    assert (await call(jp_fetch, "sessions", alice["id"], method="DELETE", headers=as_user("alice")))[0] == 404
 
 
 WORD_COUNT = {
