@@ -18,6 +18,7 @@ An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
 from __future__ import annotations
 
 import getpass
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ from . import sandboxes
 from .contract import DEFAULT_TTL_SECONDS, SandboxNotFoundError, SandboxSession, SessionInfo, SessionSpec
 from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError
 
+#: what a session id may look like (anything else is answered like an unknown id, before a provider sees it)
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: the Authorizer resource of every session route (read / write / execute)
 AUTH_RESOURCE = "jupyter_tai_sandbox:sessions"
 #: the Authorizer resource of the admin tier: all users' sessions, other consumers, the code-tool fence
@@ -148,6 +151,8 @@ class SessionRegistry:
         ``manage``: the call changes the session (exec, upload, destroy), which an admin
         needs ``write`` for; reading (info, download, listing) needs ``read``.
         """
+        if not _SESSION_ID.fullmatch(session_id):
+            raise SandboxNotFoundError(f"no sandbox session {session_id[:80]!r}")
         session = await sandboxes.require_sandbox().get(session_id)
         info = await session.info()
         if info.owner == caller.name or (caller.manages_all if manage else caller.sees_all):
