@@ -8,8 +8,10 @@ the spec's env (credentials), then the exec's env.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
+import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +29,11 @@ from ..contract import (
 )
 from ._common import run_to_end, workspace_relative
 from ._local_command import LocalCommand
+from ._local_paths import NEW_FILE_MODE, check_name_lengths, path_errors
 from ._posix import reap_holder, spawn_group_holder
 
 if TYPE_CHECKING:
+    from ._local_tenancy import WorkspaceLease
     from .local import LocalSandbox
 
 
@@ -45,6 +49,8 @@ class LocalSession(SandboxSession):
         self.expires_at = created_at + spec.ttl_seconds
         self._interactive: set[LocalCommand] = set()
         self._destroyed = False
+        #: the persistent workspace key's lease, held for the session's life (None: ephemeral)
+        self.lease: WorkspaceLease | None = None
         # A group holder spawned ahead, while the previous command runs, for the next one.
         self._spare_holder: int | None = None
 
@@ -81,9 +87,10 @@ class LocalSession(SandboxSession):
         return {**base, **self.spec.env, **(env or {})}
 
     def _command_cwd(self, cwd: str | None) -> str:
-        path = self._host_path(cwd or ".")
-        if not path.is_dir():
-            raise SandboxPathError(f"cwd {cwd!r} is not a folder in the session workspace")
+        with path_errors(cwd or ".", "use as cwd"):
+            path = self._host_path(cwd or ".")
+            if not path.is_dir():
+                raise SandboxPathError(f"cwd {cwd!r} is not a folder in the session workspace")
         return str(path)
 
     async def _start(self, request: ExecRequest, *, one_shot: bool) -> LocalCommand:
@@ -128,10 +135,12 @@ class LocalSession(SandboxSession):
     # --------------------------------------------------------------- files
 
     def resolve(self, path: str) -> str:
-        return str(self._host_path(path))
+        with path_errors(path, "resolve"):
+            return str(self._host_path(path))
 
     def _host_path(self, path: str) -> Path:
         rel = workspace_relative(path, str(self.workspace))
+        check_name_lengths(path, rel)
         full = self.workspace / rel if rel else self.workspace
         real = Path(os.path.realpath(full))
         if real != self.workspace and self.workspace not in real.parents:
@@ -141,66 +150,97 @@ class LocalSession(SandboxSession):
         return full
 
     async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        """Write atomically: a unique temporary file in the target's folder, then a rename.
+
+        Concurrent uploads to one path never mix: the last one renamed wins, whole.
+        """
         self._check_live()
-        target = self._host_path(path)
-        if target == self.workspace:
-            raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
-        try:
-            await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
-            self._host_path(path)  # a parent created meanwhile must not be a way out either
-            temp = target.with_name(f".{target.name}.tai-upload-{os.getpid()}")
-            handle = await asyncio.to_thread(open, temp, "wb")
+        with path_errors(path, "write"):
+            target = self._host_path(path)
+            if target == self.workspace:
+                raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
+            fd, temp = await asyncio.to_thread(self._open_upload, path, target)
+            handle = os.fdopen(fd, "wb")
             try:
-                if isinstance(data, (bytes, bytearray, memoryview)):
-                    await asyncio.to_thread(handle.write, data)
-                else:
-                    async for chunk in data:
-                        await asyncio.to_thread(handle.write, chunk)
+                try:
+                    if isinstance(data, (bytes, bytearray, memoryview)):
+                        await asyncio.to_thread(handle.write, data)
+                    else:
+                        async for chunk in data:
+                            await asyncio.to_thread(handle.write, chunk)
+                finally:
+                    handle.close()
+                await asyncio.to_thread(os.replace, temp, target)
             except BaseException:
-                handle.close()
-                temp.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
                 raise
-            handle.close()
-            await asyncio.to_thread(os.replace, temp, target)
-        except (IsADirectoryError, NotADirectoryError, FileExistsError) as e:
-            raise SandboxPathError(f"cannot write {path!r}: {e.strerror}") from None
+
+    def _open_upload(self, path: str, target: Path) -> tuple[int, str]:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._host_path(path)  # a parent created meanwhile must not be a way out either
+        # a short name, so a target of any legal length still has a legal temporary name
+        fd, temp = tempfile.mkstemp(prefix=".tai-", dir=target.parent)
+        try:
+            os.fchmod(fd, NEW_FILE_MODE)  # as open() would have made it, not mkstemp's 0600
+        except BaseException:
+            os.close(fd)
+            os.unlink(temp)
+            raise
+        return fd, temp
 
     def _file_to_read(self, path: str) -> Path:
         self._check_live()
-        target = self._host_path(path)
-        try:
-            mode = target.stat().st_mode
-        except FileNotFoundError:
-            raise SandboxNotFoundError(f"no file {path!r} in the session workspace") from None
+        with path_errors(path, "read"):
+            target = self._host_path(path)
+            try:
+                mode = target.stat().st_mode
+            except FileNotFoundError:
+                raise SandboxNotFoundError(f"no file {path!r} in the session workspace") from None
         if not stat.S_ISREG(mode):
             raise SandboxPathError(f"{path!r} is not a regular file")
         return target
 
     async def get_file(self, path: str) -> bytes:
-        return await asyncio.to_thread(self._file_to_read(path).read_bytes)
+        target = self._file_to_read(path)
+        with path_errors(path, "read"):
+            return await asyncio.to_thread(target.read_bytes)
 
     async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        handle = await asyncio.to_thread(open, self._file_to_read(path), "rb")
+        target = self._file_to_read(path)
+        with path_errors(path, "read"):
+            handle = await asyncio.to_thread(open, target, "rb")
         try:
-            while chunk := await asyncio.to_thread(handle.read, chunk_size):
+            while True:
+                with path_errors(path, "read"):
+                    chunk = await asyncio.to_thread(handle.read, chunk_size)
+                if not chunk:
+                    break
                 yield chunk
         finally:
             handle.close()
 
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
         self._check_live()
-        folder = self._host_path(path)
-        if not folder.is_dir():
-            if not folder.exists():
-                raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
-            raise SandboxPathError(f"{path!r} is not a folder")
-        return await asyncio.to_thread(_scan, folder)
+        with path_errors(path, "list"):
+            folder = self._host_path(path)
+            if not folder.is_dir():
+                if not folder.exists():
+                    raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
+                raise SandboxPathError(f"{path!r} is not a folder")
+            return await asyncio.to_thread(_scan, folder)
 
     # ------------------------------------------------------------ teardown
 
     async def destroy(self, remove_workspace: bool = False) -> None:
+        """Tear down; removing a persistent workspace another live session holds raises SandboxConflictError.
+
+        That refusal changes nothing: the session stays live and the workspace whole.
+        """
         if self._destroyed:
             return
+        if remove_workspace:
+            await self._sandbox._claim_removal(self)
         self._destroyed = True
         await asyncio.gather(*(command.kill() for command in self._interactive), return_exceptions=True)
         self._interactive.clear()
@@ -212,7 +252,10 @@ def _scan(folder: Path) -> list[dict[str, Any]]:
     entries = []
     with os.scandir(folder) as it:
         for entry in it:
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed while listed
+                continue
             kind = (
                 "symlink"
                 if stat.S_ISLNK(st.st_mode)

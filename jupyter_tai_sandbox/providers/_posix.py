@@ -102,7 +102,8 @@ class ChildWatch:
     def _wait_in_thread(self) -> None:
         with contextlib.suppress(ChildProcessError):
             os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
-        self._loop.call_soon_threadsafe(self._reap)
+        with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+            self._loop.call_soon_threadsafe(self._reap)
 
     def _reap(self) -> None:
         if self.reaped:
@@ -212,3 +213,15 @@ def kill_session_but_leader(leader: int, rounds: int = 50) -> None:
         for pid in targets:
             kill_verified(pid, ours)
             killed.add(pid)
+
+
+def process_identity(pid: int) -> str | None:
+    """``<boot id>/<pid>/<start time>``: names one process across pid reuse; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{pid}/{start}"

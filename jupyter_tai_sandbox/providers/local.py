@@ -8,15 +8,29 @@ rejected. ``image`` is inert: recorded in info() and the session's sidecar file.
 
 Process groups: every command joins a fresh process group led by a small holder
 process (see :mod:`._posix`), so a stop never signals a group id since given to
-other processes, and the command itself is not a group leader (it may call setsid). A completed one-shot lets its group go (what
-it left running keeps running); an interactive command's group is kept until
-kill() or the session's teardown. A process that leaves the group (setsid) is
-never stopped. Exits are watched with pidfds on the event loop, not a thread per
-child.
+other processes. The command itself is not a group leader, so it may call setsid;
+every stop (deadline, kill, a failed or cancelled one-shot, a cancelled start, the
+teardown of interactive commands) still kills its own process, race-free, as well
+as its group. A completed one-shot lets its group go (what it left running keeps
+running); an interactive command's group is kept until kill() or the session's
+teardown. A process the command started that left the group is never stopped.
+Exits are watched with pidfds on the event loop, not a thread per child. An exit
+status that cannot be read raises SandboxError; none is ever made up.
+
+Tenancy: the session's owner (``spec.owner``) is in its sidecar, so a later server
+process on the same root finds the session again (get/list adopt the sessions of
+a server that has ended; their env values were never on disk). A persistent
+workspace's owner is recorded in ``<root>/.owners/`` when a session with an owner
+first uses the key; a session of another owner is refused (not found) and never
+mounts it. Each live persistent session holds its key's lease (a shared flock in
+``<root>/.locks/``); removing the workspace is refused with SandboxConflictError
+while another session, in any server process on this root, holds the key.
 
 Modules: :mod:`._posix` (process primitives), :mod:`._local_command` and
 :mod:`._local_pty` (the command classes), :mod:`._local_session` (a session's exec
-and files), this one (the provider: traits, sessions, sidecars, reaping).
+and files), :mod:`._local_paths` (typed path errors), :mod:`._local_tenancy`
+(owner records, key leases), this one (the provider: traits, sessions, sidecars,
+adoption, reaping).
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -42,13 +57,19 @@ from ..contract import (
     SessionInfo,
     SessionSpec,
 )
+from ..errors import SandboxConflictError
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id
 from ._local_command import LocalCommand
 from ._local_pty import LocalPtyCommand
 from ._local_session import LocalSession
+from ._local_tenancy import WorkspaceLease, claim_or_check_owner, forget_owner, read_owner
+from ._posix import process_identity
 
 __all__ = ["LocalCommand", "LocalPtyCommand", "LocalSandbox", "LocalSession"]
+
+_SESSION_ID = re.compile(r"sbx-[0-9a-f]{16}")
+_THIS_PROCESS = process_identity(os.getpid())
 
 
 class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
@@ -65,7 +86,8 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     root = Unicode(
         help="""Folder holding the workspaces (SANDBOX_LOCAL_ROOT): persistent ones at
         <root>/<workspace_key>, ephemeral ones under <root>/.ephemeral/, session sidecar
-        files under <root>/.sessions/. Default: <jupyter data dir>/tai_sandbox/local.""",
+        files under <root>/.sessions/, workspace owners under <root>/.owners/ and the
+        per-key lease files under <root>/.locks/. Default: <jupyter data dir>/tai_sandbox/local.""",
     ).tag(config=True)
 
     inherit_env = List(
@@ -106,15 +128,17 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     def _sidecar(self, session_id: str) -> Path:
         return self._root / ".sessions" / f"{session_id}.json"
 
+    def _workspace_of(self, session_id: str, spec: SessionSpec) -> Path:
+        if spec.durability == "persistent":
+            return self._root / spec.workspace_key  # type: ignore[operator]
+        return self._root / ".ephemeral" / session_id
+
     async def create(self, spec: SessionSpec) -> SandboxSession:
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
         self.check_spec(spec)
         session_id = new_session_id()
-        if spec.durability == "persistent":
-            workspace = self._root / spec.workspace_key  # type: ignore[operator]
-        else:
-            workspace = self._root / ".ephemeral" / session_id
+        workspace = self._workspace_of(session_id, spec)
         now = time.time()
         session = self.session_class(self, session_id, spec, workspace, now)
         record = {
@@ -122,52 +146,138 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             "kind": self.kind,
             "image": spec.image,
             "consumer": spec.consumer,
+            "owner": spec.owner,
             "durability": spec.durability,
             "workspace_key": spec.workspace_key,
             "workspace": str(workspace),
             "created_at": now,
             "expires_at": session.expires_at,
             "pid": os.getpid(),
+            "process": _THIS_PROCESS,
             "spec": spec.to_public_json(),
         }
         try:
-            await asyncio.to_thread(self._provision, workspace, session_id, record)
+            session.lease = await asyncio.to_thread(self._provision, spec, workspace, session_id, record)
         except OSError as e:
             raise SandboxError(f"cannot provision the workspace {workspace}: {e}") from e
         self._sessions[session_id] = session
         self.log.debug("sandbox-local: created %s at %s", session_id, workspace)
         return session
 
-    def _provision(self, workspace: Path, session_id: str, record: dict[str, Any]) -> None:
-        if workspace.is_symlink() or (workspace.exists() and not workspace.is_dir()):
-            raise SandboxSpecRejectedError(
-                f"{workspace} exists and is not a folder: it cannot be a workspace"
-            )
-        workspace.mkdir(parents=True, exist_ok=True)
+    def _provision(
+        self, spec: SessionSpec, workspace: Path, session_id: str, record: dict[str, Any]
+    ) -> WorkspaceLease | None:
+        """Take the key's lease, check or record its owner, make the workspace and the sidecar (blocking)."""
+        lease = None
+        if spec.durability == "persistent":
+            lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]
+        try:
+            if lease is not None:
+                # under the lease: a removal of this key cannot run meanwhile
+                claim_or_check_owner(self._root / ".owners", lease.key, spec.owner)
+            if workspace.is_symlink() or (workspace.exists() and not workspace.is_dir()):
+                raise SandboxSpecRejectedError(f"{workspace} exists and is not a folder: it cannot be a workspace")
+            workspace.mkdir(parents=True, exist_ok=True)
+            self._write_sidecar(session_id, record)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        return lease
+
+    def _write_sidecar(self, session_id: str, record: dict[str, Any]) -> None:
         sidecar = self._sidecar(session_id)
         sidecar.parent.mkdir(parents=True, exist_ok=True)
-        temp = sidecar.with_suffix(".tmp")
+        temp = sidecar.with_suffix(f".{os.getpid()}.tmp")
         temp.write_text(json.dumps(record, indent=1))
         os.replace(temp, sidecar)
 
     async def get(self, session_id: str) -> SandboxSession:
         session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None and isinstance(session_id, str) and _SESSION_ID.fullmatch(session_id):
+            session = await asyncio.to_thread(self._adopt, session_id)
         if session is None:
             raise SandboxNotFoundError(f"no local sandbox session {session_id!r}")
         return session
 
     async def list(self) -> list[SessionInfo]:
+        await asyncio.to_thread(self._adopt_all)
         return [s._info() for s in self._sessions.values()]
+
+    def _adopt_all(self) -> None:
+        folder = self._root / ".sessions"
+        for sidecar in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            if sidecar.stem not in self._sessions and _SESSION_ID.fullmatch(sidecar.stem):
+                self._adopt(sidecar.stem)
+
+    def _adopt(self, session_id: str) -> LocalSession | None:
+        """A live session an earlier server process on this root made, from its sidecar (blocking).
+
+        Only a session whose server process has ended (or this process's own) is adopted:
+        a session of a server still running stays that server's.
+
+        Its spec, owner and deadlines come back; its env values never touched the disk,
+        so its commands run without the credentials it was created with.
+        """
+        if session_id in self._sessions:
+            return self._sessions[session_id]
+        try:
+            record = json.loads(self._sidecar(session_id).read_text())
+            spec = SessionSpec.from_json({**record["spec"], "env": {}})
+            created_at, expires_at = float(record["created_at"]), float(record["expires_at"])
+        except (OSError, ValueError, TypeError, KeyError, SandboxError):
+            return None
+        origin = record.get("process")
+        if origin != _THIS_PROCESS and isinstance(origin, str) and process_identity(record.get("pid", 0)) == origin:
+            return None  # its server process still runs: the session is that server's, not ours
+        workspace = self._workspace_of(session_id, spec)
+        if expires_at <= time.time() or not workspace.is_dir() or workspace.is_symlink():
+            return None  # the reaper's to remove
+        lease = None
+        if spec.durability == "persistent":
+            try:
+                lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]
+            except SandboxError:
+                return None
+        session = self.session_class(self, session_id, spec, workspace, created_at)
+        session.expires_at = expires_at
+        session.lease = lease
+        if record["spec"].get("env"):
+            self.log.warning(
+                "sandbox-local: adopted session %s runs without its env values (never kept on disk)", session_id
+            )
+        self._sessions[session_id] = session
+        return session
+
+    async def workspace_owner(self, workspace_key: str) -> str | None:
+        """The owner recorded for a persistent workspace key, None when there is none (a hook for the server)."""
+        record = await asyncio.to_thread(read_owner, self._root / ".owners", workspace_key)
+        return None if record is None else record["owner"]
+
+    async def _claim_removal(self, session: LocalSession) -> None:
+        """Before a removing destroy: hold the key alone, or refuse with nothing changed."""
+        if session.lease is not None and not await asyncio.to_thread(session.lease.try_exclusive):
+            raise SandboxConflictError(
+                f"the persistent workspace {session.lease.key!r} is held by another live session "
+                "(in this or another server process); destroy those first, or destroy this one "
+                "without remove_workspace"
+            )
 
     async def _forget(self, session: LocalSession, remove_workspace: bool) -> None:
         self._sessions.pop(session.id, None)
         remove = session.spec.durability == "ephemeral" or remove_workspace
-        await asyncio.to_thread(self._remove_files, session.id, session.workspace if remove else None)
+        try:
+            await asyncio.to_thread(self._remove_files, session, session.workspace if remove else None)
+        finally:
+            if session.lease is not None:
+                session.lease.release()
 
-    def _remove_files(self, session_id: str, workspace: Path | None) -> None:
+    def _remove_files(self, session: LocalSession, workspace: Path | None) -> None:
         if workspace is not None:
             shutil.rmtree(workspace, ignore_errors=True)
-        self._sidecar(session_id).unlink(missing_ok=True)
+            if session.lease is not None:  # held exclusive: the key is free again
+                forget_owner(self._root / ".owners", session.lease.key)
+        self._sidecar(session.id).unlink(missing_ok=True)
 
     async def reap(self) -> list[str]:
         now = time.time()
@@ -187,7 +297,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         folder = self._root / ".sessions"
         for sidecar in folder.glob("*.json") if folder.is_dir() else ():
             session_id = sidecar.stem
-            if session_id in self._sessions:
+            if session_id in self._sessions or not _SESSION_ID.fullmatch(session_id):
                 continue
             try:
                 record = json.loads(sidecar.read_text())
@@ -195,8 +305,9 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 continue
             if record.get("expires_at", now) > now:
                 continue
-            workspace = self._root / ".ephemeral" / session_id
-            self._remove_files(session_id, workspace if record.get("durability") != "persistent" else None)
+            if record.get("durability") != "persistent":
+                shutil.rmtree(self._root / ".ephemeral" / session_id, ignore_errors=True)
+            sidecar.unlink(missing_ok=True)
             reaped.append(session_id)
         return reaped
 
