@@ -20,6 +20,7 @@ from .policy import SandboxPolicy
 BUILTIN_PROVIDERS = {
     "local": "jupyter_tai_sandbox.providers.local:LocalSandbox",
     "docker": "jupyter_tai_sandbox.providers.docker:DockerSandbox",
+    "swarm": "jupyter_tai_sandbox.providers.swarm:SwarmSandbox",
 }
 OFF_VALUES = {"", "off", "none"}
 
