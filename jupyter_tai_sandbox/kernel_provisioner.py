@@ -229,13 +229,28 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def _create_session(self, spec: SessionSpec) -> SandboxSession:
         """Through the chokepoint, with the per-user cap. The kernelspec is the operator's configuration
-        (like a preset), so its image is not checked against the non-admin allow-list."""
+        (like a preset), so its image is not checked against the non-admin allow-list.
+
+        In a server, the session is recorded in the extension's registry too: the server stops its
+        extensions before its kernels, and the extension's stop destroys what its registry holds.
+        """
         from .sessions import Caller, SessionRegistry
 
         sandbox = sandboxes.require_sandbox()
-        registry = SessionRegistry(sandbox.policy)
+        registry = self._server_registry() or SessionRegistry(sandbox.policy)
+        self._registry = registry
         operator = Caller(spec.owner or "owner", frozenset({"write"}))
         return await registry.create(spec, operator)
+
+    def _server_registry(self) -> Any:
+        """The SessionRegistry of this server's sandbox extension (kernel manager -> mapping manager -> server)."""
+        server = getattr(getattr(self.parent, "parent", None), "parent", None)
+        with contextlib.suppress(AttributeError, KeyError, TypeError):
+            extension = server.extension_manager.extensions["jupyter_tai_sandbox"]  # type: ignore[union-attr]
+            registry = extension.extension_points["jupyter_tai_sandbox"].app.registry
+            if registry is not None and getattr(registry, "policy", None) is not None:
+                return registry
+        return None
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         try:
@@ -430,10 +445,17 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             with contextlib.suppress(SandboxError, TunnelError):
                 await tunnel.close()
         if session is not None:
+            registry = getattr(self, "_registry", None)
             try:
                 await session.destroy(remove_workspace=False)
             except SandboxError as e:
-                self.log.warning("sandboxed kernel %s: destroying session %s: %s", self.kernel_id, session.id, e)
+                if registry is not None and session.id not in registry.ids:
+                    # the server's stop (its extension before its kernels) destroyed it already
+                    self.log.debug("sandboxed kernel %s: session %s already gone: %s", self.kernel_id, session.id, e)
+                else:
+                    self.log.warning("sandboxed kernel %s: destroying session %s: %s", self.kernel_id, session.id, e)
+            if registry is not None:
+                registry.forget(session.id)
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return max(recommended, 5.0)

@@ -20,16 +20,23 @@ from jupyter_tai_sandbox.policy import SandboxPolicy
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def engine():
+def python_image():
+    """A client of a live engine that has the Python image, or skip (fail in CI)."""
     client = docker_client()
     try:
         client.images.get(PYTHON_IMAGE)
     except Exception:
+        client.close()
         message = f"{PYTHON_IMAGE} is missing: build it with `jupyter tai-sandbox build-image --python`"
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)
+    return client
+
+
+@pytest.fixture
+def engine():
+    client = python_image()
     try:
         yield client
     finally:

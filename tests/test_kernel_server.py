@@ -8,6 +8,7 @@ answers the kernel start with the policy's message.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from server_support import call, server_config
@@ -26,8 +27,19 @@ def floor() -> str:
 
 
 @pytest.fixture
-def jp_server_config(tmp_path, floor):
-    return server_config("local", tmp_path / "sandboxes", SandboxPolicy={"isolation": floor})
+def server_provider() -> str:
+    """The server's provider (a test parametrizes it to change it)."""
+    return "local"
+
+
+@pytest.fixture
+def jp_server_config(tmp_path, floor, server_provider):
+    if server_provider == "docker":
+        from test_kernel_docker import python_image
+
+        python_image()
+        floor = "container"
+    return server_config(server_provider, tmp_path / "sandboxes", SandboxPolicy={"isolation": floor})
 
 
 @pytest.fixture
@@ -76,3 +88,28 @@ async def test_a_refused_spec_answers_the_start_with_the_policy_message(jp_fetch
     # the message JupyterLab shows in its "Error Starting Kernel" dialog
     assert "isolation 'vm' was requested" in body["message"], body
     assert "SandboxPolicy.isolation" in body["message"]
+
+
+@pytest.mark.parametrize("server_provider", ["local", "docker"])
+async def test_the_servers_stop_destroys_kernel_sessions_though_extensions_stop_first(
+    jp_fetch, jp_serverapp, sandboxed_kernelspec, server_provider
+):
+    """ServerApp._cleanup stops extensions before kernels: the extension's stop takes the kernel's session."""
+    from server_support import sandbox_app
+
+    code, model = await start_kernel(jp_fetch)
+    assert code == 201, model
+    _, sessions = await call(jp_fetch, "sessions")
+    (session,) = [s for s in sessions["sessions"] if s["consumer"] == f"kernel:{model['id']}"]
+    await sandbox_app(jp_serverapp).stop_extension()  # as _cleanup: extensions first...
+    await jp_serverapp.kernel_manager.shutdown_all()  # ...then kernels
+    if server_provider == "local":
+        assert not os.path.exists(session["workspace"])
+    else:
+        from docker_support import docker_client, leftovers
+
+        engine = docker_client()
+        try:
+            assert leftovers(engine) == []
+        finally:
+            engine.close()
