@@ -71,6 +71,17 @@ async def run_to_end(handle: ExecHandle, output_limit: int | None = None) -> Exe
     raise SandboxError("the command's output ended without an exit status")  # pragma: no cover
 
 
+def spill_overflow_error(counts: dict[str, int]) -> OutputTooLargeError:
+    """Why a command was stopped when its unread output passed the server's disk cap."""
+    return OutputTooLargeError(
+        "the command's unread output passed the most the server keeps on disk for one command "
+        "(SandboxApp.max_spill_bytes): it was stopped. Read its output as it comes, or write "
+        "large output to a workspace file",
+        stdout_bytes=counts.get("stdout", 0),
+        stderr_bytes=counts.get("stderr", 0),
+    )
+
+
 def _too_much_output(limit: int, counts: dict[str, int]) -> SandboxError:
     return OutputTooLargeError(
         f"the command gave more than {limit} bytes of output, the most a one-shot call keeps "

@@ -26,7 +26,7 @@ from ..contract import (
     SandboxExecTimeoutError,
 )
 from ..spool import OutputSpool
-from ._common import OUTPUT_GRACE_SECONDS, deadline_error
+from ._common import OUTPUT_GRACE_SECONDS, deadline_error, spill_overflow_error
 from ._posix import (
     ChildWatch,
     exit_status,
@@ -77,6 +77,12 @@ class LocalCommand(ExecHandle):
         self._done = asyncio.Event()
         self._output = self._iterate()
         self._kill_lock = asyncio.Lock()
+        self._spool.on_overflow = self._on_overflow
+
+    def _on_overflow(self) -> None:
+        """Unread output passed the disk cap: stop the command; its output ends with the reason."""
+        self._failure = spill_overflow_error(self._counts)
+        self._stop_requested.set()
 
     # ---------------------------------------------------------------- start
 

@@ -125,7 +125,7 @@ class LocalSession(SandboxSession):
             reap_holder(holder)
 
     async def run(self, request: ExecRequest) -> ExecResult:
-        return await run_to_end(await self._start(request, one_shot=True))
+        return await run_to_end(await self._start(request, one_shot=True), request.output_limit)
 
     async def start(self, request: ExecRequest) -> ExecHandle:
         command = await self._start(request, one_shot=False)
