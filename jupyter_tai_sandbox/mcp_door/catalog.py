@@ -1,0 +1,507 @@
+"""The MCP door's tools: session tools, the code tools of the registry, and authoring.
+
+Plain classes, no MCP types here: :class:`DoorTools` lists tool descriptions
+(name, description, JSON Schema) and runs a call for a :class:`DoorRequest`
+(who asks, and what the server's Authorizer grants them). Every rule is the
+REST door's:
+
+* session tools go through :class:`~jupyter_tai_sandbox.sessions.SessionRegistry`
+  with the caller (owners, 404 for another user's session, bound consumer, quota);
+* ``sandbox_exec``, ``sandbox_status`` and every preset run through
+  :meth:`ToolRegistry.run <jupyter_tai_sandbox.tools.ToolRegistry.run>` (the fence);
+* ``preset_put`` / ``preset_remove`` go through ``ToolRegistry.author`` / ``remove``;
+* each tool needs its REST action on ``jupyter_tai_sandbox:sessions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ExecRequest, SandboxRequestError
+from ..errors import SandboxForbiddenError
+from ..sessions import AUTH_RESOURCE, Caller
+from ..tools import BASE_TOOLS, NAME_PATTERN, Decided, Preset, validate_input
+
+if TYPE_CHECKING:
+    from .door import SandboxMCP
+
+DEFAULT_TIMEOUT = 60.0
+MAX_POLL_WAIT = 30.0
+
+
+@dataclass(frozen=True)
+class DoorRequest:
+    """Who an MCP request acts for: the principal, and its actions on the sessions resource."""
+
+    caller: Caller
+    session_actions: frozenset[str] = frozenset({"read", "write", "execute"})
+
+    def require(self, action: str, what: str) -> None:
+        if action not in self.session_actions:
+            raise SandboxForbiddenError(
+                f"not allowed to {what}: needs {action!r} on {AUTH_RESOURCE}, which this server's "
+                "authorizer does not grant you"
+            )
+
+    def principal(self) -> Decided:
+        """The caller at the tool chokepoints: its admin actions decide the fence."""
+        caller = self.caller
+        return Decided(name=f"user {caller.name!r}", door="mcp", allowed=caller.admin_actions, owner=caller.name)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    action: str = "read"
+    read_only: bool = False
+    destructive: bool = False
+
+
+# ------------------------------------------------------------------ schemas
+
+_SESSION_ID = {"type": "string", "minLength": 1, "description": "a session id from session_create"}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_ENV = {"type": "object", "additionalProperties": {"type": "string"}, "description": "extra environment variables"}
+_COMMAND_PROPERTIES: dict[str, Any] = {
+    "session_id": _SESSION_ID,
+    "argv": {**_STRINGS, "minItems": 1, "description": 'the program and its arguments, e.g. ["python3", "x.py"]'},
+    "script": {"type": "string", "description": "shell text, run as sh -c SCRIPT (give argv or script)"},
+    "timeout_seconds": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "description": "the command's deadline; it is killed past it (default 60 s, at most the "
+        "operator's SandboxPolicy.max_timeout_seconds)",
+    },
+    "env": _ENV,
+    "cwd": {"type": "string", "minLength": 1, "description": "working directory inside the workspace"},
+    "stdin": {"type": "string", "description": "text fed to the command's stdin (then closed)"},
+}
+
+
+def _command_schema(description_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["session_id"],
+        "oneOf": [{"required": ["argv"]}, {"required": ["script"]}],
+        "properties": {**_COMMAND_PROPERTIES, **(description_extra or {})},
+    }
+
+
+_SPEC_PROPERTIES: dict[str, Any] = {
+    "image": {"type": ["string", "null"], "description": "container image (docker); default: the operator's"},
+    "isolation": {"enum": ["none", "container", "vm", None]},
+    "network": {"enum": ["egress", "internal", "none"], "default": "egress"},
+    "durability": {"enum": ["ephemeral", "persistent"], "description": "persistent needs workspace_key"},
+    "workspace_key": {"type": ["string", "null"], "description": "a durable workspace that outlives the session"},
+    "ttl_seconds": {"type": "number", "exclusiveMinimum": 0, "description": "the session is reaped after this"},
+    "cpu": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    "memory_mb": {"type": ["integer", "null"], "exclusiveMinimum": 0},
+    "env": _ENV,
+    "consumer": {"type": "string", "description": "credential label; naming another than your own is an admin act"},
+    "owner": {"type": "string", "description": "naming another owner than yourself is an admin act"},
+}
+
+SESSION_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "session_create",
+        "Create a sandbox session (a workspace where commands run). Answers the session's info; its id is "
+        "what the other session_* tools take. Sessions are yours alone and are reaped after ttl_seconds.",
+        {"type": "object", "additionalProperties": False, "properties": _SPEC_PROPERTIES},
+        action="write",
+    ),
+    ToolSpec(
+        "session_exec",
+        "Run a command in a session to its end; answers exit_code, stdout and stderr with their byte "
+        "counts (long output is cut in the middle, marked, and flagged truncated). For commands that run "
+        "longer than a minute use session_exec_start.",
+        _command_schema(),
+        action="execute",
+    ),
+    ToolSpec(
+        "session_exec_start",
+        "Start a long command in a session and answer a handle at once; read its output with "
+        "session_exec_poll until running is false. The command is killed at its deadline, when its session "
+        "is destroyed, or when nobody polls it for a while.",
+        _command_schema(),
+        action="execute",
+    ),
+    ToolSpec(
+        "session_exec_poll",
+        "Output of a started command since an offset (0 at first, then the answer's next_offset), waiting up "
+        "to wait_seconds for news; when running is false, exit_code (or error) is its end.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["handle"],
+            "properties": {
+                "handle": {"type": "string", "minLength": 1, "description": "from session_exec_start"},
+                "offset": {"type": "integer", "minimum": 0, "default": 0},
+                "wait_seconds": {"type": "number", "minimum": 0, "maximum": MAX_POLL_WAIT, "default": 10},
+                "max_bytes": {"type": "integer", "minimum": 1, "maximum": 1 << 20, "default": 65536},
+            },
+        },
+        action="execute",
+    ),
+    ToolSpec(
+        "session_exec_kill",
+        "Kill a started command.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["handle"],
+            "properties": {"handle": {"type": "string", "minLength": 1}},
+        },
+        action="execute",
+        destructive=True,
+    ),
+    ToolSpec(
+        "session_read_file",
+        "Read a workspace file (utf-8 text, or base64 for exact bytes); at most max_bytes are answered.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id", "path"],
+            "properties": {
+                "session_id": _SESSION_ID,
+                "path": {"type": "string", "minLength": 1, "description": "relative to the workspace"},
+                "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
+                "max_bytes": {"type": "integer", "minimum": 1, "maximum": 16 << 20, "default": 1 << 20},
+            },
+        },
+        read_only=True,
+    ),
+    ToolSpec(
+        "session_write_file",
+        "Write a workspace file (parent folders are created; an existing file is replaced).",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id", "path", "content"],
+            "properties": {
+                "session_id": _SESSION_ID,
+                "path": {"type": "string", "minLength": 1, "description": "relative to the workspace"},
+                "content": {"type": "string"},
+                "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
+            },
+        },
+        action="write",
+    ),
+    ToolSpec(
+        "session_list_files",
+        "List a workspace folder: name, type and size of each entry.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id"],
+            "properties": {"session_id": _SESSION_ID, "path": {"type": "string", "default": "."}},
+        },
+        read_only=True,
+    ),
+    ToolSpec(
+        "session_destroy",
+        "Destroy a session (its running commands are killed); a persistent workspace is kept unless "
+        "remove_workspace.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id"],
+            "properties": {"session_id": _SESSION_ID, "remove_workspace": {"type": "boolean", "default": False}},
+        },
+        action="write",
+        destructive=True,
+    ),
+    ToolSpec(
+        "session_status",
+        "One session's info (with session_id), or all your live sessions and the sandbox provider's status.",
+        {"type": "object", "additionalProperties": False, "properties": {"session_id": _SESSION_ID}},
+        read_only=True,
+    ),
+)
+
+AUTHORING_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "preset_put",
+        "Author a code tool (a preset over sandbox_exec: its own input schema and a binding of the fields "
+        "into a fixed command). An admin act. The new tool appears in tools/list.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "definition"],
+            "properties": {
+                "name": {"type": "string", "pattern": NAME_PATTERN.pattern},
+                "definition": {
+                    "type": "object",
+                    "description": '{"description", "input_schema", "binding": {"argv" | "script", "args", '
+                    '"stdin", "env", "timeout_seconds"}, "session": {...}} as REST PUT tools/{name}',
+                },
+                "replace": {"type": "boolean", "default": False},
+            },
+        },
+        action="write",
+    ),
+    ToolSpec(
+        "preset_remove",
+        "Remove a code tool authored at run time. An admin act for tools over sandbox_exec.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1}},
+        },
+        action="write",
+        destructive=True,
+    ),
+)
+
+DOOR_TOOLS: dict[str, ToolSpec] = {t.name: t for t in (*SESSION_TOOLS, *AUTHORING_TOOLS)}
+
+
+# ------------------------------------------------------------------ output
+
+
+def clip(data: bytes, limit: int) -> tuple[str, bool]:
+    """``data`` as text, cut in the middle (with a marker) past ``limit`` bytes."""
+    if not limit or len(data) <= limit:
+        return data.decode(errors="replace"), False
+    head, tail = data[: limit // 2], data[len(data) - (limit - limit // 2) :]
+    marker = f"\n[... {len(data) - limit} bytes truncated (SandboxMCP.max_output_bytes) ...]\n"
+    return head.decode(errors="replace") + marker + tail.decode(errors="replace"), True
+
+
+def session_id_of(arguments: Any) -> str | None:
+    value = arguments.get("session_id") if isinstance(arguments, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+# ------------------------------------------------------------------- tools
+
+
+class DoorTools:
+    """List and run the door's tools for one request (the rules live in the registries)."""
+
+    def __init__(self, door: SandboxMCP) -> None:
+        self.door = door
+
+    @property
+    def app(self) -> Any:
+        return self.door.app
+
+    # --- listing
+
+    def registry_tools(self) -> list[ToolSpec]:
+        """``sandbox_exec``, ``sandbox_status`` and every preset, with their declared schemas."""
+        out = []
+        for base in BASE_TOOLS.values():
+            out.append(ToolSpec(base.name, _fenced_note(base.description, base.fenced), base.input_schema,
+                                action="execute"))
+        for name, preset in sorted(self.app.tools.presets().items()):
+            if name in DOOR_TOOLS:
+                self.door.warn_once(f"preset {name!r} has the name of an MCP door tool: it is not listed over MCP")
+                continue
+            fenced = bool(BASE_TOOLS.get(preset.base) and BASE_TOOLS[preset.base].fenced)
+            out.append(ToolSpec(name, _fenced_note(preset.description, fenced), preset.schema(), action="execute"))
+        return out
+
+    def list_tools(self) -> list[ToolSpec]:
+        return [*SESSION_TOOLS, *self.registry_tools(), *AUTHORING_TOOLS]
+
+    # --- calling
+
+    async def call(self, request: DoorRequest, name: str, arguments: Any) -> dict[str, Any]:
+        """Run one tool call; SandboxError subclasses for every refusal (mapped by the caller)."""
+        spec = DOOR_TOOLS.get(name)
+        if spec is None:
+            request.require("execute", f"run the tool {name!r}")
+            self.app.touch()
+            return await self._run_registry_tool(request, name, arguments)
+        request.require(spec.action, f"use {name}")
+        data = validate_input(spec.input_schema, arguments)
+        self.app.touch()
+        method = getattr(self, "_" + name)
+        return await method(request, data)
+
+    async def _run_registry_tool(self, request: DoorRequest, name: str, arguments: Any) -> dict[str, Any]:
+        result = await self.app.tools.run(name, arguments, principal=request.principal())
+        limit = self.door.max_output_bytes
+        if isinstance(result, dict) and isinstance(result.get("stdout"), str):
+            result = dict(result)
+            for stream in ("stdout", "stderr"):
+                raw = result.get(stream, "").encode(errors="surrogatepass")
+                result[stream], cut = clip(raw, limit)
+                result[f"{stream}_bytes"] = len(raw)
+                result[f"{stream}_truncated"] = cut
+        return result
+
+    # session tools ------------------------------------------------------
+
+    async def _session(self, request: DoorRequest, data: Mapping[str, Any], *, manage: bool) -> Any:
+        return await self.app.registry.get(data["session_id"], request.caller, manage=manage)
+
+    async def _session_create(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        registry = self.app.registry
+        spec = registry.spec_for(request.caller, data)
+        session = await registry.create(spec, request.caller)
+        return dict((await session.info()).to_json())
+
+    def _exec_request(self, data: Mapping[str, Any], *, interactive: bool) -> ExecRequest:
+        policy = self.app.policy
+        body: dict[str, Any] = {k: data[k] for k in ("argv", "env", "cwd") if k in data}
+        if "script" in data:
+            body["argv"] = ["sh", "-c", data["script"]]
+        timeout = data.get("timeout_seconds")
+        if timeout is None:
+            ceiling = policy.max_timeout_seconds
+            timeout = min(DEFAULT_TIMEOUT, ceiling) if ceiling else DEFAULT_TIMEOUT
+        body["timeout_seconds"] = timeout
+        request = ExecRequest.from_json(
+            body, interactive=interactive, max_timeout_seconds=policy.max_timeout_seconds
+        )
+        if not interactive and data.get("stdin") is not None:
+            request = dataclasses.replace(request, stdin=data["stdin"].encode(errors="surrogatepass"))
+        return request
+
+    async def _session_exec(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        exec_request = self._exec_request(data, interactive=False)
+        limit = self.app.max_output_bytes
+        exec_request = dataclasses.replace(exec_request, output_limit=limit or None)
+        session = await self._session(request, data, manage=True)
+        result = await session.run(exec_request)
+        self.app.touch()
+        answer: dict[str, Any] = {"session_id": session.id, "exit_code": result.exit_code}
+        for stream in ("stdout", "stderr"):
+            raw: bytes = getattr(result, stream)
+            scrubbed = await _scrub(self.app.policy, raw)
+            answer[stream], answer[f"{stream}_truncated"] = clip(scrubbed, self.door.max_output_bytes)
+            answer[f"{stream}_bytes"] = len(raw)
+        answer["truncated"] = answer["stdout_truncated"] or answer["stderr_truncated"]
+        return answer
+
+    async def _session_exec_start(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        exec_request = self._exec_request(data, interactive=True)
+        session = await self._session(request, data, manage=True)
+        handles = self.door.handles
+        handles.check_room(request.caller.name)
+        handle = await session.start(exec_request)
+        try:
+            if data.get("stdin") is not None:
+                await handle.write(data["stdin"].encode(errors="surrogatepass"))
+            await handle.close_stdin()
+        except BaseException:
+            await handle.kill()
+            raise
+        policy = self.app.policy
+        scrubbers = {s: policy.stream_scrubber() for s in ("stdout", "stderr")}
+        command = handles.add(
+            handle,
+            owner=request.caller.name,
+            session_id=session.id,
+            timeout_seconds=exec_request.timeout_seconds,
+            scrubbers={s: sc for s, sc in scrubbers.items() if sc is not None},
+        )
+        return {
+            "handle": command.id,
+            "session_id": session.id,
+            "timeout_seconds": exec_request.timeout_seconds,
+            "deadline": command.deadline,
+            "next": "session_exec_poll with this handle and offset 0",
+        }
+
+    async def _session_exec_poll(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        command = self.door.handles.get(data["handle"], request.caller.name, admin=request.caller.manages_all)
+        self.app.touch()
+        return await command.poll(data["offset"], float(data["wait_seconds"]), data["max_bytes"])
+
+    async def _session_exec_kill(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        command = self.door.handles.get(data["handle"], request.caller.name, admin=request.caller.manages_all)
+        await command.kill({"error": "CommandKilled", "message": f"killed by {request.caller.name!r}"})
+        return {"handle": command.id, "session_id": command.session_id, "running": command.running,
+                "exit_code": command.exit_code}
+
+    async def _session_read_file(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        session = await self._session(request, data, manage=False)
+        limit = data["max_bytes"]
+        chunks, size = [], 0
+        truncated = False
+        async for chunk in session.iter_file(data["path"], min(limit, 1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                truncated = True
+                break
+        content = b"".join(chunks)[:limit]
+        text = (base64.b64encode(content).decode() if data["encoding"] == "base64"
+                else content.decode(errors="replace"))
+        return {"session_id": session.id, "path": data["path"], "encoding": data["encoding"], "content": text,
+                "bytes": len(content), "truncated": truncated}
+
+    async def _session_write_file(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        if data["encoding"] == "base64":
+            try:
+                content = base64.b64decode(data["content"], validate=True)
+            except (binascii.Error, ValueError):
+                raise SandboxRequestError("content: not valid base64", field="content") from None
+        else:
+            content = data["content"].encode(errors="surrogatepass")
+        session = await self._session(request, data, manage=True)
+        await session.put_file(data["path"], content)
+        return {"session_id": session.id, "path": data["path"], "size": len(content)}
+
+    async def _session_list_files(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        session = await self._session(request, data, manage=False)
+        return {"session_id": session.id, "path": data["path"], "entries": await session.list_files(data["path"])}
+
+    async def _session_destroy(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        session = await self._session(request, data, manage=True)
+        await self.door.handles.kill_session(session.id)
+        await self.app.registry.destroy(session, remove_workspace=data["remove_workspace"])
+        return {"session_id": session.id, "destroyed": True}
+
+    async def _session_status(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        from .. import sandboxes
+
+        if "session_id" in data:
+            session = await self._session(request, data, manage=False)
+            return dict((await session.info()).to_json())
+        infos = await self.app.registry.list(request.caller)
+        return {
+            "provider": sandboxes.status_info(show_credentials=request.caller.sees_all),
+            "sessions": [info.to_json() for info in infos],
+        }
+
+    # authoring ------------------------------------------------------------
+
+    async def _preset_put(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        tools = self.app.tools
+        preset: Preset = await asyncio.to_thread(
+            tools.author, data["definition"], principal=request.principal(), name=data["name"],
+            replace=data["replace"],
+        )
+        self.door.tools_changed()
+        return preset.to_json()
+
+    async def _preset_remove(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.to_thread(self.app.tools.remove, data["name"], principal=request.principal())
+        self.door.tools_changed()
+        return {"name": data["name"], "removed": True}
+
+
+def _fenced_note(description: str, fenced: bool) -> str:
+    return f"{description} (admin tier: running it needs the server's admin grant)" if fenced else description
+
+
+async def _scrub(policy: Any, data: bytes) -> bytes:
+    """The transcript scrub on exact bytes; large outputs off the loop."""
+    if policy.stream_scrubber() is None:
+        return data
+    if len(data) > 1 << 16:
+        return await asyncio.to_thread(policy.scrub_bytes, data)
+    return policy.scrub_bytes(data)

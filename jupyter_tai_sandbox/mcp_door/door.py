@@ -1,0 +1,373 @@
+"""The MCP server of the door: the SDK's low-level ``Server``, its Streamable HTTP session manager, audit.
+
+The SDK's ``StreamableHTTPSessionManager`` is an ASGI app whose ``run()``
+lifespan must be entered by the host before the first request and left at
+shutdown, in one task (it holds an anyio task group). :class:`SandboxMCP` runs
+it in a task of its own, started with the extension (or by the first request)
+and stopped with it. Tornado reaches it through :mod:`.bridge`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from traitlets import Bool, Float, Integer, default
+from traitlets.config import LoggingConfigurable
+
+from .._version import __version__
+from ..contract import SandboxError
+from ..errors import error_body, error_status
+from .catalog import DoorRequest, DoorTools, ToolSpec, session_id_of
+from .handles import CommandHandles
+
+#: where the bridge puts the request's DoorRequest in the ASGI scope
+SCOPE_KEY = "jupyter_tai_sandbox.request"
+_MAX_LISTENERS = 1000
+
+INSTRUCTIONS = """Sandbox sessions on this Jupyter server. session_create gives a workspace; run commands
+with session_exec (short) or session_exec_start + session_exec_poll (long); move files with
+session_read_file / session_write_file; session_destroy when done. Code tools (sandbox_exec and the
+operator's presets) run in a fresh session each; some need the server's admin grant."""
+
+
+class _DoorServer(Server[Any]):
+    """The low-level server, advertising tools.listChanged (the door notifies on preset changes)."""
+
+    def create_initialization_options(self, notification_options=None, experimental_capabilities=None,
+                                      extensions=None):  # type: ignore[no-untyped-def]
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+        )
+
+
+class SandboxMCP(LoggingConfigurable):
+    """The MCP door: Streamable HTTP at /api/sandbox/mcp on the Jupyter port, behind Jupyter's auth."""
+
+    enabled = Bool(
+        True,
+        help="""Serve the MCP door at /api/sandbox/mcp (needs the `mcp` package: pip install
+        'jupyter-tai-sandbox[mcp]'). It is behind the server's authentication and Authorizer like every
+        sandbox route; False answers 503 there.""",
+    ).tag(config=True)
+
+    json_response = Bool(
+        False,
+        help="Answer each MCP POST with one JSON body instead of a Server-Sent Events stream.",
+    ).tag(config=True)
+
+    session_idle_timeout = Float(
+        1800.0,
+        help="Seconds an MCP session (Mcp-Session-Id) may stay idle before it is closed; the client re-initializes.",
+    ).tag(config=True)
+
+    max_sessions = Integer(
+        1000, help="Most MCP sessions open at once; one more answers 503 until one ends."
+    ).tag(config=True)
+
+    max_request_bytes = Integer(
+        8 << 20,
+        help="Largest MCP request body in bytes (a session_write_file's content travels in it); larger gets 413.",
+    ).tag(config=True)
+
+    max_output_bytes = Integer(
+        64 << 10,
+        help="""Most bytes of each output stream (stdout, stderr) an MCP tool answer carries; longer output is cut
+        in the middle with a marker, and the answer keeps the full byte counts. 0: no cut (the server's
+        SandboxApp.max_output_bytes still stops a command past it).""",
+    ).tag(config=True)
+
+    handle_idle_timeout_seconds = Float(
+        300.0,
+        help="""A command started with session_exec_start that nobody polls for this long is killed, so an
+        agent that goes away leaves nothing running (its own deadline applies anyway).""",
+    ).tag(config=True)
+
+    handle_retention_seconds = Float(
+        600.0, help="Seconds a finished started command's output and exit stay available to polls."
+    ).tag(config=True)
+
+    handle_buffer_bytes = Integer(
+        4 << 20,
+        help="Most recent output bytes a started command keeps for polls; older output is dropped (and reported).",
+    ).tag(config=True)
+
+    max_running_commands_per_user = Integer(
+        8, help="Most commands one user may have started (session_exec_start) and running at once. 0: no limit."
+    ).tag(config=True)
+
+    tools_poll_interval = Float(
+        5.0,
+        help="""Seconds between two looks at the preset store, so presets authored over REST or the CLI reach
+        MCP clients as notifications/tools/list_changed. 0: only changes made over MCP notify.""",
+    ).tag(config=True)
+
+    audit = Bool(
+        True, help="Log every MCP tool call: user, tool, session and outcome (scrubbed when the scrub is on)."
+    ).tag(config=True)
+
+    @default("log")
+    def _log_default(self) -> logging.Logger:
+        parent_log = getattr(self.parent, "log", None)
+        return parent_log if parent_log is not None else logging.getLogger("jupyter_tai_sandbox.mcp")
+
+    def __init__(self, app: Any, **kwargs: Any) -> None:
+        super().__init__(parent=app, **kwargs)
+        self.app = app
+        self.tools = DoorTools(self)
+        self.handles = CommandHandles(
+            log=self.log,
+            idle_timeout=self.handle_idle_timeout_seconds,
+            retention=self.handle_retention_seconds,
+            max_running_per_user=self.max_running_commands_per_user,
+            buffer_bytes=self.handle_buffer_bytes,
+            on_change=self._count_commands,
+        )
+        self.server = _DoorServer(
+            "jupyter-tai-sandbox",
+            version=__version__,
+            title="Jupyter sandbox sessions",
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._on_list_tools,
+            on_call_tool=self._on_call_tool,
+        )
+        self.manager: StreamableHTTPSessionManager | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._start_lock = asyncio.Lock()
+        self._listeners: OrderedDict[str, Any] = OrderedDict()
+        self._warned: set[str] = set()
+        self._fingerprint: str | None = None
+        self._running_commands = 0
+        self._pending: set[asyncio.Future[None]] = set()
+        #: extra audit sinks (tests, an operator's hook): called with each audit record
+        self.audit_sinks: list[Callable[[dict[str, Any]], None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done() and self.manager is not None
+
+    async def start(self) -> None:
+        """Enter the session manager's lifespan in a task of its own (idempotent)."""
+        async with self._start_lock:
+            if self.running:
+                return
+            self.manager = StreamableHTTPSessionManager(
+                app=self.server,
+                json_response=self.json_response,
+                stateless=False,
+                security_settings=None,  # Host, Origin and auth are checked by the tornado handler
+                session_idle_timeout=self.session_idle_timeout or None,
+                max_request_body_size=self.max_request_bytes,
+                max_sessions=self.max_sessions or None,
+            )
+            ready = asyncio.Event()
+            self._stop = stop = asyncio.Event()
+            manager = self.manager
+
+            async def lifespan() -> None:
+                async with manager.run():
+                    ready.set()
+                    watcher = asyncio.create_task(self._watch_tools())
+                    try:
+                        await stop.wait()
+                    finally:
+                        watcher.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await watcher
+
+            self._task = asyncio.create_task(lifespan(), name="jupyter_tai_sandbox-mcp")
+            started = asyncio.ensure_future(ready.wait())
+            await asyncio.wait({started, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            if not ready.is_set():
+                started.cancel()
+                self._task.result()  # raises the lifespan's failure
+            self._fingerprint = await asyncio.to_thread(self._tools_fingerprint)
+            self.log.info("jupyter_tai_sandbox: MCP door at /api/sandbox/mcp (Streamable HTTP)")
+
+    async def stop(self) -> None:
+        """Kill started commands, leave the lifespan (open MCP sessions end)."""
+        await self.handles.close()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if self._stop is not None:
+            self._stop.set()
+        try:
+            await asyncio.wait_for(task, 10)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            task.cancel()
+        except Exception as e:  # the SDK's shutdown failing must not stop the server's
+            self.log.warning("jupyter_tai_sandbox: the MCP door stopped with %s", e)
+        self.manager = None
+        self._listeners.clear()
+
+    async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not self.running:
+            await self.start()
+        assert self.manager is not None
+        await self.manager.handle_request(scope, receive, send)
+
+    def _count_commands(self, running: int) -> None:
+        """Started commands count as activity, so the server's idle shutdown waits for them."""
+        delta = running - self._running_commands
+        self._running_commands = running
+        if hasattr(self.app, "live_commands"):
+            self.app.live_commands = max(0, self.app.live_commands + delta)
+
+    # ------------------------------------------------------------ list changes
+
+    def _tools_fingerprint(self) -> str:
+        specs = self.tools.registry_tools()
+        return json.dumps([(t.name, t.description, t.input_schema) for t in specs], sort_keys=True, default=str)
+
+    def tools_changed(self) -> None:
+        """A preset changed through the door: tell the clients now."""
+        task = asyncio.ensure_future(self._check_tools())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _check_tools(self) -> None:
+        try:
+            fingerprint = await asyncio.to_thread(self._tools_fingerprint)
+        except SandboxError as e:
+            self.log.warning("jupyter_tai_sandbox: MCP door cannot read the tools: %s", e)
+            return
+        if fingerprint == self._fingerprint:
+            return
+        self._fingerprint = fingerprint
+        for mcp_session_id, session in list(self._listeners.items()):
+            try:
+                await session.send_tool_list_changed()
+            except Exception as e:  # best effort: a gone client must not stop the others
+                self.log.debug("jupyter_tai_sandbox: list_changed to MCP session %s: %s", mcp_session_id, e)
+                self._listeners.pop(mcp_session_id, None)
+
+    async def _watch_tools(self) -> None:
+        while self.tools_poll_interval > 0:
+            await asyncio.sleep(self.tools_poll_interval)
+            await self._check_tools()
+
+    def forget_session(self, mcp_session_id: str | None) -> None:
+        if mcp_session_id:
+            self._listeners.pop(mcp_session_id, None)
+
+    def _listen(self, ctx: Any) -> None:
+        request = ctx.request
+        mcp_session_id = request.headers.get("mcp-session-id") if request is not None else None
+        if not mcp_session_id:
+            return  # the 2026 per-request era: no standalone stream to notify on
+        self._listeners[mcp_session_id] = ctx.session
+        self._listeners.move_to_end(mcp_session_id)
+        while len(self._listeners) > _MAX_LISTENERS:
+            self._listeners.popitem(last=False)
+
+    def warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            self.log.warning("jupyter_tai_sandbox: %s", message)
+
+    # ------------------------------------------------------------ MCP handlers
+
+    @staticmethod
+    def _door_request(ctx: Any) -> DoorRequest:
+        request = getattr(ctx, "request", None)
+        door_request = request.scope.get(SCOPE_KEY) if request is not None else None
+        if not isinstance(door_request, DoorRequest):
+            # only the authenticated tornado handler builds requests; nothing else reaches here
+            raise MCPError(code=types.INVALID_REQUEST, message="unauthenticated MCP request")
+        return door_request
+
+    async def _on_list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        self._door_request(ctx)
+        self._listen(ctx)
+        try:
+            specs = await asyncio.to_thread(self.tools.list_tools)
+        except SandboxError as e:
+            raise MCPError(code=types.INTERNAL_ERROR, message=f"{type(e).__name__}: {e}") from None
+        return types.ListToolsResult(tools=[_tool(spec) for spec in specs], ttl_ms=0, cache_scope="private")
+
+    async def _on_call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        request = self._door_request(ctx)
+        name, arguments = params.name, params.arguments if params.arguments is not None else {}
+        record: dict[str, Any] = {"user": request.caller.name, "tool": name, "session": session_id_of(arguments)}
+        try:
+            result = await self.tools.call(request, name, arguments)
+        except SandboxError as e:
+            status = error_status(e)
+            body = error_body(e, status)
+            if status == 404 and body.get("error") == "SandboxNotFoundError" and _is_unknown_tool(e, name):
+                record["outcome"] = "unknown tool"
+                self._audit(record)
+                raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {name!r}: tools/list lists them",
+                               data={"tool": name}) from None
+            record["outcome"] = f"error {body['error']}" + (f" field={body['field']}" if body.get("field") else "")
+            self._audit(record)
+            return _error_result(body)
+        except MCPError:
+            raise
+        except Exception:  # never a traceback to the client: logged here, a plain error there
+            self.log.exception("jupyter_tai_sandbox: MCP tool %s failed", name)
+            record["outcome"] = "error InternalError"
+            self._audit(record)
+            return _error_result({"error": "InternalError", "message": "the tool failed; the server log says why"})
+        record["session"] = record["session"] or result.get("session_id") or (
+            result.get("id") if name == "session_create" else None
+        )
+        outcome = "ok"
+        if isinstance(result.get("exit_code"), int):
+            outcome += f" exit_code={result['exit_code']}"
+        if result.get("handle"):
+            outcome += f" handle={result['handle']}"
+        record["outcome"] = outcome
+        self._audit(record)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+            structured_content=result,
+            is_error=False,
+        )
+
+    def _audit(self, record: dict[str, Any]) -> None:
+        if not self.audit:
+            return
+        line = "MCP tool call: user={user!r} tool={tool!r} session={session} outcome={outcome}".format(**record)
+        scrub = getattr(self.app.policy, "scrub", None)
+        if scrub is not None:
+            line = scrub(line)
+            record = {k: scrub(v) if isinstance(v, str) else v for k, v in record.items()}
+        self.log.info("jupyter_tai_sandbox: %s", line)
+        for sink in self.audit_sinks:
+            sink(record)
+
+
+def _is_unknown_tool(error: Exception, name: str) -> bool:
+    return str(error).startswith(f"no tool named {name!r}")
+
+
+def _tool(spec: ToolSpec) -> types.Tool:
+    annotations = None
+    if spec.read_only or spec.destructive:
+        annotations = types.ToolAnnotations(
+            read_only_hint=spec.read_only or None, destructive_hint=spec.destructive or None
+        )
+    return types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema,
+                      annotations=annotations)
+
+
+def _error_result(body: dict[str, Any]) -> types.CallToolResult:
+    """A refusal as the tool's answer (isError), so the agent reads what to change."""
+    text = f"{body.get('error')}: {body.get('message')}"
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=body, is_error=True
+    )
