@@ -224,16 +224,10 @@ class SandboxApp(ExtensionApp):
         from . import mcp_door
 
         self.handlers.extend(mcp_door.handlers(self))
-        from . import mcp_door
-
-        self.handlers.extend(mcp_door.handlers(self))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.start_reaper()
         self.export_server_env(serverapp)
-        from . import mcp_door
-
-        await mcp_door.start(self)
         from . import mcp_door
 
         await mcp_door.start(self)
@@ -278,9 +272,6 @@ class SandboxApp(ExtensionApp):
 
     async def stop_extension(self) -> None:
         """Stop every session this server started (persistent workspaces are kept)."""
-        from . import mcp_door
-
-        await mcp_door.stop(self)
         from . import mcp_door
 
         await mcp_door.stop(self)
