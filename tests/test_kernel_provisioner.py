@@ -228,3 +228,43 @@ def test_the_kernelspec_provider_fills_an_unconfigured_slot(tmp_path, monkeypatc
     assert executable == sys.executable  # the local provider runs the server's own Python
     assert cwd.startswith(os.path.realpath(tmp_path / "root"))
     assert sandboxes.installed() is not None and sandboxes.installed().kind == "local"
+
+
+def test_signals_cross_the_seam_and_a_dead_tunnel_ends_the_kernel(tmp_path, monkeypatch):
+    """SIGINT through the seam (interrupt_mode signal works too); the relay's death ends the kernel."""
+    import signal
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    name = install_spec(tmp_path, monkeypatch)
+    sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="none"))
+
+    async def main() -> None:
+        km = AsyncKernelManager(kernel_name=name)
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            msg_id = kc.execute("import time; time.sleep(60)")
+            await asyncio.sleep(1.0)
+            started = time.monotonic()
+            await km.signal_kernel(signal.SIGINT)
+            while True:
+                reply = await kc.get_shell_msg(timeout=10)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+            assert reply["content"]["ename"] == "KeyboardInterrupt"
+            assert time.monotonic() - started < INTERRUPT_LIMIT
+            assert await km.is_alive()
+            await km.provisioner.tunnel.handle.kill()  # the relay dies: the kernel cannot be reached
+            deadline = time.monotonic() + 10
+            while await km.is_alive():
+                assert time.monotonic() < deadline, "the kernel outlived its tunnel"
+                await asyncio.sleep(0.1)
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+        assert [i for i in await sandboxes.require_sandbox().list() if i.consumer.startswith("kernel:")] == []
+
+    asyncio.run(main())
