@@ -32,6 +32,10 @@ def _provider_classes() -> list[type]:
         from .providers.docker import DockerSandbox
 
         classes.append(DockerSandbox)
+    with contextlib.suppress(ImportError):  # the mcp extra
+        from .mcp_door.door import SandboxMCP
+
+        classes.append(SandboxMCP)
     return classes
 
 
@@ -205,7 +209,8 @@ class SandboxApp(ExtensionApp):
 
     def current_activity(self) -> bool:
         """Interactive sandbox commands are running (the server's no-activity shutdown waits for them)."""
-        return len(self.execs) > 0
+        door = getattr(self, "mcp_door", None)
+        return len(self.execs) > 0 or bool(door is not None and door.handles.running_count())
 
     def _make_provider(self) -> Sandbox:
         cls = sandboxes.load_provider_class(self.provider)
