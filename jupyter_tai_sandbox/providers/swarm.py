@@ -1,0 +1,557 @@
+"""sandbox-swarm: each session is a one-replica Docker Swarm service.
+
+The swarm manager schedules; the provider never picks a node itself (but for a
+persistent workspace, which pins its session to the node holding its volume).
+Commands and files go to the engine of the node that runs the task, through
+the docker provider's own session and command classes, so every guarantee of
+sandbox-docker holds unchanged.
+
+``_swarm_engine``   :class:`SwarmEngine`: a DockerEngine with TLS exec streams and the manager's API
+``_swarm_session``  :class:`SwarmSession`, the node engines, where a task runs
+``swarm``           :class:`SwarmSandbox`, the configurable provider (this module)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from traitlets import Float, List, Unicode
+from traitlets.config import LoggingConfigurable
+
+from ..contract import (
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSession,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+    SessionInfo,
+    SessionSpec,
+)
+from ..errors import SandboxConflictError
+from ._common import new_session_id
+from ._docker_names import (
+    LABEL_CONSUMER,
+    LABEL_CREATED,
+    LABEL_EXPIRES,
+    LABEL_NETWORK,
+    LABEL_OWNER,
+    LABEL_SESSION,
+    LABEL_SPEC,
+    LABEL_WORKSPACE,
+    WORKSPACE,
+    is_session_id,
+    workspace_volume,
+)
+from ._docker_session import CommandRegistry, SessionSite
+from ._swarm_engine import SwarmEngine, TlsMaterial
+from ._swarm_session import (
+    LABEL_NODE,
+    STARTING_STATES,
+    NodeEngines,
+    Placement,
+    SwarmSession,
+    placement_of,
+    record_name,
+)
+from .docker import DockerSandbox
+from .docker_engine import EngineRefusedError, docker_sdk
+
+__all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
+
+#: how often a starting task is looked at
+_POLL_SECONDS = 0.05
+
+
+def _reject(message: str) -> SandboxSpecRejectedError:
+    return SandboxSpecRejectedError(message)
+
+
+class SwarmSandbox(DockerSandbox):
+    """sandbox-swarm: each session is a one-replica Docker Swarm service, its commands run on its node.
+
+    **Sessions.** A session is a service ``tai-<session id>`` (one replica,
+    restart condition ``none``, endpoint mode ``dnsrr``) whose task runs the
+    session image under the engine's init over a long ``sleep``, with the
+    docker provider's labels on the service and its container. The manager
+    (``base_url``) places it: ``constraints`` and ``spread`` preferences,
+    resource limits from the spec (or ``default_cpu``/``default_memory_mb``,
+    bounded by ``max_cpu``/``max_memory_mb``) and reservations of
+    ``reserve_fraction`` of them. A create returns once the task runs.
+
+    **Exec and files** go to the engine of the task's node, its address taken
+    from the node label ``engine_label`` (``unix://`` or ``tcp://``; TLS with
+    ``tls_ca``/``tls_cert``/``tls_key``, the same material as the manager),
+    with the docker provider's session and command code: the wrapper-held
+    process group, the 5 s kill, deadlines, the spool, confined file transfer.
+
+    **Networks.** ``egress``: the node's default bridge. ``internal``: an
+    internal, attachable overlay network per owner (``internal_network`` plus
+    a hash of the owner), spanning nodes, no route out; removed with its last
+    session. ``none``: the task starts on the default bridge (Swarm in API 1.41
+    cannot start a task without a network) and is disconnected from it on its
+    node before the session is handed out, so commands only ever see loopback.
+
+    **Persistent workspaces** are volumes ``tai-sbx-<key>`` local to a node. The
+    node holding one is recorded in a swarm config (``tai-ws-<hash of key>``,
+    labelled with the key, node and owner) on the manager, so any server finds
+    it; a session with that key is constrained to that node. A new key goes
+    where the scheduler puts the session, and is recorded then.
+
+    **Node loss.** A session whose node is down answers SandboxUnavailableError
+    (its engine cannot be reached, or the manager reports the node down); other
+    nodes' sessions are untouched. ``reap`` removes services whose task has
+    ended (a node that came back kills what it ran) or whose node left the swarm.
+
+    **Images** are not pulled: each node must hold the session image (``.ci/swarm``
+    loads it with ``docker save | docker load``); run the engines with
+    ``DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1`` so a task never tries a registry.
+
+    Not available on a Swarm service (API 1.41): ``no_new_privileges`` (the
+    default ``cap_drop=ALL`` still leaves a setuid program no capability), and
+    the warm pool (``pool_size`` is ignored).
+    """
+
+    kind = "swarm"
+    max_isolation = "container"
+    networks = frozenset({"egress", "internal", "none"})
+    supports_limits = True
+
+    base_url = Unicode(
+        help="""The swarm manager's engine (unix:// or tcp://; with tls_* set, tcp:// uses TLS).
+        Default: $DOCKER_HOST, else unix:///var/run/docker.sock.""",
+    ).tag(config=True)
+
+    tls_ca = Unicode("", help="CA certificate (PEM) the manager's and the nodes' tcp:// engines are checked against.").tag(config=True)
+    tls_cert = Unicode("", help="Client certificate (PEM) for the manager's and the nodes' tcp:// engines.").tag(config=True)
+    tls_key = Unicode("", help="Client key (PEM) for tls_cert.").tag(config=True)
+
+    engine_label = Unicode(
+        "tai.engine",
+        help="""Node label holding the address of the node's own engine (unix:// or tcp://), where a
+        session's commands and files go: `docker node update --label-add tai.engine=tcp://HOST:2376 NODE`.""",
+    ).tag(config=True)
+
+    constraints = List(
+        Unicode(),
+        default_value=[],
+        help="Placement constraints of every session, as Swarm takes them ('node.labels.sandbox==yes').",
+    ).tag(config=True)
+
+    spread = List(
+        Unicode(),
+        default_value=[],
+        help="Placement preferences: spread sessions evenly over the values of these node labels "
+        "('node.labels.zone'); empty: the scheduler's own balancing.",
+    ).tag(config=True)
+
+    reserve_fraction = Float(
+        0.1,
+        help="Share of a session's cpu and memory limit reserved on its node (the scheduler places by "
+        "reservations); 0: no reservation, 1: reserve the whole limit.",
+    ).tag(config=True)
+
+    start_timeout = Float(
+        60.0, help="Longest a create waits for its task to run (an unplaceable session is removed then)."
+    ).tag(config=True)
+
+    node_timeout = Float(
+        30.0, help="Per-request socket timeout of calls to a node's engine (a frozen node answers no later)."
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        # DockerSandbox's traits and policy, not its single engine or warm pool
+        LoggingConfigurable.__init__(self, **kwargs)
+        tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
+        self._engine = SwarmEngine(self.base_url, tls=tls)
+        self._network_lock = None
+        self._commands = CommandRegistry()
+        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for)
+        if self.pool_size:
+            self.log.warning("sandbox-swarm: pool_size is ignored (no warm pool on a swarm)")
+
+    @property
+    def manager(self) -> SwarmEngine:
+        return self._engine  # type: ignore[return-value]
+
+    def _site_for(self, engine: SwarmEngine) -> SessionSite:
+        return SessionSite(
+            engine=engine,
+            kind=self.kind,
+            isolation=self.max_isolation,
+            memory_limit=self.output_memory_limit,
+            log=self.log,
+            commands=self._commands,
+            teardown=self._teardown,  # type: ignore[arg-type]
+        )
+
+    async def _connect(self) -> None:
+        await self._engine.connect()
+
+    # ------------------------------------------------------------ services
+
+    def _task_template(
+        self, spec: SessionSpec, labels: Mapping[str, str], network: str | None, pin: str | None
+    ) -> dict[str, Any]:
+        types = docker_sdk().types
+        session_id = labels[LABEL_SESSION]
+        if spec.durability == "persistent":
+            key = str(spec.workspace_key)
+            volume_labels = {**self.extra_labels, LABEL_WORKSPACE: key}
+            if spec.owner is not None:
+                volume_labels[LABEL_OWNER] = spec.owner
+            mounts = [types.Mount(WORKSPACE, workspace_volume(key), type="volume", labels=volume_labels)]
+        else:
+            mounts = [types.Mount(WORKSPACE, None, type="volume", labels={**self.extra_labels, LABEL_SESSION: session_id})]
+        if self.read_only_rootfs:
+            mounts.append(types.Mount("/tmp", None, type="tmpfs", tmpfs_mode=0o1777))
+        env = {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env}
+        container = types.ContainerSpec(
+            self._image_of(spec),
+            command=["sleep", "2147483647"],
+            env=[f"{k}={v}" for k, v in env.items()],
+            workdir=WORKSPACE,
+            user=self.user or None,
+            labels=dict(labels),
+            mounts=mounts,
+            init=True,
+            read_only=self.read_only_rootfs or None,
+            cap_drop=list(self.cap_drop) or None,
+            cap_add=list(self.cap_add) or None,
+        )
+        fraction = min(max(self.reserve_fraction, 0.0), 1.0)
+        resources = types.Resources(
+            cpu_limit=int(spec.cpu * 1e9) if spec.cpu else None,
+            mem_limit=spec.memory_mb << 20 if spec.memory_mb else None,
+            cpu_reservation=int(spec.cpu * 1e9 * fraction) if spec.cpu and fraction else None,
+            mem_reservation=int((spec.memory_mb << 20) * fraction) if spec.memory_mb and fraction else None,
+        )
+        if self.pids_limit > 0:
+            resources.setdefault("Limits", {})["Pids"] = self.pids_limit
+        constraints = [*self.constraints, *([f"node.id=={pin}"] if pin else [])]
+        placement = types.Placement(
+            constraints=constraints or None,
+            preferences=[("spread", label) for label in self.spread] or None,
+        )
+        return types.TaskTemplate(
+            container,
+            resources=resources,
+            restart_policy=types.RestartPolicy(condition="none"),
+            placement=placement,
+            networks=[{"Target": network}] if network else None,
+        )
+
+    async def _wait_running(self, service_id: str, image: str) -> dict[str, Any]:
+        """The service's task once it runs; a task that ends first, or no start in time, raises."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.start_timeout
+        waiting = "no task yet"
+        while loop.time() < give_up:
+            tasks = await self.manager.tasks(service_id)
+            if tasks:
+                task = tasks[0]
+                status = task.get("Status") or {}
+                state, error = status.get("State", ""), status.get("Err", "")
+                if state == "running" and (status.get("ContainerStatus") or {}).get("ContainerID"):
+                    return task
+                if state not in STARTING_STATES and state != "running":
+                    if "no such image" in error.lower() or ("not found" in error.lower() and image in error):
+                        raise _reject(
+                            f"image {image!r} is not on the swarm node that took the session: load it on every "
+                            f"node (docker save {image} | docker -H NODE load) ({error})"
+                        )
+                    raise SandboxError(f"the session's task did not start: {state}: {error}")
+                waiting = f"{state}: {error}" if error else state
+            await asyncio.sleep(_POLL_SECONDS)
+        raise SandboxUnavailableError(
+            f"the swarm did not start the session within {self.start_timeout:g} s ({waiting})"
+        )
+
+    async def _placement(self, task: dict[str, Any]) -> Placement:
+        node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
+        return placement_of(task, node, self.engine_label)
+
+    async def _site(self, placement: Placement) -> SessionSite:
+        if placement.state not in ("ready",):
+            raise SandboxUnavailableError(
+                f"node {placement.hostname} is {placement.state}: its sessions cannot be reached"
+            )
+        if not placement.address:
+            raise SandboxUnavailableError(
+                f"node {placement.hostname} has no {self.engine_label} label naming its engine: "
+                f"docker node update --label-add {self.engine_label}=tcp://HOST:2376 {placement.node_id}"
+            )
+        return await self._nodes.site(placement.address)
+
+    # --------------------------------------------------- persistent workspaces
+
+    async def _record(self, spec: SessionSpec) -> dict[str, Any] | None:
+        """The record of the spec's workspace (None: a new key); another owner's is no workspace at all."""
+        found = await self.manager.configs(record_name(str(spec.workspace_key)))
+        if not found:
+            return None
+        labels = found[0]["Spec"].get("Labels") or {}
+        recorded = labels.get(LABEL_OWNER)
+        if spec.owner is not None and recorded is not None and recorded != spec.owner:
+            raise SandboxNotFoundError(f"no workspace {spec.workspace_key!r}: name a workspace of your own")
+        return found[0]
+
+    async def _pin(self, spec: SessionSpec) -> str | None:
+        """The node a persistent workspace lives on (None: anywhere); its node down is SandboxUnavailableError."""
+        record = await self._record(spec)
+        if record is None:
+            return None
+        node_id = (record["Spec"].get("Labels") or {}).get(LABEL_NODE, "")
+        node = await self.manager.node(node_id)
+        if node is None:
+            # the node left the swarm, and its volume with it: the key starts afresh
+            self.log.warning("sandbox-swarm: workspace %s was on node %s, gone from the swarm", spec.workspace_key, node_id)
+            await self.manager.remove_config(record["ID"])
+            return None
+        state = (node.get("Status") or {}).get("State")
+        if state != "ready":
+            hostname = (node.get("Description") or {}).get("Hostname", node_id)
+            raise SandboxUnavailableError(
+                f"workspace {spec.workspace_key!r} lives on node {hostname}, which is {state}: try again when it is back"
+            )
+        return node_id
+
+    async def _keep_record(self, spec: SessionSpec, node_id: str) -> bool:
+        """Record a new workspace on ``node_id``; False when another session recorded it elsewhere first."""
+        key = str(spec.workspace_key)
+        labels = {**self.extra_labels, LABEL_WORKSPACE: key, LABEL_NODE: node_id}
+        if spec.owner is not None:
+            labels[LABEL_OWNER] = spec.owner
+        data = json.dumps({"workspace": key, "node": node_id, "owner": spec.owner}).encode()
+        if await self.manager.create_config(record_name(key), data, labels):
+            return True
+        record = await self._record(spec)
+        return record is not None and (record["Spec"].get("Labels") or {}).get(LABEL_NODE) == node_id
+
+    # -------------------------------------------------------------- sessions
+
+    async def create(self, spec: SessionSpec) -> SandboxSession:
+        if not isinstance(spec, SessionSpec):
+            raise SandboxSpecRejectedError("create() needs a SessionSpec")
+        self.check_spec(spec)
+        spec = self._limited(spec)
+        image = self._image_of(spec)
+        await self._connect()
+        for _ in range(3):
+            session = await self._create(spec, image)
+            if session is not None:
+                return session
+        raise SandboxConflictError(f"workspace {spec.workspace_key!r} is being made by another session meanwhile")
+
+    async def _create(self, spec: SessionSpec, image: str) -> SwarmSession | None:
+        session_id = new_session_id()
+        now = time.time()
+        expires = now + spec.ttl_seconds
+        labels = {
+            **self.extra_labels,
+            LABEL_SESSION: session_id,
+            LABEL_CONSUMER: spec.consumer,
+            LABEL_CREATED: repr(now),
+            LABEL_EXPIRES: repr(expires),
+            LABEL_SPEC: json.dumps(spec.to_public_json()),
+        }
+        if spec.owner is not None:
+            labels[LABEL_OWNER] = spec.owner
+        pin = await self._pin(spec) if spec.durability == "persistent" else None
+        network = self._network_of(spec)
+        template = self._task_template(spec, labels, network, pin)
+        if network is not None:
+            async with self._lock_network():
+                await self.manager.ensure_overlay(network, labels={**self.extra_labels, LABEL_NETWORK: "internal"})
+                service_id = await self._create_service(template, session_id, labels, network)
+        else:
+            service_id = await self._create_service(template, session_id, labels, None)
+        session: SwarmSession | None = None
+        try:
+            task = await self._wait_running(service_id, image)
+            placement = await self._placement(task)
+            site = await self._site(placement)
+            session = SwarmSession(
+                site, str(placement.container_id), session_id, spec, now, expires,
+                service_id=service_id, placement=placement,
+            )
+            if spec.network == "none":
+                await site.engine.network_disconnect(session.container_id, "bridge")
+            if spec.durability == "persistent" and pin is None and not await self._keep_record(spec, placement.node_id):
+                await self._teardown(session, False)
+                return None  # another session put this new workspace on another node first: go there
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._remove(service_id, session, network))
+            raise
+        self.log.debug("sandbox-swarm: created %s on %s", session_id, placement.hostname)
+        return session
+
+    async def _create_service(
+        self, template: dict[str, Any], session_id: str, labels: Mapping[str, str], network: str | None
+    ) -> str:
+        try:
+            return await self.manager.create_service(template, name=f"tai-{session_id}", labels=labels)
+        except EngineRefusedError as e:
+            if network is not None:
+                with contextlib.suppress(SandboxError):
+                    await self.manager.drop_overlay(network)
+            if e.status is not None and 400 <= e.status < 500 and e.status != 409:
+                raise _reject(f"the swarm manager refused the session: {e.detail}") from None
+            raise
+
+    def _spec_from(self, service: dict[str, Any]) -> tuple[str, SessionSpec, float, float]:
+        labels = (service.get("Spec") or {}).get("Labels") or {}
+        container = ((service.get("Spec") or {}).get("TaskTemplate") or {}).get("ContainerSpec") or {}
+        public = json.loads(labels[LABEL_SPEC])
+        values = dict(item.split("=", 1) for item in container.get("Env") or () if "=" in item)
+        public["env"] = {name: values.get(name, "") for name in public.get("env", [])}
+        if LABEL_OWNER in labels:
+            public["owner"] = labels[LABEL_OWNER]
+        return labels[LABEL_SESSION], SessionSpec.from_json(public), float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES])
+
+    async def _attach(self, service: dict[str, Any]) -> SwarmSession:
+        """The session of a service, on its node (SandboxUnavailableError when that node is down)."""
+        try:
+            session_id, spec, created, expires = self._spec_from(service)
+        except (KeyError, ValueError, SandboxError) as e:
+            raise SandboxNotFoundError(f"service {service.get('ID', '?')[:12]} has unreadable session labels: {e}") from None
+        tasks = await self.manager.tasks(service["ID"])
+        if not tasks:
+            raise SandboxNotFoundError(f"session {session_id} has no task")
+        placement = await self._placement(tasks[0])
+        if placement.task_state != "running" and placement.state in ("ready", "removed"):
+            raise SandboxNotFoundError(
+                f"session {session_id} ended: its task is {placement.task_state} ({placement.task_error or 'no error'})"
+            )
+        site = await self._site(placement)  # a node down or gone raises
+        return SwarmSession(
+            site, str(placement.container_id), session_id, spec, created, expires,
+            service_id=service["ID"], placement=placement,
+        )
+
+    async def get(self, session_id: str) -> SandboxSession:
+        if not is_session_id(session_id):
+            raise SandboxNotFoundError(f"no swarm sandbox session {session_id!r}")
+        await self._connect()
+        found = await self.manager.services(f"{LABEL_SESSION}={session_id}")
+        if not found:
+            raise SandboxNotFoundError(f"no swarm sandbox session {session_id!r}")
+        return await self._attach(found[0])
+
+    async def list(self) -> list[SessionInfo]:
+        await self._connect()
+        infos = []
+        for service in await self.manager.services(LABEL_SESSION):
+            try:
+                session_id, spec, created, expires = self._spec_from(service)
+            except (KeyError, ValueError, SandboxError):
+                continue
+            infos.append(
+                SessionInfo(
+                    id=session_id, kind=self.kind, spec=spec, isolation=self.max_isolation,
+                    workspace=WORKSPACE, created_at=created, expires_at=expires,
+                )
+            )
+        return sorted(infos, key=lambda i: i.created_at)
+
+    async def reap(self) -> list[str]:
+        """Destroy sessions past their TTL, and remove services whose task ended or whose node left."""
+        await self._connect()
+        now = time.time()
+        reaped = []
+        for service in await self.manager.services(LABEL_SESSION):
+            try:
+                session_id, spec, _, expires = self._spec_from(service)
+            except (KeyError, ValueError, SandboxError):
+                continue
+            tasks = await self.manager.tasks(service["ID"])
+            placement = await self._placement(tasks[0]) if tasks else None
+            lost = placement is not None and (
+                placement.state == "removed"
+                or (placement.task_state not in STARTING_STATES and placement.task_state != "running")
+            )
+            if expires > now and not lost:
+                continue
+            try:
+                session = await self._attach(service)
+            except (SandboxNotFoundError, SandboxUnavailableError):
+                if expires > now and not lost:
+                    continue
+                # its node is down or its task is gone: remove what the manager holds
+                await self._remove(service["ID"], None, self._network_of(spec))
+                self._commands.abandon(session_id)
+            else:
+                try:
+                    await session.destroy(remove_workspace=False)
+                except SandboxNotFoundError:
+                    continue
+            reaped.append(session_id)
+        await self._drop_idle_networks()
+        if reaped:
+            self.log.info("sandbox-swarm: reaped %s", ", ".join(reaped))
+        return reaped
+
+    async def _drop_idle_networks(self) -> None:
+        """Owner networks left behind (their last session's task was still being cleaned up then)."""
+        with contextlib.suppress(SandboxError):
+            networks = await self.manager._call(
+                "list networks", "networks", filters={"label": f"{LABEL_NETWORK}=internal", "driver": "overlay"}
+            )
+            for network in networks or []:
+                labels = network.get("Labels") or {}
+                if all(labels.get(k) == v for k, v in self.extra_labels.items()):
+                    async with self._lock_network():
+                        await self.manager.drop_overlay(network["Name"])
+
+    async def _remove(self, service_id: str, session: SwarmSession | None, network: str | None) -> None:
+        """Remove a service, its container now when its node answers (its agent would, later), and the
+        owner's overlay network when it was the last to use it."""
+        await self.manager.remove_service(service_id)
+        if session is not None:
+            with contextlib.suppress(SandboxUnavailableError):
+                await session.engine.remove_container(session.container_id)
+        if network is not None:
+            async with self._lock_network():
+                for _ in range(20):  # the swarm lets go of a network once the removed task is cleaned up
+                    if await self.manager.drop_overlay(network) or await self._network_in_use(network):
+                        break
+                    await asyncio.sleep(0.25)
+
+    async def _network_in_use(self, network: str) -> bool:
+        """Whether a session service of this provider is on the owner network ``network``."""
+        for service in await self.manager.services(LABEL_SESSION):
+            try:
+                spec = self._spec_from(service)[1]
+            except (KeyError, ValueError, SandboxError):
+                continue
+            if self._network_of(spec) == network:
+                return True
+        return False
+
+    async def _teardown(self, session: SwarmSession, remove_workspace: bool) -> None:  # type: ignore[override]
+        self._commands.abandon(session.id)
+        spec = session.spec
+        await self._remove(session.service_id, session, self._network_of(spec))
+        if remove_workspace and spec.durability == "persistent":
+            key = str(spec.workspace_key)
+            try:
+                await session.engine.remove_volume(workspace_volume(key))
+            except EngineRefusedError as e:
+                if e.status == 409:
+                    raise SandboxConflictError(
+                        f"workspace {key!r} is in use by another session: destroy that one first"
+                    ) from None
+                raise
+            for record in await self.manager.configs(record_name(key)):
+                await self.manager.remove_config(record["ID"])
+        self.log.debug("sandbox-swarm: destroyed %s", session.id)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.kill() for c in self._commands.all()), return_exceptions=True)
+        await self._nodes.close()
+        await self._engine.close()
