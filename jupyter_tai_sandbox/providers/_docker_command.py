@@ -124,7 +124,12 @@ class DockerCommand(ExecHandle):
         self._writer.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
         self._tty = tty
         self._timeout_seconds = timeout_seconds
-        self._spool = OutputSpool(memory_limit)
+        self._spill_limit = OutputSpool.default_disk_limit
+        self._spool = OutputSpool(memory_limit, self._spill_limit)
+        # past the disk cap on unread output the spool stops taking it in: stop the command then
+        self._spool.on_overflow = self._on_overflow
+        self._overflow_task: asyncio.Task[None] | None = None
+        self._overflow_note = ""
         self._counts = {"stdout": 0, "stderr": 0}
         self._stdin_closed = not stdin
         self._status: int | None = None
@@ -183,6 +188,30 @@ class DockerCommand(ExecHandle):
 
     # ---------------------------------------------------------------- stops
 
+    def _on_overflow(self) -> None:
+        """The unread output passed the spool's disk cap: stop the command (in a task, never blocking)."""
+        if self._overflow_task is None:
+            self._overflow_task = asyncio.create_task(self._overflow_stop())
+
+    async def _overflow_stop(self) -> None:
+        try:
+            await self._stop()
+        except SandboxError as e:
+            self._overflow_note = f"; the stop failed: {e}"
+
+    def _overflow_error(self) -> SandboxError:
+        from ..errors import OutputTooLargeError
+
+        return OutputTooLargeError(
+            f"the command's unread output passed {self._spill_limit} bytes kept on the server's disk "
+            f"(SandboxApp.max_spill_bytes), so it was stopped{self._overflow_note}; the output up to "
+            "there was given. Read a command's output as it comes, or write large output to a workspace "
+            "file and download it",
+            stdout_bytes=self._counts["stdout"],
+            stderr_bytes=self._counts["stderr"],
+            exit_code=self._status,
+        )
+
     def _on_deadline(self) -> None:
         if not self._reading.done():
             self._timed_out = True
@@ -232,6 +261,9 @@ class DockerCommand(ExecHandle):
                     break
                 yield OutputChunk(*item)
             await self._done.wait()
+            if self._spool.overflowed:
+                # a failure of the command itself: it ends the output in place of the exit, kill or not
+                raise self._overflow_error()
             if self._failure is not None:
                 raise self._failure
             if self._status is None:  # pragma: no cover - _read_status sets one of the two

@@ -27,7 +27,10 @@ calls ``setsid`` --, records its status, then keeps the group (and so its
 id) while any process other than RUN and itself still holds the command's
 stdout or stderr (``/proc/*/fd/1`` and ``/fd/2`` compared with its own by the
 shell's ``test -ef``, which spawns nothing; by ``readlink`` and ``ls`` in a
-shell without ``-ef``), polling with a fractional sleep. A trapped INT/QUIT
+shell without ``-ef``), polling with a timed ``read`` on a FIFO it made before the
+command started (``.f``; a fractional ``sleep`` where there is none), so the
+holding loop forks nothing: a command that exhausts the container's pids (a fork
+bomb) cannot make the holder die of a failed fork and let its group go. A trapped INT/QUIT
 keeps it alive should a command signal its own group. State files are written
 in place and read with the shell's ``read``: a reader that finds one empty
 (still being written) looks again.
@@ -83,7 +86,7 @@ exec 3>&2 2>/dev/null
 setsid sh -c "$h" sh "$t" "$d" "$@"
 r=$?
 { read -r s <"$t.s"; } 2>/dev/null && r=$s
-""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.s" "$t.k" "$t.c"
+""" + _AWAIT_KILL + r"""rm -f "$t.p" "$t.s" "$t.k" "$t.c" "$t.f"
 exit $r
 """
 
@@ -92,6 +95,7 @@ echo $$ >"$t.p"
 cd "$2" 2>&3 || exit
 shift 2
 trap : INT QUIT
+mkfifo "$t.f" 2>/dev/null
 sh -c 'echo $$ >"$1.c"; shift; exec "$@" 2>&3 3>&-' sh "$t" "$@"
 echo $? >"$t.s"
 if [ /proc/$$/fd/1 -ef /proc/$$/fd/1 ] 2>/dev/null; then
@@ -114,7 +118,11 @@ else
     }
   } >/dev/null 2>&1 3>&-
 fi
-while held; do sleep 0.05 3>&-; done
+if [ -p "$t.f" ] && exec 4<>"$t.f"; then
+  while held; do read -t 0.05 _ <&4; done
+else
+  while held; do sleep 0.05 3>&-; done
+fi
 """
 
 #: argv: token. Waits briefly for the wrapper to record its group (exit 0, nothing to stop, if it
@@ -197,4 +205,89 @@ for f in * .[!.]* ..?*; do
   set -- $(ls -lnd --full-time "$f" 2>/dev/null)
   printf '%s/%s/%s %s %s/%s\0' "$k" "$5" "$6" "$7" "$8" "$f"
 done
+"""
+
+# ------------------------------------------------------------------ file transfers
+#
+# Workspace files travel through commands (run under RUN/HOLD, so a stop is the
+# usual KILL), never the engine's archive API: an archive holds the container's
+# lock until it is fully read or written, so a slow client would block every
+# other engine call on that container. Both scripts confine themselves inside
+# the container, in the same step as the read or write: what they check is the
+# very folder (their own working directory, after ``cd -P``) or open file they
+# then use, so a symlink swapped in meanwhile cannot redirect them. The
+# workspace is a mount of its own, and a folder cannot be renamed out of a
+# mount, so a working directory once inside /workspace stays inside. They run
+# as the container's user, with no more rights than the session's own commands.
+# Each answers on its first stdout line: ``ok ...`` or ``error KIND message``.
+
+#: The folder walk of PUT: ``cd -P`` into each parent of the target (made when missing), checking
+#: after each step that the working directory is inside the workspace; leaves the name in $f.
+_CONFINE = r"""w=/workspace
+fail() { echo "error $1 $2"; exit 1; }
+inside() { case $PWD in "$w" | "$w"/*) ;; *) fail outside "$1" ;; esac; }
+cd -P -- "$w" 2>/dev/null || fail missing "the workspace"
+"""
+
+#: argv: token, size in bytes, then the path's components (relative to the workspace).
+#: Writes stdin to a new temporary file in the target's folder (exclusive create), checks it got
+#: ``size`` bytes, then renames it over the target (``mv -T``: a rename within the folder, which
+#: never follows a symlink put in the target's place). Missing folders are made on the way.
+PUT = _CONFINE + r"""k=$1 n=$2
+shift 2
+while [ $# -gt 1 ]; do
+  if ! cd -P -- "$1" 2>/dev/null; then
+    { [ -e "$1" ] || [ -L "$1" ]; } && fail notfolder "$1"
+    mkdir -- "$1" 2>/dev/null || [ -d "$1" ] || fail cannot "make the folder $1"
+    cd -P -- "$1" 2>/dev/null || fail notfolder "$1"
+  fi
+  inside "$1"
+  shift
+done
+f=$1 i=0
+while [ -L "$f" ]; do
+  i=$((i + 1))
+  [ $i -gt 40 ] && fail notfile "$1 (too many symlinks)"
+  t=$(readlink -- "$f") || fail cannot "read the symlink $f"
+  case $t in
+    */*) d=${t%/*}; cd -P -- "${d:-/}" 2>/dev/null || fail notfolder "$t"; inside "$1"; f=${t##*/} ;;
+    *) f=$t ;;
+  esac
+done
+[ -n "$f" ] && [ ! -d "$f" ] || fail notfile "$1"
+{ [ -e "$f" ] && [ ! -f "$f" ]; } && fail notfile "$1"
+tmp=.tai-upload-$k
+set -C
+if ! cat >"$tmp"; then
+  rm -f -- "$tmp"
+  fail cannot "write $1"
+fi
+set -- $(ls -ln -- "$tmp" 2>/dev/null)
+if [ "$5" != "$n" ]; then
+  rm -f -- "$tmp"
+  fail short "got ${5:-no} bytes of $n"
+fi
+e=$(mv -fT -- "$tmp" "$f" 2>&1) || { rm -f -- "$tmp"; fail cannot "rename into place: $e"; }
+echo ok
+"""
+
+#: argv: the file's workspace-relative path. Opens it, then checks the *open file* (its real path in
+#: /proc and its type), prints ``ok SIZE`` and the content; once the content is out it tells stderr
+#: ``end`` and waits for its stdin to end, so it exits only after the provider has every byte (the
+#: engine would close the output of an exited command about 2 s later, pending bytes or not).
+GET = r"""w=/workspace
+fail() { echo "error $1 $2"; exit 1; }
+p=$w/$1
+[ -e "$p" ] || fail missing "$1"
+[ -f "$p" ] || fail notfile "$1"
+exec 4<"$p" || fail cannot "open $1"
+r=$(readlink /proc/$$/fd/4)
+case $r in "$w"/*) ;; *) fail outside "$1" ;; esac
+[ -f /proc/$$/fd/4 ] || fail notfile "$1"
+set -- $(ls -lnL /proc/$$/fd/4)
+echo "ok $5"
+cat <&4 || exit 1
+exec 4<&-
+echo end >&2
+read -r _ || :
 """

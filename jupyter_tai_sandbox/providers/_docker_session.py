@@ -1,11 +1,12 @@
 """A docker session: one container, its commands and its workspace files.
 
 Commands start under the wrapper scripts (``_docker_scripts``) and become
-:class:`DockerCommand` handles. Files go through the engine's archive API,
-confined to ``/workspace``: each path component is checked with the engine's
-stat and a symlink leading outside the workspace is refused; uploads are
-extracted under the resolved folder with the missing parent folders in the
-archive itself.
+:class:`DockerCommand` handles. File downloads and uploads are commands too
+(``_docker_transfer``): confined to ``/workspace`` inside the container in the
+same step as the read or write, holding no engine lock or worker thread, with
+bounded memory and an idle limit. Other paths (``resolve``, a command's cwd, a
+listing's folder) are checked component by component with the engine's stat,
+and a symlink leading outside the workspace is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import calendar
 import contextlib
 import posixpath
 import secrets
-import tempfile
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,9 +35,9 @@ from ..contract import (
 )
 from . import _docker_scripts as scripts
 from ._common import run_to_end, workspace_relative
-from ._docker_archive import tar_chunks
 from ._docker_command import DockerCommand, stop_command
 from ._docker_names import WORKSPACE
+from ._docker_transfer import download, upload
 from .docker_engine import DockerEngine
 
 #: A pty command's TERM.
@@ -83,6 +83,8 @@ class SessionSite:
     commands: CommandRegistry
     #: tears a session down: (session, remove_workspace)
     teardown: Callable[[DockerSession, bool], Awaitable[None]]
+    #: a file transfer that moves no data this long is aborted
+    transfer_idle_seconds: float = 60.0
 
 
 class _Located:
@@ -179,14 +181,6 @@ class DockerSession(SandboxSession):
         if self._destroyed:
             raise SandboxNotFoundError(f"session {self._id} was destroyed")
 
-    async def _file_owner(self) -> tuple[int, int]:
-        """Uploaded files belong to the container's user when it is numeric (uid[:gid]), else to root."""
-        if self._file_user is None:
-            attrs = await self._engine.inspect_container(self._container, what="inspect a session")
-            uid, _, gid = (attrs["Config"].get("User") or "").partition(":")
-            self._file_user = (int(uid), int(gid) if gid.isdigit() else int(uid)) if uid.isdigit() else (0, 0)
-        return self._file_user
-
     # ----------------------------------------------------------------- exec
 
     async def _start(self, request: ExecRequest, *, stdin: bool, tty: bool) -> DockerCommand:
@@ -244,7 +238,7 @@ class DockerSession(SandboxSession):
         command = await self._start(request, stdin=request.stdin is not None, tty=False)
         if request.stdin is not None:
             command.feed(request.stdin)
-        return await run_to_end(command)
+        return await run_to_end(command, request.output_limit)
 
     async def start(self, request: ExecRequest) -> ExecHandle:
         return await self._start(request, stdin=True, tty=request.pty)
@@ -304,44 +298,45 @@ class DockerSession(SandboxSession):
 
     # ---------------------------------------------------------------- files
 
-    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
-        located = await self._where(path)
-        if located.exists and located.real == WORKSPACE:
-            raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
-        if located.exists and not located.is_file:
-            raise SandboxPathError(f"cannot write {path!r}: it exists and is not a regular file")
-        if located.exists:
-            folder, parents, name = posixpath.dirname(located.real), [], posixpath.basename(located.real)
-        else:
-            folder, parents, name = located.real, located.missing[:-1], located.missing[-1]
-        with tempfile.SpooledTemporaryFile(max_size=8 << 20, prefix="tai-sandbox-upload-") as body:
-            if isinstance(data, (bytes, bytearray, memoryview)):
-                await asyncio.to_thread(body.write, data)
-            else:
-                async for chunk in data:
-                    await asyncio.to_thread(body.write, chunk)
-            size = body.tell()
-            body.seek(0)
-            archive = tar_chunks(name, body, size, parents=parents, owner=await self._file_owner())
-            try:
-                await self._engine.put_archive(self._container, folder, archive)
-            except SandboxNotFoundError:
-                raise SandboxNotFoundError(f"session {self._id} is gone") from None
+    def _parts(self, path: str, what: str) -> tuple[str, list[str]]:
+        """``path`` relative to the workspace, and its components (lexical checks only)."""
+        self._check_live()
+        rel = workspace_relative(path, WORKSPACE)
+        if not rel:
+            raise SandboxPathError(f"{what} needs a file path inside the workspace, not the workspace itself")
+        parts = rel.split("/")
+        for name in parts:
+            if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+                raise SandboxPathError(
+                    f"cannot use {path!r}: a file name is at most {NAME_MAX} bytes, and {name[:20]!r}... is longer"
+                )
+        return rel, parts
 
-    async def _file(self, path: str) -> str:
-        located = await self._where(path)
-        if not located.exists:
-            raise SandboxNotFoundError(f"no file {path!r} in the session workspace")
-        if not located.is_file:
-            raise SandboxPathError(f"{path!r} is not a regular file")
-        return located.real
+    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        """Write a workspace file atomically (a temporary file renamed over it), through a command that
+        confines the path inside the container as it writes (see ``_docker_transfer``)."""
+        _, parts = self._parts(path, "put_file")
+        try:
+            await upload(
+                self._engine, self._container, parts, path, data,
+                idle_seconds=self._site.transfer_idle_seconds, log=self._site.log, gone=lambda: self._destroyed,
+            )
+        except SandboxNotFoundError:
+            if self._destroyed:
+                raise SandboxNotFoundError(f"session {self._id} is gone") from None
+            raise
 
     async def get_file(self, path: str) -> bytes:
         return b"".join([chunk async for chunk in self.iter_file(path)])
 
     async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        real = await self._file(path)
-        async for chunk in self._engine.iter_archive_file(self._container, real, chunk_size):
+        """Stream a workspace file through a command (no engine lock held; the stream is read as
+        the consumer asks, and one that asks for nothing for ``transfer_idle_seconds`` is aborted)."""
+        rel, _ = self._parts(path, "get_file")
+        async for chunk in download(
+            self._engine, self._container, rel, path, chunk_size=max(1, chunk_size),
+            idle_seconds=self._site.transfer_idle_seconds, log=self._site.log, gone=lambda: self._destroyed,
+        ):
             yield chunk
 
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ The provider is split along its seams (no module imports one above it):
 ``docker_engine``     :class:`DockerEngine`, every call to the engine (reused by other providers)
 ``_docker_stream``    an exec's attached stream over asyncio (the engine's hijacked HTTP)
 ``_docker_scripts``   the ``sh`` wrapper and stop scripts run in a container
-``_docker_archive``   tar archives in and out
+``_docker_archive``   tar archives in and out (small files of the provider's own)
+``_docker_transfer``  workspace file downloads and uploads, through commands
 ``_docker_command``   :class:`DockerCommand`, one command and its stop
 ``_docker_session``   :class:`DockerSession`, exec and files of one container
 ``_docker_pool``      :class:`WarmPool`, pre-started containers and their session records
@@ -224,7 +225,28 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     user = Unicode(
         "",
         help="""User commands run as, 'uid[:gid]' or a name the image knows ('' = the image's USER).
-        Uploaded files belong to that user when it is numeric, else to root.""",
+        File uploads and downloads run as that user too (uploaded files belong to it), so they have
+        no more rights in the container than the session's own commands.""",
+    ).tag(config=True)
+
+    transfer_idle_seconds = Float(
+        60.0,
+        help="""A file download or upload that moves no data for this many seconds is aborted (a client
+        that stops reading or sending, or an engine that stops answering): its command in the session
+        is stopped and the transfer fails. Transfers hold no engine lock and no worker thread meanwhile.""",
+    ).tag(config=True)
+
+    engine_timeout_seconds = Float(
+        10.0,
+        help="""Longest a quick Docker engine call (inspect, list, start a command, look at a path...) may
+        take before it fails with SandboxUnavailableError, so a stalled or frozen engine never keeps a
+        caller waiting.""",
+    ).tag(config=True)
+
+    engine_slow_timeout_seconds = Float(
+        30.0,
+        help="""Longest a slow Docker engine call (create and start a container, remove one, make or
+        remove a network, remove a volume) may take before it fails with SandboxUnavailableError.""",
     ).tag(config=True)
 
     internal_network = Unicode(
@@ -265,7 +287,9 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._engine = DockerEngine(self.base_url)
+        self._engine = DockerEngine(
+            self.base_url, timeout=self.engine_timeout_seconds, slow_timeout=self.engine_slow_timeout_seconds
+        )
         self._network_lock: asyncio.Lock | None = None
         self._commands = CommandRegistry()
         self._site = SessionSite(
@@ -276,6 +300,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             log=self.log,
             commands=self._commands,
             teardown=self._teardown,
+            transfer_idle_seconds=self.transfer_idle_seconds,
         )
         self._pool = WarmPool(
             self._engine,
@@ -563,7 +588,8 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         for summary in await self._engine.containers(LABEL_SESSION):
             labels = summary.get("Labels") or {}
             try:
-                expired = float(labels[LABEL_EXPIRES]) <= now
+                # expired, or dead: its container stopped (an engine restart stops it) and runs nothing again
+                expired = float(labels[LABEL_EXPIRES]) <= now or summary.get("State") in ("exited", "dead")
                 session = self._session_from(summary["Id"], labels, None)
             except (KeyError, ValueError, SandboxError):
                 continue

@@ -19,7 +19,13 @@ It owns:
   networks, execs (create, attached start over asyncio streams, inspect,
   resize, a helper command run to its end), the path stat (the engine's
   ``HEAD /containers/{id}/archive``, reached through the SDK's private
-  ``api._url``) and archives in and out.
+  ``api._url``) and small archives in and out (workspace files travel through
+  commands instead: see ``_docker_transfer``);
+* a bound on every call: quick calls give up after ``timeout`` seconds, the
+  slow ones (container create and remove, networks, volume removal) after
+  ``slow_timeout``, and the SDK's own socket timeout is the longer of the two,
+  so a frozen engine never keeps a caller (or, for long, a worker thread)
+  waiting: the caller gets a SandboxUnavailableError instead.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ import base64
 import concurrent.futures
 import contextlib
 import functools
+import io
 import json
 import re
 import tarfile
-import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..contract import (
@@ -42,13 +48,14 @@ from ..contract import (
     SandboxSpecRejectedError,
     SandboxUnavailableError,
 )
-from ._docker_archive import ChunkReader
 from ._docker_stream import EngineAddress, EngineRefusal, read_output, start_exec
 
 T = TypeVar("T")
 
-#: the SDK's per-request socket timeout (seconds)
-DEFAULT_TIMEOUT = 120.0
+#: quick engine calls (inspect, list, exec create and start...) give up after this many seconds
+DEFAULT_TIMEOUT = 10.0
+#: slow engine calls (container create-and-start and remove, networks, volume removal)
+DEFAULT_SLOW_TIMEOUT = 30.0
 #: worker threads for blocking SDK calls (a frozen engine holds one per call in flight)
 WORKERS = 32
 _SDK_NOISE = re.compile(r"^\d{3} (Client|Server) Error for \S+: [^(]*\(\"?(?P<msg>.*?)\"?\)$", re.S)
@@ -92,10 +99,19 @@ class MissingImageError(SandboxSpecRejectedError):
 class DockerEngine:
     """One Docker engine, reached at ``base_url``; every method is a coroutine unless noted."""
 
-    def __init__(self, base_url: str, *, tls: Any = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        tls: Any = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        slow_timeout: float = DEFAULT_SLOW_TIMEOUT,
+    ) -> None:
         self.base_url = base_url
         self._tls = tls
-        self._timeout = timeout
+        #: seconds a quick call may take, and a slow one
+        self.timeout = timeout
+        self.slow_timeout = max(slow_timeout, timeout)
         self._client: Any = None
         self._address: EngineAddress | None = None
         self._connecting: asyncio.Lock | None = None
@@ -128,10 +144,16 @@ class DockerEngine:
                 self._executor = concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="docker-engine")
 
             def connect() -> Any:
-                return docker.DockerClient(base_url=self.base_url, version="auto", timeout=self._timeout, tls=self._tls or False)
+                return docker.DockerClient(
+                    base_url=self.base_url, version="auto", timeout=self.slow_timeout, tls=self._tls or False
+                )
 
             try:
-                client = await asyncio.get_running_loop().run_in_executor(self._executor, connect)
+                client = await self._bounded(
+                    asyncio.get_running_loop().run_in_executor(self._executor, connect), self.timeout, "connect"
+                )
+            except SandboxUnavailableError:
+                raise
             except Exception as e:
                 raise SandboxUnavailableError(
                     f"cannot reach the Docker engine at {self.base_url}: {e}. Start one (dockerd) or set "
@@ -160,18 +182,38 @@ class DockerEngine:
             return SandboxUnavailableError(f"cannot reach the Docker engine at {self.base_url} to {what}: {error}")
         return error
 
+    def unanswered(self, within: float, what: str) -> SandboxUnavailableError:
+        """The error of a call the engine did not answer in time."""
+        return SandboxUnavailableError(
+            f"the Docker engine at {self.base_url} did not answer within {within:g} s (to {what}); "
+            "it may be overloaded or stopped (DockerSandbox.engine_timeout_seconds)"
+        )
+
+    async def _bounded(self, awaitable: Any, within: float, what: str) -> Any:
+        try:
+            return await asyncio.wait_for(awaitable, within)
+        except asyncio.TimeoutError:
+            raise self.unanswered(within, what) from None
+
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         assert self._executor is not None
         return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
     async def _call(self, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
-        """Run a blocking SDK call (a callable, or the name of a low-level API method) in a
-        worker thread, with its errors typed."""
+        """Run a quick blocking SDK call (a callable, or the name of a low-level API method) in a
+        worker thread, with its errors typed and its time bounded by ``timeout``."""
+        return await self._call_within(self.timeout, what, fn, *args, **kwargs)
+
+    async def _slow_call(self, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
+        """:meth:`_call` bounded by ``slow_timeout``."""
+        return await self._call_within(self.slow_timeout, what, fn, *args, **kwargs)
+
+    async def _call_within(self, within: float, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
         await self.connect()
         if isinstance(fn, str):
             fn = getattr(self._api, fn)
         try:
-            return await self._thread(fn, *args, **kwargs)
+            return await self._bounded(self._thread(fn, *args, **kwargs), within, what)
         except Exception as e:
             raise self.translate(e, what) from None
 
@@ -209,7 +251,28 @@ class DockerEngine:
                 raise
             return str(container.id)
 
-        return await self._call(what, create)
+        await self.connect()
+        made = asyncio.ensure_future(self._thread(create))
+        try:
+            return await self._bounded(asyncio.shield(made), self.slow_timeout, what)
+        except SandboxUnavailableError:
+            # the engine may still make it later: remove it then, nobody will own it
+            made.add_done_callback(self._remove_late)
+            raise
+        except Exception as e:
+            raise self.translate(e, what) from None
+
+    def _remove_late(self, made: asyncio.Future[str]) -> None:
+        if made.cancelled() or made.exception() is not None or self._executor is None:
+            return
+        container_id, client = made.result(), self._client
+
+        def remove() -> None:
+            with contextlib.suppress(Exception):
+                client.api.remove_container(container_id, force=True, v=True)
+
+        with contextlib.suppress(RuntimeError):
+            self._executor.submit(remove)
 
     async def inspect_container(self, container_id: str, *, what: str = "inspect a container") -> dict[str, Any]:
         return await self._call(what, "inspect_container", container_id)
@@ -238,7 +301,7 @@ class DockerEngine:
                 with contextlib.suppress(docker.errors.NotFound):
                     self._client.api.remove_volume(volume)
 
-        await self._call("remove a container", remove)
+        await self._slow_call("remove a container", remove)
 
     # ------------------------------------------------------------- volumes
 
@@ -260,7 +323,7 @@ class DockerEngine:
     async def remove_volume(self, name: str) -> None:
         """Remove a volume; a missing one is fine, one in use is an EngineRefusedError (409)."""
         with contextlib.suppress(SandboxNotFoundError):
-            await self._call(f"remove volume {name}", "remove_volume", name)
+            await self._slow_call(f"remove volume {name}", "remove_volume", name)
 
     # ------------------------------------------------------------ networks
 
@@ -281,7 +344,7 @@ class DockerEngine:
                 if e.status_code != 409:  # 409: another provider on this engine made it meanwhile
                     raise
 
-        await self._call(f"create network {name}", ensure)
+        await self._slow_call(f"create network {name}", ensure)
 
     async def drop_network_if_idle(self, name: str) -> bool:
         """Remove network ``name`` when no container is on it; True when it is gone."""
@@ -302,7 +365,7 @@ class DockerEngine:
                     return False  # a container joined meanwhile
             return True
 
-        return await self._call(f"remove network {name}", drop)
+        return await self._slow_call(f"remove network {name}", drop)
 
     # --------------------------------------------------------------- execs
 
@@ -319,7 +382,9 @@ class DockerEngine:
         """Start a created exec attached: its hijacked connection (EngineRefusal when the engine says no)."""
         await self.connect()
         assert self._address is not None
-        return await start_exec(self._address, str(self._api._version), exec_id, tty)
+        return await self._bounded(
+            start_exec(self._address, str(self._api._version), exec_id, tty), self.timeout, "start a command"
+        )
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         return await self._call("inspect a command", "exec_inspect", exec_id)
@@ -338,9 +403,7 @@ class DockerEngine:
             try:
                 info = await asyncio.wait_for(self.exec_inspect(exec_id), max(give_up - loop.time(), 0.2))
             except asyncio.TimeoutError:
-                raise SandboxUnavailableError(
-                    f"the Docker engine at {self.base_url} did not answer within {within:g} s"
-                ) from None
+                raise self.unanswered(within, "report a command's exit") from None
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             if loop.time() > give_up:
@@ -381,7 +444,9 @@ class DockerEngine:
         """
         api = self._api
         try:
-            response = api.head(api._url("/containers/{0}/archive", container_id), params={"path": path})
+            response = api.head(
+                api._url("/containers/{0}/archive", container_id), params={"path": path}, timeout=self.timeout
+            )
         except Exception as e:
             raise SandboxUnavailableError(f"cannot reach the Docker engine at {self.base_url}: {e}") from e
         if response.status_code == 404:
@@ -391,69 +456,35 @@ class DockerEngine:
         return json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking function that calls the engine (such as :meth:`stat_path`) in a worker thread."""
+        """Run a blocking function that calls the engine (such as :meth:`stat_path`) in a worker
+        thread, bounded by ``timeout``."""
         await self.connect()
-        return await self._thread(fn, *args)
+        return await self._bounded(self._thread(fn, *args), self.timeout, "look at a path")
 
     async def put_archive(self, container_id: str, folder: str, archive: bytes | Iterable[bytes]) -> None:
-        """Extract a tar archive (bytes or chunks) into ``folder`` of the container."""
+        """Extract a (small) tar archive into ``folder`` of the container.
+
+        The engine holds the container's lock until the archive is written: only for
+        small files the provider itself writes (workspace files go through commands).
+        """
         await self._call("write files", "put_archive", container_id, folder, archive)
 
-    async def iter_archive_file(self, container_id: str, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        """Stream the content of one file of the container (the first member of its archive).
-
-        The archive is read in a worker thread, at most a few chunks ahead; leaving the
-        iteration early stops it (the engine holds the container while an archive is open).
-        """
-        await self.connect()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=4)
-        stop = threading.Event()
-        api = self._api
-
-        def hand(item: bytes | BaseException | None) -> None:
-            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-
-        def produce() -> None:
-            try:
-                stream, _ = api.get_archive(container_id, path, chunk_size=chunk_size)
-                try:
-                    with tarfile.open(fileobj=ChunkReader(stream), mode="r|") as tar:
-                        member = tar.next()
-                        handle = tar.extractfile(member) if member is not None else None
-                        while handle is not None and not stop.is_set():
-                            chunk = handle.read(chunk_size)
-                            if not chunk:
-                                break
-                            hand(chunk)
-                finally:
-                    close = getattr(stream, "close", None)
-                    if close is not None:
-                        close()
-                hand(None)
-            except BaseException as e:
-                if not stop.is_set():
-                    hand(e)
-
-        worker = loop.run_in_executor(self._executor, produce)
-        try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise self.translate(item, "read a file") from None
-                yield item
-        finally:
-            stop.set()
-            while not worker.done():
-                while not queue.empty():
-                    queue.get_nowait()
-                await asyncio.wait({worker}, timeout=0.05)
-
     async def read_file(self, container_id: str, path: str) -> bytes:
-        """A (small) file of the container, whole."""
-        return b"".join([chunk async for chunk in self.iter_archive_file(container_id, path)])
+        """A small file of the container, whole (the first member of its archive), read in one call.
+
+        The engine holds the container's lock while the archive is read: only for small
+        files the provider itself keeps (workspace files go through commands).
+        """
+
+        def read() -> bytes:
+            stream, _ = self._client.api.get_archive(container_id, path)
+            raw = b"".join(stream)
+            with tarfile.open(fileobj=io.BytesIO(raw), mode="r|") as tar:
+                member = tar.next()
+                handle = tar.extractfile(member) if member is not None else None
+                return handle.read() if handle is not None else b""
+
+        return await self._call("read a file", read)
 
 
 __all__ = [

@@ -1,0 +1,282 @@
+"""Fault survival of the docker provider against the real engine (issue 15, docker part).
+
+Floods (a fork bomb, ``yes`` nobody reads) run everywhere. The tests that
+disturb the engine itself -- freezing dockerd (SIGSTOP for ~6 s) and killing it
+(SIGKILL, then starting it again as ``.ci/docker-up`` does) -- affect everyone
+using the engine, so they run only in CI or with ``TAI_SANDBOX_DISTURB_ENGINE=1``;
+the kill test is the last of this module. Both restore the engine in ``finally``
+blocks, even when they fail. Every call is bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, in_ci, leftovers
+
+from jupyter_tai_sandbox.contract import (
+    OutputChunk,
+    SandboxError,
+    SandboxExecTimeoutError,
+    SandboxUnavailableError,
+    SessionSpec,
+)
+from jupyter_tai_sandbox.errors import OutputTooLargeError
+from jupyter_tai_sandbox.providers.docker import DockerSandbox
+from jupyter_tai_sandbox.spool import OutputSpool
+
+DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
+disturbs_engine = pytest.mark.skipif(
+    not DISTURB, reason="stops the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
+)
+PIDFILE = "/var/run/docker.pid"
+ENGINE_LOG = os.environ.get("DOCKER_UP_LOG", "/tmp/dockerd.log")
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = docker_client()
+    yield client
+    client.close()
+
+
+def provider(**traits) -> DockerSandbox:
+    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+
+
+def spec(**changes) -> SessionSpec:
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-fault-tests", **changes})
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def spilled_bytes() -> int:
+    """Bytes in this process's deleted temporary files (the spools' spill)."""
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.endswith("(deleted)"):
+                total += os.stat(f"/proc/self/fd/{fd}").st_size
+    return total
+
+
+def engine_pid() -> int:
+    with open(PIDFILE) as f:
+        return int(f.read().strip())
+
+
+def engine_answers() -> bool:
+    return subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0
+
+
+def start_engine() -> None:
+    """Start dockerd as .ci/docker-up does (unless one answers) and wait for it, bounded."""
+    if not engine_answers():
+        with open(ENGINE_LOG, "ab") as log:
+            subprocess.Popen(
+                ["nohup", "dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+    for _ in range(90):
+        if engine_answers():
+            return
+        time.sleep(1)
+    raise AssertionError(f"dockerd did not come back within 90 s: see {ENGINE_LOG}")
+
+
+async def timed(awaitable, limit: float) -> tuple[float, object]:
+    """(seconds taken, result or exception), never longer than ``limit``."""
+    started = time.monotonic()
+    try:
+        result: object = await asyncio.wait_for(awaitable, limit)
+    except Exception as e:  # the outcome is what we look at
+        result = e
+    return time.monotonic() - started, result
+
+
+def test_a_fork_bomb_is_contained_and_stopped_at_its_deadline(client):
+    """busybox sh takes no ``:`` as a function name: the bomb is ``b(){ b|b& }`` in a loop."""
+
+    async def main() -> None:
+        sandbox = provider(pids_limit=128)
+        session = await sandbox.create(spec())
+        other = await sandbox.create(spec())
+        try:
+            bomb = asyncio.ensure_future(
+                timed(session.exec(["sh", "-c", "b(){ b|b& }; while :; do b; done"], timeout_seconds=6), 30)
+            )
+            await asyncio.sleep(1.5)
+            took, result = await timed(other.exec(["echo", "fine"], timeout_seconds=10), 15)
+            assert getattr(result, "stdout", None) == b"fine\n", result
+            took, result = await bomb
+            # stopped at its deadline (or ended sooner, when its own shell died of a failed fork)
+            assert took < 6 + 8, took
+            assert isinstance(result, SandboxExecTimeoutError) or getattr(result, "exit_code", None) is not None, result
+            deadline = time.monotonic() + 20
+            count = b""
+            while time.monotonic() < deadline:
+                took, found = await timed(session.exec(["sh", "-c", "ls -d /proc/[0-9]* | wc -l"], timeout_seconds=5), 10)
+                count = getattr(found, "stdout", b"").strip()
+                if count and int(count) < 12:
+                    break
+                await asyncio.sleep(0.5)
+            assert count and int(count) < 12, f"the bomb is still running ({count!r} processes)"
+            assert client.api.inspect_container(session.container_id)["HostConfig"]["PidsLimit"] == 128
+        finally:
+            await session.destroy()
+            await other.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_yes_nobody_reads_keeps_memory_bounded_and_the_spill_within_its_cap(client, monkeypatch):
+    cap = 64 << 20
+    monkeypatch.setattr(OutputSpool, "default_disk_limit", cap)
+
+    async def main() -> None:
+        sandbox = provider(output_memory_limit=4 << 20)
+        session = await sandbox.create(spec())
+        try:
+            before = rss_kib()
+            handle = await session.exec_start(["yes"], timeout_seconds=20)
+            peak_rss, peak_spill = before, 0
+            started = time.monotonic()
+            while time.monotonic() - started < 20:
+                await asyncio.sleep(0.25)
+                peak_rss = max(peak_rss, rss_kib())
+                peak_spill = max(peak_spill, spilled_bytes())
+            assert (peak_rss - before) < 300 * 1024, f"RSS grew by {(peak_rss - before) // 1024} MiB"
+            assert peak_spill <= cap + (1 << 20), f"spilled {peak_spill} bytes past the {cap} byte cap"
+            given = 0
+            with pytest.raises((OutputTooLargeError, SandboxExecTimeoutError)):
+                async for item in handle.output:
+                    assert isinstance(item, OutputChunk)
+                    given += len(item.data)
+            assert given <= cap + (5 << 20)
+            await handle.kill()
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+@disturbs_engine
+def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client):
+    async def main() -> None:
+        sandbox = provider(engine_timeout_seconds=2, engine_slow_timeout_seconds=3, transfer_idle_seconds=3)
+        session = await sandbox.create(spec())
+        await session.put_file("kept.txt", b"kept")
+        running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=4)
+        pid = engine_pid()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            frozen_at = time.monotonic()
+            outcomes = await asyncio.gather(
+                timed(sandbox.list(), 15),
+                timed(sandbox.get(session.id), 15),
+                timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
+                timed(session.get_file("kept.txt"), 15),
+                timed(session.put_file("new.txt", b"new"), 15),
+                timed(sandbox.create(spec()), 15),
+            )
+            thawed_in = 6 - (time.monotonic() - frozen_at)
+            if thawed_in > 0:
+                await asyncio.sleep(thawed_in)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        try:
+            for took, result in outcomes:
+                assert took < 6, (took, result)
+                assert isinstance(result, SandboxUnavailableError), result
+            # the command that was running ends (its deadline or the engine's answer), bounded
+            async def drain() -> None:
+                async for _ in running.output:
+                    pass
+
+            took, result = await timed(drain(), 20)
+            assert took < 20 and not isinstance(result, asyncio.TimeoutError), result
+            with contextlib.suppress(SandboxError):
+                await running.kill()
+            # the provider works again
+            assert (await asyncio.wait_for(session.exec(["echo", "back"], timeout_seconds=10), 20)).stdout == b"back\n"
+            assert await asyncio.wait_for(session.get_file("kept.txt"), 20) == b"kept"
+            fresh = await asyncio.wait_for(sandbox.create(spec()), 30)
+            await fresh.destroy()
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+    # a create the engine finished after its caller gave up is removed, not left behind
+    for _ in range(40):
+        if not leftovers(client):
+            break
+        time.sleep(0.5)
+    assert leftovers(client) == []
+
+
+@disturbs_engine
+def test_zz_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client):
+    """Last in the module: SIGKILL dockerd under a live session and a running command, start it again."""
+
+    async def main() -> None:
+        sandbox = provider(engine_timeout_seconds=3, engine_slow_timeout_seconds=5, transfer_idle_seconds=3)
+        session = await sandbox.create(spec())
+        running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=60)
+        os.kill(engine_pid(), signal.SIGKILL)
+        try:
+            await asyncio.sleep(0.5)
+            outcomes = await asyncio.gather(
+                timed(sandbox.list(), 15),
+                timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
+                timed(session.get_file("x.txt"), 15),
+                timed(sandbox.create(spec()), 15),
+            )
+
+            async def drain() -> None:
+                async for _ in running.output:
+                    pass
+
+            ended = await timed(drain(), 15)
+        finally:
+            await asyncio.to_thread(start_engine)
+        for took, result in outcomes:
+            assert took < 6, (took, result)
+            assert isinstance(result, SandboxUnavailableError), result
+        took, result = ended
+        assert took < 10 and isinstance(result, SandboxError), result
+        # the engine is back: new sessions work, and what was left is reaped
+        fresh = await asyncio.wait_for(sandbox.create(spec()), 60)
+        assert (await fresh.exec(["echo", "ok"], timeout_seconds=10)).stdout == b"ok\n"
+        await fresh.destroy()
+        reaped: list[str] = []
+        for _ in range(20):
+            reaped += await asyncio.wait_for(sandbox.reap(), 60)
+            if session.id in reaped:
+                break
+            await asyncio.sleep(1)
+        assert session.id in reaped
+        with contextlib.suppress(SandboxError):
+            await session.destroy()
+        await sandbox.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        start_engine()
+    assert leftovers(client) == [] or leftovers(docker_client()) == []
