@@ -202,7 +202,13 @@ class WorkspaceChecks(SuiteBase):
         await fresh.destroy(remove_workspace=True)
 
     async def check_rejects_what_it_cannot_honour(self) -> None:
-        before = {i.id for i in await self.sandbox.list()}
+        # only this run's sessions count (an engine may be shared with other clients meanwhile)
+        consumer = self.spec().consumer
+
+        async def ours() -> set[str]:
+            return {i.id for i in await self.sandbox.list() if i.consumer == consumer}
+
+        before = await ours()
         cannot: list[tuple[str, dict[str, Any]]] = []
         for level in ISOLATION_ORDER:
             if isolation_rank(level) > isolation_rank(self.sandbox.max_isolation):
@@ -228,6 +234,6 @@ class WorkspaceChecks(SuiteBase):
             given = (await session.info()).isolation
             expect(isolation_rank(given) >= isolation_rank(level), f"isolation={level!r} got {given!r}")
             await session.destroy()
-        after = {i.id for i in await self.sandbox.list()}
+        after = await ours()
         created = {s.id for s in self.created}
         expect(after - before <= created, "a rejected spec left a session behind")
