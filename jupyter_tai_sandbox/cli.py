@@ -12,6 +12,7 @@ from typing import Any
 
 from .contract import SandboxError
 from .image import DEFAULT_IMAGE, ImageBuildError, build_minimal_image
+from .server_config import load_server_config
 
 #: `preset run` exit status when the run itself failed (as `docker run` does), not the command
 RUN_FAILED = 125
@@ -159,26 +160,6 @@ def _add_kernelspec_commands(commands: Any) -> None:
     remove = sub.add_parser("remove", help="remove sandboxed kernelspecs (others are refused)")
     remove.add_argument("names", nargs="+", metavar="NAME")
     remove.set_defaults(run=_kernelspec_door(_kernelspec_remove))
-
-
-def load_server_config(extra_file: str | None = None) -> Any:
-    """The Jupyter config the server would read: jupyter_server_config.{json,py} on the config path,
-    then ``extra_file`` (the CLI's ``--config``), which wins."""
-    from jupyter_core.paths import jupyter_config_path
-    from traitlets.config import Config
-    from traitlets.config.application import Application
-
-    loader = Application(log_level="ERROR")
-    loader.load_config_file("jupyter_server_config", path=jupyter_config_path())
-    config = Config(loader.config)
-    if extra_file:
-        path = Path(extra_file)
-        if not path.is_file():
-            raise SandboxError(f"--config {extra_file}: no such file")
-        extra = Application(log_level="ERROR")
-        extra.load_config_file(path.name, path=[str(path.parent.resolve())])
-        config.merge(extra.config)
-    return config
 
 
 def _registry(args: argparse.Namespace) -> Any:

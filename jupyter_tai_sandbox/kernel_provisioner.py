@@ -125,12 +125,12 @@ def _ensure_provider(fallback: str) -> None:
     """Outside a server, fill the empty slot as the CLI does: TAI_MCP_SANDBOX, server config, ``fallback``."""
     if sandboxes.installed() is not None or sandboxes.failure() is not None:
         return
-    if getattr(sandboxes, "_configured", False) or os.environ.get("TAI_MCP_SANDBOX", "").strip():
+    if sandboxes.configured() or os.environ.get("TAI_MCP_SANDBOX", "").strip():
         return  # the server switched it off, or require_sandbox() reads the variable itself
     from traitlets.config import Configurable
 
-    from .cli import load_server_config
     from .policy import SandboxPolicy
+    from .server_config import load_server_config
 
     config = load_server_config()
     name = str(config.get("SandboxApp", {}).get("provider") or fallback or "").strip()

@@ -126,6 +126,12 @@ def mark_failed(message: str) -> None:
     _installed, _configured, _failure = None, True, message
 
 
+def configured() -> bool:
+    """Whether the slot was set explicitly (a provider registered, or switched off): then
+    TAI_MCP_SANDBOX is not consulted."""
+    return _configured
+
+
 def installed() -> GatedSandbox | None:
     """The gated provider in the slot, without consulting the environment."""
     return _installed
