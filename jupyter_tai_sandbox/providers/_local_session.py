@@ -30,7 +30,7 @@ from ..contract import (
 from ._common import run_to_end, workspace_relative
 from ._local_command import LocalCommand
 from ._local_paths import NEW_FILE_MODE, check_name_lengths, path_errors
-from ._posix import reap_holder, spawn_group_holder
+from ._posix import SESSION_MARKER, reap_holder, spawn_group_holder
 
 if TYPE_CHECKING:
     from ._local_tenancy import WorkspaceLease
@@ -84,7 +84,8 @@ class LocalSession(SandboxSession):
         base.setdefault("PATH", os.defpath)
         base["HOME"] = str(self.workspace)
         base["SANDBOX_WORKSPACE"] = str(self.workspace)
-        return {**base, **self.spec.env, **(env or {})}
+        # last, so no env can change it: finds what a command left running if its server dies
+        return {**base, **self.spec.env, **(env or {}), SESSION_MARKER: self._id}
 
     def _command_cwd(self, cwd: str | None) -> str:
         with path_errors(cwd or ".", "use as cwd"):

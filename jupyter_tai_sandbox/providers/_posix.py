@@ -215,6 +215,32 @@ def kill_session_but_leader(leader: int, rounds: int = 50) -> None:
             killed.add(pid)
 
 
+#: the environment variable every local command carries: its session's id
+SESSION_MARKER = "TAI_SANDBOX_SESSION"
+
+
+def kill_marked(session_id: str) -> list[int]:
+    """SIGKILL every process whose environment names ``session_id`` (what a dead server's commands left).
+
+    Blocking (it reads /proc); returns the pids signalled.
+    """
+    marker = f"{SESSION_MARKER}={session_id}".encode()
+    killed = []
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                if marker not in environ.read().split(b"\0"):
+                    continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return killed
+
+
 def process_identity(pid: int) -> str | None:
     """``<boot id>/<pid>/<start time>``: names one process across pid reuse; None if it is gone."""
     try:

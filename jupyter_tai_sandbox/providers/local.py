@@ -64,7 +64,7 @@ from ._local_command import LocalCommand
 from ._local_pty import LocalPtyCommand
 from ._local_session import LocalSession
 from ._local_tenancy import WorkspaceLease, claim_or_check_owner, forget_owner, read_owner
-from ._posix import process_identity
+from ._posix import kill_marked, process_identity
 
 __all__ = ["LocalCommand", "LocalPtyCommand", "LocalSandbox", "LocalSession"]
 
@@ -239,6 +239,11 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]
             except SandboxError:
                 return None
+        if origin != _THIS_PROCESS:
+            # the commands its server left run without the deadlines that server enforced: stop them
+            left = kill_marked(session_id)
+            if left:
+                self.log.warning("sandbox-local: stopped %d process(es) a dead server left in %s", len(left), session_id)
         session = self.session_class(self, session_id, spec, workspace, created_at)
         session.expires_at = expires_at
         session.lease = lease
@@ -305,6 +310,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 continue
             if record.get("expires_at", now) > now:
                 continue
+            kill_marked(session_id)  # what its commands left: the session is over
             if record.get("durability") != "persistent":
                 shutil.rmtree(self._root / ".ephemeral" / session_id, ignore_errors=True)
             sidecar.unlink(missing_ok=True)
