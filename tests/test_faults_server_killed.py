@@ -121,10 +121,8 @@ def run_in_background(server: Server, session_id: str, argv: list[str]) -> threa
     """A one-shot exec whose request the SIGKILL will cut off."""
 
     def call() -> None:
-        try:
+        with contextlib.suppress(OSError):
             server.call("POST", f"sessions/{session_id}/exec", {"argv": argv, "timeout_seconds": 600}, timeout=120)
-        except OSError:
-            pass
 
     thread = threading.Thread(target=call, daemon=True)
     thread.start()
