@@ -293,6 +293,13 @@ def test_losing_a_workers_engine():
     run(main())
 
 
+def test_registered_as_swarm():
+    from jupyter_tai_sandbox.providers.swarm import SwarmSandbox
+    from jupyter_tai_sandbox.sandboxes import load_provider_class
+
+    assert load_provider_class("swarm") is SwarmSandbox
+
+
 def test_nothing_is_left_in_the_swarm():
     """Runs last: no service, container, volume, network or record of this run remains on any node."""
     (key, value), = RUN_LABEL.items()

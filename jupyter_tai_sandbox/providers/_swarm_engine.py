@@ -57,17 +57,21 @@ def _tls_config(docker: Any) -> type:
 class TlsEngineAddress(EngineAddress):
     """A ``tcp://`` engine reached over TLS (the certificate checked against the address)."""
 
-    def __init__(self, base_url: str, context: ssl.SSLContext) -> None:
+    def __init__(self, base_url: str, context: ssl.SSLContext, *, limit: float = DEFAULT_TIMEOUT) -> None:
         super().__init__(base_url)
         self._context = context
+        #: longest a connection (with its TLS handshake) may take
+        self._limit = limit
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=READ_SIZE, loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         try:
-            transport, _ = await loop.create_connection(lambda: protocol, self.host, self.port, ssl=self._context)
-        except (OSError, ssl.SSLError) as e:
+            transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: protocol, self.host, self.port, ssl=self._context), self._limit
+            )
+        except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
             raise SandboxUnavailableError(f"cannot reach the Docker engine at {self.url}: {e}") from e
         return reader, TlsHalfCloseWriter(transport, protocol, reader, loop)
 
@@ -112,11 +116,12 @@ class SwarmEngine(DockerEngine):
         use_tls = tls is not None and base_url.startswith(("tcp://", "https://"))
         super().__init__(base_url, tls=tls.sdk() if use_tls else None, timeout=timeout)
         self._material = tls if use_tls else None
+        self._connect_limit = timeout
 
     async def connect(self) -> None:
         await super().connect()
         if self._material is not None and not isinstance(self._address, TlsEngineAddress):
-            self._address = TlsEngineAddress(self.base_url, self._material.context())
+            self._address = TlsEngineAddress(self.base_url, self._material.context(), limit=self._connect_limit)
 
     # ------------------------------------------------------------ services
 

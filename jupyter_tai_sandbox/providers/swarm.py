@@ -160,7 +160,7 @@ class SwarmSandbox(DockerSandbox):
     ).tag(config=True)
 
     node_timeout = Float(
-        30.0, help="Per-request socket timeout of calls to a node's engine (a frozen node answers no later)."
+        10.0, help="Longest a call to a node's engine may wait for it (a frozen node answers no later)."
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
