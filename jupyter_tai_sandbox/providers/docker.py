@@ -40,7 +40,7 @@ from ..contract import (
     SessionSpec,
 )
 from ..errors import SandboxConflictError
-from ..image import DEFAULT_IMAGE
+from ..image import DEFAULT_IMAGE, PYTHON_IMAGE
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id
 from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
@@ -109,6 +109,19 @@ def _normal_image(ref: str) -> str:
     if "@" in ref or any(c in ref for c in "*?[") or ":" in ref.rsplit("/", 1)[-1]:
         return ref
     return ref + ":latest"
+
+
+def _how_to_get(image: str) -> str:
+    """Advice for a missing image: the build command of our own images, never another image's name."""
+    if image == DEFAULT_IMAGE:
+        return "build it with `jupyter tai-sandbox build-image` (offline, about 2 MB)"
+    if image == PYTHON_IMAGE:
+        return "build it with `jupyter tai-sandbox build-image --python` (python3 and ipykernel, offline)"
+    return (
+        "load or build it on that engine (`docker load`, `docker build`), or use one of the package's own "
+        f"images: {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`) or {PYTHON_IMAGE} "
+        "(`jupyter tai-sandbox build-image --python`)"
+    )
 
 
 class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
@@ -409,10 +422,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         try:
             return await self._engine.create_container(image, self._options(spec, name, labels, volume_labels, network))
         except MissingImageError:
-            raise _reject(
-                f"image {image!r} is not on the Docker engine at {self.base_url}: build it "
-                f"(`jupyter tai-sandbox build-image --name {image}` for the minimal image) or load it"
-            ) from None
+            raise _reject(f"image {image!r} is not on the Docker engine at {self.base_url}: {_how_to_get(image)}") from None
         except EngineRefusedError as e:
             if e.status is not None and 400 <= e.status < 500 and e.status != 409:
                 raise _reject(f"the Docker engine refused the session: {e.detail}") from None
