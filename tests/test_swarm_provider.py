@@ -29,6 +29,7 @@ from jupyter_tai_sandbox.contract import (
     ExitItem,
     SandboxError,
     SandboxNotFoundError,
+    SandboxSpecRejectedError,
     SandboxUnavailableError,
     SessionSpec,
 )
@@ -289,6 +290,32 @@ def test_losing_a_workers_engine():
         finally:
             for provider in (on2, on3, sandbox):
                 await provider.close()
+
+    run(main())
+
+
+def test_read_only_root_and_missing_image():
+    """read_only_rootfs: / refuses writes, /tmp (a tmpfs) and the workspace take them; an image no node
+    holds is a spec rejection that leaves no service behind."""
+
+    async def main():
+        sandbox = swarm_sandbox(read_only_rootfs=True)
+        try:
+            session = await sandbox.create(SessionSpec())
+            try:
+                result = await session.exec(
+                    ["sh", "-c", "touch /x 2>/dev/null && echo root; touch /tmp/x && echo tmp; touch w && echo ws"],
+                    timeout_seconds=30,
+                )
+                assert result.stdout == b"tmp\nws\n"
+            finally:
+                await session.destroy()
+            before = {i.id for i in await sandbox.list()}
+            with pytest.raises(SandboxSpecRejectedError, match="not on the swarm node"):
+                await sandbox.create(SessionSpec(image="tai-no-such-image:1"))
+            assert {i.id for i in await sandbox.list()} == before
+        finally:
+            await sandbox.close()
 
     run(main())
 
