@@ -130,12 +130,20 @@ class LabProcess:
         )
         self.lab = Lab(f"http://127.0.0.1:{self.port}", self.token, base / "lab.log", base / "sandboxes")
 
-    def start(self, provider: str, *extra: str) -> Lab:
+    def start(
+        self,
+        provider: str,
+        *extra: str,
+        isolation: str | None = "none",
+        extra_env: dict[str, str] | None = None,
+    ) -> Lab:
+        """Start the lab; ready once status answers in JSON (200, or 503 for a provider that failed)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TAI_MCP_", "SANDBOX_"))}
         env.update(
             JUPYTER_CONFIG_DIR=str(self.base / "config"),
             JUPYTER_RUNTIME_DIR=str(self.base / "runtime"),
             JUPYTER_PLATFORM_DIRS="1",
+            **(extra_env or {}),
         )
         argv = [
             sys.executable, "-m", "jupyter", "lab", "--no-browser",
@@ -145,8 +153,10 @@ class LabProcess:
             f"--ServerApp.root_dir={self.base / 'notebooks'}",
             f"--LabApp.user_settings_dir={self.base / 'settings'}",
             f"--LabApp.workspaces_dir={self.base / 'workspaces'}",
+            # tests reach the app as window.jupyterapp (commands: run all cells, change the theme)
+            "--LabApp.expose_app_in_browser=True",
             f"--SandboxApp.provider={provider}",
-            "--SandboxPolicy.isolation=none",
+            *([f"--SandboxPolicy.isolation={isolation}"] if isolation else []),
             f"--LocalSandbox.root={self.base / 'sandboxes'}",
             *extra,
         ]  # fmt: skip
@@ -160,7 +170,8 @@ class LabProcess:
             if self.proc.poll() is not None:
                 break
             with contextlib.suppress(OSError):
-                if self.lab.api("GET", "status")[0] == 200:
+                status, body = self.lab.api("GET", "status")
+                if status == 200 or (status == 503 and isinstance(body, dict)):
                     return self.lab
             time.sleep(0.3)
         self.stop()
@@ -293,6 +304,12 @@ def test_panel_session_terminal_files_destroy(lab_process: LabProcess, page: Any
     assert session_id
     expect(item).to_contain_text("browser-test")
     expect(item.locator(".jp-TaiSandbox-timeLeft")).to_contain_text("reaped in 1")
+    # issue 18.3: the title and the New session button whole, the network said once
+    title = panel.locator(".jp-TaiSandbox-title")
+    expect(title).to_have_text("Sandbox sessions")
+    assert not_clipped(title) and not_clipped(panel.locator(".jp-TaiSandbox-new"))
+    status_text = panel.locator(".jp-TaiSandbox-status").inner_text()
+    assert "egress egress" not in status_text and "network ceiling egress" in status_text, status_text
     shot(page, "panel-session")
 
     # Terminal: typing, Ctrl-C, resize, a large paste, exit status
@@ -424,7 +441,7 @@ def test_panel_provider_off_then_server_back(lab_process: LabProcess, page: Any)
     status = panel.locator(".jp-TaiSandbox-status")
     expect(status).to_have_attribute("data-connection", "off")
     expect(status).to_contain_text("TAI_MCP_SANDBOX")
-    expect(panel.locator(".jp-TaiSandbox-new")).to_be_disabled()
+    expect(panel.locator(".jp-TaiSandbox-new")).to_have_attribute("aria-disabled", "true")
     shot(page, "provider-off")
 
     # the server goes away: the panel says so; it comes back with a provider: the panel recovers
@@ -440,8 +457,52 @@ def test_panel_provider_off_then_server_back(lab_process: LabProcess, page: Any)
     shot(page, "server-gone")
     lab_process.start("local")
     expect(status).to_contain_text("Provider local", timeout=45_000)
-    expect(panel.locator(".jp-TaiSandbox-new")).to_be_enabled()
+    expect(panel.locator(".jp-TaiSandbox-new")).to_have_attribute("aria-disabled", "false")
     shot(page, "server-back")
+
+
+def not_clipped(locator: Any) -> bool:
+    """True when the element shows all of its text (nothing cut off or hidden by overflow)."""
+    return locator.evaluate("n => n.scrollWidth <= n.clientWidth + 1 && n.scrollHeight <= n.clientHeight + 1")
+
+
+def test_panel_shows_whole_json_errors(lab_process: LabProcess, page: Any) -> None:
+    """Issue 20.1/20.2: a misspelled provider and the isolation floor's refusal, whole, in the panel."""
+    from playwright.sync_api import expect
+
+    lab = lab_process.start("dokcer")
+    code, body = lab.api("GET", "status")
+    assert code == 503 and body["error"] == "SandboxUnavailableError", body
+    panel = open_panel(page, lab)
+    status = panel.locator(".jp-TaiSandbox-status")
+    expect(status).to_have_attribute("data-connection", "unavailable")
+    expect(status).to_have_text(body["message"])
+    assert "dokcer" in status.inner_text()
+    assert not_clipped(status)
+    expect(panel.locator(".jp-TaiSandbox-new")).to_have_attribute("aria-disabled", "true")
+    page.wait_for_timeout(1000)
+    shown = (status.inner_text() + " " + notification_texts(page)).lower()
+    assert "404" not in shown and "not found" not in shown, shown
+    shot(page, "provider-misspelled")
+
+    # the local provider under the default isolation floor (container) refuses every create
+    lab_process.stop()
+    lab = lab_process.start("local", isolation=None)
+    code, refusal = lab.api("POST", "sessions", {"ttl_seconds": 60})
+    assert 400 <= code < 500 and isinstance(refusal, dict), (code, refusal)
+    panel = open_panel(page, lab)
+    expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("Provider local", timeout=45_000)
+    expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("isolation floor container")
+    panel.locator(".jp-TaiSandbox-new").click()
+    page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
+    error = panel.locator(".jp-TaiSandbox-error")
+    expect(error).to_be_visible()
+    expect(error.locator(".jp-TaiSandbox-errorMessage")).to_have_text(refusal["message"])
+    assert not_clipped(error)
+    assert "SandboxPolicy.isolation" in refusal["message"], refusal["message"]
+    shot(page, "create-refused-isolation-floor")
+    error.locator(".jp-TaiSandbox-dismiss").click()
+    expect(error).to_be_hidden()
 
 
 def _process_gone(pid: int, timeout: float = 10) -> bool:

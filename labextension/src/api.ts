@@ -5,7 +5,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { API_NAMESPACE, requestAPI, requestRaw } from './request';
+import { API_NAMESPACE, apiUrl, requestAPI, requestRaw } from './request';
 
 export type Isolation = 'none' | 'container' | 'vm';
 export type Network = 'egress' | 'internal' | 'none';
@@ -68,6 +68,19 @@ export interface IFileEntry {
 export interface IListing {
   path: string;
   entries: IFileEntry[];
+}
+
+/** GET sessions/{id}/execs: one running (or just ended, kept for a reattach) command. */
+export interface IExecInfo {
+  id: string;
+  session_id: string;
+  argv: string[];
+  pty: boolean;
+  started: number;
+  owner: string;
+  attached: boolean;
+  running: boolean;
+  offset: number;
 }
 
 /** A workspace path as URL parts: `a b/c` -> `a%20b/c`; leading/trailing slashes dropped. */
@@ -143,6 +156,50 @@ export class SandboxClient {
     return response.blob();
   }
 
+  /** Download a file of the workspace as bytes. */
+  async read(id: string, path: string): Promise<Uint8Array> {
+    const response = await requestRaw(this._files(id, path), {}, this.serverSettings);
+    return new Uint8Array(await response.arrayBuffer());
+  }
+
+  /** Delete a file, or a folder with everything in it. */
+  async remove(id: string, path: string): Promise<void> {
+    await requestAPI<void>(this._files(id, path), { method: 'DELETE' }, this.serverSettings);
+  }
+
+  /** Rename or move inside the workspace; 409 when `newPath` exists. */
+  async rename(id: string, path: string, newPath: string): Promise<void> {
+    await requestAPI<unknown>(
+      this._files(id, path),
+      { method: 'PATCH', body: JSON.stringify({ path: newPath }) },
+      this.serverSettings
+    );
+  }
+
+  /** Make a folder (and its parents). */
+  async makeFolder(id: string, path: string): Promise<void> {
+    await requestAPI<unknown>(
+      this._files(id, path),
+      { method: 'POST', body: JSON.stringify({ type: 'directory' }) },
+      this.serverSettings
+    );
+  }
+
+  /** The session's interactive commands (running, or ended and kept for a reattach). */
+  async listExecs(id: string): Promise<IExecInfo[]> {
+    const body = await requestAPI<{ execs: IExecInfo[] }>(
+      `${this._session(id)}/execs`,
+      {},
+      this.serverSettings
+    );
+    return body.execs;
+  }
+
+  /** The URL a browser downloads a workspace file from (GET needs no XSRF token). */
+  fileUrl(id: string, path: string): string {
+    return apiUrl(this.serverSettings, this._files(id, path));
+  }
+
   /**
    * Upload a file (the browser streams a File/Blob body from disk).
    * Parent folders are created by the server.
@@ -150,13 +207,13 @@ export class SandboxClient {
   upload(
     id: string,
     path: string,
-    body: Blob | ArrayBuffer | string
+    body: Blob | ArrayBuffer | Uint8Array | string
   ): Promise<{ path: string; size: number }> {
     return requestAPI<{ path: string; size: number }>(
       this._files(id, path),
       {
         method: 'PUT',
-        body,
+        body: body as BodyInit,
         headers: { 'Content-Type': 'application/octet-stream' }
       },
       this.serverSettings

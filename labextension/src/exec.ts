@@ -33,6 +33,19 @@ export interface IStartOptions {
   cwd?: string;
 }
 
+/** Attach to a command started earlier (by its exec id), replaying its output from `offset`. */
+export interface IAttachOptions {
+  attach: { execId: string; offset: number };
+  /** The terminal's size, sent once attached (a pty keeps the size it had). */
+  rows?: number;
+  cols?: number;
+  pty?: boolean;
+}
+
+export function isAttach(options: IStartOptions | IAttachOptions): options is IAttachOptions {
+  return (options as IAttachOptions).attach !== undefined;
+}
+
 /** How the command ended: an exit status, or an error (the connection's or the server's). */
 export type ExecEnd =
   | { kind: 'exit'; exitCode: number }
@@ -47,9 +60,13 @@ export type ExecPhase = 'connecting' | 'running' | 'ended';
 
 const OPEN = 1;
 
-/** One interactive command over one websocket. */
+/**
+ * One interactive command over one websocket: started here, or attached to by
+ * its exec id. `offset` counts the output bytes (both streams) seen so far, so
+ * a lost connection can attach again from where it stopped.
+ */
 export class ExecConnection {
-  constructor(socket: IExecSocket, start: IStartOptions) {
+  constructor(socket: IExecSocket, start: IStartOptions | IAttachOptions) {
     this._socket = socket;
     this._start = start;
     socket.binaryType = 'arraybuffer';
@@ -70,6 +87,24 @@ export class ExecConnection {
 
   get end(): ExecEnd | null {
     return this._end;
+  }
+
+  /** The command's exec id, once the server has said it ("started" or "attached"). */
+  get execId(): string | null {
+    return this._execId;
+  }
+
+  /** The absolute output offset after the last byte received. */
+  get offset(): number {
+    return this._offset;
+  }
+
+  /**
+   * Fires once attached, with the first offset the server replays from: more
+   * than the offset asked for when the ring no longer holds the start.
+   */
+  get attached(): ISignal<this, { execId: string; offset: number; requested: number }> {
+    return this._attached;
   }
 
   get output(): ISignal<this, IOutput> {
@@ -106,7 +141,7 @@ export class ExecConnection {
       return;
     }
     this._start = { ...this._start, rows, cols };
-    if (this._phase === 'running' && this._start.pty) {
+    if (this._phase === 'running' && this._start.pty !== false) {
       this._sendJSON({ type: 'resize', rows, cols });
     }
   }
@@ -163,6 +198,11 @@ export class ExecConnection {
       return;
     }
     this._opened = true;
+    if (isAttach(this._start)) {
+      const { execId, offset } = this._start.attach;
+      this._sendJSON({ type: 'attach', exec_id: execId, offset });
+      return;
+    }
     const s = this._start;
     const message: Record<string, unknown> = {
       type: 'start',
@@ -204,21 +244,39 @@ export class ExecConnection {
       return;
     }
     const stream = bytes[0] === STDERR ? 'stderr' : 'stdout';
+    this._offset += bytes.length - 1;
     this._output.emit({ stream, data: bytes.subarray(1) });
   }
 
   private _onControl(message: any): void {
     switch (message?.type) {
       case 'started': {
-        this._phase = 'running';
-        const queued = this._queue;
-        this._queue = [];
-        for (const item of queued) {
-          this._socket.send(item);
-        }
+        this._execId = typeof message.exec_id === 'string' ? message.exec_id : null;
+        this._offset = 0;
+        this._run();
         this._started.emit();
         break;
       }
+      case 'attached': {
+        const requested = isAttach(this._start) ? this._start.attach.offset : 0;
+        this._execId = String(message.exec_id);
+        this._offset = Number(message.offset) || 0;
+        this._run();
+        const { rows, cols } = this._start;
+        if (this._start.pty !== false && rows && cols) {
+          this._sendJSON({ type: 'resize', rows, cols });
+        }
+        this._attached.emit({ execId: this._execId, offset: this._offset, requested });
+        this._started.emit();
+        break;
+      }
+      case 'detached':
+        this._finish({
+          kind: 'error',
+          error: 'Detached',
+          message: String(message.message ?? 'another client attached to this command')
+        });
+        break;
       case 'exit':
         this._finish({ kind: 'exit', exitCode: Number(message.exit_code) });
         break;
@@ -238,6 +296,30 @@ export class ExecConnection {
       default:
         break;
     }
+  }
+
+  private _run(): void {
+    this._phase = 'running';
+    const queued = this._queue;
+    this._queue = [];
+    for (const item of queued) {
+      this._socket.send(item);
+    }
+  }
+
+  /** Close the socket without killing the command (it runs on, detached, for the grace time). */
+  detach(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._finish({ kind: 'error', error: 'Detached', message: 'detached by the user' });
+    try {
+      this._socket.close(1000);
+    } catch {
+      // already closed
+    }
+    Signal.clearData(this);
   }
 
   private _onClose(code: number, reason: string): void {
@@ -262,7 +344,10 @@ export class ExecConnection {
   }
 
   private _socket: IExecSocket;
-  private _start: IStartOptions;
+  private _start: IStartOptions | IAttachOptions;
+  private _execId: string | null = null;
+  private _offset = 0;
+  private _attached = new Signal<this, { execId: string; offset: number; requested: number }>(this);
   private _phase: ExecPhase = 'connecting';
   private _opened = false;
   private _disposed = false;

@@ -9,3 +9,15 @@ const svg = `<svg xmlns="http://www.w3.org/2000/svg" width="16" viewBox="0 0 24 
 </svg>`;
 
 export const sandboxIcon = new LabIcon({ name: 'jupyter-tai-sandbox:icon', svgstr: svg });
+
+/** The Sandbox drive's file browser: a folder with the box. */
+const driveSvg = `<svg xmlns="http://www.w3.org/2000/svg" width="16" viewBox="0 0 24 24">
+  <g class="jp-icon3" fill="#616161">
+    <path d="M10 4H4c-1.1 0-2 .9-2 2v12c0 1.1.9 2 2 2h16c1.1 0 2-.9 2-2V8c0-1.1-.9-2-2-2h-8l-2-2z"/>
+  </g>
+  <g class="jp-icon-contrast0" fill="#fff">
+    <path d="M12 9.2l-4 2.1v4.4l4 2.1 4-2.1v-4.4l-4-2.1zm0 1.2 2.6 1.4-2.6 1.4-2.6-1.4 2.6-1.4z"/>
+  </g>
+</svg>`;
+
+export const sandboxDriveIcon = new LabIcon({ name: 'jupyter-tai-sandbox:drive', svgstr: driveSvg });

@@ -2,23 +2,30 @@
  * jupyter-tai-sandbox: the JupyterLab panel of the sandbox server extension.
  */
 import {
+  ILabShell,
   ILayoutRestorer,
   JupyterFrontEnd,
-  JupyterFrontEndPlugin
+  JupyterFrontEndPlugin,
+  LayoutRestorer
 } from '@jupyterlab/application';
 import {
   Dialog,
   ICommandPalette,
   InputDialog,
   Notification,
+  WidgetTracker,
   showDialog
 } from '@jupyterlab/apputils';
+import { FileBrowser, IFileBrowserFactory, Uploader } from '@jupyterlab/filebrowser';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { Widget } from '@lumino/widgets';
+import { ToolbarButton, newFolderIcon, refreshIcon } from '@jupyterlab/ui-components';
 
 import { ISessionInfo, Network, SandboxClient } from './api';
 import { NewSessionBody } from './dialogs';
+import { DRIVE_NAME, SandboxDrive } from './drive';
 import { SandboxFiles } from './files';
-import { sandboxIcon } from './icon';
+import { sandboxDriveIcon, sandboxIcon } from './icon';
 import { SessionsModel, describeError, secondsLeft } from './model';
 import { SandboxPanel } from './panel';
 import { ISessionForm, ISpecDefaults, SpecFormError, buildSpec, defaultForm } from './spec';
@@ -30,6 +37,8 @@ const PLUGIN_ID = 'jupyter-tai-sandbox:plugin';
 export namespace CommandIDs {
   export const newSession = 'tai-sandbox:new-session';
   export const openTerminal = 'tai-sandbox:open-terminal';
+  export const restoreTerminal = 'tai-sandbox:restore-terminal';
+  export const browseDrive = 'tai-sandbox:browse-drive';
   export const openFiles = 'tai-sandbox:open-files';
   export const destroy = 'tai-sandbox:destroy';
   export const showPanel = 'tai-sandbox:show-panel';
@@ -72,12 +81,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'Sandbox sessions: a sidebar panel, a terminal into a session and its files.',
   autoStart: true,
-  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry],
+  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry, IFileBrowserFactory],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
-    settingRegistry: ISettingRegistry | null
+    settingRegistry: ISettingRegistry | null,
+    browserFactory: IFileBrowserFactory | null
   ) => {
     const { commands, shell } = app;
     const client = new SandboxClient(app.serviceManager.serverSettings);
@@ -89,9 +99,38 @@ const plugin: JupyterFrontEndPlugin<void> = {
       standby: () => !panel || !panel.isVisible
     });
     const files = new Map<string, SandboxFiles>();
+    // terminal tabs, restored after a page reload by their session and exec id
+    const terminals = new WidgetTracker<SandboxTerminal>({ namespace: 'tai-sandbox-terminal' });
+    if (restorer) {
+      void restorer.restore(terminals, {
+        command: CommandIDs.restoreTerminal,
+        args: widget => ({ sessionId: widget.sessionId, execId: widget.execId }),
+        name: widget => widget.execId ?? widget.id
+      });
+    }
+
+    /** Show an error whole in the panel, and briefly as a notification. */
+    function reportError(title: string, message: string): void {
+      panel?.showError(title, message);
+      Notification.error(`${title} ${message}`, {
+        autoClose: 10000,
+        actions: [
+          {
+            label: 'Show',
+            caption: 'Show the whole message in the Sandbox panel',
+            callback: () => shell.activateById(panel!.id)
+          }
+        ]
+      });
+    }
 
     model.notice.connect((_, notice) => {
-      const options = { autoClose: notice.level === 'error' ? 10000 : 5000 };
+      const options = {
+        autoClose: notice.level === 'error' ? 10000 : 5000,
+        actions: notice.showPanel
+          ? [{ label: 'Show', callback: () => shell.activateById(panel!.id) }]
+          : undefined
+      };
       if (notice.level === 'error') {
         Notification.error(notice.message, options);
       } else if (notice.level === 'success') {
@@ -108,7 +147,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       const state = await model.refresh();
       if (state.connection !== 'ok') {
-        notifyError(`Cannot ${verb}: ${state.problem ?? state.status?.message ?? 'the sandbox is off.'}`);
+        reportError(`Cannot ${verb}:`, state.problem ?? state.status?.message ?? 'the sandbox is off.');
         return null;
       }
       if (!state.sessions.length) {
@@ -145,8 +184,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     async function newSession(initial?: ISessionForm): Promise<ISessionInfo | null> {
       const state = model.state.connection === 'ok' ? model.state : await model.refresh();
       if (state.connection !== 'ok') {
-        notifyError(
-          `Cannot create a session: ${state.problem ?? state.status?.message ?? 'the sandbox is off.'}`
+        reportError(
+          'Cannot create a session:',
+          state.problem ?? state.status?.message ?? 'the sandbox is off.'
         );
         return null;
       }
@@ -172,12 +212,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       try {
         const info = await client.createSession(spec);
+        panel?.clearError();
         model.addLocally(info);
         Notification.success(`Sandbox session ${info.id} created.`, { autoClose: 3000 });
         void model.refreshSoon();
         return info;
       } catch (error) {
-        notifyError(`Could not create the session: ${describeError(error)}`);
+        reportError('Could not create the session:', describeError(error));
         return null;
       }
     }
@@ -194,9 +235,59 @@ const plugin: JupyterFrontEndPlugin<void> = {
         // the command may live as long as its session
         timeoutSeconds: Math.max(60, Math.ceil(secondsLeft(info, Date.now(), Date.now())))
       });
-      terminal.title.icon = sandboxIcon;
+      track(terminal);
       shell.add(terminal, 'main');
       shell.activateById(terminal.id);
+      return terminal;
+    }
+
+    /** Tracked (so the layout restorer brings it back) once its command has an exec id. */
+    function track(terminal: SandboxTerminal, restoring = false): void {
+      terminal.title.icon = sandboxIcon;
+      const save = () => {
+        if (!terminal.execId || terminal.isDisposed) {
+          return;
+        }
+        if (terminals.has(terminal)) {
+          void terminals.save(terminal);
+        } else {
+          // a restored tab is in the layout being restored already
+          void terminals.add(terminal).then(restoring ? undefined : saveLayout);
+        }
+      };
+      terminal.execChanged.connect(save);
+      save();
+    }
+
+    /**
+     * Save the shell's layout now: a tab becomes restorable once tracked (when
+     * its exec id is known), after the shell saved the layout that opened it.
+     */
+    function saveLayout(): void {
+      const labShell = shell as ILabShell;
+      if (restorer instanceof LayoutRestorer && typeof labShell.saveLayout === 'function') {
+        restorer.save(labShell.saveLayout()).catch(() => {
+          // restoration still under way: the shell saves again on its next change
+        });
+      }
+    }
+
+    /** A terminal tab brought back by the layout restorer: attach to its command again. */
+    function restoreTerminal(args: any): SandboxTerminal | null {
+      const sessionId = typeof args?.sessionId === 'string' ? args.sessionId : '';
+      const execId = typeof args?.execId === 'string' ? args.execId : '';
+      if (!sessionId || !execId) {
+        return null;
+      }
+      const terminal = new SandboxTerminal({
+        client,
+        sessionId,
+        execId,
+        argv: settings.terminalCommand,
+        timeoutSeconds: 3600
+      });
+      track(terminal, true);
+      shell.add(terminal, 'main', { activate: false });
       return terminal;
     }
 
@@ -267,6 +358,52 @@ const plugin: JupyterFrontEndPlugin<void> = {
     shell.add(panel, 'left', { rank: 250 });
     restorer?.add(panel, 'tai-sandbox-panel');
 
+    // the Sandbox drive: sessions as folders, their workspaces inside, in a file browser of its own
+    const drive = new SandboxDrive(client);
+    app.serviceManager.contents.addDrive(drive);
+    let driveBrowser: FileBrowser | null = null;
+    if (browserFactory) {
+      driveBrowser = browserFactory.createFileBrowser('tai-sandbox-filebrowser', {
+        driveName: drive.name,
+        refreshInterval: 5000
+      });
+      const browser = driveBrowser;
+      browser.addClass('jp-TaiSandbox-drive');
+      const heading = new Widget({ node: document.createElement('h2') });
+      heading.node.textContent = 'Sandbox files';
+      heading.addClass('jp-TaiSandbox-title');
+      browser.header.addWidget(heading);
+      browser.title.icon = sandboxDriveIcon;
+      browser.title.caption = 'Sandbox files: each session is a folder';
+      browser.toolbar.addItem(
+        'new-folder',
+        new ToolbarButton({
+          icon: newFolderIcon,
+          tooltip: 'New folder',
+          className: 'jp-TaiSandbox-driveNewFolder',
+          onClick: () => {
+            if (!browser.model.path.slice(DRIVE_NAME.length + 1)) {
+              notifyError('Open a session folder first: new folders go inside a session.');
+              return;
+            }
+            void browser.createNewDirectory();
+          }
+        })
+      );
+      browser.toolbar.addItem('upload', new Uploader({ model: browser.model }));
+      browser.toolbar.addItem(
+        'refresh',
+        new ToolbarButton({
+          icon: refreshIcon,
+          tooltip: 'Refresh (shows what commands changed in the session)',
+          className: 'jp-TaiSandbox-driveRefresh',
+          onClick: () => void browser.model.refresh()
+        })
+      );
+      shell.add(browser, 'left', { rank: 251 });
+      restorer?.add(browser, 'tai-sandbox-filebrowser');
+    }
+
     commands.addCommand(CommandIDs.newSession, {
       label: 'New Sandbox Session…',
       caption: 'Create a sandbox session',
@@ -279,6 +416,23 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: async args => {
         const id = await pickSession(args, 'open a terminal in');
         return id ? openTerminal(id) : null;
+      }
+    });
+    commands.addCommand(CommandIDs.restoreTerminal, {
+      label: 'Reattach a Sandbox Terminal',
+      execute: args => restoreTerminal(args)
+    });
+    commands.addCommand(CommandIDs.browseDrive, {
+      label: 'Show Sandbox Files',
+      caption: "Show the Sandbox drive (a session's workspace) in the file browser",
+      isEnabled: () => !!driveBrowser,
+      execute: async args => {
+        if (!driveBrowser) {
+          return;
+        }
+        const id = typeof args?.id === 'string' ? args.id : '';
+        shell.activateById(driveBrowser.id);
+        await driveBrowser.model.cd(`/${id}`);
       }
     });
     commands.addCommand(CommandIDs.openFiles, {
@@ -309,7 +463,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         CommandIDs.openTerminal,
         CommandIDs.openFiles,
         CommandIDs.destroy,
-        CommandIDs.showPanel
+        CommandIDs.showPanel,
+        CommandIDs.browseDrive
       ]) {
         palette.addItem({ command, category });
       }

@@ -9,8 +9,12 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { ISessionInfo, IStatus, SandboxClient } from './api';
 import { SandboxAPIError } from './request';
 
-/** ok: a provider answers; off: no provider; unreachable: no server; error: the server failed. */
-export type Connection = 'loading' | 'ok' | 'off' | 'unreachable' | 'error';
+/**
+ * ok: a provider answers; off: no provider; unavailable: the server says in JSON
+ * why its provider cannot run (503, e.g. a misspelled provider); unreachable: no
+ * server; error: the server failed.
+ */
+export type Connection = 'loading' | 'ok' | 'off' | 'unavailable' | 'unreachable' | 'error';
 
 export interface IPanelState {
   connection: Connection;
@@ -34,6 +38,8 @@ export const INITIAL_STATE: IPanelState = {
 export interface INotice {
   level: 'error' | 'success' | 'info';
   message: string;
+  /** The whole text is in the panel: the notification offers to show it. */
+  showPanel?: boolean;
 }
 
 /** The state after a successful fetch. */
@@ -55,20 +61,43 @@ export function stateFromFetch(
 /** The state after a failed fetch: keep what we knew, say what failed. */
 export function stateFromError(prev: IPanelState, error: unknown): IPanelState {
   const unreachable = error instanceof SandboxAPIError && error.unreachable;
+  const unavailable = isTypedError(error) && error.status === 503;
   return {
     ...prev,
-    connection: unreachable ? 'unreachable' : 'error',
+    connection: unreachable ? 'unreachable' : unavailable ? 'unavailable' : 'error',
+    sessions: unavailable ? [] : prev.sessions,
     problem: describeError(error)
   };
 }
 
+/** A JSON error of the sandbox API (not an HTML page, not a lost connection). */
+export function isTypedError(error: unknown): error is SandboxAPIError {
+  return (
+    error instanceof SandboxAPIError &&
+    !error.unreachable &&
+    !['HTTPError', 'BadResponse', 'NetworkError'].includes(error.error)
+  );
+}
+
 /** The notice (if any) for going from one state to the next. */
 export function transitionNotice(prev: IPanelState, next: IPanelState): INotice | null {
-  const lost = (c: Connection) => c === 'unreachable' || c === 'error';
+  const lost = (c: Connection) => c === 'unreachable' || c === 'error' || c === 'unavailable';
+  if (next.connection === 'unavailable' && prev.connection !== 'unavailable') {
+    // the server said why, in JSON: the panel shows the whole message
+    return {
+      level: 'error',
+      message: 'The sandbox is unavailable: the Sandbox panel shows why and how to fix it.',
+      showPanel: true
+    };
+  }
   if (lost(next.connection) && !lost(prev.connection)) {
     return {
       level: 'error',
-      message: `Sandbox panel: ${next.problem ?? 'the server failed'} Retrying…`
+      message:
+        next.connection === 'unreachable'
+          ? `Sandbox panel: ${next.problem ?? 'the server is unreachable.'} Retrying…`
+          : 'Sandbox panel: the server failed; the Sandbox panel shows its whole answer.',
+      showPanel: next.connection !== 'unreachable'
     };
   }
   if (!lost(next.connection) && lost(prev.connection)) {
@@ -126,6 +155,7 @@ export function statusLine(state: IPanelState): string {
     case 'loading':
       return 'Loading…';
     case 'unreachable':
+    case 'unavailable':
     case 'error':
       return state.problem ?? 'The server failed.';
     case 'off':
@@ -136,8 +166,8 @@ export function statusLine(state: IPanelState): string {
         return '';
       }
       const floor = status.policy?.isolation ?? '?';
-      const egress = status.policy?.egress ?? '?';
-      return `Provider ${status.kind} · isolation floor ${floor} · egress ${egress}`;
+      const ceiling = status.policy?.egress ?? '?';
+      return `Provider ${status.kind} · isolation floor ${floor} · network ceiling ${ceiling}`;
     }
   }
 }

@@ -1,9 +1,17 @@
 /**
- * The left sidebar: the kind row, the session list (kept current by the
+ * The left sidebar (JupyterLab's SidePanel: a header, a toolbar, the content):
+ * the kind row, the session list (kept current by the
  * model's poll, time left counted down every second) and the per-session actions.
  */
+import {
+  SidePanel,
+  Toolbar,
+  ToolbarButton,
+  addIcon,
+  refreshIcon
+} from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
-import { Widget } from '@lumino/widgets';
+import { Panel, Widget } from '@lumino/widgets';
 
 import { ISessionInfo } from './api';
 import { button } from './files';
@@ -22,38 +30,79 @@ export namespace SandboxPanel {
   }
 }
 
-export class SandboxPanel extends Widget {
+export class SandboxPanel extends SidePanel {
   constructor(options: SandboxPanel.IOptions) {
-    super();
+    super({ content: new Panel(), header: new Panel(), toolbar: new Toolbar() });
     this._model = options.model;
     this._actions = options.actions;
     this.id = 'jp-tai-sandbox-panel';
     this.addClass('jp-TaiSandbox-panel');
     this.title.caption = 'Sandbox sessions';
 
-    const header = document.createElement('div');
-    header.className = 'jp-TaiSandbox-header';
-    const title = document.createElement('h2');
-    title.textContent = 'Sandboxes';
-    this._newButton = button('New session…', 'Create a sandbox session', () =>
-      this._actions.newSession()
-    );
-    this._newButton.classList.add('jp-mod-accept', 'jp-TaiSandbox-new');
-    const refresh = button('↻', 'Refresh the status and the sessions', () =>
-      void this._model.refreshSoon()
-    );
-    header.append(title, this._newButton, refresh);
+    const heading = new Widget({ node: document.createElement('h2') });
+    heading.node.textContent = 'Sandbox sessions';
+    heading.addClass('jp-TaiSandbox-title');
+    this.header.addWidget(heading);
 
+    this._newButton = new ToolbarButton({
+      icon: addIcon,
+      label: 'New session',
+      tooltip: 'Create a sandbox session',
+      className: 'jp-TaiSandbox-new',
+      onClick: () => this._actions.newSession()
+    });
+    this.toolbar.addItem('new-session', this._newButton);
+    this.toolbar.addItem('spacer', Toolbar.createSpacerItem());
+    this.toolbar.addItem(
+      'refresh',
+      new ToolbarButton({
+        icon: refreshIcon,
+        tooltip: 'Refresh the status and the sessions',
+        className: 'jp-TaiSandbox-refresh',
+        onClick: () => void this._model.refreshSoon()
+      })
+    );
+
+    const body = new Widget();
+    body.addClass('jp-TaiSandbox-body');
     this._status = document.createElement('div');
     this._status.className = 'jp-TaiSandbox-status';
+    this._status.setAttribute('role', 'status');
+    this._error = document.createElement('div');
+    this._error.className = 'jp-TaiSandbox-error';
+    this._error.setAttribute('role', 'alert');
+    this._error.hidden = true;
     this._list = document.createElement('ul');
     this._list.className = 'jp-TaiSandbox-sessions';
     this._empty = document.createElement('div');
     this._empty.className = 'jp-TaiSandbox-empty';
-    this.node.append(header, this._status, this._list, this._empty);
+    body.node.append(this._status, this._error, this._list, this._empty);
+    this.content.addWidget(body);
 
     this._model.changed.connect(this._render, this);
     this._render();
+  }
+
+  /**
+   * Show a failure in the panel, whole and wrapping (a notification would cut
+   * it): e.g. the server refusing a create under the isolation floor.
+   */
+  showError(title: string, message: string): void {
+    const heading = document.createElement('div');
+    heading.className = 'jp-TaiSandbox-errorTitle';
+    heading.textContent = title;
+    const text = document.createElement('div');
+    text.className = 'jp-TaiSandbox-errorMessage';
+    text.textContent = message;
+    const dismiss = button('Dismiss', 'Hide this message', () => this.clearError());
+    dismiss.classList.add('jp-TaiSandbox-dismiss');
+    this._error.replaceChildren(heading, text, dismiss);
+    this._error.hidden = false;
+  }
+
+  clearError(): void {
+    this._error.hidden = true;
+    this._error.replaceChildren();
   }
 
   dispose(): void {
@@ -84,11 +133,7 @@ export class SandboxPanel extends Widget {
     const state = this._model.state;
     this._status.textContent = statusLine(state);
     this._status.dataset.connection = state.connection;
-    this._newButton.disabled = state.connection !== 'ok';
-    this._newButton.title =
-      state.connection === 'off'
-        ? 'No sandbox provider is configured (see the status above)'
-        : 'Create a sandbox session';
+    this._newButton.enabled = state.connection === 'ok';
 
     const seen = new Set<string>();
     let previous: HTMLElement | null = null;
@@ -193,8 +238,9 @@ export class SandboxPanel extends Widget {
 
   private _model: SessionsModel;
   private _actions: SandboxPanel.IActions;
-  private _newButton: HTMLButtonElement;
+  private _newButton: ToolbarButton;
   private _status: HTMLElement;
+  private _error: HTMLElement;
   private _list: HTMLElement;
   private _empty: HTMLElement;
   private _items = new Map<string, HTMLElement>();

@@ -109,3 +109,57 @@ describe('ExecConnection', () => {
     expect(socket.closed).toBe(1000);
   });
 });
+
+describe('ExecConnection: attach and offsets', () => {
+  it('counts output offsets of both streams from the exec id it was given', () => {
+    const { socket, connection } = connect();
+    socket.open();
+    socket.text({ type: 'started', exec_id: 'exe-1' });
+    expect(connection.execId).toBe('exe-1');
+    socket.binary(1, 'abc');
+    socket.binary(2, 'de');
+    expect(connection.offset).toBe(5);
+  });
+
+  it('attaches by exec id from an offset, repaints, then resizes the pty', () => {
+    const socket = new FakeSocket();
+    const connection = new ExecConnection(socket, {
+      attach: { execId: 'exe-1', offset: 0 },
+      rows: 40,
+      cols: 120
+    });
+    const attached: any[] = [];
+    const out: string[] = [];
+    connection.attached.connect((_, a) => attached.push(a));
+    connection.output.connect((_, o) => out.push(new TextDecoder().decode(o.data)));
+    connection.write('early');
+    socket.open();
+    expect(socket.controls()).toEqual([{ type: 'attach', exec_id: 'exe-1', offset: 0 }]);
+    socket.text({ type: 'attached', exec_id: 'exe-1', offset: 100 });
+    socket.binary(1, 'tail');
+    expect(attached).toEqual([{ execId: 'exe-1', offset: 100, requested: 0 }]);
+    expect(socket.controls().slice(1)).toEqual([{ type: 'resize', rows: 40, cols: 120 }]);
+    expect(socket.stdin()).toBe('early');
+    expect(out).toEqual(['tail']);
+    expect(connection.offset).toBe(104);
+    expect(connection.phase).toBe('running');
+  });
+
+  it('ends with the server error when the command is gone, and "Detached" when taken over', () => {
+    const a = new FakeSocket();
+    const gone = new ExecConnection(a, { attach: { execId: 'exe-x', offset: 0 } });
+    const ends: ExecEnd[] = [];
+    gone.ended.connect((_, e) => ends.push(e));
+    a.open();
+    a.text({ type: 'error', error: 'SandboxNotFoundError', message: "no running command 'exe-x'" });
+    expect(ends).toEqual([
+      { kind: 'error', error: 'SandboxNotFoundError', message: "no running command 'exe-x'" }
+    ]);
+
+    const { socket, ends: taken } = connect();
+    socket.open();
+    socket.text({ type: 'started', exec_id: 'exe-2' });
+    socket.text({ type: 'detached', message: 'another client attached to this command' });
+    expect(taken[0]).toMatchObject({ kind: 'error', error: 'Detached' });
+  });
+});

@@ -43,7 +43,7 @@ describe('state logic', () => {
     const state = stateFromFetch(LOCAL as any, [session('a', 1), session('b', 5)], 1000);
     expect(state.connection).toBe('ok');
     expect(state.sessions.map(s => s.id)).toEqual(['b', 'a']);
-    expect(statusLine(state)).toBe('Provider local · isolation floor none · egress egress');
+    expect(statusLine(state)).toBe('Provider local · isolation floor none · network ceiling egress');
   });
 
   it('shows the off message and no sessions when the provider is off', () => {
@@ -139,5 +139,19 @@ describe('SessionsModel', () => {
     model.removeLocally('a');
     expect(model.state.sessions.map(s => s.id)).toEqual(['b']);
     model.dispose();
+  });
+});
+
+describe('JSON errors', () => {
+  it('shows a 503 JSON error whole, as unavailable, with no "retrying" toast', () => {
+    const message =
+      "the sandbox provider 'dokcer' (SandboxApp.provider) could not start: unknown sandbox provider 'dokcer'";
+    const error = new SandboxAPIError(503, 'SandboxUnavailableError', message);
+    const state = stateFromError(INITIAL_STATE, error);
+    expect(state.connection).toBe('unavailable');
+    expect(statusLine(state)).toBe(message);
+    const notice = transitionNotice(INITIAL_STATE, state)!;
+    expect(notice.showPanel).toBe(true);
+    expect(notice.message).not.toMatch(/404|Retrying/);
   });
 });
