@@ -36,6 +36,8 @@ from .docker_engine import DockerEngine, EngineRefusedError
 #: A kill's fixed limit: a stop that has not finished by then raises SandboxError.
 KILL_LIMIT_SECONDS = 5.0
 _WRITE_CHUNK = 1 << 18
+#: background stops retried after a failed one (kept referenced until they end)
+_RETRIES: set[asyncio.Task[None]] = set()
 #: stdin bytes the transport buffers before a write waits (asyncio's default is 64 KiB)
 _WRITE_BUFFER = 1 << 20
 
@@ -198,6 +200,23 @@ class DockerCommand(ExecHandle):
             await self._stop()
         except SandboxError as e:
             self._overflow_note = f"; the stop failed: {e}"
+            self._give_up_output()
+
+    def _give_up_output(self) -> None:
+        """A stop failed (the engine did not answer in time): end the output anyway, so nothing waits on
+        it, and try the stop once more in the background should the engine come back."""
+        if self._reading.done():
+            return
+        self._reading.cancel()
+        retry = asyncio.create_task(self._stop_again())
+        _RETRIES.add(retry)
+        retry.add_done_callback(_RETRIES.discard)
+
+    async def _stop_again(self) -> None:
+        try:
+            await stop_command(self._engine, self._container, self._exec_id, self._token, pty=self._tty, gone=self._gone)
+        except SandboxError as e:
+            self._log.warning("sandbox-docker: a command whose stop failed could not be stopped again: %s", e)
 
     def _overflow_error(self) -> SandboxError:
         from ..errors import OutputTooLargeError
@@ -224,6 +243,7 @@ class DockerCommand(ExecHandle):
             self._timeout_error = SandboxError(
                 f"the command reached its {self._timeout_seconds:g} s deadline and could not be stopped: {e}"
             )
+            self._give_up_output()
         else:
             self._timeout_error = deadline_error(self._timeout_seconds, self._counts, self._held)
         await self._done.wait()

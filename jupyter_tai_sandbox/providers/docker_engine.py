@@ -39,6 +39,7 @@ import io
 import json
 import re
 import tarfile
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -257,22 +258,25 @@ class DockerEngine:
             return await self._bounded(asyncio.shield(made), self.slow_timeout, what)
         except SandboxUnavailableError:
             # the engine may still make it later: remove it then, nobody will own it
-            made.add_done_callback(self._remove_late)
+            made.add_done_callback(functools.partial(self._remove_late, options.get("name")))
             raise
         except Exception as e:
             raise self.translate(e, what) from None
 
-    def _remove_late(self, made: asyncio.Future[str]) -> None:
-        if made.cancelled() or made.exception() is not None or self._executor is None:
+    def _remove_late(self, name: str | None, made: asyncio.Future[str]) -> None:
+        """After a create its caller gave up on: remove the container (by name, as a failed start whose
+        own removal timed out leaves one behind too)."""
+        made_id = None if made.cancelled() or made.exception() is not None else made.result()
+        container_id, client = made_id or name, self._client
+        if container_id is None or client is None:
             return
-        container_id, client = made.result(), self._client
 
         def remove() -> None:
             with contextlib.suppress(Exception):
                 client.api.remove_container(container_id, force=True, v=True)
 
-        with contextlib.suppress(RuntimeError):
-            self._executor.submit(remove)
+        # a thread of its own: the engine object may be closed meanwhile
+        threading.Thread(target=remove, name="docker-engine-late-remove", daemon=False).start()
 
     async def inspect_container(self, container_id: str, *, what: str = "inspect a container") -> dict[str, Any]:
         return await self._call(what, "inspect_container", container_id)
