@@ -199,9 +199,6 @@ class TestErrorBodies:
         for s in (third["id"], other["id"], sid):
             await do(jp_fetch, "/sessions/{session_id}", "delete", "sessions", s, expect=204)
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "server bug: SandboxApp.max_output_bytes is not enforced on REST exec: ExecHandler puts it in "
-        "ExecRequest.output_limit, but the providers' run() call run_to_end(handle) without it"))
     async def test_output_past_max_output_bytes_is_413_with_counts(self, jp_fetch):
         _, info = await call(jp_fetch, "sessions", method="POST", body={})
         try:
