@@ -53,6 +53,8 @@ class PtyChecks(SuiteBase):
             await handle.kill()
         handle = await session.exec_start(["sh", "-i"], timeout_seconds=self.t(60), pty=True)
         try:
+            # a terminal resizes a shell that is up (its prompt shown), as a person's window does
+            await self.read_until(handle, rb"[$#] ", "the interactive shell's prompt")
             await handle.resize(40, 120)
             await handle.write(b"stty size\n")
             await self.read_until(handle, rb"40 120", "stty size after resize(40, 120)")
