@@ -6,10 +6,13 @@ answers; with ``CI=true`` a missing engine fails them instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -95,3 +98,44 @@ def host_listener() -> Iterator[int]:
         stop.set()
         thread.join(2)
         server.close()
+
+
+# ------------------------------------------------- stopping and starting the engine (fault tests)
+
+PIDFILE = "/var/run/docker.pid"
+ENGINE_LOG = os.environ.get("DOCKER_UP_LOG", "/tmp/dockerd.log")
+
+
+def engine_pid() -> int:
+    with open(PIDFILE) as f:
+        return int(f.read().strip())
+
+
+def engine_answers() -> bool:
+    return subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0
+
+
+def start_engine() -> None:
+    """Start dockerd as .ci/docker-up does (unless one answers) and wait for it, bounded."""
+    started = None
+    for _ in range(90):
+        if engine_answers():
+            return
+        if started is None or started.poll() is not None:
+            # the killed dockerd may linger as a zombie (PID 1 here reaps no orphans), and dockerd refuses
+            # to start while its pid file names a live process: drop a pid file of a dead or zombie one
+            with contextlib.suppress(OSError, ValueError):
+                with open(f"/proc/{engine_pid()}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+                if state in ("Z", "X"):
+                    os.unlink(PIDFILE)
+            if not os.path.exists(f"/proc/{engine_pid() if os.path.exists(PIDFILE) else 0}"):
+                with contextlib.suppress(OSError):
+                    os.unlink(PIDFILE)
+            with open(ENGINE_LOG, "ab") as log:
+                started = subprocess.Popen(
+                    ["nohup", "dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        time.sleep(1)
+    raise AssertionError(f"dockerd did not come back within 90 s: see {ENGINE_LOG}")

@@ -4,7 +4,7 @@ Floods (a fork bomb, ``yes`` nobody reads) run everywhere. The tests that
 disturb the engine itself -- freezing dockerd (SIGSTOP for ~6 s) and killing it
 (SIGKILL, then starting it again as ``.ci/docker-up`` does) -- affect everyone
 using the engine, so they run only in CI or with ``TAI_SANDBOX_DISTURB_ENGINE=1``;
-the kill test is the last of this module. Both restore the engine in ``finally``
+the kill test is tests/test_zz_engine_killed.py, last of the whole run. Both restore the engine in ``finally``
 blocks, even when they fail. Every call is bounded in time.
 """
 
@@ -14,11 +14,10 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import time
 
 import pytest
-from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, in_ci, leftovers
+from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, engine_pid, in_ci, leftovers
 
 from jupyter_tai_sandbox.contract import (
     OutputChunk,
@@ -35,8 +34,6 @@ DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
 disturbs_engine = pytest.mark.skipif(
     not DISTURB, reason="stops the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
 )
-PIDFILE = "/var/run/docker.pid"
-ENGINE_LOG = os.environ.get("DOCKER_UP_LOG", "/tmp/dockerd.log")
 
 
 @pytest.fixture(scope="module")
@@ -71,41 +68,6 @@ def spilled_bytes() -> int:
             if target.endswith("(deleted)"):
                 total += os.stat(f"/proc/self/fd/{fd}").st_size
     return total
-
-
-def engine_pid() -> int:
-    with open(PIDFILE) as f:
-        return int(f.read().strip())
-
-
-def engine_answers() -> bool:
-    return subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0
-
-
-def start_engine() -> None:
-    """Start dockerd as .ci/docker-up does (unless one answers) and wait for it, bounded."""
-    started = None
-    for _ in range(90):
-        if engine_answers():
-            return
-        if started is None or started.poll() is not None:
-            # the killed dockerd may linger as a zombie (PID 1 here reaps no orphans), and dockerd refuses
-            # to start while its pid file names a live process: drop a pid file of a dead or zombie one
-            with contextlib.suppress(OSError, ValueError):
-                with open(f"/proc/{engine_pid()}/stat") as stat:
-                    state = stat.read().rsplit(")", 1)[1].split()[0]
-                if state in ("Z", "X"):
-                    os.unlink(PIDFILE)
-            if not os.path.exists(f"/proc/{engine_pid() if os.path.exists(PIDFILE) else 0}"):
-                with contextlib.suppress(OSError):
-                    os.unlink(PIDFILE)
-            with open(ENGINE_LOG, "ab") as log:
-                started = subprocess.Popen(
-                    ["nohup", "dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-        time.sleep(1)
-    raise AssertionError(f"dockerd did not come back within 90 s: see {ENGINE_LOG}")
 
 
 async def timed(awaitable, limit: float) -> tuple[float, object]:
@@ -247,54 +209,3 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client):
             time.sleep(0.5)
     assert leftovers(client) == []
 
-
-@disturbs_engine
-def test_zz_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client):
-    """Last in the module: SIGKILL dockerd under a live session and a running command, start it again."""
-
-    async def main() -> None:
-        sandbox = provider(engine_timeout_seconds=3, engine_slow_timeout_seconds=5, transfer_idle_seconds=3)
-        session = await sandbox.create(spec())
-        running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=60)
-        os.kill(engine_pid(), signal.SIGKILL)
-        try:
-            await asyncio.sleep(0.5)
-            outcomes = await asyncio.gather(
-                timed(sandbox.list(), 15),
-                timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
-                timed(session.get_file("x.txt"), 15),
-                timed(sandbox.create(spec()), 15),
-            )
-
-            async def drain() -> None:
-                async for _ in running.output:
-                    pass
-
-            ended = await timed(drain(), 15)
-        finally:
-            await asyncio.to_thread(start_engine)
-        for took, result in outcomes:
-            assert took < 6, (took, result)
-            assert isinstance(result, SandboxUnavailableError), result
-        took, result = ended
-        assert took < 10 and isinstance(result, SandboxError), result
-        # the engine is back: new sessions work, and what was left is reaped
-        fresh = await asyncio.wait_for(sandbox.create(spec()), 60)
-        assert (await fresh.exec(["echo", "ok"], timeout_seconds=10)).stdout == b"ok\n"
-        await fresh.destroy()
-        reaped: list[str] = []
-        for _ in range(20):
-            reaped += await asyncio.wait_for(sandbox.reap(), 60)
-            if session.id in reaped:
-                break
-            await asyncio.sleep(1)
-        assert session.id in reaped
-        with contextlib.suppress(SandboxError):
-            await session.destroy()
-        await sandbox.close()
-
-    try:
-        asyncio.run(main())
-    finally:
-        start_engine()
-    assert leftovers(client) == [] or leftovers(docker_client()) == []

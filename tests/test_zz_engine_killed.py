@@ -1,0 +1,103 @@
+"""The engine killed under a live session (issue 15): calls fail fast, and after dockerd is back new
+sessions work and the reaper removes what was left.
+
+It stops the shared engine, so it runs only in CI (or with TAI_SANDBOX_DISTURB_ENGINE=1), and its
+file sorts last, so nothing runs after it on an engine it restarted. The engine is started again in
+``finally`` blocks, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, engine_pid, in_ci, leftovers, start_engine
+
+from jupyter_tai_sandbox.contract import SandboxError, SandboxUnavailableError, SessionSpec
+from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
+disturbs_engine = pytest.mark.skipif(
+    not DISTURB, reason="stops the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = docker_client()
+    yield client
+    client.close()
+
+
+def provider(**traits) -> DockerSandbox:
+    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+
+
+def spec(**changes) -> SessionSpec:
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-fault-tests", **changes})
+
+
+async def timed(awaitable, limit: float) -> tuple[float, object]:
+    """(seconds taken, result or exception), never longer than ``limit``."""
+    started = time.monotonic()
+    try:
+        result: object = await asyncio.wait_for(awaitable, limit)
+    except Exception as e:  # the outcome is what we look at
+        result = e
+    return time.monotonic() - started, result
+
+
+@disturbs_engine
+def test_zz_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client):
+    """Last in the module: SIGKILL dockerd under a live session and a running command, start it again."""
+
+    async def main() -> None:
+        sandbox = provider(engine_timeout_seconds=3, engine_slow_timeout_seconds=5, transfer_idle_seconds=3)
+        session = await sandbox.create(spec())
+        running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=60)
+        os.kill(engine_pid(), signal.SIGKILL)
+        try:
+            await asyncio.sleep(0.5)
+            outcomes = await asyncio.gather(
+                timed(sandbox.list(), 15),
+                timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
+                timed(session.get_file("x.txt"), 15),
+                timed(sandbox.create(spec()), 15),
+            )
+
+            async def drain() -> None:
+                async for _ in running.output:
+                    pass
+
+            ended = await timed(drain(), 15)
+        finally:
+            await asyncio.to_thread(start_engine)
+        for took, result in outcomes:
+            assert took < 6, (took, result)
+            assert isinstance(result, SandboxUnavailableError), result
+        took, result = ended
+        assert took < 10 and isinstance(result, SandboxError), result
+        # the engine is back: new sessions work, and what was left is reaped
+        fresh = await asyncio.wait_for(sandbox.create(spec()), 60)
+        assert (await fresh.exec(["echo", "ok"], timeout_seconds=10)).stdout == b"ok\n"
+        await fresh.destroy()
+        reaped: list[str] = []
+        for _ in range(20):
+            reaped += await asyncio.wait_for(sandbox.reap(), 60)
+            if session.id in reaped:
+                break
+            await asyncio.sleep(1)
+        assert session.id in reaped
+        with contextlib.suppress(SandboxError):
+            await session.destroy()
+        await sandbox.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        start_engine()
+    assert leftovers(client) == [] or leftovers(docker_client()) == []
