@@ -337,8 +337,11 @@ OutputItem = OutputChunk | ExitItem
 DEFAULT_WINDOW = (24, 80)
 #: The largest terminal side accepted (rows or columns).
 MAX_WINDOW_SIDE = 10_000
-#: Total bytes of argv and env one command may carry (Linux takes about 2 MiB, less on some hosts).
+#: Total bytes of argv and env one command may carry, counting a pointer per string as the kernel
+#: does (Linux takes 2 MiB with the provider's own environment; this leaves room for it).
 MAX_COMMAND_BYTES = 1 << 20
+#: The longest single argument or environment string Linux passes (MAX_ARG_STRLEN, 32 pages).
+MAX_STRING_BYTES = (128 << 10) - 1
 
 
 #: exit statuses of the default file operations' scripts
@@ -359,9 +362,12 @@ def check_window_side(side: str, value: Any) -> int:
 def _encoded_size(field: str, text: str) -> int:
     """Bytes of ``text`` as the OS gets it; a lone surrogate (from JSON) cannot be passed at all."""
     try:
-        return len(text.encode("utf-8", "surrogateescape"))
+        size = len(text.encode("utf-8", "surrogateescape"))
     except UnicodeEncodeError:
         raise _bad(field, "contains a lone surrogate that no program can receive") from None
+    if size > MAX_STRING_BYTES:
+        raise _bad(field, f"one string is {size} bytes; a program takes at most {MAX_STRING_BYTES} per string")
+    return size
 
 
 @dataclass(frozen=True)
@@ -398,7 +404,7 @@ class ExecRequest:
                 raise _bad("argv", f"elements must be strings, got {type(arg).__name__}")
             if "\x00" in arg:
                 raise _bad("argv", "elements cannot contain NUL bytes")
-            size += _encoded_size("argv", arg) + 1
+            size += _encoded_size("argv", arg) + 1 + 8
         if not argv[0]:
             raise _bad("argv", "argv[0] is empty: name the program to run")
         if not _is_positive_number(self.timeout_seconds):
@@ -410,7 +416,7 @@ class ExecRequest:
                 raise _bad("env", f"invalid environment variable name {name!r}")
             if not isinstance(value, str) or "\x00" in value:
                 raise _bad("env", f"variable {name} must be a string without NUL bytes")
-            size += len(name) + _encoded_size("env", value) + 2
+            size += len(name) + _encoded_size("env", value) + 2 + 8
         if size > MAX_COMMAND_BYTES:
             raise _bad("argv", f"argv and env together are {size} bytes; the limit is {MAX_COMMAND_BYTES}")
         if self.cwd is not None and (not isinstance(self.cwd, str) or "\x00" in self.cwd or not self.cwd):

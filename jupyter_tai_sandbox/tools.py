@@ -539,6 +539,8 @@ def parse_preset(definition: Any, *, name: str | None = None, source: str = "sto
         except SchemaError as e:
             where = "/".join(str(p) for p in e.absolute_path) or "(root)"
             raise PresetInvalidError(f"input_schema is not valid JSON Schema at {where}: {e.message}") from None
+        except RecursionError:
+            raise PresetInvalidError("input_schema is nested too deeply to check") from None
         if schema.get("type") != "object":
             raise PresetInvalidError('input_schema describes the input object: it needs "type": "object"')
         if not isinstance(schema.get("properties", {}), dict):
@@ -577,7 +579,10 @@ def validate_input(schema: Mapping[str, Any], inputs: Any) -> dict[str, Any]:
     """The caller's input, validated against ``schema`` with top-level defaults filled in (ToolInputError)."""
     if not isinstance(inputs, Mapping):
         raise ToolInputError("", "the input is a JSON object")
-    error = best_match(Draft202012Validator(schema).iter_errors(inputs))
+    try:
+        error = best_match(Draft202012Validator(schema).iter_errors(inputs))
+    except RecursionError:
+        raise ToolInputError("", "the input is nested too deeply to check") from None
     if error is not None:
         raise ToolInputError(_field_of(error), error.message)
     data = dict(inputs)

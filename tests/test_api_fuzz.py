@@ -14,9 +14,10 @@
 Requests go through real sockets to pytest-jupyter's server (``jp_http_port``), from a
 worker thread, so the server keeps running on the test's loop.
 
-Server bugs found are listed in ``KNOWN_BUGS`` (the fuzz run tolerates and reports them)
-and each has an explicit reproducer below marked ``xfail(strict=True)``: fixing one makes
-its test pass and so fail as XPASS, a reminder to remove the mark and the KNOWN_BUGS entry.
+A server bug this file finds while it is open goes in ``KNOWN_BUGS`` (the fuzz run then
+tolerates and reports it) with a reproducer marked ``xfail(strict=True)``. The bugs it found
+so far are fixed; their reproducers stay as plain regression cases (``FOUND_BUGS``,
+``WS_FOUND_BUGS``).
 """
 
 from __future__ import annotations
@@ -85,10 +86,7 @@ class KnownBug:
 
 
 #: Server bugs found by this file (reported, each with a strict-xfail reproducer below).
-KNOWN_BUGS: list[KnownBug] = [
-    KnownBug("POST", "/sessions/{session_id}/exec", r"Argument list too long|File name too long",
-             "E2BIG/ENAMETOOLONG at spawn is a 500: see HOSTILE_BUGS"),
-]
+KNOWN_BUGS: list[KnownBug] = []
 
 
 @pytest.fixture
@@ -455,7 +453,8 @@ def _route(method: str, path: str) -> str:
 _E2BIG = ("server bug: local exec of an argv/env the kernel refuses (one string over 128 KiB, or too many "
           "arguments; under the 1 MiB ExecRequest bound) answers 500 SandboxError 'Argument list too long' "
           "(E2BIG), not a 400 naming argv/env")
-HOSTILE_BUGS: dict[str, str] = {
+#: hostile cases that once found a server bug (fixed): each is also its own regression test
+FOUND_BUGS: dict[str, str] = {
     "argv-one-200KiB-arg": _E2BIG,
     "argv-many-args": _E2BIG,
     "env-value-huge": _E2BIG,
@@ -490,7 +489,7 @@ def _send_hostile(server: Server, log: ErrorLog, case: tuple[str, str, str, Any,
 
 @pytest.mark.timeout(120)
 async def test_hostile_values_get_a_typed_answer(server, error_log):
-    cases = [case for case in hostile_cases() if case[0] not in HOSTILE_BUGS]
+    cases = [case for case in hostile_cases() if case[0] not in FOUND_BUGS]
 
     def send_all() -> list[Finding]:
         return [finding for case in cases for finding in _send_hostile(server, error_log, case)]
@@ -500,11 +499,9 @@ async def test_hostile_values_get_a_typed_answer(server, error_log):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("case_id", [
-    pytest.param(case_id, marks=pytest.mark.xfail(strict=True, reason=reason)) for case_id, reason in HOSTILE_BUGS.items()
-])
-async def test_server_bug_reproducer(case_id, server, error_log):
-    """One request that finds a server bug (see HOSTILE_BUGS): passes, so XPASSes, once it is fixed."""
+@pytest.mark.parametrize("case_id", list(FOUND_BUGS))
+async def test_a_found_bug_stays_fixed(case_id, server, error_log):
+    """One request that once found a server bug (see FOUND_BUGS for what it was)."""
     case = next(case for case in hostile_cases() if case[0] == case_id)
     findings = await asyncio.to_thread(_send_hostile, server, error_log, case)
     assert not findings, "\n".join(str(f) for f in findings)
@@ -529,8 +526,9 @@ HOSTILE_START_VALUES: dict[str, list[Any]] = {
 }
 
 
-#: start messages that find a server bug (each a strict xfail below)
-WS_BUGS: dict[str, dict[str, Any]] = {
+#: start messages that once found a server bug (fixed: E2BIG / ENAMETOOLONG at spawn ended in the
+#: 500 class, not a typed error naming argv); each is also its own regression test
+WS_FOUND_BUGS: dict[str, dict[str, Any]] = {
     "argv0-300-chars": {"type": "start", "argv": ["x" * 300], "timeout_seconds": 2},
     "argv-one-200KiB-arg": {"type": "start", "argv": ["echo", "x" * 200_000], "timeout_seconds": 2},
 }
@@ -552,7 +550,7 @@ def _ws_starts() -> list[dict[str, Any]]:
         for value in values:
             starts.append({**base, name: value})
     starts += [{**base, "pty": True, "rows": 0}, {**base, "pty": True, "cols": BIG}]
-    return [start for start in starts if start not in WS_BUGS.values()]
+    return [start for start in starts if start not in WS_FOUND_BUGS.values()]
 
 
 async def _one_connection(jp_ws_fetch, sid: str, first: Any) -> list[Any]:
@@ -612,14 +610,9 @@ async def test_websocket_start_messages_end_with_one_json_message(jp_fetch, jp_w
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("bug", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=(
-        "server bug: an exec websocket start the kernel refuses (E2BIG / ENAMETOOLONG at spawn) ends in "
-        "{'type': 'error', 'error': 'SandboxError'} (the 500 class), not a typed error naming argv")))
-    for name in WS_BUGS
-])
-async def test_websocket_bug_reproducer(bug, jp_fetch, jp_ws_fetch):
+@pytest.mark.parametrize("bug", list(WS_FOUND_BUGS))
+async def test_a_found_websocket_bug_stays_fixed(bug, jp_fetch, jp_ws_fetch):
     answer = await jp_fetch("api", "sandbox", "sessions", method="POST", body=json.dumps({"ttl_seconds": 600}))
     sid = json.loads(answer.body)["id"]
-    texts = await asyncio.wait_for(_one_connection(jp_ws_fetch, sid, WS_BUGS[bug]), WS_TIMEOUT)
-    assert _ws_problem(WS_BUGS[bug], texts) is None
+    texts = await asyncio.wait_for(_one_connection(jp_ws_fetch, sid, WS_FOUND_BUGS[bug]), WS_TIMEOUT)
+    assert _ws_problem(WS_FOUND_BUGS[bug], texts) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -23,6 +24,7 @@ from ..contract import (
     SandboxError,
     SandboxNotFoundError,
     SandboxPathError,
+    SandboxRequestError,
     SandboxSession,
     SessionInfo,
     SessionSpec,
@@ -35,6 +37,12 @@ from ._posix import SESSION_MARKER, reap_holder, spawn_group_holder
 if TYPE_CHECKING:
     from ._local_tenancy import WorkspaceLease
     from .local import LocalSandbox
+
+
+#: spawn failures that say the argv cannot run (missing, not executable, too long...), not that the host failed
+_NOT_RUNNABLE = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.E2BIG, errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP}
+)
 
 
 class LocalSession(SandboxSession):
@@ -111,7 +119,9 @@ class LocalSession(SandboxSession):
         try:
             await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=holder, window=request.window)
         except OSError as e:
-            raise SandboxError(f"could not start {args[0]!r}: {e}") from e
+            if e.errno in _NOT_RUNNABLE:  # the request's fault: a 4xx naming argv
+                raise SandboxRequestError(f"argv: could not start {args[0][:200]!r}: {e.strerror}", field="argv") from None
+            raise SandboxError(f"could not start {args[0][:200]!r}: {e.strerror}") from e
         if not (pty or self._destroyed or self._spare_holder):
             self._spare_holder = spawn_group_holder()
         return command
