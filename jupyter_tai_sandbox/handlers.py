@@ -265,6 +265,12 @@ class FileHandler(SandboxAPIHandler):
         self.touch()
         self.write_json({"path": path, "type": "directory"}, status=201)
 
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        if self.request.method == "PUT" and not (self._upload is not None and self._upload.done()):
+            # the body was refused unread: the connection cannot carry another request, say so
+            self.set_header("Connection", "close")
+        super().write_error(status_code, **kwargs)
+
     def on_connection_close(self) -> None:
         if self._upload is not None and not self._upload.done():
             self._upload.cancel()
