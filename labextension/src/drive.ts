@@ -305,7 +305,17 @@ export class SandboxDrive implements Contents.IDrive {
     const { sessionId, path } = splitDrivePath(localPath);
     const withContent = options?.content !== false;
     if (!sessionId) {
-      const sessions = withContent ? await this._client.listSessions() : [];
+      let sessions: ISessionInfo[] = [];
+      if (withContent) {
+        try {
+          sessions = await this._client.listSessions();
+        } catch (error) {
+          // no provider (503, e.g. off or misspelled): an empty drive; the Sandbox panel says why
+          if (!(error instanceof SandboxAPIError && error.status === 503)) {
+            throw error;
+          }
+        }
+      }
       return folderModel('', withContent ? sessions.map(sessionModel) : null);
     }
     if (!path) {

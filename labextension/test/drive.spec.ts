@@ -116,6 +116,14 @@ describe('SandboxDrive', () => {
     expect(requests[0].url).toBe(`${API}/sessions`);
   });
 
+  it('shows an empty top level when the server has no provider (503)', async () => {
+    const { settings } = fakeSettings([
+      json({ error: 'SandboxUnavailableError', message: "unknown sandbox provider 'dokcer'" }, 503)
+    ]);
+    const drive = new SandboxDrive(new SandboxClient(settings));
+    expect((await drive.get('')).content).toEqual([]);
+  });
+
   it('lists a workspace folder through the files API', async () => {
     const { settings, requests } = fakeSettings([
       json({ path: '.', entries: [{ name: 'a b.txt', type: 'file', size: 3, mtime: 5 }] })
