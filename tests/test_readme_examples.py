@@ -32,7 +32,7 @@ def readme_session() -> list[tuple[str, str | None]]:
             shown[-1].append(match.group(1))
         elif line.strip():
             shown[-1].append(line)
-    return [("\n".join(code), "\n".join(out) or None) for code, out in zip(cells, shown)]
+    return [("\n".join(code), "\n".join(out) or None) for code, out in zip(cells, shown, strict=True)]
 
 
 def run_readme(kernel) -> None:
