@@ -99,9 +99,9 @@ class SandboxApp(ExtensionApp):
     detach_grace_seconds = Float(
         60.0,
         help="""How long an interactive command runs on after its last websocket closed (a reload, a closed
-        tab, a lab restart) before it is killed, in seconds; attaching again within it (by exec id, from an
+        tab, a browser restart) before it is killed, in seconds; attaching again within it (by exec id, from an
         output offset) cancels the kill. The command's own deadline always applies. 0 kills on disconnect.
-        The default covers a page reload or a server-side lab restart without keeping an abandoned
+        The default covers a page reload or a browser restart without keeping an abandoned
         command's processes for long.""",
     ).tag(config=True)
 
