@@ -12,11 +12,9 @@ import time
 import pytest
 from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, host_listener, leftovers
 
-from jupyter_tai_sandbox.conformance import run_sandbox_conformance
 from jupyter_tai_sandbox.contract import (
     ExitItem,
     OutputChunk,
-    SandboxError,
     SandboxExecTimeoutError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
@@ -44,12 +42,6 @@ def spec(**changes) -> SessionSpec:
 def container_attrs(client, session_id: str) -> dict:
     (container,) = client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"})
     return container.attrs
-
-
-def test_docker_provider_passes_the_conformance_suite(client):
-    sandbox = provider()
-    assert asyncio.run(run_sandbox_conformance(sandbox)) == []
-    assert asyncio.run(sandbox.list()) == []
 
 
 def test_network_egress_internal_and_none(client):
@@ -184,16 +176,6 @@ def test_unreachable_engine_is_a_typed_unavailability(tmp_path):
         assert time.monotonic() - started < 30
 
 
-async def read_until(handle, marker: bytes, seconds: float = 10.0) -> bytes:
-    seen = b""
-    deadline = time.monotonic() + seconds
-    while marker not in seen:
-        item = await asyncio.wait_for(handle.output.__anext__(), max(0.01, deadline - time.monotonic()))
-        assert isinstance(item, OutputChunk), f"ended before {marker!r}: {seen!r}"
-        seen += item.data
-    return seen
-
-
 async def running_in(session, pid: int) -> bool:
     """Whether ``pid`` (of the container's pid namespace) is alive, not a zombie."""
     probe = await session.exec(
@@ -237,77 +219,6 @@ def test_every_deadline_stop_of_held_output_is_noted(client):
             await sandbox.close()
 
     asyncio.run(scenario())
-
-
-def test_pty_command_has_a_terminal_that_resizes_and_takes_ctrl_c(client):
-    async def scenario():
-        sandbox = provider()
-        session = await sandbox.create(spec())
-        try:
-            handle = await session.exec_start(["sh", "-i"], timeout_seconds=30, pty=True)
-            await handle.write(b"stty size; echo $TERM\n")
-            assert b"24 80" in await read_until(handle, b"xterm-256color")
-            await handle.resize(40, 120)
-            await handle.write(b"stty size\n")
-            await read_until(handle, b"40 120")
-            await handle.write(b"sleep 20\n")
-            await asyncio.sleep(0.3)
-            await handle.write(b"\x03")
-            await handle.write(b"echo interrupted-$?\n")
-            await read_until(handle, b"interrupted-130")
-            await handle.write(b"exit 5\n")
-            items = [item async for item in handle.output]
-            assert items[-1] == ExitItem(5)
-            await handle.kill()
-        finally:
-            await session.destroy()
-            await sandbox.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
-
-
-def test_pty_kill_stops_jobs_the_shell_moved_to_groups_of_their_own(client):
-    async def scenario():
-        sandbox = provider()
-        session = await sandbox.create(spec())
-        try:
-            handle = await session.exec_start(["sh", "-i"], timeout_seconds=30, pty=True)
-            await handle.write(b"sleep 60 & echo job-$!\n")
-            seen = b""
-            while not (found := re.search(rb"job-(\d+)\r\n", seen)):
-                seen += (await asyncio.wait_for(handle.output.__anext__(), 5)).data
-            pid = int(found.group(1))
-            assert await running_in(session, pid)
-            await handle.kill()
-            items = [item async for item in handle.output]
-            assert items[-1] == ExitItem(137)
-            assert await wait_stopped_in(session, pid)
-            with pytest.raises(SandboxError):
-                await handle.resize(0, 10)
-        finally:
-            await session.destroy()
-            await sandbox.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
-
-
-def test_pty_close_stdin_sends_end_of_file(client):
-    async def scenario():
-        sandbox = provider()
-        session = await sandbox.create(spec())
-        try:
-            handle = await session.exec_start(["cat"], timeout_seconds=30, pty=True)
-            await handle.write(b"hello\n")
-            await handle.close_stdin()
-            items = [item async for item in handle.output]
-            assert b"".join(i.data for i in items[:-1]).count(b"hello") == 2  # echo + cat
-            assert items[-1] == ExitItem(0)
-            await handle.kill()
-        finally:
-            await session.destroy()
-            await sandbox.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
 def test_pty_kill_after_the_exit_keeps_the_status_and_a_missing_command_is_127(client):
@@ -459,18 +370,6 @@ def test_unclaimed_pooled_containers_of_a_gone_server_are_reaped(client):
             await later.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
-
-
-def test_docker_provider_with_a_warm_pool_passes_the_conformance_suite(client):
-    async def main() -> list[str]:
-        sandbox = provider(pool_size=2)
-        try:
-            return await run_sandbox_conformance(sandbox)
-        finally:
-            await sandbox.close()
-
-    assert asyncio.run(main()) == []
-    assert pooled_ids(client) == set()
 
 
 def test_nothing_is_left_behind(client):

@@ -6,7 +6,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import sys
 import time
 
@@ -397,71 +396,3 @@ def test_bad_arguments_raise_typed_errors_and_start_nothing(sandbox):
 
     run(scenario())
 
-
-async def read_until(handle, marker: bytes, seconds: float = 5.0) -> bytes:
-    seen = b""
-    deadline = time.monotonic() + seconds
-    while marker not in seen:
-        item = await asyncio.wait_for(handle.output.__anext__(), max(0.01, deadline - time.monotonic()))
-        assert isinstance(item, OutputChunk), f"ended before {marker!r}: {seen!r}"
-        seen += item.data
-    return seen
-
-
-def test_pty_command_has_a_terminal_that_resizes_and_takes_ctrl_c(sandbox):
-    async def scenario():
-        session = await sandbox.create(SessionSpec())
-        handle = await session.exec_start(["sh", "-i"], timeout_seconds=30, pty=True)
-        await handle.write(b"stty size; echo $TERM\n")
-        assert b"24 80" in await read_until(handle, b"xterm-256color")
-        await handle.resize(40, 120)
-        await handle.write(b"stty size\n")
-        await read_until(handle, b"40 120")
-        await handle.write(b"sleep 20\n")
-        await asyncio.sleep(0.3)
-        await handle.write(b"\x03")
-        await handle.write(b"echo interrupted-$?\n")
-        await read_until(handle, b"interrupted-130")
-        await handle.write(b"exit 5\n")
-        items = [item async for item in handle.output]
-        assert items[-1] == ExitItem(5)
-        await handle.kill()
-        await session.destroy()
-
-    run(scenario())
-
-
-def test_pty_kill_stops_jobs_the_shell_moved_to_groups_of_their_own(sandbox):
-    async def scenario():
-        session = await sandbox.create(SessionSpec())
-        handle = await session.exec_start(["sh", "-i"], timeout_seconds=30, pty=True)
-        await handle.write(b"sleep 60 & echo job-$!\n")
-        seen = b""
-        while not (found := re.search(rb"job-(\d+)\r\n", seen)):
-            seen += (await asyncio.wait_for(handle.output.__anext__(), 5)).data
-        pid = int(found.group(1))
-        assert running(pid)
-        await handle.kill()
-        items = [item async for item in handle.output]
-        assert items[-1] == ExitItem(137)
-        assert await wait_stopped(pid)
-        with pytest.raises(SandboxError):
-            await handle.resize(0, 10)
-        await session.destroy()
-
-    run(scenario())
-
-
-def test_pty_close_stdin_sends_end_of_file(sandbox):
-    async def scenario():
-        session = await sandbox.create(SessionSpec())
-        handle = await session.exec_start(["cat"], timeout_seconds=30, pty=True)
-        await handle.write(b"hello\n")
-        await handle.close_stdin()
-        items = [item async for item in handle.output]
-        assert b"".join(i.data for i in items[:-1]).count(b"hello") == 2  # echo + cat
-        assert items[-1] == ExitItem(0)
-        await handle.kill()
-        await session.destroy()
-
-    run(scenario())
