@@ -21,7 +21,7 @@ import binascii
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract import ExecRequest, SandboxRequestError
 from ..errors import SandboxForbiddenError
@@ -29,7 +29,19 @@ from ..sessions import AUTH_RESOURCE, Caller
 from ..tools import BASE_TOOLS, NAME_PATTERN, Decided, Preset, validate_input
 
 if TYPE_CHECKING:
-    from .door import SandboxMCP
+    from .handles import CommandHandles
+
+
+class DoorHost(Protocol):
+    """What the tools use of the door (SandboxMCP), named without importing it."""
+
+    app: Any
+    handles: CommandHandles
+    max_output_bytes: int
+
+    def tools_changed(self) -> None: ...
+
+    def warn_once(self, message: str) -> None: ...
 
 DEFAULT_TIMEOUT = 60.0
 MAX_POLL_WAIT = 30.0
@@ -288,7 +300,7 @@ def session_id_of(arguments: Any) -> str | None:
 class DoorTools:
     """List and run the door's tools for one request (the rules live in the registries)."""
 
-    def __init__(self, door: SandboxMCP) -> None:
+    def __init__(self, door: DoorHost) -> None:
         self.door = door
 
     @property

@@ -15,7 +15,7 @@ import stat
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract import (
     ExecHandle,
@@ -28,6 +28,7 @@ from ..contract import (
     SandboxSession,
     SessionInfo,
     SessionSpec,
+    usage_record,
 )
 from ._common import run_to_end, workspace_relative
 from ._local_command import LocalCommand
@@ -36,7 +37,20 @@ from ._posix import SESSION_MARKER, reap_holder, spawn_group_holder
 
 if TYPE_CHECKING:
     from ._local_tenancy import WorkspaceLease
-    from .local import LocalSandbox
+
+
+class SessionHost(Protocol):
+    """What a session uses of its provider (LocalSandbox), named without importing it."""
+
+    inherit_env: list[str]
+    output_memory_limit: int
+    stdout_pipe_size: int
+    command_class: type[LocalCommand]
+    pty_command_class: type[LocalCommand]
+
+    async def _claim_removal(self, session: LocalSession) -> None: ...
+
+    async def _forget(self, session: LocalSession, remove_workspace: bool) -> None: ...
 
 
 #: spawn failures that say the argv cannot run (missing, not executable, too long...), not that the host failed
@@ -47,7 +61,7 @@ _NOT_RUNNABLE = frozenset(
 
 class LocalSession(SandboxSession):
     def __init__(
-        self, sandbox: LocalSandbox, session_id: str, spec: SessionSpec, workspace: Path, created_at: float
+        self, sandbox: SessionHost, session_id: str, spec: SessionSpec, workspace: Path, created_at: float
     ) -> None:
         self._sandbox = sandbox
         self._id = session_id
@@ -241,6 +255,30 @@ class LocalSession(SandboxSession):
                 raise SandboxPathError(f"{path!r} is not a folder")
             return await asyncio.to_thread(_scan, folder)
 
+    # ------------------------------------------------------------ TTL, usage
+
+    async def set_expiry(self, expires_at: float) -> SessionInfo:
+        """The new end, in the session and its sidecar (so a restarted server and any reaper see it)."""
+        self._check_live()
+        await asyncio.to_thread(self._sandbox._retime, self._id, expires_at)
+        self.expires_at = expires_at
+        return self._info()
+
+    async def usage(self) -> dict[str, Any]:
+        """The workspace's disk use (a bounded walk in a thread); CPU and memory cannot be attributed."""
+        self._check_live()
+        disk, partial = await asyncio.to_thread(
+            disk_usage, self.workspace, USAGE_WALK_ENTRIES, USAGE_WALK_SECONDS
+        )
+        note = (
+            "the local provider cannot attribute CPU or memory to a session: its commands are plain host "
+            "processes (use the docker provider for per-session CPU and memory)"
+        )
+        if partial:
+            note += f"; the workspace walk stopped at its bound ({USAGE_WALK_ENTRIES} entries or "
+            note += f"{USAGE_WALK_SECONDS:g} s): disk_bytes is a lower bound"
+        return usage_record(disk_bytes=disk, disk_partial=partial, note=note)
+
     # ------------------------------------------------------------ teardown
 
     async def destroy(self, remove_workspace: bool = False) -> None:
@@ -257,6 +295,44 @@ class LocalSession(SandboxSession):
         self._interactive.clear()
         self._drop_spare_holder()
         await self._sandbox._forget(self, remove_workspace)
+
+
+#: bounds of the workspace walk that measures a session's disk use
+USAGE_WALK_ENTRIES = 200_000
+USAGE_WALK_SECONDS = 2.0
+
+
+def disk_usage(root: Path, max_entries: int, max_seconds: float) -> tuple[int, bool]:
+    """Bytes on disk under ``root`` (blocks, as du counts them; symlinks not followed, a hard-linked
+    file once) and whether the walk stopped at its bound. Blocking: run it in a thread."""
+    import time
+
+    deadline = time.monotonic() + max_seconds
+    total, seen, count = 0, set(), 0
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            it = os.scandir(folder)
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                count += 1
+                if count > max_entries or (count % 1024 == 0 and time.monotonic() > deadline):
+                    return total, True
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+    return total, False
 
 
 def _scan(folder: Path) -> list[dict[str, Any]]:
