@@ -3,6 +3,8 @@ and the activity the server's idle culling sees."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from server_support import call, sandbox_app, server_config
 
@@ -58,19 +60,28 @@ class TestIdleCulling:
     def jp_server_config(self, tmp_path):
         return server_config("local", tmp_path / "sandboxes")
 
-    async def test_a_sandbox_exec_moves_the_servers_last_activity(self, jp_fetch, jp_serverapp):
+    async def test_a_terminals_output_moves_the_servers_last_activity(self, jp_fetch, jp_ws_fetch):
+        """REST calls count as activity already (jupyter_server's own); a terminal streaming with no
+        REST call must count too, or idle culling stops a server whose only use is a sandbox terminal."""
+
+        async def last_activity() -> str:
+            response = await jp_fetch("api", "status")  # not itself counted as activity
+            return json.loads(response.body)["last_activity"]  # what idle culling (and JupyterHub) read
+
         _, info = await call(jp_fetch, "sessions", method="POST", body={})
-        before = jp_serverapp.web_app.last_activity()
-        await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
-                               body={"argv": ["sleep", "0.05"], "timeout_seconds": 5})
-        assert jp_serverapp.web_app.last_activity() > before
-        response = await jp_fetch("api", "status")
-        assert response.code == 200 and b"last_activity" in response.body
+        ws = await jp_ws_fetch("api", "sandbox", "sessions", info["id"], "exec", "ws")
+        await ws.write_message(json.dumps({"type": "start", "argv": ["sh", "-c", "sleep 1; echo tick; sleep 30"],
+                                           "timeout_seconds": 30}))
+        assert json.loads(await ws.read_message())["type"] == "started"
+        before = await last_activity()
+        assert await ws.read_message() == b"\x01tick\n"  # a second later, with no REST call meanwhile
+        assert await last_activity() > before  # ISO timestamps of one format compare in time order
+        await ws.write_message(json.dumps({"type": "kill"}))
+        while await ws.read_message() is not None:
+            pass
         await call(jp_fetch, "sessions", info["id"], method="DELETE")
 
     async def test_an_open_terminal_counts_as_activity(self, jp_fetch, jp_ws_fetch, jp_serverapp):
-        import json
-
         app = sandbox_app(jp_serverapp)
         _, info = await call(jp_fetch, "sessions", method="POST", body={})
         assert not app.current_activity()
