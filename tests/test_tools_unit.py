@@ -137,7 +137,7 @@ def test_a_failed_write_leaves_the_store_and_its_folder_as_they_were(registry, m
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tools.os, "replace", broken_replace)
+    monkeypatch.setattr(tools.store.os, "replace", broken_replace)
     with pytest.raises(tools.PresetStoreError, match="No space left"):
         registry.author(with_(WORD_COUNT, name="second"), principal=ADMIN)
     assert registry.store.path.read_bytes() == before
@@ -331,7 +331,7 @@ def test_every_door_reaches_the_one_fence(registry, tmp_path, monkeypatch, capsy
         raise ToolAccessDeniedError(f"denied: {what}")
 
     registry.author(WORD_COUNT, principal=ADMIN)
-    monkeypatch.setattr(tools, "fence", deny)
+    monkeypatch.setattr(tools.registry, "fence", deny)  # the chokepoints look it up there
     path = tmp_path / "wc.json"
     path.write_text(json.dumps(with_(WORD_COUNT, name="other")))
     store = ["preset", "--store", str(registry.store.path)]

@@ -1,0 +1,201 @@
+"""The tool registry: base tools, config presets and stored presets, and the two chokepoints.
+
+:meth:`ToolRegistry.author` / :meth:`ToolRegistry.remove` are the preset
+chokepoint; :meth:`ToolRegistry.run` is the tool-run chokepoint.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..contract import SandboxError, SandboxNotFoundError
+from ..errors import PresetConflictError, PresetInvalidError, PresetStoreError, ToolInputError
+from .base_tools import BASE_TOOLS, BaseTool
+from .binding import validate_input
+from .fence import OPERATOR_CONFIG, Principal, fence
+from .presets import Preset, parse_preset
+from .store import PresetStore
+
+
+def _fenced_base(definition: Any) -> bool:
+    """Whether a stored definition's base tool is fenced (an unknown base counts as fenced)."""
+    base_name = definition.get("base", "sandbox_exec") if isinstance(definition, Mapping) else None
+    base = BASE_TOOLS.get(base_name) if isinstance(base_name, str) else None
+    return base is None or base.fenced
+
+
+class ToolRegistry:
+    """Base tools, config (manifest) presets and stored presets: the two chokepoints live here."""
+
+    def __init__(
+        self,
+        store: PresetStore | None = None,
+        log: Any = None,
+        *,
+        max_preset_bytes: int = 64 << 10,
+        max_presets: int = 200,
+        max_output_bytes: int = 64 << 20,
+    ) -> None:
+        self.store = store if store is not None else PresetStore()
+        self.config: dict[str, Preset] = {}
+        self.log = log
+        self.max_preset_bytes = max_preset_bytes
+        self.max_presets = max_presets
+        self.max_output_bytes = max_output_bytes
+        self._shadowed: set[str] = set()
+
+    # --- reading (not fenced)
+
+    def _stored(self) -> dict[str, Preset]:
+        out = {}
+        for name, definition in self.store.load().items():
+            if name in BASE_TOOLS or name in self.config:
+                # a config preset shadows a stored one of the same name
+                if self.log is not None and name not in self._shadowed:
+                    self._shadowed.add(name)
+                    self.log.warning("preset %r in %s is shadowed by the server's config", name, self.store.path)
+                continue
+            try:
+                out[name] = parse_preset(definition, name=name, source="store")
+            except PresetInvalidError as e:
+                raise PresetStoreError(
+                    f"preset {name!r} in {self.store.path} is invalid ({e}): remove it with "
+                    f"`jupyter tai-sandbox preset rm {name}` and author it again"
+                ) from None
+        return out
+
+    def presets(self) -> dict[str, Preset]:
+        return {**self._stored(), **self.config}
+
+    def get(self, name: str) -> BaseTool | Preset:
+        if name in BASE_TOOLS:
+            return BASE_TOOLS[name]
+        if name in self.config:
+            return self.config[name]
+        stored = self.store.load()
+        if name not in stored:
+            raise SandboxNotFoundError(f"no tool named {name!r}: GET tools lists them")
+        return self._stored()[name]
+
+    def list_json(self) -> list[dict[str, Any]]:
+        tools = [t.to_json() for t in BASE_TOOLS.values()]
+        return tools + [p.to_json() for _, p in sorted(self.presets().items())]
+
+    # --- the preset chokepoint (every authoring door)
+
+    def author(
+        self,
+        definition: Any,
+        *,
+        principal: Principal,
+        name: str | None = None,
+        replace: bool = False,
+    ) -> Preset:
+        """Validate, fence and persist a preset (a config preset is kept in memory, not stored)."""
+        source = "config" if principal == OPERATOR_CONFIG else "store"
+        base_name = definition.get("base", "sandbox_exec") if isinstance(definition, Mapping) else None
+        base = BASE_TOOLS.get(base_name) if isinstance(base_name, str) else None
+        # fence before validation: a refused principal learns nothing about the definition
+        if base is None or base.fenced:
+            fence(principal, "write", f"author a preset over {base_name or 'sandbox_exec'}")
+        if source == "store":
+            self._check_size(definition)
+        preset = parse_preset(definition, name=name, source=source)
+        if preset.name in BASE_TOOLS:
+            raise PresetConflictError(f"{preset.name!r} is a base tool: give the preset another name")
+        if source == "config":
+            self.config[preset.name] = preset
+            return preset
+        if preset.name in self.config:
+            raise PresetConflictError(
+                f"preset {preset.name!r} is defined by the server's config (SandboxApp.presets): change it there"
+            )
+        with self.store.locked():
+            stored = self.store.load()
+            if preset.name in stored and not replace:
+                raise PresetConflictError(
+                    f"a preset named {preset.name!r} exists: remove it first, or replace it "
+                    "(REST: PUT ...?replace=1, CLI: preset add --replace)"
+                )
+            if preset.name in stored:
+                # replacing needs the fence of the definition it replaces, too
+                if _fenced_base(stored[preset.name]):
+                    fence(principal, "write", f"replace the tool {preset.name!r}")
+            elif self.max_presets and len(stored) >= self.max_presets:
+                raise PresetInvalidError(
+                    f"the preset store holds {len(stored)} presets, the most allowed "
+                    "(SandboxApp.max_presets): remove one first"
+                )
+            stored[preset.name] = preset.definition()
+            self.store.save(stored)
+        return preset
+
+    def _check_size(self, definition: Any) -> None:
+        try:
+            size = len(json.dumps(definition))
+        except (TypeError, ValueError):
+            return  # parse_preset says what is wrong with it
+        if self.max_preset_bytes and size > self.max_preset_bytes:
+            raise PresetInvalidError(
+                f"the preset definition is {size} bytes of JSON; the limit is {self.max_preset_bytes} "
+                "(SandboxApp.max_preset_bytes)"
+            )
+
+    def remove(self, name: str, *, principal: Principal) -> None:
+        """Delete a stored preset (the authoring chokepoint, so the fence applies)."""
+        with self.store.locked():
+            stored = self.store.load()
+            target = self.config.get(name) or stored.get(name) or BASE_TOOLS.get(name)
+            if target is None:
+                raise SandboxNotFoundError(f"no stored preset named {name!r}")
+            if isinstance(target, (Preset, BaseTool)):
+                base_name = target.base if isinstance(target, Preset) else target.name
+            else:
+                base_name = target.get("base", "sandbox_exec") if isinstance(target, dict) else None
+            base = BASE_TOOLS.get(base_name) if isinstance(base_name, str) else None
+            if base is None or base.fenced:
+                fence(principal, "write", f"remove the tool {name!r}")
+            if name in BASE_TOOLS:
+                raise PresetConflictError(f"{name!r} is a base tool; it cannot be removed")
+            if name in self.config:
+                raise PresetConflictError(
+                    f"preset {name!r} is defined by the server's config (SandboxApp.presets): remove it there"
+                )
+            del stored[name]
+            self.store.save(stored)
+
+    def apply_manifest(self, presets: Mapping[str, Any]) -> list[Preset]:
+        """The config door (SandboxApp.presets): every entry through the chokepoint, as the operator."""
+        applied, before = [], dict(self.config)
+        for name, definition in presets.items():
+            try:
+                applied.append(self.author(definition, principal=OPERATOR_CONFIG, name=name))
+            except SandboxError as e:
+                self.config = before  # all or nothing
+                raise PresetInvalidError(f"SandboxApp.presets[{name!r}]: {e}") from None
+        return applied
+
+    # --- the tool-run chokepoint (every run door)
+
+    async def run(self, name: str, inputs: Any, *, principal: Principal) -> dict[str, Any]:
+        """Fence, validate the input against the tool's schema, bind, and run the base tool."""
+        tool = self.get(name)
+        base = BASE_TOOLS[tool.base] if isinstance(tool, Preset) else tool
+        if base.fenced:
+            fence(principal, "execute", f"run the tool {name!r}")
+        if isinstance(tool, Preset):
+            data = validate_input(tool.schema(), inputs)
+            bound = base.bind(tool, data)
+        else:
+            bound = inputs
+        try:
+            base_input = validate_input(base.input_schema, bound)
+        except ToolInputError as e:
+            if isinstance(tool, Preset):
+                raise ToolInputError(e.field, f"preset {name!r} bound an invalid {base.name} input: {e}") from None
+            raise
+        return await base.run(
+            base_input, consumer=name, owner=principal.owner, output_limit=self.max_output_bytes or None
+        )
