@@ -313,6 +313,27 @@ class SessionInfo:
         }
 
 
+#: the fields of :meth:`SandboxSession.usage` (a provider fills what it can, None for the rest):
+#: cpu_seconds (CPU time used so far), memory_bytes (resident, page cache excluded), memory_limit_bytes,
+#: disk_bytes (the workspace), disk_partial (the measure stopped at its bound: a lower bound),
+#: note (what could not be measured and why), measured_at (epoch seconds)
+USAGE_FIELDS = (
+    "cpu_seconds", "memory_bytes", "memory_limit_bytes", "disk_bytes", "disk_partial", "note", "measured_at",
+)  # fmt: skip
+
+
+def usage_record(**measured: Any) -> dict[str, Any]:
+    """A usage answer with every field present (None where not measured)."""
+    unknown = set(measured) - set(USAGE_FIELDS)
+    if unknown:  # pragma: no cover - a provider's mistake
+        raise ValueError(f"unknown usage field(s): {sorted(unknown)}")
+    record: dict[str, Any] = dict.fromkeys(USAGE_FIELDS)
+    record["disk_partial"] = False
+    record["measured_at"] = time.time()
+    record.update(measured)
+    return record
+
+
 @dataclass(frozen=True)
 class ExecResult:
     exit_code: int
@@ -673,6 +694,23 @@ class SandboxSession(abc.ABC):
     async def destroy(self, remove_workspace: bool = False) -> None:
         """Tear the session down; a persistent workspace survives unless ``remove_workspace``."""
 
+    async def set_expiry(self, expires_at: float) -> SessionInfo:
+        """Move the session's end to ``expires_at`` (epoch seconds), durably: the reaper, get()/list()
+        and a restarted server all honour it. Limits (the operator's maximum, not in the past) are the
+        caller's to check. The default refuses: the provider cannot change a session's TTL."""
+        raise SandboxSpecRejectedError(
+            f"the {(await self.info()).kind} provider cannot change a session's TTL: start a new session "
+            "with the ttl_seconds you need"
+        )
+
+    async def usage(self) -> dict[str, Any]:
+        """What the session uses now, as far as the provider can tell (see :data:`USAGE_FIELDS`).
+
+        Bounded in cost (the provider's engine timeout, a bounded walk); a field the provider
+        cannot measure is None and ``note`` says why. The default knows nothing: ``{}``.
+        """
+        return {}
+
 
 class Sandbox(abc.ABC):
     """A provider: creates, finds, lists and reaps sessions."""
@@ -736,6 +774,7 @@ __all__ = [
     "DEFAULT_TTL_SECONDS",
     "ISOLATION_ORDER",
     "NETWORK_ORDER",
+    "USAGE_FIELDS",
     "ExecHandle",
     "ExecRequest",
     "ExecResult",
@@ -759,4 +798,5 @@ __all__ = [
     "SessionInfo",
     "SessionSpec",
     "check_window_side",
+    "usage_record",
 ]

@@ -87,7 +87,26 @@ class SessionHandler(SandboxAPIHandler):
     @authorized
     async def get(self, session_id: str) -> None:
         session = await self.get_session(session_id)
-        self.write_json((await session.info()).to_json())
+        info, usage = await asyncio.gather(session.info(), session.usage(), return_exceptions=True)
+        if isinstance(info, BaseException):
+            raise info
+        if isinstance(usage, SandboxNotFoundError):
+            raise usage
+        if isinstance(usage, BaseException):
+            if not isinstance(usage, SandboxError):
+                raise usage
+            usage = {"note": f"usage could not be measured: {usage}"}
+        self.write_json({**info.to_json(), "usage": usage})
+
+    @web.authenticated
+    @authorized
+    async def patch(self, session_id: str) -> None:
+        """``{"ttl_seconds": N}``: the session now ends N seconds after its creation."""
+        data = self.read_json()
+        session = await self.get_session(session_id, manage=True)
+        info = await self.sessions.set_ttl(session, data)
+        self.touch()
+        self.write_json(info.to_json())
 
     @web.authenticated
     @authorized

@@ -18,7 +18,9 @@ An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
 from __future__ import annotations
 
 import getpass
+import math
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +29,7 @@ from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvide
 
 from . import sandboxes
 from .contract import DEFAULT_TTL_SECONDS, SandboxNotFoundError, SandboxSession, SessionInfo, SessionSpec
-from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError
+from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError, SandboxRequestError
 
 #: what a session id may look like (anything else is answered like an unknown id, before a provider sees it)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -161,6 +163,44 @@ class SessionRegistry:
 
     async def list(self, caller: Caller) -> list[SessionInfo]:
         return [info for info in await sandboxes.require_sandbox().list() if self.visible(caller, info)]
+
+    # ------------------------------------------------------------- TTL
+
+    async def set_ttl(self, session: SandboxSession, data: Mapping[str, Any]) -> SessionInfo:
+        """``{"ttl_seconds": N}``: the session now ends N seconds after its creation.
+
+        Over ``SandboxPolicy.max_ttl_seconds`` is refused (never clamped), and so is an end
+        already past; the session must be the caller's (get it with ``manage=True``).
+        """
+        unknown = sorted(set(data) - {"ttl_seconds"})
+        if unknown:
+            raise SandboxRequestError(
+                f"unknown field(s): {', '.join(unknown)}; known: ttl_seconds", field=unknown[0]
+            )
+        ttl = data.get("ttl_seconds")
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(float(ttl)) or ttl <= 0:
+            raise SandboxRequestError(
+                "ttl_seconds: required, a positive number of seconds counted from the session's creation",
+                field="ttl_seconds",
+            )
+        ttl = float(ttl)
+        max_ttl = getattr(self.policy, "max_ttl_seconds", 0)
+        if max_ttl and ttl > max_ttl:
+            raise SandboxRequestError(
+                f"ttl_seconds: {ttl:g} s is over the operator's maximum of {max_ttl:g} s "
+                "(SandboxPolicy.max_ttl_seconds, TAI_MCP_SANDBOX_MAX_TTL_SECONDS)",
+                field="ttl_seconds",
+            )
+        info = await session.info()
+        expires_at = info.created_at + ttl
+        now = time.time()
+        if expires_at <= now:
+            raise SandboxRequestError(
+                f"ttl_seconds: {ttl:g} s would have ended the session {now - expires_at:.0f} s ago "
+                f"(it is {now - info.created_at:.0f} s old): ask for more",
+                field="ttl_seconds",
+            )
+        return await session.set_expiry(expires_at)
 
     # --------------------------------------------------------- destroy
 

@@ -28,7 +28,10 @@ LABEL_NETWORK = f"{LABEL}.network"
 LABEL_POOL = f"{LABEL}.pool"
 #: on a session record volume: the id of the pooled container the session runs in
 LABEL_RECORD = f"{LABEL}.record"
+#: on a TTL record volume: the id of the session whose end it moves (see DockerSandbox.set_expiry)
+LABEL_TTL = f"{LABEL}.ttl"
 RECORD_PREFIX = "tai-rec-"
+TTL_PREFIX = "tai-ttl-"
 VOLUME_PREFIX = "tai-sbx-"
 CONTAINER_PREFIX = "tai-"
 #: where a pooled session's spec env is kept inside its container, for a restarted server

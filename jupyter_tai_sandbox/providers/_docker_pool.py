@@ -248,9 +248,12 @@ class WarmPool:
             env = await self._load_env(labels[LABEL_RECORD])
         return self.from_record(volume, env)
 
-    async def reap(self, now: float, on_gone: Callable[[str], None]) -> list[str]:
+    async def reap(
+        self, now: float, on_gone: Callable[[str], None], expiries: Mapping[str, float] | None = None
+    ) -> list[str]:
         """Remove expired pooled sessions, records left without a container, and stale unclaimed
-        containers; the ids of the expired sessions (``on_gone`` is told of every session removed)."""
+        containers; the ids of the expired sessions (``on_gone`` is told of every session removed).
+        ``expiries``: session ends moved since the record was made (session id -> epoch seconds)."""
         records, pooled = await asyncio.gather(self.records(), self.containers())
         alive = {c["Id"] for c in pooled}
         claimed = set()
@@ -260,7 +263,8 @@ class WarmPool:
             container_id = labels.get(LABEL_RECORD, "")
             claimed.add(container_id)
             try:
-                expired = float(labels[LABEL_EXPIRES]) <= now
+                expires = (expiries or {}).get(labels.get(LABEL_SESSION, ""), labels[LABEL_EXPIRES])
+                expired = float(expires) <= now
             except (KeyError, ValueError):
                 expired = True
             if expired or container_id not in alive:

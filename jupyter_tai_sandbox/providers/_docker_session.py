@@ -32,6 +32,7 @@ from ..contract import (
     SandboxSession,
     SessionInfo,
     SessionSpec,
+    usage_record,
 )
 from . import _docker_scripts as scripts
 from ._common import run_to_end, workspace_relative
@@ -85,6 +86,8 @@ class SessionSite:
     teardown: Callable[[DockerSession, bool], Awaitable[None]]
     #: a file transfer that moves no data this long is aborted
     transfer_idle_seconds: float = 60.0
+    #: moves a session's end durably: (session, expires_at); None: the provider cannot
+    retime: Callable[[DockerSession, float], Awaitable[None]] | None = None
 
 
 class _Located:
@@ -360,6 +363,51 @@ class DockerSession(SandboxSession):
             entries.append({"name": name, "type": kind, "size": _int(size), "mtime": _mtime(stamp)})
         return sorted(entries, key=lambda e: e["name"])
 
+    # ------------------------------------------------------------ TTL, usage
+
+    async def set_expiry(self, expires_at: float) -> SessionInfo:
+        self._check_live()
+        if self._site.retime is None:
+            return await super().set_expiry(expires_at)
+        await self._site.retime(self, expires_at)
+        self.expires_at = expires_at
+        return self._info()
+
+    async def usage(self) -> dict[str, Any]:
+        """CPU and memory from one engine stats sample, the workspace's disk from ``du`` (both bounded)."""
+        self._check_live()
+        stats, disk = await asyncio.gather(self._engine.stats(self._container), self._disk(), return_exceptions=True)
+        if isinstance(stats, SandboxNotFoundError):
+            raise SandboxNotFoundError(f"no docker sandbox session {self._id!r}") from None
+        notes = []
+        measured: dict[str, Any] = {}
+        if isinstance(stats, BaseException):
+            if not isinstance(stats, SandboxError):
+                raise stats
+            notes.append(f"no CPU or memory figures: {stats}")
+        else:
+            measured.update(_from_stats(stats))
+        if isinstance(disk, BaseException):
+            if not isinstance(disk, (SandboxError, asyncio.TimeoutError)):
+                raise disk
+            notes.append(f"no disk figure: du did not answer within {USAGE_DU_SECONDS:g} s")
+        elif isinstance(disk, str):
+            notes.append(disk)
+        else:
+            measured["disk_bytes"] = disk
+        return usage_record(**measured, note="; ".join(notes) or None)
+
+    async def _disk(self) -> int | str:
+        """Bytes under /workspace from ``du -sk`` in the container, under ``timeout`` (or why there are none)."""
+        code, out, _ = await asyncio.wait_for(
+            self._engine.run(self._container, ["timeout", f"{USAGE_DU_SECONDS:g}", "du", "-sk", WORKSPACE]),
+            USAGE_DU_SECONDS + 2,
+        )
+        try:
+            return int(out.split()[0]) * 1024 if code == 0 else f"no disk figure: du exited with status {code}"
+        except (IndexError, ValueError):
+            return "no disk figure: du gave no size"
+
     # ------------------------------------------------------------- teardown
 
     async def destroy(self, remove_workspace: bool = False) -> None:
@@ -367,6 +415,27 @@ class DockerSession(SandboxSession):
             return
         self._destroyed = True
         await self._site.teardown(self, remove_workspace)
+
+
+#: how long the workspace's ``du`` may run for a usage answer
+USAGE_DU_SECONDS = 3.0
+
+
+def _from_stats(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """cpu_seconds, memory_bytes (page cache excluded, as ``docker stats`` shows) and memory_limit_bytes."""
+    found: dict[str, Any] = {}
+    cpu = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    if isinstance(cpu, (int, float)):
+        found["cpu_seconds"] = cpu / 1e9
+    memory = stats.get("memory_stats") or {}
+    used = memory.get("usage")
+    if isinstance(used, int):
+        detail = memory.get("stats") or {}
+        cache = detail.get("total_inactive_file", detail.get("inactive_file", 0))  # cgroup v1, v2
+        found["memory_bytes"] = max(0, used - cache) if isinstance(cache, int) else used
+    if isinstance(memory.get("limit"), int):
+        found["memory_limit_bytes"] = memory["limit"]
+    return found
 
 
 def _int(text: str) -> int:

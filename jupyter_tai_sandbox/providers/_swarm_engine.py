@@ -138,6 +138,26 @@ class SwarmEngine(DockerEngine):
         found = await self._call("list services", "services", filters={"label": label})
         return list(found or [])
 
+    async def set_service_labels(self, service_id: str, changes: Mapping[str, str]) -> None:
+        """Change labels of a service (its task template untouched: the task keeps running); an update
+        that raced another one (the service's version moved) is tried again."""
+        docker = docker_sdk()
+
+        def update() -> None:
+            for attempt in range(5):
+                current = self._api.inspect_service(service_id)
+                labels = {**((current.get("Spec") or {}).get("Labels") or {}), **changes}
+                try:
+                    self._api.update_service(
+                        service_id, current["Version"]["Index"], labels=labels, fetch_current_spec=True
+                    )
+                    return
+                except docker.errors.APIError as e:
+                    if attempt == 4 or "out of sequence" not in str(e):
+                        raise
+
+        await self._call("update a service's labels", update)
+
     async def remove_service(self, service_id: str) -> None:
         """Remove a service; a missing one is fine."""
         with contextlib.suppress(SandboxNotFoundError):

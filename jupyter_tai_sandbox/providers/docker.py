@@ -55,9 +55,11 @@ from ._docker_names import (
     LABEL_RECORD,
     LABEL_SESSION,
     LABEL_SPEC,
+    LABEL_TTL,
     LABEL_WORKSPACE,
     POOLED_ENV_FILE,
     RECORD_PREFIX,
+    TTL_PREFIX,
     VOLUME_PREFIX,
     WORKSPACE,
     is_session_id,
@@ -88,9 +90,11 @@ __all__ = [
     "LABEL_RECORD",
     "LABEL_SESSION",
     "LABEL_SPEC",
+    "LABEL_TTL",
     "LABEL_WORKSPACE",
     "POOLED_ENV_FILE",
     "RECORD_PREFIX",
+    "TTL_PREFIX",
     "VOLUME_PREFIX",
     "WORKSPACE",
     "DockerCommand",
@@ -100,8 +104,33 @@ __all__ = [
 ]
 
 
+#: a TTL record whose session is not found is removed by a reap once it is this old
+STRAY_TTL_GRACE_SECONDS = 60.0
+
+
 def _reject(message: str) -> SandboxSpecRejectedError:
     return SandboxSpecRejectedError(message)
+
+
+def _expiries(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Session id -> the end its newest TTL record gives."""
+    newest: dict[str, tuple[str, float]] = {}
+    for volume in records:
+        labels = volume.get("Labels") or {}
+        name, session_id = str(volume.get("Name", "")), labels.get(LABEL_TTL)
+        try:
+            expires = float(labels[LABEL_EXPIRES])
+        except (KeyError, ValueError):
+            continue
+        if session_id and name > newest.get(session_id, ("", 0.0))[0]:
+            newest[session_id] = (name, expires)
+    return {session_id: expires for session_id, (_, expires) in newest.items()}
+
+
+def _retimed(session: DockerSession, expiries: Mapping[str, float]) -> DockerSession:
+    """The session with the end its newest TTL record gives (the labels' otherwise)."""
+    session.expires_at = expiries.get(session.id, session.expires_at)
+    return session
 
 
 def _normal_image(ref: str) -> str:
@@ -165,6 +194,16 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     command works the same way on its terminal's session). Output is read
     continuously into a spool, so a finished command's output survives the
     engine closing its stream about 2 s after the exit however late it is read.
+
+    **TTL changes.** Container labels cannot change, so a session's new end
+    (:meth:`DockerSession.set_expiry`) is a small record on the engine: an empty
+    volume ``tai-ttl-<session id>-<stamp>`` labelled ``jupyter-tai-sandbox.ttl``
+    (the session id) and ``.expires``. The newest record of a session wins; a
+    change makes its record before removing the older ones, so a reader never
+    finds none. get(), list() and reap() read the records in the same round of
+    engine calls they already make (one volume listing, a few milliseconds), so
+    any DockerSandbox on the engine, a restarted server included, honours them.
+    Records go with their session; a reap removes those whose session is gone.
 
     **Warm pool.** With ``pool_size`` > 0, containers for the default spec are
     started ahead and handed out at create (see ``_docker_pool``).
@@ -314,6 +353,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             commands=self._commands,
             teardown=self._teardown,
             transfer_idle_seconds=self.transfer_idle_seconds,
+            retime=self._retime,
         )
         self._pool = WarmPool(
             self._engine,
@@ -556,6 +596,10 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if not is_session_id(session_id):
             raise SandboxNotFoundError(f"no docker sandbox session {session_id!r}")
         await self._connect()
+        session, records = await asyncio.gather(self._find(session_id), self._ttl_records(session_id))
+        return _retimed(session, _expiries(records))
+
+    async def _find(self, session_id: str) -> DockerSession:
         if self._pool.knows(session_id):
             return await self._get_pooled(session_id)
         found = await self._engine.containers(f"{LABEL_SESSION}={session_id}", what="find a session")
@@ -572,21 +616,23 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     async def list(self) -> list[SessionInfo]:
         await self._connect()
-        summaries, records, pooled = await asyncio.gather(
-            self._engine.containers(LABEL_SESSION), self._pool.records(), self._pool.containers()
+        summaries, records, pooled, ttls = await asyncio.gather(
+            self._engine.containers(LABEL_SESSION), self._pool.records(), self._pool.containers(),
+            self._ttl_records(),
         )
+        ttls = _expiries(ttls)
         alive = {c["Id"] for c in pooled}
         infos = []
         for summary in summaries:
             try:
-                infos.append(self._session_from(summary["Id"], summary.get("Labels") or {}, None)._info())
+                infos.append(_retimed(self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls)._info())
             except (KeyError, ValueError, SandboxError):
                 continue
         for volume in records:
             if (volume.get("Labels") or {}).get(LABEL_RECORD) not in alive:
                 continue  # its container is gone: the reap removes the record
             try:
-                infos.append(self._session_from_pooled(self._pool.from_record(volume, {}))._info())
+                infos.append(_retimed(self._session_from_pooled(self._pool.from_record(volume, {})), ttls)._info())
             except (KeyError, ValueError, SandboxError):
                 continue
         return sorted(infos, key=lambda i: i.created_at)
@@ -595,12 +641,16 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         await self._connect()
         now = time.time()
         reaped = []
-        for summary in await self._engine.containers(LABEL_SESSION):
+        summaries, records, pooled_records = await asyncio.gather(
+            self._engine.containers(LABEL_SESSION), self._ttl_records(), self._pool.records()
+        )
+        ttls = _expiries(records)
+        for summary in summaries:
             labels = summary.get("Labels") or {}
             try:
+                session = _retimed(self._session_from(summary["Id"], labels, None), ttls)
                 # expired, or dead: its container stopped (an engine restart stops it) and runs nothing again
-                expired = float(labels[LABEL_EXPIRES]) <= now or summary.get("State") in ("exited", "dead")
-                session = self._session_from(summary["Id"], labels, None)
+                expired = session.expires_at <= now or summary.get("State") in ("exited", "dead")
             except (KeyError, ValueError, SandboxError):
                 continue
             if expired:
@@ -609,10 +659,50 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 except SandboxNotFoundError:
                     continue  # reaped meanwhile by someone else
                 reaped.append(session.id)
-        reaped += await self._pool.reap(now, self._commands.abandon)
+        reaped += await self._pool.reap(now, self._commands.abandon, ttls)
+        live = {
+            str((found.get("Labels") or {}).get(LABEL_SESSION)) for found in [*summaries, *pooled_records]
+        } - set(reaped)
+        await self._drop_stray_ttl_records(records, live, now)
         if reaped:
             self.log.info("sandbox-docker: reaped %s", ", ".join(reaped))
         return reaped
+
+    # ------------------------------------------------------------------ TTL
+
+    async def _ttl_records(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """TTL record volumes: of one session, or of all."""
+        return await self._engine.volumes(f"{LABEL_TTL}={session_id}" if session_id else LABEL_TTL)
+
+    async def _retime(self, session: DockerSession, expires_at: float) -> None:
+        """Record a session's new end: a new TTL record first, then the older ones go."""
+        name = f"{TTL_PREFIX}{session.id}-{time.time_ns():020d}"
+        await self._engine.create_volume(
+            name, {**self.extra_labels, LABEL_TTL: session.id, LABEL_EXPIRES: repr(float(expires_at))}
+        )
+        for volume in await self._ttl_records(session.id):
+            if volume.get("Name", "") < name:
+                with contextlib.suppress(EngineRefusedError):
+                    await self._engine.remove_volume(volume["Name"])
+
+    async def _drop_ttl_records(self, session_id: str) -> None:
+        for volume in await self._ttl_records(session_id):
+            with contextlib.suppress(EngineRefusedError):
+                await self._engine.remove_volume(volume["Name"])
+
+    async def _drop_stray_ttl_records(self, ttls: list[dict[str, Any]], live: set[str], now: float) -> None:
+        """TTL records whose session is gone (its container removed behind our back, or a teardown
+        that failed midway); a minute's grace covers a session made after the listing."""
+        for volume in ttls:
+            labels = volume.get("Labels") or {}
+            owner_id = labels.get(LABEL_TTL)
+            if owner_id in live or not all(labels.get(k) == v for k, v in self.extra_labels.items()):
+                continue
+            stamp = volume.get("Name", "").rsplit("-", 1)[-1]
+            if stamp.isdigit() and now - int(stamp) / 1e9 < STRAY_TTL_GRACE_SECONDS:
+                continue
+            with contextlib.suppress(EngineRefusedError, SandboxNotFoundError):
+                await self._engine.remove_volume(volume["Name"])
 
     async def _teardown(self, session: DockerSession, remove_workspace: bool) -> None:
         """Remove a session's container (and record), its owner's idle internal network, and on request
@@ -621,6 +711,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self._pool.forget(session.id)
         spec = session.spec
         await self._engine.remove_container(session.container_id, volume=session.record)
+        await self._drop_ttl_records(session.id)
         network = self._network_of(spec)
         if network is not None:
             async with self._lock_network():

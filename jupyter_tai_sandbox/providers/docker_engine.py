@@ -286,6 +286,19 @@ class DockerEngine:
         await self.connect()
         return list(await self._call(what, "containers", all=True, filters={"label": label}) or [])
 
+    async def stats(self, container_id: str) -> dict[str, Any]:
+        """One sample of the container's stats (``one_shot``: no second sample is waited for), bounded
+        by ``timeout``; an engine older than API 1.41 takes about 2 s for it."""
+        docker = docker_sdk()
+
+        def sample() -> dict[str, Any]:
+            try:
+                return self._api.stats(container_id, stream=False, one_shot=True)
+            except docker.errors.InvalidVersion:
+                return self._api.stats(container_id, stream=False)
+
+        return dict(await self._call("read a container's stats", sample) or {})
+
     async def rename(self, container_id: str, name: str) -> None:
         await self._call("name a container", "rename", container_id, name)
 

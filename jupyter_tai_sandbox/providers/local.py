@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -188,9 +189,18 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     def _write_sidecar(self, session_id: str, record: dict[str, Any]) -> None:
         sidecar = self._sidecar(session_id)
         sidecar.parent.mkdir(parents=True, exist_ok=True)
-        temp = sidecar.with_suffix(f".{os.getpid()}.tmp")
+        temp = sidecar.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
         temp.write_text(json.dumps(record, indent=1))
         os.replace(temp, sidecar)
+
+    def _retime(self, session_id: str, expires_at: float) -> None:
+        """Write a session's new end into its sidecar (blocking)."""
+        try:
+            record = json.loads(self._sidecar(session_id).read_text())
+        except (OSError, ValueError) as e:
+            raise SandboxNotFoundError(f"session {session_id}: its record is gone or unreadable ({e})") from None
+        record["expires_at"] = expires_at
+        self._write_sidecar(session_id, record)
 
     async def get(self, session_id: str) -> SandboxSession:
         session = self._sessions.get(session_id) if isinstance(session_id, str) else None
@@ -286,6 +296,8 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     async def reap(self) -> list[str]:
         now = time.time()
+        # the sidecar has the last word on a session's end (another provider object may have moved it)
+        await asyncio.to_thread(self._reread_expiries, list(self._sessions.values()))
         reaped = [s.id for s in list(self._sessions.values()) if s.expires_at <= now]
         for session_id in reaped:
             session = self._sessions.get(session_id)
@@ -295,6 +307,13 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if reaped:
             self.log.info("sandbox-local: reaped %s", ", ".join(reaped))
         return reaped
+
+    def _reread_expiries(self, sessions: list[LocalSession]) -> None:
+        for session in sessions:
+            try:
+                session.expires_at = float(json.loads(self._sidecar(session.id).read_text())["expires_at"])
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
 
     def _reap_orphans(self, now: float) -> list[str]:
         """Expired sessions an earlier server process left behind (found by their sidecar)."""

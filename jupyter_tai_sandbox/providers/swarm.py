@@ -187,6 +187,7 @@ class SwarmSandbox(DockerSandbox):
             log=self.log,
             commands=self._commands,
             teardown=self._teardown,  # type: ignore[arg-type]
+            retime=self._retime,  # type: ignore[arg-type]
         )
 
     async def _connect(self) -> None:
@@ -532,6 +533,10 @@ class SwarmSandbox(DockerSandbox):
             if self._network_of(spec) == network:
                 return True
         return False
+
+    async def _retime(self, session: SwarmSession, expires_at: float) -> None:  # type: ignore[override]
+        """A service's labels can change (its task keeps running): the new end goes in its expires label."""
+        await self.manager.set_service_labels(session.service_id, {LABEL_EXPIRES: repr(float(expires_at))})
 
     async def _teardown(self, session: SwarmSession, remove_workspace: bool) -> None:  # type: ignore[override]
         self._commands.abandon(session.id)
