@@ -89,6 +89,10 @@ async def test_responses_validate_against_the_spec(jp_fetch):
     await do("/sessions", "get", "sessions")
     await do("/sessions/{session_id}", "get", "sessions", sid)
     await do("/sessions/{session_id}", "get", "sessions", "sbx-0000000000000000")
+    await do("/sessions/{session_id}", "patch", "sessions", sid, body={"ttl_seconds": 120})
+    await do("/sessions/{session_id}", "patch", "sessions", sid, body={"ttl_seconds": 10**9})
+    await do("/sessions/{session_id}", "patch", "sessions", sid, body={"ttl": 1})
+    await do("/sessions/{session_id}", "patch", "sessions", "sbx-0000000000000000", body={"ttl_seconds": 120})
     await do("/sessions/{session_id}/exec", "post", "sessions", sid, "exec",
              body={"argv": ["echo", "hi"], "timeout_seconds": 5})
     await do("/sessions/{session_id}/exec", "post", "sessions", sid, "exec", body={"argv": []})
