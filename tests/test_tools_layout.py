@@ -15,7 +15,8 @@ MAX_LINES = 600
 MODULES = {
     "fence": {"Principal", "Operator", "Decided", "OPERATOR_CLI", "OPERATOR_CONFIG", "fence"},
     "base_tools": {"BaseTool", "SandboxExecTool", "SandboxStatusTool", "BASE_TOOLS", "_workspace_lease"},
-    "binding": {"check_binding", "_bind_list", "_bind_value", "validate_input", "_field_of"},
+    "binding": {"check_binding", "binding_problems", "preset_invalid", "_bind_list", "_bind_value", "validate_input",
+                "_field_of"},
     "presets": {"Preset", "parse_preset", "NAME_PATTERN", "SESSION_FIELDS"},
     "store": {"PresetStore", "default_store_path", "STORE_VERSION"},
     "registry": {"ToolRegistry"},

@@ -128,6 +128,20 @@ async def test_bad_presets_are_refused_and_nothing_is_persisted(jp_fetch, store_
     assert (await call(jp_fetch, "tools", "word_count"))[0] == 404
 
 
+async def test_every_problem_of_a_preset_is_in_one_400(jp_fetch, store_path):
+    """Issue 20.7 over REST: the body's message names each problem, and ``problems`` lists them."""
+    bad = {**WORD_COUNT, "extra": 1, "session": {"cpu": -1},
+           "binding": {"argv": ["wc", {"field": "words"}], "timeout_seconds": "soon"}}
+    got, body = await put(jp_fetch, "word_count", bad)
+    assert (got, body["error"]) == (400, "PresetInvalidError"), body
+    problems = body["problems"]
+    assert len(problems) == 4 and all(f"- {p}" in body["message"] for p in problems), body
+    for words, problem in zip(["unknown preset field(s): extra", "session: ", "references field 'words'",
+                               "binding.timeout_seconds"], problems, strict=True):
+        assert words in problem
+    assert not store_path.exists()
+
+
 async def test_name_clash_replace_and_delete(jp_fetch, store_path):
     assert (await put(jp_fetch, "word_count", WORD_COUNT))[0] == 201
     before = store_path.read_bytes()

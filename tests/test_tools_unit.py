@@ -109,6 +109,50 @@ def test_bad_presets_are_refused_at_authoring_and_nothing_is_stored(registry, de
     assert not registry.store.path.exists()
 
 
+def test_every_problem_of_a_definition_is_named_at_once(registry):
+    """Issue 20.7: three mistakes, one PresetInvalidError (400) naming all three, one a line."""
+    bad = with_(WORD_COUNT, colour="red", name="no spaces",
+                binding={"argv": ["wc", {"field": "txt"}], "stdin": {"field": "text"}, "timeout_seconds": -1})
+    with pytest.raises(PresetInvalidError) as refused:
+        registry.author(bad, principal=ADMIN)
+    error = refused.value
+    assert error_status(error) == 400
+    expected = ["unknown preset field(s): colour", "invalid preset name 'no spaces'",
+                "references field 'txt'", "binding.timeout_seconds is a positive number"]
+    assert len(error.problems) == len(expected) and error.details == {"problems": error.problems}
+    for words, problem, line in zip(expected, error.problems, str(error).splitlines()[1:], strict=True):
+        assert words in problem and line == f"- {problem}"
+    assert str(error).startswith("the preset definition has 4 problems:")
+    assert not registry.store.path.exists()
+
+
+def test_problems_in_every_part_are_gathered():
+    """Name, description, schema, session and binding are each checked, whatever the others hold."""
+    with pytest.raises(PresetInvalidError) as refused:
+        parse_preset({"name": "7up", "description": " ", "base": "sandbox_exec",
+                      "input_schema": {"type": "object", "properties": {"text": {"type": 7}}, "required": "text"},
+                      "session": {"network": "moon", "ttl_seconds": 5},
+                      "binding": {"script": "", "env": {"1X": {"field": "nope"}}, "shell": "sh"}})
+    problems = refused.value.problems
+    for words in ["invalid preset name '7up'", "needs a description", "at properties/text/type",
+                  "at required", "unknown session setting(s): ttl_seconds", "session: ", "unknown network 'moon'",
+                  "unknown binding field(s): shell", "binding.script is fixed shell text",
+                  "invalid environment variable name '1X'", "references field 'nope'"]:
+        assert any(words in p for p in problems), (words, problems)
+    # one problem stays the message itself, as before
+    with pytest.raises(PresetInvalidError) as one:
+        parse_preset(with_(WORD_COUNT, description=""))
+    assert str(one.value) == "a preset needs a description: the text a caller (or a model) reads"
+    assert one.value.problems == [str(one.value)]
+
+
+def test_the_config_door_names_every_problem_too(registry):
+    with pytest.raises(PresetInvalidError) as refused:
+        registry.apply_manifest({"bad": with_(WORD_COUNT, name="bad", base="nope", extra=1)})
+    assert str(refused.value).startswith("SandboxApp.presets['bad']: the preset definition has 2 problems:")
+    assert len(refused.value.problems) == 2 and registry.config == {}
+
+
 def test_name_clashes_are_refused(registry):
     registry.author(WORD_COUNT, principal=ADMIN)
     before = registry.store.path.read_bytes()

@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Protocol
 
 from .. import sandboxes
 from ..contract import ExecRequest, SandboxError, SessionSpec
-from ..errors import PresetInvalidError, ToolInputError
-from .binding import _bind_list, _bind_value, check_binding
+from ..errors import ToolInputError
+from .binding import _bind_list, _bind_value, binding_problems, preset_invalid
 
 #: Extra seconds a tool's session lives past its command's deadline (it is destroyed right after).
 _TTL_MARGIN = 120.0
@@ -58,14 +58,20 @@ class BaseTool:
         return self.tier == "fenced"
 
     def check_preset(self, preset: PresetParts) -> None:
-        """Refuse (PresetInvalidError) a preset this base tool cannot serve."""
-        if not self.accepts_input_schema:
-            extra = [k for k in ("input_schema", "session", "binding") if getattr(preset, k)]
-            if extra:
-                raise PresetInvalidError(
-                    f"base tool {self.name!r} has a fixed input schema: a preset over it may not declare "
-                    f"{', '.join(extra)} (only sandbox_exec accepts a declared schema)"
-                )
+        """Refuse (PresetInvalidError) a preset this base tool cannot serve, naming every problem."""
+        problems = self.preset_problems(preset)
+        if problems:
+            raise preset_invalid(problems)
+
+    def preset_problems(self, preset: PresetParts) -> list[str]:
+        """Everything that keeps this base tool from serving ``preset`` (empty: it can)."""
+        extra = [k for k in ("input_schema", "session", "binding") if getattr(preset, k)]
+        if self.accepts_input_schema or not extra:
+            return []
+        return [
+            f"base tool {self.name!r} has a fixed input schema: a preset over it may not declare "
+            f"{', '.join(extra)} (only sandbox_exec accepts a declared schema)"
+        ]
 
     def bind(self, preset: PresetParts, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """This tool's own input for a preset call (fixed-schema tools: the caller's input as is)."""
@@ -124,13 +130,14 @@ class SandboxExecTool(BaseTool):
         "dependentSchemas": {"args": {"required": ["script"]}},
     }
 
-    def check_preset(self, preset: PresetParts) -> None:
+    def preset_problems(self, preset: PresetParts) -> list[str]:
+        problems = []
         if preset.input_schema is None:
-            raise PresetInvalidError(
+            problems.append(
                 "a preset over sandbox_exec declares input_schema: the JSON Schema of the tool's own input "
                 '(e.g. {"type": "object", "properties": {"text": {"type": "string"}}})'
             )
-        check_binding(preset.binding, preset.input_schema)
+        return problems + binding_problems(preset.binding, preset.input_schema)
 
     def bind(self, preset: PresetParts, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The bind kernel: fixed binding + validated caller fields -> sandbox_exec input."""

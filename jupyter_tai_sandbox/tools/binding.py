@@ -23,79 +23,116 @@ _BINDING_FIELDS = {"argv", "script", "args", "stdin", "env", "timeout_seconds"}
 _REF_FIELDS = {"field", "spread"}
 
 
+def preset_invalid(problems: list[str], *, where: str = "") -> PresetInvalidError:
+    """One PresetInvalidError naming every problem of a definition (``problems``; also in the JSON body).
+
+    One problem is the message itself; several are counted, one a line. ``where`` prefixes the message.
+    """
+    if len(problems) == 1:
+        message = problems[0]
+    else:
+        message = f"the preset definition has {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems)
+    error = PresetInvalidError(where + message)
+    error.problems = list(problems)  # type: ignore[attr-defined]
+    error.details = {"problems": list(problems)}  # type: ignore[attr-defined]
+    return error
+
+
 def _is_ref(value: Any) -> bool:
     return isinstance(value, dict)
 
 
-def _check_ref(ref: Any, where: str, properties: Mapping[str, Any], *, spread_ok: bool) -> None:
+def _ref_problems(ref: Any, where: str, properties: Mapping[str, Any] | None, *, spread_ok: bool) -> list[str]:
+    """What is wrong with one binding element (``properties`` None: the schema is unusable, names unchecked)."""
     if isinstance(ref, str):
-        return
+        return []
     if not isinstance(ref, dict) or "field" not in ref or set(ref) - _REF_FIELDS:
-        raise PresetInvalidError(
+        return [
             f"binding.{where}: each element is fixed text or a field reference "
             '{"field": NAME} (+ "spread": true for an array in argv/args)'
-        )
+        ]
+    problems = []
     name = ref["field"]
-    if not isinstance(name, str) or name not in properties:
-        declared = ", ".join(sorted(properties)) or "none"
-        raise PresetInvalidError(
+    if not isinstance(name, str) or (properties is not None and name not in properties):
+        declared = ", ".join(sorted(properties or {})) or "none"
+        problems.append(
             f"binding.{where} references field {name!r}, which input_schema does not declare "
             f"(declared properties: {declared})"
         )
     if ref.get("spread") and not spread_ok:
-        raise PresetInvalidError(f"binding.{where}: spread is only allowed in argv and args")
+        problems.append(f"binding.{where}: spread is only allowed in argv and args")
     if "spread" in ref and not isinstance(ref["spread"], bool):
-        raise PresetInvalidError(f"binding.{where}: spread is true or false")
+        problems.append(f"binding.{where}: spread is true or false")
+    return problems
 
 
-def check_binding(binding: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
-    """Refuse a binding that is malformed or names a field the schema does not declare."""
+def _properties(schema: Any) -> Mapping[str, Any] | None:
+    """The declared properties a binding may reference, or None where the schema cannot tell."""
+    if not isinstance(schema, Mapping):
+        return None
+    properties = schema.get("properties") or {}
+    return properties if isinstance(properties, Mapping) else None
+
+
+def binding_problems(binding: Any, schema: Any) -> list[str]:
+    """Everything malformed in a binding, and every field it names that the schema does not declare."""
     if not isinstance(binding, Mapping) or not binding:
-        raise PresetInvalidError(
-            'a preset over sandbox_exec needs a binding, e.g. {"argv": ["wc", "-w"], "stdin": {"field": "text"}}'
-        )
+        return ['a preset over sandbox_exec needs a binding, e.g. {"argv": ["wc", "-w"], "stdin": {"field": "text"}}']
+    problems = []
     unknown = sorted(set(binding) - _BINDING_FIELDS)
     if unknown:
-        raise PresetInvalidError(
+        problems.append(
             f"unknown binding field(s): {', '.join(unknown)}; known: {', '.join(sorted(_BINDING_FIELDS))}"
         )
-    properties = schema.get("properties") or {}
+    properties = _properties(schema)
     if ("argv" in binding) == ("script" in binding):
-        raise PresetInvalidError("binding needs exactly one of argv (a list) or script (fixed shell text)")
+        problems.append("binding needs exactly one of argv (a list) or script (fixed shell text)")
     if "argv" in binding:
-        if not isinstance(binding["argv"], list) or not binding["argv"]:
-            raise PresetInvalidError("binding.argv is a non-empty list of fixed strings and field references")
-        if "args" in binding:
-            raise PresetInvalidError("binding.args (the script's positional parameters) needs binding.script")
-        if not isinstance(binding["argv"][0], str):
-            raise PresetInvalidError("binding.argv[0], the program, is fixed text, never caller input")
-        for i, item in enumerate(binding["argv"]):
-            _check_ref(item, f"argv[{i}]", properties, spread_ok=True)
-    else:
+        argv = binding["argv"]
+        if not isinstance(argv, list) or not argv:
+            problems.append("binding.argv is a non-empty list of fixed strings and field references")
+            argv = []
+        if "args" in binding and "script" not in binding:
+            problems.append("binding.args (the script's positional parameters) needs binding.script")
+        if argv and not isinstance(argv[0], str):
+            problems.append("binding.argv[0], the program, is fixed text, never caller input")
+        for i, item in enumerate(argv):
+            problems += _ref_problems(item, f"argv[{i}]", properties, spread_ok=True)
+    if "script" in binding:
         if not isinstance(binding["script"], str) or not binding["script"].strip():
-            raise PresetInvalidError(
+            problems.append(
                 "binding.script is fixed shell text; caller input reaches it only as $1.. (args), stdin or env"
             )
         args = binding.get("args", [])
         if not isinstance(args, list):
-            raise PresetInvalidError("binding.args is a list of fixed strings and field references")
+            problems.append("binding.args is a list of fixed strings and field references")
+            args = []
         for i, item in enumerate(args):
-            _check_ref(item, f"args[{i}]", properties, spread_ok=True)
+            problems += _ref_problems(item, f"args[{i}]", properties, spread_ok=True)
     if "stdin" in binding:
-        _check_ref(binding["stdin"], "stdin", properties, spread_ok=False)
+        problems += _ref_problems(binding["stdin"], "stdin", properties, spread_ok=False)
     env = binding.get("env", {})
     if not isinstance(env, dict):
-        raise PresetInvalidError("binding.env maps variable names to fixed strings or field references")
+        problems.append("binding.env maps variable names to fixed strings or field references")
+        env = {}
     for name, ref in env.items():
         if not _ENV_NAME.match(name):
-            raise PresetInvalidError(f"binding.env: invalid environment variable name {name!r}")
-        _check_ref(ref, f"env.{name}", properties, spread_ok=False)
+            problems.append(f"binding.env: invalid environment variable name {name!r}")
+        problems += _ref_problems(ref, f"env.{name}", properties, spread_ok=False)
     if "timeout_seconds" in binding:
         timeout = binding["timeout_seconds"]
         if _is_ref(timeout):
-            _check_ref(timeout, "timeout_seconds", properties, spread_ok=False)
+            problems += _ref_problems(timeout, "timeout_seconds", properties, spread_ok=False)
         elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise PresetInvalidError("binding.timeout_seconds is a positive number or a field reference")
+            problems.append("binding.timeout_seconds is a positive number or a field reference")
+    return problems
+
+
+def check_binding(binding: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
+    """Refuse a binding that is malformed or names a field the schema does not declare (all at once)."""
+    problems = binding_problems(binding, schema)
+    if problems:
+        raise preset_invalid(problems)
 
 
 def _text(value: Any, field: str, where: str) -> str:

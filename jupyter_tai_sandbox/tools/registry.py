@@ -13,7 +13,7 @@ from typing import Any
 from ..contract import SandboxError, SandboxNotFoundError
 from ..errors import PresetConflictError, PresetInvalidError, PresetStoreError, ToolInputError
 from .base_tools import BASE_TOOLS, BaseTool
-from .binding import validate_input
+from .binding import preset_invalid, validate_input
 from .fence import OPERATOR_CONFIG, Principal, fence
 from .presets import Preset, parse_preset
 from .store import PresetStore
@@ -174,7 +174,8 @@ class ToolRegistry:
                 applied.append(self.author(definition, principal=OPERATOR_CONFIG, name=name))
             except SandboxError as e:
                 self.config = before  # all or nothing
-                raise PresetInvalidError(f"SandboxApp.presets[{name!r}]: {e}") from None
+                problems = getattr(e, "problems", None) or [str(e)]
+                raise preset_invalid(problems, where=f"SandboxApp.presets[{name!r}]: ") from None
         return applied
 
     # --- the tool-run chokepoint (every run door)
