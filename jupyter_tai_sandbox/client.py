@@ -214,8 +214,15 @@ class SandboxClient:
     async def create(self, **spec: Any) -> dict[str, Any]:
         return await self._request("POST", "sessions", body=spec)
 
-    async def info(self, session_id: str) -> dict[str, Any]:
-        return await self._request("GET", "sessions", session_id)
+    async def info(self, session_id: str, *, usage: bool = False) -> dict[str, Any]:
+        """The session; with ``usage`` also what it uses now (``usage``: CPU, memory, disk; costs a
+        measurement on the server, so it is off unless asked for)."""
+        return await self._request("GET", "sessions", session_id, params={"usage": "1" if usage else "0"})
+
+    async def extend(self, session_id: str, ttl_seconds: float) -> dict[str, Any]:
+        """Set the session's TTL to ``ttl_seconds`` counted from its creation (within the operator's
+        maximum); the session's new info."""
+        return await self._request("PATCH", "sessions", session_id, body={"ttl_seconds": ttl_seconds})
 
     async def destroy(self, session_id: str, remove_workspace: bool = False) -> None:
         await self._request(
@@ -259,6 +266,10 @@ class SandboxClient:
                 await write(chunk)
 
         return await self._request("PUT", "sessions", session_id, "files", path, body_producer=produce)
+
+    async def make_folder(self, session_id: str, path: str) -> None:
+        """Make a workspace folder (and its parents); an existing folder is fine."""
+        await self._request("POST", "sessions", session_id, "files", path, body={"type": "directory"})
 
     async def download(self, session_id: str, path: str) -> bytes:
         return await self._request("GET", "sessions", session_id, "files", path)

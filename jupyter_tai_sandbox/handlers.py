@@ -87,6 +87,9 @@ class SessionHandler(SandboxAPIHandler):
     @authorized
     async def get(self, session_id: str) -> None:
         session = await self.get_session(session_id)
+        if self.get_argument("usage", "1").lower() in ("0", "false", "no"):
+            self.write_json((await session.info()).to_json())
+            return
         info, usage = await asyncio.gather(session.info(), session.usage(), return_exceptions=True)
         if isinstance(info, BaseException):
             raise info

@@ -47,6 +47,7 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
 from .client import SandboxClient, SeveralServersWarning, discover_server
 from .contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
+from .magics_frames import out_frame_targets, read_frame, serialise_input
 from .magics_options import (
     DEFAULT_TIMEOUT,
     HANDOFF_DIR,
@@ -54,12 +55,12 @@ from .magics_options import (
     add_session_options,
     command,
     describe,
+    duration,
     env_pairs,
     identifier,
     options_differ,
     options_label,
     parse,
-    serialise,
     session_options,
     spec_body,
     spec_only,
@@ -73,7 +74,7 @@ from .magics_stream import LoopThread, SandboxInterrupted, stream_command
 
 T = TypeVar("T")
 
-SUBCOMMAND_NAMES = ("status", "sessions", "new", "use", "rm", "put", "get", "connect")
+SUBCOMMAND_NAMES = ("status", "sessions", "new", "use", "rm", "extend", "put", "get", "connect")
 SUBCOMMANDS = """\
 line magics:
   %sandbox status                     the server, its provider and policy, the current session
@@ -83,14 +84,20 @@ line magics:
   %sandbox use NAME                   make NAME (a session name, or a session id from
                                       `%sandbox sessions`) the one cells run in
   %sandbox rm NAME [--workspace]      destroy a session (--workspace: also its persistent workspace)
+  %sandbox extend NAME DURATION       add DURATION (90, 90s, 30m, 1h) to the session's TTL, within
+                                      the operator's maximum
   %sandbox put LOCAL [REMOTE]         upload a kernel-side file into the session's workspace
   %sandbox get REMOTE [LOCAL]         download a workspace file next to the kernel
   %sandbox connect URL [--token T]    talk to another Jupyter server's sandbox API
   (put and get take --session NAME)
 
-Data handoff: --in VAR writes the kernel's VAR into the workspace (JSON when it
-serialises as JSON, else a pickle) and sets the environment variable VAR to the
-file's path; --out VAR / --err VAR capture the output into Python variables.
+Data handoff: --in VAR writes the kernel's VAR into the workspace (a pandas
+DataFrame as Parquet when pyarrow is in the kernel; else JSON when it serialises
+as JSON, else a pickle) and sets the environment variable VAR to the file's path;
+--out VAR / --err VAR capture the output into Python variables as text;
+--out-df VAR[=PATH] reads the Parquet file the cell wrote at PATH (default
+.sandbox/out/VAR.parquet, named by $VAR) into a DataFrame (pandas and pyarrow
+in the kernel).
 Files the cell writes under outputs/ in the workspace (PNG, JPEG, SVG, HTML,
 JSON, Markdown) are displayed in the cell, inert: HTML in a sandboxed iframe
 with scripts off, SVG as an image, Markdown as text (--trusted-outputs shows
@@ -158,6 +165,11 @@ class SandboxMagics(Magics):
     @argument("--in", dest="inputs", action="append", metavar="VAR", help="hand the kernel's VAR to the command (repeatable)")
     @argument("--out", metavar="VAR", help="capture stdout into VAR instead of printing it")
     @argument("--err", metavar="VAR", help="capture stderr into VAR instead of printing it")
+    @argument(
+        "--out-df", dest="out_frames", action="append", metavar="VAR[=PATH]",
+        help="read the Parquet file the cell wrote at PATH (default .sandbox/out/VAR.parquet, in $VAR) into "
+        "a DataFrame VAR (repeatable; pandas and pyarrow in the kernel)",
+    )
     @argument("--raise", dest="raise_error", action="store_true", help="a non-zero exit raises SandboxCommandError")
     @argument(
         "--trusted-outputs", action="store_true",
@@ -292,13 +304,19 @@ class SandboxMagics(Magics):
             identifier(name, "--in")
             if name not in self.shell.user_ns:
                 raise SandboxMagicError(f"--in {name}: no variable {name!r} in the kernel")
-            inputs.append((name, *serialise(name, self.shell.user_ns[name])))
+            inputs.append((name, *serialise_input(name, self.shell.user_ns[name])))
+        out_frames = out_frame_targets(args.out_frames)
         known = self._session_for(args.session, spec_options(args))
+        # a path outside the workspace is refused before the cell runs
+        out_frames = [(var, workspace_path(path, known.workspace, known.name)) for var, path in out_frames]
+        for var, path in out_frames:
+            env[var] = posixpath.join(known.workspace, path) if known.workspace else path
         timeout = args.timeout or known.timeout or DEFAULT_TIMEOUT
 
         script = f"{HANDOFF_DIR}/cell-{self._token}"
         argv, upload_body = command(interpreter, cell, script)
-        before = self._run(self._prelude(known, inputs, env, cell if upload_body else None, script))
+        folders = sorted({posixpath.dirname(path) for _, path in out_frames} - {""})
+        before = self._run(self._prelude(known, inputs, env, cell if upload_body else None, script, folders))
 
         assert self._loop is not None
         outcome = stream_command(
@@ -310,6 +328,8 @@ class SandboxMagics(Magics):
         if err_var:
             self.shell.user_ns[err_var] = outcome.stderr
         display_outputs(self._run(self._changed_outputs(known.id, before)), trusted=args.trusted_outputs)
+        for var, path in out_frames:
+            self._read_frame(known, var, path)
         exit_code, timed_out = outcome.exit_code, outcome.timed_out
         if timed_out is not None:
             print(f"sandbox: {timed_out} (set --timeout to allow longer)", file=sys.stderr, flush=True)
@@ -320,10 +340,32 @@ class SandboxMagics(Magics):
                 exit_code if timed_out is None else None, shlex.join(interpreter), outcome.stdout, outcome.stderr
             )
 
+    def _read_frame(self, known: _Session, var: str, path: str) -> None:
+        """``--out-df VAR=PATH``: the Parquet file at PATH into the DataFrame VAR (one line when it cannot)."""
+
+        async def download() -> bytes | None:
+            client = await self._get_client()
+            with contextlib.suppress(SandboxNotFoundError):
+                return await client.download(known.id, path)
+            return None
+
+        data = self._run(download())
+        if data is None:
+            print(f"sandbox: --out-df {var}: the cell wrote no {path}; {var} is unchanged", file=sys.stderr, flush=True)
+            return
+        try:
+            self.shell.user_ns[var] = read_frame(data)
+        except Exception as e:
+            print(f"sandbox: --out-df {var}: {path} is not a Parquet file pandas reads ({type(e).__name__}: "
+                  f"{str(e)[:200]}); {var} is unchanged", file=sys.stderr, flush=True)
+
     async def _prelude(
-        self, known: _Session, inputs: list[tuple[str, str, bytes]], env: dict[str, str], body: str | None, script: str
+        self, known: _Session, inputs: list[tuple[str, str, bytes]], env: dict[str, str], body: str | None, script: str,
+        folders: list[str] = (),  # type: ignore[assignment]
     ) -> Snapshot:
         client = await self._get_client()
+        for folder in folders:  # where --out-df files go, so the cell can write them at once
+            await client.make_folder(known.id, folder)
         for name, ext, data in inputs:
             path = f"{HANDOFF_DIR}/in/{name}.{ext}"
             await client.upload(known.id, path, data)
@@ -347,7 +389,7 @@ class SandboxMagics(Magics):
             close = difflib.get_close_matches(name, SUBCOMMAND_NAMES, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise SandboxMagicError(
-                f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, put, get or connect "
+                f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, put, get or connect "
                 "(or a %%sandbox cell); %sandbox? shows usage"
             )
         handler(rest)
@@ -475,6 +517,30 @@ class SandboxMagics(Magics):
         if self._current == args.name:
             self._current = "default"
         print(f"session {args.name!r} " + ("removed" if gone else "was already gone"))
+
+    def _do_extend(self, argv: list[str]) -> None:
+        parser = subparser(
+            "extend", ("name", {"metavar": "NAME"}),
+            ("duration", {"metavar": "DURATION", "type": duration, "help": "added to the TTL: 90, 90s, 30m, 1h"}),
+        )
+        args = parse(parser, argv)
+        with self._lock:
+            known = self._sessions.get(args.name)
+        session_id = known.id if known is not None else args.name
+
+        async def extend() -> dict[str, Any]:
+            client = await self._get_client()
+            try:
+                info = await client.info(session_id)
+            except SandboxNotFoundError:
+                raise SandboxMagicError(
+                    f"no session named {args.name!r} in this kernel, nor a server session with that id"
+                ) from None
+            return await client.extend(session_id, info["expires_at"] - info["created_at"] + args.duration)
+
+        info = self._run(extend())
+        ttl = info["expires_at"] - info["created_at"]
+        print(f"session {args.name!r} now ends in {info['seconds_left']:.0f} s (TTL {ttl:.0f} s from its start)")
 
     def _do_put(self, argv: list[str]) -> None:
         parser = subparser("put", ("local", {"metavar": "LOCAL"}), ("remote", {"metavar": "REMOTE", "nargs": "?"}))

@@ -77,6 +77,24 @@ def positive_seconds(what: str) -> Callable[[str], float]:
     return parse
 
 
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``1h`` or ``1d`` (also fractions: ``1.5h``)."""
+    word = text.strip().lower()
+    unit = word[-1:] if word[-1:].isalpha() else ""
+    try:
+        value = float(word[: len(word) - len(unit)]) * _DURATION_UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"a duration is seconds (90, 90s) or minutes, hours, days (30m, 1h, 1d), not {text!r}"
+        ) from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the duration must be positive, not {text!r}")
+    return value
+
+
 def cpus(text: str) -> float:
     try:
         value = float(text)
