@@ -162,6 +162,11 @@ def error_from_json(data: Mapping[str, Any], fallback: str | None = None) -> San
         error = ToolInputError(str(data.get("field") or ""), "")
         error.args = (message,)
         return error
+    if cls is PresetInvalidError and isinstance(data.get("problems"), list):
+        error = PresetInvalidError(message)
+        error.problems = [str(p) for p in data["problems"]]  # type: ignore[attr-defined]
+        error.details = {"problems": error.problems}  # type: ignore[attr-defined]
+        return error
     if cls is SandboxRequestError:
         field = data.get("field")
         return SandboxRequestError(message, field=field if isinstance(field, str) else None)
