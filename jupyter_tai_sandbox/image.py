@@ -5,6 +5,13 @@ The image is the contract's floor: ``sh`` and the busybox applets (``setsid``,
 fractional ``sleep`` ...), ``/proc``, a writable ``/tmp`` and ``/workspace``.
 No registry is needed: the root filesystem is written as a tar stream in memory
 and handed to the engine's image import (about 2 MB, well under a second).
+
+``wget`` is kept, with one trap: Debian's static busybox (1.35) crashes with a
+segmentation fault whenever ``-T``/``--timeout`` is given, even for a literal IP
+address; without it ``wget`` works (``wget -q -O- http://host:port/path``). Bound
+a download with the ``timeout`` applet instead: ``timeout 10 wget ...``. Leaving
+the link out would not help: busybox's shell runs its own applets by name, with
+or without a link.
 """
 
 from __future__ import annotations
