@@ -5,7 +5,8 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { API_NAMESPACE, apiUrl, requestAPI, requestRaw } from './request';
+import { ISessionUsage } from './kernels';
+import { API_NAMESPACE, apiUrl, errorFromResponse, requestAPI, requestRaw, SandboxAPIError } from './request';
 
 export type Isolation = 'none' | 'container' | 'vm';
 export type Network = 'egress' | 'internal' | 'none';
@@ -56,6 +57,9 @@ export interface ISessionInfo {
   expires_at: number;
   seconds_left: number;
   spec: Record<string, unknown>;
+  owner?: string;
+  /** Only in GET sessions/{id}: what the session uses now, as far as the provider can tell. */
+  usage?: ISessionUsage;
 }
 
 export interface IFileEntry {
@@ -121,6 +125,35 @@ export class SandboxClient {
       { method: 'POST', body: JSON.stringify(spec) },
       this.serverSettings
     );
+  }
+
+  /** PATCH sessions/{id}: the session now ends `ttlSeconds` after its creation (400 over the maximum). */
+  setTtl(id: string, ttlSeconds: number): Promise<ISessionInfo> {
+    return requestAPI<ISessionInfo>(
+      this._session(id),
+      { method: 'PATCH', body: JSON.stringify({ ttl_seconds: ttlSeconds }) },
+      this.serverSettings
+    );
+  }
+
+  /**
+   * jupyter_server's own GET /api/sessions (kernel id -> notebook path), not the
+   * sandbox API: how the panel names the notebook a sandboxed kernel serves.
+   */
+  async jupyterSessions(): Promise<unknown[]> {
+    const url = URLExt.join(this.serverSettings.baseUrl, 'api', 'sessions');
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(url, {}, this.serverSettings);
+    } catch (error) {
+      const detail = error instanceof Error ? error.message : String(error);
+      throw new SandboxAPIError(0, 'NetworkError', `Cannot reach the Jupyter server (${detail}).`);
+    }
+    if (!response.ok) {
+      throw await errorFromResponse(response);
+    }
+    const body = await response.json();
+    return Array.isArray(body) ? body : [];
   }
 
   async destroySession(id: string, removeWorkspace = false): Promise<void> {

@@ -16,7 +16,12 @@ import {
   WidgetTracker,
   showDialog
 } from '@jupyterlab/apputils';
-import { FileBrowser, IFileBrowserFactory, Uploader } from '@jupyterlab/filebrowser';
+import {
+  FileBrowser,
+  IDefaultFileBrowser,
+  IFileBrowserFactory,
+  Uploader
+} from '@jupyterlab/filebrowser';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { Widget } from '@lumino/widgets';
 import { ToolbarButton, newFolderIcon, refreshIcon } from '@jupyterlab/ui-components';
@@ -26,6 +31,7 @@ import { NewSessionBody } from './dialogs';
 import { DRIVE_NAME, SandboxDrive } from './drive';
 import { SandboxFiles } from './files';
 import { sandboxDriveIcon, sandboxIcon } from './icon';
+import { EXTEND_SECONDS, extendedTtl } from './kernels';
 import { SessionsModel, describeError, secondsLeft } from './model';
 import { SandboxPanel } from './panel';
 import { ISessionForm, ISpecDefaults, SpecFormError, buildSpec, defaultForm } from './spec';
@@ -33,6 +39,8 @@ import { SandboxTerminal } from './terminal';
 import { SandboxAPIError } from './request';
 
 const PLUGIN_ID = 'jupyter-tai-sandbox:plugin';
+/** Seconds between two measures of the sessions' resource use while the panel shows. */
+const USAGE_SECONDS = 15;
 
 export namespace CommandIDs {
   export const newSession = 'tai-sandbox:new-session';
@@ -41,6 +49,7 @@ export namespace CommandIDs {
   export const browseDrive = 'tai-sandbox:browse-drive';
   export const openFiles = 'tai-sandbox:open-files';
   export const destroy = 'tai-sandbox:destroy';
+  export const extendTtl = 'tai-sandbox:extend-ttl';
   export const showPanel = 'tai-sandbox:show-panel';
 }
 
@@ -81,13 +90,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'Sandbox sessions: a sidebar panel, a terminal into a session and its files.',
   autoStart: true,
-  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry, IFileBrowserFactory],
+  optional: [
+    ICommandPalette,
+    ILayoutRestorer,
+    ISettingRegistry,
+    IFileBrowserFactory,
+    IDefaultFileBrowser
+  ],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
     settingRegistry: ISettingRegistry | null,
-    browserFactory: IFileBrowserFactory | null
+    browserFactory: IFileBrowserFactory | null,
+    defaultBrowser: IDefaultFileBrowser | null
   ) => {
     const { commands, shell } = app;
     const client = new SandboxClient(app.serviceManager.serverSettings);
@@ -96,7 +112,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const model = new SessionsModel({
       client,
       interval: settings.pollIntervalSeconds,
-      standby: () => !panel || !panel.isVisible
+      standby: () => !panel || !panel.isVisible,
+      usageInterval: USAGE_SECONDS
     });
     const files = new Map<string, SandboxFiles>();
     // terminal tabs, restored after a page reload by their session and exec id
@@ -345,13 +362,41 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return true;
     }
 
+    /** "+30 min": PATCH the TTL to the current one plus 30 minutes; a refusal is shown whole. */
+    async function extendTtl(id: string): Promise<boolean> {
+      const info = await fetchSession(id, 'extend the session');
+      if (!info) {
+        return false;
+      }
+      const ttl = extendedTtl(info, EXTEND_SECONDS);
+      try {
+        const updated = await client.setTtl(id, ttl);
+        panel?.clearError();
+        model.updateLocally(updated);
+        Notification.success(
+          `Sandbox session ${id} now ends ${Math.round(EXTEND_SECONDS / 60)} minutes later.`,
+          { autoClose: 3000 }
+        );
+        return true;
+      } catch (error) {
+        reportError(`Could not extend session ${id}:`, describeError(error));
+        return false;
+      } finally {
+        void model.refreshSoon();
+      }
+    }
+
     panel = new SandboxPanel({
       model,
       actions: {
         newSession: () => void commands.execute(CommandIDs.newSession),
         openTerminal: id => void commands.execute(CommandIDs.openTerminal, { id }),
         openFiles: id => void commands.execute(CommandIDs.openFiles, { id }),
-        destroy: id => void commands.execute(CommandIDs.destroy, { id })
+        destroy: id => void commands.execute(CommandIDs.destroy, { id }),
+        extendTtl: async id => {
+          await commands.execute(CommandIDs.extendTtl, { id });
+        },
+        openDocument: path => void commands.execute('docmanager:open', { path })
       }
     });
     panel.title.icon = sandboxIcon;
@@ -368,6 +413,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         refreshInterval: 5000
       });
       const browser = driveBrowser;
+      keepDefaultBrowserCurrent(browserFactory, browser, defaultBrowser);
       browser.addClass('jp-TaiSandbox-drive');
       const heading = new Widget({ node: document.createElement('h2') });
       heading.node.textContent = 'Sandbox files';
@@ -451,6 +497,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
         return id ? destroy(id) : false;
       }
     });
+    commands.addCommand(CommandIDs.extendTtl, {
+      label: 'Extend Sandbox Session by 30 Minutes',
+      caption: 'Reap a sandbox session 30 minutes later (within the operator\'s maximum)',
+      execute: async args => {
+        const id = await pickSession(args, 'extend');
+        return id ? extendTtl(id) : false;
+      }
+    });
     commands.addCommand(CommandIDs.showPanel, {
       label: 'Show Sandbox Sessions',
       execute: () => shell.activateById(panel!.id)
@@ -463,6 +517,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         CommandIDs.openTerminal,
         CommandIDs.openFiles,
         CommandIDs.destroy,
+        CommandIDs.extendTtl,
         CommandIDs.showPanel,
         CommandIDs.browseDrive
       ]) {
@@ -489,5 +544,41 @@ const plugin: JupyterFrontEndPlugin<void> = {
     model.start();
   }
 };
+
+/**
+ * JupyterLab's launcher creates a notebook in `cwd || tracker.currentWidget.model.path`:
+ * at the server's root (cwd '') it falls back to the file browsers' tracker, whose
+ * current widget is the last browser added while nothing had focus. That would be
+ * the Sandbox drive's browser, so "Notebook" in the launcher would try to create the
+ * file in the Sandbox drive. Until the user focuses the drive's browser, give
+ * "current" back to the default file browser.
+ */
+function keepDefaultBrowserCurrent(
+  factory: IFileBrowserFactory,
+  browser: FileBrowser,
+  defaultBrowser: FileBrowser | null
+): void {
+  if (!defaultBrowser) {
+    return;
+  }
+  const tracker = factory.tracker;
+  // WidgetTracker has no public setter for its current widget: its pool's `current` is it
+  const pool = (tracker as any)._pool as { current: FileBrowser | null } | undefined;
+  const fix = () => {
+    const focused = browser.node.contains(document.activeElement);
+    if (
+      tracker.currentWidget === browser &&
+      !focused &&
+      !defaultBrowser.isDisposed &&
+      tracker.has(defaultBrowser) &&
+      pool &&
+      'current' in pool
+    ) {
+      pool.current = defaultBrowser;
+    }
+  };
+  tracker.currentChanged.connect(fix);
+  fix();
+}
 
 export default plugin;

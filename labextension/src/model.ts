@@ -7,6 +7,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { ISessionInfo, IStatus, SandboxClient } from './api';
+import { IKernelUser, ISessionUsage, kernelIdOf, usersByKernel } from './kernels';
 import { SandboxAPIError } from './request';
 
 /**
@@ -24,6 +25,10 @@ export interface IPanelState {
   fetchedAt: number;
   /** What went wrong, for the status row, when connection is unreachable or error. */
   problem: string | null;
+  /** Kernel id -> the notebooks it serves (jupyter_server's sessions), for kernel sessions. */
+  kernels: Record<string, IKernelUser[]>;
+  /** Session id -> its last measured resource use (GET sessions/{id}'s `usage`). */
+  usage: Record<string, ISessionUsage>;
 }
 
 export const INITIAL_STATE: IPanelState = {
@@ -31,7 +36,9 @@ export const INITIAL_STATE: IPanelState = {
   status: null,
   sessions: [],
   fetchedAt: 0,
-  problem: null
+  problem: null,
+  kernels: {},
+  usage: {}
 };
 
 /** A message for the user when the state changes in a way they must hear about. */
@@ -46,16 +53,31 @@ export interface INotice {
 export function stateFromFetch(
   status: IStatus,
   sessions: ISessionInfo[],
-  now: number
+  now: number,
+  extra: { kernels?: Record<string, IKernelUser[]>; usage?: Record<string, ISessionUsage> } = {}
 ): IPanelState {
   const off = status.kind === 'off';
+  const live = new Set(off ? [] : sessions.map(s => s.id));
+  const usage: Record<string, ISessionUsage> = {};
+  for (const [id, measured] of Object.entries(extra.usage ?? {})) {
+    if (live.has(id)) {
+      usage[id] = measured;
+    }
+  }
   return {
     connection: off ? 'off' : 'ok',
     status,
     sessions: off ? [] : sortSessions(sessions),
     fetchedAt: now,
-    problem: null
+    problem: null,
+    kernels: off ? {} : (extra.kernels ?? {}),
+    usage
   };
+}
+
+/** True when some session is a sandboxed kernel's (its notebook is worth looking up). */
+export function hasKernelSessions(sessions: ISessionInfo[]): boolean {
+  return sessions.some(s => kernelIdOf(s.consumer) !== null);
 }
 
 /** The state after a failed fetch: keep what we knew, say what failed. */
@@ -179,6 +201,11 @@ export namespace SessionsModel {
     interval?: number;
     /** When true the poll sleeps (e.g. while the panel is hidden); default: when the page is hidden. */
     standby?: () => boolean;
+    /**
+     * Seconds between two measures of each session's resource use (one GET
+     * sessions/{id} each, in the background); 0 (default): never.
+     */
+    usageInterval?: number;
   }
 }
 
@@ -188,6 +215,7 @@ export class SessionsModel {
     this.client = options.client;
     this._interval = (options.interval ?? 3) * 1000;
     this._standby = options.standby ?? (() => false);
+    this._usageEvery = (options.usageInterval ?? 0) * 1000;
   }
 
   readonly client: SandboxClient;
@@ -239,7 +267,8 @@ export class SessionsModel {
     try {
       const status = await this.client.status();
       const sessions = status.kind === 'off' ? [] : await this.client.listSessions();
-      next = stateFromFetch(status, sessions, Date.now());
+      const kernels = hasKernelSessions(sessions) ? await this._kernelUsers() : {};
+      next = stateFromFetch(status, sessions, Date.now(), { kernels, usage: this._state.usage });
     } catch (error) {
       this._set(stateFromError(this._state, error));
       if (rethrow) {
@@ -248,7 +277,65 @@ export class SessionsModel {
       return this._state;
     }
     this._set(next);
+    this._measureSoon(next);
     return next;
+  }
+
+  /** Measure the sessions' resource use now (one GET sessions/{id} each); failures are skipped. */
+  async refreshUsage(ids?: string[]): Promise<void> {
+    const wanted = ids ?? this._state.sessions.map(s => s.id);
+    const results = await Promise.all(
+      wanted.map(id => this.client.getSession(id).then(info => info.usage ?? null, () => null))
+    );
+    const usage = { ...this._state.usage };
+    let changed = false;
+    results.forEach((measured, i) => {
+      if (measured) {
+        usage[wanted[i]] = measured;
+        changed = true;
+      }
+    });
+    if (changed && !this._isDisposed) {
+      const live = new Set(this._state.sessions.map(s => s.id));
+      for (const id of Object.keys(usage)) {
+        if (!live.has(id)) {
+          delete usage[id];
+        }
+      }
+      this._set({ ...this._state, usage });
+    }
+  }
+
+  /** Replace a session's row with the server's answer (after a TTL change), counting down from now. */
+  updateLocally(session: ISessionInfo, now = Date.now()): void {
+    if (!this._state.sessions.some(s => s.id === session.id)) {
+      return;
+    }
+    this.addLocally(session, now);
+  }
+
+  /** kernel id -> notebooks, from jupyter_server; a failure keeps what was known. */
+  private async _kernelUsers(): Promise<Record<string, IKernelUser[]>> {
+    try {
+      return usersByKernel(await this.client.jupyterSessions());
+    } catch {
+      return this._state.kernels;
+    }
+  }
+
+  private _measureSoon(state: IPanelState): void {
+    if (!this._usageEvery || this._measuring || state.connection !== 'ok' || !state.sessions.length) {
+      return;
+    }
+    const now = Date.now();
+    if (now - this._measuredAt < this._usageEvery) {
+      return;
+    }
+    this._measuredAt = now;
+    this._measuring = true;
+    void this.refreshUsage().finally(() => {
+      this._measuring = false;
+    });
   }
 
   /** Refresh at once and restart the poll's clock (after a create or a destroy). */
@@ -309,6 +396,9 @@ export class SessionsModel {
   private _interval: number;
   private _standby: () => boolean;
   private _poll: Poll | null = null;
+  private _usageEvery = 0;
+  private _measuredAt = 0;
+  private _measuring = false;
   private _isDisposed = false;
   private _changed = new Signal<this, IPanelState>(this);
   private _notice = new Signal<this, INotice>(this);

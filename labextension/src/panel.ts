@@ -16,6 +16,7 @@ import { Panel, Widget } from '@lumino/widgets';
 import { ISessionInfo } from './api';
 import { button } from './files';
 import { IPanelState, SessionsModel, formatDuration, secondsLeft, statusLine } from './model';
+import { EXTEND_SECONDS, kernelIdOf, kernelServesText, usageText, usageTitle } from './kernels';
 
 export namespace SandboxPanel {
   export interface IActions {
@@ -23,6 +24,10 @@ export namespace SandboxPanel {
     openTerminal(id: string): void;
     openFiles(id: string): void;
     destroy(id: string): void;
+    /** Add EXTEND_SECONDS to the session's TTL (PATCH); resolves once answered. */
+    extendTtl(id: string): Promise<void>;
+    /** Open a document of the server (the notebook a kernel serves). */
+    openDocument(path: string): void;
   }
   export interface IOptions {
     model: SessionsModel;
@@ -179,12 +184,40 @@ export class SandboxPanel extends SidePanel {
 
     const id = document.createElement('div');
     id.className = 'jp-TaiSandbox-sessionId';
-    id.textContent = session.id;
-    id.title = session.workspace;
+    const idText = document.createElement('span');
+    idText.textContent = session.id;
+    idText.title = session.workspace;
+    id.append(idText);
+    const kernelId = kernelIdOf(session.consumer);
+    if (kernelId) {
+      item.classList.add('jp-mod-kernel');
+      item.dataset.kernelId = kernelId;
+      const badge = document.createElement('span');
+      badge.className = 'jp-TaiSandbox-badge jp-TaiSandbox-kernelBadge';
+      badge.textContent = 'kernel';
+      badge.title = `The session of sandboxed kernel ${kernelId}`;
+      id.append(' ', badge);
+    }
+    const kernelLine = document.createElement('div');
+    kernelLine.className = 'jp-TaiSandbox-kernelServes';
+    kernelLine.hidden = !kernelId;
     const details = document.createElement('div');
     details.className = 'jp-TaiSandbox-sessionDetails';
-    const left = document.createElement('div');
+    const usage = document.createElement('div');
+    usage.className = 'jp-TaiSandbox-usage';
+    usage.hidden = true;
+    const timeRow = document.createElement('div');
+    timeRow.className = 'jp-TaiSandbox-timeRow';
+    const left = document.createElement('span');
     left.className = 'jp-TaiSandbox-timeLeft';
+    const extend = button('+30 min', `Reap this session ${EXTEND_SECONDS / 60} minutes later`, () => {
+      extend.disabled = true;
+      void this._actions.extendTtl(session.id).finally(() => {
+        extend.disabled = false;
+      });
+    });
+    extend.classList.add('jp-TaiSandbox-extend');
+    timeRow.append(left, extend);
 
     const actions = document.createElement('div');
     actions.className = 'jp-TaiSandbox-sessionActions';
@@ -202,7 +235,7 @@ export class SandboxPanel extends SidePanel {
     destroy.classList.add('jp-mod-warn', 'jp-TaiSandbox-destroy');
     actions.append(terminal, files, destroy);
 
-    item.append(id, details, left, actions);
+    item.append(id, kernelLine, details, usage, timeRow, actions);
     return item;
   }
 
@@ -230,10 +263,53 @@ export class SandboxPanel extends SidePanel {
         return span;
       })
     );
+    const kernelId = kernelIdOf(session.consumer);
+    if (kernelId) {
+      this._fillKernel(item.querySelector('.jp-TaiSandbox-kernelServes') as HTMLElement, kernelId, state);
+    }
+    const usage = item.querySelector('.jp-TaiSandbox-usage') as HTMLElement;
+    const measured = state.usage[session.id];
+    const text = usageText(measured);
+    usage.hidden = !text;
+    usage.textContent = text ? `usage: ${text}` : '';
+    usage.title = usageTitle(measured);
     (item.querySelector('.jp-TaiSandbox-timeLeft') as HTMLElement).textContent = timeLeftText(
       session,
       state
     );
+  }
+
+  /** `serves: <notebook>` (a link that opens it) under a kernel session's id. */
+  private _fillKernel(line: HTMLElement, kernelId: string, state: IPanelState): void {
+    const users = state.kernels[kernelId] ?? [];
+    const key = JSON.stringify(users);
+    if (line.dataset.users === key) {
+      return;
+    }
+    line.dataset.users = key;
+    const label = document.createElement('span');
+    label.className = 'jp-TaiSandbox-fieldLabel';
+    label.textContent = 'serves: ';
+    line.replaceChildren(label);
+    if (!users.length) {
+      const none = document.createElement('span');
+      none.textContent = kernelServesText(users);
+      line.append(none);
+      return;
+    }
+    users.forEach((user, i) => {
+      const link = document.createElement('a');
+      link.className = 'jp-TaiSandbox-notebook';
+      link.href = '#';
+      link.dataset.path = user.path;
+      link.textContent = kernelServesText([user]);
+      link.title = `Open ${user.path}`;
+      link.addEventListener('click', event => {
+        event.preventDefault();
+        this._actions.openDocument(user.path);
+      });
+      line.append(...(i ? [', ', link] : [link]));
+    });
   }
 
   private _model: SessionsModel;
