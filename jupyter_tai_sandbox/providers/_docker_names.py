@@ -7,7 +7,11 @@ Every container, volume and network the provider makes carries labels under
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Mapping
+
+from ..contract import SessionSpec
 
 WORKSPACE = "/workspace"
 LABEL = "jupyter-tai-sandbox"
@@ -37,6 +41,23 @@ CONTAINER_PREFIX = "tai-"
 #: where a pooled session's spec env is kept inside its container, for a restarted server
 POOLED_ENV_FILE = "/tmp/.tai-sbx-env.json"
 SESSION_ID = re.compile(r"^sbx-[0-9a-f]{16}$")
+
+
+def session_labels(
+    session_id: str, spec: SessionSpec, created: float, expires: float, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The labels a session's container (or service) carries: how any server finds, lists and reaps it."""
+    labels = {
+        **extra,
+        LABEL_SESSION: session_id,
+        LABEL_CONSUMER: spec.consumer,
+        LABEL_CREATED: repr(created),
+        LABEL_EXPIRES: repr(expires),
+        LABEL_SPEC: json.dumps(spec.to_public_json()),
+    }
+    if spec.owner is not None:
+        labels[LABEL_OWNER] = spec.owner
+    return labels
 
 
 def is_session_id(value: object) -> bool:

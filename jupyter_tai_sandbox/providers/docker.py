@@ -64,6 +64,7 @@ from ._docker_names import (
     WORKSPACE,
     is_session_id,
     owner_network,
+    session_labels,
     workspace_volume,
 )
 from ._docker_pool import PooledSession, WarmPool
@@ -519,16 +520,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
-        labels = {
-            **self.extra_labels,
-            LABEL_SESSION: session_id,
-            LABEL_CONSUMER: spec.consumer,
-            LABEL_CREATED: repr(now),
-            LABEL_EXPIRES: repr(expires),
-            LABEL_SPEC: json.dumps(spec.to_public_json()),
-        }
-        if spec.owner is not None:
-            labels[LABEL_OWNER] = spec.owner
+        labels = session_labels(session_id, spec, now, expires, self.extra_labels)
         if self._poolable(spec):
             container_id = self._pool.take()
             if container_id is not None:

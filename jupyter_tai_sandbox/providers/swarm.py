@@ -35,7 +35,6 @@ from ..contract import (
 from ..errors import SandboxConflictError
 from ._common import new_session_id
 from ._docker_names import (
-    LABEL_CONSUMER,
     LABEL_CREATED,
     LABEL_EXPIRES,
     LABEL_NETWORK,
@@ -45,6 +44,7 @@ from ._docker_names import (
     LABEL_WORKSPACE,
     WORKSPACE,
     is_session_id,
+    session_labels,
     workspace_volume,
 )
 from ._docker_session import CommandRegistry, SessionSite
@@ -352,16 +352,7 @@ class SwarmSandbox(DockerSandbox):
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
-        labels = {
-            **self.extra_labels,
-            LABEL_SESSION: session_id,
-            LABEL_CONSUMER: spec.consumer,
-            LABEL_CREATED: repr(now),
-            LABEL_EXPIRES: repr(expires),
-            LABEL_SPEC: json.dumps(spec.to_public_json()),
-        }
-        if spec.owner is not None:
-            labels[LABEL_OWNER] = spec.owner
+        labels = session_labels(session_id, spec, now, expires, self.extra_labels)
         pin = await self._pin(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
         template = self._task_template(spec, labels, network, pin)
