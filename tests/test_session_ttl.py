@@ -26,10 +26,9 @@ def make_provider(kind: str, root, **traits):
     return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
 
 
-@pytest.mark.parametrize("pool", [0, 1])
-def test_a_new_expiry_is_durable_and_the_reaper_honours_it(provider, tmp_path, pool):
-    if provider == "local" and pool:
-        pytest.skip("the local provider has no warm pool")
+@pytest.mark.parametrize(("kind", "pool"), [("local", 0), ("docker", 0), ("docker", 1)])
+def test_a_new_expiry_is_durable_and_the_reaper_honours_it(kind, tmp_path, pool):
+    provider = kind
     traits = {"pool_size": pool} if pool else {}
 
     async def main():
