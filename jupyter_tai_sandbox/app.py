@@ -289,7 +289,9 @@ class SandboxApp(ExtensionApp):
             else:
                 os.environ[name] = value
         self._saved_env = {}
-        await self.execs.close()
+        execs = getattr(self, "execs", None)  # None when the settings were never initialized
+        if execs is not None:
+            await execs.close()
         sandbox = self.sandbox
         if sandbox is None:
             if sandboxes.failure() is not None:
