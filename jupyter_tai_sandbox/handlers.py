@@ -143,11 +143,21 @@ class ExecHandler(SandboxAPIHandler):
         result = await session.run(request)
         self.touch()
         self.set_header("Content-Type", "application/json")
+        if len(result.stdout) + len(result.stderr) <= _RESPONSE_SLICE:
+            # the usual small answer: one body, one write
+            out, err = (self._small_output(data, encoding) for data in (result.stdout, result.stderr))
+            self.finish(json.dumps({"exit_code": result.exit_code, "encoding": encoding, "stdout": out, "stderr": err}))
+            return
         self.write(f'{{"exit_code": {result.exit_code}, "encoding": "{encoding}", "stdout": "')
         await self._write_output(result.stdout, encoding)
         self.write('", "stderr": "')
         await self._write_output(result.stderr, encoding)
         self.finish('"}')
+
+    def _small_output(self, data: bytes, encoding: str) -> str:
+        if encoding == "base64":
+            return base64.b64encode(self.policy.scrub_bytes(data)).decode()
+        return self.policy.scrub(data.decode(errors="replace"))
 
     async def _write_output(self, data: bytes, encoding: str) -> None:
         """One output stream as the inside of a JSON string, scrubbed, in bounded slices."""

@@ -17,6 +17,7 @@ An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
 
 from __future__ import annotations
 
+import functools
 import getpass
 import math
 import re
@@ -41,6 +42,7 @@ ADMIN_RESOURCE = "jupyter_tai_sandbox:admin"
 SHARED_SECRET_PROVIDERS = (IdentityProvider, PasswordIdentityProvider, LegacyIdentityProvider)
 
 
+@functools.lru_cache(maxsize=1)
 def server_owner() -> str:
     """The principal of a server whose only credential is its token or password."""
     try:
