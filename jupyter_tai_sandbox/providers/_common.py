@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import io
 import posixpath
 import secrets
 
@@ -52,8 +53,9 @@ async def run_to_end(handle: ExecHandle, output_limit: int | None = None) -> Exe
     Past ``output_limit`` bytes (stdout and stderr together) the command is stopped and
     :class:`~jupyter_tai_sandbox.errors.OutputTooLargeError` says how much it had given.
     """
-    out: list[bytes] = []
-    err: list[bytes] = []
+    # BytesIO hands its buffer over at getvalue() without a copy: the output is held about once,
+    # where a list of chunks joined at the end held it twice at the peak
+    out, err = io.BytesIO(), io.BytesIO()
     counts = {"stdout": 0, "stderr": 0}
     try:
         async for item in handle.output:
@@ -61,9 +63,9 @@ async def run_to_end(handle: ExecHandle, output_limit: int | None = None) -> Exe
                 counts[item.stream] += len(item.data)
                 if output_limit is not None and counts["stdout"] + counts["stderr"] > output_limit:
                     raise _too_much_output(output_limit, counts)
-                (out if item.stream == "stdout" else err).append(item.data)
+                (out if item.stream == "stdout" else err).write(item.data)
             else:
-                return ExecResult(item.exit_code, b"".join(out), b"".join(err))
+                return ExecResult(item.exit_code, out.getvalue(), err.getvalue())
     except BaseException:
         with contextlib.suppress(SandboxError):
             await asyncio.shield(handle.kill())
