@@ -193,9 +193,9 @@ class SessionSpec:
             )
         if self.workspace_key is not None and self.durability != "persistent":
             raise _reject("workspace_key names a persistent workspace: set durability='persistent'")
-        if not _is_positive_number(self.ttl_seconds):
+        if not is_positive_number(self.ttl_seconds):
             raise _reject(f"ttl_seconds must be a positive number of seconds, not {self.ttl_seconds!r}")
-        if self.cpu is not None and not _is_positive_number(self.cpu):
+        if self.cpu is not None and not is_positive_number(self.cpu):
             raise _reject(f"cpu must be a positive number of CPUs, not {self.cpu!r}")
         if self.memory_mb is not None and (
             isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int) or self.memory_mb <= 0
@@ -249,7 +249,8 @@ class SessionSpec:
             raise _reject(str(e)) from None
 
 
-def _is_positive_number(value: Any) -> bool:
+def is_positive_number(value: Any) -> bool:
+    """A JSON or Python number that is finite and > 0 (bools, strings and 10**400 are not)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     try:
@@ -428,7 +429,7 @@ class ExecRequest:
             size += _encoded_size("argv", arg) + 1 + 8
         if not argv[0]:
             raise _bad("argv", "argv[0] is empty: name the program to run")
-        if not _is_positive_number(self.timeout_seconds):
+        if not is_positive_number(self.timeout_seconds):
             raise _bad("timeout_seconds", f"a positive number of seconds is required, not {self.timeout_seconds!r}")
         if not isinstance(self.env, Mapping):
             raise _bad("env", "an object of variable names to string values")

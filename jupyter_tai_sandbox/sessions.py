@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import getpass
-import math
 import re
 import time
 from collections.abc import Mapping
@@ -29,7 +28,14 @@ from typing import Any
 from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvider, PasswordIdentityProvider
 
 from . import sandboxes
-from .contract import DEFAULT_TTL_SECONDS, SandboxNotFoundError, SandboxSession, SessionInfo, SessionSpec
+from .contract import (
+    DEFAULT_TTL_SECONDS,
+    SandboxNotFoundError,
+    SandboxSession,
+    SessionInfo,
+    SessionSpec,
+    is_positive_number,
+)
 from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError, SandboxRequestError
 
 #: what a session id may look like (anything else is answered like an unknown id, before a provider sees it)
@@ -180,7 +186,7 @@ class SessionRegistry:
                 f"unknown field(s): {', '.join(unknown)}; known: ttl_seconds", field=unknown[0]
             )
         ttl = data.get("ttl_seconds")
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(float(ttl)) or ttl <= 0:
+        if not is_positive_number(ttl):  # the spec's own check: 10**400 or "1" is a 400, not an OverflowError
             raise SandboxRequestError(
                 "ttl_seconds: required, a positive number of seconds counted from the session's creation",
                 field="ttl_seconds",
