@@ -139,3 +139,36 @@ def start_engine() -> None:
                 )
         time.sleep(1)
     raise AssertionError(f"dockerd did not come back within 90 s: see {ENGINE_LOG}")
+
+
+# ------------------------------------------------------------------ the fault tests' shared pieces
+
+#: the tests that freeze or kill the shared engine run only in CI, or when asked for
+DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
+disturbs_engine = pytest.mark.skipif(
+    not DISTURB, reason="stops the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
+)
+
+
+def fault_provider(**traits):  # -> DockerSandbox
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+
+
+def fault_spec(**changes):  # -> SessionSpec
+    from jupyter_tai_sandbox.contract import SessionSpec
+
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-fault-tests", **changes})
+
+
+async def timed(awaitable, limit: float) -> tuple[float, object]:
+    """(seconds taken, result or exception), never longer than ``limit``."""
+    import asyncio
+
+    started = time.monotonic()
+    try:
+        result: object = await asyncio.wait_for(awaitable, limit)
+    except Exception as e:  # the outcome is what we look at
+        result = e
+    return time.monotonic() - started, result

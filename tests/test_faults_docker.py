@@ -17,23 +17,24 @@ import signal
 import time
 
 import pytest
-from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, engine_pid, in_ci, leftovers
+from docker_support import (
+    disturbs_engine,
+    docker_client,
+    engine_pid,
+    fault_provider,
+    fault_spec,
+    leftovers,
+    timed,
+)
 
 from jupyter_tai_sandbox.contract import (
     OutputChunk,
     SandboxError,
     SandboxExecTimeoutError,
     SandboxUnavailableError,
-    SessionSpec,
 )
 from jupyter_tai_sandbox.errors import OutputTooLargeError
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.spool import OutputSpool
-
-DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
-disturbs_engine = pytest.mark.skipif(
-    not DISTURB, reason="stops the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
-)
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +42,6 @@ def client():
     client = docker_client()
     yield client
     client.close()
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(**changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-fault-tests", **changes})
 
 
 def rss_kib() -> int:
@@ -70,23 +63,13 @@ def spilled_bytes() -> int:
     return total
 
 
-async def timed(awaitable, limit: float) -> tuple[float, object]:
-    """(seconds taken, result or exception), never longer than ``limit``."""
-    started = time.monotonic()
-    try:
-        result: object = await asyncio.wait_for(awaitable, limit)
-    except Exception as e:  # the outcome is what we look at
-        result = e
-    return time.monotonic() - started, result
-
-
 def test_a_fork_bomb_is_contained_and_stopped_at_its_deadline(client):
     """busybox sh takes no ``:`` as a function name: the bomb is ``b(){ b|b& }`` in a loop."""
 
     async def main() -> None:
-        sandbox = provider(pids_limit=128)
-        session = await sandbox.create(spec())
-        other = await sandbox.create(spec())
+        sandbox = fault_provider(pids_limit=128)
+        session = await sandbox.create(fault_spec())
+        other = await sandbox.create(fault_spec())
         try:
             bomb = asyncio.ensure_future(
                 timed(session.exec(["sh", "-c", "b(){ b|b& }; while :; do b; done"], timeout_seconds=6), 30)
@@ -121,8 +104,8 @@ def test_yes_nobody_reads_keeps_memory_bounded_and_the_spill_within_its_cap(clie
     monkeypatch.setattr(OutputSpool, "default_disk_limit", cap)
 
     async def main() -> None:
-        sandbox = provider(output_memory_limit=4 << 20)
-        session = await sandbox.create(spec())
+        sandbox = fault_provider(output_memory_limit=4 << 20)
+        session = await sandbox.create(fault_spec())
         try:
             before = rss_kib()
             handle = await session.exec_start(["yes"], timeout_seconds=20)
@@ -151,8 +134,8 @@ def test_yes_nobody_reads_keeps_memory_bounded_and_the_spill_within_its_cap(clie
 @disturbs_engine
 def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client):
     async def main() -> None:
-        sandbox = provider(engine_timeout_seconds=2, engine_slow_timeout_seconds=3, transfer_idle_seconds=3)
-        session = await sandbox.create(spec())
+        sandbox = fault_provider(engine_timeout_seconds=2, engine_slow_timeout_seconds=3, transfer_idle_seconds=3)
+        session = await sandbox.create(fault_spec())
         await session.put_file("kept.txt", b"kept")
         running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=4)
         pid = engine_pid()
@@ -165,7 +148,7 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client):
                 timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
                 timed(session.get_file("kept.txt"), 15),
                 timed(session.put_file("new.txt", b"new"), 15),
-                timed(sandbox.create(spec()), 15),
+                timed(sandbox.create(fault_spec()), 15),
             )
             thawed_in = 6 - (time.monotonic() - frozen_at)
             if thawed_in > 0:
@@ -188,7 +171,7 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client):
             # the provider works again
             assert (await asyncio.wait_for(session.exec(["echo", "back"], timeout_seconds=10), 20)).stdout == b"back\n"
             assert await asyncio.wait_for(session.get_file("kept.txt"), 20) == b"kept"
-            fresh = await asyncio.wait_for(sandbox.create(spec()), 30)
+            fresh = await asyncio.wait_for(sandbox.create(fault_spec()), 30)
             await fresh.destroy()
         finally:
             await session.destroy()

@@ -13,10 +13,9 @@ import signal
 import time
 
 import pytest
-from docker_support import engine_pid, in_ci
+from docker_support import DISTURB, engine_pid
 from server_support import call, server_config
 
-DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
 pytestmark = pytest.mark.skipif(
     not DISTURB, reason="freezes the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
 )

@@ -12,18 +12,20 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 
 import pytest
-from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, engine_pid, in_ci, leftovers, start_engine
-
-from jupyter_tai_sandbox.contract import SandboxError, SandboxUnavailableError, SessionSpec
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
-DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
-disturbs_engine = pytest.mark.skipif(
-    not DISTURB, reason="stops the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
+from docker_support import (
+    disturbs_engine,
+    docker_client,
+    engine_pid,
+    fault_provider,
+    fault_spec,
+    leftovers,
+    start_engine,
+    timed,
 )
+
+from jupyter_tai_sandbox.contract import SandboxError, SandboxUnavailableError
 
 
 @pytest.fixture(scope="module")
@@ -33,31 +35,13 @@ def client():
     client.close()
 
 
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(**changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-fault-tests", **changes})
-
-
-async def timed(awaitable, limit: float) -> tuple[float, object]:
-    """(seconds taken, result or exception), never longer than ``limit``."""
-    started = time.monotonic()
-    try:
-        result: object = await asyncio.wait_for(awaitable, limit)
-    except Exception as e:  # the outcome is what we look at
-        result = e
-    return time.monotonic() - started, result
-
-
 @disturbs_engine
 def test_zz_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client):
     """Last in the module: SIGKILL dockerd under a live session and a running command, start it again."""
 
     async def main() -> None:
-        sandbox = provider(engine_timeout_seconds=3, engine_slow_timeout_seconds=5, transfer_idle_seconds=3)
-        session = await sandbox.create(spec())
+        sandbox = fault_provider(engine_timeout_seconds=3, engine_slow_timeout_seconds=5, transfer_idle_seconds=3)
+        session = await sandbox.create(fault_spec())
         running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=60)
         os.kill(engine_pid(), signal.SIGKILL)
         try:
@@ -66,7 +50,7 @@ def test_zz_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client
                 timed(sandbox.list(), 15),
                 timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
                 timed(session.get_file("x.txt"), 15),
-                timed(sandbox.create(spec()), 15),
+                timed(sandbox.create(fault_spec()), 15),
             )
 
             async def drain() -> None:
@@ -82,7 +66,7 @@ def test_zz_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client
         took, result = ended
         assert took < 10 and isinstance(result, SandboxError), result
         # the engine is back: new sessions work, and what was left is reaped
-        fresh = await asyncio.wait_for(sandbox.create(spec()), 60)
+        fresh = await asyncio.wait_for(sandbox.create(fault_spec()), 60)
         assert (await fresh.exec(["echo", "ok"], timeout_seconds=10)).stdout == b"ok\n"
         await fresh.destroy()
         reaped: list[str] = []
