@@ -62,6 +62,15 @@ async def procs(session, pattern: str) -> list[str]:
     return [line for line in result.stdout.decode().splitlines() if "for d in /proc" not in line]
 
 
+async def left_after(session, pattern: str, within: float = 20.0) -> list[str]:
+    """The session's processes that mention ``pattern`` once none are left, or ``within`` s of the
+    clock have passed (then the ones still there)."""
+    deadline = time.monotonic() + within
+    while (left := await procs(session, pattern)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return left
+
+
 def test_a_stalled_download_delays_no_command_of_its_session_and_resumes(client):
     """The consumer takes one chunk and then nothing for 10 s: a 3 s deadline still fires on time."""
 
@@ -90,7 +99,7 @@ def test_a_stalled_download_delays_no_command_of_its_session_and_resumes(client)
             async for chunk in chunks:
                 got += len(chunk)
             assert got == BIG
-            assert await procs(session, "tai-sbx") == []
+            assert await left_after(session, "tai-sbx") == []
         finally:
             await session.destroy()
             await sandbox.close()
@@ -141,26 +150,21 @@ def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
             await make_big(session)
             chunks = session.iter_file("big.bin", 1 << 16)
             await anext(chunks)
-            assert await procs(session, "tai-sbx") != []  # the transfer's command is there while it runs
+            assert await procs(session, "big.bin") != []  # the transfer's command is there while it runs
             await asyncio.sleep(4)
             with pytest.raises(TransferIdleError, match="transfer_idle_seconds"):
                 async for _ in chunks:
                     pass
-            # its command in the session was stopped
-            for _ in range(50):
-                if await procs(session, "tai-sbx") == []:
-                    break
-                await asyncio.sleep(0.2)
-            assert await procs(session, "tai-sbx") == []
+            # its command in the session was stopped (its wrappers and the command name the file),
+            # and the stop ended too (every helper names /tmp/.tai-sbx-<token>)
+            assert await left_after(session, "big.bin") == []
+            assert await left_after(session, "tai-sbx") == []
             # a consumer that leaves early stops the command too
             chunks = session.iter_file("big.bin", 1 << 16)
             await anext(chunks)
             await chunks.aclose()
-            for _ in range(50):
-                if await procs(session, "tai-sbx") == []:
-                    break
-                await asyncio.sleep(0.2)
-            assert await procs(session, "tai-sbx") == []
+            assert await left_after(session, "big.bin") == []
+            assert await left_after(session, "tai-sbx") == []
         finally:
             await session.destroy()
             await sandbox.close()
@@ -309,11 +313,7 @@ def test_one_shot_output_limit_stops_the_command_with_byte_counts(client):
             error = caught.value
             assert error.stdout_bytes + error.stderr_bytes > 1 << 20
             assert "max_output_bytes" in str(error)
-            for _ in range(25):
-                if await procs(session, "yes") == []:
-                    break
-                await asyncio.sleep(0.2)
-            assert await procs(session, "yes") == []
+            assert await left_after(session, "yes") == []
             # under the limit, a one-shot is whole
             result = await session.run(ExecRequest(["sh", "-c", "head -c 1000 /dev/zero"], 30, output_limit=1 << 20))
             assert len(result.stdout) == 1000
@@ -333,11 +333,7 @@ def test_unread_output_past_the_spill_cap_stops_the_command(client, monkeypatch)
         try:
             handle = await session.exec_start(["yes"], timeout_seconds=60)
             started = time.monotonic()
-            for _ in range(100):  # nobody reads: the cap stops it
-                await asyncio.sleep(0.2)
-                if await procs(session, "yes") == []:
-                    break
-            assert await procs(session, "yes") == []
+            assert await left_after(session, "yes") == []  # nobody reads: the cap stops it
             assert time.monotonic() - started < 20
             given = 0
             with pytest.raises(OutputTooLargeError) as caught:

@@ -249,6 +249,29 @@ def open_panel(page: Any, lab: Lab) -> Any:
     return panel
 
 
+def type_in_editor(page: Any, editor: Any, text: str, *, replace: bool = False) -> None:
+    """Type ``text`` into a CodeMirror editor (its ``.cm-content``) and check that it landed there.
+
+    Keys typed while JupyterLab still moves the focus would go elsewhere (a notebook that finishes
+    starting takes it back, in command mode, where letters are shortcuts), so the editor must hold
+    the focus first and contain the text after. ``replace`` types over the editor's whole text,
+    trying again when the text did not land; otherwise the text goes at its end, once.
+    """
+    from playwright.sync_api import expect
+
+    for attempt in range(3 if replace else 1):
+        editor.click()
+        expect(editor).to_be_focused()
+        page.keyboard.press("Control+a" if replace else "Control+End")
+        page.keyboard.type(text)
+        try:
+            expect(editor).to_contain_text(text, timeout=5_000)
+            return
+        except AssertionError:
+            if attempt == (2 if replace else 0):
+                raise
+
+
 def terminal_text(terminal: Any) -> str:
     return terminal.locator(".xterm-rows").inner_text()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import test_panel_browser as panel_support
-from test_panel_browser import Lab, LabProcess, open_panel, shot
+from test_panel_browser import Lab, LabProcess, open_panel, shot, type_in_editor
 
 # the same fixtures as the panel's first browser test (skip outside CI when chromium is missing)
 browser_prerequisites = panel_support.browser_prerequisites
@@ -97,11 +97,16 @@ def test_sandboxed_kernel_from_the_launcher(lab_process: LabProcess, page: Any) 
 
     notebook = page.locator(".jp-NotebookPanel").last
     expect(notebook).to_be_visible()
+    # the kernel started (in its session) before the cell is typed: the notebook takes the focus
+    # back while it starts
+    expect(page.get_by_role("button", name=f"{DISPLAY_NAME} | Idle")).to_be_visible(timeout=KERNEL_START_MS)
     editor = notebook.locator(".jp-Cell .cm-content").first
-    editor.click()
-    page.keyboard.type(
+    type_in_editor(
+        page,
+        editor,
         'import os; open("from-kernel.txt", "w").write("written by the sandboxed kernel\\n"); '
-        'print("in-session", os.environ.get("SANDBOX_WORKSPACE"), os.getcwd())'
+        'print("in-session", os.environ.get("SANDBOX_WORKSPACE"), os.getcwd())',
+        replace=True,
     )
     page.keyboard.press("Shift+Enter")
     output = notebook.locator(".jp-OutputArea-output").first

@@ -15,7 +15,16 @@ import urllib.request
 from typing import Any
 
 import test_panel_browser as panel_support
-from test_panel_browser import Lab, LabProcess, open_panel, shot, terminal_text, type_line, wait_for_text
+from test_panel_browser import (
+    Lab,
+    LabProcess,
+    open_panel,
+    shot,
+    terminal_text,
+    type_in_editor,
+    type_line,
+    wait_for_text,
+)
 
 # the same fixtures as the panel's first browser test (skip outside CI when chromium is missing)
 browser_prerequisites = panel_support.browser_prerequisites
@@ -165,9 +174,7 @@ def test_sandbox_drive_open_edit_save(lab_process: LabProcess, page: Any) -> Non
     # a text file in JupyterLab's editor: edit, save, read back through REST
     editor = page.locator(".jp-FileEditor .cm-content")
     expect(editor).to_contain_text("first line")
-    editor.click()
-    page.keyboard.press("Control+End")
-    page.keyboard.type("added in the browser")
+    type_in_editor(page, editor, "added in the browser")
     page.keyboard.press("Control+s")
     deadline = time.monotonic() + 20
     while read_file(lab, session_id, "notes/todo.txt") != b"first line\nadded in the browser":
@@ -184,9 +191,7 @@ def test_sandbox_drive_open_edit_save(lab_process: LabProcess, page: Any) -> Non
     drive.locator(".jp-DirListing-item", has_text="book.ipynb").dblclick()
     cell = page.locator(".jp-NotebookPanel .jp-Cell").first
     expect(cell).to_contain_text("from the sandbox drive")
-    cell.locator(".cm-content").click()
-    page.keyboard.press("Control+End")
-    page.keyboard.type("  # edited")
+    type_in_editor(page, cell.locator(".cm-content"), "  # edited")
     page.keyboard.press("Control+s")
     deadline = time.monotonic() + 20
     while True:

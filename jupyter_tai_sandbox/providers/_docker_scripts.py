@@ -126,11 +126,19 @@ fi
 """
 
 #: argv: token. Waits briefly for the wrapper to record its group (exit 0, nothing to stop, if it
-#: never does), leaving the group id in $p and the state-file prefix in $t.
-_FIND_GROUP = r"""t=/tmp/.tai-sbx-$1 i=0
+#: never does), leaving the group id in $p and the state-file prefix in $t. "Briefly" is 1.5 s of
+#: the clock (``/proc/uptime``, read without a spawn), not a count of polls: a wrapper that ended
+#: before the stop looked (its state files removed) is the common case, and on a loaded machine 150
+#: polls, each spawning a ``sleep``, took many seconds. Without /proc/uptime the count bounds it.
+_FIND_GROUP = r"""t=/tmp/.tai-sbx-$1 i=0 e=
 until { read -r p <"$t.p"; } 2>/dev/null && [ -n "$p" ]; do
   i=$((i + 1))
   [ $i -gt 150 ] && exit 0
+  if { read -r u _ </proc/uptime; } 2>/dev/null; then
+    u=$((${u%.*} * 100 + 1${u#*.} - 100))
+    [ -n "$e" ] || e=$((u + 150))
+    [ $u -gt $e ] && exit 0
+  fi
   sleep 0.01
 done
 """
