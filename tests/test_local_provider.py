@@ -319,6 +319,28 @@ def test_one_shot_drops_input_a_finished_command_did_not_read(sandbox):
     run(scenario())
 
 
+def test_one_shot_that_exits_as_its_input_is_fed_gives_its_status_every_time(sandbox):
+    """The pipe's reader goes while the input is fed: its transport starts closing on its own, and
+    closing it again once the command's exit is seen lost the status (asyncio's pipe transport
+    cannot be closed twice), often within a few dozen runs."""
+
+    async def scenario():
+        session = await sandbox.create(SessionSpec())
+        reported = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: reported.append(context))
+        # the background job's stdin becomes /dev/null (no job control), so the pipe's last reader
+        # goes as the shell exits
+        script = "sleep 30 >/dev/null 2>&1 & echo $! > job.pid; exit 3"
+        for _ in range(60):
+            result = await session.exec(["sh", "-c", script], stdin=b"z" * (1 << 20), timeout_seconds=10)
+            stop(int((await session.get_file("job.pid")).decode()))
+            assert result.exit_code == 3
+        assert reported == []
+        await session.destroy()
+
+    run(scenario())
+
+
 def test_interactive_output_ends_with_an_error_when_a_child_holds_stdin(sandbox):
     async def scenario():
         session = await sandbox.create(SessionSpec())

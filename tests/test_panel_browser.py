@@ -272,6 +272,22 @@ def type_in_editor(page: Any, editor: Any, text: str, *, replace: bool = False) 
                 raise
 
 
+def open_new_session_dialog(page: Any, panel: Any) -> Any:
+    """Click "New session" once the panel enables it, and return its dialog.
+
+    The status line can show before the toolbar button's re-render enables it, and a click
+    on the button while it is still disabled does nothing.
+    """
+    from playwright.sync_api import expect
+
+    button = panel.locator(".jp-TaiSandbox-new")
+    expect(button).to_have_attribute("aria-disabled", "false")
+    button.click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_be_visible()
+    return dialog
+
+
 def terminal_text(terminal: Any) -> str:
     return terminal.locator(".xterm-rows").inner_text()
 
@@ -315,8 +331,7 @@ def test_panel_session_terminal_files_destroy(lab_process: LabProcess, page: Any
     expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("isolation floor none")
 
     # New session dialog
-    panel.locator(".jp-TaiSandbox-new").click()
-    dialog = page.locator(".jp-Dialog")
+    dialog = open_new_session_dialog(page, panel)
     dialog.locator('input[name="ttlSeconds"]').fill("900")
     dialog.locator('select[name="durability"]').select_option("persistent")
     dialog.locator('input[name="workspaceKey"]').fill("browser-test")
@@ -516,8 +531,7 @@ def test_panel_shows_whole_json_errors(lab_process: LabProcess, page: Any) -> No
     panel = open_panel(page, lab)
     expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("Provider local", timeout=45_000)
     expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("isolation floor container")
-    panel.locator(".jp-TaiSandbox-new").click()
-    page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
+    open_new_session_dialog(page, panel).locator(".jp-Dialog-button.jp-mod-accept").click()
     error = panel.locator(".jp-TaiSandbox-error")
     expect(error).to_be_visible()
     expect(error.locator(".jp-TaiSandbox-errorMessage")).to_have_text(refusal["message"])

@@ -229,7 +229,9 @@ class LocalCommand(ExecHandle):
         if self._feeder is not None:
             self._feeder.cancel()
         self._stdin_closed = True
-        if self._stdin is not None:
+        # a pipe transport already closing (its reader went away) must not be closed twice: asyncio's
+        # would run its connection_lost twice, or fail outright once it has run
+        if self._stdin is not None and not self._stdin.is_closing():
             self._stdin.abort()
 
     # -------------------------------------------------------------- lifetime
