@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,28 +252,35 @@ LOCAL_ARGS = ("--SandboxApp.provider=local", "--SandboxPolicy.isolation=none")
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("magics-server")
+def local_server(tmp_path_factory, name: str) -> Iterator[LiveServer]:
+    """A started server on the local provider in a fresh folder ``name``, stopped after (a fixture's body)."""
+    tmp = tmp_path_factory.mktemp(name)
     live = LiveServer(tmp, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp / 'sandboxes'}")).start()
     yield live
     live.stop()
 
 
-@pytest.fixture(scope="module")
-def kernel(server):
+def magics_kernel(server: LiveServer, setup: str = "") -> Iterator[Any]:
+    """A kernel of ``server`` with the extension loaded and ``setup`` run, shut down after."""
     k = server.start_kernel()
-    k.ok("%load_ext jupyter_tai_sandbox")
+    k.ok("%load_ext jupyter_tai_sandbox" + (f"\n{setup}" if setup else ""))
     yield k
     k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from local_server(tmp_path_factory, "magics-server")
+
+
+@pytest.fixture(scope="module")
+def kernel(server):
+    yield from magics_kernel(server)
 
 
 @pytest.fixture
 def fresh_kernel(server):
-    k = server.start_kernel()
-    k.ok("%load_ext jupyter_tai_sandbox")
-    yield k
-    k.shutdown()
+    yield from magics_kernel(server)
 
 
 # ---------------------------------------------------------------- streaming, interrupt

@@ -12,15 +12,12 @@ import os
 import time
 
 import pytest
-from test_magics import LOCAL_ARGS, LiveServer, free_port
+from test_magics import LiveServer, free_port, local_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("discovery-server")
-    live = LiveServer(tmp, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp / 'sandboxes'}")).start()
-    yield live
-    live.stop()
+    yield from local_server(tmp_path_factory, "discovery-server")
 
 
 def kernel_with_two_servers(server: LiveServer, runtime, real_first: bool):

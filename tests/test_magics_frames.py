@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_magics import LOCAL_ARGS, LiveServer
+from test_magics import local_server, magics_kernel
 
 pytest.importorskip("pandas")
 pytest.importorskip("pyarrow")
@@ -11,19 +11,16 @@ pytest.importorskip("pyarrow")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("frames-server")
-    live = LiveServer(tmp, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp / 'sandboxes'}")).start()
-    yield live
-    live.stop()
+    yield from local_server(tmp_path_factory, "frames-server")
 
 
 @pytest.fixture(scope="module")
 def kernel(server):
-    k = server.start_kernel()
-    k.ok("%load_ext jupyter_tai_sandbox\nimport pandas as pd\n"
-         "df = pd.DataFrame({'x': [1, 2, 3], 'name': ['a', 'b', 'c'], 'when': pd.to_datetime(['2024-01-01'] * 3)})")
-    yield k
-    k.shutdown()
+    yield from magics_kernel(
+        server,
+        "import pandas as pd\n"
+        "df = pd.DataFrame({'x': [1, 2, 3], 'name': ['a', 'b', 'c'], 'when': pd.to_datetime(['2024-01-01'] * 3)})",
+    )
 
 
 def test_a_dataframe_goes_as_parquet_and_comes_back(kernel):

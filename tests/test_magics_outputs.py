@@ -14,7 +14,7 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from test_magics import LOCAL_ARGS, LiveServer
+from test_magics import local_server, magics_kernel
 
 from jupyter_tai_sandbox.magics_outputs import FRAME_CSP, inert_display
 
@@ -120,18 +120,12 @@ def test_invalid_utf8_and_huge_documents_still_escape():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("outputs-server")
-    live = LiveServer(tmp, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp / 'sandboxes'}")).start()
-    yield live
-    live.stop()
+    yield from local_server(tmp_path_factory, "outputs-server")
 
 
 @pytest.fixture(scope="module")
 def kernel(server):
-    k = server.start_kernel()
-    k.ok("%load_ext jupyter_tai_sandbox")
-    yield k
-    k.shutdown()
+    yield from magics_kernel(server)
 
 
 def write_files(**files: str) -> str:

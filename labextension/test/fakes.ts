@@ -1,6 +1,7 @@
 /** Test doubles: ServerConnection settings over a scripted fetch, and a fake websocket. */
 import { ServerConnection } from '@jupyterlab/services';
 
+import { ISessionInfo } from '../src/api';
 import { IExecSocket } from '../src/exec';
 
 export interface IRecorded {
@@ -107,3 +108,28 @@ export class FakeSocket implements IExecSocket {
     return parts.map(p => new TextDecoder().decode(p)).join('');
   }
 }
+
+/** A session row as the server lists it (local provider, ephemeral), `ttl` seconds left at `created`. */
+export function sessionInfo(id: string, { consumer = 'me', created = 1000, ttl = 3600 } = {}): ISessionInfo {
+  return {
+    id,
+    kind: 'local',
+    consumer,
+    image: null,
+    isolation: 'none',
+    network: 'egress',
+    durability: 'ephemeral',
+    workspace_key: null,
+    workspace: `/w/${id}`,
+    created_at: created,
+    expires_at: created + ttl,
+    seconds_left: ttl,
+    spec: {}
+  };
+}
+
+/** GET /status of a server on the local provider. */
+export const LOCAL_STATUS = {
+  kind: 'local',
+  policy: { isolation: 'none', egress: 'egress', durable: true, scrub_transcript: false, credentials: {} }
+} as const;

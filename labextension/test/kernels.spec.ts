@@ -15,30 +15,13 @@ import {
 } from '../src/kernels';
 import { SessionsModel, hasKernelSessions, stateFromFetch } from '../src/model';
 import { SandboxAPIError } from '../src/request';
-import { fakeSettings, json } from './fakes';
+import { LOCAL_STATUS, fakeSettings, json, sessionInfo } from './fakes';
 
 function session(id: string, consumer = 'me', created = 1000, ttl = 3600): ISessionInfo {
-  return {
-    id,
-    kind: 'local',
-    consumer,
-    image: null,
-    isolation: 'none',
-    network: 'egress',
-    durability: 'ephemeral',
-    workspace_key: null,
-    workspace: `/w/${id}`,
-    created_at: created,
-    expires_at: created + ttl,
-    seconds_left: ttl,
-    spec: {}
-  };
+  return sessionInfo(id, { consumer, created, ttl });
 }
 
-const LOCAL = {
-  kind: 'local',
-  policy: { isolation: 'none', egress: 'egress', durable: true, scrub_transcript: false, credentials: {} }
-} as const;
+const LOCAL = LOCAL_STATUS;
 
 /** jupyter_server's GET /api/sessions rows, as it answers them. */
 const JUPYTER_SESSIONS = [

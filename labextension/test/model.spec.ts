@@ -12,30 +12,13 @@ import {
   transitionNotice
 } from '../src/model';
 import { SandboxAPIError } from '../src/request';
-import { fakeSettings, json } from './fakes';
+import { LOCAL_STATUS, fakeSettings, json, sessionInfo } from './fakes';
 
 function session(id: string, created: number, left = 600): ISessionInfo {
-  return {
-    id,
-    kind: 'local',
-    consumer: 'me',
-    image: null,
-    isolation: 'none',
-    network: 'egress',
-    durability: 'ephemeral',
-    workspace_key: null,
-    workspace: `/w/${id}`,
-    created_at: created,
-    expires_at: created + left,
-    seconds_left: left,
-    spec: {}
-  };
+  return sessionInfo(id, { created, ttl: left });
 }
 
-const LOCAL = {
-  kind: 'local',
-  policy: { isolation: 'none', egress: 'egress', durable: true, scrub_transcript: false, credentials: {} }
-} as const;
+const LOCAL = LOCAL_STATUS;
 const OFF = { kind: 'off', message: 'no sandbox provider is installed: set TAI_MCP_SANDBOX' };
 
 describe('state logic', () => {
