@@ -3,9 +3,16 @@ brings its own loop for the server tests)."""
 
 from __future__ import annotations
 
+import os
+import secrets
+
 import pytest
 
 from jupyter_tai_sandbox import sandboxes
+
+# The run's own deployment scope (DockerSandbox.deployment), inherited by every server it starts:
+# the suite never sees, reaps or touches sessions of anyone else on a shared engine.
+os.environ["TAI_SANDBOX_DEPLOYMENT"] = f"pytest-{secrets.token_hex(6)}"
 
 # server_support is a plugin: its fixtures (``provider``) reach every test module without an import
 pytest_plugins = ["pytest_jupyter.jupyter_server", "server_support"]
@@ -29,3 +36,20 @@ def clean_sandbox_slot(monkeypatch):
     sandboxes.unregister_sandbox()
     yield
     sandboxes.unregister_sandbox()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def foreign_deployment():
+    """Another deployment's sessions, workspace and network, planted past their TTL before the
+    run: every test, reaper and server of ours must leave them exactly as they are."""
+    import docker_support
+
+    planted = docker_support.plant_foreign_sessions()
+    yield planted
+    if planted is None:
+        return
+    try:
+        gone = docker_support.foreign_survivors(planted)
+    finally:
+        docker_support.remove_foreign_sessions()
+    assert gone == [], f"the test run touched another deployment's things: {gone}"

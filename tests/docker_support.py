@@ -172,3 +172,81 @@ async def timed(awaitable, limit: float) -> tuple[float, object]:
     except Exception as e:  # the outcome is what we look at
         result = e
     return time.monotonic() - started, result
+
+
+# ------------------------------------------------- another deployment on the same engine
+
+#: the deployment a foreign server would be in: planted before the run, it must survive it untouched
+FOREIGN_DEPLOYMENT = f"someone-else-{secrets.token_hex(4)}"
+FOREIGN_WORKSPACE_KEY = "shared-key"
+
+
+def plant_foreign_sessions() -> dict[str, list[str]] | None:
+    """Sessions, a workspace and an owner network of another deployment, all past their TTL (so any
+    reaper that saw them would take them); what was made, or None when no engine answers."""
+    import asyncio
+
+    from jupyter_tai_sandbox.contract import SessionSpec
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    try:
+        client = docker_client()
+    except BaseException:  # noqa: BLE001 - skip/fail outcomes: the tests that need an engine report it
+        return None
+
+    async def plant() -> dict[str, list[str]]:
+        sandbox = DockerSandbox(image=TEST_IMAGE, deployment=FOREIGN_DEPLOYMENT)
+        try:
+            internal = await sandbox.create(SessionSpec(ttl_seconds=1, network="internal", owner="alice"))
+            durable = await sandbox.create(
+                SessionSpec(ttl_seconds=1, durability="persistent", workspace_key=FOREIGN_WORKSPACE_KEY, owner="alice")
+            )
+            await durable.put_file("secret.txt", b"alice's")
+            return {
+                "containers": [internal.container_id, durable.container_id],
+                "volumes": [sandbox.scope.workspace_volume(FOREIGN_WORKSPACE_KEY)],
+                "networks": [sandbox.scope.owner_network(sandbox.internal_network, "alice")],
+            }
+        finally:
+            await sandbox.close()
+
+    try:
+        return asyncio.run(plant())
+    finally:
+        client.close()
+
+
+def foreign_survivors(planted: dict[str, list[str]]) -> list[str]:
+    """What of the planted foreign things is gone (empty: all survived)."""
+    import docker
+
+    client = docker.from_env(version="auto", timeout=30)
+    missing = []
+    try:
+        for kind, getter in (("containers", client.containers), ("volumes", client.volumes), ("networks", client.networks)):
+            for name in planted[kind]:
+                try:
+                    getter.get(name)
+                except docker.errors.NotFound:
+                    missing.append(f"{kind[:-1]} {name}")
+    finally:
+        client.close()
+    return missing
+
+
+def remove_foreign_sessions() -> None:
+    """Remove everything of the foreign deployment (its own provider does it, as its server would)."""
+    import asyncio
+
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    async def remove() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, deployment=FOREIGN_DEPLOYMENT)
+        try:
+            for info in await sandbox.list():
+                session = await sandbox.get(info.id)
+                await session.destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+
+    asyncio.run(remove())

@@ -78,7 +78,8 @@ def test_network_egress_internal_and_none(client):
             assert routes.split() == [b"lo"], routes
 
     asyncio.run(main())
-    assert [n.name for n in client.networks.list(names=["tai-sbx-internal"])] == []
+    network = provider().scope.owner_network("tai-sbx-internal", None)
+    assert [n.name for n in client.networks.list(names=[network])] == []
 
 
 def test_caps_hardening_and_labels(client):
@@ -112,7 +113,7 @@ def test_caps_hardening_and_labels(client):
 
 def test_persistent_workspace_survives_destroy_and_a_new_instance(client):
     key = f"test-{secrets.token_hex(4)}"
-    volume = f"tai-sbx-{key}"
+    volume = provider().scope.workspace_volume(key)
 
     async def main() -> None:
         first = await provider().create(spec(durability="persistent", workspace_key=key))

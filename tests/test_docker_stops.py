@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from docker_support import RUN_LABEL, TEST_IMAGE, docker_client
+from docker_support import RUN_LABEL, TEST_IMAGE, disturbs_engine, docker_client
 
 from jupyter_tai_sandbox.contract import (
     ExitItem,
@@ -188,6 +188,7 @@ def dockerd_pid() -> int:
     return int(found[0])
 
 
+@disturbs_engine
 def test_a_kill_against_a_frozen_engine_raises_within_its_fixed_limit(client):
     """``kill -STOP`` the engine for about 7 s: the kill raises SandboxError at its 5 s limit, saying
     what the stop reported; once the engine is back, a kill works. The engine is always resumed."""
@@ -226,6 +227,7 @@ def test_a_kill_against_a_frozen_engine_raises_within_its_fixed_limit(client):
 # ------------------------------------------ point 3: no invented status
 
 
+@disturbs_engine
 def test_a_status_that_cannot_be_read_is_an_error_not_an_invented_exit(client):
     """The session is destroyed while the engine is frozen: the command's output ends at once (the
     provider stops taking it in), the engine cannot give its status, and the output ends with a

@@ -74,7 +74,7 @@ def test_the_owner_survives_a_restart_and_is_listed(client):
 
 def test_a_workspace_records_its_owner_and_another_owner_never_mounts_it(client):
     key = f"test-{secrets.token_hex(4)}"
-    volume = f"tai-sbx-{key}"
+    volume = provider().scope.workspace_volume(key)
 
     async def main() -> None:
         sandbox = provider()
@@ -289,4 +289,4 @@ def test_removing_a_workspace_in_use_is_a_conflict_not_an_engine_error(client):
             await sandbox.close()
 
     run(main())
-    assert [v.name for v in client.volumes.list(filters={"name": f"tai-sbx-{key}"})] == []
+    assert [v.name for v in client.volumes.list(filters={"name": provider().scope.workspace_volume(key)})] == []

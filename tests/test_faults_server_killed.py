@@ -59,7 +59,10 @@ class Server:
         if os.geteuid() == 0:
             command.append("--allow-root")
         self.log = open(home / f"server-{self.port}.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # no terminal, as under JupyterHub or a process manager
+        self.process = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 60
         while True:
             try:

@@ -1,15 +1,20 @@
-"""Names the docker provider gives things on the engine: labels, prefixes, paths.
+"""Names the docker provider gives things on the engine: labels, prefixes, paths, deployments.
 
-Every container, volume and network the provider makes carries labels under
-``jupyter-tai-sandbox``; anything without them is never touched.
+Every container, volume, network and record the provider makes carries labels
+under ``jupyter-tai-sandbox``, its deployment's among them; anything without
+them, or of another deployment, is never seen or touched.
 """
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
+import os
 import re
+import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..contract import SessionSpec
 
@@ -32,6 +37,8 @@ LABEL_NETWORK = f"{LABEL}.network"
 LABEL_POOL = f"{LABEL}.pool"
 #: on a session record volume: the id of the pooled container the session runs in
 LABEL_RECORD = f"{LABEL}.record"
+#: on everything a provider makes: the deployment it belongs to (see Deployment)
+LABEL_DEPLOYMENT = f"{LABEL}.deployment"
 #: on a TTL record volume: the id of the session whose end it moves (see DockerSandbox.set_expiry)
 LABEL_TTL = f"{LABEL}.ttl"
 RECORD_PREFIX = "tai-rec-"
@@ -64,12 +71,61 @@ def is_session_id(value: object) -> bool:
     return isinstance(value, str) and bool(SESSION_ID.match(value))
 
 
-def workspace_volume(key: str) -> str:
-    return VOLUME_PREFIX + key
+#: the environment variable that names the deployment (DockerSandbox.deployment)
+DEPLOYMENT_ENV = "TAI_SANDBOX_DEPLOYMENT"
+DEPLOYMENT_MAX_LENGTH = 200
 
 
-def owner_network(base: str, owner: str | None) -> str:
-    """The internal network of ``owner``'s sessions: ``base`` plus a short hash of the owner."""
-    if owner is None:
-        return base
-    return f"{base}-{hashlib.sha256(owner.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+def default_deployment() -> str:
+    """This server's deployment when none is configured: ``user@host:config dir``.
+
+    The user is JupyterHub's (``JUPYTERHUB_USER``) when the server is a hub
+    user's, else the OS user; the config dir is Jupyter's (``jupyter --config-dir``).
+    So a restarted server finds its sessions again, while two people, two hub
+    users or two config dirs on one engine get deployments of their own.
+    """
+    from jupyter_core.paths import jupyter_config_dir
+
+    user = os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+    return f"{user}@{socket.gethostname()}:{jupyter_config_dir()}"[:DEPLOYMENT_MAX_LENGTH]
+
+
+def check_deployment(name: str) -> str:
+    """``name`` if it can be a deployment (1-200 printable characters), else ValueError saying why."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a deployment name cannot be empty")
+    if len(name) > DEPLOYMENT_MAX_LENGTH or not name.isprintable():
+        raise ValueError(f"a deployment name is 1-{DEPLOYMENT_MAX_LENGTH} printable characters, not {name[:40]!r}")
+    return name
+
+
+def _short_hash(*parts: str, length: int = 12) -> str:
+    joined = "\0".join(parts).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(joined).hexdigest()[:length]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The scope a container provider works in: one label on everything it makes and on every
+    engine query, and a tag in the engine-global names (workspace volumes, networks, records)."""
+
+    name: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {LABEL_DEPLOYMENT: self.name}
+
+    @property
+    def tag(self) -> str:
+        return _short_hash(self.name, length=10)
+
+    def owns(self, labels: Mapping[str, str] | None) -> bool:
+        return (labels or {}).get(LABEL_DEPLOYMENT) == self.name
+
+    def workspace_volume(self, key: str) -> str:
+        """``tai-sbx-<deployment tag>-<key>``: two deployments' same key are two volumes."""
+        return f"{VOLUME_PREFIX}{self.tag}-{key}"
+
+    def owner_network(self, base: str, owner: str | None) -> str:
+        """The internal network of ``owner``'s sessions: ``base`` plus a short hash of deployment and owner."""
+        return f"{base}-{_short_hash(self.name, '' if owner is None else owner)}"

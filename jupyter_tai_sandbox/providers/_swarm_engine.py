@@ -112,9 +112,16 @@ class TlsHalfCloseWriter(asyncio.StreamWriter):
 class SwarmEngine(DockerEngine):
     """One engine of the swarm (the manager or a node), optionally over TLS."""
 
-    def __init__(self, base_url: str, *, tls: TlsMaterial | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        tls: TlsMaterial | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        scope: Mapping[str, str] | None = None,
+    ) -> None:
         use_tls = tls is not None and base_url.startswith(("tcp://", "https://"))
-        super().__init__(base_url, tls=tls.sdk() if use_tls else None, timeout=timeout)
+        super().__init__(base_url, tls=tls.sdk() if use_tls else None, timeout=timeout, scope=scope)
         self._material = tls if use_tls else None
         self._connect_limit = timeout
 
@@ -128,14 +135,15 @@ class SwarmEngine(DockerEngine):
     async def create_service(self, task_template: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> str:
         """Create a one-replica service; its id."""
         created = await self._call(
-            "create a service", "create_service", dict(task_template), name=name, labels=dict(labels),
+            "create a service", "create_service", dict(task_template), name=name, labels=self.scoped_labels(labels),
             mode=docker_sdk().types.ServiceMode("replicated", replicas=1),
             endpoint_spec=docker_sdk().types.EndpointSpec(mode="dnsrr"),
         )
         return str(created["ID"])
 
     async def services(self, label: str | Sequence[str]) -> list[dict[str, Any]]:
-        found = await self._call("list services", "services", filters={"label": label})
+        """The deployment's services carrying ``label`` (all of a list)."""
+        found = await self._call("list services", "services", filters={"label": self.label_filter(label)})
         return list(found or [])
 
     async def set_service_labels(self, service_id: str, changes: Mapping[str, str]) -> None:
@@ -186,11 +194,17 @@ class SwarmEngine(DockerEngine):
 
         def ensure() -> None:
             api = self._api
-            if [n for n in api.networks(names=[name]) if n.get("Name") == name]:
+            found = [n for n in api.networks(names=[name]) if n.get("Name") == name]
+            if found:
+                if not self.in_scope(found[0].get("Labels")):
+                    raise EngineRefusedError(
+                        f"network {name} belongs to another deployment on this swarm", status=409, detail="taken"
+                    )
                 return
             try:
                 api.create_network(
-                    name, driver="overlay", internal=True, attachable=True, check_duplicate=True, labels=dict(labels)
+                    name, driver="overlay", internal=True, attachable=True, check_duplicate=True,
+                    labels=self.scoped_labels(labels),
                 )
             except docker_sdk().errors.APIError as e:
                 if e.status_code != 409:
@@ -198,8 +212,22 @@ class SwarmEngine(DockerEngine):
 
         await self._call(f"create network {name}", ensure)
 
+    async def overlays(self, label: str) -> list[dict[str, Any]]:
+        """The deployment's overlay networks carrying ``label``."""
+        found = await self._call(
+            "list networks", "networks", filters={"label": self.label_filter(label), "driver": "overlay"}
+        )
+        return list(found or [])
+
     async def drop_overlay(self, name: str) -> bool:
-        """Remove network ``name`` unless a service still uses it; True when it is gone."""
+        """Remove the deployment's network ``name`` unless a service still uses it; True when it is gone
+        (or is not the deployment's)."""
+        try:
+            found = await self._call(f"inspect network {name}", "inspect_network", name)
+        except SandboxNotFoundError:
+            return True
+        if not self.in_scope(found.get("Labels")):
+            return True
         try:
             await self._call(f"remove network {name}", "remove_network", name)
         except SandboxNotFoundError:
@@ -214,14 +242,17 @@ class SwarmEngine(DockerEngine):
     # -------------------------------------------------- configs (records)
 
     async def configs(self, name: str) -> list[dict[str, Any]]:
-        """Swarm configs named exactly ``name``."""
+        """The deployment's swarm configs named exactly ``name``."""
         found = await self._call("list configs", "configs", filters={"name": name})
-        return [c for c in found or [] if c.get("Spec", {}).get("Name") == name]
+        return [
+            c for c in found or []
+            if c.get("Spec", {}).get("Name") == name and self.in_scope(c.get("Spec", {}).get("Labels"))
+        ]
 
     async def create_config(self, name: str, data: bytes, labels: Mapping[str, str]) -> bool:
-        """Create a config; False when one of that name exists already."""
+        """Create a config of the deployment; False when one of that name exists already."""
         try:
-            await self._call(f"record {name}", "create_config", name, data, labels=dict(labels))
+            await self._call(f"record {name}", "create_config", name, data, labels=self.scoped_labels(labels))
         except EngineRefusedError as e:
             if e.status == 409:
                 return False

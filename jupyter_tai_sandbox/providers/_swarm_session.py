@@ -10,7 +10,7 @@ that runs the task; the session also knows its service and node. The
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..contract import (
     SessionInfo,
     SessionSpec,
 )
-from ._docker_names import LABEL
+from ._docker_names import LABEL, Deployment
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
 from ._swarm_engine import SwarmEngine, TlsMaterial
 
@@ -31,9 +31,10 @@ STARTING_STATES = frozenset({"new", "allocated", "pending", "assigned", "accepte
 RECORD_PREFIX = "tai-ws-"
 
 
-def record_name(key: str) -> str:
-    """The swarm config recording where workspace ``key`` lives (config names take 64 characters)."""
-    return RECORD_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:32]
+def record_name(deployment: Deployment, key: str) -> str:
+    """The swarm config recording where the deployment's workspace ``key`` lives (config names take
+    64 characters)."""
+    return RECORD_PREFIX + hashlib.sha256(f"{deployment.name}\0{key}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,10 @@ class NodeEngines:
         tls: TlsMaterial | None,
         timeout: float,
         site: Callable[[SwarmEngine], SessionSite],
+        scope: Mapping[str, str],
     ) -> None:
         self._tls = tls
+        self._scope = dict(scope)
         self._timeout = timeout
         self._make_site = site
         self._sites: dict[str, SessionSite] = {}
@@ -67,7 +70,8 @@ class NodeEngines:
     async def site(self, address: str) -> SessionSite:
         site = self._sites.get(address)
         if site is None:
-            site = self._sites[address] = self._make_site(SwarmEngine(address, tls=self._tls, timeout=self._timeout))
+            engine = SwarmEngine(address, tls=self._tls, timeout=self._timeout, scope=self._scope)
+            site = self._sites[address] = self._make_site(engine)
         await site.engine.connect()
         return site
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..contract import (
@@ -45,9 +45,11 @@ from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id
 from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
 from ._docker_names import (
+    DEPLOYMENT_ENV,
     LABEL,
     LABEL_CONSUMER,
     LABEL_CREATED,
+    LABEL_DEPLOYMENT,
     LABEL_EXPIRES,
     LABEL_NETWORK,
     LABEL_OWNER,
@@ -62,10 +64,11 @@ from ._docker_names import (
     TTL_PREFIX,
     VOLUME_PREFIX,
     WORKSPACE,
+    Deployment,
+    check_deployment,
+    default_deployment,
     is_session_id,
-    owner_network,
     session_labels,
-    workspace_volume,
 )
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
@@ -86,6 +89,7 @@ __all__ = [
     "KILL_LIMIT_SECONDS",
     "LABEL",
     "LABEL_CONSUMER",
+    "LABEL_DEPLOYMENT",
     "LABEL_OWNER",
     "LABEL_POOL",
     "LABEL_RECORD",
@@ -98,6 +102,7 @@ __all__ = [
     "TTL_PREFIX",
     "VOLUME_PREFIX",
     "WORKSPACE",
+    "Deployment",
     "DockerCommand",
     "DockerEngine",
     "DockerSandbox",
@@ -157,17 +162,27 @@ def _how_to_get(image: str) -> str:
 class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     """sandbox-docker: each session is one container on a Docker engine.
 
+    **Deployments.** The provider works inside one deployment (``deployment``):
+    its label ``jupyter-tai-sandbox.deployment`` is on every container, volume,
+    network and record it makes, and on every engine query (the engine object
+    adds it, see ``docker_engine``), so it sees, gets, lists, reaps, pools and
+    counts only its deployment's sessions, and admin rights reach no further.
+    Servers that name the same deployment share its sessions (a restarted
+    server, or servers set up to share on purpose); others on the engine are
+    invisible to each other.
+
     **Sessions.** A session is a container running the engine's init (``init``)
     as PID 1 -- it reaps what commands leave behind -- over a long ``sleep``.
-    Its labels (``jupyter-tai-sandbox.session``, ``.consumer``, ``.owner``,
-    ``.created``, ``.expires``, ``.spec`` with env *names* only) let any
-    DockerSandbox on the engine -- a restarted server included -- find, list
-    and reap it; containers without the session label are never touched. The
-    spec's env values live only in the container's environment.
+    Its labels (``jupyter-tai-sandbox.session``, ``.deployment``, ``.consumer``,
+    ``.owner``, ``.created``, ``.expires``, ``.spec`` with env *names* only) let
+    any DockerSandbox of the deployment -- a restarted server included -- find,
+    list and reap it; containers without them are never touched. The spec's
+    env values live only in the container's environment.
 
     **Workspaces.** ``/workspace`` is an anonymous volume removed with the
-    container (ephemeral), or the named volume ``tai-sbx-<workspace_key>``
-    (persistent), which survives destroy and reap and goes only with
+    container (ephemeral), or the named volume
+    ``tai-sbx-<deployment tag>-<workspace_key>`` (persistent; the tag is a short
+    hash of the deployment, so two deployments' same key are two volumes), which survives destroy and reap and goes only with
     ``destroy(remove_workspace=True)``. A persistent volume records the owner
     who made it (label ``jupyter-tai-sandbox.owner``); a spec with another
     owner finds no such workspace and never mounts it (``owner=None``, direct
@@ -316,7 +331,18 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     extra_labels = Dict(
         value_trait=Unicode(),
-        help="Extra labels put on every session container and workspace volume this provider makes.",
+        help="""Extra labels put on every session container and volume this provider makes (decoration:
+        what a provider sees is set by `deployment`, not by these).""",
+    ).tag(config=True)
+
+    deployment = Unicode(
+        help=f"""The deployment this provider works in (${DEPLOYMENT_ENV}): a label on every container,
+        volume, network and record it makes, and a filter on every engine query, so two deployments on one
+        engine never see, reap or touch each other's sessions, workspaces or networks, and admin rights
+        stop at the deployment. Default: 'user@host:config dir' of the server (the JupyterHub user when
+        JUPYTERHUB_USER is set, else the OS user; Jupyter's config dir), which a restarted server finds
+        again. Servers that should share sessions (several processes of one service) name the same
+        deployment explicitly.""",
     ).tag(config=True)
 
     pool_size = Integer(
@@ -338,10 +364,34 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     def _base_url_default(self) -> str:
         return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
+    @default("deployment")
+    def _deployment_default(self) -> str:
+        return os.environ.get(DEPLOYMENT_ENV, "").strip() or default_deployment()
+
+    @validate("deployment")
+    def _check_deployment(self, proposal: Any) -> str:
+        try:
+            return check_deployment(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"DockerSandbox.deployment: {e}") from None
+
+    @property
+    def scope(self) -> Deployment:
+        """The deployment this provider works in."""
+        return Deployment(self.deployment)
+
+    @property
+    def own_labels(self) -> dict[str, str]:
+        """The labels on everything this provider makes: ``extra_labels`` and the deployment's."""
+        return {**self.extra_labels, **self.scope.labels}
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._engine = DockerEngine(
-            self.base_url, timeout=self.engine_timeout_seconds, slow_timeout=self.engine_slow_timeout_seconds
+            self.base_url,
+            timeout=self.engine_timeout_seconds,
+            slow_timeout=self.engine_slow_timeout_seconds,
+            scope=self.scope.labels,
         )
         self._network_lock: asyncio.Lock | None = None
         self._commands = CommandRegistry()
@@ -361,7 +411,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             self._start_pooled,
             size=self.pool_size,
             idle_seconds=self.pool_idle_seconds,
-            labels=self.extra_labels,
+            labels=self.own_labels,
             log=self.log,
         )
 
@@ -421,7 +471,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         """The SDK's container options for ``spec`` (its limits already in force)."""
         types = docker_sdk().types
         if spec.durability == "persistent":
-            mount = types.Mount(WORKSPACE, workspace_volume(str(spec.workspace_key)), type="volume")
+            mount = types.Mount(WORKSPACE, self.scope.workspace_volume(str(spec.workspace_key)), type="volume")
         else:
             mount = types.Mount(WORKSPACE, None, type="volume", labels=dict(volume_labels))
         options: dict[str, Any] = {
@@ -487,10 +537,10 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def _workspace(self, spec: SessionSpec) -> None:
         """Make the persistent workspace volume (recording its owner), or check who owns it."""
         key = str(spec.workspace_key)
-        name = workspace_volume(key)
+        name = self.scope.workspace_volume(key)
         volume = await self._engine.volume(name)
         if volume is None:
-            labels = {**self.extra_labels, LABEL_WORKSPACE: key}
+            labels = {**self.own_labels, LABEL_WORKSPACE: key}
             if spec.owner is not None:
                 labels[LABEL_OWNER] = spec.owner
             volume = await self._engine.create_volume(name, labels)  # an existing one comes back unchanged
@@ -506,7 +556,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             yield
 
     def _network_of(self, spec: SessionSpec) -> str | None:
-        return owner_network(self.internal_network, spec.owner) if spec.network == "internal" else None
+        return self.scope.owner_network(self.internal_network, spec.owner) if spec.network == "internal" else None
 
     # -------------------------------------------------------------- sessions
 
@@ -520,7 +570,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
-        labels = session_labels(session_id, spec, now, expires, self.extra_labels)
+        labels = session_labels(session_id, spec, now, expires, self.own_labels)
         if self._poolable(spec):
             container_id = self._pool.take()
             if container_id is not None:
@@ -530,13 +580,13 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                     return DockerSession(self._site, container_id, session_id, spec, now, expires, record=record, exec_env=spec.env)
         if spec.durability == "persistent":
             await self._workspace(spec)
-        names = (f"tai-{session_id}", labels, {**self.extra_labels, LABEL_SESSION: session_id})
+        names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
         network = self._network_of(spec)
         if network is not None:
             async with self._lock_network():
                 await self._engine.ensure_network(
                     network,
-                    labels={**self.extra_labels, LABEL_NETWORK: "internal"},
+                    labels={**self.own_labels, LABEL_NETWORK: "internal"},
                     # no address of this machine on the bridge: sessions reach each other, not the host
                     options={"com.docker.network.bridge.inhibit_ipv4": "true"},
                 )
@@ -670,7 +720,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         """Record a session's new end: a new TTL record first, then the older ones go."""
         name = f"{TTL_PREFIX}{session.id}-{time.time_ns():020d}"
         await self._engine.create_volume(
-            name, {**self.extra_labels, LABEL_TTL: session.id, LABEL_EXPIRES: repr(float(expires_at))}
+            name, {**self.own_labels, LABEL_TTL: session.id, LABEL_EXPIRES: repr(float(expires_at))}
         )
         for volume in await self._ttl_records(session.id):
             if volume.get("Name", "") < name:
@@ -688,7 +738,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         for volume in ttls:
             labels = volume.get("Labels") or {}
             owner_id = labels.get(LABEL_TTL)
-            if owner_id in live or not all(labels.get(k) == v for k, v in self.extra_labels.items()):
+            if owner_id in live:
                 continue
             stamp = volume.get("Name", "").rsplit("-", 1)[-1]
             if stamp.isdigit() and now - int(stamp) / 1e9 < STRAY_TTL_GRACE_SECONDS:
@@ -709,7 +759,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             async with self._lock_network():
                 await self._engine.drop_network_if_idle(network)
         if remove_workspace and spec.durability == "persistent":
-            volume = workspace_volume(str(spec.workspace_key))
+            volume = self.scope.workspace_volume(str(spec.workspace_key))
             try:
                 await self._engine.remove_volume(volume)
             except EngineRefusedError as e:

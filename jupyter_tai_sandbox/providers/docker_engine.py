@@ -21,6 +21,9 @@ It owns:
   ``HEAD /containers/{id}/archive``, reached through the SDK's private
   ``api._url``) and small archives in and out (workspace files travel through
   commands instead: see ``_docker_transfer``);
+* the deployment scope (``scope``, labels): put on every container, volume
+  and network it creates, added to every label query, and checked on what it
+  inspects by name or id, so a provider never sees another deployment's things;
 * a bound on every call: quick calls give up after ``timeout`` seconds, the
   slow ones (container create and remove, networks, volume removal) after
   ``slow_timeout``, and the SDK's own socket timeout is the longer of the two,
@@ -107,9 +110,12 @@ class DockerEngine:
         tls: Any = None,
         timeout: float = DEFAULT_TIMEOUT,
         slow_timeout: float = DEFAULT_SLOW_TIMEOUT,
+        scope: Mapping[str, str] | None = None,
     ) -> None:
         self.base_url = base_url
         self._tls = tls
+        #: labels of the deployment this engine object works in (empty: the whole engine)
+        self.scope = dict(scope or {})
         #: seconds a quick call may take, and a slow one
         self.timeout = timeout
         self.slow_timeout = max(slow_timeout, timeout)
@@ -233,9 +239,10 @@ class DockerEngine:
         """Create and start a container (``options`` as the SDK's ``containers.create`` takes them).
 
         A start that fails removes the container again. MissingImageError when the
-        image is not on the engine.
+        image is not on the engine. The container carries the deployment's labels.
         """
         docker = docker_sdk()
+        options = {**options, "labels": self.scoped_labels(options.get("labels"))}
 
         def create() -> str:
             try:
@@ -278,13 +285,34 @@ class DockerEngine:
         # a thread of its own: the engine object may be closed meanwhile
         threading.Thread(target=remove, name="docker-engine-late-remove", daemon=False).start()
 
+    # ------------------------------------------------------------- scope
+
+    def in_scope(self, labels: Mapping[str, str] | None) -> bool:
+        """Whether something with ``labels`` belongs to this engine object's deployment."""
+        return all((labels or {}).get(k) == v for k, v in self.scope.items())
+
+    def scoped_labels(self, labels: Mapping[str, str] | None) -> dict[str, str]:
+        """``labels`` with the deployment's own (which win)."""
+        return {**(labels or {}), **self.scope}
+
+    def label_filter(self, label: str | Sequence[str]) -> list[str]:
+        """A label filter (``key`` or ``key=value``, or all of a list) narrowed to the deployment."""
+        wanted = [label] if isinstance(label, str) else list(label)
+        return wanted + [f"{k}={v}" for k, v in self.scope.items()]
+
     async def inspect_container(self, container_id: str, *, what: str = "inspect a container") -> dict[str, Any]:
-        return await self._call(what, "inspect_container", container_id)
+        """The container's description; one of another deployment is SandboxNotFoundError, like none."""
+        attrs = await self._call(what, "inspect_container", container_id)
+        if not self.in_scope((attrs.get("Config") or {}).get("Labels")):
+            raise SandboxNotFoundError(f"{what}: no container {container_id[:12]!r} in this deployment")
+        return attrs
 
     async def containers(self, label: str | Sequence[str], *, what: str = "list containers") -> list[dict[str, Any]]:
-        """Summaries of every container (all states) carrying ``label`` (``key`` or ``key=value``; all of a list)."""
+        """Summaries of every container (all states) of the deployment carrying ``label`` (``key`` or
+        ``key=value``; all of a list)."""
         await self.connect()
-        return list(await self._call(what, "containers", all=True, filters={"label": label}) or [])
+        filters = {"label": self.label_filter(label)}
+        return list(await self._call(what, "containers", all=True, filters=filters) or [])
 
     async def stats(self, container_id: str) -> dict[str, Any]:
         """One sample of the container's stats (``one_shot``: no second sample is waited for), bounded
@@ -323,18 +351,27 @@ class DockerEngine:
     # ------------------------------------------------------------- volumes
 
     async def volume(self, name: str) -> dict[str, Any] | None:
-        """The volume's description, or None when there is none."""
+        """The volume's description, or None when there is none in the deployment."""
         try:
-            return await self._call(f"inspect volume {name}", "inspect_volume", name)
+            found = await self._call(f"inspect volume {name}", "inspect_volume", name)
         except SandboxNotFoundError:
             return None
+        return found if self.in_scope(found.get("Labels")) else None
 
     async def create_volume(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        """Create a volume; the engine returns an existing one of that name unchanged (check its labels)."""
-        return await self._call(f"create volume {name}", "create_volume", name, labels=dict(labels))
+        """Create a volume of the deployment; the engine returns an existing one of that name unchanged
+        (check its labels): one of another deployment is an EngineRefusedError (409)."""
+        made = await self._call(f"create volume {name}", "create_volume", name, labels=self.scoped_labels(labels))
+        if not self.in_scope(made.get("Labels")):
+            raise EngineRefusedError(
+                f"create volume {name}: another deployment on this engine holds that name",
+                status=409, detail="the name is taken",
+            )
+        return made
 
-    async def volumes(self, label: str) -> list[dict[str, Any]]:
-        found = await self._call("list volumes", "volumes", filters={"label": label})
+    async def volumes(self, label: str | Sequence[str]) -> list[dict[str, Any]]:
+        """The deployment's volumes carrying ``label`` (all of a list)."""
+        found = await self._call("list volumes", "volumes", filters={"label": self.label_filter(label)})
         return list((found or {}).get("Volumes") or [])
 
     async def remove_volume(self, name: str) -> None:
@@ -351,11 +388,17 @@ class DockerEngine:
 
         def ensure() -> None:
             client = self._client
-            if [n for n in client.networks.list(names=[name]) if n.name == name]:
+            found = [n for n in client.networks.list(names=[name]) if n.name == name]
+            if found:
+                if not self.in_scope(found[0].attrs.get("Labels")):
+                    raise EngineRefusedError(
+                        f"network {name} belongs to another deployment on this engine", status=409, detail="taken"
+                    )
                 return
             try:
                 client.networks.create(
-                    name, driver="bridge", internal=True, check_duplicate=True, options=dict(options), labels=dict(labels)
+                    name, driver="bridge", internal=True, check_duplicate=True, options=dict(options),
+                    labels=self.scoped_labels(labels),
                 )
             except docker.errors.APIError as e:
                 if e.status_code != 409:  # 409: another provider on this engine made it meanwhile
@@ -369,7 +412,7 @@ class DockerEngine:
 
         def drop() -> bool:
             for network in self._client.networks.list(names=[name]):
-                if network.name != name:
+                if network.name != name or not self.in_scope(network.attrs.get("Labels")):
                     continue
                 network.reload()
                 if network.attrs.get("Containers"):

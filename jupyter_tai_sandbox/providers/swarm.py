@@ -45,7 +45,6 @@ from ._docker_names import (
     WORKSPACE,
     is_session_id,
     session_labels,
-    workspace_volume,
 )
 from ._docker_session import CommandRegistry, SessionSite
 from ._swarm_engine import SwarmEngine, TlsMaterial
@@ -96,8 +95,13 @@ class SwarmSandbox(DockerSandbox):
     cannot start a task without a network) and is disconnected from it on its
     node before the session is handed out, so commands only ever see loopback.
 
-    **Persistent workspaces** are volumes ``tai-sbx-<key>`` local to a node. The
-    node holding one is recorded in a swarm config (``tai-ws-<hash of key>``,
+    **Deployments** work as on the docker provider: the deployment's label is on
+    every service, container, volume, network and record, and on every query of
+    the manager and the nodes.
+
+    **Persistent workspaces** are volumes ``tai-sbx-<deployment tag>-<key>`` local
+    to a node. The node holding one is recorded in a swarm config
+    (``tai-ws-<hash of deployment and key>``,
     labelled with the key, node and owner) on the manager, so any server finds
     it; a session with that key is constrained to that node. A new key goes
     where the scheduler puts the session, and is recorded then.
@@ -167,10 +171,10 @@ class SwarmSandbox(DockerSandbox):
         # DockerSandbox's traits and policy, not its single engine or warm pool
         LoggingConfigurable.__init__(self, **kwargs)
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
-        self._engine = SwarmEngine(self.base_url, tls=tls)
+        self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._network_lock = None
         self._commands = CommandRegistry()
-        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for)
+        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for, scope=self.scope.labels)
         if self.pool_size:
             self.log.warning("sandbox-swarm: pool_size is ignored (no warm pool on a swarm)")
 
@@ -202,12 +206,12 @@ class SwarmSandbox(DockerSandbox):
         session_id = labels[LABEL_SESSION]
         if spec.durability == "persistent":
             key = str(spec.workspace_key)
-            volume_labels = {**self.extra_labels, LABEL_WORKSPACE: key}
+            volume_labels = {**self.own_labels, LABEL_WORKSPACE: key}
             if spec.owner is not None:
                 volume_labels[LABEL_OWNER] = spec.owner
-            mounts = [types.Mount(WORKSPACE, workspace_volume(key), type="volume", labels=volume_labels)]
+            mounts = [types.Mount(WORKSPACE, self.scope.workspace_volume(key), type="volume", labels=volume_labels)]
         else:
-            mounts = [types.Mount(WORKSPACE, None, type="volume", labels={**self.extra_labels, LABEL_SESSION: session_id})]
+            mounts = [types.Mount(WORKSPACE, None, type="volume", labels={**self.own_labels, LABEL_SESSION: session_id})]
         if self.read_only_rootfs:
             mounts.append(types.Mount("/tmp", None, type="tmpfs", tmpfs_mode=0o1777))
         env = {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env}
@@ -292,7 +296,7 @@ class SwarmSandbox(DockerSandbox):
 
     async def _record(self, spec: SessionSpec) -> dict[str, Any] | None:
         """The record of the spec's workspace (None: a new key); another owner's is no workspace at all."""
-        found = await self.manager.configs(record_name(str(spec.workspace_key)))
+        found = await self.manager.configs(record_name(self.scope, str(spec.workspace_key)))
         if not found:
             return None
         labels = found[0]["Spec"].get("Labels") or {}
@@ -324,11 +328,11 @@ class SwarmSandbox(DockerSandbox):
     async def _keep_record(self, spec: SessionSpec, node_id: str) -> bool:
         """Record a new workspace on ``node_id``; False when another session recorded it elsewhere first."""
         key = str(spec.workspace_key)
-        labels = {**self.extra_labels, LABEL_WORKSPACE: key, LABEL_NODE: node_id}
+        labels = {**self.own_labels, LABEL_WORKSPACE: key, LABEL_NODE: node_id}
         if spec.owner is not None:
             labels[LABEL_OWNER] = spec.owner
         data = json.dumps({"workspace": key, "node": node_id, "owner": spec.owner}).encode()
-        if await self.manager.create_config(record_name(key), data, labels):
+        if await self.manager.create_config(record_name(self.scope, key), data, labels):
             return True
         record = await self._record(spec)
         return record is not None and (record["Spec"].get("Labels") or {}).get(LABEL_NODE) == node_id
@@ -352,13 +356,13 @@ class SwarmSandbox(DockerSandbox):
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
-        labels = session_labels(session_id, spec, now, expires, self.extra_labels)
+        labels = session_labels(session_id, spec, now, expires, self.own_labels)
         pin = await self._pin(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
         template = self._task_template(spec, labels, network, pin)
         if network is not None:
             async with self._lock_network():
-                await self.manager.ensure_overlay(network, labels={**self.extra_labels, LABEL_NETWORK: "internal"})
+                await self.manager.ensure_overlay(network, labels={**self.own_labels, LABEL_NETWORK: "internal"})
                 service_id = await self._create_service(template, session_id, labels, network)
         else:
             service_id = await self._create_service(template, session_id, labels, None)
@@ -491,14 +495,9 @@ class SwarmSandbox(DockerSandbox):
     async def _drop_idle_networks(self) -> None:
         """Owner networks left behind (their last session's task was still being cleaned up then)."""
         with contextlib.suppress(SandboxError):
-            networks = await self.manager._call(
-                "list networks", "networks", filters={"label": f"{LABEL_NETWORK}=internal", "driver": "overlay"}
-            )
-            for network in networks or []:
-                labels = network.get("Labels") or {}
-                if all(labels.get(k) == v for k, v in self.extra_labels.items()):
-                    async with self._lock_network():
-                        await self.manager.drop_overlay(network["Name"])
+            for network in await self.manager.overlays(f"{LABEL_NETWORK}=internal"):
+                async with self._lock_network():
+                    await self.manager.drop_overlay(network["Name"])
 
     async def _remove(self, service_id: str, session: SwarmSession | None, network: str | None) -> None:
         """Remove a service, its container now when its node answers (its agent would, later), and the
@@ -536,14 +535,14 @@ class SwarmSandbox(DockerSandbox):
         if remove_workspace and spec.durability == "persistent":
             key = str(spec.workspace_key)
             try:
-                await session.engine.remove_volume(workspace_volume(key))
+                await session.engine.remove_volume(self.scope.workspace_volume(key))
             except EngineRefusedError as e:
                 if e.status == 409:
                     raise SandboxConflictError(
                         f"workspace {key!r} is in use by another session: destroy that one first"
                     ) from None
                 raise
-            for record in await self.manager.configs(record_name(key)):
+            for record in await self.manager.configs(record_name(self.scope, key)):
                 await self.manager.remove_config(record["ID"])
         self.log.debug("sandbox-swarm: destroyed %s", session.id)
 
