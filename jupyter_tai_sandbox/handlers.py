@@ -197,6 +197,38 @@ class ExecsHandler(SandboxAPIHandler):
         self.write_json({"execs": [live.to_json() for live in self.sandbox_app.execs.list(session.id, caller)]})
 
 
+class LiveExecHandler(SandboxAPIHandler):
+    """DELETE kills one interactive command beside its websocket, which still gets the output and the exit.
+
+    A kill sent on the websocket waits behind the stdin frames the server has not taken in yet
+    (a command that does not read its stdin holds them); this one does not.
+    """
+
+    @web.authenticated
+    @authorized(action="execute")
+    async def delete(self, session_id: str, exec_id: str) -> None:
+        session = await self.get_session(session_id, manage=True)
+        live = self.sandbox_app.execs.get(exec_id, await self.caller(), session.id)
+        await live.handle.kill()
+        self.touch()
+        self.set_status(204)
+        self.finish()
+
+
+class ResolveHandler(SandboxAPIHandler):
+    """``?path=P``: P's absolute path as the session's commands see it; outside the workspace is 400."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, session_id: str) -> None:
+        path = self.get_argument("path", None)
+        if not path:
+            raise SandboxRequestError("path: a workspace path, e.g. ?path=data/input.csv", field="path")
+        session = await self.get_session(session_id)
+        # resolve() may ask the engine (blocking)
+        self.write_json({"path": path, "resolved": await asyncio.to_thread(session.resolve, path)})
+
+
 @web.stream_request_body
 class FileHandler(SandboxAPIHandler):
     """GET downloads a file (streamed) or lists a folder; PUT uploads a file (streamed)."""
@@ -323,17 +355,23 @@ class FileHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self, session_id: str, path: str | None = None) -> None:
+        kind = self.get_argument("type", "")
+        if kind not in ("", "file", "directory"):
+            raise SandboxRequestError("type: 'file' (the bytes only) or 'directory' (the listing only)", field="type")
         session = await self.get_session(session_id)
         self.touch()
         path = path or "."
-        try:
+        entries = None
+        if kind == "directory":
             entries = await session.list_files(path)
-        except SandboxNotFoundError:
-            entries = None
-        except SandboxPathError:
-            if path.endswith("/") or path == ".":
-                raise
-            entries = None
+        elif kind == "":
+            try:
+                entries = await session.list_files(path)
+            except SandboxNotFoundError:
+                pass
+            except SandboxPathError:
+                if path.endswith("/") or path == ".":
+                    raise
         if entries is not None:
             self.write_json({"path": path, "entries": entries})
             return
@@ -367,5 +405,7 @@ rest_handlers = [
     (rf"/api/sandbox/sessions/{SESSION_ID}", SessionHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/exec", ExecHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/execs", ExecsHandler),
+    (rf"/api/sandbox/sessions/{SESSION_ID}/execs/(?P<exec_id>[^/]+)", LiveExecHandler),
+    (rf"/api/sandbox/sessions/{SESSION_ID}/resolve", ResolveHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/files(?:/(?P<path>.*))?", FileHandler),
 ]
