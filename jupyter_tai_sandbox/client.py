@@ -27,11 +27,12 @@ import base64
 import contextlib
 import json
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from tornado.httpclient import HTTPClientError, HTTPRequest
@@ -47,11 +48,27 @@ from .contract import (
     SandboxUnavailableError,
 )
 from .errors import error_from_json
-from .http_connections import BodyProducer, HTTPConnections
+from .http_connections import BodyProducer, HTTPConnections, StreamingCallback
 
 _STREAMS = {1: "stdout", 2: "stderr"}
 #: dot segments travel percent-encoded, so nothing between here and the server resolves them
 _DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
+#: largest stdin frame sent over the exec websocket (the server's message limit is 10 MiB)
+STDIN_FRAME_BYTES = 1 << 20
+#: how long a cancelled exec_start waits for the server's answer to its start before it stops the command
+_ABANDON_SECONDS = 10.0
+
+
+async def _written(sending: Any) -> None:
+    """Wait for a websocket write without ever cancelling it.
+
+    Cancelling tornado's write (as cancelling a task awaiting it does) cancels the stream's own
+    future, which tornado then reports to the event loop; so the write is shielded, and its
+    outcome is always retrieved, even when nobody waits for it any more.
+    """
+    sending = asyncio.ensure_future(sending)
+    sending.add_done_callback(lambda done: done.cancelled() or done.exception())
+    await asyncio.shield(sending)
 
 
 def error_from_body(status: int, body: bytes) -> SandboxError:
@@ -126,15 +143,21 @@ class SandboxClient:
     """REST and websocket calls to one server."""
 
     def __init__(
-        self, url: str | None = None, token: str | None = None, request_timeout: float = 3600.0
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        request_timeout: float = 3600.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``ssl_context``: TLS settings for an https server (CA bundle, client certificate, verification)."""
         if url is None:
             url, found_token = discover_server()
             token = token if token is not None else found_token
         self.url = url.rstrip("/") + "/"
         self.token = token or ""
         self.request_timeout = request_timeout
-        self._http = HTTPConnections(self.url)
+        self.ssl_context = ssl_context
+        self._http = HTTPConnections(self.url, ssl_context)
         self._http_loop: asyncio.AbstractEventLoop | None = None
 
     # ---------------------------------------------------------------- plumbing
@@ -170,7 +193,7 @@ class SandboxClient:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         body_producer: BodyProducer | None = None,
-        streaming_callback: Callable[[bytes], None] | None = None,
+        streaming_callback: StreamingCallback | None = None,
     ) -> Any:
         headers = self._headers()
         if body is not None and not isinstance(body, bytes):
@@ -254,7 +277,38 @@ class SandboxClient:
         )
 
     async def list_files(self, session_id: str, path: str = "") -> list[dict[str, Any]]:
-        return (await self._request("GET", "sessions", session_id, "files", path))["entries"]
+        """A folder's entries; a path that is a file is SandboxPathError (never its content)."""
+        params = {"type": "directory"}
+        return (await self._request("GET", "sessions", session_id, "files", path, params=params))["entries"]
+
+    async def remove(self, session_id: str, path: str) -> None:
+        """Delete a workspace file, or a folder with what it holds."""
+        await self._request("DELETE", "sessions", session_id, "files", path)
+
+    async def move(self, session_id: str, path: str, new_path: str) -> None:
+        """Rename or move a workspace file or folder (the new path must not exist)."""
+        await self._request("PATCH", "sessions", session_id, "files", path, body={"path": new_path})
+
+    async def resolve(self, session_id: str, path: str) -> str:
+        """The absolute path of a workspace path as the session's commands see it (SandboxPathError outside)."""
+        return (await self._request("GET", "sessions", session_id, "resolve", params={"path": path}))["resolved"]
+
+    def resolve_blocking(self, session_id: str, path: str, timeout: float | None = None) -> str:
+        """``resolve`` without an event loop: one plain blocking request (for a synchronous caller)."""
+        url = self._url("sessions", session_id, "resolve", params={"path": path})
+        request = urllib.request.Request(url, headers=self._headers())
+        try:
+            with urllib.request.urlopen(
+                request, timeout=timeout or self.request_timeout, context=self._blocking_ssl()
+            ) as response:
+                return json.loads(response.read())["resolved"]
+        except urllib.error.HTTPError as e:
+            raise error_from_body(e.code, e.read()) from None
+        except OSError as e:
+            raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+
+    def _blocking_ssl(self) -> ssl.SSLContext | None:
+        return self.ssl_context if self.url.startswith("https:") else None
 
     async def upload(self, session_id: str, path: str, data: bytes | AsyncIterable[bytes]) -> dict[str, Any]:
         """Upload ``data`` (bytes, or chunks streamed as they come) to a workspace path."""
@@ -273,6 +327,46 @@ class SandboxClient:
 
     async def download(self, session_id: str, path: str) -> bytes:
         return await self._request("GET", "sessions", session_id, "files", path)
+
+    async def iter_download(self, session_id: str, path: str, queue_chunks: int = 4) -> AsyncIterator[bytes]:
+        """A workspace file's bytes as they arrive, never more than ``queue_chunks`` pieces ahead of
+        the reader (the transfer waits for it). A folder is SandboxPathError, not its listing."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(queue_chunks)
+        transfer = asyncio.ensure_future(
+            self._request(
+                "GET", "sessions", session_id, "files", path, params={"type": "file"}, streaming_callback=queue.put
+            )
+        )
+        transfer.add_done_callback(lambda _: queue.put_nowait(None) if not queue.full() else None)
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, transfer}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    if not queue.empty():
+                        continue  # the transfer ended with pieces still queued: hand them over first
+                    await transfer  # raises the transfer's error, if any
+                    return
+                chunk = getter.result()
+                if chunk is None:
+                    await transfer
+                    return
+                yield chunk
+        finally:
+            if not transfer.done():
+                transfer.cancel()  # the reader stopped early: drop the connection
+                with contextlib.suppress(BaseException):
+                    await transfer
+
+    async def kill_exec(self, session_id: str, exec_id: str) -> bool:
+        """Stop an interactive command by its exec id, beside its websocket (so a kill never waits behind
+        stdin the server has not taken yet). True when killed, False when it had ended and was forgotten."""
+        try:
+            await self._request("DELETE", "sessions", session_id, "execs", exec_id)
+        except SandboxNotFoundError:
+            return False
+        return True
 
     async def download_to(self, session_id: str, path: str, sink: Any) -> int:
         """Stream a workspace file into ``sink`` (anything with ``write(bytes)``); return its size."""
@@ -311,12 +405,34 @@ class SandboxClient:
             start["env"] = dict(env)
         if cwd is not None:
             start["cwd"] = cwd
-        if rows and cols:
-            start.update(rows=rows, cols=cols)
-        await connection.write_message(json.dumps(start))
+        if rows is not None:
+            start["rows"] = rows
+        if cols is not None:
+            start["cols"] = cols
         remote = RemoteExec(connection)
-        await remote._wait_started()
+        sent = False
+        try:
+            flushed = connection.write_message(json.dumps(start))
+            sent = True  # framed into the connection's buffer: it reaches the server
+            await _written(flushed)
+            await remote._wait_started()
+        except BaseException:
+            # a start that failed or was cancelled once its message left may still run: stop it, then go
+            await asyncio.shield(asyncio.ensure_future(self._abandon(session_id, remote, sent)))
+            raise
         return remote
+
+    async def _abandon(self, session_id: str, remote: RemoteExec, sent: bool) -> None:
+        """Stop the command of a start nobody will use (the server's answer is awaited, bounded), then close."""
+        try:
+            if sent and remote.exec_id is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(remote._wait_started(), _ABANDON_SECONDS)
+            if remote.exec_id is not None:
+                with contextlib.suppress(SandboxError):
+                    await self.kill_exec(session_id, remote.exec_id)
+        finally:
+            remote.disconnect()
 
     async def attach(self, session_id: str, exec_id: str, offset: int = 0) -> RemoteExec:
         """Attach to a running interactive command (after a disconnect, from another process...).
@@ -336,7 +452,11 @@ class SandboxClient:
 
     async def _exec_socket(self, session_id: str) -> WebSocketClientConnection:
         request = HTTPRequest(
-            self._url("sessions", session_id, "exec", "ws", scheme="ws"), headers=self._headers()
+            self._url("sessions", session_id, "exec", "ws", scheme="ws"),
+            headers=self._headers(),
+            ssl_options=self.ssl_context,
+            connect_timeout=self.request_timeout,
+            request_timeout=self.request_timeout,
         )
         try:
             return await websocket_connect(request, max_message_size=64 << 20)
@@ -356,7 +476,7 @@ class SandboxClient:
         url = self._url("sessions", session_id, params={"remove_workspace": "1" if remove_workspace else "0"})
         request = urllib.request.Request(url, method="DELETE", headers=self._headers())
         try:
-            with urllib.request.urlopen(request, timeout=timeout):
+            with urllib.request.urlopen(request, timeout=timeout, context=self._blocking_ssl()):
                 return True
         except urllib.error.HTTPError as e:
             error = error_from_body(e.code, e.read())
@@ -398,6 +518,8 @@ class RemoteExec:
         message = await self._ws.read_message()
         if message is None:
             raise SandboxError("the exec websocket closed before the command started")
+        if isinstance(message, bytes):
+            raise SandboxError("the exec websocket sent output before saying the command started")
         data = json.loads(message)
         if data.get("type") not in ("started", "attached"):
             self._ws.close()
@@ -409,7 +531,8 @@ class RemoteExec:
         while True:
             message = await self._ws.read_message()
             if message is None:
-                raise SandboxError("the exec websocket closed without an exit message")
+                # the connection ended (the server went away): no status was read, none is made up
+                raise SandboxUnavailableError("the exec websocket closed without an exit message")
             if isinstance(message, bytes):
                 yield OutputChunk(_STREAMS[message[0]], message[1:])  # type: ignore[arg-type]
                 continue
@@ -430,7 +553,7 @@ class RemoteExec:
 
     async def _send(self, message: str | bytes) -> None:
         try:
-            await self._ws.write_message(message, binary=isinstance(message, bytes))
+            await _written(self._ws.write_message(message, binary=isinstance(message, bytes)))
         except WebSocketClosedError:
             raise SandboxError("the command has ended: its websocket is closed") from None
 

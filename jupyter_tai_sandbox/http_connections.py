@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import socket
 import ssl
 import urllib.parse
@@ -28,6 +29,8 @@ MAX_BUFFERED_BODY = 1 << 30
 MAX_IDLE = 8
 
 BodyProducer = Callable[[Callable[[bytes], Awaitable[None]]], Awaitable[None]]
+#: takes each piece of a streamed response body; one returning an awaitable is awaited (backpressure)
+StreamingCallback = Callable[[bytes], "Awaitable[None] | None"]
 
 
 @dataclass
@@ -40,7 +43,7 @@ class Response:
 
 @dataclass
 class _Reader(httputil.HTTPMessageDelegate):
-    on_chunk: Callable[[bytes], None] | None
+    on_chunk: StreamingCallback | None
     response: Response | None = None
     chunks: list[bytes] = field(default_factory=list)
     closed_early: bool = False
@@ -53,11 +56,13 @@ class _Reader(httputil.HTTPMessageDelegate):
         assert isinstance(start_line, httputil.ResponseStartLine)
         self.response = Response(start_line.code, start_line.reason, headers)
 
-    def data_received(self, chunk: bytes) -> None:
+    def data_received(self, chunk: bytes) -> Awaitable[None] | None:
         if self.on_chunk is not None and self.response is not None and self.response.code < 300:
-            self.on_chunk(chunk)
-        else:
-            self.chunks.append(chunk)
+            ret = self.on_chunk(chunk)
+            # tornado awaits what data_received returns before it reads on
+            return ret if inspect.isawaitable(ret) else None
+        self.chunks.append(chunk)
+        return None
 
     def finish(self) -> None:
         if self.response is not None:
@@ -82,14 +87,15 @@ def _still_open(stream: IOStream) -> bool:
 class HTTPConnections:
     """Requests to the server at ``url`` (its scheme, host and port), reusing idle connections."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, ssl_context: ssl.SSLContext | None = None) -> None:
+        """``ssl_context``: the TLS settings of an https URL (default: the system's CA bundle, verified)."""
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self._netloc = parts.netloc.rpartition("@")[2]
-        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
         self._tcp = TCPClient()
         self._idle: list[IOStream] = []
 
@@ -118,7 +124,7 @@ class HTTPConnections:
         *,
         body: bytes | None = None,
         body_producer: BodyProducer | None = None,
-        streaming_callback: Callable[[bytes], None] | None = None,
+        streaming_callback: StreamingCallback | None = None,
         timeout: float | None = None,
     ) -> Response:
         """One request (``target``: path and query). A streamed response body goes to
@@ -145,7 +151,7 @@ class HTTPConnections:
         headers: dict[str, str],
         body: bytes | None,
         body_producer: BodyProducer | None,
-        streaming_callback: Callable[[bytes], None] | None,
+        streaming_callback: StreamingCallback | None,
     ) -> Response:
         max_body = (1 << 62) if streaming_callback is not None else MAX_BUFFERED_BODY
         connection = HTTP1Connection(
