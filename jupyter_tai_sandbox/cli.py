@@ -316,6 +316,29 @@ def _add_preset_commands(commands: Any) -> None:
     run.set_defaults(run=_preset_door(_preset_run))
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .hub import serve
+
+    serve(args.server_options)
+    return 0
+
+
+def _add_serve_command(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run the sandbox service for JupyterHub: this extension alone, authenticated by hub tokens",
+        description="""A jupyter_server with only this extension, as a JupyterHub (managed) service: it
+        binds to JUPYTERHUB_SERVICE_URL under JUPYTERHUB_SERVICE_PREFIX and authenticates every request
+        with JupyterHub's service auth (JUPYTERHUB_API_URL, JUPYTERHUB_API_TOKEN): the principal is the hub
+        user, admin is the custom:tai-sandbox:admin scope (HubServiceAuthorizer.admin_scope). The server's
+        kernels, contents and terminals are refused to everyone. It is the one process that holds the
+        container engine; users' servers use SandboxApp.provider=remote. Options after the command are
+        jupyter_server's and the extension's (--SandboxApp.provider=docker, --ServerApp.allow_root=True, ...).""",
+        usage="jupyter tai-sandbox serve [-h] [--Class.trait=value ...]",
+    )
+    serve.set_defaults(run=_serve, takes_server_options=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jupyter tai-sandbox", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -341,7 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.set_defaults(run=_build_image)
     _add_preset_commands(commands)
     _add_kernelspec_commands(commands)
-    args = parser.parse_args(argv)
+    _add_serve_command(commands)
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "takes_server_options", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.server_options = rest
     return int(args.run(args))
 
 

@@ -1,0 +1,199 @@
+"""The sandbox service for JupyterHub: hub users authenticated by JupyterHub's own service auth.
+
+One process (``jupyter tai-sandbox serve``, run by the hub as a managed service)
+holds the container engine and serves this extension's API. Users' single-user
+servers hold no engine socket: they run the extension with ``provider=remote``
+pointed at the service, each with its own hub token.
+
+* :class:`HubServiceIdentityProvider` takes ``Authorization: token <hub token>``
+  (or ``bearer``), resolves it with :class:`jupyterhub.services.auth.HubAuth`
+  (``user_for_token``, cached for ``HubAuth.cache_max_age``), and lets in only
+  hub *users* whose token holds the service's access scope
+  (``access:services!service=<name>``). The user name is the hub user's, so
+  every tenancy rule (owners, consumers, workspaces, quotas) keys on it. A
+  request without a valid token gets 403: there is no anonymous user and no
+  shared server token.
+* :class:`HubServiceAuthorizer` grants this extension's resources to those
+  users, the admin resource only to a token holding the operator's custom
+  scope (``custom:tai-sandbox:admin`` by default), and nothing else of the
+  server (kernels, contents, terminals) to anyone: code on the service's host
+  would hold the engine socket.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from jupyter_server.auth.authorizer import Authorizer
+from jupyter_server.auth.identity import IdentityProvider, User
+from traitlets import Instance, Unicode, default
+
+from .sessions import ADMIN_RESOURCE
+
+#: the prefix of every Authorizer resource this extension defines
+RESOURCE_PREFIX = "jupyter_tai_sandbox:"
+#: the admin scope's default: a JupyterHub custom scope the operator defines and grants
+DEFAULT_ADMIN_SCOPE = "custom:tai-sandbox:admin"
+
+
+def _hub_auth_class() -> type:
+    try:
+        from jupyterhub.services.auth import HubAuth
+    except ImportError as e:  # pragma: no cover - the message says what to install
+        raise ImportError(
+            "the sandbox service authenticates with JupyterHub's service auth: pip install jupyterhub"
+        ) from e
+    return HubAuth
+
+
+@dataclass
+class HubUser(User):
+    """A hub user, with the scopes of the token that authenticated the request."""
+
+    hub_scopes: frozenset[str] = field(default_factory=frozenset)
+
+
+class HubServiceIdentityProvider(IdentityProvider):
+    """Requests authenticated by a JupyterHub token, resolved through JupyterHub's HubAuth."""
+
+    hub_auth = Instance(
+        "jupyterhub.services.auth.HubAuth",
+        help="""JupyterHub's service auth (configure it as c.HubAuth: api_url, api_token,
+        access_scopes, cache_max_age). A hub-managed service gets all of it from the hub's
+        environment: JUPYTERHUB_API_URL, JUPYTERHUB_API_TOKEN, JUPYTERHUB_SERVICE_NAME.""",
+    )
+
+    @default("hub_auth")
+    def _default_hub_auth(self) -> Any:
+        return _hub_auth_class()(parent=self)
+
+    # no shared server token: a hub token names its user, jupyter_server's own token names nobody
+    token_generated = False
+
+    @property
+    def token(self) -> str:  # type: ignore[override]
+        return ""
+
+    @property
+    def login_available(self) -> bool:
+        return False
+
+    @property
+    def logout_available(self) -> bool:
+        return False
+
+    def get_handlers(self) -> list[tuple[str, object]]:
+        return []  # an API for servers and scripts: no login page, no cookies
+
+    async def get_user(self, handler: Any) -> HubUser | None:
+        if hasattr(handler, "_tai_hub_user"):
+            return handler._tai_hub_user  # type: ignore[no-any-return]
+        handler._tai_hub_user = None
+        hub_auth = self.hub_auth
+        token = hub_auth.get_token(handler, in_cookie=False)
+        if not token:
+            return None
+        model = await hub_auth.user_for_token(token, sync=False)
+        if not model:
+            self.log.info("tai-sandbox service: a token the hub does not know (%s)", handler.request.path)
+            return None
+        name, kind = model.get("name"), model.get("kind", "user")
+        if kind != "user" or not isinstance(name, str) or not name:
+            # a service's name is not a user's: it could shadow one, so services are not principals
+            self.log.warning("tai-sandbox service: refused a %s token (%r): only hub users", kind, name)
+            return None
+        if not hub_auth.check_scopes(hub_auth.access_scopes, model):
+            self.log.warning(
+                "tai-sandbox service: user %r's token lacks %s", name, " or ".join(sorted(hub_auth.access_scopes))
+            )
+            return None
+        handler._token_authenticated = True  # no XSRF cookie or origin check for a token (jupyter_server's rule)
+        handler._tai_hub_user = HubUser(username=name, hub_scopes=frozenset(model.get("scopes", ())))
+        return handler._tai_hub_user  # type: ignore[no-any-return]
+
+    def identity_model(self, user: User) -> dict[str, Any]:
+        model = asdict(user)
+        model.pop("hub_scopes", None)
+        return model
+
+    def validate_security(self, app: Any, ssl_options: dict[str, Any] | None = None) -> None:
+        if not self.hub_auth.api_token:
+            raise SystemExit(
+                "tai-sandbox service: no JupyterHub API token (JUPYTERHUB_API_TOKEN, or c.HubAuth.api_token): "
+                "run it as a hub-managed service, or give it the token of its service entry"
+            )
+        if not self.hub_auth.access_scopes:
+            raise SystemExit(
+                "tai-sandbox service: no access scope to require (JUPYTERHUB_SERVICE_NAME, or "
+                "c.HubAuth.access_scopes such as access:services!service=tai-sandbox): every hub user "
+                "would be let in"
+            )
+
+
+class HubServiceAuthorizer(Authorizer):
+    """This extension's resources for authenticated hub users; admin only with the operator's scope."""
+
+    admin_scope = Unicode(
+        DEFAULT_ADMIN_SCOPE,
+        help="""The JupyterHub scope that makes a token an admin of the sandbox service (read, write and
+        execute on jupyter_tai_sandbox:admin: every user's sessions, other consumers and owners, the
+        code-tool fence). Define it in c.JupyterHub.custom_scopes and grant it with a role; the users'
+        server tokens carry it only if Spawner.server_token_scopes asks for it (and only for users who
+        hold it). Empty: nobody is admin.""",
+    ).tag(config=True)
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        if not isinstance(user, HubUser):
+            return False
+        if resource == ADMIN_RESOURCE:
+            return bool(self.admin_scope) and self._holds(user, self.admin_scope)
+        # the server's own kernels, contents and terminals would run code next to the engine socket
+        return resource.startswith(RESOURCE_PREFIX)
+
+    @staticmethod
+    def _holds(user: HubUser, scope: str) -> bool:
+        from jupyterhub.services.auth import check_scopes
+
+        return bool(check_scopes({scope}, set(user.hub_scopes)))
+
+
+def server_argv(environ: Any = None) -> list[str]:
+    """ServerApp options for a hub-managed service: bind and prefix where the hub says, hub auth."""
+    environ = os.environ if environ is None else environ
+    argv = [
+        f"--ServerApp.identity_provider_class={HubServiceIdentityProvider.__module__}.HubServiceIdentityProvider",
+        f"--ServerApp.authorizer_class={HubServiceAuthorizer.__module__}.HubServiceAuthorizer",
+        "--ServerApp.open_browser=False",
+        "--ServerApp.terminals_enabled=False",
+    ]
+    url = environ.get("JUPYTERHUB_SERVICE_URL")
+    if url:
+        where = urlparse(url)
+        if where.hostname:
+            argv.append(f"--ServerApp.ip={where.hostname}")
+        if where.port:
+            argv.append(f"--ServerApp.port={where.port}")
+            argv.append("--ServerApp.port_retries=0")  # the hub routes to this port, not the next free one
+    prefix = environ.get("JUPYTERHUB_SERVICE_PREFIX")
+    if prefix:
+        argv.append(f"--ServerApp.base_url={prefix}")
+    return argv
+
+
+def serve(argv: Sequence[str] = ()) -> None:
+    """Run a jupyter_server with only this extension, as a JupyterHub service; ``argv`` adds options."""
+    from jupyter_server.serverapp import ServerApp
+
+    app = ServerApp.instance(jpserver_extensions={"jupyter_tai_sandbox": True})
+    # later options win: the operator's own argv may override what the hub's environment says
+    app.initialize(argv=[*server_argv(), *argv], find_extensions=False)
+    app.start()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    serve(sys.argv[1:])
