@@ -32,6 +32,9 @@ def _provider_classes() -> list[type]:
         from .providers.docker import DockerSandbox
 
         classes.append(DockerSandbox)
+    from .providers.remote import RemoteSandbox
+
+    classes.append(RemoteSandbox)
     with contextlib.suppress(ImportError):  # the mcp extra
         from .mcp_door.door import SandboxMCP
 
@@ -51,7 +54,8 @@ class SandboxApp(ExtensionApp):
 
     provider = Unicode(
         help="""The sandbox provider (TAI_MCP_SANDBOX, the sandbox_module setting): 'off' (default),
-        'local' (host subprocesses, no isolation), 'docker' (one container per session), or
+        'local' (host subprocesses, no isolation), 'docker' (one container per session), 'remote'
+        (the sessions of another server running this extension, see RemoteSandbox), or
         'module:Class' naming an external Sandbox provider class.""",
     ).tag(config=True)
 

@@ -13,7 +13,15 @@ import importlib
 import os
 from typing import Any
 
-from .contract import Sandbox, SandboxError, SandboxSession, SandboxUnavailableError, SessionInfo, SessionSpec
+from .contract import (
+    Sandbox,
+    SandboxError,
+    SandboxIsolation,
+    SandboxSession,
+    SandboxUnavailableError,
+    SessionInfo,
+    SessionSpec,
+)
 from .policy import SandboxPolicy
 
 #: Built-in provider names and the classes behind them.
@@ -21,6 +29,7 @@ BUILTIN_PROVIDERS = {
     "local": "jupyter_tai_sandbox.providers.local:LocalSandbox",
     "docker": "jupyter_tai_sandbox.providers.docker:DockerSandbox",
     "swarm": "jupyter_tai_sandbox.providers.swarm:SwarmSandbox",
+    "remote": "jupyter_tai_sandbox.providers.remote:RemoteSandbox",
 }
 OFF_VALUES = {"", "off", "none"}
 
@@ -40,10 +49,23 @@ class GatedSandbox(Sandbox):
     def __init__(self, provider: Sandbox, policy: SandboxPolicy) -> None:
         self.provider = provider
         self.policy = policy
-        self.kind = provider.kind
-        self.max_isolation = provider.max_isolation
-        self.networks = provider.networks
-        self.supports_limits = provider.supports_limits
+
+    # read from the provider each time: a remote provider learns them from its server
+    @property  # type: ignore[override]
+    def kind(self) -> str:
+        return self.provider.kind
+
+    @property  # type: ignore[override]
+    def max_isolation(self) -> SandboxIsolation:
+        return self.provider.max_isolation
+
+    @property  # type: ignore[override]
+    def networks(self) -> frozenset[str]:
+        return self.provider.networks
+
+    @property  # type: ignore[override]
+    def supports_limits(self) -> bool:
+        return self.provider.supports_limits
 
     async def create(self, spec: SessionSpec) -> SandboxSession:
         return await self.provider.create(self.policy.apply(spec))

@@ -1,0 +1,548 @@
+"""A real JupyterHub with the sandbox service: alice and bob, each through their own server.
+
+The hub runs examples/jupyterhub_config.py (README's config) with only ports, paths and the
+deployment name changed: configurable-http-proxy from npm, the dummy authenticator,
+SimpleLocalProcessSpawner, the service (``jupyter tai-sandbox serve``) on the docker provider,
+and each user's server on the remote provider with its own hub token. A test-only hub service
+holds an admin token to start and stop servers and to mint tokens for alice and bob.
+
+Everything runs on 127.0.0.1 free ports with its state in a tmp dir, and is killed at the end,
+failures included. Outside CI it skips without docker, configurable-http-proxy (.ci/hub-up) or
+jupyterhub; with CI=true it fails instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from docker_support import docker_client, in_ci
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "jupyterhub_config.py"
+SERVICE = "tai-sandbox"
+DEADLINE = 60.0  # seconds for the hub, the service or a user's server to come up
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _missing(what: str) -> None:
+    message = f"the JupyterHub test needs {what}"
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _processes_mentioning(needle: bytes) -> list[int]:
+    """Every process whose environment holds ``needle``: what a hub run started, even once orphaned."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Hub:
+    """A running hub: its public URL, the driver's admin token, requests as anyone."""
+
+    def __init__(self, tmp: Path) -> None:
+        import requests
+
+        self.requests = requests
+        self.tmp = tmp
+        self.port, self.hub_port, self.api_port, self.service_port = (_free_port() for _ in range(4))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.service_url = f"{self.url}/services/{SERVICE}/"
+        self.driver_token = secrets.token_hex(24)
+        self.deployment = f"test-hub-{secrets.token_hex(6)}"
+        self.tokens: dict[str, str] = {}
+        self.proc: subprocess.Popen | None = None
+        self.known_pids: set[int] = set()
+
+    # ------------------------------------------------------------------ start and stop
+
+    def config(self) -> Path:
+        """examples/jupyterhub_config.py, then only ports, paths, the deployment and the test's driver."""
+        homes = self.tmp / "homes"
+        runtime = self.tmp / "service-runtime"
+        text = f"""
+c = get_config()  # noqa: F821
+load_subconfig({str(EXAMPLE)!r})  # noqa: F821
+public = {self.url!r}
+c.JupyterHub.bind_url = public
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {self.hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
+c.ConfigurableHTTPProxy.pid_file = {str(self.tmp / "proxy.pid")!r}
+c.JupyterHub.db_url = "sqlite:///{self.tmp / "hub.sqlite"}"
+c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
+c.JupyterHub.pid_file = {str(self.tmp / "hub.pid")!r}
+c.SimpleLocalProcessSpawner.home_dir_template = {str(homes) + "/{username}"!r}
+service = c.JupyterHub.services[0]
+service["url"] = "http://127.0.0.1:{self.service_port}"
+service["environment"]["TAI_SANDBOX_DEPLOYMENT"] = {self.deployment!r}
+service["environment"]["JUPYTER_RUNTIME_DIR"] = {str(runtime)!r}
+c.Spawner.args = [a.replace("http://127.0.0.1:8000", public) for a in c.Spawner.args]
+# the test's driver: starts and stops servers, mints alice's and bob's tokens
+c.JupyterHub.services.append({{"name": "test-driver", "api_token": {self.driver_token!r}}})
+c.JupyterHub.load_roles.append(
+    {{"name": "test-driver", "scopes": ["admin:users", "admin:servers", "tokens"], "services": ["test-driver"]}}
+)
+"""
+        path = self.tmp / "jupyterhub_config.py"
+        path.write_text(text)
+        return path
+
+    def start(self) -> None:
+        self.log = open(self.tmp / "hub.log", "wb")  # noqa: SIM115 - closed in stop()
+        # the marker is inherited by the proxy; the service's and servers' environments name self.tmp
+        env = {**os.environ, "TAI_TEST_HUB_RUN": str(self.tmp)}
+        env.pop("TAI_MCP_SANDBOX", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config()), "--no-ssl"],
+            cwd=self.tmp,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.wait_for(lambda: self.api("GET", "")[0] == 200, "the hub's API")
+        self.wait_for(lambda: self.service("GET", "status", token=self.driver_token)[0] in (403, 401), "the sandbox service")
+
+    def stop(self) -> None:
+        """SIGTERM the hub (it stops the proxy, the service and the servers), then kill what is left."""
+        if self.proc is None:
+            return
+        self.known_pids.update(_descendants(self.proc.pid))
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for pid in self.known_pids | set(_processes_mentioning(str(self.tmp).encode())):
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.log.close()
+        self.proc = None
+
+    def remember_processes(self) -> None:
+        if self.proc is not None:
+            self.known_pids.update(_descendants(self.proc.pid))
+
+    def wait_for(self, check, what: str, timeout: float = DEADLINE) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the hub exited ({self.proc.returncode}) waiting for {what}:\n{self.log_tail()}")
+            with contextlib.suppress(self.requests.RequestException):
+                if check():
+                    self.remember_processes()
+                    return
+            time.sleep(0.25)
+        raise AssertionError(f"{what} not ready in {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        self.log.flush()
+        return "\n".join((self.tmp / "hub.log").read_text(errors="replace").splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ requests
+
+    def _call(self, method: str, url: str, token: str | None, body=None, raw: bytes | None = None, **kw):
+        headers = {"Authorization": f"token {token}"} if token else {}
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        r = self.requests.request(method, url, headers=headers, data=data, timeout=30, allow_redirects=False, **kw)
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = r.content
+        return r.status_code, answer
+
+    def api(self, method: str, path: str, body=None):
+        """The hub's REST API, as the test driver."""
+        return self._call(method, f"{self.url}/hub/api/{path}".rstrip("/"), self.driver_token, body)
+
+    def sandbox(self, user: str, method: str, path: str, as_user: str | None = None, **kw):
+        """/user/USER/api/sandbox/PATH with AS_USER's token (USER's by default)."""
+        token = self.tokens[as_user or user]
+        return self._call(method, f"{self.url}/user/{user}/api/sandbox/{path}", token, **kw)
+
+    def service(self, method: str, path: str, token: str | None = None, **kw):
+        """The sandbox service itself, at /services/tai-sandbox/api/sandbox/PATH."""
+        return self._call(method, f"{self.service_url}api/sandbox/{path}", token, **kw)
+
+    # ------------------------------------------------------------------ users
+
+    def token_for(self, user: str) -> str:
+        """A hub API token of ``user``'s: reaches their server and the sandbox service."""
+        status, body = self.api(
+            "POST",
+            f"users/{user}/tokens",
+            {"note": "test_hub", "scopes": [f"access:servers!user={user}", f"access:services!service={SERVICE}"]},
+        )
+        assert status == 201, body
+        self.tokens[user] = body["token"]
+        return body["token"]
+
+    def start_server(self, user: str) -> None:
+        status, body = self.api("POST", f"users/{user}/server")
+        assert status in (201, 202), body
+        self.wait_for(lambda: self.server_state(user) == "ready", f"{user}'s server")
+        self.wait_for(lambda: self.sandbox(user, "GET", "status")[0] == 200, f"{user}'s sandbox API")
+
+    def stop_server(self, user: str) -> None:
+        status, body = self.api("DELETE", f"users/{user}/server")
+        assert status in (202, 204), body
+        self.wait_for(lambda: self.server_state(user) == "stopped", f"{user}'s server to stop")
+
+    def server_state(self, user: str) -> str:
+        _, model = self.api("GET", f"users/{user}")
+        server = model.get("servers", {}).get("")
+        if not server:
+            return "stopped"
+        return "ready" if server.get("ready") else "pending"
+
+
+def _engine_sessions(deployment: str) -> list:
+    """The sessions on the engine in the test's deployment (what the service sees)."""
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    async def listing():
+        sandbox = DockerSandbox(deployment=deployment)
+        try:
+            return await sandbox.list()
+        finally:
+            await sandbox.close()
+
+    return asyncio.run(listing())
+
+
+def _remove_deployment(deployment: str) -> None:
+    """Destroy every session and workspace the test's deployment left (ours only)."""
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    async def remove():
+        sandbox = DockerSandbox(deployment=deployment)
+        try:
+            for info in await sandbox.list():
+                with contextlib.suppress(Exception):
+                    await (await sandbox.get(info.id)).destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+
+    asyncio.run(remove())
+    import docker
+
+    client = docker.from_env(version="auto", timeout=30)
+    try:
+        from jupyter_tai_sandbox.providers._docker_names import LABEL_DEPLOYMENT
+
+        for volume in client.volumes.list(filters={"label": f"{LABEL_DEPLOYMENT}={deployment}"}):
+            with contextlib.suppress(Exception):
+                volume.remove(force=True)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    try:
+        import jupyterhub  # noqa: F401
+    except ImportError:
+        _missing("jupyterhub (pip install -e '.[test]')")
+    if shutil.which("configurable-http-proxy") is None:
+        _missing("configurable-http-proxy on PATH (bash .ci/hub-up)")
+    docker_client().close()
+    hub = Hub(tmp_path_factory.mktemp("hub"))
+    try:
+        hub.start()
+        for user in ("alice", "bob"):
+            hub.token_for(user)
+        yield hub
+    finally:
+        hub.stop()
+        _remove_deployment(hub.deployment)
+
+
+def test_readme_shows_the_config_the_test_runs():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## JupyterHub: the sandbox service"):]
+    block = section[section.index("```python\n") + len("```python\n"):]
+    assert block[: block.index("```")] == EXAMPLE.read_text()
+
+
+def test_serve_binds_where_the_hub_says():
+    from jupyter_tai_sandbox.hub import server_argv
+
+    argv = server_argv({"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:10101", "JUPYTERHUB_SERVICE_PREFIX": "/services/x/"})
+    assert {"--ServerApp.ip=127.0.0.1", "--ServerApp.port=10101", "--ServerApp.base_url=/services/x/"} <= set(argv)
+    assert any(a.endswith("hub.HubServiceIdentityProvider") for a in argv)
+
+
+# ---------------------------------------------------------------------- the service itself
+
+
+def test_the_service_takes_only_hub_users_with_its_access_scope(hub):
+    # no token, a bad token, the driver service's token (a service, not a user): all refused
+    assert hub.service("GET", "sessions")[0] == 403
+    assert hub.service("GET", "sessions", token="not-a-hub-token")[0] == 403
+    assert hub.service("GET", "sessions", token=hub.driver_token)[0] == 403
+    # a token of alice's without the service's access scope
+    status, body = hub.api("POST", "users/alice/tokens", {"note": "no service", "scopes": ["read:users!user=alice"]})
+    assert status == 201, body
+    assert hub.service("GET", "sessions", token=body["token"])[0] == 403
+    # alice's token with the scope: her (empty) listing
+    status, body = hub.service("GET", "sessions", token=hub.tokens["alice"])
+    assert status == 200 and body["sessions"] == []
+
+
+def test_the_service_refuses_the_servers_own_kernels_contents_and_terminals(hub):
+    token = hub.tokens["alice"]
+    for path in ("api/kernels", "api/contents", "api/kernelspecs", "api/sessions", "api/terminals"):
+        status, _ = hub._call("GET", f"{hub.service_url}{path}", token)
+        assert status in (403, 404), (path, status)
+    status, _ = hub._call("POST", f"{hub.service_url}api/kernels", token, body={})
+    assert status in (403, 404)
+
+
+# ---------------------------------------------------------------------- through users' servers
+
+
+@pytest.fixture(scope="module")
+def servers(hub):
+    """alice's and bob's servers, started through the hub API."""
+    for user in ("alice", "bob"):
+        hub.start_server(user)
+    return hub
+
+
+def _create(hub, user: str, **spec) -> dict:
+    status, info = hub.sandbox(user, "POST", "sessions", body={"ttl_seconds": 600, **spec})
+    assert status == 201, info
+    assert info["owner"] == user and info["consumer"] == user, info
+    return info
+
+
+def _client(hub, user: str, base: str | None = None):
+    from jupyter_tai_sandbox.client import SandboxClient
+
+    return SandboxClient(base or f"{hub.url}/user/{user}/", hub.tokens[user], request_timeout=60)
+
+
+@pytest.fixture(scope="module")
+def alices(servers):
+    """alice's things: an ephemeral session, a persistent workspace with a secret, a running command."""
+    hub = servers
+    ephemeral = _create(hub, "alice")
+    persistent = _create(hub, "alice", durability="persistent", workspace_key="alice-data")
+    status, _ = hub.sandbox("alice", "PUT", f"sessions/{persistent['id']}/files/secret.txt", raw=b"alice's")
+    assert status in (200, 201)
+
+    async def start_command():
+        client = _client(hub, "alice")
+        try:
+            remote = await client.exec_start(ephemeral["id"], ["sleep", "120"], timeout_seconds=180)
+            exec_id = remote.exec_id
+            remote.disconnect()  # detached: it runs on for the grace period, attachable by its id
+            return exec_id
+        finally:
+            await client.aclose()
+
+    exec_id = asyncio.run(start_command())
+    status, listed = hub.service("GET", f"sessions/{ephemeral['id']}/execs", token=hub.tokens["alice"])
+    assert status == 200, listed
+    service_exec_ids = [e["id"] for e in listed["execs"]]
+    return {
+        "ephemeral": ephemeral["id"],
+        "persistent": persistent["id"],
+        "exec_id": exec_id,
+        "service_exec_ids": service_exec_ids,
+    }
+
+
+def test_exec_works_for_each_user_through_their_own_server(servers):
+    for user in ("alice", "bob"):
+        info = _create(servers, user)
+        status, result = servers.sandbox(
+            user, "POST", f"sessions/{info['id']}/exec", body={"argv": ["sh", "-c", "echo hi $0", user], "timeout_seconds": 30}
+        )
+        assert (status, result.get("stdout")) == (200, f"hi {user}\n"), result
+        assert servers.sandbox(user, "DELETE", f"sessions/{info['id']}")[0] == 204
+
+
+def _routes(sid: str, exec_ids: list[str]) -> list[tuple[str, str, dict]]:
+    exec_body = {"argv": ["echo", "planted"], "timeout_seconds": 10}
+    routes = [
+        ("GET", f"sessions/{sid}", {}),
+        ("PATCH", f"sessions/{sid}", {"body": {"ttl_seconds": 60}}),
+        ("POST", f"sessions/{sid}/exec", {"body": exec_body}),
+        ("GET", f"sessions/{sid}/execs", {}),
+        ("GET", f"sessions/{sid}/resolve?path=secret.txt", {}),
+        ("GET", f"sessions/{sid}/files/", {}),
+        ("GET", f"sessions/{sid}/files/secret.txt", {}),
+        ("PUT", f"sessions/{sid}/files/planted.txt", {"raw": b"bob's"}),
+        ("POST", f"sessions/{sid}/files/planted-dir", {"body": {"type": "directory"}}),
+        ("PATCH", f"sessions/{sid}/files/secret.txt", {"body": {"path": "moved.txt"}}),
+        ("DELETE", f"sessions/{sid}/files/secret.txt", {}),
+        ("DELETE", f"sessions/{sid}?remove_workspace=1", {}),
+    ]
+    routes += [("DELETE", f"sessions/{sid}/execs/{exec_id}", {}) for exec_id in exec_ids]
+    return routes
+
+
+def test_bob_reaches_none_of_alices_sessions_execs_or_files(servers, alices):
+    hub = servers
+    exec_ids = [alices["exec_id"], *alices["service_exec_ids"]]
+    for sid in (alices["ephemeral"], alices["persistent"]):
+        for method, path, kw in _routes(sid, exec_ids):
+            # through bob's own server, and straight at the service with bob's token
+            answers = {
+                "server": hub.sandbox("bob", method, path, **kw),
+                "service": hub.service(method, path, token=hub.tokens["bob"], **kw),
+            }
+            for door, (status, body) in answers.items():
+                # exactly what an unknown id gets: 404, so ids leak nothing
+                assert (status, body.get("error")) == (404, "SandboxNotFoundError"), (door, method, path, body)
+    # bob's token on alice's server is refused by the hub's own auth
+    assert hub.sandbox("alice", "GET", "sessions", as_user="bob")[0] == 403
+    # nothing changed: alice's secret is where it was, nothing planted, her command still runs
+    status, body = hub.sandbox("alice", "GET", f"sessions/{alices['persistent']}/files/secret.txt")
+    assert (status, body) == (200, b"alice's")
+    status, listing = hub.sandbox("alice", "GET", f"sessions/{alices['persistent']}/files/")
+    assert sorted(e["name"] for e in listing["entries"]) == ["secret.txt"], listing
+    status, listed = hub.sandbox("alice", "GET", f"sessions/{alices['ephemeral']}/execs")
+    assert alices["exec_id"] in [e["id"] for e in listed["execs"]], listed
+
+
+def test_bobs_websocket_reaches_none_of_alices(servers, alices):
+    from jupyter_tai_sandbox.contract import SandboxError, SandboxNotFoundError
+
+    hub = servers
+    mine = _create(hub, "bob")
+
+    async def attempts():
+        for base in (f"{hub.url}/user/bob/", hub.service_url):
+            client = _client(hub, "bob", base)
+            try:
+                # a command in alice's session, an attach to her command's id from his own session
+                with pytest.raises(SandboxNotFoundError):
+                    await client.exec_start(alices["ephemeral"], ["echo", "planted"], timeout_seconds=10)
+                for exec_id in (alices["exec_id"], *alices["service_exec_ids"]):
+                    with pytest.raises(SandboxError):
+                        await client.attach(alices["ephemeral"], exec_id)
+                    with pytest.raises(SandboxError) as refused:
+                        await client.attach(mine["id"], exec_id)
+                    assert "planted" not in str(refused.value)
+            finally:
+                await client.aclose()
+
+    asyncio.run(attempts())
+    assert hub.sandbox("bob", "DELETE", f"sessions/{mine['id']}")[0] == 204
+
+
+def test_bob_cannot_take_alices_workspace_key_or_consumer(servers, alices):
+    hub = servers
+    status, body = hub.sandbox("bob", "POST", "sessions", body={"durability": "persistent", "workspace_key": "alice-data"})
+    assert (status, body.get("error")) == (404, "SandboxNotFoundError"), body
+    status, body = hub.sandbox("bob", "POST", "sessions", body={"consumer": "alice"})
+    assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body
+    status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"owner": "alice"})
+    assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body
+    # whatever bob's server sends, a session it makes is bob's: never alice's
+    status, body = hub.sandbox("bob", "POST", "sessions", body={"owner": "alice"})
+    if status == 201:
+        assert body["owner"] == "bob", body
+        hub.sandbox("bob", "DELETE", f"sessions/{body['id']}")
+    else:
+        assert status == 403, body
+    alice_ids = {s["id"] for s in hub.sandbox("alice", "GET", "sessions")[1]["sessions"]}
+    assert {s.id for s in _engine_sessions(hub.deployment) if s.owner == "alice"} == alice_ids
+
+
+def test_each_listing_shows_only_its_users_sessions(servers, alices):
+    hub = servers
+    mine = _create(hub, "bob")
+    listed = {user: hub.sandbox(user, "GET", "sessions")[1]["sessions"] for user in ("alice", "bob")}
+    assert {s["owner"] for s in listed["alice"]} == {"alice"}
+    assert {s["owner"] for s in listed["bob"]} == {"bob"}
+    assert {alices["ephemeral"], alices["persistent"]} <= {s["id"] for s in listed["alice"]}
+    assert mine["id"] in {s["id"] for s in listed["bob"]}
+    # the service answers the same for bob's own token
+    status, direct = hub.service("GET", "sessions", token=hub.tokens["bob"])
+    assert status == 200, direct
+    assert {s["id"] for s in direct["sessions"]} == {s["id"] for s in listed["bob"]}
+    assert hub.sandbox("bob", "DELETE", f"sessions/{mine['id']}")[0] == 204
+
+
+def test_stopping_bobs_server_destroys_his_sessions_and_never_alices(servers, alices):
+    hub = servers
+    ephemeral = _create(hub, "bob")
+    persistent = _create(hub, "bob", durability="persistent", workspace_key="bob-data")
+    before = {s.id: s.owner for s in _engine_sessions(hub.deployment)}
+    assert {ephemeral["id"], persistent["id"], alices["ephemeral"], alices["persistent"]} <= set(before)
+    hub.stop_server("bob")  # the hub stops it as it stops any server: SIGINT, then SIGTERM after a while
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        owners = {s.id: s.owner for s in _engine_sessions(hub.deployment)}
+        if "bob" not in owners.values():
+            break
+        time.sleep(0.5)
+    assert "bob" not in owners.values(), f"bob's sessions outlived his server: {owners}"
+    assert {alices["ephemeral"], alices["persistent"]} <= set(owners), owners
+    # bob's persistent workspace outlives the session, as it should; alice's command still runs
+    status, body = hub.sandbox("alice", "POST", f"sessions/{alices['ephemeral']}/exec",
+                               body={"argv": ["echo", "still here"], "timeout_seconds": 30})
+    assert (status, body.get("stdout")) == (200, "still here\n"), body
+    status, listed = hub.sandbox("alice", "GET", f"sessions/{alices['ephemeral']}/execs")
+    assert alices["exec_id"] in [e["id"] for e in listed["execs"]], listed
