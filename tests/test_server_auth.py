@@ -16,6 +16,8 @@ ROUTES = [
     ("POST", ("sessions", SID, "exec"), {"argv": ["true"], "timeout_seconds": 5}),
     ("GET", ("sessions", SID, "files", ""), None),
     ("PUT", ("sessions", SID, "files", "x.txt"), None),
+    ("GET", ("sessions", SID, "resolve"), None),
+    ("DELETE", ("sessions", SID, "execs", "exe-0000000000000000"), None),
 ]
 
 
