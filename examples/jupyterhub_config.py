@@ -32,7 +32,12 @@ c.JupyterHub.services = [
         "name": SERVICE,
         "url": SERVICE_URL,
         # `jupyter tai-sandbox serve` with the hub's own Python: binds to SERVICE_URL, takes hub tokens
-        "command": [sys.executable, "-m", "jupyter_tai_sandbox.cli", "serve", "--SandboxApp.provider=docker", *AS_ROOT],
+        "command": [
+            *(sys.executable, "-m", "jupyter_tai_sandbox.cli", "serve", "--SandboxApp.provider=docker"),
+            # users may ask for the Python image too (%%sandbox python3, sandboxed kernels)
+            "--DockerSandbox.allowed_images=jupyter-tai-sandbox/python:latest",
+            *AS_ROOT,
+        ],
         "environment": {
             # the service's scope on the engine: it sees and reaps only what it made
             "TAI_SANDBOX_DEPLOYMENT": "jupyterhub-tai-sandbox",
