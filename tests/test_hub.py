@@ -330,6 +330,46 @@ def test_serve_binds_where_the_hub_says():
     assert any(a.endswith("hub.HubServiceIdentityProvider") for a in argv)
 
 
+def test_the_authorizer_grants_sandbox_resources_and_admin_only_by_scope():
+    pytest.importorskip("jupyterhub")
+    from jupyter_server.auth.identity import User
+
+    from jupyter_tai_sandbox.hub import HubServiceAuthorizer, HubUser
+    from jupyter_tai_sandbox.sessions import ADMIN_RESOURCE, AUTH_RESOURCE
+
+    authorizer = HubServiceAuthorizer()
+    user = HubUser(username="alice", hub_scopes=frozenset({f"access:services!service={SERVICE}"}))
+    admin = HubUser(username="carol", hub_scopes=frozenset({"custom:tai-sandbox:admin"}))
+    filtered = HubUser(username="dave", hub_scopes=frozenset({"custom:tai-sandbox:admin!user=dave"}))
+    assert authorizer.is_authorized(None, user, "execute", AUTH_RESOURCE)
+    assert not authorizer.is_authorized(None, user, "read", ADMIN_RESOURCE)
+    assert all(authorizer.is_authorized(None, admin, a, ADMIN_RESOURCE) for a in ("read", "write", "execute"))
+    assert not authorizer.is_authorized(None, filtered, "read", ADMIN_RESOURCE)
+    for resource in ("kernels", "contents", "terminals", "sessions", "kernelspecs"):
+        assert not authorizer.is_authorized(None, admin, "read", resource)
+    assert not authorizer.is_authorized(None, User(username="alice"), "read", AUTH_RESOURCE)  # not from the hub
+    assert not HubServiceAuthorizer(admin_scope="").is_authorized(None, admin, "read", ADMIN_RESOURCE)
+
+
+def test_the_service_will_not_start_without_a_hub_token_or_an_access_scope(monkeypatch):
+    pytest.importorskip("jupyterhub")
+    from jupyter_tai_sandbox.hub import HubServiceIdentityProvider
+
+    for name in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_SERVICE_NAME", "JUPYTERHUB_OAUTH_ACCESS_SCOPES",
+                 "JUPYTERHUB_OAUTH_SCOPES"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit, match="JUPYTERHUB_API_TOKEN"):
+        HubServiceIdentityProvider().validate_security(None)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t")
+    with pytest.raises(SystemExit, match="access scope"):
+        HubServiceIdentityProvider().validate_security(None)
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_NAME", SERVICE)
+    provider = HubServiceIdentityProvider()
+    provider.validate_security(None)
+    assert provider.hub_auth.access_scopes == {f"access:services!service={SERVICE}"}
+    assert provider.token == "" and not provider.login_available and provider.get_handlers() == []
+
+
 # ---------------------------------------------------------------------- the service itself
 
 
