@@ -9,10 +9,12 @@ exactly as a user's server talks to a JupyterHub sandbox service.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 from docker_support import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from server_support import call
 from test_magics import LOCAL_ARGS, LiveServer
 
 from jupyter_tai_sandbox.providers.remote import RemoteSandbox
@@ -76,3 +78,73 @@ class TestRemoteOverDockerConformance(RemoteConformance):
     @pytest.fixture(autouse=True)
     def _remote(self, docker_remote: LiveServer) -> None:
         self.server = docker_remote
+
+
+# ---------------------------------------------------------------- beyond the suite
+
+
+def test_the_owner_is_the_remotes_principal_never_the_specs(local_remote: LiveServer) -> None:
+    """SessionSpec.owner is never sent: the remote (where this token is admin) would take it."""
+    from jupyter_tai_sandbox.contract import SessionSpec
+    from jupyter_tai_sandbox.sessions import server_owner
+
+    async def check() -> None:
+        remote = RemoteSandbox(url=local_remote.url, token=local_remote.token)
+        session = await remote.create(SessionSpec(owner="mallory", ttl_seconds=60))
+        try:
+            assert (await session.info()).owner == server_owner()  # the remote server's principal
+            assert remote.kind == "local" and remote.max_isolation == "none"
+            assert remote.networks == {"egress"} and not remote.supports_limits
+        finally:
+            await session.destroy()
+            await remote.close()
+
+    asyncio.run(check())
+
+
+def test_token_sources_and_a_missing_url(tmp_path, monkeypatch) -> None:
+    from jupyter_tai_sandbox.contract import SandboxUnavailableError
+
+    monkeypatch.delenv("TAI_SANDBOX_REMOTE_TOKEN", raising=False)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "hub-token")
+    monkeypatch.setenv("TAI_SANDBOX_REMOTE_URL", "http://127.0.0.1:1/")
+    assert RemoteSandbox().client.token == "hub-token"
+    monkeypatch.setenv("TAI_SANDBOX_REMOTE_TOKEN", "remote-token")
+    assert RemoteSandbox().client.token == "remote-token"
+    (tmp_path / "token").write_text("  from-file\n")
+    assert RemoteSandbox(token_file=str(tmp_path / "token")).client.token == "from-file"
+    with pytest.raises(SandboxUnavailableError, match="token_file"):
+        RemoteSandbox(token_file=str(tmp_path / "missing"))
+    monkeypatch.delenv("TAI_SANDBOX_REMOTE_URL")
+    with pytest.raises(SandboxUnavailableError, match="TAI_SANDBOX_REMOTE_URL"):
+        RemoteSandbox()
+    with pytest.raises(SandboxUnavailableError, match="ca_file"):
+        RemoteSandbox(url="https://127.0.0.1:1/", ca_file=str(tmp_path / "missing.pem"))
+
+
+@pytest.fixture
+def jp_server_config(local_remote: LiveServer):
+    """A server in this process whose provider is the remote one, pointed at the local_remote server."""
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_tai_sandbox": True}},
+        "SandboxApp": {"provider": "remote"},
+        "SandboxPolicy": {"isolation": "none"},
+        "RemoteSandbox": {"url": local_remote.url, "token": local_remote.token},
+    }
+
+
+async def test_provider_remote_behind_a_servers_doors(jp_fetch, local_remote: LiveServer) -> None:
+    """SandboxApp.provider=remote: this server's REST door, gate and owner checks, the remote's sessions."""
+    status, created = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120})
+    assert status == 201, created
+    assert created["kind"] == "local" and created["id"] in local_remote.session_ids()
+    status, result = await call(
+        jp_fetch, "sessions", created["id"], "exec", method="POST", body={"argv": ["echo", "hi"], "timeout_seconds": 30}
+    )
+    assert (status, result["stdout"]) == (200, "hi\n"), result
+    status, row = await call(jp_fetch, "status")
+    assert (row["kind"], row["max_isolation"], row["networks"]) == ("local", "none", ["egress"])
+    status, refused = await call(jp_fetch, "sessions", method="POST", body={"network": "none"})
+    assert (status, refused["error"]) == (400, "SandboxSpecRejectedError"), refused  # the remote's refusal
+    assert (await call(jp_fetch, "sessions", created["id"], method="DELETE"))[0] == 204
+    assert created["id"] not in local_remote.session_ids()
