@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import threading
 from typing import Any
 
 from jupyter_server._tz import utcnow
@@ -235,6 +237,7 @@ class SandboxApp(ExtensionApp):
         self.handlers.extend(mcp_door.handlers(self))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        self.stop_cleanly_on_sigint(serverapp)
         self.start_reaper()
         self.export_server_env(serverapp)
         from . import mcp_door
@@ -257,6 +260,32 @@ class SandboxApp(ExtensionApp):
         self._saved_env = {name: os.environ.get(name) for name in self.KERNEL_ENV}
         os.environ["TAI_SANDBOX_URL"] = url
         os.environ["TAI_SANDBOX_TOKEN"] = getattr(serverapp.identity_provider, "token", "") or ""
+
+    def stop_cleanly_on_sigint(self, serverapp: Any) -> None:
+        """Make SIGINT stop the server the way SIGTERM does, cleanup included.
+
+        Without a terminal jupyter_server leaves SIGINT to Python, whose
+        KeyboardInterrupt ends the loop *without* the extensions' cleanup, so
+        every session and sandboxed kernel of the server would outlive it; and
+        SIGINT is how JupyterHub stops a user's server. A handler someone
+        installed on purpose (the terminal's confirmation prompt, JupyterHub's
+        own) is left alone; the previous one comes back at stop.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return
+        stop = getattr(serverapp, "_signal_stop", None)
+        if stop is None:
+            return
+        signal.signal(signal.SIGINT, stop)
+        self._restore_sigint = signal.default_int_handler
+
+    def _give_back_sigint(self) -> None:
+        previous = getattr(self, "_restore_sigint", None)
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
+        self._restore_sigint = None
 
     def start_reaper(self) -> None:
         if self._reaper is None and self.sandbox is not None:
@@ -283,6 +312,7 @@ class SandboxApp(ExtensionApp):
         """Stop every session this server started (persistent workspaces are kept)."""
         from . import mcp_door
 
+        self._give_back_sigint()
         await mcp_door.stop(self)
         if self._reaper is not None:
             self._reaper.cancel()
