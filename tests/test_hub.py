@@ -385,6 +385,20 @@ def test_the_service_takes_only_hub_users_with_its_access_scope(hub):
     # alice's token with the scope: her (empty) listing
     status, body = hub.service("GET", "sessions", token=hub.tokens["alice"])
     assert status == 200 and body["sessions"] == []
+    # the websocket refuses the same way
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def connect(token: str | None):
+        url = f"ws://127.0.0.1:{hub.port}/services/{SERVICE}/api/sandbox/sessions/sbx-0000000000000000/exec/ws"
+        headers = {"Authorization": f"token {token}"} if token else {}
+        with pytest.raises(HTTPClientError) as refused:
+            await websocket_connect(HTTPRequest(url, headers=headers))
+        return refused.value.code
+
+    assert asyncio.run(connect(None)) == 403
+    assert asyncio.run(connect("not-a-hub-token")) == 403
+    assert asyncio.run(connect(hub.tokens["alice"])) == 404  # let in: no such session
 
 
 def test_admin_is_the_operators_custom_scope(servers, alices):
@@ -648,18 +662,20 @@ def _new_sessions(hub: Hub, user: str, before: set[str]) -> list[dict]:
     return [s for s in hub.sandbox(user, "GET", "sessions")[1]["sessions"] if s["id"] not in before]
 
 
-def test_sandbox_magic_in_a_users_kernel_runs_in_the_service_as_that_user(servers):
+@pytest.mark.parametrize("user", ["alice", "bob"])
+def test_sandbox_magic_in_a_users_kernel_runs_in_the_service_as_that_user(servers, user):
     hub = servers
-    before = {s["id"] for s in hub.sandbox("alice", "GET", "sessions")[1]["sessions"]}
-    kernel = UserServer(hub, "alice").start_kernel()
+    other = {"alice": "bob", "bob": "alice"}[user]
+    before = {s["id"] for s in hub.sandbox(user, "GET", "sessions")[1]["sessions"]}
+    kernel = UserServer(hub, user).start_kernel()
     try:
         kernel.ok("%load_ext jupyter_tai_sandbox")
         run = kernel.ok("%%sandbox --timeout 30\necho magic $((6 * 7)) in $(pwd)", timeout=90)
         assert run.stdout.strip() == "magic 42 in /workspace", run.streams
-        made = _new_sessions(hub, "alice", before)
-        assert [s["owner"] for s in made] == ["alice"], made
-        bobs = {s["id"] for s in hub.sandbox("bob", "GET", "sessions")[1]["sessions"]}
-        assert not bobs & {s["id"] for s in made}
+        made = _new_sessions(hub, user, before)
+        assert [s["owner"] for s in made] == [user], made
+        theirs = {s["id"] for s in hub.sandbox(other, "GET", "sessions")[1]["sessions"]}
+        assert not theirs & {s["id"] for s in made}
     finally:
         kernel.shutdown()
 
