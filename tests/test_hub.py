@@ -131,6 +131,8 @@ service = c.JupyterHub.services[0]
 service["url"] = "http://127.0.0.1:{self.service_port}"
 service["environment"]["TAI_SANDBOX_DEPLOYMENT"] = {self.deployment!r}
 service["environment"]["JUPYTER_RUNTIME_DIR"] = {str(runtime)!r}
+service["environment"]["JUPYTER_CONFIG_DIR"] = {str(self.tmp / "service-config")!r}
+service["environment"]["JUPYTER_DATA_DIR"] = {str(self.tmp / "service-data")!r}
 c.Spawner.args = [a.replace("http://127.0.0.1:8000", public) for a in c.Spawner.args]
 # the test's driver: starts and stops servers, mints alice's and bob's tokens
 c.JupyterHub.services.append({{"name": "test-driver", "api_token": {self.driver_token!r}}})
