@@ -61,7 +61,8 @@ class StatusHandler(SandboxAPIHandler):
         failure = sandboxes.failure()
         if failure is not None:
             raise SandboxUnavailableError(failure)
-        self.write_json(sandboxes.status_info(show_credentials=(await self.caller()).sees_all))
+        caller = await self.caller()
+        self.write_json({**sandboxes.status_info(show_credentials=caller.sees_all), "principal": caller.name})
 
 
 class SessionsHandler(SandboxAPIHandler):

@@ -7,7 +7,7 @@ magics and the panel through REST) goes through :class:`SessionRegistry`:
 * a caller sees and acts on its own sessions only; another user's session id
   answers exactly like an unknown one (404), so ids leak nothing;
 * the **consumer** label (which picks the operator's credentials) is derived
-  from the caller; naming another consumer is an admin act;
+  from the caller (its name, or a label under it: ``NAME/...``); naming another consumer is an admin act;
 * a caller holds at most ``SandboxPolicy.max_sessions_per_user`` live sessions;
 * a persistent workspace in use by a live session cannot be removed (409).
 
@@ -88,6 +88,11 @@ class Caller:
     def manages_all(self) -> bool:
         return "write" in self.admin_actions
 
+    def owns_consumer(self, consumer: str) -> bool:
+        """A consumer label of the caller's own: its name, or a label under it (``NAME/kernel:1``),
+        which a server acting for this user (the remote provider) gives its kernels and tools."""
+        return consumer == self.name or consumer.startswith(self.name + "/")
+
     def may(self, action: str) -> bool:
         """Whether ``action`` on ``jupyter_tai_sandbox:admin`` is granted (the tools' fence asks this)."""
         return action in self.admin_actions
@@ -112,10 +117,10 @@ class SessionRegistry:
                 "jupyter_tai_sandbox:admin"
             )
         consumer = data.pop("consumer", None)
-        if consumer is not None and consumer != caller.name and not caller.manages_all:
+        if consumer is not None and not caller.owns_consumer(consumer) and not caller.manages_all:
             raise SandboxForbiddenError(
-                f"the consumer label picks the operator's credentials: yours is {caller.name!r}; naming "
-                f"another ({consumer!r}) needs write on jupyter_tai_sandbox:admin"
+                f"the consumer label picks the operator's credentials: yours is {caller.name!r} (or "
+                f"'{caller.name}/<label>'); naming another ({consumer!r}) needs write on jupyter_tai_sandbox:admin"
             )
         max_ttl = getattr(self.policy, "max_ttl_seconds", 0)
         if "ttl_seconds" not in data and max_ttl and max_ttl < DEFAULT_TTL_SECONDS:

@@ -603,8 +603,15 @@ def test_bob_cannot_take_alices_workspace_key_or_consumer(servers, alices):
     hub = servers
     status, body = hub.sandbox("bob", "POST", "sessions", body={"durability": "persistent", "workspace_key": "alice-data"})
     assert (status, body.get("error")) == (404, "SandboxNotFoundError"), body
-    status, body = hub.sandbox("bob", "POST", "sessions", body={"consumer": "alice"})
+    status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"consumer": "alice"})
     assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body
+    # bob is admin of his own server, which labels its sessions as it likes; at the service the label
+    # is one under bob's name, so it can never pick alice's credentials there
+    status, body = hub.sandbox("bob", "POST", "sessions", body={"consumer": "alice"})
+    assert status == 201, body
+    _, at_service = hub.service("GET", f"sessions/{body['id']}", token=hub.tokens["bob"])
+    assert (body["consumer"], at_service["consumer"]) == ("alice", "bob/alice"), at_service
+    hub.sandbox("bob", "DELETE", f"sessions/{body['id']}")
     status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"owner": "alice"})
     assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body
     # whatever bob's server sends, a session it makes is bob's: never alice's
@@ -696,17 +703,6 @@ def _install_sandboxed_kernelspec(hub: Hub, user: str) -> str:
     return "tai-hub-kernel"
 
 
-#: what keeps sandboxed kernels and code tools from working over remote (see README's JupyterHub section)
-CONSUMER_FORWARDED = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="""the remote provider forwards the internal consumer label a kernel (kernel:<id>) or a code
-    tool (its name) runs as, and the service refuses a non-admin naming a consumer other than themselves
-    (403 SandboxForbiddenError)""",
-)
-
-
-@CONSUMER_FORWARDED
 def test_a_code_tool_through_a_users_server(servers):
     # under JupyterHub a user is admin of their own server, so the fenced tier is theirs there
     status, body = servers.sandbox("alice", "POST", "tools/sandbox_exec/run",
@@ -714,7 +710,6 @@ def test_a_code_tool_through_a_users_server(servers):
     assert (status, body.get("stdout")) == (200, "tool\n"), body
 
 
-@CONSUMER_FORWARDED
 def test_a_sandboxed_kernel_through_a_users_server(servers):
     from jupyter_tai_sandbox.image import PYTHON_IMAGE
 

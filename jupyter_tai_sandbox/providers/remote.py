@@ -63,11 +63,31 @@ __all__ = ["RemoteCommand", "RemoteSandbox", "RemoteSession"]
 _SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(SessionSpec))
 
 
-def session_info(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> SessionInfo:
-    """A SessionInfo from the remote's JSON (its listing shows env names only: ``env`` gives the values)."""
+def remote_consumer(principal: str | None, consumer: str) -> str:
+    """The consumer label the remote is asked for: the local label under the caller's principal
+    (``NAME/label``), the one form the remote lets a user who is not its admin name."""
+    if principal is None or consumer == principal or consumer.startswith(principal + "/"):
+        return consumer
+    return f"{principal}/{consumer}"
+
+
+def local_consumer(principal: str | None, consumer: str) -> str:
+    """The local label of a remote consumer label (``remote_consumer`` undone)."""
+    if principal is not None and consumer.startswith(principal + "/"):
+        return consumer[len(principal) + 1 :]
+    return consumer
+
+
+def session_info(
+    data: Mapping[str, Any], env: Mapping[str, str] | None = None, principal: str | None = None
+) -> SessionInfo:
+    """A SessionInfo from the remote's JSON (its listing shows env names only: ``env`` gives the values;
+    the consumer label comes back without the ``principal/`` the remote keeps it under)."""
     try:
         spec_data = {k: v for k, v in dict(data.get("spec") or {}).items() if k in _SPEC_FIELDS}
         spec_data["env"] = dict(env or {})
+        if isinstance(spec_data.get("consumer"), str):
+            spec_data["consumer"] = local_consumer(principal, spec_data["consumer"])
         return SessionInfo(
             id=str(data["id"]),
             kind=str(data["kind"]),
@@ -99,7 +119,7 @@ class RemoteSession(SandboxSession):
         return self._sandbox.client
 
     async def info(self) -> SessionInfo:
-        self._info = session_info(await self._client.info(self._id), self._env)
+        self._info = session_info(await self._client.info(self._id), self._env, self._sandbox.principal)
         return self._info
 
     async def usage(self) -> dict[str, Any]:
@@ -108,7 +128,7 @@ class RemoteSession(SandboxSession):
     async def set_expiry(self, expires_at: float) -> SessionInfo:
         """The remote's PATCH: its own limits (its SandboxPolicy.max_ttl_seconds) apply, refused as 400."""
         ttl = expires_at - self._info.created_at
-        self._info = session_info(await self._client.extend(self._id, ttl), self._env)
+        self._info = session_info(await self._client.extend(self._id, ttl), self._env, self._sandbox.principal)
         return self._info
 
     # ---------------------------------------------------------------- exec
@@ -289,6 +309,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self.client = SandboxClient(url, token, request_timeout=self.request_timeout, ssl_context=self._tls())
         self._status: dict[str, Any] | None = None
         self._status_at = 0.0
+        self.principal: str | None = None
 
     def _tls(self) -> ssl.SSLContext | None:
         if not self.url.startswith("https:"):
@@ -334,6 +355,9 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if isolation not in ISOLATION_ORDER:
             raise SandboxUnavailableError(f"the remote reports an unknown isolation {isolation!r}")
         self.kind, self.max_isolation, self.networks, self.supports_limits = kind, isolation, networks, limits
+        principal = status.get("principal")
+        #: who the token is to the remote (its sessions' owner; the prefix of the consumer labels sent)
+        self.principal = principal if isinstance(principal, str) and principal else None
 
     # ------------------------------------------------------------ sessions
 
@@ -343,22 +367,23 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
         await self.remote_status()
         body = {k: v for k, v in spec.to_json().items() if k != "owner"}  # the remote decides the owner
+        body["consumer"] = remote_consumer(self.principal, spec.consumer)
         try:
             data = await self.client.create(**body)
         except SandboxSpecRejectedError:
             await self.remote_status(refresh=True)  # its settings may have changed since
             raise
-        return self.session_class(self, session_info(data, spec.env))
+        return self.session_class(self, session_info(data, spec.env, self.principal))
 
     async def get(self, session_id: str) -> SandboxSession:
         await self.remote_status()
         if not isinstance(session_id, str) or not session_id or "/" in session_id:
             raise SandboxNotFoundError(f"no remote sandbox session {session_id!r}")
-        return self.session_class(self, session_info(await self.client.info(session_id)))
+        return self.session_class(self, session_info(await self.client.info(session_id), principal=self.principal))
 
     async def list(self) -> list[SessionInfo]:
         await self.remote_status()
-        return [session_info(data) for data in await self.client.sessions()]
+        return [session_info(data, principal=self.principal) for data in await self.client.sessions()]
 
     async def reap(self) -> list[str]:
         """Destroy the listed sessions past their TTL (persistent workspaces survive); their ids."""
