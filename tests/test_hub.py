@@ -8,7 +8,9 @@ holds an admin token to start and stop servers and to mint tokens for alice and 
 
 Everything runs on 127.0.0.1 free ports with its state in a tmp dir, and is killed at the end,
 failures included. Outside CI it skips without docker, configurable-http-proxy (.ci/hub-up) or
-jupyterhub; with CI=true it fails instead.
+jupyterhub, and the browser test (bob's panel and Sandbox drive, logged in through the hub's form)
+without the panel browser tests' chromium, Playwright or built labextension; with CI=true it fails
+instead. The browser test's screenshots go to tests/artifacts/hub-bob-*.png.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+import test_panel_browser as panel_support
 from docker_support import docker_client, in_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +38,10 @@ SERVICE = "tai-sandbox"
 DEADLINE = 60.0  # seconds for the hub, the service or a user's server to come up
 
 pytestmark = pytest.mark.timeout(300)
+
+# the panel browser tests' chromium and page (a screenshot at the end); asked for only by the browser test
+browser = panel_support.browser
+page = panel_support.page
 
 
 def _missing(what: str) -> None:
@@ -134,6 +141,8 @@ service["environment"]["JUPYTER_RUNTIME_DIR"] = {str(runtime)!r}
 service["environment"]["JUPYTER_CONFIG_DIR"] = {str(self.tmp / "service-config")!r}
 service["environment"]["JUPYTER_DATA_DIR"] = {str(self.tmp / "service-data")!r}
 c.Spawner.args = [a.replace("http://127.0.0.1:8000", public) for a in c.Spawner.args]
+# the browser test reaches the lab as window.jupyterapp (the Sandbox drive's own contents calls)
+c.Spawner.args.append("--LabApp.expose_app_in_browser=True")
 # the test's driver: starts and stops servers, mints alice's and bob's tokens
 c.JupyterHub.services.append({{"name": "test-driver", "api_token": {self.driver_token!r}}})
 c.JupyterHub.load_roles.append(
@@ -737,6 +746,178 @@ def test_a_sandboxed_kernel_through_a_users_server(servers):
     while time.monotonic() < deadline and sid in {s.id for s in _engine_sessions(hub.deployment)}:
         time.sleep(0.5)
     assert sid not in {s.id for s in _engine_sessions(hub.deployment)}
+
+
+def test_the_mcp_door_through_each_users_server(servers, alices):
+    """The official MCP client at /user/NAME/api/sandbox/mcp with NAME's token: tools, a session, a
+    command; bob's calls naming alice's session ids or her command handle are not-found tool errors."""
+    from mcp_support import data, mcp_client, refusal
+
+    hub = servers
+    url = {user: f"{hub.url}/user/{user}/api/sandbox/mcp" for user in ("alice", "bob")}
+    auth = {user: {"Authorization": f"token {hub.tokens[user]}"} for user in ("alice", "bob")}
+    secret = "alice's mcp secret"
+
+    async def run():
+        async with mcp_client(url["alice"], auth["alice"]) as alice, mcp_client(url["bob"], auth["bob"]) as bob:
+            made = {}
+            for user, client in (("alice", alice), ("bob", bob)):
+                tools = {tool.name for tool in (await client.list_tools()).tools}
+                assert {"session_create", "session_exec", "session_exec_start", "session_exec_poll",
+                        "session_read_file", "sandbox_exec"} <= tools, tools
+                info = data(await client.call_tool("session_create", {"ttl_seconds": 600}))
+                assert info["owner"] == user, info
+                made[user] = info["id"]
+                ran = data(await client.call_tool("session_exec", {"session_id": info["id"],
+                                                                   "script": f"echo mcp {user} $((6 * 7))"}))
+                assert (ran["exit_code"], ran["stdout"]) == (0, f"mcp {user} 42\n"), ran
+                tool = data(await client.call_tool("sandbox_exec", {"argv": ["echo", f"tool {user}"]}))
+                assert tool["stdout"] == f"tool {user}\n", tool
+            # the door's sessions are the user's at the service too
+            assert hub.service("GET", f"sessions/{made['alice']}", token=hub.tokens["alice"])[1]["owner"] == "alice"
+            data(await alice.call_tool("session_write_file", {"session_id": made["alice"], "path": "s.txt",
+                                                              "content": secret}))
+            started = data(await alice.call_tool("session_exec_start", {
+                "session_id": made["alice"], "script": "echo started; sleep 60", "timeout_seconds": 120}))
+            for sid in (made["alice"], alices["ephemeral"], alices["persistent"]):
+                for tool, args in (
+                    ("session_exec", {"argv": ["echo", "planted"]}),
+                    ("session_exec_start", {"argv": ["echo", "planted"]}),
+                    ("session_read_file", {"path": "s.txt"}),
+                    ("session_read_file", {"path": "secret.txt"}),
+                    ("session_write_file", {"path": "planted.txt", "content": "bob's"}),
+                    ("session_list_files", {}),
+                    ("session_status", {}),
+                    ("session_destroy", {}),
+                ):
+                    refused = refusal(await bob.call_tool(tool, {"session_id": sid, **args}))
+                    assert refused["error"] == "SandboxNotFoundError", (tool, sid, refused)
+                    assert secret not in json.dumps(refused) and "alice's" not in json.dumps(refused)
+            for tool in ("session_exec_poll", "session_exec_kill"):
+                refused = refusal(await bob.call_tool(tool, {"handle": started["handle"]}))
+                assert refused["error"] == "SandboxNotFoundError", (tool, refused)
+            listed = {s["id"] for s in data(await bob.call_tool("session_status", {}))["sessions"]}
+            assert made["bob"] in listed and not listed & {made["alice"], alices["ephemeral"], alices["persistent"]}
+            # alice's command ran on, untouched; her file is hers
+            polled = data(await alice.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 5}))
+            assert polled["running"] and polled["output"] == [{"stream": "stdout", "text": "started\n"}], polled
+            read = data(await alice.call_tool("session_read_file", {"session_id": made["alice"], "path": "s.txt"}))
+            assert read["content"] == secret
+            assert not data(await alice.call_tool("session_exec_kill", {"handle": started["handle"]}))["running"]
+            for user, client in (("alice", alice), ("bob", bob)):
+                assert data(await client.call_tool("session_destroy", {"session_id": made[user]}))["destroyed"]
+
+    asyncio.run(run())
+    _, listing = hub.sandbox("alice", "GET", f"sessions/{alices['persistent']}/files/")
+    assert sorted(e["name"] for e in listing["entries"]) == ["secret.txt"], listing
+
+
+DRIVE_FILE = b"bob's notes, read through the drive\n"
+
+
+@pytest.fixture(scope="module")
+def bobs(servers):
+    """bob's session with a file he uploaded through his server (for the drive and the panel)."""
+    info = _create(servers, "bob")
+    status, body = servers.sandbox("bob", "PUT", f"sessions/{info['id']}/files/docs/notes.txt", raw=DRIVE_FILE)
+    assert status in (200, 201), body
+    return info["id"]
+
+
+def test_the_sandbox_drive_requests_through_bobs_server(servers, alices, bobs):
+    """What the Sandbox drive asks bob's server for (the drive is the panel's: it calls the files API
+    under /api/sandbox, there is no server-side contents manager): his sessions as its top level, his
+    workspace listed, his file read; alice's session's paths 404 as unknown ones do."""
+    hub = servers
+    status, top = hub.sandbox("bob", "GET", "sessions")
+    assert status == 200 and bobs in {s["id"] for s in top["sessions"]}, top
+    assert not {s["id"] for s in top["sessions"]} & {alices["ephemeral"], alices["persistent"]}
+    status, listing = hub.sandbox("bob", "GET", f"sessions/{bobs}/files/")
+    assert status == 200 and {"name": "docs", "type": "directory"}.items() <= next(
+        e for e in listing["entries"] if e["name"] == "docs").items(), listing
+    status, listing = hub.sandbox("bob", "GET", f"sessions/{bobs}/files/docs")
+    assert status == 200 and [(e["name"], e["size"]) for e in listing["entries"]] == [("notes.txt", len(DRIVE_FILE))]
+    assert hub.sandbox("bob", "GET", f"sessions/{bobs}/files/docs/notes.txt") == (200, DRIVE_FILE)
+    for path in ("files/", "files/secret.txt", "files/docs/notes.txt"):
+        for sid in (alices["persistent"], "sbx-0000000000000000"):
+            status, body = hub.sandbox("bob", "GET", f"sessions/{sid}/{path}")
+            assert (status, body.get("error")) == (404, "SandboxNotFoundError"), (sid, path, body)
+
+
+@pytest.fixture
+def chromium_ready():
+    """The panel browser tests' prerequisites: skip outside CI when missing, fail under CI=true
+    (asked for before ``page``, so chromium is never launched when it is missing)."""
+    missing = panel_support._missing()
+    if missing:
+        _missing("for its browser test: " + "; ".join(missing))
+
+
+
+
+def test_bobs_panel_and_drive_in_a_browser_through_the_hub(chromium_ready, servers, alices, bobs, page):
+    """bob logs in through the hub's form and opens /user/bob/lab: the Sandbox panel lists his session
+    and none of alice's; the Sandbox drive shows his workspace and file, and 404s her session's path."""
+    from playwright.sync_api import expect
+    from test_panel_workflows import open_panel_tab
+
+    hub = servers
+    # no "official news?" toast over the panel (bob's own lab settings, in his home)
+    settings = hub.tmp / "homes" / "bob" / ".jupyter" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
+                                                                             "checkForUpdates": False}))
+    page.goto(f"{hub.url}/user/bob/lab")
+    page.locator("#username_input").fill("bob")  # the hub's login form (the dummy authenticator)
+    page.locator("#password_input").fill("any password")
+    page.locator("#login_submit").click()
+    page.locator('.lm-TabBar-tab[data-id="jp-tai-sandbox-panel"]').wait_for(timeout=60_000)
+    assert page.url.startswith(f"{hub.url}/user/bob/lab"), page.url
+    panel = open_panel_tab(page)
+    status = panel.locator(".jp-TaiSandbox-status")
+    expect(status).to_have_attribute("data-connection", "ok")
+    # the remote provider reports the kind of what it fronts: the service's docker
+    expect(status).to_contain_text("Provider docker")
+    expect(panel.locator(f'.jp-TaiSandbox-session[data-session-id="{bobs}"]')).to_have_count(1)
+    shown = {item.get_attribute("data-session-id") for item in panel.locator(".jp-TaiSandbox-session").all()}
+    theirs = {s["id"] for s in hub.sandbox("bob", "GET", "sessions")[1]["sessions"]}
+    assert bobs in shown and shown <= theirs, (shown, theirs)
+    assert not shown & {alices["ephemeral"], alices["persistent"]}, shown
+    assert "alice" not in panel.inner_text()
+    panel_support.shot(page, "hub-bob-panel")
+
+    # the Sandbox drive: bob's session is a folder, his uploaded file opens in the editor
+    page.locator('.lm-TabBar-tab[data-id="tai-sandbox-filebrowser"]').click()
+    drive = page.locator("#tai-sandbox-filebrowser")
+    expect(drive).to_be_visible()
+    for sid in (alices["ephemeral"], alices["persistent"]):
+        expect(drive.locator(".jp-DirListing-item", has_text=sid)).to_have_count(0)
+    drive.locator(".jp-DirListing-item", has_text=bobs).dblclick()
+    drive.locator(".jp-DirListing-item", has_text="docs").dblclick()
+    drive.locator(".jp-DirListing-item", has_text="notes.txt").dblclick()
+    expect(page.locator(".jp-FileEditor .cm-content")).to_contain_text("bob's notes, read through the drive")
+    panel_support.shot(page, "hub-bob-drive")
+    # the drive's own contents calls, as the file browser makes them: his file; her session's path is 404
+    answers = page.evaluate(
+        """async ([mine, ...hers]) => {
+            const contents = window.jupyterapp.serviceManager.contents;
+            const status = async path => {
+                try { await contents.get(path, {content: true}); return 200; }
+                catch (e) { return e.status ?? String(e); }
+            };
+            const top = await contents.get('Sandbox:', {content: true});
+            const file = await contents.get(`Sandbox:${mine}/docs/notes.txt`, {content: true, format: 'text'});
+            const refused = {};
+            for (const sid of hers) {
+                for (const path of [sid, `${sid}/secret.txt`]) { refused[path] = await status(`Sandbox:${path}`); }
+            }
+            return {top: top.content.map(m => m.name), file: file.content, refused};
+        }""",
+        [bobs, alices["ephemeral"], alices["persistent"]],
+    )
+    assert bobs in answers["top"] and not set(answers["top"]) & {alices["ephemeral"], alices["persistent"]}, answers
+    assert answers["file"] == DRIVE_FILE.decode(), answers
+    assert set(answers["refused"].values()) == {404}, answers
 
 
 def test_stopping_bobs_server_destroys_his_sessions_and_never_alices(servers, alices):
