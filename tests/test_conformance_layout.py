@@ -38,6 +38,7 @@ CHECKS_BEFORE_THE_SPLIT = [
     "rejects_what_it_cannot_honour",
     "pty_window_and_resize",
     "pty_ctrl_c",
+    "commands_start_with_default_signals",  # added after the split (issue 30)
     "pty_stop_ends_the_terminal_session",
     "cancelled_one_shot_stops_its_group",
     "cancelled_start_leaves_nothing_running",

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 
 from ..contract import (
     ExecHandle,
@@ -100,6 +104,44 @@ class PtyChecks(SuiteBase):
         finally:
             await handle.kill()
 
+    async def check_commands_start_with_default_signals(self) -> None:
+        """Commands start with every signal at its default action and none blocked, whatever the
+        server inherited: meanwhile this process ignores SIGINT and SIGQUIT and blocks SIGTERM (as a
+        server started in the background of a shell does): a command has none of them ignored or
+        blocked (``/proc/self/status``), a shell's own SIGINT and SIGTERM end it, and ^C on a pty
+        interrupts."""
+        session = await self.session()
+        watched = {"SIGINT": signal.SIGINT, "SIGQUIT": signal.SIGQUIT, "SIGTERM": signal.SIGTERM}
+        with _signals_as_in_a_background_job():
+            status = await session.exec(["cat", "/proc/self/status"], timeout_seconds=self.t(30))
+            fields = dict(
+                line.split(":", 1) for line in status.stdout.decode(errors="replace").splitlines() if ":" in line
+            )
+            expect(
+                status.exit_code == 0 and "SigIgn" in fields and "SigBlk" in fields,
+                f"`cat /proc/self/status` gave no signal masks (exit {status.exit_code}): {status.stdout[:200]!r}",
+            )
+            for field, what in (("SigIgn", "ignored"), ("SigBlk", "blocked")):
+                mask = int(fields[field].strip(), 16)
+                inherited = [name for name, number in watched.items() if mask >> (number - 1) & 1]
+                expect(
+                    not inherited,
+                    f"a command started while the server ignores SIGINT and SIGQUIT and blocks SIGTERM has "
+                    f"{', '.join(inherited)} {what} ({field} {fields[field].strip()}): it inherited the "
+                    "server's signal state",
+                )
+            for name in ("INT", "TERM"):
+                number = watched[f"SIG{name}"]
+                result = await session.exec(
+                    ["sh", "-c", f"kill -{name} $$; echo survived-$?"], timeout_seconds=self.t(30)
+                )
+                expect(
+                    result.exit_code == 128 + number and b"survived" not in result.stdout,
+                    f"`kill -{name} $$` in a shell: exit {result.exit_code}, stdout {result.stdout[:100]!r} "
+                    f"(expected {128 + number})",
+                )
+            await self.check_pty_ctrl_c()
+
     async def check_pty_stop_ends_the_terminal_session(self) -> None:
         """kill() and the deadline stop a terminal's whole session, jobs in groups of their own too."""
         session = await self.session()
@@ -129,3 +171,21 @@ class PtyChecks(SuiteBase):
                 await self.expect_stopped(session, pid, f"the {stop}'s stop of a terminal's background job")
             finally:
                 await handle.kill()
+
+
+@contextlib.contextmanager
+def _signals_as_in_a_background_job() -> Iterator[None]:
+    """This process ignores SIGINT and SIGQUIT (only from the main thread, where Python allows it)
+    and this thread blocks SIGTERM, as in a job a non-interactive shell started with ``&``; all
+    put back after."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGQUIT)} if main else {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    try:
+        for number in previous:
+            signal.signal(number, signal.SIG_IGN)
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -30,11 +30,11 @@ from ._common import OUTPUT_GRACE_SECONDS, deadline_error, spill_overflow_error
 from ._posix import (
     ChildWatch,
     exit_status,
-    group_kwargs,
     holder_unreaped,
     killpg,
     reap_holder,
     spawn_group_holder,
+    spawn_kwargs,
 )
 
 _WRITE_CHUNK = 1 << 16
@@ -145,7 +145,7 @@ class LocalCommand(ExecHandle):
             cwd=cwd,
             env=env,
             bufsize=0,
-            **group_kwargs(self._pgid),
+            **spawn_kwargs(self._pgid),
         )
 
     def _process_reaped(self, returncode: int | None) -> None:

@@ -10,7 +10,7 @@ import subprocess
 
 from ..contract import DEFAULT_WINDOW, SandboxSpecRejectedError
 from ._local_command import LocalCommand, _PipeRelay
-from ._posix import ChildWatch, kill_session_but_leader, set_window
+from ._posix import ChildWatch, kill_session_but_leader, set_window, spawn_kwargs
 
 # The pty holder leads a new session and takes the terminal as its controlling tty (its stdin
 # and stdout arrive as the control and status pipes, moved to fds 3 and 4: dash takes only
@@ -71,6 +71,7 @@ class LocalPtyCommand(LocalCommand):
                 start_new_session=True,
                 cwd=cwd,
                 env={"TERM": "xterm-256color", **env},
+                **spawn_kwargs(),
             )
         except BaseException:
             for fd in (master, status_r, self._control):

@@ -34,11 +34,46 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def group_kwargs(pgid: int) -> dict[str, Any]:
-    """Popen arguments that start a child in process group ``pgid`` (0: a new group led by the child)."""
-    if sys.version_info >= (3, 11):
-        return {"process_group": pgid}
-    return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover - 3.10
+#: reset by Popen itself (``restore_signals``); Python ignores SIGPIPE in every process of its own
+_RESTORED_BY_POPEN = {getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)}
+_CATCHABLE = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP} - _RESTORED_BY_POPEN)
+
+
+def inherited_signal_state() -> tuple[list[int], set[int]]:
+    """The signals this process ignores (that a child would inherit ignored) and the calling thread's
+    blocked mask (that a child would inherit blocked)."""
+    ignored = [s for s in _CATCHABLE if signal.getsignal(s) == signal.SIG_IGN]
+    return ignored, set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def spawn_kwargs(pgid: int | None = None) -> dict[str, Any]:
+    """Popen arguments for a command: in process group ``pgid`` (0: a new group led by the child;
+    None: as Popen's other arguments say), starting with every signal at its default action and
+    none blocked, whatever this process inherited.
+
+    A server started in the background of a non-interactive shell (``cmd &``, nohup, many
+    process managers) ignores SIGINT and SIGQUIT, and exec keeps an ignored signal ignored,
+    so ^C and ``interrupt_mode: signal`` would do nothing in its commands. In that case only,
+    the child resets them before it execs (a ``preexec_fn``: slower, so the usual case,
+    nothing to reset, keeps Popen's fast path).
+    """
+    ignored, blocked = inherited_signal_state()
+    kwargs: dict[str, Any] = {}
+    if pgid is not None and sys.version_info >= (3, 11):
+        kwargs["process_group"] = pgid
+    pgid_in_child = pgid if pgid is not None and sys.version_info < (3, 11) else None
+    if not ignored and not blocked and pgid_in_child is None:
+        return kwargs
+
+    def prepare_child() -> None:
+        if pgid_in_child is not None:  # pragma: no cover - 3.10
+            os.setpgid(0, pgid_in_child)
+        for number in ignored:
+            signal.signal(number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+    kwargs["preexec_fn"] = prepare_child
+    return kwargs
 
 
 def killpg(pgid: int) -> None:
