@@ -91,7 +91,7 @@ class Caller:
     def owns_consumer(self, consumer: str) -> bool:
         """A consumer label of the caller's own: its name, or a label under it (``NAME/kernel:1``),
         which a server acting for this user (the remote provider) gives its kernels and tools."""
-        return consumer == self.name or consumer.startswith(self.name + "/")
+        return isinstance(consumer, str) and (consumer == self.name or consumer.startswith(self.name + "/"))
 
     def may(self, action: str) -> bool:
         """Whether ``action`` on ``jupyter_tai_sandbox:admin`` is granted (the tools' fence asks this)."""
