@@ -102,8 +102,13 @@ def test_internal_networks_of_one_owner_in_two_deployments_are_apart(client):
             listener = await b.exec_start(["nc", "-ll", "-p", "9000", "-e", "echo", "pong"], timeout_seconds=60)
             try:
                 probe = f"nc -w 2 {address} 9000 </dev/null 2>&1; echo rc=$?"
-                # the listener answers inside its own deployment's network...
-                assert b"pong" in (await b.exec(["sh", "-c", probe], timeout_seconds=20)).stdout
+                # the listener answers inside its own deployment's network (once it listens)...
+                for _ in range(50):
+                    if b"pong" in (await b.exec(["sh", "-c", probe], timeout_seconds=20)).stdout:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError("the listener never answered in its own network")
                 # ...and not to the same owner's session of another deployment
                 out = (await a.exec(["sh", "-c", probe], timeout_seconds=20)).stdout
                 assert b"pong" not in out and b"rc=0" not in out, out
