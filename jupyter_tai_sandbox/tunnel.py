@@ -32,6 +32,15 @@ its socket once it sent and received EOF); an error on either end sends RESET.
 
 **Relay death** (its exit, a kill, the session's destroy or reap, its deadline)
 ends every connection at once and closes the listeners: :attr:`Tunnel.closed`.
+
+**The relay is session code.** Anything in the session can write into the relay's
+stdout (``/proc/<pid>/fd/1``), so the host side trusts none of it: a frame header
+is checked before its payload is awaited, and any protocol violation (a payload over
+its kind's maximum, an unknown kind, a connection id the host never opened, DATA
+beyond the connection's window or after its EOF, CREDIT beyond what was sent, frames
+before HELLO or a second HELLO) kills the relay and closes the tunnel, with a warning
+saying why. So the host never holds more than one frame of the stream plus, per
+connection, its window of received DATA (:attr:`Tunnel.peak_buffered`).
 """
 
 from __future__ import annotations
@@ -62,6 +71,14 @@ log = logging.getLogger(__name__)
 
 class TunnelError(SandboxError):
     """The relay could not start, or died."""
+
+
+class ProtocolViolation(Exception):
+    """The relay broke the wire protocol (it is session code: never trusted)."""
+
+
+#: the largest payload of each kind the relay may send (OPEN never comes from the relay)
+_MAX_PAYLOAD = {HELLO: 4, DATA: MAX_FRAME, CREDIT: 4, EOF: 0, RESET: 1000}
 
 
 #: The relay, run in the session as ``python3 -u -c RELAY_SOURCE WINDOW``. Threads, blocking sockets and
@@ -261,6 +278,9 @@ class _Connection:
         self.credit_event.set()
         self.inbox: deque[bytes | None] = deque()
         self.inbox_event = asyncio.Event()
+        #: bytes of the relay's DATA received and not yet acknowledged with CREDIT (at most the window)
+        self.unacked = 0
+        self.got_eof_frame = False
         self.sent_eof = False
         self.got_eof = False
         self.dead = False
@@ -302,6 +322,8 @@ class _Connection:
                     await self.inbox_event.wait()
                     continue
                 item = self.inbox.popleft()
+                if item is not None:
+                    self.tunnel._inbox_bytes -= len(item)
                 if item is None:
                     if self.writer.can_write_eof():
                         self.writer.write_eof()
@@ -313,6 +335,7 @@ class _Connection:
                 owed += len(item)
                 if owed >= quarter:
                     self.tunnel._send(self.cid, CREDIT, struct.pack(">I", owed))
+                    self.unacked -= owed
                     owed = 0
         except (OSError, ConnectionError, RuntimeError) as e:
             self.reset(f"host write failed: {e}")
@@ -323,12 +346,29 @@ class _Connection:
             self.tunnel._forget(self.cid)
             self.writer.close()
 
+    def check(self, kind: int, n: int) -> None:
+        """Refuse a frame this connection cannot take, from its header alone (ProtocolViolation)."""
+        if kind in (DATA, EOF) and self.got_eof_frame:
+            raise ProtocolViolation(f"{'DATA' if kind == DATA else 'a second EOF'} after EOF on connection {self.cid}")
+        if kind == DATA and self.unacked + n > self.tunnel.window:
+            raise ProtocolViolation(
+                f"DATA past the window on connection {self.cid} "
+                f"({self.unacked + n} bytes unacknowledged, window {self.tunnel.window})"
+            )
+
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind in (DATA, EOF):
+            if kind == DATA:
+                self.unacked += len(payload)
+                self.tunnel._inbox_bytes += len(payload)
+            else:
+                self.got_eof_frame = True
             self.inbox.append(payload if kind == DATA else None)
             self.inbox_event.set()
         elif kind == CREDIT:
             (n,) = struct.unpack(">I", payload)
+            if self.credit + n > self.tunnel.window:
+                raise ProtocolViolation(f"CREDIT for more than was sent on connection {self.cid}")
             self.credit += n
             self.credit_event.set()
         elif kind == RESET:
@@ -341,6 +381,8 @@ class _Connection:
         if why:
             log.debug("tunnel connection %d reset: %s", self.cid, why)
         self.tunnel._forget(self.cid)
+        self.tunnel._inbox_bytes -= sum(len(item) for item in self.inbox if item is not None)
+        self.inbox.clear()
         if tell:
             self.tunnel._send(self.cid, RESET, why.encode()[:1000])
         self.credit_event.set()
@@ -372,6 +414,11 @@ class Tunnel:
         self._out: deque[bytes] = deque()
         self._out_event = asyncio.Event()
         self._stderr_tail = b""
+        #: bytes of the relay's DATA queued on the host, over every connection
+        self._inbox_bytes = 0
+        #: the most the host ever held of the relay's stream (at most a frame and a chunk, plus a window per connection)
+        self.peak_buffered = 0
+        self._last_id = 0
         self._writer = asyncio.create_task(self._write_loop(), name="tunnel-writer")
         self._reader = asyncio.create_task(self._read_loop(), name="tunnel-reader")
 
@@ -433,7 +480,7 @@ class Tunnel:
         if self.closed.is_set():
             writer.transport.abort()
             return
-        cid = next(self._ids)
+        cid = self._last_id = next(self._ids)
         self._send(cid, OPEN, struct.pack(">HI", remote_port, wait_ms))
         self._conns[cid] = _Connection(self, cid, reader, writer)
 
@@ -481,11 +528,19 @@ class Tunnel:
                         self._stderr_tail = (self._stderr_tail + item.data)[-4000:]
                         continue
                     buf += item.data
+                    self.peak_buffered = max(self.peak_buffered, len(buf) + self._inbox_bytes)
                     at = self._dispatch(buf)
                     if at:
                         del buf[:at]
                 elif isinstance(item, ExitItem):
                     reason = f"the relay exited with status {item.exit_code}"
+        except ProtocolViolation as e:
+            buf.clear()
+            reason = f"protocol violation by the relay: {e}"
+            log.warning("tunnel closed (relay killed): %s", reason)
+            self._die(reason)
+            with contextlib.suppress(SandboxError):
+                await self.handle.kill()  # type: ignore[attr-defined]
         except SandboxError as e:
             reason = f"the relay failed: {e}"
         except asyncio.CancelledError:
@@ -495,22 +550,46 @@ class Tunnel:
             tail = self._stderr_tail.decode("utf-8", "replace").strip()
             self._die(reason + (f"; its stderr: {tail[-1000:]}" if tail else ""))
 
+    def _check(self, cid: int, kind: int, n: int) -> _Connection | None:
+        """Check one frame's header before its payload is awaited: the connection it is for (None: one
+        already forgotten, or HELLO), or ProtocolViolation."""
+        limit = _MAX_PAYLOAD.get(kind)
+        if limit is None:
+            raise ProtocolViolation(f"unknown frame kind {kind} (connection {cid}, {n} bytes)")
+        if n > limit or (kind in (CREDIT, HELLO) and n != limit):
+            raise ProtocolViolation(f"a frame of kind {kind} with {n} bytes (at most {limit})")
+        if kind == HELLO:
+            if cid != 0 or self._hello.done():
+                raise ProtocolViolation("an unexpected HELLO")
+            return None
+        if not self._hello.done():
+            raise ProtocolViolation(f"a frame of kind {kind} before HELLO")
+        if not 0 < cid <= self._last_id:
+            raise ProtocolViolation(f"a frame for connection {cid}, which was never opened")
+        conn = self._conns.get(cid)
+        if conn is not None:
+            conn.check(kind, n)
+        return conn
+
     def _dispatch(self, buf: bytearray) -> int:
         at, end = 0, len(buf)
         while end - at >= HEADER.size:
             cid, kind, n = HEADER.unpack_from(buf, at)
+            conn = self._check(cid, kind, n)
             if end - at - HEADER.size < n:
                 break
             payload = bytes(buf[at + HEADER.size : at + HEADER.size + n])
             at += HEADER.size + n
             if kind == HELLO:
-                if not self._hello.done():
-                    self._hello.set_result(payload)
-                continue
-            conn = self._conns.get(cid)
-            if conn is not None:
+                self._hello.set_result(payload)
+            elif conn is not None:
                 conn.on_frame(kind, payload)
         return at
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of the relay's DATA queued on the host now, over every connection."""
+        return self._inbox_bytes
 
     def _die(self, reason: str) -> None:
         if self.closed.is_set():
@@ -567,4 +646,4 @@ async def open_tunnel(
     return tunnel, mapping
 
 
-__all__ = ["DEFAULT_WINDOW", "RELAY_SOURCE", "Forward", "Tunnel", "TunnelError", "open_tunnel", "relay_argv"]
+__all__ = ["DEFAULT_WINDOW", "RELAY_SOURCE", "Forward", "ProtocolViolation", "Tunnel", "TunnelError", "open_tunnel", "relay_argv"]
