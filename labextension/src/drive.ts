@@ -4,6 +4,12 @@
  * session's workspace (the files API: list, download, upload, delete, rename,
  * make folder). Text files and notebooks open, edit and save in JupyterLab's
  * own editors; uploads and downloads work as in the default drive.
+ *
+ * Everything in a workspace was written by code in a sandbox, so nothing read from
+ * the drive is trusted: a notebook's trust marks (each cell's `metadata.trusted`,
+ * nbformat's `metadata.signature`) are stripped when it is read, and again when it
+ * is saved, so JupyterLab renders its outputs as untrusted (sanitized HTML, no
+ * JavaScript, no live SVG) and the workspace never holds a `trusted: true` we wrote.
  */
 import { PathExt } from '@jupyterlab/coreutils';
 import { Contents, ServerConnection } from '@jupyterlab/services';
@@ -224,6 +230,42 @@ export function base64ToBytes(text: string): Uint8Array {
   return bytes;
 }
 
+/** A JSON object (not an array, not null). */
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/**
+ * A notebook without its trust marks: no cell's `metadata.trusted`, no top-level
+ * `metadata.signature` (what nbformat's `strip_transient` drops before writing, and
+ * what JupyterLab reads to render a cell's outputs as trusted: `CellModel.trusted`
+ * comes from `metadata.trusted`). A copy; the input is not changed. Anything that is
+ * not a notebook-shaped object is returned as it is.
+ */
+export function untrustNotebook<T>(content: T): T {
+  if (!isObject(content) || !Array.isArray(content.cells)) {
+    return content;
+  }
+  const out: Record<string, unknown> = { ...content };
+  if (isObject(content.metadata) && 'signature' in content.metadata) {
+    const { signature: _signature, ...metadata } = content.metadata;
+    out.metadata = metadata;
+  }
+  out.cells = content.cells.map((cell: unknown) => {
+    if (!isObject(cell) || !isObject(cell.metadata) || !('trusted' in cell.metadata)) {
+      return cell;
+    }
+    const { trusted: _trusted, ...metadata } = cell.metadata;
+    return { ...cell, metadata };
+  });
+  return out as T;
+}
+
+/** The `content` of a model read from or saved to the drive, trust stripped from notebooks. */
+export function untrustContent(content: unknown, format: Contents.FileFormat, type: string): unknown {
+  return type === 'notebook' || format === 'json' ? untrustNotebook(content) : content;
+}
+
 /** A new notebook, as nbformat.v4.new_notebook() makes it. */
 export const EMPTY_NOTEBOOK = { cells: [], metadata: {}, nbformat: 4, nbformat_minor: 5 };
 
@@ -337,7 +379,8 @@ export class SandboxDrive implements Contents.IDrive {
       type,
       format,
       mimetype: guessMimetype(entry.name, format),
-      content: decodeContent(bytes, format, path),
+      // never trusted: a session wrote it (its outputs render sanitized, scripts inert)
+      content: untrustContent(decodeContent(bytes, format, path), format, type),
       size: bytes.length
     };
   }
@@ -409,7 +452,10 @@ export class SandboxDrive implements Contents.IDrive {
     if (options.type === 'directory') {
       await this._client.makeFolder(sessionId, path);
     } else {
-      const bytes = encodeContent(options.content, options.format ?? null, options.type ?? 'file');
+      const type = options.type ?? 'file';
+      const format = options.format ?? null;
+      // no trust written back (JupyterLab marks cells the user runs or adds as trusted)
+      const bytes = encodeContent(untrustContent(options.content, format, type), format, type);
       const chunk = options.chunk;
       if (chunk !== undefined) {
         // a chunked upload (large files): kept here until its last chunk (-1)

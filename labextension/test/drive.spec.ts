@@ -14,7 +14,8 @@ import {
   parentOf,
   sessionModel,
   splitDrivePath,
-  untitledName
+  untitledName,
+  untrustNotebook
 } from '../src/drive';
 import { SandboxAPIError } from '../src/request';
 import { fakeSettings, json } from './fakes';
@@ -212,5 +213,91 @@ describe('SandboxDrive', () => {
       status: 409,
       message: 'b.txt exists'
     });
+  });
+
+  it('reads a notebook a session marked trusted as untrusted (no cell trust, no signature)', async () => {
+    const planted = {
+      cells: [
+        {
+          cell_type: 'code',
+          id: 'a',
+          metadata: { trusted: true, tags: ['kept'] },
+          execution_count: 1,
+          source: '',
+          outputs: [
+            { output_type: 'display_data', metadata: {}, data: { 'text/html': '<script>x()</script>' } }
+          ]
+        },
+        { cell_type: 'markdown', id: 'b', metadata: { trusted: true }, source: '<img src=x onerror=x()>' },
+        { cell_type: 'raw', id: 'c', metadata: { trusted: 'yes' }, source: '' },
+        { cell_type: 'code', id: 'd', source: '', outputs: [], execution_count: null }
+      ],
+      metadata: { signature: 'sha256:0123', kernelspec: { name: 'python3' } },
+      nbformat: 4,
+      nbformat_minor: 5
+    };
+    const text = JSON.stringify(planted);
+    const entries = [{ name: 'evil.ipynb', type: 'file', size: text.length, mtime: 1 }];
+    const { settings } = fakeSettings([
+      json({ path: '.', entries }),
+      bytes(text),
+      // the same bytes asked for as a notebook under another name, and as generic JSON
+      json({ path: '.', entries: [{ ...entries[0], name: 'evil.json' }] }),
+      bytes(text),
+      json({ path: '.', entries }),
+      bytes(text)
+    ]);
+    const drive = new SandboxDrive(new SandboxClient(settings));
+    const asNotebook = await drive.get('sbx-1/evil.ipynb');
+    const asTyped = await drive.get('sbx-1/evil.json', { type: 'notebook' });
+    const asJson = await drive.get('sbx-1/evil.ipynb', { type: 'file', format: 'json' });
+    for (const model of [asNotebook, asTyped, asJson]) {
+      const nb = model.content;
+      expect(nb.cells.map((c: any) => c.metadata?.trusted)).toEqual([undefined, undefined, undefined, undefined]);
+      expect(nb.metadata).toEqual({ kernelspec: { name: 'python3' } });
+      expect(nb.cells[0].metadata).toEqual({ tags: ['kept'] });
+      expect(nb.cells[0].outputs).toEqual(planted.cells[0].outputs); // outputs kept, only untrusted
+      expect(JSON.stringify(nb)).not.toMatch(/trusted|signature/);
+    }
+    expect(asNotebook.type).toBe('notebook');
+  });
+
+  it('never writes trust back when saving a notebook', async () => {
+    const { settings, requests } = fakeSettings([
+      json({ path: 'n.ipynb', size: 10 }, 201),
+      json({ path: '.', entries: [{ name: 'n.ipynb', type: 'file', size: 10, mtime: 9 }] }),
+      json({ path: 'n.json', size: 10 }, 201),
+      json({ path: '.', entries: [{ name: 'n.json', type: 'file', size: 10, mtime: 9 }] })
+    ]);
+    const drive = new SandboxDrive(new SandboxClient(settings));
+    // what JupyterLab's model saves after the user ran a cell or added one: trusted: true
+    const nb = {
+      cells: [
+        { cell_type: 'code', id: 'a', metadata: { trusted: true, collapsed: false }, source: '1', outputs: [] },
+        { cell_type: 'markdown', id: 'b', metadata: { trusted: true }, source: '' }
+      ],
+      metadata: { signature: 'sha256:00' },
+      nbformat: 4,
+      nbformat_minor: 5
+    };
+    const before = JSON.stringify(nb);
+    await drive.save('sbx-1/n.ipynb', { type: 'notebook', format: 'json', content: nb });
+    await drive.save('sbx-1/n.json', { type: 'file', format: 'json', content: nb });
+    for (const request of [requests[0], requests[2]]) {
+      expect(request.method).toBe('PUT');
+      const written = JSON.parse(request.body!);
+      expect(written.cells.map((c: any) => c.metadata)).toEqual([{ collapsed: false }, {}]);
+      expect(written.metadata).toEqual({});
+      expect(request.body).not.toMatch(/trusted/);
+    }
+    expect(JSON.stringify(nb)).toBe(before); // the caller's model is not changed
+  });
+
+  it('leaves text and non-notebook JSON alone', () => {
+    const data = { cells: 'not a list', metadata: { trusted: true } };
+    expect(untrustNotebook(data)).toBe(data);
+    expect(untrustNotebook([{ metadata: { trusted: true } }])).toEqual([{ metadata: { trusted: true } }]);
+    expect(untrustNotebook(null)).toBe(null);
+    expect(untrustNotebook('{"cells": []}')).toBe('{"cells": []}');
   });
 });
