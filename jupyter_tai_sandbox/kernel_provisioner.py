@@ -14,7 +14,8 @@ kernelspec install`` writes one). For each kernel start:
    host listeners on 127.0.0.1 forward to the kernel's ZMQ ports in the session; the
    connection info the kernel manager (and every client) sees points at the listeners;
 3. the connection file, with the in-session ports and ip 127.0.0.1, is written into the
-   workspace (``.tai-kernel/kernel-<id>.json``) and ``python3 -m ipykernel_launcher -f
+   workspace (``.tai-kernel/kernel-<id>.json``, mode 0600 in a 0700 folder, as Jupyter
+   keeps its own: it holds the key) and ``python3 -m ipykernel_launcher -f
    <it>`` starts with ``exec_start``. Nothing of the server's environment goes in: the
    kernel sees the session's env (the policy's credentials) and the kernelspec's ``env``.
 
@@ -52,6 +53,7 @@ import asyncio
 import contextlib
 import json
 import os
+import posixpath
 import signal
 import socket
 import sys
@@ -98,6 +100,22 @@ class SandboxKernelError(SandboxError, HTTPError):
 
     def __str__(self) -> str:
         return self.message
+
+
+#: Writes stdin into "$2" (mode 0600) in the folder "$1" (mode 0700), as Jupyter keeps its connection
+#: files: never readable by another account, not even for a moment (a file left by an earlier start is
+#: replaced, not reused with its mode).
+_WRITE_PRIVATE = 'umask 077 && mkdir -p "$1" && chmod 700 "$1" && rm -f "$2" && cat > "$2" && chmod 600 "$2"'
+
+
+async def _write_private(session: SandboxSession, path: str, data: bytes) -> None:
+    """Write a kernel's connection file (it holds the key) readable by its account only."""
+    result = await session.exec(
+        ["sh", "-c", _WRITE_PRIVATE, "sh", posixpath.dirname(path), path], timeout_seconds=60, stdin=data
+    )
+    if result.exit_code != 0:
+        why = (result.stderr or result.stdout).decode("utf-8", "replace").strip()[-500:]
+        raise SandboxKernelError(f"cannot write the kernel's connection file {path}: {why or result.exit_code}")
 
 
 def _start_error(e: SandboxError) -> SandboxKernelError:
@@ -312,8 +330,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             if inner_info.get(field) is not None:
                 inner_info[field] = _text(inner_info[field])
         rel = f"{KERNEL_DIR}/kernel-{self.kernel_id}.json"
-        await session.put_file(rel, json.dumps(inner_info, indent=1).encode())
         connection_file = session.resolve(rel)
+        await _write_private(session, connection_file, json.dumps(inner_info, indent=1).encode())
         pid_file = session.resolve(f"{KERNEL_DIR}/kernel-{self.kernel_id}.pid")
         argv = [a.replace("{connection_file}", connection_file) for a in argv]
         self._pid_file = f"{KERNEL_DIR}/kernel-{self.kernel_id}.pid"

@@ -38,6 +38,20 @@ def _umask() -> int:
 NEW_FILE_MODE = 0o666 & ~_umask()
 
 
+#: Mode of the provider's root (workspaces, sidecars, owners, leases): the server's account only,
+#: as Jupyter keeps its own runtime files (a kernel's connection file holds its key).
+ROOT_MODE = 0o700
+
+
+def private_folder(path: str | os.PathLike[str]) -> None:
+    """Make ``path`` (and missing parents) a folder only its owner can enter: mode 0700, tightened
+    when it already exists with group or other bits and belongs to this account (blocking)."""
+    os.makedirs(path, mode=ROOT_MODE, exist_ok=True)
+    info = os.stat(path)
+    if info.st_mode & 0o077 and info.st_uid == os.geteuid():
+        os.chmod(path, ROOT_MODE)
+
+
 def check_name_lengths(path: str, rel: str) -> None:
     """Refuse a workspace path no host file can have: a name over NAME_MAX bytes, or too long a path."""
     for name in rel.split("/"):

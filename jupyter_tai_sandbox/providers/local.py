@@ -26,6 +26,10 @@ mounts it. Each live persistent session holds its key's lease (a shared flock in
 ``<root>/.locks/``); removing the workspace is refused with SandboxConflictError
 while another session, in any server process on this root, holds the key.
 
+The root is mode 0700 (made so, or tightened when it is this account's): workspaces
+hold what other OS accounts must not read, such as a sandboxed kernel's connection
+file (its key).
+
 Modules: :mod:`._posix` (process primitives), :mod:`._local_command` and
 :mod:`._local_pty` (the command classes), :mod:`._local_session` (a session's exec
 and files), :mod:`._local_paths` (typed path errors), :mod:`._local_tenancy`
@@ -62,6 +66,7 @@ from ..errors import SandboxConflictError
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id
 from ._local_command import LocalCommand
+from ._local_paths import private_folder
 from ._local_pty import LocalPtyCommand
 from ._local_session import LocalSession
 from ._local_tenancy import WorkspaceLease, claim_or_check_owner, forget_owner, read_owner
@@ -88,7 +93,8 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="""Folder holding the workspaces (SANDBOX_LOCAL_ROOT): persistent ones at
         <root>/<workspace_key>, ephemeral ones under <root>/.ephemeral/, session sidecar
         files under <root>/.sessions/, workspace owners under <root>/.owners/ and the
-        per-key lease files under <root>/.locks/. Default: <jupyter data dir>/tai_sandbox/local.""",
+        per-key lease files under <root>/.locks/. Made mode 0700 (tightened when it exists and is
+        this account's). Default: <jupyter data dir>/tai_sandbox/local.""",
     ).tag(config=True)
 
     inherit_env = List(
@@ -170,6 +176,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     ) -> WorkspaceLease | None:
         """Take the key's lease, check or record its owner, make the workspace and the sidecar (blocking)."""
         lease = None
+        private_folder(self._root)
         if spec.durability == "persistent":
             lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]
         try:
