@@ -117,6 +117,19 @@ class SandboxApp(ExtensionApp):
         attaches again (replayed from the offset it asks for, as far back as the ring reaches).""",
     ).tag(config=True)
 
+    max_live_commands_per_user = Integer(
+        32,
+        help="""Most interactive (websocket) commands one user may hold at once, detached ones included
+        (each keeps its output ring, SandboxApp.exec_ring_bytes, until it is forgotten); one more is refused
+        with a SandboxQuotaError error message (429). 0 means no cap.""",
+    ).tag(config=True)
+
+    max_live_commands_per_session = Integer(
+        16,
+        help="""Most interactive (websocket) commands one session may hold at once, detached ones included;
+        one more is refused with a SandboxQuotaError error message (429). 0 means no cap.""",
+    ).tag(config=True)
+
     max_preset_bytes = Integer(
         64 << 10,
         help="Largest preset definition (as JSON) the preset store accepts, in bytes. 0 means no limit.",
@@ -149,7 +162,12 @@ class SandboxApp(ExtensionApp):
         OutputSpool.default_disk_limit = self.max_spill_bytes
         self.policy = SandboxPolicy(parent=self)
         self.registry = SessionRegistry(self.policy)
-        self.execs = ExecRegistry(ring_bytes=self.exec_ring_bytes, grace_seconds=self.detach_grace_seconds)
+        self.execs = ExecRegistry(
+            ring_bytes=self.exec_ring_bytes,
+            grace_seconds=self.detach_grace_seconds,
+            max_per_user=self.max_live_commands_per_user,
+            max_per_session=self.max_live_commands_per_session,
+        )
         self._reaper: asyncio.Task[None] | None = None
         self.sandbox: Sandbox | None = None
         sandboxes.use_policy(self.policy)

@@ -19,11 +19,11 @@ import collections
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from .contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
-from .errors import error_body, error_status
+from .errors import SandboxQuotaError, error_body, error_status
 from .sessions import Caller
 
 STREAM_IDS = {"stdout": 1, "stderr": 2}
@@ -275,13 +275,57 @@ class LiveExec:
 class ExecRegistry:
     """The live interactive commands of this server, by exec id."""
 
-    def __init__(self, *, ring_bytes: int, grace_seconds: float) -> None:
+    def __init__(
+        self, *, ring_bytes: int, grace_seconds: float, max_per_user: int = 0, max_per_session: int = 0
+    ) -> None:
         self.ring_bytes = ring_bytes
         self.grace_seconds = grace_seconds
+        self.max_per_user = max_per_user
+        self.max_per_session = max_per_session
         self._execs: dict[str, LiveExec] = {}
+        self._starting: collections.Counter[tuple[str, str]] = collections.Counter()  # (owner, session) -> starts
 
     def __len__(self) -> int:
         return len(self._execs)
+
+    def check_room(self, owner: str, session_id: str) -> None:
+        """Refuse (SandboxQuotaError, 429) a command past the per-user or per-session cap.
+
+        Every command the registry holds counts, attached or detached, running or kept for a
+        reattach after its exit: each pins its output ring and its handle until it is forgotten.
+        """
+        by_user = sum(1 for live in self._execs.values() if live.owner == owner)
+        by_user += sum(n for (who, _), n in self._starting.items() if who == owner)
+        if self.max_per_user and by_user >= self.max_per_user:
+            raise SandboxQuotaError(
+                f"{owner!r} already holds {by_user} interactive commands (detached ones included), the most one "
+                f"user may hold (SandboxApp.max_live_commands_per_user = {self.max_per_user}): end or kill one "
+                "first (a detached command is forgotten SandboxApp.detach_grace_seconds after its last client left)"
+            )
+        in_session = sum(1 for live in self._execs.values() if live.session_id == session_id)
+        in_session += sum(n for (_, sid), n in self._starting.items() if sid == session_id)
+        if self.max_per_session and in_session >= self.max_per_session:
+            raise SandboxQuotaError(
+                f"session {session_id!r} already holds {in_session} interactive commands (detached ones "
+                f"included), the most one session may hold (SandboxApp.max_live_commands_per_session = "
+                f"{self.max_per_session}): end or kill one first"
+            )
+
+    @contextlib.contextmanager
+    def reserve(self, owner: str, session_id: str) -> Iterator[None]:
+        """Check the caps and hold a slot while the command starts (no await between the two).
+
+        ``add`` the command inside the block: the slot passes to it; a start that fails gives it back.
+        """
+        self.check_room(owner, session_id)
+        key = (owner, session_id)
+        self._starting[key] += 1
+        try:
+            yield
+        finally:
+            self._starting[key] -= 1
+            if self._starting[key] <= 0:
+                del self._starting[key]
 
     def add(
         self,

@@ -17,6 +17,7 @@ An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
 
 from __future__ import annotations
 
+import collections
 import functools
 import getpass
 import re
@@ -104,6 +105,11 @@ class SessionRegistry:
     def __init__(self, policy: Any = None) -> None:
         self.ids: set[str] = set()
         self.policy = policy
+        # the per-user quota without a race: a create reserves its slot before its first await
+        self._creating: collections.Counter[str] = collections.Counter()  # owner -> creates in flight
+        self._counts_from: collections.Counter[int] = collections.Counter()  # counts under way, by start mark
+        self._finished: list[tuple[int, str, str]] = []  # (mark, owner, id): creates done while a count ran
+        self._mark = 0
 
     # ------------------------------------------------------------- create
 
@@ -130,29 +136,63 @@ class SessionRegistry:
         )
 
     async def create(self, spec: SessionSpec, caller: Caller | None = None) -> SandboxSession:
-        """Create through the policy gate; a caller's own limits are checked first."""
-        sandbox = sandboxes.require_sandbox()
-        if caller is not None:
-            await self._check_quota(caller, spec)
-            if not caller.manages_all and spec.image is not None and not sandbox.image_allowed(spec.image):
-                raise SandboxForbiddenError(
-                    f"image {spec.image!r} is not on the operator's allow-list "
-                    "(DockerSandbox.allowed_images); leave image unset for the default"
-                )
-        session = await sandbox.create(spec)
-        self.ids.add(session.id)
-        return session
+        """Create through the policy gate; a caller's own limits are checked first.
 
-    async def _check_quota(self, caller: Caller, spec: SessionSpec) -> None:
+        The owner's slot is reserved before the first await and released when the create
+        ends (a failed create gives it back), so concurrent creates cannot pass the quota.
+        """
+        sandbox = sandboxes.require_sandbox()
+        owner = spec.owner or (caller.name if caller is not None else None)
+        if owner is not None:
+            self._creating[owner] += 1  # the reservation: counted by every concurrent check from now on
+        session: SandboxSession | None = None
+        try:
+            if caller is not None:
+                await self._check_quota(caller, owner or caller.name)
+                if not caller.manages_all and spec.image is not None and not sandbox.image_allowed(spec.image):
+                    raise SandboxForbiddenError(
+                        f"image {spec.image!r} is not on the operator's allow-list "
+                        "(DockerSandbox.allowed_images); leave image unset for the default"
+                    )
+            session = await sandbox.create(spec)
+            self.ids.add(session.id)
+            return session
+        finally:
+            if owner is not None:
+                self._release(owner, session.id if session is not None else None)
+
+    def _release(self, owner: str, session_id: str | None) -> None:
+        """A create ended: its reservation becomes the session (which counts from now on) or is given back."""
+        self._creating[owner] -= 1
+        if self._creating[owner] <= 0:
+            del self._creating[owner]
+        self._mark += 1
+        if session_id is not None and self._counts_from:
+            # a count whose listing began before this moment may not see the session: it looks here
+            self._finished.append((self._mark, owner, session_id))
+
+    async def _check_quota(self, caller: Caller, owner: str) -> None:
+        """The owner's live sessions, plus the creates in flight (this one's reservation included)."""
         limit = getattr(self.policy, "max_sessions_per_user", 0)
         if not limit:
             return
-        owner = spec.owner or caller.name
-        live = [info for info in await sandboxes.require_sandbox().list() if info.owner == owner]
-        if len(live) >= limit:
+        start = self._mark
+        self._counts_from[start] += 1
+        try:
+            infos = await sandboxes.require_sandbox().list()
+        finally:
+            self._counts_from[start] -= 1
+            if self._counts_from[start] <= 0:
+                del self._counts_from[start]
+        live = {info.id for info in infos if info.owner == owner}
+        live |= {sid for mark, who, sid in self._finished if mark > start and who == owner}
+        oldest = min(self._counts_from, default=self._mark)
+        self._finished = [entry for entry in self._finished if entry[0] > oldest]
+        held = len(live) + self._creating[owner] - 1  # the others in flight, not this one
+        if held >= limit:
             raise SandboxQuotaError(
-                f"{owner!r} already holds {len(live)} live sessions, the most one user may hold "
-                f"(SandboxPolicy.max_sessions_per_user = {limit}): destroy one first"
+                f"{owner!r} already holds {held} live sessions (creates under way included), the most one "
+                f"user may hold (SandboxPolicy.max_sessions_per_user = {limit}): destroy one first"
             )
 
     # ------------------------------------------------------------ find

@@ -143,17 +143,20 @@ class ExecWebSocketHandler(
             ignore=frozenset({"type"}),
         )
         caller = await self.caller()
-        handle = await self.session.start(request)
-        # with scrub_transcript on, one scrubber per stream (it holds back < len(longest secret) bytes)
-        scrubbers = {s: self.policy.stream_scrubber() for s in STREAM_IDS}
-        live = self.sandbox_app.execs.add(
-            handle,
-            session_id=self.session.id,
-            owner=caller.name,
-            argv=request.argv,
-            pty=request.pty,
-            scrubbers={s: scrubber for s, scrubber in scrubbers.items() if scrubber is not None},
-        )
+        execs = self.sandbox_app.execs
+        # the per-user and per-session caps: the slot is held from before the first await (429 beyond)
+        with execs.reserve(caller.name, self.session.id):
+            handle = await self.session.start(request)
+            # with scrub_transcript on, one scrubber per stream (it holds back < len(longest secret) bytes)
+            scrubbers = {s: self.policy.stream_scrubber() for s in STREAM_IDS}
+            live = execs.add(
+                handle,
+                session_id=self.session.id,
+                owner=caller.name,
+                argv=request.argv,
+                pty=request.pty,
+                scrubbers={s: scrubber for s, scrubber in scrubbers.items() if scrubber is not None},
+            )
         self.live = live
         await self._send({"type": "started", "exec_id": live.id})
         await live.attach(self, 0)

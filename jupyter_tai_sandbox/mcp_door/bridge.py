@@ -52,6 +52,7 @@ class MCPHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
     auth_resource = AUTH_RESOURCE
     _closed: asyncio.Event | None = None
     _body_sent = False
+    _response_started = False
     _response_done = False
     _content_type = "application/json"
 
@@ -162,6 +163,11 @@ class MCPHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
         }
         try:
             await door.asgi(scope, self._receive, self._send)
+        except Exception:
+            if not self._response_started:
+                # failed before the SDK answered (a quota at admission): this API's JSON error and status
+                self._response_done = True
+            raise
         finally:
             self._closing.set()
             if not self._response_done:
@@ -179,6 +185,7 @@ class MCPHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
     async def _send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "http.response.start":
+            self._response_started = True
             self.set_status(message["status"])
             for raw_name, raw_value in message.get("headers", []):
                 name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")

@@ -19,12 +19,14 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract import ExecRequest, SandboxRequestError
 from ..errors import SandboxForbiddenError
+from ..policy import SCRUBBED
 from ..sessions import AUTH_RESOURCE, Caller
 from ..tools import BASE_TOOLS, NAME_PATTERN, Decided, Preset, validate_input
 
@@ -401,24 +403,24 @@ class DoorTools:
         exec_request = self._exec_request(data, interactive=True)
         session = await self._session(request, data, manage=True)
         handles = self.door.handles
-        handles.check_room(request.caller.name)
-        handle = await session.start(exec_request)
-        try:
-            if data.get("stdin") is not None:
-                await handle.write(data["stdin"].encode(errors="surrogatepass"))
-            await handle.close_stdin()
-        except BaseException:
-            await handle.kill()
-            raise
         policy = self.app.policy
-        scrubbers = {s: policy.stream_scrubber() for s in ("stdout", "stderr")}
-        command = handles.add(
-            handle,
-            owner=request.caller.name,
-            session_id=session.id,
-            timeout_seconds=exec_request.timeout_seconds,
-            scrubbers={s: sc for s, sc in scrubbers.items() if sc is not None},
-        )
+        with handles.reserve(request.caller.name):  # the slot is held from here, before the first await
+            handle = await session.start(exec_request)
+            try:
+                if data.get("stdin") is not None:
+                    await handle.write(data["stdin"].encode(errors="surrogatepass"))
+                await handle.close_stdin()
+            except BaseException:
+                await handle.kill()
+                raise
+            scrubbers = {s: policy.stream_scrubber() for s in ("stdout", "stderr")}
+            command = handles.add(
+                handle,
+                owner=request.caller.name,
+                session_id=session.id,
+                timeout_seconds=exec_request.timeout_seconds,
+                scrubbers={s: sc for s, sc in scrubbers.items() if sc is not None},
+            )
         return {
             "handle": command.id,
             "session_id": session.id,
@@ -441,15 +443,18 @@ class DoorTools:
     async def _session_read_file(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         session = await self._session(request, data, manage=False)
         limit = data["max_bytes"]
+        values = _injected(self.app.policy)
+        # with the scrub on, read a value's length past the cut, so a value crossing it is replaced whole
+        want = limit + (max(len(v) for v in values) - 1 if values else 0)
         chunks, size = [], 0
-        truncated = False
-        async for chunk in session.iter_file(data["path"], min(limit, 1 << 20)):
+        async for chunk in session.iter_file(data["path"], min(want, 1 << 20)):
             chunks.append(chunk)
             size += len(chunk)
-            if size > limit:
-                truncated = True
+            if size > want:
                 break
-        content = b"".join(chunks)[:limit]
+        raw = b"".join(chunks)
+        truncated = len(raw) > limit
+        content = _scrub_prefix(raw, limit, values) if values else raw[:limit]
         text = (base64.b64encode(content).decode() if data["encoding"] == "base64"
                 else content.decode(errors="replace"))
         return {"session_id": session.id, "path": data["path"], "encoding": data["encoding"], "content": text,
@@ -508,6 +513,47 @@ class DoorTools:
 
 def _fenced_note(description: str, fenced: bool) -> str:
     return f"{description} (admin tier: running it needs the server's admin grant)" if fenced else description
+
+
+def _injected(policy: Any) -> list[bytes]:
+    """The injected values the scrub replaces (longest first), or none when the scrub is off."""
+    if not policy.scrub_transcript:
+        return []
+    return sorted({v.encode() for v in policy.injected_values() if v}, key=len, reverse=True)
+
+
+def _scrub_prefix(raw: bytes, limit: int, values: list[bytes]) -> bytes:
+    """The scrubbed form of ``raw[:limit]``; a value that starts before the cut is replaced whole.
+
+    ``raw`` holds up to a value's length past ``limit``, so no part of a value crossing the cut is answered.
+    """
+    pattern = re.compile(b"|".join(re.escape(v) for v in values))
+    out, position = bytearray(), 0
+    for match in pattern.finditer(raw):
+        if match.start() >= limit:
+            break
+        out += raw[position : match.start()] + SCRUBBED.encode()
+        position = match.end()
+    if position < limit:
+        out += raw[position:limit]
+    return bytes(out)
+
+
+def scrub_result(policy: Any, value: Any) -> Any:
+    """Every string of a tool answer (names in a listing, messages, info) with injected values replaced.
+
+    The one exit of the door's answers, so no tool result carries an injected value when the scrub
+    is on, whatever the tool (the tools scrub exact bytes first where counts matter).
+    """
+    if not policy.scrub_transcript:
+        return value
+    if isinstance(value, str):
+        return policy.scrub(value)
+    if isinstance(value, dict):
+        return {policy.scrub(k) if isinstance(k, str) else k: scrub_result(policy, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_result(policy, v) for v in value]
+    return value
 
 
 async def _scrub(policy: Any, data: bytes) -> bytes:

@@ -26,8 +26,8 @@ from traitlets.config import LoggingConfigurable
 
 from .._version import __version__
 from ..contract import SandboxError
-from ..errors import error_body, error_status
-from .catalog import DoorRequest, DoorTools, ToolSpec, session_id_of
+from ..errors import SandboxQuotaError, error_body, error_status
+from .catalog import DoorRequest, DoorTools, ToolSpec, scrub_result, session_id_of
 from .handles import CommandHandles
 
 #: where the bridge puts the request's DoorRequest in the ASGI scope
@@ -48,6 +48,34 @@ class _DoorServer(Server[Any]):
         return super().create_initialization_options(
             notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
         )
+
+
+class _DoorSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager with a ceiling per principal beside its server-wide ``max_sessions``.
+
+    The SDK admits a new MCP session under its creation lock, in one step with no await
+    (``_admit_session``), and keeps the principal that opened each one (``_session_owners``):
+    counting there refuses concurrent ``initialize`` calls of one user exactly at the ceiling.
+    """
+
+    def __init__(self, *args: Any, max_sessions_per_user: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_sessions_per_user = max_sessions_per_user
+
+    def sessions_of(self, requestor: Any) -> int:
+        return sum(1 for owner in self._session_owners.values() if owner == requestor)
+
+    def _admit_session(self, requestor: Any) -> Any:
+        limit = self.max_sessions_per_user
+        if limit and requestor is not None:
+            held = self.sessions_of(requestor)
+            if held >= limit:
+                raise SandboxQuotaError(
+                    f"you already hold {held} open MCP sessions, the most one user may hold "
+                    f"(SandboxMCP.max_sessions_per_user = {limit}): end one (DELETE with its Mcp-Session-Id) "
+                    f"or let one expire (SandboxMCP.session_idle_timeout = {self.session_idle_timeout or 0:g} s)"
+                )
+        return super()._admit_session(requestor)
 
 
 class SandboxMCP(LoggingConfigurable):
@@ -72,6 +100,13 @@ class SandboxMCP(LoggingConfigurable):
 
     max_sessions = Integer(
         1000, help="Most MCP sessions open at once; one more answers 503 until one ends."
+    ).tag(config=True)
+
+    max_sessions_per_user = Integer(
+        20,
+        help="""Most MCP sessions one user (principal) may hold open at once; one more initialize is refused
+        with 429 SandboxQuotaError until one of theirs ends (DELETE) or expires (session_idle_timeout), so one
+        user cannot fill max_sessions for everyone. 0 means no ceiling per user (max_sessions still applies).""",
     ).tag(config=True)
 
     max_request_bytes = Integer(
@@ -144,6 +179,7 @@ class SandboxMCP(LoggingConfigurable):
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._start_lock = asyncio.Lock()
+        self._ready = False
         self._listeners: OrderedDict[str, Any] = OrderedDict()
         self._warned: set[str] = set()
         self._fingerprint: str | None = None
@@ -156,15 +192,17 @@ class SandboxMCP(LoggingConfigurable):
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done() and self.manager is not None
+        """The lifespan is entered (requests can be served), not merely starting."""
+        return self._ready and self._task is not None and not self._task.done() and self.manager is not None
 
     async def start(self) -> None:
         """Enter the session manager's lifespan in a task of its own (idempotent)."""
         async with self._start_lock:
             if self.running:
                 return
-            self.manager = StreamableHTTPSessionManager(
+            self.manager = _DoorSessionManager(
                 app=self.server,
+                max_sessions_per_user=self.max_sessions_per_user,
                 json_response=self.json_response,
                 stateless=False,
                 security_settings=None,  # Host, Origin and auth are checked by the tornado handler
@@ -194,11 +232,13 @@ class SandboxMCP(LoggingConfigurable):
                 started.cancel()
                 self._task.result()  # raises the lifespan's failure
             self._fingerprint = await asyncio.to_thread(self._tools_fingerprint)
+            self._ready = True  # concurrent first requests wait on the lock until here
             self.log.info("jupyter_tai_sandbox: MCP door at /api/sandbox/mcp (Streamable HTTP)")
 
     async def stop(self) -> None:
         """Kill started commands, leave the lifespan (open MCP sessions end)."""
         await self.handles.close()
+        self._ready = False
         task, self._task = self._task, None
         if task is None:
             return
@@ -302,11 +342,12 @@ class SandboxMCP(LoggingConfigurable):
         request = self._door_request(ctx)
         name, arguments = params.name, params.arguments if params.arguments is not None else {}
         record: dict[str, Any] = {"user": request.caller.name, "tool": name, "session": session_id_of(arguments)}
+        policy = self.app.policy
         try:
-            result = await self.tools.call(request, name, arguments)
+            result = scrub_result(policy, await self.tools.call(request, name, arguments))
         except SandboxError as e:
             status = error_status(e)
-            body = error_body(e, status)
+            body = scrub_result(policy, error_body(e, status))
             if status == 404 and body.get("error") == "SandboxNotFoundError" and _is_unknown_tool(e, name):
                 record["outcome"] = "unknown tool"
                 self._audit(record)

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,19 +207,37 @@ class CommandHandles:
         self.buffer_bytes = buffer_bytes
         self._on_change = on_change
         self._handles: dict[str, CommandHandle] = {}
+        self._starting: Counter[str] = Counter()  # owner -> starts in flight
         self._janitor: asyncio.Task[None] | None = None
 
     def running_count(self) -> int:
         return sum(1 for h in self._handles.values() if h.running)
 
     def check_room(self, owner: str) -> None:
+        """Refuse when ``owner`` runs (or is starting) as many commands as allowed."""
         running = sum(1 for h in self._handles.values() if h.owner == owner and h.running)
+        running += self._starting[owner]
         if self.max_running_per_user and running >= self.max_running_per_user:
             raise SandboxQuotaError(
                 f"{owner!r} already runs {running} started commands, the most one user may run "
                 f"(SandboxMCP.max_running_commands_per_user = {self.max_running_per_user}): "
                 "poll them to their end or kill one first"
             )
+
+    @contextlib.contextmanager
+    def reserve(self, owner: str) -> Iterator[None]:
+        """Check the limit and hold a slot while the command starts (no await between the two).
+
+        ``add`` the command inside the block: the slot passes to it; a start that fails gives it back.
+        """
+        self.check_room(owner)
+        self._starting[owner] += 1
+        try:
+            yield
+        finally:
+            self._starting[owner] -= 1
+            if self._starting[owner] <= 0:
+                del self._starting[owner]
 
     def add(self, handle: ExecHandle, *, owner: str, session_id: str, timeout_seconds: float,
             scrubbers: dict[str, Any]) -> CommandHandle:
