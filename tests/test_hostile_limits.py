@@ -122,6 +122,25 @@ async def test_concurrent_mcp_starts_cannot_pass_max_running_commands_per_user(u
         await client.call_tool("session_destroy", {"session_id": sid})
 
 
+async def test_finished_mcp_commands_kept_for_polls_are_bounded_per_user(url, as_user):
+    """A finished handle keeps its output for its last polls: a user keeps at most the cap's number of them."""
+    async with mcp_client(url, as_user("alice")) as client:
+        sid = data(await client.call_tool("session_create", {}))["id"]
+        handles = []
+        for i in range(6):
+            handle = data(await client.call_tool("session_exec_start", {
+                "session_id": sid, "script": f"echo run{i}", "timeout_seconds": 10}))["handle"]
+            answer = data(await client.call_tool("session_exec_poll", {"handle": handle, "wait_seconds": 10}))
+            while answer["running"]:
+                answer = data(await client.call_tool("session_exec_poll", {"handle": handle, "wait_seconds": 10}))
+            handles.append(handle)
+        polls = [await client.call_tool("session_exec_poll", {"handle": h, "wait_seconds": 0}) for h in handles]
+        assert [p.is_error for p in polls] == [True] * 3 + [False] * 3
+        assert refusal(polls[0])["error"] == "SandboxNotFoundError"
+        assert data(polls[-1])["output"] == [{"stream": "stdout", "text": "run5\n"}]
+        await client.call_tool("session_destroy", {"session_id": sid})
+
+
 # ------------------------------------------------------- point 8: websocket commands
 
 

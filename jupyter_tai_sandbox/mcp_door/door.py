@@ -137,7 +137,10 @@ class SandboxMCP(LoggingConfigurable):
     ).tag(config=True)
 
     max_running_commands_per_user = Integer(
-        8, help="Most commands one user may have started (session_exec_start) and running at once. 0: no limit."
+        8,
+        help="""Most commands one user may have started (session_exec_start) and running at once; one more is
+        refused with SandboxQuotaError. As many finished ones per user are kept for their last polls (the
+        oldest is dropped when another ends). 0: no limit.""",
     ).tag(config=True)
 
     tools_poll_interval = Float(

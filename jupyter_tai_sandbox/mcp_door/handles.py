@@ -249,12 +249,31 @@ class CommandHandles:
             scrubbers=scrubbers,
             buffer_bytes=self.buffer_bytes,
             log=self.log,
-            on_end=self._changed,
+            on_end=lambda: self._ended(owner),
         )
         self._handles[command.id] = command
         self._changed()
         self._ensure_janitor()
         return command
+
+    def _ended(self, owner: str) -> None:
+        self._drop_finished(owner)
+        self._changed()
+
+    def _drop_finished(self, owner: str) -> None:
+        """Keep at most max_running_per_user finished handles per user (the oldest is dropped).
+
+        A finished handle holds up to buffer_bytes of output for its retention time: without a
+        bound, commands that end at once and are started again would pin memory without limit.
+        """
+        if not self.max_running_per_user:
+            return
+        finished = sorted(
+            (h for h in self._handles.values() if h.owner == owner and h.ended_at is not None),
+            key=lambda h: h.ended_at or 0.0,
+        )
+        for command in finished[: max(0, len(finished) - self.max_running_per_user)]:
+            self._handles.pop(command.id, None)
 
     def _changed(self) -> None:
         if self._on_change is not None:
