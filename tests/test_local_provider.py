@@ -328,9 +328,9 @@ def test_one_shot_that_exits_as_its_input_is_fed_gives_its_status_every_time(san
         session = await sandbox.create(SessionSpec())
         reported = []
         asyncio.get_running_loop().set_exception_handler(lambda _loop, context: reported.append(context))
-        # the background job's stdin becomes /dev/null (no job control), so the pipe's last reader
-        # goes as the shell exits
-        script = "sleep 30 >/dev/null 2>&1 & echo $! > job.pid; exit 3"
+        # the shell lets go of the pipe first, so its background job never holds it (a job forked
+        # with the pipe as stdin holds it until it redirects, a race with the exit under load)
+        script = "exec </dev/null; sleep 30 >/dev/null 2>&1 & echo $! > job.pid; exit 3"
         for _ in range(60):
             result = await session.exec(["sh", "-c", script], stdin=b"z" * (1 << 20), timeout_seconds=10)
             stop(int((await session.get_file("job.pid")).decode()))
