@@ -8,9 +8,11 @@ it for the session: the session's identity goes into a *record*, a small
 labelled volume ``tai-rec-<session id>`` that names the container (labels
 cannot change on a running container), and the container is renamed
 ``tai-<session id>``. The session's spec env is passed to each exec and kept
-in the container (``/tmp/.tai-sbx-env.json``, root only) for a restarted
-server. A claimed container is never handed out again: it goes with its
-session.
+on the record volume (a label, :data:`LABEL_POOLED_ENV`) for a restarted
+server: never in the container, whose files the session can write, so no
+server state is read back from anything a session controls (the label is as
+visible to engine users as a container's own env is). A claimed container is
+never handed out again: it goes with its session.
 
 The pool refills in the background, one container at a time, after a short
 pause, so the create that emptied a slot and its first command do not compete
@@ -26,7 +28,6 @@ import collections
 import contextlib
 import json
 import os
-import posixpath
 import secrets
 import socket
 import time
@@ -35,14 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract import SandboxError, SandboxNotFoundError
-from ._docker_archive import tar_bytes
 from ._docker_names import (
+    LABEL,
     LABEL_CREATED,
     LABEL_EXPIRES,
     LABEL_POOL,
     LABEL_RECORD,
     LABEL_SESSION,
-    POOLED_ENV_FILE,
     RECORD_PREFIX,
 )
 from .docker_engine import DockerEngine
@@ -51,6 +51,9 @@ from .docker_engine import DockerEngine
 HANDOUT_MARGIN_SECONDS = 60.0
 #: pause before a refill starts, so the session just handed out runs its first command undisturbed
 REFILL_DELAY_SECONDS = 0.25
+
+#: on a pooled session's record volume: the session's spec env, as JSON (the session cannot touch it)
+LABEL_POOLED_ENV = f"{LABEL}.env"
 
 #: starts a default-spec container: (name, container labels, anonymous volume labels) -> container id
 Starter = Callable[[str, dict[str, str], dict[str, str]], Awaitable[str]]
@@ -181,8 +184,11 @@ class WarmPool:
         """Make a pooled container the session's (its record volume carries ``labels``, and its
         name); the record's name, or None when that failed (the container is then removed)."""
         record = RECORD_PREFIX + session_id
+        record_labels = {**labels, LABEL_RECORD: container_id}
+        if env:
+            record_labels[LABEL_POOLED_ENV] = json.dumps(dict(env), sort_keys=True)
         made = await asyncio.gather(
-            self._engine.create_volume(record, {**labels, LABEL_RECORD: container_id}),
+            self._engine.create_volume(record, record_labels),
             self._engine.rename(container_id, f"tai-{session_id}"),
             return_exceptions=True,
         )
@@ -192,8 +198,6 @@ class WarmPool:
             self._spawn(self._engine.remove_container(container_id, volume=record))
             return None
         self._env[session_id] = dict(env)
-        if env:
-            self._spawn(self._save_env(container_id, env))
         return record
 
     def knows(self, session_id: str) -> bool:
@@ -203,20 +207,13 @@ class WarmPool:
     def forget(self, session_id: str) -> None:
         self._env.pop(session_id, None)
 
-    async def _save_env(self, container_id: str, env: Mapping[str, str]) -> None:
-        archive = tar_bytes(posixpath.basename(POOLED_ENV_FILE), json.dumps(dict(env)).encode(), mode=0o600)
+    @staticmethod
+    def env_of(labels: Mapping[str, str]) -> dict[str, str]:
+        """A pooled session's spec env, from its record volume's labels (never from the container)."""
         try:
-            await self._engine.put_archive(container_id, posixpath.dirname(POOLED_ENV_FILE), archive)
-        except SandboxError as e:
-            self._log.warning("sandbox-docker: could not keep a pooled session's env in %s: %s", container_id[:12], e)
-
-    async def _load_env(self, container_id: str) -> dict[str, str]:
-        try:
-            env = json.loads(await self._engine.read_file(container_id, POOLED_ENV_FILE) or b"{}")
-        except SandboxNotFoundError:
-            return {}
+            env = json.loads(labels.get(LABEL_POOLED_ENV) or "{}")
         except ValueError:
-            env = {}
+            return {}
         return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
 
     async def records(self) -> list[dict[str, Any]]:
@@ -245,7 +242,7 @@ class WarmPool:
             raise missing from None
         env = self._env.get(session_id)
         if env is None:
-            env = await self._load_env(labels[LABEL_RECORD])
+            env = self.env_of(labels)
         return self.from_record(volume, env)
 
     async def reap(

@@ -531,7 +531,6 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             and spec.durability == "ephemeral"
             and spec.network == "egress"
             and (spec.cpu, spec.memory_mb) == (default.cpu, default.memory_mb)
-            and not (spec.env and self.read_only_rootfs)  # the env is kept in the container's /tmp
         )
 
     async def _workspace(self, spec: SessionSpec) -> None:

@@ -60,6 +60,12 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 10.0
 #: slow engine calls (container create-and-start and remove, networks, volume removal)
 DEFAULT_SLOW_TIMEOUT = 30.0
+#: the most :meth:`DockerEngine.read_file` reads of a container's file (a session may have written it)
+READ_FILE_LIMIT = 1 << 20
+#: tar headers and padding around the one member read_file reads
+_ARCHIVE_SLACK = 64 << 10
+#: the most output :meth:`DockerEngine.run` keeps of a helper command (it runs in a container the session controls)
+RUN_OUTPUT_LIMIT = 64 << 20
 #: worker threads for blocking SDK calls (a frozen engine holds one per call in flight)
 WORKERS = 32
 _SDK_NOISE = re.compile(r"^\d{3} (Client|Server) Error for \S+: [^(]*\(\"?(?P<msg>.*?)\"?\)$", re.S)
@@ -471,18 +477,22 @@ class DockerEngine:
             await asyncio.sleep(0.02)
 
     async def run(
-        self, container_id: str, cmd: Sequence[str], *, said: list[bytes] | None = None
+        self, container_id: str, cmd: Sequence[str], *, said: list[bytes] | None = None, limit: int = RUN_OUTPUT_LIMIT
     ) -> tuple[int, bytes, bytes]:
         """Run a helper command (no stdin, no tty) to its end: status, stdout, stderr.
 
-        Unbounded: callers put their own limit around it. Output pieces also go to
-        ``said`` as they arrive, so a caller that gives up can tell what it had printed.
+        Unbounded in time: callers put their own limit around it. Its output is capped at
+        ``limit`` bytes (SandboxError past it: the container's programs are the session's).
+        Output pieces also go to ``said`` as they arrive, so a caller that gives up can
+        tell what it had printed.
         """
         exec_id = await self.exec_create(container_id, cmd, env=None, stdin=False, tty=False)
         out, err = bytearray(), bytearray()
         reader, writer = await self.exec_start(exec_id, False)
         try:
             async for stream, data in read_output(reader, False):
+                if len(out) + len(err) + len(data) > limit:
+                    raise SandboxError(f"a helper command printed more than {limit} bytes")
                 (out if stream == "stdout" else err).extend(data)
                 if said is not None:
                     said.append(data)
@@ -529,20 +539,37 @@ class DockerEngine:
         """
         await self._call("write files", "put_archive", container_id, folder, archive)
 
-    async def read_file(self, container_id: str, path: str) -> bytes:
-        """A small file of the container, whole (the first member of its archive), read in one call.
+    async def read_file(self, container_id: str, path: str, *, limit: int = READ_FILE_LIMIT) -> bytes:
+        """A small file of the container, whole (the first member of its archive), read in one call;
+        at most ``limit`` bytes: a bigger one raises SandboxError, and no more than ``limit`` (and the
+        archive's headers) is ever read. Anything in a container may have been written by its session.
 
         The engine holds the container's lock while the archive is read: only for small
         files the provider itself keeps (workspace files go through commands).
         """
 
         def read() -> bytes:
-            stream, _ = self._client.api.get_archive(container_id, path)
-            raw = b"".join(stream)
-            with tarfile.open(fileobj=io.BytesIO(raw), mode="r|") as tar:
+            api = self._api
+            response = api._get(api._url("/containers/{0}/archive", container_id), params={"path": path}, stream=True)
+            try:
+                api._raise_for_status(response)
+                with contextlib.suppress(KeyError, ValueError, TypeError):
+                    size = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))["size"]
+                    if int(size) > limit:
+                        raise SandboxError(f"{path} in the container is {size} bytes, over the {limit} this reads")
+                raw = bytearray()
+                for chunk in response.iter_content(64 << 10):
+                    raw += chunk
+                    if len(raw) > limit + _ARCHIVE_SLACK:
+                        raise SandboxError(f"{path} in the container is over the {limit} bytes this reads")
+            finally:
+                response.close()
+            with tarfile.open(fileobj=io.BytesIO(bytes(raw)), mode="r|") as tar:
                 member = tar.next()
+                if member is not None and member.size > limit:
+                    raise SandboxError(f"{path} in the container is {member.size} bytes, over the {limit} this reads")
                 handle = tar.extractfile(member) if member is not None else None
-                return handle.read() if handle is not None else b""
+                return handle.read(limit + 1)[:limit] if handle is not None else b""
 
         return await self._call("read a file", read)
 
