@@ -71,31 +71,36 @@ def test_a_pooled_sessions_env_is_never_read_back_from_its_container(client, mon
 
     monkeypatch.setattr(DockerEngine, "read_file", spy)
 
+    async def attack_and_look_up(sandbox: DockerSandbox, session) -> None:
+        assert session.record is not None
+        await sandbox._pool.settle()
+        plant = (
+            f"rm -rf {OLD_ENV_FILE} && truncate -s {SPARSE} {OLD_ENV_FILE}"
+            if planted == "sparse"
+            else f'rm -rf {OLD_ENV_FILE} && printf %s \'{{"SECRET_TOKEN": "planted", "LD_PRELOAD": "/tmp/x.so"}}\' > {OLD_ENV_FILE}'
+        )
+        result = await session.exec(["sh", "-c", plant], timeout_seconds=20)
+        assert result.exit_code == 0, result
+        later = provider()  # the next server to look the session up
+        try:
+            again, peak = await peak_bytes_during(later.get(session.id))
+            assert again.spec.env == {"SECRET_TOKEN": "pooled-secret"}
+            result = await again.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN:$LD_PRELOAD"'], timeout_seconds=10)
+            assert result.stdout == b"pooled-secret:"
+            assert peak < 8 << 20, peak
+            assert reads == []  # nothing of the container was read back
+        finally:
+            await later.close()
+
     async def main() -> None:
         sandbox = provider(pool_size=1)
         try:
             await pool_ready(sandbox, 1)
             session = await sandbox.create(spec(env={"SECRET_TOKEN": "pooled-secret"}))
-            assert session.record is not None
-            await sandbox._pool.settle()
-            plant = (
-                f"rm -rf {OLD_ENV_FILE} && truncate -s {SPARSE} {OLD_ENV_FILE}"
-                if planted == "sparse"
-                else f'rm -rf {OLD_ENV_FILE} && printf %s \'{{"SECRET_TOKEN": "planted", "LD_PRELOAD": "/tmp/x.so"}}\' > {OLD_ENV_FILE}'
-            )
-            result = await session.exec(["sh", "-c", plant], timeout_seconds=20)
-            assert result.exit_code == 0, result
-            later = provider()  # the next server to look the session up
             try:
-                again, peak = await peak_bytes_during(later.get(session.id))
-                assert again.spec.env == {"SECRET_TOKEN": "pooled-secret"}
-                result = await again.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN:$LD_PRELOAD"'], timeout_seconds=10)
-                assert result.stdout == b"pooled-secret:"
-                assert peak < 8 << 20, peak
-                assert reads == []  # nothing of the container was read back
+                await attack_and_look_up(sandbox, session)
             finally:
-                await later.close()
-            await session.destroy()
+                await session.destroy()
         finally:
             await sandbox.close()
 
