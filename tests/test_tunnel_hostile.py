@@ -9,14 +9,12 @@ buffers more than a frame of the stream plus a window per connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 
 import pytest
+from test_tunnel import local_session
 
-from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.providers.local import LocalSandbox
 from jupyter_tai_sandbox.tunnel import MAX_FRAME, Tunnel
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,17 +101,6 @@ def gone(pid: int) -> bool:
 
 def run(coro):
     return asyncio.run(coro)
-
-
-@contextlib.asynccontextmanager
-async def local_session(tmp_path):
-    sandbox = LocalSandbox(root=str(tmp_path / "root"))
-    session = await sandbox.create(SessionSpec(isolation="none", consumer="tunnel-test"))
-    try:
-        yield session
-    finally:
-        await session.destroy()
-        await sandbox.close()
 
 
 async def closes_promptly(tunnel: Tunnel, within: float = 10.0) -> str:
