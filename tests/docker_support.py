@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 from jupyter_tai_sandbox.image import DEFAULT_IMAGE, build_minimal_image
-from jupyter_tai_sandbox.providers.docker import LABEL, VOLUME_PREFIX
+from jupyter_tai_sandbox.providers.docker import LABEL
 
 TEST_IMAGE = os.environ.get("TAI_SANDBOX_TEST_IMAGE", DEFAULT_IMAGE)
 START_HINT = (
@@ -57,17 +57,16 @@ RUN_LABEL = {f"{LABEL}.test-run": secrets.token_hex(6)}
 
 
 def leftovers(client) -> list[str]:
-    """Containers and volumes this test run made, and idle networks of ours, that still exist."""
+    """Containers and volumes this test run made, and idle networks of its deployment, that still exist."""
     (key, value), = RUN_LABEL.items()
     mine = {"label": f"{key}={value}"}
     found = [f"container {c.name}" for c in client.containers.list(all=True, filters=mine)]
     found += [f"volume {v.name}" for v in client.volumes.list(filters=mine)]
-    for network in client.networks.list():
-        labels = network.attrs.get("Labels") or {}
-        if network.name.startswith(VOLUME_PREFIX) or any(k.startswith(LABEL) for k in labels):
-            network.reload()
-            if not network.attrs.get("Containers"):  # one in use belongs to a live session elsewhere
-                found.append(f"network {network.name}")
+    ours = {"label": f"{LABEL}.deployment={os.environ['TAI_SANDBOX_DEPLOYMENT']}"}
+    for network in client.networks.list(filters=ours):
+        network.reload()
+        if not network.attrs.get("Containers"):  # one in use belongs to a live session elsewhere
+            found.append(f"network {network.name}")
     return found
 
 
