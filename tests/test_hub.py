@@ -663,12 +663,9 @@ class UserServer:
         return answer or None
 
     def connection_file(self, kernel_id: str, wait: float = 30) -> Path:
-        path = self.runtime / f"kernel-{kernel_id}.json"
-        deadline = time.monotonic() + wait
-        while not path.exists():
-            assert time.monotonic() < deadline, f"no connection file for kernel {kernel_id}"
-            time.sleep(0.05)
-        return path
+        from test_magics import wait_for_connection_file
+
+        return wait_for_connection_file(self.runtime, kernel_id, wait)
 
     def start_kernel(self, name: str = "python3"):
         from test_magics import Kernel

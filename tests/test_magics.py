@@ -39,6 +39,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+
+def wait_for_connection_file(runtime: Path, kernel_id: str, wait: float = 30) -> Path:
+    """The kernel's connection file in a server's runtime folder, once the server has written it."""
+    path = runtime / f"kernel-{kernel_id}.json"
+    deadline = time.monotonic() + wait
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no connection file for kernel {kernel_id}"
+        time.sleep(0.05)
+    return path
+
 class LiveServer:
     """``jupyter server`` in a subprocess on localhost, with a token and its own runtime/config dirs."""
 
@@ -116,12 +126,7 @@ class LiveServer:
         return Kernel(self, kernel_id)
 
     def connection_file(self, kernel_id: str, wait: float = 30) -> Path:
-        path = self.runtime / f"kernel-{kernel_id}.json"
-        deadline = time.monotonic() + wait
-        while not path.exists():
-            assert time.monotonic() < deadline, f"no connection file for kernel {kernel_id}"
-            time.sleep(0.05)
-        return path
+        return wait_for_connection_file(self.runtime, kernel_id, wait)
 
 
 @dataclass
