@@ -115,6 +115,17 @@ class SandboxPathError(SandboxError):
     """A workspace path that cannot be used: outside the workspace, or of the wrong kind."""
 
 
+#: The most components a workspace path may have (``a/b/c`` has 3), on every provider.
+MAX_PATH_DEPTH = 128
+#: The most bytes (UTF-8) a workspace path may have as given, on every provider (Linux's PATH_MAX).
+MAX_PATH_BYTES = 4096
+
+
+class SandboxPathTooDeepError(SandboxPathError):
+    """A workspace path with more than :data:`MAX_PATH_DEPTH` components or :data:`MAX_PATH_BYTES`
+    bytes, refused before any provider looks at it (400)."""
+
+
 class SandboxExecTimeoutError(SandboxError):
     """The command was still running at its deadline and was killed.
 
@@ -671,8 +682,7 @@ class SandboxSession(abc.ABC):
     async def _confined(self, path: str, what: str) -> str:
         import asyncio
 
-        resolved = await asyncio.to_thread(self.resolve, path)
-        workspace = await asyncio.to_thread(self.resolve, ".")
+        resolved, workspace = await asyncio.gather(self.resolve_path(path), self.resolve_path("."))
         if resolved.rstrip("/") == workspace.rstrip("/"):
             raise SandboxPathError(f"cannot {what} the workspace itself: name a path inside it")
         return resolved
@@ -690,6 +700,13 @@ class SandboxSession(abc.ABC):
     @abc.abstractmethod
     def resolve(self, path: str) -> str:
         """The absolute path of ``path`` as the session's commands see it; SandboxError outside the workspace."""
+
+    async def resolve_path(self, path: str) -> str:
+        """:meth:`resolve` as a coroutine, on the provider's own bounded path (its engine's workers, an
+        async request). The default runs :meth:`resolve` in a thread; the built-in providers override it."""
+        import asyncio
+
+        return await asyncio.to_thread(self.resolve, path)
 
     @abc.abstractmethod
     async def destroy(self, remove_workspace: bool = False) -> None:
@@ -774,6 +791,8 @@ class Sandbox(abc.ABC):
 __all__ = [
     "DEFAULT_TTL_SECONDS",
     "ISOLATION_ORDER",
+    "MAX_PATH_BYTES",
+    "MAX_PATH_DEPTH",
     "NETWORK_ORDER",
     "USAGE_FIELDS",
     "ExecHandle",
@@ -792,6 +811,7 @@ __all__ = [
     "SandboxNetwork",
     "SandboxNotFoundError",
     "SandboxPathError",
+    "SandboxPathTooDeepError",
     "SandboxRequestError",
     "SandboxSession",
     "SandboxSpecRejectedError",

@@ -226,8 +226,8 @@ class ResolveHandler(SandboxAPIHandler):
         if not path:
             raise SandboxRequestError("path: a workspace path, e.g. ?path=data/input.csv", field="path")
         session = await self.get_session(session_id)
-        # resolve() may ask the engine (blocking)
-        self.write_json({"path": path, "resolved": await asyncio.to_thread(session.resolve, path)})
+        # the provider's own bounded path (its engine's workers, within the caller's share)
+        self.write_json({"path": path, "resolved": await session.resolve_path(path)})
 
 
 @web.stream_request_body
@@ -264,8 +264,8 @@ class FileHandler(SandboxAPIHandler):
             raise SandboxPathError("PUT needs a file path inside the workspace, e.g. files/data/input.csv")
         session = await self.get_session(self.path_kwargs["session_id"], manage=True)
         self.touch()
-        # refuse a bad path before the body streams in; resolve() may ask the engine (blocking)
-        await asyncio.to_thread(session.resolve, path)
+        # refuse a bad path before the body streams in (on the provider's own bounded path)
+        await session.resolve_path(path)
         self._received = 0
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(_UPLOAD_QUEUE_CHUNKS)
         self._upload = asyncio.create_task(session.put_file(path, self._body()))

@@ -9,7 +9,9 @@ magics and the panel through REST) goes through :class:`SessionRegistry`:
 * the **consumer** label (which picks the operator's credentials) is derived
   from the caller (its name, or a label under it: ``NAME/...``); naming another consumer is an admin act;
 * a caller holds at most ``SandboxPolicy.max_sessions_per_user`` live sessions;
-* a persistent workspace in use by a live session cannot be removed (409).
+* a persistent workspace in use by a live session cannot be removed (409);
+* the rest of the request acts for the caller (``fair_share.act_for``), so a provider's
+  worker pool gives one user at most their share of it.
 
 An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
 ``write`` (manage all) on ``jupyter_tai_sandbox:admin``.
@@ -38,6 +40,7 @@ from .contract import (
     is_positive_number,
 )
 from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError, SandboxRequestError
+from .fair_share import act_for
 
 #: what a session id may look like (anything else is answered like an unknown id, before a provider sees it)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -143,6 +146,8 @@ class SessionRegistry:
         """
         sandbox = sandboxes.require_sandbox()
         owner = spec.owner or (caller.name if caller is not None else None)
+        if caller is not None:
+            act_for(caller.name)  # the provider's work from here on counts against the caller's share
         if owner is not None:
             self._creating[owner] += 1  # the reservation: counted by every concurrent check from now on
         session: SandboxSession | None = None
@@ -208,6 +213,7 @@ class SessionRegistry:
         """
         if not _SESSION_ID.fullmatch(session_id):
             raise SandboxNotFoundError(f"no sandbox session {session_id[:80]!r}")
+        act_for(caller.name)  # the provider's work for this request counts against the caller's share
         session = await sandboxes.require_sandbox().get(session_id)
         info = await session.info()
         if info.owner == caller.name or (caller.manages_all if manage else caller.sees_all):
@@ -215,6 +221,7 @@ class SessionRegistry:
         raise SandboxNotFoundError(f"no sandbox session {session_id!r}")
 
     async def list(self, caller: Caller) -> list[SessionInfo]:
+        act_for(caller.name)
         return [info for info in await sandboxes.require_sandbox().list() if self.visible(caller, info)]
 
     # ------------------------------------------------------------- TTL

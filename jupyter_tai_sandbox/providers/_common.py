@@ -12,6 +12,8 @@ import secrets
 from traitlets.config import Configurable
 
 from ..contract import (
+    MAX_PATH_BYTES,
+    MAX_PATH_DEPTH,
     ExecHandle,
     ExecResult,
     OutputChunk,
@@ -19,6 +21,7 @@ from ..contract import (
     SandboxError,
     SandboxExecTimeoutError,
     SandboxPathError,
+    SandboxPathTooDeepError,
 )
 
 #: Exit status reported for a command stopped by SIGKILL (128 + 9), as a shell reports it.
@@ -99,9 +102,16 @@ def workspace_relative(path: str, workspace: str) -> str:
 
     Lexical only: ``..`` that climbs out, or an absolute path outside the
     workspace, raises SandboxError. Symlinks are the provider's to check.
+    Every provider's paths pass here, so the contract's size caps are checked here, once:
+    more than MAX_PATH_BYTES bytes or MAX_PATH_DEPTH components is SandboxPathTooDeepError.
     """
     if not isinstance(path, str) or "\x00" in path:
         raise SandboxPathError(f"invalid path {path!r}")
+    size = len(path.encode("utf-8", "surrogateescape"))
+    if size > MAX_PATH_BYTES:
+        raise SandboxPathTooDeepError(
+            f"path {path[:40]!r}... is {size} bytes; a workspace path takes at most {MAX_PATH_BYTES}"
+        )
     workspace = posixpath.normpath(workspace)
     if posixpath.isabs(path):
         full = posixpath.normpath(path)
@@ -116,6 +126,11 @@ def workspace_relative(path: str, workspace: str) -> str:
         return ""
     if rel == ".." or rel.startswith("../"):
         raise SandboxPathError(f"path {path!r} climbs out of the session workspace: use a path inside it")
+    if rel.count("/") >= MAX_PATH_DEPTH:
+        raise SandboxPathTooDeepError(
+            f"path {path[:40]!r}... has more than {MAX_PATH_DEPTH} components, the most a workspace path "
+            "may have: use a shallower folder"
+        )
     return rel
 
 

@@ -204,14 +204,68 @@ echo "${e:-processes of the session survived SIGKILL}" >&2
 exit 1
 """
 
-#: argv: folder. Prints ``type/size/mtime/name`` records, NUL-terminated.
-LIST = r"""cd "$1" || exit 3
+#: argv: a workspace path's components. Walks them in the container, in one command whatever the
+#: depth (an engine call per component would let one deep path take the engine's workers): ``cd -P``
+#: into each existing folder, checking after each step that the working directory is inside the
+#: workspace; a final component that is no folder is followed (a symlink chain, each folder part
+#: entered the same way). Prints ``ok KIND INDEX`` NUL ``FOLDER`` NUL ``NAME`` NUL: KIND is ``directory``,
+#: ``file`` (any non-folder) or ``missing``; FOLDER the real folder reached; NAME the file's (or the
+#: missing target's) name in it when the last component led to no folder; INDEX how many components were
+#: entered. Or ``error KIND detail`` NUL.
+_WALK = r"""w=/workspace
+fail() { printf 'error %s %s\0' "$1" "$2"; exit 0; }
+inside() { case $PWD in "$w" | "$w"/*) ;; *) fail outside "$1" ;; esac; }
+cd -P -- "$w" 2>/dev/null || fail missing "the workspace"
+i=0 k=directory r=
+while [ $# -gt 0 ]; do
+  if [ -d "$1" ]; then
+    cd -P -- "$1" 2>/dev/null || fail cannot "enter $1"
+    inside "$1"
+  elif [ -e "$1" ] || [ -L "$1" ]; then
+    [ $# -eq 1 ] || fail notfolder "$1"
+    f=$1 j=0
+    while [ -L "$f" ]; do
+      j=$((j + 1))
+      [ $j -gt 40 ] && fail cannot "follow $1 (too many symlinks)"
+      t=$(readlink -- "$f") || fail cannot "read the symlink $f"
+      case $t in
+        */*) d=${t%/*}; cd -P -- "${d:-/}" 2>/dev/null || fail notfolder "$t"; inside "$1"; f=${t##*/} ;;
+        *) f=$t ;;
+      esac
+    done
+    if [ -d "$f" ]; then
+      cd -P -- "$f" 2>/dev/null || fail cannot "enter $1"
+      inside "$1"
+    elif [ -e "$f" ]; then
+      k=file r=$f
+    else
+      k=missing r=$f
+    fi
+    break
+  else
+    k=missing
+    break
+  fi
+  i=$((i + 1))
+  shift
+done
+"""
+
+#: argv: the path's components (see ``_WALK``).
+RESOLVE = _WALK + r"""printf 'ok %s %s\0%s\0%s\0' "$k" "$i" "$PWD" "$r"
+"""
+
+#: argv: the folder's components (see ``_WALK``). Prints ``_WALK``'s answer, then, when it is a
+#: folder, ``type/size/mtime/name`` records, NUL-terminated.
+LIST = _WALK + r"""printf 'ok %s %s\0%s\0%s\0' "$k" "$i" "$PWD" "$r"
+[ $k = directory ] || exit 0
 for f in * .[!.]* ..?*; do
   [ -e "$f" ] || [ -L "$f" ] || continue
   if [ -L "$f" ]; then k=symlink; elif [ -d "$f" ]; then k=directory; elif [ -f "$f" ]; then k=file; else k=other; fi
   set -f
   set -- $(ls -lnd --full-time "$f" 2>/dev/null)
   printf '%s/%s/%s %s %s/%s\0' "$k" "$5" "$6" "$7" "$8" "$f"
+  set +f
 done
 """
 

@@ -5,8 +5,9 @@ Commands start under the wrapper scripts (``_docker_scripts``) and become
 (``_docker_transfer``): confined to ``/workspace`` inside the container in the
 same step as the read or write, holding no engine lock or worker thread, with
 bounded memory and an idle limit. Other paths (``resolve``, a command's cwd, a
-listing's folder) are checked component by component with the engine's stat,
-and a symlink leading outside the workspace is refused.
+listing's folder) are walked by one command in the session (``RESOLVE``, or
+``LIST`` for a listing), so a request costs the same few engine calls at any
+depth; a symlink leading outside the workspace is refused.
 """
 
 from __future__ import annotations
@@ -47,8 +48,6 @@ PTY_TERM = "xterm-256color"
 NAME_MAX = 255
 #: how long a folder listing may take
 LIST_LIMIT_SECONDS = 60.0
-# Go's os.FileMode type bits, as the engine's path stat reports them
-_MODE_DIR, _MODE_SYMLINK, _MODE_TYPE = 1 << 31, 1 << 27, 0x8F280000
 
 
 class CommandRegistry:
@@ -91,28 +90,52 @@ class SessionSite:
 
 
 class _Located:
-    """A workspace path resolved in the container: its real existing part, and what does not exist yet."""
+    """A workspace path as the session's walk found it: the real path of what exists, and its kind."""
 
-    def __init__(self, real: str, missing: list[str], stat: dict[str, Any] | None) -> None:
+    def __init__(self, real: str, kind: str) -> None:
         self.real = real
-        self.missing = missing
-        self.stat = stat
+        self.kind = kind
 
     @property
     def exists(self) -> bool:
-        return not self.missing
+        return self.kind != "missing"
 
     @property
     def is_dir(self) -> bool:
-        return self.stat is not None and self.stat["mode"] != -1 and bool(self.stat["mode"] & _MODE_DIR)
-
-    @property
-    def is_file(self) -> bool:
-        return self.stat is not None and self.stat["mode"] != -1 and not self.stat["mode"] & _MODE_TYPE
+        return self.kind == "directory"
 
 
 def _inside(path: str) -> bool:
     return path == WORKSPACE or path.startswith(WORKSPACE + "/")
+
+
+def _walk_answer(fields: list[bytes], path: str) -> _Located:
+    """The first fields of a ``_WALK`` script's output as a :class:`_Located`, or its refusal.
+
+    The script runs in the session's container, whose programs the session may have replaced:
+    an answer that is malformed or names a path outside the workspace is refused, never used.
+    """
+    head = fields[0].decode("utf-8", "surrogateescape") if fields else ""
+    if head.startswith("error "):
+        _, kind, detail = [*head.split(" ", 2), "", ""][:3]
+        if kind == "outside":
+            raise SandboxPathError(
+                f"path {path!r} leads outside the session workspace through a symlink; it is not followed"
+            )
+        if kind == "notfolder":
+            raise SandboxPathError(f"cannot use {path!r}: {detail} is not a folder")
+        if kind == "missing":
+            raise SandboxNotFoundError(f"cannot use {path!r}: the session has no workspace folder")
+        raise SandboxPathError(f"cannot use {path!r}: {detail}")
+    words = head.split(" ")
+    if len(fields) < 3 or len(words) != 3 or words[0] != "ok" or words[1] not in ("directory", "file", "missing"):
+        raise SandboxError(f"cannot use {path!r}: the session's path walk answered {head[:80]!r}")
+    folder = posixpath.normpath(fields[1].decode("utf-8", "surrogateescape"))
+    name = fields[2].decode("utf-8", "surrogateescape")
+    real = posixpath.join(folder, name) if name and words[1] == "file" else folder
+    if not _inside(folder) or "/" in name or name in ("..", "."):
+        raise SandboxPathError(f"path {path!r} leads outside the session workspace; it is not followed")
+    return _Located(real, words[1])
 
 
 class DockerSession(SandboxSession):
@@ -249,49 +272,52 @@ class DockerSession(SandboxSession):
     # ---------------------------------------------------------------- paths
 
     def resolve(self, path: str) -> str:
-        """The container path of ``path``. Symlinks are checked through the engine (a blocking stat per component)."""
-        rel = workspace_relative(path, WORKSPACE)
-        self._locate(rel, path)
+        """The container path of ``path``, its symlinks checked by one command in the session (three
+        blocking engine calls whatever the depth); :meth:`resolve_path` is its coroutine."""
+        self._check_live()
+        rel, parts = self._components(path)
+        code, out = self._engine.run_blocking(self._container, ["sh", "-c", scripts.RESOLVE, "sh", *parts])
+        self._walked(code, out, path)
         return posixpath.join(WORKSPACE, rel) if rel else WORKSPACE
 
-    def _stat(self, container_path: str) -> dict[str, Any] | None:
-        stat = self._engine.stat_path(self._container, container_path)
-        if stat is None and self._destroyed:
-            raise SandboxNotFoundError(f"session {self._id} is gone")
-        return stat
+    async def resolve_path(self, path: str) -> str:
+        rel, _ = self._components(path)
+        await self._where(path)
+        return posixpath.join(WORKSPACE, rel) if rel else WORKSPACE
 
-    def _locate(self, rel: str, path: str) -> _Located:
-        """Resolve ``rel`` component by component; a symlink leading outside the workspace raises. Blocking."""
+    @staticmethod
+    def _components(path: str) -> tuple[str, list[str]]:
+        """``path`` relative to the workspace and its components (lexical checks, the contract's caps)."""
+        rel = workspace_relative(path, WORKSPACE)
         parts = rel.split("/") if rel else []
         for name in parts:
             if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
                 raise SandboxPathError(
                     f"cannot use {path!r}: a file name is at most {NAME_MAX} bytes, and {name[:20]!r}... is longer"
                 )
-        current, stat = WORKSPACE, self._stat(WORKSPACE)
-        for i, name in enumerate(parts):
-            if stat is None or stat["mode"] == -1 or not stat["mode"] & _MODE_DIR:
-                raise SandboxPathError(f"cannot use {path!r}: {current} is not a folder")
-            candidate = f"{current}/{name}"
-            stat = self._stat(candidate)
-            if stat is None:
-                return _Located(current, parts[i:], None)
-            if stat["mode"] != -1 and stat["mode"] & _MODE_SYMLINK:
-                target = posixpath.normpath(stat.get("linkTarget") or "/")
-                if not _inside(target):
-                    raise SandboxPathError(
-                        f"path {path!r} leads outside the session workspace through a symlink; it is not followed"
-                    )
-                candidate, stat = target, self._stat(target)
-                if stat is None:
-                    return _Located(posixpath.dirname(target), [posixpath.basename(target), *parts[i + 1 :]], None)
-            current = candidate
-        return _Located(current, [], stat)
+        return rel, parts
+
+    def _walked(self, code: int, out: bytes, path: str) -> _Located:
+        if code != 0:
+            if self._destroyed:
+                raise SandboxNotFoundError(f"session {self._id} is gone")
+            raise SandboxError(f"cannot use {path!r}: the session's path walk exited with status {code}")
+        return _walk_answer(out.split(b"\0", 3)[:3], path)
 
     async def _where(self, path: str) -> _Located:
+        """Where ``path`` leads in the container: one command (``RESOLVE``), whatever its depth."""
         self._check_live()
-        rel = workspace_relative(path, WORKSPACE)
-        return await self._engine.blocking(self._locate, rel, path)
+        _, parts = self._components(path)
+        try:
+            code, out, _ = await asyncio.wait_for(
+                self._engine.run(self._container, ["sh", "-c", scripts.RESOLVE, "sh", *parts], limit=64 << 10),
+                LIST_LIMIT_SECONDS,
+            )
+        except asyncio.TimeoutError:
+            raise SandboxError(f"looking up {path!r} took longer than {LIST_LIMIT_SECONDS:g} s") from None
+        except SandboxNotFoundError:
+            raise SandboxNotFoundError(f"session {self._id} is gone (its container no longer exists)") from None
+        return self._walked(code, out, path)
 
     async def _folder(self, path: str, what: str) -> str:
         located = await self._where(path)
@@ -343,23 +369,34 @@ class DockerSession(SandboxSession):
             yield chunk
 
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
-        located = await self._where(path)
-        if not located.exists:
-            raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
-        if not located.is_dir:
-            raise SandboxPathError(f"{path!r} is not a folder")
-        cmd = ["sh", "-c", scripts.LIST, "sh", located.real]
+        """One command in the session walks the path (confined, as ``RESOLVE``) and lists the folder."""
+        self._check_live()
+        _, parts = self._components(path)
+        cmd = ["sh", "-c", scripts.LIST, "sh", *parts]
         try:
             code, out, err = await asyncio.wait_for(self._engine.run(self._container, cmd), LIST_LIMIT_SECONDS)
         except asyncio.TimeoutError:
             raise SandboxError(f"listing {path!r} took longer than {LIST_LIMIT_SECONDS:g} s") from None
+        except SandboxNotFoundError:
+            raise SandboxNotFoundError(f"session {self._id} is gone (its container no longer exists)") from None
         if code != 0:
+            if self._destroyed:
+                raise SandboxNotFoundError(f"session {self._id} is gone")
             raise SandboxError(f"listing {path!r} failed: {err.decode('utf-8', 'replace').strip()}")
+        records = out.split(b"\0")
+        located = _walk_answer(records[:3], path)
+        if not located.exists:
+            raise SandboxNotFoundError(f"no folder {path!r} in the session workspace")
+        if not located.is_dir:
+            raise SandboxPathError(f"{path!r} is not a folder")
         entries = []
-        for record in out.split(b"\0"):
+        for record in records[3:]:
             if not record:
                 continue
-            kind, size, stamp, name = record.decode("utf-8", "surrogateescape").split("/", 3)
+            try:
+                kind, size, stamp, name = record.decode("utf-8", "surrogateescape").split("/", 3)
+            except ValueError:
+                raise SandboxError(f"listing {path!r}: the session answered a malformed entry") from None
             entries.append({"name": name, "type": kind, "size": _int(size), "mtime": _mtime(stamp)})
         return sorted(entries, key=lambda e: e["name"])
 

@@ -163,6 +163,10 @@ class LocalSession(SandboxSession):
         with path_errors(path, "resolve"):
             return str(self._host_path(path))
 
+    async def resolve_path(self, path: str) -> str:
+        """:meth:`resolve` in place: a realpath of a path within the contract's caps, no thread."""
+        return self.resolve(path)
+
     def _host_path(self, path: str) -> Path:
         rel = workspace_relative(path, str(self.workspace))
         check_name_lengths(path, rel)

@@ -73,7 +73,14 @@ from ._docker_names import (
 )
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
-from .docker_engine import DockerEngine, EngineRefusedError, MissingImageError, docker_sdk
+from .docker_engine import (
+    WORKERS,
+    WORKERS_PER_PRINCIPAL,
+    DockerEngine,
+    EngineRefusedError,
+    MissingImageError,
+    docker_sdk,
+)
 
 #: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
 MIN_CPU = 0.01
@@ -333,6 +340,15 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         remove a network, remove a volume) may take before it fails with SandboxUnavailableError.""",
     ).tag(config=True)
 
+    engine_threads_per_user = Integer(
+        WORKERS_PER_PRINCIPAL,
+        help=f"""Most of the engine object's {WORKERS} worker threads (each blocking engine call holds one)
+        one user (principal) may hold at once; a user past it waits for their own calls to end (429
+        SandboxQuotaError after engine_timeout_seconds), so one user flooding requests cannot take the pool
+        and everyone else's calls still run. The server's own work (reaper, warm pool) is not capped.
+        0: no per-user cap.""",
+    ).tag(config=True)
+
     internal_network = Unicode(
         "tai-sbx-internal",
         help="""Base name of the Docker networks (internal: no route out) that network='internal'
@@ -409,6 +425,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             slow_timeout=self.engine_slow_timeout_seconds,
             scope=self.scope.labels,
         )
+        self._engine.share.per_principal = self.engine_threads_per_user
         self._network_lock: asyncio.Lock | None = None
         self._commands = CommandRegistry()
         self._site = SessionSite(

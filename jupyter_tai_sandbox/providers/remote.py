@@ -180,6 +180,10 @@ class RemoteSession(SandboxSession):
         rel = self._relative(path)
         return self._client.resolve_blocking(self._id, rel or ".", timeout=self._sandbox.request_timeout)
 
+    async def resolve_path(self, path: str) -> str:
+        """The remote's answer, asked asynchronously."""
+        return await self._client.resolve(self._id, self._relative(path) or ".")
+
     async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
         rel = self._relative(path)
         if not rel:

@@ -173,6 +173,7 @@ class SwarmSandbox(DockerSandbox):
         LoggingConfigurable.__init__(self, **kwargs)
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
+        self._engine.share.per_principal = self.engine_threads_per_user
         self._network_lock = None
         self._commands = CommandRegistry()
         self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for, scope=self.scope.labels)
@@ -184,6 +185,7 @@ class SwarmSandbox(DockerSandbox):
         return self._engine  # type: ignore[return-value]
 
     def _site_for(self, engine: SwarmEngine) -> SessionSite:
+        engine.share.per_principal = self.engine_threads_per_user
         return SessionSite(
             engine=engine,
             kind=self.kind,
