@@ -330,9 +330,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             if inner_info.get(field) is not None:
                 inner_info[field] = _text(inner_info[field])
         rel = f"{KERNEL_DIR}/kernel-{self.kernel_id}.json"
-        connection_file = session.resolve(rel)
+        connection_file = await session.resolve_path(rel)
         await _write_private(session, connection_file, json.dumps(inner_info, indent=1).encode())
-        pid_file = session.resolve(f"{KERNEL_DIR}/kernel-{self.kernel_id}.pid")
+        pid_file = await session.resolve_path(f"{KERNEL_DIR}/kernel-{self.kernel_id}.pid")
         argv = [a.replace("{connection_file}", connection_file) for a in argv]
         self._pid_file = f"{KERNEL_DIR}/kernel-{self.kernel_id}.pid"
         # the pid (for signals through the seam), then the kernel itself in the same process
