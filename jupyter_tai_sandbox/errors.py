@@ -37,6 +37,11 @@ class SandboxQuotaError(SandboxError):
     """An operator limit on how much a user may hold at once (live sessions, ...)."""
 
 
+class SandboxCapacityError(SandboxUnavailableError):
+    """An operator-sized resource of the whole deployment is used up (the session network range, ...):
+    503, and the message names the setting to configure."""
+
+
 class UploadTooLargeError(SandboxError):
     """An upload larger than SandboxApp.max_upload_bytes."""
 
@@ -96,6 +101,7 @@ ERROR_CLASSES: dict[str, type[SandboxError]] = {
         *(getattr(contract, name) for name in contract.__all__ if name.endswith("Error")),
         SandboxForbiddenError,
         SandboxQuotaError,
+        SandboxCapacityError,
         UploadTooLargeError,
         ToolAccessDeniedError,
         PresetInvalidError,
@@ -192,6 +198,7 @@ __all__ = [
     "PresetConflictError",
     "PresetInvalidError",
     "PresetStoreError",
+    "SandboxCapacityError",
     "SandboxConflictError",
     "SandboxForbiddenError",
     "SandboxQuotaError",

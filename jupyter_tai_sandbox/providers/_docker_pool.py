@@ -1,9 +1,11 @@
 """The docker provider's warm pool: pre-started containers for the default spec.
 
 A pooled container is started like a default session's container (the
-provider's image, an anonymous workspace volume, the default bridge, the
-default limits, no spec env) but carries the pool label instead of a
-session's, so it is never listed as a session. At hand-out the pool *claims*
+provider's image, an anonymous workspace volume, the default limits, no spec
+env) but waits on the deployment's holding network (internal, reaching
+nothing) and carries the pool label instead of a session's, so it is never
+listed as a session; a claim moves it to its session owner's egress network
+(see ``DockerSandbox._claim_pooled``). At hand-out the pool *claims*
 it for the session: the session's identity goes into a *record*, a small
 labelled volume ``tai-rec-<session id>`` that names the container (labels
 cannot change on a running container), and the container is renamed
@@ -153,6 +155,10 @@ class WarmPool:
             self._spawn(self._engine.remove_container(container_id))
         self.fill_soon(delay=REFILL_DELAY_SECONDS)
         return found
+
+    def discard(self, container_id: str) -> None:
+        """Remove a container taken from the pool that will serve no session (in the background)."""
+        self._spawn(self._engine.remove_container(container_id))
 
     def fill_soon(self, delay: float = 0.0) -> None:
         if self._closing or self.size <= 0 or (self._filler is not None and not self._filler.done()):

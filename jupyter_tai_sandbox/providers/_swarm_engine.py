@@ -19,12 +19,12 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..contract import SandboxNotFoundError, SandboxUnavailableError
 from ._docker_stream import READ_SIZE, EngineAddress
-from .docker_engine import DEFAULT_TIMEOUT, DockerEngine, EngineRefusedError, docker_sdk
+from .docker_engine import DEFAULT_TIMEOUT, DockerEngine, EngineRefusedError, docker_sdk, readable
 
 
 class TlsMaterial:
@@ -189,26 +189,38 @@ class SwarmEngine(DockerEngine):
 
     # ------------------------------------------------------------ networks
 
-    async def ensure_overlay(self, name: str, *, labels: Mapping[str, str]) -> None:
-        """Create the internal, attachable overlay network ``name`` unless it exists."""
+    async def ensure_overlay(
+        self, name: str, *, labels: Mapping[str, str], subnet: Callable[[list[dict[str, Any]]], str]
+    ) -> None:
+        """Create the internal, attachable overlay network ``name`` unless it exists; ``subnet`` picks
+        its IPv4 subnet from the manager's networks (see DockerEngine.ensure_network)."""
+        docker = docker_sdk()
 
         def ensure() -> None:
             api = self._api
-            found = [n for n in api.networks(names=[name]) if n.get("Name") == name]
-            if found:
-                if not self.in_scope(found[0].get("Labels")):
-                    raise EngineRefusedError(
-                        f"network {name} belongs to another deployment on this swarm", status=409, detail="taken"
+            for _ in range(8):
+                found = [n for n in api.networks(names=[name]) if n.get("Name") == name]
+                if found:
+                    if not self.in_scope(found[0].get("Labels")):
+                        raise EngineRefusedError(
+                            f"network {name} belongs to another deployment on this swarm", status=409, detail="taken"
+                        )
+                    return
+                ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet(api.networks()))])
+                try:
+                    api.create_network(
+                        name, driver="overlay", internal=True, attachable=True, check_duplicate=True,
+                        ipam=ipam, labels=self.scoped_labels(labels),
                     )
-                return
-            try:
-                api.create_network(
-                    name, driver="overlay", internal=True, attachable=True, check_duplicate=True,
-                    labels=self.scoped_labels(labels),
-                )
-            except docker_sdk().errors.APIError as e:
-                if e.status_code != 409:
-                    raise
+                    return
+                except docker.errors.APIError as e:
+                    if e.status_code == 409:
+                        continue
+                    if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
+                        raise
+            raise EngineRefusedError(
+                f"network {name}: every subnet picked was taken meanwhile", status=409, detail="subnet race"
+            )
 
         await self._call(f"create network {name}", ensure)
 

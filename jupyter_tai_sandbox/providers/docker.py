@@ -11,6 +11,7 @@ The provider is split along its seams (no module imports one above it):
 ``_docker_session``   :class:`DockerSession`, exec and files of one container
 ``_docker_pool``      :class:`WarmPool`, pre-started containers and their session records
 ``_docker_names``     labels, prefixes and paths on the engine
+``_docker_networks``  session networks: their subnets, locks and host firewall
 ``docker``            :class:`DockerSandbox`, the configurable provider (this module)
 """
 
@@ -24,10 +25,10 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..contract import (
@@ -39,12 +40,11 @@ from ..contract import (
     SessionInfo,
     SessionSpec,
 )
-from ..errors import SandboxConflictError
+from ..errors import SandboxCapacityError, SandboxConflictError
 from ..image import DEFAULT_IMAGE, PYTHON_IMAGE
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id
 from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
-from ._docker_disk import scratch_tmpfs, workspace_driver
 from ._docker_names import (
     DEPLOYMENT_ENV,
     LABEL,
@@ -71,16 +71,21 @@ from ._docker_names import (
     is_session_id,
     session_labels,
 )
+from ._docker_networks import (
+    DEFAULT_NETWORK_POOL,
+    DEFAULT_NETWORK_PREFIX,
+    REAP_GRACE_SECONDS,
+    HostFirewall,
+    NetworkLocks,
+    bridge_options,
+    capacity_error,
+    check_pool,
+    free_subnet,
+    taken_subnets,
+)
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
-from .docker_engine import (
-    WORKERS,
-    WORKERS_PER_PRINCIPAL,
-    DockerEngine,
-    EngineRefusedError,
-    MissingImageError,
-    docker_sdk,
-)
+from .docker_engine import DockerEngine, EngineRefusedError, MissingImageError, docker_sdk
 
 #: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
 MIN_CPU = 0.01
@@ -197,11 +202,6 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     use or an admin door, skips the check; a volume without an owner, made
     before owners were recorded, is anyone's).
 
-    **Disk ceiling.** With ``disk_limit_mb`` (the default), the root filesystem is
-    read-only and the ephemeral workspace and /tmp are tmpfs of at most that size
-    (see ``_docker_disk``): nothing a session writes lands on the engine's disk.
-    A persistent workspace is a named volume on the engine's storage, not capped.
-
     **Operator limits.** Every session gets cpu and memory limits (NanoCpus,
     Memory): ``default_cpu`` / ``default_memory_mb`` when the spec names none,
     and a spec over ``max_cpu`` / ``max_memory_mb`` or under the engine's
@@ -210,11 +210,17 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     the server asks for callers who are not admins); an image that is not on
     the engine, or no valid reference, is a SandboxSpecRejectedError.
 
-    **Networks.** ``egress`` is the default bridge, ``none`` has no network,
-    ``internal`` joins an internal bridge (no route out, no address of this
-    machine on it) of the session's owner: ``internal_network`` plus a short
-    hash of the owner, made on demand and removed when its last session goes,
-    so internal sessions of different owners cannot reach each other.
+    **Networks.** ``none`` has no network. ``egress`` joins a bridge of the
+    session's owner with a route out (``egress_network`` plus a short hash of
+    deployment and owner), ``internal`` an internal bridge of the owner's (no
+    route out, no address of this machine on it; ``internal_network`` plus
+    the hash); both have inter-container traffic off, so no session reaches
+    another session, of its owner or anyone's, nor any other container. They
+    are made on demand, each with a small subnet (``network_prefix``) the
+    provider picks from ``network_pool``, and removed when their last session
+    goes (a reap removes those a crash left). Where the server can, host
+    firewall rules keep sessions from the host and 169.254.0.0/16
+    (``egress_firewall``, see ``_docker_networks``).
 
     **Commands** run under a small ``sh`` wrapper that holds the command's
     process group while it runs or a process it started still holds its
@@ -303,16 +309,6 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="Mount the container's root filesystem read-only (/tmp becomes a tmpfs; /workspace stays writable).",
     ).tag(config=True)
 
-    disk_limit_mb = Integer(
-        2048,
-        help="""Disk ceiling (MiB) of every session: the root filesystem is read-only, and the ephemeral
-        workspace and /tmp are each a tmpfs of at most this size, which the kernel enforces (a write past
-        it fails with 'No space left on device'), so nothing a session writes lands on the engine's disk.
-        Those files are memory: what the session's processes write counts toward its memory limit too.
-        A persistent workspace is a volume on the engine's storage and is not capped by this. 0: no
-        ceiling (a writable root and workspace on the engine's disk, without bound).""",
-    ).tag(config=True)
-
     user = Unicode(
         "",
         help="""User commands run as, 'uid[:gid]' or a name the image knows ('' = the image's USER).
@@ -340,20 +336,45 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         remove a network, remove a volume) may take before it fails with SandboxUnavailableError.""",
     ).tag(config=True)
 
-    engine_threads_per_user = Integer(
-        WORKERS_PER_PRINCIPAL,
-        help=f"""Most of the engine object's {WORKERS} worker threads (each blocking engine call holds one)
-        one user (principal) may hold at once; a user past it waits for their own calls to end (429
-        SandboxQuotaError after engine_timeout_seconds), so one user flooding requests cannot take the pool
-        and everyone else's calls still run. The server's own work (reaper, warm pool) is not capped.
-        0: no per-user cap.""",
-    ).tag(config=True)
-
     internal_network = Unicode(
         "tai-sbx-internal",
         help="""Base name of the Docker networks (internal: no route out) that network='internal'
         sessions join: one per owner (this name, '-', a short hash of the owner), made on demand and
         removed with its last session; sessions without an owner join this name itself.""",
+    ).tag(config=True)
+
+    egress_network = Unicode(
+        "tai-sbx-egress",
+        help="""Base name of the Docker networks that network='egress' sessions join: one bridge per owner
+        (this name, '-', a short hash of deployment and owner) with a route out and inter-container
+        traffic off, made on demand and removed with its last session. The warm pool's containers wait
+        on '<this name>-pool-<deployment tag>', which reaches nothing.""",
+    ).tag(config=True)
+
+    network_pool = Unicode(
+        DEFAULT_NETWORK_POOL,
+        help="""IPv4 range the subnets of session networks (each owner's egress and internal network, and
+        the warm pool's) are taken from; the provider picks free ones itself (never from the engine's
+        default pools), avoiding every subnet already on the engine. It holds
+        2^(network_prefix - its prefix length) networks (1024 by default: up to 512 owners with both
+        egress and internal sessions); when they are all in use a session create answers 503
+        SandboxCapacityError. Choose a range that no network of the engine's host routes to.""",
+    ).tag(config=True)
+
+    network_prefix = Integer(
+        DEFAULT_NETWORK_PREFIX,
+        help="""Prefix length of one session network's subnet (/26: 64 addresses, room for 61 sessions of one
+        owner on one network mode). Between network_pool's prefix length and 29.""",
+    ).tag(config=True)
+
+    egress_firewall = Enum(
+        ["auto", "require", "off"],
+        "auto",
+        help="""Host firewall rules (iptables) that keep sessions on the provider's bridges from the engine's
+        host (any of its addresses, the bridge gateway's among them) and from 169.254.0.0/16 (the cloud
+        metadata service). 'auto': set them when the server can (it runs as root, iptables is installed,
+        the engine is a unix:// socket whose bridges are in the server's network namespace), else warn
+        once; 'require': refuse egress and internal sessions when it cannot; 'off': none.""",
     ).tag(config=True)
 
     output_memory_limit = Integer(
@@ -425,8 +446,12 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             slow_timeout=self.engine_slow_timeout_seconds,
             scope=self.scope.labels,
         )
-        self._engine.share.per_principal = self.engine_threads_per_user
-        self._network_lock: asyncio.Lock | None = None
+        try:
+            check_pool(self.network_pool, self.network_prefix)
+        except ValueError as e:
+            raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
+        self._networks = NetworkLocks()
+        self._firewall = HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log)
         self._commands = CommandRegistry()
         self._site = SessionSite(
             engine=self._engine,
@@ -503,12 +528,10 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     ) -> dict[str, Any]:
         """The SDK's container options for ``spec`` (its limits already in force)."""
         types = docker_sdk().types
-        ceiling = self.disk_limit_mb if self.disk_limit_mb > 0 else None
         if spec.durability == "persistent":
             mount = types.Mount(WORKSPACE, self.scope.workspace_volume(str(spec.workspace_key)), type="volume")
         else:
-            driver = workspace_driver(ceiling) if ceiling else None
-            mount = types.Mount(WORKSPACE, None, type="volume", labels=dict(volume_labels), driver_config=driver)
+            mount = types.Mount(WORKSPACE, None, type="volume", labels=dict(volume_labels))
         options: dict[str, Any] = {
             "entrypoint": ["sleep", "2147483647"],
             "command": [],
@@ -525,19 +548,19 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             "privileged": False,
             "detach": True,
         }
-        if spec.network == "internal":
+        if network is not None:
             options["network"] = network
         else:
-            options["network_mode"] = "bridge" if spec.network == "egress" else "none"
+            options["network_mode"] = "none"
         if spec.cpu is not None:
             options["nano_cpus"] = int(spec.cpu * 1e9)
         if spec.memory_mb is not None:
             options["mem_limit"] = options["memswap_limit"] = f"{spec.memory_mb}m"
         if self.pids_limit > 0:
             options["pids_limit"] = self.pids_limit
-        if ceiling or self.read_only_rootfs:
+        if self.read_only_rootfs:
             options["read_only"] = True
-            options["tmpfs"] = scratch_tmpfs(ceiling)
+            options["tmpfs"] = {"/tmp": "rw,nosuid,nodev,mode=1777"}
         return options
 
     async def _start_container(
@@ -555,7 +578,35 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             raise
 
     async def _start_pooled(self, name: str, labels: dict[str, str], volume_labels: dict[str, str]) -> str:
-        return await self._start_container(self._limited(SessionSpec()), name, labels, volume_labels)
+        """A pooled container waits on the pool's holding network (it reaches nothing); a claim moves
+        it to its session owner's egress network."""
+        network = self.pool_network
+        async with self._networks.hold(network):
+            await self._ensure_network(network, "pool")
+            return await self._start_container(self._limited(SessionSpec()), name, labels, volume_labels, network)
+
+    async def _claim_pooled(self, container_id: str, session_id: str, labels: Mapping[str, str], spec: SessionSpec) -> str | None:
+        """Move a pooled container to the owner's egress network and make it the session's; its record,
+        or None when that failed (the container is then removed)."""
+        network = str(self._network_of(spec))
+        async with self._networks.hold(network):
+            try:
+                await self._ensure_network(network, "egress")
+                await self._engine.network_connect(container_id, network)
+                await self._engine.network_disconnect(container_id, self.pool_network)
+            except SandboxError as e:
+                self._pool.discard(container_id)
+                with contextlib.suppress(SandboxError):
+                    await self._drop_network(network)
+                if isinstance(e, SandboxCapacityError):
+                    raise
+                self.log.warning("sandbox-docker: a pooled container could not join %s: %s", network, e)
+                return None
+            record = await self._pool.claim(container_id, session_id, labels, spec.env)
+            if record is None:
+                with contextlib.suppress(SandboxError):
+                    await self._drop_network(network)
+            return record
 
     def _poolable(self, spec: SessionSpec) -> bool:
         """A spec a pooled container can serve: the default one (its limits in force), env aside."""
@@ -582,15 +633,85 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if spec.owner is not None and recorded is not None and recorded != spec.owner:
             raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
 
-    @contextlib.asynccontextmanager
-    async def _lock_network(self) -> AsyncIterator[None]:
-        if self._network_lock is None:
-            self._network_lock = asyncio.Lock()
-        async with self._network_lock:
-            yield
-
     def _network_of(self, spec: SessionSpec) -> str | None:
-        return self.scope.owner_network(self.internal_network, spec.owner) if spec.network == "internal" else None
+        """The owner network a session of ``spec`` joins (None: no network)."""
+        if spec.network == "none":
+            return None
+        base = self.internal_network if spec.network == "internal" else self.egress_network
+        return self.scope.owner_network(base, spec.owner)
+
+    @property
+    def pool_network(self) -> str:
+        """The network pooled containers wait on: internal, no host address, reaching nothing."""
+        return f"{self.egress_network}-pool-{self.scope.tag}"
+
+    def _pick_subnet(self, networks: list[dict[str, Any]]) -> str:
+        """A free subnet of network_pool, given every network on the engine; SandboxCapacityError when none."""
+        found = free_subnet(self.network_pool, self.network_prefix, taken_subnets(networks))
+        if found is None:
+            raise capacity_error(type(self).__name__, self.network_pool, self.network_prefix)
+        return found
+
+    async def _ensure_network(self, network: str, kind: str) -> None:
+        """Make the session network ``network`` (kind egress, internal or pool) unless it exists, with a
+        subnet of its own, and its host firewall rules; the caller holds its lock."""
+        async with self._networks.allocating:
+            await self._engine.ensure_network(
+                network,
+                labels={**self.own_labels, LABEL_NETWORK: kind, LABEL_CREATED: repr(time.time())},
+                options=bridge_options(kind, network),
+                internal=kind != "egress",
+                subnet=self._pick_subnet,
+            )
+        await self._firewall.protect(network)
+
+    async def _drop_network(self, network: str) -> bool:
+        """Remove ``network`` (and its firewall rules) when no container is on it; the caller holds its
+        lock. True when it is gone."""
+        if not await self._engine.drop_network_if_idle(network):
+            return False
+        await self._firewall.release(network)
+        return True
+
+    async def _drop_pooled_networks(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """The owner networks of pooled sessions a pool reap may just have removed (it removes their
+        containers, not through a teardown), and the pool's holding network, when idle."""
+        networks = {self.pool_network}
+        for volume in records:
+            with contextlib.suppress(KeyError, ValueError, SandboxError):
+                networks.add(str(self._network_of(self._session_from_pooled(self._pool.from_record(volume, {})).spec)))
+        for network in networks - {"None"}:
+            if network == self.pool_network and self._pool.ready_count():
+                continue
+            async with self._networks.hold(network):
+                with contextlib.suppress(SandboxError):
+                    await self._drop_network(network)
+
+    async def _reclaim_networks(self, summaries: Sequence[Mapping[str, Any]], now: float) -> None:
+        """Networks no session is on (left by a crash between a network's making and its session's
+        start, or by a teardown that failed midway) older than a grace go, with firewall rules whose
+        bridge is gone."""
+        in_use = {
+            name for summary in summaries for name in ((summary.get("NetworkSettings") or {}).get("Networks") or {})
+        }
+        networks = await self._engine.networks(LABEL_NETWORK)
+        live = set()
+        for network in networks:
+            name = str(network.get("Name"))
+            try:
+                made = float((network.get("Labels") or {}).get(LABEL_CREATED, "0"))
+            except ValueError:
+                made = 0.0
+            if name in in_use or now - made < REAP_GRACE_SECONDS:
+                live.add(name)
+                continue
+            gone = False
+            async with self._networks.hold(name):
+                with contextlib.suppress(SandboxError):
+                    gone = await self._drop_network(name)
+            if not gone:
+                live.add(name)
+        await self._firewall.sweep(live)
 
     # -------------------------------------------------------------- sessions
 
@@ -608,7 +729,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if self._poolable(spec):
             container_id = self._pool.take()
             if container_id is not None:
-                record = await self._pool.claim(container_id, session_id, labels, spec.env)
+                record = await self._claim_pooled(container_id, session_id, labels, spec)
                 if record is not None:
                     self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, container_id[:12])
                     return DockerSession(self._site, container_id, session_id, spec, now, expires, record=record, exec_env=spec.env)
@@ -617,18 +738,13 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
         network = self._network_of(spec)
         if network is not None:
-            async with self._lock_network():
-                await self._engine.ensure_network(
-                    network,
-                    labels={**self.own_labels, LABEL_NETWORK: "internal"},
-                    # no address of this machine on the bridge: sessions reach each other, not the host
-                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-                )
+            async with self._networks.hold(network):
+                await self._ensure_network(network, spec.network)
                 try:
                     container_id = await self._start_container(spec, *names, network)
                 except BaseException:
                     with contextlib.suppress(SandboxError):
-                        await self._engine.drop_network_if_idle(network)
+                        await self._drop_network(network)
                     raise
         else:
             container_id = await self._start_container(spec, *names)
@@ -736,10 +852,12 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                     continue  # reaped meanwhile by someone else
                 reaped.append(session.id)
         reaped += await self._pool.reap(now, self._commands.abandon, ttls)
+        await self._drop_pooled_networks(pooled_records)
         live = {
             str((found.get("Labels") or {}).get(LABEL_SESSION)) for found in [*summaries, *pooled_records]
         } - set(reaped)
         await self._drop_stray_ttl_records(records, live, now)
+        await self._reclaim_networks(summaries, now)
         if reaped:
             self.log.info("sandbox-docker: reaped %s", ", ".join(reaped))
         return reaped
@@ -781,7 +899,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 await self._engine.remove_volume(volume["Name"])
 
     async def _teardown(self, session: DockerSession, remove_workspace: bool) -> None:
-        """Remove a session's container (and record), its owner's idle internal network, and on request
+        """Remove a session's container (and record), its owner's idle network, and on request
         its persistent workspace."""
         self._commands.abandon(session.id)
         self._pool.forget(session.id)
@@ -790,8 +908,8 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         await self._drop_ttl_records(session.id)
         network = self._network_of(spec)
         if network is not None:
-            async with self._lock_network():
-                await self._engine.drop_network_if_idle(network)
+            async with self._networks.hold(network):
+                await self._drop_network(network)
         if remove_workspace and spec.durability == "persistent":
             volume = self.scope.workspace_volume(str(spec.workspace_key))
             try:
@@ -807,4 +925,8 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def close(self) -> None:
         await asyncio.gather(*(c.kill() for c in self._commands.all()), return_exceptions=True)
         await self._pool.close()
+        if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
+            async with self._networks.hold(self.pool_network):
+                with contextlib.suppress(SandboxError):
+                    await self._drop_network(self.pool_network)
         await self._engine.close()

@@ -52,7 +52,6 @@ from ..contract import (
     SandboxSpecRejectedError,
     SandboxUnavailableError,
 )
-from ..fair_share import FairShare
 from ._docker_stream import EngineAddress, EngineRefusal, read_output, start_exec
 
 T = TypeVar("T")
@@ -69,8 +68,6 @@ _ARCHIVE_SLACK = 64 << 10
 RUN_OUTPUT_LIMIT = 64 << 20
 #: worker threads for blocking SDK calls (a frozen engine holds one per call in flight)
 WORKERS = 32
-#: of which one principal may hold at most this many at once (DockerSandbox.engine_threads_per_user)
-WORKERS_PER_PRINCIPAL = 8
 _SDK_NOISE = re.compile(r"^\d{3} (Client|Server) Error for \S+: [^(]*\(\"?(?P<msg>.*?)\"?\)$", re.S)
 
 
@@ -120,7 +117,6 @@ class DockerEngine:
         timeout: float = DEFAULT_TIMEOUT,
         slow_timeout: float = DEFAULT_SLOW_TIMEOUT,
         scope: Mapping[str, str] | None = None,
-        threads_per_principal: int = WORKERS_PER_PRINCIPAL,
     ) -> None:
         self.base_url = base_url
         self._tls = tls
@@ -133,10 +129,6 @@ class DockerEngine:
         self._address: EngineAddress | None = None
         self._connecting: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        #: each principal's share of the worker threads (see ``fair_share``)
-        self.share = FairShare(threads_per_principal, setting="DockerSandbox.engine_threads_per_user")
-        #: blocking calls made into the engine so far (each takes one worker thread), and exec streams opened
-        self.calls = 0
 
     # ------------------------------------------------------------ plumbing
 
@@ -170,7 +162,9 @@ class DockerEngine:
                 )
 
             try:
-                client = await self._bounded(self._thread(connect), self.timeout, "connect")
+                client = await self._bounded(
+                    asyncio.get_running_loop().run_in_executor(self._executor, connect), self.timeout, "connect"
+                )
             except SandboxUnavailableError:
                 raise
             except Exception as e:
@@ -215,29 +209,8 @@ class DockerEngine:
             raise self.unanswered(within, what) from None
 
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn`` in a worker thread, within the acting principal's share of them: its slot is
-        held until the thread is done (not merely until a caller that gave up stops waiting), so
-        calls one user abandoned still count against that user. A share that stays full for
-        ``timeout`` s is a SandboxQuotaError (429)."""
-        release = await self.share.take(self.timeout)
-        return await self._held_thread(release, fn, *args, **kwargs)
-
-    async def _held_thread(self, release: Callable[[], None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        try:
-            assert self._executor is not None
-            future = self._executor.submit(functools.partial(fn, *args, **kwargs))
-        except BaseException:
-            release()
-            raise
-        self.calls += 1
-
-        def done(_: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is left to count
-                loop.call_soon_threadsafe(release)
-
-        future.add_done_callback(done)
-        return await asyncio.wrap_future(future)
+        assert self._executor is not None
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
     async def _call(self, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
         """Run a quick blocking SDK call (a callable, or the name of a low-level API method) in a
@@ -252,9 +225,8 @@ class DockerEngine:
         await self.connect()
         if isinstance(fn, str):
             fn = getattr(self._api, fn)
-        release = await self.share.take(self.timeout)  # waiting for one's own share is no engine's delay
         try:
-            return await self._bounded(self._held_thread(release, fn, *args, **kwargs), within, what)
+            return await self._bounded(self._thread(fn, *args, **kwargs), within, what)
         except Exception as e:
             raise self.translate(e, what) from None
 
@@ -415,30 +387,59 @@ class DockerEngine:
 
     # ------------------------------------------------------------ networks
 
-    async def ensure_network(self, name: str, *, labels: Mapping[str, str], options: Mapping[str, str]) -> None:
-        """Create the internal (no route out) bridge network ``name`` unless it exists."""
+    async def ensure_network(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        options: Mapping[str, str],
+        internal: bool,
+        subnet: Callable[[list[dict[str, Any]]], str],
+    ) -> None:
+        """Create the bridge network ``name`` unless it exists. ``subnet`` picks its IPv4 subnet from
+        the engine's networks (every network, so it overlaps none; it raises when none is free); a
+        subnet a concurrent creator took meanwhile is picked again."""
 
         docker = docker_sdk()
 
         def ensure() -> None:
             client = self._client
-            found = [n for n in client.networks.list(names=[name]) if n.name == name]
-            if found:
-                if not self.in_scope(found[0].attrs.get("Labels")):
-                    raise EngineRefusedError(
-                        f"network {name} belongs to another deployment on this engine", status=409, detail="taken"
+            for _ in range(8):
+                found = [n for n in client.api.networks(names=[name]) if n.get("Name") == name]
+                if found:
+                    if not self.in_scope(found[0].get("Labels")):
+                        raise EngineRefusedError(
+                            f"network {name} belongs to another deployment on this engine", status=409, detail="taken"
+                        )
+                    return
+                ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet(client.api.networks()))])
+                try:
+                    client.api.create_network(
+                        name, driver="bridge", internal=internal, check_duplicate=True, options=dict(options),
+                        ipam=ipam, labels=self.scoped_labels(labels),
                     )
-                return
-            try:
-                client.networks.create(
-                    name, driver="bridge", internal=True, check_duplicate=True, options=dict(options),
-                    labels=self.scoped_labels(labels),
-                )
-            except docker.errors.APIError as e:
-                if e.status_code != 409:  # 409: another provider on this engine made it meanwhile
-                    raise
+                    return
+                except docker.errors.APIError as e:
+                    if e.status_code == 409:  # another provider on this engine made it meanwhile
+                        continue
+                    if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
+                        raise
+            raise EngineRefusedError(
+                f"network {name}: every subnet picked was taken meanwhile", status=409, detail="subnet race"
+            )
 
         await self._slow_call(f"create network {name}", ensure)
+
+    async def networks(self, label: str) -> list[dict[str, Any]]:
+        """The deployment's networks carrying ``label``."""
+        found = await self._call("list networks", "networks", filters={"label": self.label_filter(label)})
+        return list(found or [])
+
+    async def network_connect(self, container_id: str, network: str) -> None:
+        await self._slow_call(f"connect a container to {network}", "connect_container_to_network", container_id, network)
+
+    async def network_disconnect(self, container_id: str, network: str) -> None:
+        await self._call(f"disconnect a container from {network}", "disconnect_container_from_network", container_id, network)
 
     async def drop_network_if_idle(self, name: str) -> bool:
         """Remove network ``name`` when no container is on it; True when it is gone."""
@@ -492,12 +493,12 @@ class DockerEngine:
         Bounded: an engine that does not answer by then is a SandboxUnavailableError.
         """
         loop = asyncio.get_running_loop()
-        give_up: float | None = None  # counted from the first answer: a wait for the caller's share is not the engine's
+        give_up = loop.time() + within
         while True:
-            left = within if give_up is None else max(give_up - loop.time(), 0.2)
-            info = await self._call_within(left, "report a command's exit", "exec_inspect", exec_id)
-            if give_up is None:
-                give_up = loop.time() + within
+            try:
+                info = await asyncio.wait_for(self.exec_inspect(exec_id), max(give_up - loop.time(), 0.2))
+            except asyncio.TimeoutError:
+                raise self.unanswered(within, "report a command's exit") from None
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             if loop.time() > give_up:
@@ -531,36 +532,6 @@ class DockerEngine:
             raise SandboxError("the engine did not report the helper command's exit status")
         return code, bytes(out), bytes(err)
 
-    def run_blocking(self, container_id: str, cmd: Sequence[str], *, limit: int = 64 << 10) -> tuple[int, bytes]:
-        """:meth:`run` for a synchronous caller, in the calling thread: status and stdout (stderr is
-        dropped), output capped at ``limit`` bytes, three engine calls whatever the command does.
-        Bounded by ``slow_timeout`` (a command still talking then is a SandboxUnavailableError)."""
-        import time
-
-        api = self._api
-        give_up = time.monotonic() + self.slow_timeout
-        what = "run a helper command"
-        try:
-            self.calls += 1
-            exec_id = api.exec_create(container_id, list(cmd), stdin=False, tty=False)["Id"]
-            self.calls += 1
-            out = bytearray()
-            for stdout, _stderr in api.exec_start(exec_id, stream=True, demux=True):
-                out += stdout or b""
-                if len(out) > limit:
-                    raise SandboxError(f"a helper command printed more than {limit} bytes")
-                if time.monotonic() > give_up:
-                    raise self.unanswered(self.slow_timeout, what)
-            for _ in range(100):
-                self.calls += 1
-                info = api.exec_inspect(exec_id)
-                if not info.get("Running") and info.get("ExitCode") is not None:
-                    return int(info["ExitCode"]), bytes(out)
-                time.sleep(0.01)
-        except Exception as e:
-            raise self.translate(e, what) from None
-        raise SandboxError("the engine did not report the helper command's exit status")
-
     # ---------------------------------------------------------- files
 
     def stat_path(self, container_id: str, path: str) -> dict[str, Any] | None:
@@ -587,8 +558,7 @@ class DockerEngine:
         """Run a blocking function that calls the engine (such as :meth:`stat_path`) in a worker
         thread, bounded by ``timeout``."""
         await self.connect()
-        release = await self.share.take(self.timeout)
-        return await self._bounded(self._held_thread(release, fn, *args), self.timeout, "look at a path")
+        return await self._bounded(self._thread(fn, *args), self.timeout, "look at a path")
 
     async def put_archive(self, container_id: str, folder: str, archive: bytes | Iterable[bytes]) -> None:
         """Extract a (small) tar archive into ``folder`` of the container.

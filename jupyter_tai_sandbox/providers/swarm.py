@@ -34,7 +34,6 @@ from ..contract import (
 )
 from ..errors import SandboxConflictError
 from ._common import new_session_id
-from ._docker_disk import SCRATCH, workspace_driver
 from ._docker_names import (
     LABEL_CREATED,
     LABEL_EXPIRES,
@@ -47,6 +46,7 @@ from ._docker_names import (
     is_session_id,
     session_labels,
 )
+from ._docker_networks import NetworkLocks
 from ._docker_session import CommandRegistry, SessionSite
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from ._swarm_session import (
@@ -91,8 +91,11 @@ class SwarmSandbox(DockerSandbox):
 
     **Networks.** ``egress``: the node's default bridge. ``internal``: an
     internal, attachable overlay network per owner (``internal_network`` plus
-    a hash of the owner), spanning nodes, no route out; removed with its last
-    session. ``none``: the task starts on the default bridge (Swarm in API 1.41
+    a hash of the owner), spanning nodes, no route out, with a subnet the
+    provider picks from ``network_pool`` (``network_prefix`` long, never the
+    swarm's default pool); removed with its last session. Egress sessions of
+    different owners share the node's default bridge (no per-owner egress
+    network on a swarm yet). ``none``: the task starts on the default bridge (Swarm in API 1.41
     cannot start a task without a network) and is disconnected from it on its
     node before the session is handed out, so commands only ever see loopback.
 
@@ -173,8 +176,7 @@ class SwarmSandbox(DockerSandbox):
         LoggingConfigurable.__init__(self, **kwargs)
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
-        self._engine.share.per_principal = self.engine_threads_per_user
-        self._network_lock = None
+        self._networks = NetworkLocks()
         self._commands = CommandRegistry()
         self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for, scope=self.scope.labels)
         if self.pool_size:
@@ -185,7 +187,6 @@ class SwarmSandbox(DockerSandbox):
         return self._engine  # type: ignore[return-value]
 
     def _site_for(self, engine: SwarmEngine) -> SessionSite:
-        engine.share.per_principal = self.engine_threads_per_user
         return SessionSite(
             engine=engine,
             kind=self.kind,
@@ -207,7 +208,6 @@ class SwarmSandbox(DockerSandbox):
     ) -> dict[str, Any]:
         types = docker_sdk().types
         session_id = labels[LABEL_SESSION]
-        ceiling = self.disk_limit_mb if self.disk_limit_mb > 0 else None
         if spec.durability == "persistent":
             key = str(spec.workspace_key)
             volume_labels = {**self.own_labels, LABEL_WORKSPACE: key}
@@ -215,13 +215,9 @@ class SwarmSandbox(DockerSandbox):
                 volume_labels[LABEL_OWNER] = spec.owner
             mounts = [types.Mount(WORKSPACE, self.scope.workspace_volume(key), type="volume", labels=volume_labels)]
         else:
-            workspace_labels = {**self.own_labels, LABEL_SESSION: session_id}
-            driver = workspace_driver(ceiling) if ceiling else None
-            mounts = [types.Mount(WORKSPACE, None, type="volume", labels=workspace_labels, driver_config=driver)]
-        read_only = bool(ceiling or self.read_only_rootfs)
-        if read_only:
-            size = ceiling << 20 if ceiling else None
-            mounts.append(types.Mount(SCRATCH, None, type="tmpfs", tmpfs_mode=0o1777, tmpfs_size=size))
+            mounts = [types.Mount(WORKSPACE, None, type="volume", labels={**self.own_labels, LABEL_SESSION: session_id})]
+        if self.read_only_rootfs:
+            mounts.append(types.Mount("/tmp", None, type="tmpfs", tmpfs_mode=0o1777))
         env = {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env}
         container = types.ContainerSpec(
             self._image_of(spec),
@@ -232,7 +228,7 @@ class SwarmSandbox(DockerSandbox):
             labels=dict(labels),
             mounts=mounts,
             init=True,
-            read_only=read_only or None,
+            read_only=self.read_only_rootfs or None,
             cap_drop=list(self.cap_drop) or None,
             cap_add=list(self.cap_add) or None,
         )
@@ -369,8 +365,10 @@ class SwarmSandbox(DockerSandbox):
         network = self._network_of(spec)
         template = self._task_template(spec, labels, network, pin)
         if network is not None:
-            async with self._lock_network():
-                await self.manager.ensure_overlay(network, labels={**self.own_labels, LABEL_NETWORK: "internal"})
+            async with self._networks.hold(network):
+                await self.manager.ensure_overlay(
+                    network, labels={**self.own_labels, LABEL_NETWORK: "internal"}, subnet=self._pick_subnet
+                )
                 service_id = await self._create_service(template, session_id, labels, network)
         else:
             service_id = await self._create_service(template, session_id, labels, None)
@@ -504,7 +502,7 @@ class SwarmSandbox(DockerSandbox):
         """Owner networks left behind (their last session's task was still being cleaned up then)."""
         with contextlib.suppress(SandboxError):
             for network in await self.manager.overlays(f"{LABEL_NETWORK}=internal"):
-                async with self._lock_network():
+                async with self._networks.hold(network["Name"]):
                     await self.manager.drop_overlay(network["Name"])
 
     async def _remove(self, service_id: str, session: SwarmSession | None, network: str | None) -> None:
@@ -515,11 +513,15 @@ class SwarmSandbox(DockerSandbox):
             with contextlib.suppress(SandboxUnavailableError):
                 await session.engine.remove_container(session.container_id)
         if network is not None:
-            async with self._lock_network():
+            async with self._networks.hold(network):
                 for _ in range(20):  # the swarm lets go of a network once the removed task is cleaned up
                     if await self.manager.drop_overlay(network) or await self._network_in_use(network):
                         break
                     await asyncio.sleep(0.25)
+
+    def _network_of(self, spec: SessionSpec) -> str | None:
+        """Only internal sessions have an owner network (an overlay); egress is the node's default bridge."""
+        return self.scope.owner_network(self.internal_network, spec.owner) if spec.network == "internal" else None
 
     async def _network_in_use(self, network: str) -> bool:
         """Whether a session service of this provider is on the owner network ``network``."""

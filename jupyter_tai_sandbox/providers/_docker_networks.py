@@ -1,0 +1,272 @@
+"""Session networks of the docker (and swarm) provider: their subnets, locks and host firewall.
+
+Every session on a network (``egress`` or ``internal``) joins a bridge of its
+owner's (``Deployment.owner_network``); the warm pool's containers wait on a
+holding bridge of the deployment that reaches nothing. Each of these networks
+gets a small subnet (``network_prefix``, /26 by default) that the provider
+picks itself from the operator's range (``network_pool``), never from the
+engine's default pools: :func:`free_subnet` looks at the subnets of every
+network on the engine (any deployment's, any other program's) and picks a free
+one at random, and the engine object retries with another when a concurrent
+creator took it meanwhile. A range with no free subnet left is a
+:class:`SandboxCapacityError` (503) naming the traits to configure.
+
+What the engine alone cannot block on a bridge with a route out -- the host
+itself (the bridge's gateway address and every other address of the host) and
+the link-local range with the cloud metadata service (169.254.0.0/16) -- the
+:class:`HostFirewall` blocks with iptables rules when the server can set them
+on the engine's own host (root, iptables, a ``unix://`` engine whose bridges
+this process sees): rules matching only the provider's own bridge interfaces
+(named by ``com.docker.network.bridge.name``), added before any session joins
+and removed with the network; a reap removes rules whose bridge is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import ipaddress
+import os
+import random
+import shutil
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+from ..contract import SandboxUnavailableError
+from ..errors import SandboxCapacityError
+
+#: the default range session subnets come from (outside Docker's default pools 172.17-31.0.0/16 and 192.168.0.0/16)
+DEFAULT_NETWORK_POOL = "10.201.0.0/16"
+#: the default prefix length of one session network's subnet: 64 addresses, 61 sessions
+DEFAULT_NETWORK_PREFIX = 26
+#: an idle network younger than this is left to the creator that may be about to use it (another server)
+REAP_GRACE_SECONDS = 60.0
+#: the link-local range, the cloud metadata service (169.254.169.254) among it
+LINK_LOCAL = "169.254.0.0/16"
+#: prefix of the Linux bridge interfaces the provider names (15 characters at most)
+BRIDGE_PREFIX = "tai"
+
+#: bridge driver options, by the network's kind (egress, internal, pool)
+NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
+NO_HOST_ADDRESS = {"com.docker.network.bridge.inhibit_ipv4": "true"}
+
+
+def bridge_name(network: str) -> str:
+    """The Linux interface of the bridge of network ``network``: ``tai`` and 12 hex digits."""
+    return BRIDGE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:12]
+
+
+def bridge_options(kind: str, network: str) -> dict[str, str]:
+    """The driver options of a session bridge: inter-container traffic off on every kind, no host
+    address on internal and pool bridges (they have no route out), and our own interface name."""
+    options = {**NO_ICC, "com.docker.network.bridge.name": bridge_name(network)}
+    if kind != "egress":
+        options.update(NO_HOST_ADDRESS)
+    return options
+
+
+def check_pool(pool: str, prefix: int) -> ipaddress.IPv4Network:
+    """The range ``pool`` as a network, or ValueError saying what is wrong with it and ``prefix``."""
+    try:
+        network = ipaddress.IPv4Network(pool, strict=True)
+    except ValueError as e:
+        raise ValueError(f"{pool!r} is no IPv4 range like '10.201.0.0/16': {e}") from None
+    if not network.prefixlen <= prefix <= 29:
+        raise ValueError(f"a /{prefix} subnet does not fit in {pool} (the prefix is {network.prefixlen}..29)")
+    return network
+
+
+def taken_subnets(networks: Iterable[Mapping[str, Any]]) -> list[ipaddress.IPv4Network]:
+    """The IPv4 subnets the engine's networks hold (their IPAM configs)."""
+    taken = []
+    for network in networks:
+        for config in ((network.get("IPAM") or {}).get("Config")) or []:
+            with contextlib.suppress(ValueError, TypeError):
+                subnet = ipaddress.ip_network(str((config or {}).get("Subnet")), strict=False)
+                if subnet.version == 4:
+                    taken.append(subnet)
+    return taken
+
+
+def free_subnet(pool: str, prefix: int, taken: Iterable[ipaddress.IPv4Network]) -> str | None:
+    """A random ``/prefix`` subnet of ``pool`` that overlaps none of ``taken``; None when none is left."""
+    whole = ipaddress.IPv4Network(pool)
+    size = 1 << (32 - prefix)
+    start = int(whole.network_address)
+    count = whole.num_addresses // size
+    blocked: set[int] = set()
+    for subnet in taken:
+        low = max(int(subnet.network_address), start)
+        high = min(int(subnet.broadcast_address), start + whole.num_addresses - 1)
+        if low <= high:
+            blocked.update(range((low - start) // size, (high - start) // size + 1))
+    if len(blocked) >= count:
+        return None
+    while True:  # most of the range is free in practice: a few draws find a slot
+        index = random.randrange(count)
+        if index not in blocked:
+            return f"{ipaddress.IPv4Address(start + index * size)}/{prefix}"
+
+
+def capacity_error(owner: str, pool: str, prefix: int) -> SandboxCapacityError:
+    count = ipaddress.IPv4Network(pool).num_addresses >> (32 - prefix)
+    return SandboxCapacityError(
+        f"no free /{prefix} subnet is left in the session network range {pool} ({count} networks, one per owner "
+        f"and network mode): configure a larger {owner}.network_pool, or a longer {owner}.network_prefix"
+    )
+
+
+class NetworkLocks:
+    """One asyncio lock per network name (a create's join and a teardown's removal of the same network
+    never interleave), and one for picking subnets, so this process never races itself for one."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self.allocating = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(name) or (asyncio.Lock(), 0)
+        self._locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users <= 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
+
+
+class HostFirewall:
+    """iptables rules on the engine's host that keep sessions on the provider's bridges from the
+    host itself (INPUT from the bridge: any address of the host, the gateway's among them) and from
+    the link-local range with the cloud metadata service (forwarded traffic from the bridge).
+
+    ``mode``: "auto" sets them when the server can (root, iptables, a ``unix://`` engine whose bridge
+    interfaces this process sees: the same host and network namespace), "require" refuses session
+    networks it cannot protect, "off" sets none. Each rule carries the comment ``tai-sbx:<tag>``
+    (the deployment's tag), so a reap removes only its own deployment's rules whose bridge is gone."""
+
+    def __init__(self, mode: str, base_url: str, tag: str, log: Any) -> None:
+        self.mode = mode
+        self.comment = f"tai-sbx:{tag}"
+        self._log = log
+        self._iptables = shutil.which("iptables")
+        self._ip6tables = shutil.which("ip6tables")
+        self._why_not = self._unavailable(base_url)
+        self._warned = False
+        self._walled: set[str] = set()
+        self._forward: str | None = None
+
+    def _unavailable(self, base_url: str) -> str | None:
+        if self.mode == "off":
+            return "DockerSandbox.egress_firewall is off"
+        if not base_url.startswith("unix://"):
+            return f"the engine at {base_url} is not on this host"
+        if os.geteuid() != 0:
+            return "the server does not run as root"
+        if self._iptables is None:
+            return "iptables is not installed"
+        return None
+
+    @property
+    def active(self) -> bool:
+        return self._why_not is None
+
+    async def _run(self, tool: str, *args: str) -> tuple[int, str]:
+        process = await asyncio.create_subprocess_exec(
+            tool, "-w", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await process.communicate()
+        return int(process.returncode or 0), out.decode(errors="replace")
+
+    async def _forward_chain(self) -> str:
+        if self._forward is None:
+            status, _ = await self._run(str(self._iptables), "-n", "-L", "DOCKER-USER")
+            self._forward = "DOCKER-USER" if status == 0 else "FORWARD"
+        return self._forward
+
+    async def _rules(self, bridge: str) -> list[tuple[str, list[str]]]:
+        tag = ["-m", "comment", "--comment", self.comment]
+        rules = [
+            (str(self._iptables), ["INPUT", "-i", bridge, *tag, "-j", "DROP"]),
+            (
+                str(self._iptables),
+                [await self._forward_chain(), "-i", bridge, "-d", LINK_LOCAL, *tag, "-j", "DROP"],
+            ),
+        ]
+        if self._ip6tables:
+            rules.append((self._ip6tables, ["INPUT", "-i", bridge, *tag, "-j", "DROP"]))
+        return rules
+
+    def _refuse(self, why: str) -> None:
+        if self.mode == "require":
+            raise SandboxUnavailableError(
+                f"session networks cannot be kept from the host and 169.254.0.0/16 ({why}), and "
+                "DockerSandbox.egress_firewall is 'require'"
+            )
+        if not self._warned:
+            self._warned = True
+            self._log.warning(
+                "sandbox-docker: no host firewall for session bridges (%s): egress sessions reach this host "
+                "and 169.254.169.254",
+                why,
+            )
+
+    async def protect(self, network: str) -> None:
+        """Make sure the rules for ``network``'s bridge are in place (before a session joins it)."""
+        if self._why_not is not None:
+            if self.mode != "off":
+                self._refuse(self._why_not)
+            return
+        bridge = bridge_name(network)
+        if bridge in self._walled:
+            return
+        if not os.path.exists(f"/sys/class/net/{bridge}"):
+            self._refuse(f"bridge {bridge} is not in this process's network namespace")
+            return
+        for tool, rule in await self._rules(bridge):
+            status, _ = await self._run(tool, "-C", *rule)
+            if status != 0:
+                status, out = await self._run(tool, "-I", *rule)
+                if status != 0 and tool == self._iptables:
+                    self._refuse(f"{os.path.basename(tool)} refused a rule: {out.strip()[:200]}")
+                    return
+        self._walled.add(bridge)
+
+    async def release(self, network: str) -> None:
+        """Remove the rules of ``network``'s bridge (the network is gone)."""
+        bridge = bridge_name(network)
+        self._walled.discard(bridge)
+        if self._why_not is not None:
+            return
+        for tool, rule in await self._rules(bridge):
+            for _ in range(4):  # duplicates, should two servers have added them at once
+                status, _ = await self._run(tool, "-D", *rule)
+                if status != 0:
+                    break
+
+    async def sweep(self, live: set[str]) -> None:
+        """Remove this deployment's rules whose bridge is none of the networks ``live``."""
+        if self._why_not is not None:
+            return
+        keep = {bridge_name(n) for n in live}
+        chains = [(str(self._iptables), "INPUT"), (str(self._iptables), await self._forward_chain())]
+        if self._ip6tables:
+            chains.append((self._ip6tables, "INPUT"))
+        for tool, chain in chains:
+            status, out = await self._run(tool, "-S", chain)
+            if status != 0:
+                continue
+            for line in out.splitlines():
+                words = line.split()
+                if self.comment not in line or words[:1] != ["-A"] or "-i" not in words:
+                    continue
+                bridge = words[words.index("-i") + 1]
+                if bridge.startswith(BRIDGE_PREFIX) and bridge not in keep:
+                    rule = [w.strip('"') for w in words[1:]]
+                    await self._run(tool, "-D", *rule)
+                    self._walled.discard(bridge)
