@@ -45,6 +45,7 @@ from ..image import DEFAULT_IMAGE, PYTHON_IMAGE
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id
 from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
+from ._docker_disk import scratch_tmpfs, workspace_driver
 from ._docker_names import (
     DEPLOYMENT_ENV,
     LABEL,
@@ -85,7 +86,14 @@ from ._docker_networks import (
 )
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
-from .docker_engine import DockerEngine, EngineRefusedError, MissingImageError, docker_sdk
+from .docker_engine import (
+    WORKERS,
+    WORKERS_PER_PRINCIPAL,
+    DockerEngine,
+    EngineRefusedError,
+    MissingImageError,
+    docker_sdk,
+)
 
 #: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
 MIN_CPU = 0.01
@@ -202,6 +210,11 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     use or an admin door, skips the check; a volume without an owner, made
     before owners were recorded, is anyone's).
 
+    **Disk ceiling.** With ``disk_limit_mb`` (the default), the root filesystem is
+    read-only and the ephemeral workspace and /tmp are tmpfs of at most that size
+    (see ``_docker_disk``): nothing a session writes lands on the engine's disk.
+    A persistent workspace is a named volume on the engine's storage, not capped.
+
     **Operator limits.** Every session gets cpu and memory limits (NanoCpus,
     Memory): ``default_cpu`` / ``default_memory_mb`` when the spec names none,
     and a spec over ``max_cpu`` / ``max_memory_mb`` or under the engine's
@@ -309,6 +322,16 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="Mount the container's root filesystem read-only (/tmp becomes a tmpfs; /workspace stays writable).",
     ).tag(config=True)
 
+    disk_limit_mb = Integer(
+        2048,
+        help="""Disk ceiling (MiB) of every session: the root filesystem is read-only, and the ephemeral
+        workspace and /tmp are each a tmpfs of at most this size, which the kernel enforces (a write past
+        it fails with 'No space left on device'), so nothing a session writes lands on the engine's disk.
+        Those files are memory: what the session's processes write counts toward its memory limit too.
+        A persistent workspace is a volume on the engine's storage and is not capped by this. 0: no
+        ceiling (a writable root and workspace on the engine's disk, without bound).""",
+    ).tag(config=True)
+
     user = Unicode(
         "",
         help="""User commands run as, 'uid[:gid]' or a name the image knows ('' = the image's USER).
@@ -334,6 +357,15 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         30.0,
         help="""Longest a slow Docker engine call (create and start a container, remove one, make or
         remove a network, remove a volume) may take before it fails with SandboxUnavailableError.""",
+    ).tag(config=True)
+
+    engine_threads_per_user = Integer(
+        WORKERS_PER_PRINCIPAL,
+        help=f"""Most of the engine object's {WORKERS} worker threads (each blocking engine call holds one)
+        one user (principal) may hold at once; a user past it waits for their own calls to end (429
+        SandboxQuotaError after engine_timeout_seconds), so one user flooding requests cannot take the pool
+        and everyone else's calls still run. The server's own work (reaper, warm pool) is not capped.
+        0: no per-user cap.""",
     ).tag(config=True)
 
     internal_network = Unicode(
@@ -446,6 +478,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             slow_timeout=self.engine_slow_timeout_seconds,
             scope=self.scope.labels,
         )
+        self._engine.share.per_principal = self.engine_threads_per_user
         try:
             check_pool(self.network_pool, self.network_prefix)
         except ValueError as e:
@@ -528,10 +561,12 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     ) -> dict[str, Any]:
         """The SDK's container options for ``spec`` (its limits already in force)."""
         types = docker_sdk().types
+        ceiling = self.disk_limit_mb if self.disk_limit_mb > 0 else None
         if spec.durability == "persistent":
             mount = types.Mount(WORKSPACE, self.scope.workspace_volume(str(spec.workspace_key)), type="volume")
         else:
-            mount = types.Mount(WORKSPACE, None, type="volume", labels=dict(volume_labels))
+            driver = workspace_driver(ceiling) if ceiling else None
+            mount = types.Mount(WORKSPACE, None, type="volume", labels=dict(volume_labels), driver_config=driver)
         options: dict[str, Any] = {
             "entrypoint": ["sleep", "2147483647"],
             "command": [],
@@ -558,9 +593,9 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             options["mem_limit"] = options["memswap_limit"] = f"{spec.memory_mb}m"
         if self.pids_limit > 0:
             options["pids_limit"] = self.pids_limit
-        if self.read_only_rootfs:
+        if ceiling or self.read_only_rootfs:
             options["read_only"] = True
-            options["tmpfs"] = {"/tmp": "rw,nosuid,nodev,mode=1777"}
+            options["tmpfs"] = scratch_tmpfs(ceiling)
         return options
 
     async def _start_container(

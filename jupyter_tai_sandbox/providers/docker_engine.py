@@ -52,6 +52,7 @@ from ..contract import (
     SandboxSpecRejectedError,
     SandboxUnavailableError,
 )
+from ..fair_share import FairShare
 from ._docker_stream import EngineAddress, EngineRefusal, read_output, start_exec
 
 T = TypeVar("T")
@@ -68,6 +69,8 @@ _ARCHIVE_SLACK = 64 << 10
 RUN_OUTPUT_LIMIT = 64 << 20
 #: worker threads for blocking SDK calls (a frozen engine holds one per call in flight)
 WORKERS = 32
+#: of which one principal may hold at most this many at once (DockerSandbox.engine_threads_per_user)
+WORKERS_PER_PRINCIPAL = 8
 _SDK_NOISE = re.compile(r"^\d{3} (Client|Server) Error for \S+: [^(]*\(\"?(?P<msg>.*?)\"?\)$", re.S)
 
 
@@ -117,6 +120,7 @@ class DockerEngine:
         timeout: float = DEFAULT_TIMEOUT,
         slow_timeout: float = DEFAULT_SLOW_TIMEOUT,
         scope: Mapping[str, str] | None = None,
+        threads_per_principal: int = WORKERS_PER_PRINCIPAL,
     ) -> None:
         self.base_url = base_url
         self._tls = tls
@@ -129,6 +133,10 @@ class DockerEngine:
         self._address: EngineAddress | None = None
         self._connecting: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: each principal's share of the worker threads (see ``fair_share``)
+        self.share = FairShare(threads_per_principal, setting="DockerSandbox.engine_threads_per_user")
+        #: calls made into the engine so far: blocking ones (each takes a worker thread), exec streams opened
+        self.calls = 0
 
     # ------------------------------------------------------------ plumbing
 
@@ -162,9 +170,7 @@ class DockerEngine:
                 )
 
             try:
-                client = await self._bounded(
-                    asyncio.get_running_loop().run_in_executor(self._executor, connect), self.timeout, "connect"
-                )
+                client = await self._bounded(self._thread(connect), self.timeout, "connect")
             except SandboxUnavailableError:
                 raise
             except Exception as e:
@@ -209,8 +215,29 @@ class DockerEngine:
             raise self.unanswered(within, what) from None
 
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        assert self._executor is not None
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        """Run ``fn`` in a worker thread, within the acting principal's share of them: its slot is
+        held until the thread is done (not merely until a caller that gave up stops waiting), so
+        calls one user abandoned still count against that user. A share that stays full for
+        ``timeout`` s is a SandboxQuotaError (429)."""
+        release = await self.share.take(self.timeout)
+        return await self._held_thread(release, fn, *args, **kwargs)
+
+    async def _held_thread(self, release: Callable[[], None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            assert self._executor is not None
+            future = self._executor.submit(functools.partial(fn, *args, **kwargs))
+        except BaseException:
+            release()
+            raise
+        self.calls += 1
+
+        def done(_: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is left to count
+                loop.call_soon_threadsafe(release)
+
+        future.add_done_callback(done)
+        return await asyncio.wrap_future(future)
 
     async def _call(self, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
         """Run a quick blocking SDK call (a callable, or the name of a low-level API method) in a
@@ -225,8 +252,9 @@ class DockerEngine:
         await self.connect()
         if isinstance(fn, str):
             fn = getattr(self._api, fn)
+        release = await self.share.take(self.timeout)  # waiting for one's own share is no engine's delay
         try:
-            return await self._bounded(self._thread(fn, *args, **kwargs), within, what)
+            return await self._bounded(self._held_thread(release, fn, *args, **kwargs), within, what)
         except Exception as e:
             raise self.translate(e, what) from None
 
@@ -477,6 +505,7 @@ class DockerEngine:
         """Start a created exec attached: its hijacked connection (EngineRefusal when the engine says no)."""
         await self.connect()
         assert self._address is not None
+        self.calls += 1
         return await self._bounded(
             start_exec(self._address, str(self._api._version), exec_id, tty), self.timeout, "start a command"
         )
@@ -493,12 +522,12 @@ class DockerEngine:
         Bounded: an engine that does not answer by then is a SandboxUnavailableError.
         """
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + within
+        give_up: float | None = None  # counted from the first answer: a wait for the caller's share is not the engine's
         while True:
-            try:
-                info = await asyncio.wait_for(self.exec_inspect(exec_id), max(give_up - loop.time(), 0.2))
-            except asyncio.TimeoutError:
-                raise self.unanswered(within, "report a command's exit") from None
+            left = within if give_up is None else max(give_up - loop.time(), 0.2)
+            info = await self._call_within(left, "report a command's exit", "exec_inspect", exec_id)
+            if give_up is None:
+                give_up = loop.time() + within
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             if loop.time() > give_up:
@@ -532,6 +561,36 @@ class DockerEngine:
             raise SandboxError("the engine did not report the helper command's exit status")
         return code, bytes(out), bytes(err)
 
+    def run_blocking(self, container_id: str, cmd: Sequence[str], *, limit: int = 64 << 10) -> tuple[int, bytes]:
+        """:meth:`run` for a synchronous caller, in the calling thread: status and stdout (stderr is
+        dropped), output capped at ``limit`` bytes, three engine calls whatever the command does.
+        Bounded by ``slow_timeout`` (a command still talking then is a SandboxUnavailableError)."""
+        import time
+
+        api = self._api
+        give_up = time.monotonic() + self.slow_timeout
+        what = "run a helper command"
+        try:
+            self.calls += 1
+            exec_id = api.exec_create(container_id, list(cmd), stdin=False, tty=False)["Id"]
+            self.calls += 1
+            out = bytearray()
+            for stdout, _stderr in api.exec_start(exec_id, stream=True, demux=True):
+                out += stdout or b""
+                if len(out) > limit:
+                    raise SandboxError(f"a helper command printed more than {limit} bytes")
+                if time.monotonic() > give_up:
+                    raise self.unanswered(self.slow_timeout, what)
+            for _ in range(100):
+                self.calls += 1
+                info = api.exec_inspect(exec_id)
+                if not info.get("Running") and info.get("ExitCode") is not None:
+                    return int(info["ExitCode"]), bytes(out)
+                time.sleep(0.01)
+        except Exception as e:
+            raise self.translate(e, what) from None
+        raise SandboxError("the engine did not report the helper command's exit status")
+
     # ---------------------------------------------------------- files
 
     def stat_path(self, container_id: str, path: str) -> dict[str, Any] | None:
@@ -558,7 +617,8 @@ class DockerEngine:
         """Run a blocking function that calls the engine (such as :meth:`stat_path`) in a worker
         thread, bounded by ``timeout``."""
         await self.connect()
-        return await self._bounded(self._thread(fn, *args), self.timeout, "look at a path")
+        release = await self.share.take(self.timeout)
+        return await self._bounded(self._held_thread(release, fn, *args), self.timeout, "look at a path")
 
     async def put_archive(self, container_id: str, folder: str, archive: bytes | Iterable[bytes]) -> None:
         """Extract a (small) tar archive into ``folder`` of the container.

@@ -34,6 +34,7 @@ from ..contract import (
 )
 from ..errors import SandboxConflictError
 from ._common import new_session_id
+from ._docker_disk import SCRATCH, workspace_driver
 from ._docker_names import (
     LABEL_CREATED,
     LABEL_EXPIRES,
@@ -176,6 +177,7 @@ class SwarmSandbox(DockerSandbox):
         LoggingConfigurable.__init__(self, **kwargs)
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
+        self._engine.share.per_principal = self.engine_threads_per_user
         self._networks = NetworkLocks()
         self._commands = CommandRegistry()
         self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for, scope=self.scope.labels)
@@ -187,6 +189,7 @@ class SwarmSandbox(DockerSandbox):
         return self._engine  # type: ignore[return-value]
 
     def _site_for(self, engine: SwarmEngine) -> SessionSite:
+        engine.share.per_principal = self.engine_threads_per_user
         return SessionSite(
             engine=engine,
             kind=self.kind,
@@ -208,6 +211,7 @@ class SwarmSandbox(DockerSandbox):
     ) -> dict[str, Any]:
         types = docker_sdk().types
         session_id = labels[LABEL_SESSION]
+        ceiling = self.disk_limit_mb if self.disk_limit_mb > 0 else None
         if spec.durability == "persistent":
             key = str(spec.workspace_key)
             volume_labels = {**self.own_labels, LABEL_WORKSPACE: key}
@@ -215,9 +219,13 @@ class SwarmSandbox(DockerSandbox):
                 volume_labels[LABEL_OWNER] = spec.owner
             mounts = [types.Mount(WORKSPACE, self.scope.workspace_volume(key), type="volume", labels=volume_labels)]
         else:
-            mounts = [types.Mount(WORKSPACE, None, type="volume", labels={**self.own_labels, LABEL_SESSION: session_id})]
-        if self.read_only_rootfs:
-            mounts.append(types.Mount("/tmp", None, type="tmpfs", tmpfs_mode=0o1777))
+            workspace_labels = {**self.own_labels, LABEL_SESSION: session_id}
+            driver = workspace_driver(ceiling) if ceiling else None
+            mounts = [types.Mount(WORKSPACE, None, type="volume", labels=workspace_labels, driver_config=driver)]
+        read_only = bool(ceiling or self.read_only_rootfs)
+        if read_only:
+            size = ceiling << 20 if ceiling else None
+            mounts.append(types.Mount(SCRATCH, None, type="tmpfs", tmpfs_mode=0o1777, tmpfs_size=size))
         env = {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env}
         container = types.ContainerSpec(
             self._image_of(spec),
@@ -228,7 +236,7 @@ class SwarmSandbox(DockerSandbox):
             labels=dict(labels),
             mounts=mounts,
             init=True,
-            read_only=self.read_only_rootfs or None,
+            read_only=read_only or None,
             cap_drop=list(self.cap_drop) or None,
             cap_add=list(self.cap_add) or None,
         )
