@@ -137,7 +137,14 @@ class SandboxApp(ExtensionApp):
 
     max_presets = Integer(
         200,
-        help="Most presets the preset store holds; authoring one more is refused. 0 means no limit.",
+        help="""Most shared presets the preset store holds (those admins author, listed to every user);
+        authoring one more is refused. Users' private presets do not count here. 0 means no limit.""",
+    ).tag(config=True)
+
+    max_presets_per_user = Integer(
+        20,
+        help="""Most private presets one user may hold (a user who is not admin authors presets for
+        themselves only: listed and run by their author alone); authoring one more is refused. 0 means no limit.""",
     ).tag(config=True)
 
     @default("provider")
@@ -156,6 +163,7 @@ class SandboxApp(ExtensionApp):
             log=self.log,
             max_preset_bytes=self.max_preset_bytes,
             max_presets=self.max_presets,
+            max_presets_per_user=self.max_presets_per_user,
             max_output_bytes=self.max_output_bytes,
         )
         self.tools.apply_manifest(self.presets)

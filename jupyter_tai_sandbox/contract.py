@@ -117,6 +117,8 @@ class SandboxPathError(SandboxError):
 
 #: The most components a workspace path may have (``a/b/c`` has 3), on every provider.
 MAX_PATH_DEPTH = 128
+#: the longest consumer label: room for ``user:`` and a 256-character user name percent-encoded, and a sub-label
+MAX_CONSUMER_CHARS = 1024
 #: The most bytes (UTF-8) a workspace path may have as given, on every provider (Linux's PATH_MAX).
 MAX_PATH_BYTES = 4096
 
@@ -214,8 +216,8 @@ class SessionSpec:
             raise _reject(f"memory_mb must be a positive whole number of MiB, not {self.memory_mb!r}")
         if self.image is not None and (not isinstance(self.image, str) or not self.image.strip()):
             raise _reject("image must be a non-empty image reference, or unset for the provider's default")
-        if not isinstance(self.consumer, str) or not self.consumer or len(self.consumer) > 128:
-            raise _reject("consumer must be a non-empty label of at most 128 characters")
+        if not isinstance(self.consumer, str) or not self.consumer or len(self.consumer) > MAX_CONSUMER_CHARS:
+            raise _reject(f"consumer must be a non-empty label of at most {MAX_CONSUMER_CHARS} characters")
         if self.owner is not None and (
             not isinstance(self.owner, str) or not self.owner or len(self.owner) > 256 or "\x00" in self.owner
         ):

@@ -62,7 +62,8 @@ class StatusHandler(SandboxAPIHandler):
         if failure is not None:
             raise SandboxUnavailableError(failure)
         caller = await self.caller()
-        self.write_json({**sandboxes.status_info(show_credentials=caller.sees_all), "principal": caller.name})
+        self.write_json({**sandboxes.status_info(show_credentials=caller.sees_all), "principal": caller.name,
+                        "consumer": caller.consumer})
 
 
 class SessionsHandler(SandboxAPIHandler):

@@ -20,6 +20,7 @@ from .contract import (
     isolation_rank,
     network_rank,
 )
+from .labels import credential_key_problem
 
 SCRUBBED = "[scrubbed]"
 _TRUE = {"1", "true", "yes", "on"}
@@ -86,8 +87,10 @@ class SandboxPolicy(LoggingConfigurable):
         value_trait=List(Unicode()),
         help="""Per-consumer credentials (TAI_MCP_SANDBOX_CREDENTIALS as JSON): consumer label ->
         names of server environment variables injected into that consumer's sessions (spec.env).
-        The key '*' applies to every consumer. A granted variable missing from the server's
-        environment rejects the session loudly.""",
+        Keys are typed labels: 'user:NAME' (a user's own sessions; 'user:NAME/SUB' a label under it),
+        'tool:NAME' (a code tool's runs), 'kernel:ID'; the key '*' applies to every consumer. An
+        untyped key is refused. A granted variable missing from the server's environment rejects
+        the session loudly.""",
     ).tag(config=True)
 
     max_ttl_seconds = Float(
@@ -107,6 +110,17 @@ class SandboxPolicy(LoggingConfigurable):
         help="""Most live sessions one user (principal) may hold at once (TAI_MCP_SANDBOX_MAX_SESSIONS_PER_USER);
         one more is refused with 429. Admins creating for themselves count too. 0 means no cap.""",
     ).tag(config=True)
+
+    max_kernels_per_user = Integer(
+        10,
+        help="""Most sandboxed kernels one user may run at once (TAI_MCP_SANDBOX_MAX_KERNELS_PER_USER), counted
+        apart from max_sessions_per_user: a kernel's session counts here only. One more kernel start is
+        refused with 429. 0 means no cap.""",
+    ).tag(config=True)
+
+    @default("max_kernels_per_user")
+    def _max_kernels_default(self) -> int:
+        return int(_env_number("TAI_MCP_SANDBOX_MAX_KERNELS_PER_USER", 10))
 
     @default("max_ttl_seconds")
     def _max_ttl_default(self) -> float:
@@ -176,6 +190,10 @@ class SandboxPolicy(LoggingConfigurable):
             for k, v in value.items()
         ):
             raise ValueError("credentials must map consumer labels to lists of environment variable names")
+        for key in value:
+            problem = credential_key_problem(key)
+            if problem:
+                raise ValueError(f"credentials: {problem}")
         return dict(value)
 
     # ------------------------------------------------------------------ apply
@@ -260,6 +278,7 @@ class SandboxPolicy(LoggingConfigurable):
             "max_ttl_seconds": self.max_ttl_seconds,
             "max_timeout_seconds": self.max_timeout_seconds,
             "max_sessions_per_user": self.max_sessions_per_user,
+            "max_kernels_per_user": self.max_kernels_per_user,
         }
         if show_credentials:
             data["credentials"] = {k: list(v) for k, v in self.credentials.items()}

@@ -6,9 +6,11 @@ magics and the panel through REST) goes through :class:`SessionRegistry`:
 * a session records its **owner**, the principal that created it;
 * a caller sees and acts on its own sessions only; another user's session id
   answers exactly like an unknown one (404), so ids leak nothing;
-* the **consumer** label (which picks the operator's credentials) is derived
-  from the caller (its name, or a label under it: ``NAME/...``); naming another consumer is an admin act;
-* a caller holds at most ``SandboxPolicy.max_sessions_per_user`` live sessions;
+* the **consumer** label (which picks the operator's credentials) is a typed label
+  (:mod:`jupyter_tai_sandbox.labels`) derived from the caller: ``user:NAME``, or a label
+  under it (``user:NAME/...``); naming another consumer is an admin act;
+* a caller holds at most ``SandboxPolicy.max_sessions_per_user`` live sessions, and
+  ``SandboxPolicy.max_kernels_per_user`` sandboxed kernels (consumer ``kernel:...``) beside them;
 * a persistent workspace in use by a live session cannot be removed (409);
 * the rest of the request acts for the caller (``fair_share.act_for``), so a provider's
   worker pool gives one user at most their share of it.
@@ -30,7 +32,7 @@ from typing import Any
 
 from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvider, PasswordIdentityProvider
 
-from . import sandboxes
+from . import labels, sandboxes
 from .contract import (
     DEFAULT_TTL_SECONDS,
     SandboxNotFoundError,
@@ -77,6 +79,14 @@ def principal_name(identity_provider: Any, user: Any) -> str:
     return name
 
 
+_SESSIONS, _KERNELS = "sessions", "kernels"
+
+
+def _quota_of(consumer: str) -> str:
+    """Which per-user quota a session of ``consumer`` counts against."""
+    return _KERNELS if labels.kind_of(consumer) == labels.KERNEL else _SESSIONS
+
+
 @dataclass(frozen=True)
 class Caller:
     """An authenticated principal and the admin actions the Authorizer grants it."""
@@ -92,10 +102,15 @@ class Caller:
     def manages_all(self) -> bool:
         return "write" in self.admin_actions
 
+    @property
+    def consumer(self) -> str:
+        """The caller's own consumer label, ``user:NAME`` (typed: no tool or kernel label can equal it)."""
+        return labels.user_label(self.name)
+
     def owns_consumer(self, consumer: str) -> bool:
-        """A consumer label of the caller's own: its name, or a label under it (``NAME/kernel:1``),
+        """A consumer label of the caller's own: ``user:NAME``, or a label under it (``user:NAME/kernel:1``),
         which a server acting for this user (the remote provider) gives its kernels and tools."""
-        return isinstance(consumer, str) and (consumer == self.name or consumer.startswith(self.name + "/"))
+        return labels.is_under(consumer, self.consumer)
 
     def may(self, action: str) -> bool:
         """Whether ``action`` on ``jupyter_tai_sandbox:admin`` is granted (the tools' fence asks this)."""
@@ -109,9 +124,10 @@ class SessionRegistry:
         self.ids: set[str] = set()
         self.policy = policy
         # the per-user quota without a race: a create reserves its slot before its first await
-        self._creating: collections.Counter[str] = collections.Counter()  # owner -> creates in flight
+        # (owner, quota) -> creates in flight
+        self._creating: collections.Counter[tuple[str, str]] = collections.Counter()
         self._counts_from: collections.Counter[int] = collections.Counter()  # counts under way, by start mark
-        self._finished: list[tuple[int, str, str]] = []  # (mark, owner, id): creates done while a count ran
+        self._finished: list[tuple[int, tuple[str, str], str]] = []  # (mark, slot, id): creates done while a count ran
         self._mark = 0
 
     # ------------------------------------------------------------- create
@@ -128,14 +144,15 @@ class SessionRegistry:
         consumer = data.pop("consumer", None)
         if consumer is not None and not caller.owns_consumer(consumer) and not caller.manages_all:
             raise SandboxForbiddenError(
-                f"the consumer label picks the operator's credentials: yours is {caller.name!r} (or "
-                f"'{caller.name}/<label>'); naming another ({consumer!r}) needs write on jupyter_tai_sandbox:admin"
+                f"the consumer label picks the operator's credentials: yours is {caller.consumer!r} (or "
+                f"'{caller.consumer}/<label>'); naming another ({consumer!r}) needs write on "
+                "jupyter_tai_sandbox:admin"
             )
         max_ttl = getattr(self.policy, "max_ttl_seconds", 0)
         if "ttl_seconds" not in data and max_ttl and max_ttl < DEFAULT_TTL_SECONDS:
             data["ttl_seconds"] = max_ttl  # an unset TTL is the default within the operator's maximum
         return SessionSpec.from_json(
-            {**data, "owner": owner or caller.name, "consumer": consumer or caller.name}
+            {**data, "owner": owner or caller.name, "consumer": consumer or caller.consumer}
         )
 
     async def create(self, spec: SessionSpec, caller: Caller | None = None) -> SandboxSession:
@@ -143,17 +160,20 @@ class SessionRegistry:
 
         The owner's slot is reserved before the first await and released when the create
         ends (a failed create gives it back), so concurrent creates cannot pass the quota.
+        A kernel's session (consumer ``kernel:...``) counts against the owner's kernel quota,
+        any other against the session quota.
         """
         sandbox = sandboxes.require_sandbox()
         owner = spec.owner or (caller.name if caller is not None else None)
         if caller is not None:
             act_for(caller.name)  # the provider's work from here on counts against the caller's share
-        if owner is not None:
-            self._creating[owner] += 1  # the reservation: counted by every concurrent check from now on
+        slot = (owner, _quota_of(spec.consumer)) if owner is not None else None
+        if slot is not None:
+            self._creating[slot] += 1  # the reservation: counted by every concurrent check from now on
         session: SandboxSession | None = None
         try:
-            if caller is not None:
-                await self._check_quota(caller, owner or caller.name)
+            if caller is not None and slot is not None:
+                await self._check_quota(slot)
                 if not caller.manages_all and spec.image is not None and not sandbox.image_allowed(spec.image):
                     raise SandboxForbiddenError(
                         f"image {spec.image!r} is not on the operator's allow-list "
@@ -163,22 +183,24 @@ class SessionRegistry:
             self.ids.add(session.id)
             return session
         finally:
-            if owner is not None:
-                self._release(owner, session.id if session is not None else None)
+            if slot is not None:
+                self._release(slot, session.id if session is not None else None)
 
-    def _release(self, owner: str, session_id: str | None) -> None:
+    def _release(self, slot: tuple[str, str], session_id: str | None) -> None:
         """A create ended: its reservation becomes the session (which counts from now on) or is given back."""
-        self._creating[owner] -= 1
-        if self._creating[owner] <= 0:
-            del self._creating[owner]
+        self._creating[slot] -= 1
+        if self._creating[slot] <= 0:
+            del self._creating[slot]
         self._mark += 1
         if session_id is not None and self._counts_from:
             # a count whose listing began before this moment may not see the session: it looks here
-            self._finished.append((self._mark, owner, session_id))
+            self._finished.append((self._mark, slot, session_id))
 
-    async def _check_quota(self, caller: Caller, owner: str) -> None:
-        """The owner's live sessions, plus the creates in flight (this one's reservation included)."""
-        limit = getattr(self.policy, "max_sessions_per_user", 0)
+    async def _check_quota(self, slot: tuple[str, str]) -> None:
+        """The owner's live sessions of the slot's quota, plus its creates in flight (this one's included)."""
+        owner, quota = slot
+        setting = "max_kernels_per_user" if quota == _KERNELS else "max_sessions_per_user"
+        limit = getattr(self.policy, setting, 0)
         if not limit:
             return
         start = self._mark
@@ -189,15 +211,17 @@ class SessionRegistry:
             self._counts_from[start] -= 1
             if self._counts_from[start] <= 0:
                 del self._counts_from[start]
-        live = {info.id for info in infos if info.owner == owner}
-        live |= {sid for mark, who, sid in self._finished if mark > start and who == owner}
+        live = {info.id for info in infos if info.owner == owner and _quota_of(info.consumer) == quota}
+        live |= {sid for mark, which, sid in self._finished if mark > start and which == slot}
         oldest = min(self._counts_from, default=self._mark)
         self._finished = [entry for entry in self._finished if entry[0] > oldest]
-        held = len(live) + self._creating[owner] - 1  # the others in flight, not this one
+        held = len(live) + self._creating[slot] - 1  # the others in flight, not this one
         if held >= limit:
+            what = "sandboxed kernels" if quota == _KERNELS else "live sessions"
             raise SandboxQuotaError(
-                f"{owner!r} already holds {held} live sessions (creates under way included), the most one "
-                f"user may hold (SandboxPolicy.max_sessions_per_user = {limit}): destroy one first"
+                f"{owner!r} already holds {held} {what} (starts under way included), the most one "
+                f"user may hold (SandboxPolicy.{setting} = {limit}): "
+                + ("shut one down first" if quota == _KERNELS else "destroy one first")
             )
 
     # ------------------------------------------------------------ find

@@ -30,21 +30,22 @@ class ToolsHandler(ToolsAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.write_json({"tools": self.tools.list_json()})
+        self.write_json({"tools": self.tools.list_json(await self.principal())})
 
 
 class ToolHandler(ToolsAPIHandler):
     @web.authenticated
     @authorized
     async def get(self, name: str) -> None:
-        self.write_json(self.tools.get(name).to_json())
+        self.write_json(self.tools.get(name, await self.principal()).to_json())
 
     @web.authenticated
     @authorized
     async def put(self, name: str) -> None:
         replace = self.get_argument("replace", "0").lower() in ("1", "true", "yes")
-        existed = name in self.tools.presets()
-        preset = self.tools.author(self.read_json(), principal=await self.principal(), name=name, replace=replace)
+        principal = await self.principal()
+        existed = name in self.tools.presets(principal)
+        preset = self.tools.author(self.read_json(), principal=principal, name=name, replace=replace)
         self.write_json(preset.to_json(), status=200 if existed else 201)
 
     @web.authenticated

@@ -84,19 +84,29 @@ class TestRemoteOverDockerConformance(RemoteConformance):
 
 
 def test_the_owner_is_the_remotes_principal_never_the_specs(local_remote: LiveServer) -> None:
-    """SessionSpec.owner is never sent: the remote (where this token is admin) would take it."""
+    """SessionSpec.owner is never sent (the remote, where this token is admin, would take it); a spec naming
+    another owner than the token's user is refused loudly, never made as the token's user."""
     from jupyter_tai_sandbox.contract import SessionSpec
+    from jupyter_tai_sandbox.errors import SandboxForbiddenError
     from jupyter_tai_sandbox.sessions import server_owner
 
     async def check() -> None:
         remote = RemoteSandbox(url=local_remote.url, token=local_remote.token)
-        session = await remote.create(SessionSpec(owner="mallory", ttl_seconds=60))
         try:
-            assert (await session.info()).owner == server_owner()  # the remote server's principal
+            before = {info.id for info in await remote.list()}
+            with pytest.raises(SandboxForbiddenError, match="mallory"):
+                await remote.create(SessionSpec(owner="mallory", ttl_seconds=60))
+            assert {info.id for info in await remote.list()} == before  # nothing was made
+            session = await remote.create(SessionSpec(owner=server_owner(), consumer="kernel:k1", ttl_seconds=60))
+            info = await session.info()
+            assert info.owner == server_owner()  # the remote server's principal
+            assert info.consumer == "kernel:k1"  # under the token's own label at the remote, as it was here
+            at_remote = await remote.client.info(session.id)
+            assert at_remote["consumer"] == f"user:{server_owner()}/kernel:k1", at_remote
             assert remote.kind == "local" and remote.max_isolation == "none"
             assert remote.networks == {"egress"} and not remote.supports_limits
-        finally:
             await session.destroy()
+        finally:
             await remote.close()
 
     asyncio.run(check())

@@ -36,7 +36,7 @@ def jp_server_config(tmp_path, monkeypatch):
         tmp_path / "sandboxes",
         ServerApp={"identity_provider_class": HeaderUsers, "authorizer_class": AdminOnlyAdmin},
         SandboxPolicy={
-            "credentials": {"alice": ["ALICE_TOKEN"]},
+            "credentials": {"user:alice": ["ALICE_TOKEN"]},
             "scrub_transcript": True,
             "max_sessions_per_user": 2,
             "max_ttl_seconds": 600.0,

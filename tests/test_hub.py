@@ -455,7 +455,7 @@ def servers(hub):
 def _create(hub, user: str, **spec) -> dict:
     status, info = hub.sandbox(user, "POST", "sessions", body={"ttl_seconds": 600, **spec})
     assert status == 201, info
-    assert info["owner"] == user and info["consumer"] == user, info
+    assert info["owner"] == user and info["consumer"] == f"user:{user}", info
     return info
 
 
@@ -612,14 +612,14 @@ def test_bob_cannot_take_alices_workspace_key_or_consumer(servers, alices):
     hub = servers
     status, body = hub.sandbox("bob", "POST", "sessions", body={"durability": "persistent", "workspace_key": "alice-data"})
     assert (status, body.get("error")) == (404, "SandboxNotFoundError"), body
-    status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"consumer": "alice"})
+    status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"consumer": "user:alice"})
     assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body
     # bob is admin of his own server, which labels its sessions as it likes; at the service the label
     # is one under bob's name, so it can never pick alice's credentials there
-    status, body = hub.sandbox("bob", "POST", "sessions", body={"consumer": "alice"})
+    status, body = hub.sandbox("bob", "POST", "sessions", body={"consumer": "user:alice"})
     assert status == 201, body
     _, at_service = hub.service("GET", f"sessions/{body['id']}", token=hub.tokens["bob"])
-    assert (body["consumer"], at_service["consumer"]) == ("alice", "bob/alice"), at_service
+    assert (body["consumer"], at_service["consumer"]) == ("user:alice", "user:bob/user:alice"), at_service
     hub.sandbox("bob", "DELETE", f"sessions/{body['id']}")
     status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"owner": "alice"})
     assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body

@@ -38,7 +38,7 @@ def jp_server_config(tmp_path, monkeypatch):
         tmp_path / "sandboxes",
         ServerApp={"identity_provider_class": HeaderUsers, "authorizer_class": AdminOnlyAdmin},
         SandboxPolicy={
-            "credentials": {"alice": ["WORD_COUNT_TOKEN"]},
+            "credentials": {"user:alice": ["WORD_COUNT_TOKEN"]},
             "scrub_transcript": True,
             "max_timeout_seconds": 30.0,
         },
@@ -81,7 +81,7 @@ async def test_a_session_a_command_and_a_file_round_trip(url, as_user, audit):
     async with mcp_client(url, as_user("alice")) as client:
         info = data(await client.call_tool("session_create", {"ttl_seconds": 300}))
         sid = info["id"]
-        assert info["owner"] == "alice" and info["consumer"] == "alice"
+        assert info["owner"] == "alice" and info["consumer"] == "user:alice"
         ran = data(await client.call_tool("session_exec", {"session_id": sid, "argv": ["echo", "hello"]}))
         assert ran["exit_code"] == 0 and ran["stdout"] == "hello\n" and ran["stdout_bytes"] == 6
         assert ran["truncated"] is False

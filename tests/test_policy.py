@@ -20,7 +20,7 @@ def test_settings_read_their_environment_variables(monkeypatch):
     monkeypatch.setenv("TAI_MCP_SANDBOX_EGRESS", "internal")
     monkeypatch.setenv("TAI_MCP_SANDBOX_DURABLE", "off")
     monkeypatch.setenv("TAI_MCP_SANDBOX_SCRUB_TRANSCRIPT", "1")
-    monkeypatch.setenv("TAI_MCP_SANDBOX_CREDENTIALS", '{"agent": ["API_TOKEN"]}')
+    monkeypatch.setenv("TAI_MCP_SANDBOX_CREDENTIALS", '{"tool:agent": ["API_TOKEN"]}')
     policy = SandboxPolicy()
     assert (policy.isolation, policy.egress, policy.durable, policy.scrub_transcript) == (
         "none",
@@ -28,7 +28,7 @@ def test_settings_read_their_environment_variables(monkeypatch):
         False,
         True,
     )
-    assert policy.credentials == {"agent": ["API_TOKEN"]}
+    assert policy.credentials == {"tool:agent": ["API_TOKEN"]}
 
 
 def test_explicit_config_wins_over_the_environment(monkeypatch):
@@ -38,7 +38,7 @@ def test_explicit_config_wins_over_the_environment(monkeypatch):
 
 @pytest.mark.parametrize(
     ("setting", "value"),
-    [("isolation", "paranoid"), ("egress", "sometimes"), ("credentials", {"agent": "NOT_A_LIST"})],
+    [("isolation", "paranoid"), ("egress", "sometimes"), ("credentials", {"tool:agent": "NOT_A_LIST"})],
 )
 def test_unknown_setting_values_are_refused(setting, value):
     with pytest.raises(Exception, match=setting if setting != "credentials" else "credentials"):
@@ -101,33 +101,33 @@ def test_credentials_are_injected_per_consumer(monkeypatch):
     monkeypatch.setenv("AGENT_TOKEN", "tok-agent")
     monkeypatch.setenv("SHARED_KEY", "tok-shared")
     monkeypatch.setenv("NOT_GRANTED", "tok-other")
-    policy = SandboxPolicy(credentials={"agent": ["AGENT_TOKEN"], "*": ["SHARED_KEY"]})
-    agent = policy.apply(SessionSpec(consumer="agent", env={"OWN": "1"}))
+    policy = SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN"], "*": ["SHARED_KEY"]})
+    agent = policy.apply(SessionSpec(consumer="tool:agent", env={"OWN": "1"}))
     assert agent.env == {"OWN": "1", "AGENT_TOKEN": "tok-agent", "SHARED_KEY": "tok-shared"}
-    other = policy.apply(SessionSpec(consumer="notebook"))
+    other = policy.apply(SessionSpec(consumer="user:notebook"))
     assert other.env == {"SHARED_KEY": "tok-shared"}
 
 
 def test_a_granted_credential_missing_from_the_server_rejects_loudly(monkeypatch):
     monkeypatch.delenv("MISSING_TOKEN", raising=False)
-    policy = SandboxPolicy(credentials={"agent": ["MISSING_TOKEN"]})
+    policy = SandboxPolicy(credentials={"tool:agent": ["MISSING_TOKEN"]})
     with pytest.raises(SandboxSpecRejectedError, match="MISSING_TOKEN"):
-        policy.apply(SessionSpec(consumer="agent"))
+        policy.apply(SessionSpec(consumer="tool:agent"))
 
 
 def test_scrubber_replaces_injected_credential_values(monkeypatch):
     monkeypatch.setenv("AGENT_TOKEN", "tok-123")
     monkeypatch.setenv("LONGER", "tok-123-and-more")
     text = "token=tok-123 other=tok-123-and-more plain"
-    off = SandboxPolicy(credentials={"agent": ["AGENT_TOKEN", "LONGER"]})
+    off = SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN", "LONGER"]})
     assert off.scrub(text) == text  # scrub_transcript is off by default
-    on = SandboxPolicy(credentials={"agent": ["AGENT_TOKEN", "LONGER"]}, scrub_transcript=True)
+    on = SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN", "LONGER"]}, scrub_transcript=True)
     assert on.scrub(text) == f"token={SCRUBBED} other={SCRUBBED} plain"
     assert off.redact(text) == on.scrub(text)
 
 
 def test_apply_leaves_the_callers_spec_unchanged(monkeypatch):
     monkeypatch.setenv("AGENT_TOKEN", "tok")
-    spec = SessionSpec(consumer="agent")
-    SandboxPolicy(credentials={"agent": ["AGENT_TOKEN"]}).apply(spec)
+    spec = SessionSpec(consumer="tool:agent")
+    SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN"]}).apply(spec)
     assert spec.env == {} and spec.isolation is None

@@ -48,12 +48,12 @@ def test_registered_provider_is_handed_out_behind_the_policy(tmp_path):
 
 def test_policy_is_applied_once_at_create_for_every_consumer(tmp_path, monkeypatch):
     monkeypatch.setenv("NOTEBOOK_TOKEN", "tok-nb")
-    policy = SandboxPolicy(isolation="none", credentials={"notebook": ["NOTEBOOK_TOKEN"]})
+    policy = SandboxPolicy(isolation="none", credentials={"user:notebook": ["NOTEBOOK_TOKEN"]})
     sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path)), policy=policy)
 
     async def scenario():
         gated = sandboxes.require_sandbox()
-        session = await gated.create(SessionSpec(consumer="notebook"))
+        session = await gated.create(SessionSpec(consumer="user:notebook"))
         try:
             info = await session.info()
             assert info.spec.isolation == "none"

@@ -44,7 +44,7 @@ def jp_server_config(provider, tmp_path, monkeypatch):
         tmp_path / "sandboxes",
         ServerApp={"identity_provider_class": HeaderUsers, "authorizer_class": AdminOnlyAdmin},
         SandboxPolicy={
-            "credentials": {"word_count": ["WORD_COUNT_TOKEN"]},
+            "credentials": {"tool:word_count": ["WORD_COUNT_TOKEN"]},
             "max_sessions_per_user": 3,
             "max_ttl_seconds": 600.0,
             "max_timeout_seconds": 30.0,
@@ -66,7 +66,7 @@ async def create(jp_fetch, user, **spec):
 
 async def test_another_users_session_answers_404_on_every_route(jp_fetch, jp_ws_fetch):
     alice = await create(jp_fetch, "alice")
-    assert alice["owner"] == "alice" and alice["consumer"] == "alice"
+    assert alice["owner"] == "alice" and alice["consumer"] == "user:alice"
     sid = alice["id"]
     exec_body = {"argv": ["echo", "hi"], "timeout_seconds": 5}
     for method, parts, body in (
@@ -112,13 +112,13 @@ async def test_the_owners_websocket_works(jp_fetch, jp_ws_fetch):
 
 
 async def test_a_consumer_label_is_bound_to_the_caller(jp_fetch):
-    status, body = await call(jp_fetch, "sessions", method="POST", body={"consumer": "word_count"},
+    status, body = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:word_count"},
                               headers=as_user("alice"))
-    assert (status, body["error"]) == (403, "SandboxForbiddenError") and "word_count" in body["message"]
+    assert (status, body["error"]) == (403, "SandboxForbiddenError") and "tool:word_count" in body["message"]
     status, body = await call(jp_fetch, "sessions", method="POST", body={"owner": "bob"}, headers=as_user("alice"))
     assert (status, body["error"]) == (403, "SandboxForbiddenError")
     # the admin may name a consumer, and that session gets the consumer's credential
-    info = await create(jp_fetch, "admin", consumer="word_count")
+    info = await create(jp_fetch, "admin", consumer="tool:word_count")
     status, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
                                 body={"argv": ["sh", "-c", "echo $WORD_COUNT_TOKEN"], "timeout_seconds": 5},
                                 headers=as_user("admin"))
@@ -130,7 +130,7 @@ async def test_status_shows_the_credential_map_to_admins_only(jp_fetch):
     _, mine = await call(jp_fetch, "status", headers=as_user("alice"))
     _, admins = await call(jp_fetch, "status", headers=as_user("admin"))
     assert "credentials" not in mine["policy"] and "word_count" not in json.dumps(mine)
-    assert admins["policy"]["credentials"] == {"word_count": ["WORD_COUNT_TOKEN"]}
+    assert admins["policy"]["credentials"] == {"tool:word_count": ["WORD_COUNT_TOKEN"]}
 
 
 async def test_operator_limits_refuse_instead_of_clamping(jp_fetch):

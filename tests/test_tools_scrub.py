@@ -33,8 +33,8 @@ def jp_server_config(provider, scrub, tmp_path, monkeypatch):
         provider,
         tmp_path / "sandboxes",
         SandboxApp={"presets_path": str(tmp_path / "presets.json"), "presets": {"leak": LEAK, "other": LEAK}},
-        # only the consumer "leak" (the tool's name) and plain sessions ("*"... not granted) get it
-        SandboxPolicy={"credentials": {"leak": ["TAI_TOOL_SECRET"], "ws": ["TAI_TOOL_SECRET"]},
+        # only the consumer "tool:leak" (the tool's label) and sessions labelled "tool:ws" get it
+        SandboxPolicy={"credentials": {"tool:leak": ["TAI_TOOL_SECRET"], "tool:ws": ["TAI_TOOL_SECRET"]},
                        "scrub_transcript": scrub},
     )
 
@@ -53,7 +53,7 @@ async def test_tool_results_are_scrubbed(jp_fetch, scrub):
 
 
 async def test_rest_exec_results_are_scrubbed(jp_fetch, scrub):
-    status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "ws"})
+    status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:ws"})
     assert status == 201 and info["spec"]["env"] == ["TAI_TOOL_SECRET"]  # injected into spec.env
     status, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
                                 body={"argv": ["sh", "-c", 'echo "$TAI_TOOL_SECRET" >&2; echo "$TAI_TOOL_SECRET"'],
@@ -91,7 +91,7 @@ async def ws_run(jp_ws_fetch, session_id, argv, stdin_frames=(), env=None):
 
 
 async def test_websocket_output_split_across_chunks_is_scrubbed(jp_fetch, jp_ws_fetch, scrub):
-    _status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "ws"})
+    _status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:ws"})
     head, tail = SECRET[:6], SECRET[6:]
     frames, final = await ws_run(
         jp_ws_fetch, info["id"],
@@ -105,7 +105,7 @@ async def test_websocket_output_split_across_chunks_is_scrubbed(jp_fetch, jp_ws_
 
 
 async def test_websocket_stays_binary_safe_with_scrubbing(jp_fetch, jp_ws_fetch, scrub):
-    _status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "ws"})
+    _status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:ws"})
     data = bytearray(os.urandom(2 << 20))
     for offset in (0, 65535, 65536 - 3, 1 << 20, len(data) - len(SECRET)):
         data[offset : offset + len(SECRET)] = SECRET.encode()

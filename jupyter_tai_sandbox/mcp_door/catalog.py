@@ -311,13 +311,14 @@ class DoorTools:
 
     # --- listing
 
-    def registry_tools(self) -> list[ToolSpec]:
-        """``sandbox_exec``, ``sandbox_status`` and every preset, with their declared schemas."""
+    def registry_tools(self, viewer: Decided | None = None) -> list[ToolSpec]:
+        """``sandbox_exec``, ``sandbox_status`` and every preset ``viewer`` sees (the shared ones, and its
+        own private ones), with their declared schemas."""
         out = []
         for base in BASE_TOOLS.values():
             out.append(ToolSpec(base.name, _fenced_note(base.description, base.fenced), base.input_schema,
                                 action="execute"))
-        for name, preset in sorted(self.app.tools.presets().items()):
+        for name, preset in sorted(self.app.tools.presets(viewer).items()):
             if name in DOOR_TOOLS:
                 self.door.warn_once(f"preset {name!r} has the name of an MCP door tool: it is not listed over MCP")
                 continue
@@ -325,8 +326,8 @@ class DoorTools:
             out.append(ToolSpec(name, _fenced_note(preset.description, fenced), preset.schema(), action="execute"))
         return out
 
-    def list_tools(self) -> list[ToolSpec]:
-        return [*SESSION_TOOLS, *self.registry_tools(), *AUTHORING_TOOLS]
+    def list_tools(self, viewer: Decided | None = None) -> list[ToolSpec]:
+        return [*SESSION_TOOLS, *self.registry_tools(viewer), *AUTHORING_TOOLS]
 
     # --- calling
 

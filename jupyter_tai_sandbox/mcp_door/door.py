@@ -272,8 +272,8 @@ class SandboxMCP(LoggingConfigurable):
     # ------------------------------------------------------------ list changes
 
     def _tools_fingerprint(self) -> str:
-        specs = self.tools.registry_tools()
-        return json.dumps([(t.name, t.description, t.input_schema) for t in specs], sort_keys=True, default=str)
+        """Every preset, shared and private (each listener re-lists what it may see)."""
+        return self.app.tools.fingerprint()
 
     def tools_changed(self) -> None:
         """A preset changed through the door: tell the clients now."""
@@ -333,10 +333,10 @@ class SandboxMCP(LoggingConfigurable):
         return door_request
 
     async def _on_list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
-        self._door_request(ctx)
+        request = self._door_request(ctx)
         self._listen(ctx)
         try:
-            specs = await asyncio.to_thread(self.tools.list_tools)
+            specs = await asyncio.to_thread(self.tools.list_tools, request.principal())
         except SandboxError as e:
             raise MCPError(code=types.INTERNAL_ERROR, message=f"{type(e).__name__}: {e}") from None
         return types.ListToolsResult(tools=[_tool(spec) for spec in specs], ttl_ms=0, cache_scope="private")

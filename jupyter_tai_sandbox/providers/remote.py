@@ -5,7 +5,10 @@ limits, allowed images, quotas) applies to every spec this provider sends, and
 its refusals come back as the same typed errors (SandboxSpecRejectedError,
 SandboxQuotaError, SandboxNotFoundError, SandboxExecTimeoutError with its byte
 counts and note...). The session's owner is the remote's principal for the
-token: ``SessionSpec.owner`` is never sent. ``kind``, ``max_isolation``,
+token: ``SessionSpec.owner`` is never sent, and a spec naming another owner is
+refused (SandboxForbiddenError), never made as the token's user. Consumer labels go
+under the token's own label on the remote (``user:NAME/<local label>``, the one form a
+user who is not the remote's admin may name) and come back as they were. ``kind``, ``max_isolation``,
 ``networks`` and ``supports_limits`` are the remote's, read from its
 ``GET /api/sandbox/status`` at the first call and again at most every
 ``status_refresh_seconds`` (before that they admit everything; the remote decides).
@@ -54,6 +57,8 @@ from ..contract import (
     SessionSpec,
     network_rank,
 )
+from ..errors import SandboxForbiddenError
+from ..labels import USER, is_under, kind_of, sub_label, user_label
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, run_to_end, workspace_relative
 from ._remote_exec import RemoteCommand
@@ -63,31 +68,32 @@ __all__ = ["RemoteCommand", "RemoteSandbox", "RemoteSession"]
 _SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(SessionSpec))
 
 
-def remote_consumer(principal: str | None, consumer: str) -> str:
-    """The consumer label the remote is asked for: the local label under the caller's principal
-    (``NAME/label``), the one form the remote lets a user who is not its admin name."""
-    if principal is None or consumer == principal or consumer.startswith(principal + "/"):
+def remote_consumer(own: str | None, consumer: str) -> str:
+    """The consumer label the remote is asked for: the local label under the token's own label on the
+    remote (``own``, e.g. ``user:alice``: ``user:alice/kernel:1``), the one form the remote lets a user
+    who is not its admin name."""
+    if own is None or is_under(consumer, own):
         return consumer
-    return f"{principal}/{consumer}"
+    return sub_label(own, consumer)
 
 
-def local_consumer(principal: str | None, consumer: str) -> str:
+def local_consumer(own: str | None, consumer: str) -> str:
     """The local label of a remote consumer label (``remote_consumer`` undone)."""
-    if principal is not None and consumer.startswith(principal + "/"):
-        return consumer[len(principal) + 1 :]
+    if own is not None and consumer.startswith(own + "/"):
+        return consumer[len(own) + 1 :]
     return consumer
 
 
 def session_info(
-    data: Mapping[str, Any], env: Mapping[str, str] | None = None, principal: str | None = None
+    data: Mapping[str, Any], env: Mapping[str, str] | None = None, own: str | None = None
 ) -> SessionInfo:
     """A SessionInfo from the remote's JSON (its listing shows env names only: ``env`` gives the values;
-    the consumer label comes back without the ``principal/`` the remote keeps it under)."""
+    the consumer label comes back without the ``own/`` prefix the remote keeps it under)."""
     try:
         spec_data = {k: v for k, v in dict(data.get("spec") or {}).items() if k in _SPEC_FIELDS}
         spec_data["env"] = dict(env or {})
         if isinstance(spec_data.get("consumer"), str):
-            spec_data["consumer"] = local_consumer(principal, spec_data["consumer"])
+            spec_data["consumer"] = local_consumer(own, spec_data["consumer"])
         return SessionInfo(
             id=str(data["id"]),
             kind=str(data["kind"]),
@@ -119,7 +125,7 @@ class RemoteSession(SandboxSession):
         return self._sandbox.client
 
     async def info(self) -> SessionInfo:
-        self._info = session_info(await self._client.info(self._id), self._env, self._sandbox.principal)
+        self._info = session_info(await self._client.info(self._id), self._env, self._sandbox.own_consumer)
         return self._info
 
     async def usage(self) -> dict[str, Any]:
@@ -128,7 +134,7 @@ class RemoteSession(SandboxSession):
     async def set_expiry(self, expires_at: float) -> SessionInfo:
         """The remote's PATCH: its own limits (its SandboxPolicy.max_ttl_seconds) apply, refused as 400."""
         ttl = expires_at - self._info.created_at
-        self._info = session_info(await self._client.extend(self._id, ttl), self._env, self._sandbox.principal)
+        self._info = session_info(await self._client.extend(self._id, ttl), self._env, self._sandbox.own_consumer)
         return self._info
 
     # ---------------------------------------------------------------- exec
@@ -314,6 +320,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self._status: dict[str, Any] | None = None
         self._status_at = 0.0
         self.principal: str | None = None
+        self.own_consumer: str | None = None
 
     def _tls(self) -> ssl.SSLContext | None:
         if not self.url.startswith("https:"):
@@ -360,8 +367,13 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             raise SandboxUnavailableError(f"the remote reports an unknown isolation {isolation!r}")
         self.kind, self.max_isolation, self.networks, self.supports_limits = kind, isolation, networks, limits
         principal = status.get("principal")
-        #: who the token is to the remote (its sessions' owner; the prefix of the consumer labels sent)
+        #: who the token is to the remote (its sessions' owner)
         self.principal = principal if isinstance(principal, str) and principal else None
+        own = status.get("consumer")
+        #: the token's own consumer label on the remote (the prefix of the consumer labels sent)
+        self.own_consumer = (
+            own if kind_of(own) == USER else user_label(self.principal) if self.principal is not None else None
+        )
 
     # ------------------------------------------------------------ sessions
 
@@ -370,24 +382,30 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
         await self.remote_status()
+        if spec.owner is not None and self.principal is not None and spec.owner != self.principal:
+            raise SandboxForbiddenError(
+                f"the remote sandbox server makes this token's sessions as {self.principal!r}, not "
+                f"{spec.owner!r}: a session for another user needs that user's own token "
+                "(RemoteSandbox.token; in JupyterHub, the user's own server)"
+            )
         body = {k: v for k, v in spec.to_json().items() if k != "owner"}  # the remote decides the owner
-        body["consumer"] = remote_consumer(self.principal, spec.consumer)
+        body["consumer"] = remote_consumer(self.own_consumer, spec.consumer)
         try:
             data = await self.client.create(**body)
         except SandboxSpecRejectedError:
             await self.remote_status(refresh=True)  # its settings may have changed since
             raise
-        return self.session_class(self, session_info(data, spec.env, self.principal))
+        return self.session_class(self, session_info(data, spec.env, self.own_consumer))
 
     async def get(self, session_id: str) -> SandboxSession:
         await self.remote_status()
         if not isinstance(session_id, str) or not session_id or "/" in session_id:
             raise SandboxNotFoundError(f"no remote sandbox session {session_id!r}")
-        return self.session_class(self, session_info(await self.client.info(session_id), principal=self.principal))
+        return self.session_class(self, session_info(await self.client.info(session_id), own=self.own_consumer))
 
     async def list(self) -> list[SessionInfo]:
         await self.remote_status()
-        return [session_info(data, principal=self.principal) for data in await self.client.sessions()]
+        return [session_info(data, own=self.own_consumer) for data in await self.client.sessions()]
 
     async def reap(self) -> list[str]:
         """Destroy the listed sessions past their TTL (persistent workspaces survive); their ids."""

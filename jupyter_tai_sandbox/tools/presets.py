@@ -15,7 +15,7 @@ from .base_tools import BASE_TOOLS
 from .binding import preset_invalid
 
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-#: Session settings a preset may fix (the consumer is always the tool's name).
+#: Session settings a preset may fix (the consumer is always the tool's label, ``tool:NAME``).
 SESSION_FIELDS = ("image", "isolation", "network", "durability", "workspace_key", "cpu", "memory_mb")
 _PRESET_FIELDS = {"name", "description", "base", "input_schema", "session", "binding"}
 #: Checks a declared input_schema against the JSON Schema meta-schema, every error at once.

@@ -2,6 +2,18 @@
 
 :meth:`ToolRegistry.author` / :meth:`ToolRegistry.remove` are the preset
 chokepoint; :meth:`ToolRegistry.run` is the tool-run chokepoint.
+
+**Who sees a preset.** Config presets and *shared* stored presets are listed to
+every user, so only an admin (``write`` on ``jupyter_tai_sandbox:admin``) or the
+operator authors, replaces or removes them: they decide what other users' tool
+lists (and their agents) read. A user who is not admin authors *private* presets,
+listed, shown and run for their author alone, at most ``max_presets_per_user`` of
+them; they never count against the shared store's ``max_presets``. A shared preset
+shadows a private one of the same name.
+
+**Consumer labels.** A run's sessions carry ``tool:NAME`` (a shared preset or a base
+tool), or ``user:AUTHOR/tool:NAME`` for a private preset: typed labels
+(:mod:`jupyter_tai_sandbox.labels`) that no user's own label can equal.
 """
 
 from __future__ import annotations
@@ -10,13 +22,23 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from .. import labels
 from ..contract import SandboxError, SandboxNotFoundError
-from ..errors import PresetConflictError, PresetInvalidError, PresetStoreError, ToolInputError
+from ..errors import (
+    PresetConflictError,
+    PresetInvalidError,
+    PresetStoreError,
+    SandboxQuotaError,
+    ToolInputError,
+)
 from .base_tools import BASE_TOOLS, BaseTool
 from .binding import preset_invalid, validate_input
 from .fence import OPERATOR_CONFIG, Principal, fence
 from .presets import Preset, parse_preset
 from .store import PresetStore
+
+#: the source of a user's own preset (listed to its author only)
+PRIVATE = "private"
 
 
 def _fenced_base(definition: Any) -> bool:
@@ -24,6 +46,11 @@ def _fenced_base(definition: Any) -> bool:
     base_name = definition.get("base", "sandbox_exec") if isinstance(definition, Mapping) else None
     base = BASE_TOOLS.get(base_name) if isinstance(base_name, str) else None
     return base is None or base.fenced
+
+
+def _author_of(viewer: Principal | None) -> str | None:
+    """The user whose private presets ``viewer`` sees (None: shared ones only)."""
+    return getattr(viewer, "owner", None) if viewer is not None else None
 
 
 class ToolRegistry:
@@ -36,6 +63,7 @@ class ToolRegistry:
         *,
         max_preset_bytes: int = 64 << 10,
         max_presets: int = 200,
+        max_presets_per_user: int = 20,
         max_output_bytes: int = 64 << 20,
     ) -> None:
         self.store = store if store is not None else PresetStore()
@@ -43,6 +71,7 @@ class ToolRegistry:
         self.log = log
         self.max_preset_bytes = max_preset_bytes
         self.max_presets = max_presets
+        self.max_presets_per_user = max_presets_per_user
         self.max_output_bytes = max_output_bytes
         self._shadowed: set[str] = set()
 
@@ -66,22 +95,53 @@ class ToolRegistry:
                 ) from None
         return out
 
-    def presets(self) -> dict[str, Preset]:
-        return {**self._stored(), **self.config}
+    def _private(self, author: str, shared: Mapping[str, Any]) -> dict[str, Preset]:
+        """``author``'s private presets (one a shared tool shadows is left out)."""
+        out = {}
+        for name, definition in self.store.load_private().get(author, {}).items():
+            if name in BASE_TOOLS or name in shared:
+                continue
+            try:
+                out[name] = parse_preset(definition, name=name, source=PRIVATE)
+            except PresetInvalidError as e:
+                raise PresetStoreError(
+                    f"{author!r}'s private preset {name!r} in {self.store.path} is invalid ({e}): "
+                    "remove it and author it again"
+                ) from None
+        return out
 
-    def get(self, name: str) -> BaseTool | Preset:
+    def presets(self, viewer: Principal | None = None) -> dict[str, Preset]:
+        """The presets ``viewer`` sees: config and shared ones, and its own private ones."""
+        shared = {**self._stored(), **self.config}
+        author = _author_of(viewer)
+        if author is None:
+            return shared
+        return {**self._private(author, shared), **shared}
+
+    def get(self, name: str, viewer: Principal | None = None) -> BaseTool | Preset:
+        """A tool ``viewer`` sees; another user's private preset answers like an unknown name."""
         if name in BASE_TOOLS:
             return BASE_TOOLS[name]
         if name in self.config:
             return self.config[name]
-        stored = self.store.load()
-        if name not in stored:
-            raise SandboxNotFoundError(f"no tool named {name!r}: GET tools lists them")
-        return self._stored()[name]
+        if name in self.store.load():
+            return self._stored()[name]
+        author = _author_of(viewer)
+        if author is not None and name in self.store.load_private().get(author, {}):
+            found = self.presets(viewer).get(name)
+            if found is not None:
+                return found
+        raise SandboxNotFoundError(f"no tool named {name!r}: GET tools lists them")
 
-    def list_json(self) -> list[dict[str, Any]]:
+    def list_json(self, viewer: Principal | None = None) -> list[dict[str, Any]]:
         tools = [t.to_json() for t in BASE_TOOLS.values()]
-        return tools + [p.to_json() for _, p in sorted(self.presets().items())]
+        return tools + [p.to_json() for _, p in sorted(self.presets(viewer).items())]
+
+    def fingerprint(self) -> str:
+        """Changes whenever any preset changes (shared or private): the MCP door's list_changed trigger."""
+        return json.dumps(
+            [sorted(self.config), self.store.load(), self.store.load_private()], sort_keys=True, default=str
+        )
 
     # --- the preset chokepoint (every authoring door)
 
@@ -100,9 +160,10 @@ class ToolRegistry:
         # fence before validation: a refused principal learns nothing about the definition
         if base is None or base.fenced:
             fence(principal, "write", f"author a preset over {base_name or 'sandbox_exec'}")
+        shared = source == "config" or principal.may("write")
         if source == "store":
             self._check_size(definition)
-        preset = parse_preset(definition, name=name, source=source)
+        preset = parse_preset(definition, name=name, source=source if shared else PRIVATE)
         if preset.name in BASE_TOOLS:
             raise PresetConflictError(f"{preset.name!r} is a base tool: give the preset another name")
         if source == "config":
@@ -112,6 +173,8 @@ class ToolRegistry:
             raise PresetConflictError(
                 f"preset {preset.name!r} is defined by the server's config (SandboxApp.presets): change it there"
             )
+        if not shared:
+            return self._author_private(preset, principal, replace=replace)
         with self.store.locked():
             stored = self.store.load()
             if preset.name in stored and not replace:
@@ -132,6 +195,31 @@ class ToolRegistry:
             self.store.save(stored)
         return preset
 
+    def _author_private(self, preset: Preset, principal: Principal, *, replace: bool) -> Preset:
+        """A preset of a user who is not admin: stored under its author, listed to its author only."""
+        author = principal.owner
+        if author is None:
+            fence(principal, "write", f"author the tool {preset.name!r}")
+        assert author is not None
+        with self.store.locked():
+            stored, private = self.store.load(), self.store.load_private()
+            if preset.name in stored:
+                fence(principal, "write", f"replace the shared tool {preset.name!r} (every user's tool list shows it)")
+            mine = private.setdefault(author, {})
+            if preset.name in mine and not replace:
+                raise PresetConflictError(
+                    f"you have a preset named {preset.name!r}: remove it first, or replace it "
+                    "(REST: PUT ...?replace=1)"
+                )
+            if preset.name not in mine and self.max_presets_per_user and len(mine) >= self.max_presets_per_user:
+                raise SandboxQuotaError(
+                    f"{author!r} holds {len(mine)} private presets, the most one user may hold "
+                    "(SandboxApp.max_presets_per_user): remove one first"
+                )
+            mine[preset.name] = preset.definition()
+            self.store.save(stored, private)
+        return preset
+
     def _check_size(self, definition: Any) -> None:
         try:
             size = len(json.dumps(definition))
@@ -144,19 +232,23 @@ class ToolRegistry:
             )
 
     def remove(self, name: str, *, principal: Principal) -> None:
-        """Delete a stored preset (the authoring chokepoint, so the fence applies)."""
+        """Delete a stored preset (the authoring chokepoint, so the fence applies).
+
+        A shared one (every user's list shows it) needs ``write`` on the admin resource; a user's
+        own private one is theirs to remove; another user's private one answers like an unknown name.
+        """
         with self.store.locked():
-            stored = self.store.load()
+            stored, private = self.store.load(), self.store.load_private()
+            author = principal.owner
+            mine = private.get(author, {}) if author is not None else {}
             target = self.config.get(name) or stored.get(name) or BASE_TOOLS.get(name)
+            if name in mine and (target is None or not principal.may("write")):
+                del mine[name]
+                self.store.save(stored, private)
+                return
             if target is None:
                 raise SandboxNotFoundError(f"no stored preset named {name!r}")
-            if isinstance(target, (Preset, BaseTool)):
-                base_name = target.base if isinstance(target, Preset) else target.name
-            else:
-                base_name = target.get("base", "sandbox_exec") if isinstance(target, dict) else None
-            base = BASE_TOOLS.get(base_name) if isinstance(base_name, str) else None
-            if base is None or base.fenced:
-                fence(principal, "write", f"remove the tool {name!r}")
+            fence(principal, "write", f"remove the shared tool {name!r} (every user's tool list shows it)")
             if name in BASE_TOOLS:
                 raise PresetConflictError(f"{name!r} is a base tool; it cannot be removed")
             if name in self.config:
@@ -164,7 +256,7 @@ class ToolRegistry:
                     f"preset {name!r} is defined by the server's config (SandboxApp.presets): remove it there"
                 )
             del stored[name]
-            self.store.save(stored)
+            self.store.save(stored, private)
 
     def apply_manifest(self, presets: Mapping[str, Any]) -> list[Preset]:
         """The config door (SandboxApp.presets): every entry through the chokepoint, as the operator."""
@@ -182,7 +274,7 @@ class ToolRegistry:
 
     async def run(self, name: str, inputs: Any, *, principal: Principal) -> dict[str, Any]:
         """Fence, validate the input against the tool's schema, bind, and run the base tool."""
-        tool = self.get(name)
+        tool = self.get(name, principal)
         base = BASE_TOOLS[tool.base] if isinstance(tool, Preset) else tool
         if base.fenced:
             fence(principal, "execute", f"run the tool {name!r}")
@@ -197,6 +289,9 @@ class ToolRegistry:
             if isinstance(tool, Preset):
                 raise ToolInputError(e.field, f"preset {name!r} bound an invalid {base.name} input: {e}") from None
             raise
+        consumer = labels.tool_label(name)
+        if isinstance(tool, Preset) and tool.source == PRIVATE and principal.owner is not None:
+            consumer = labels.sub_label(labels.user_label(principal.owner), consumer)  # the author's, not the tool's
         return await base.run(
-            base_input, consumer=name, owner=principal.owner, output_limit=self.max_output_bytes or None
+            base_input, consumer=consumer, owner=principal.owner, output_limit=self.max_output_bytes or None
         )

@@ -1,4 +1,10 @@
-"""The preset store: presets authored at run time, in one JSON file replaced atomically."""
+"""The preset store: presets authored at run time, in one JSON file replaced atomically.
+
+``{"version": 1, "presets": {name: definition}, "private": {author: {name: definition}}}``:
+``presets`` are the shared ones (authored by admins and the operator, listed to every
+user), ``private`` the ones each user authored for themselves (listed to their author only).
+A store without ``private`` (written before it existed) holds shared presets only.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ class PresetStore:
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path) if path else default_store_path()
-        self._cache: tuple[tuple[int, int], dict[str, dict[str, Any]]] | None = None
+        self._cache: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -46,12 +52,12 @@ class PresetStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def load(self) -> dict[str, dict[str, Any]]:
-        """name -> stored definition (as written; validated by the registry)."""
+    def _load_all(self) -> dict[str, Any]:
+        """``{"presets": {...}, "private": {...}}`` as stored (a copy)."""
         try:
             stat = self.path.stat()
         except FileNotFoundError:
-            return {}
+            return {"presets": {}, "private": {}}
         stamp = (stat.st_mtime_ns, stat.st_size)
         if self._cache is not None and self._cache[0] == stamp:
             return copy.deepcopy(self._cache[1])
@@ -62,13 +68,37 @@ class PresetStore:
         presets = data.get("presets") if isinstance(data, dict) else None
         if not isinstance(presets, dict):
             raise PresetStoreError(f"the preset store {self.path} is not a {{'presets': {{...}}}} object")
-        self._cache = (stamp, presets)
-        return copy.deepcopy(presets)
+        private = data.get("private", {})
+        if not isinstance(private, dict) or not all(isinstance(v, dict) for v in private.values()):
+            raise PresetStoreError(f"the preset store {self.path}: 'private' is not an {{author: {{...}}}} object")
+        whole = {"presets": presets, "private": private}
+        self._cache = (stamp, whole)
+        return copy.deepcopy(whole)
 
-    def save(self, presets: Mapping[str, Mapping[str, Any]]) -> None:
-        """Write the whole store to a temporary file beside it, fsync, then rename over it."""
+    def load(self) -> dict[str, dict[str, Any]]:
+        """The shared presets: name -> stored definition (as written; validated by the registry)."""
+        return self._load_all()["presets"]
+
+    def load_private(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Every author's private presets: author -> name -> stored definition."""
+        return self._load_all()["private"]
+
+    def save(
+        self,
+        presets: Mapping[str, Mapping[str, Any]],
+        private: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    ) -> None:
+        """Write the whole store to a temporary file beside it, fsync, then rename over it.
+
+        ``private`` None keeps the private presets as stored (call it holding :meth:`locked`).
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"version": STORE_VERSION, "presets": presets}, indent=2, sort_keys=True) + "\n"
+        if private is None:
+            private = self.load_private()
+        whole: dict[str, Any] = {"version": STORE_VERSION, "presets": presets}
+        if any(private.values()):
+            whole["private"] = {author: dict(p) for author, p in private.items() if p}
+        text = json.dumps(whole, indent=2, sort_keys=True) + "\n"
         fd, tmp = tempfile.mkstemp(prefix=".presets-", suffix=".tmp", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
