@@ -6,10 +6,14 @@ kernelspec install`` writes one). For each kernel start:
 
 1. a session is created through :func:`~jupyter_tai_sandbox.sandboxes.require_sandbox`,
    so the operator's policy holds (isolation floor, egress ceiling, credentials, TTL
-   ceiling, durable switch) and the per-user session cap; its owner is the server's
-   principal (:func:`~jupyter_tai_sandbox.sessions.server_owner`), its consumer label
-   ``kernel:<kernel id>`` (so the panel can tell kernels apart). A refused spec fails
-   the start at once with the policy's message;
+   ceiling, durable switch) and the per-user kernel cap (``SandboxPolicy.max_kernels_per_user``,
+   apart from the session cap); its owner is the user whose request started the kernel
+   (jupyter_server's ``CallContext`` handler: its identity provider and current user, as
+   every sandbox door names its principal), kept for the kernel's restarts; a kernel
+   started outside any request (nbclient, a script, server-side code) has no owner, so
+   only admins see its session. Its consumer label is ``kernel:<kernel id>`` (so the panel
+   can tell kernels apart). A refused spec fails the start at once with the policy's
+   message and status (a quota: 429);
 2. a :class:`~jupyter_tai_sandbox.tunnel.Tunnel` relay starts in the session and five
    host listeners on 127.0.0.1 forward to the kernel's ZMQ ports in the session; the
    connection info the kernel manager (and every client) sees points at the listeners;
@@ -70,8 +74,6 @@ from .contract import (
     OutputChunk,
     SandboxError,
     SandboxSession,
-    SandboxSpecRejectedError,
-    SandboxUnavailableError,
     SessionSpec,
 )
 from .tunnel import Tunnel, TunnelError
@@ -121,8 +123,33 @@ async def _write_private(session: SandboxSession, path: str, data: bytes) -> Non
 def _start_error(e: SandboxError) -> SandboxKernelError:
     if isinstance(e, SandboxKernelError):
         return e
-    status = 503 if isinstance(e, SandboxUnavailableError) else 400 if isinstance(e, SandboxSpecRejectedError) else 500
-    return SandboxKernelError(f"the sandboxed kernel could not start: {e}", status)
+    from .errors import error_status
+
+    return SandboxKernelError(f"the sandboxed kernel could not start: {e}", error_status(e))
+
+
+#: the attribute of the kernel manager that keeps its kernel's owner across restarts
+_OWNER_ATTR = "_tai_sandbox_owner"
+
+
+def request_principal() -> str | None:
+    """The principal of the Jupyter request running now (None: no request, or one without a user).
+
+    jupyter_server sets ``CallContext``'s handler in every handler's ``prepare``; a kernel start
+    (``POST /api/kernels``, ``POST /api/sessions``) runs inside it.
+    """
+    from jupyter_server.base.call_context import CallContext
+
+    from .sessions import principal_name
+
+    handler = CallContext.get(CallContext.JUPYTER_HANDLER)
+    user = getattr(handler, "current_user", None) if handler is not None else None
+    if not user:
+        return None
+    try:
+        return principal_name(handler.identity_provider, user)
+    except SandboxError:
+        return None
 
 
 def _free_ports(count: int) -> list[int]:
@@ -230,7 +257,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if network == "auto":
             networks = getattr(sandbox, "networks", frozenset({"egress"}))
             network = next((n for n in ("none", "internal", "egress") if n in networks), "egress")
-        from .sessions import server_owner
+        from .labels import kernel_label
 
         return SessionSpec(
             image=self.image,
@@ -241,13 +268,25 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             ttl_seconds=ttl,
             cpu=self.cpu,
             memory_mb=self.memory_mb,
-            consumer=f"kernel:{self.kernel_id}",
-            owner=server_owner(),
+            consumer=kernel_label(self.kernel_id),
+            owner=self._owner(),
         )
 
+    def _owner(self) -> str | None:
+        """Who the kernel belongs to: the user whose request first started it (kept on the kernel manager,
+        so a restart, by the restarter or another request, keeps it); None outside any request."""
+        km = self.parent
+        if km is not None and hasattr(km, _OWNER_ATTR):
+            return getattr(km, _OWNER_ATTR)
+        owner = request_principal()
+        if km is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(km, _OWNER_ATTR, owner)
+        return owner
+
     async def _create_session(self, spec: SessionSpec) -> SandboxSession:
-        """Through the chokepoint, with the per-user cap. The kernelspec is the operator's configuration
-        (like a preset), so its image is not checked against the non-admin allow-list.
+        """Through the chokepoint, with the owner's kernel cap (no owner: no cap). The kernelspec is the
+        operator's configuration (like a preset), so its image is not checked against the non-admin allow-list.
 
         In a server, the session is recorded in the extension's registry too: the server stops its
         extensions before its kernels, and the extension's stop destroys what its registry holds.
@@ -257,7 +296,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         sandbox = sandboxes.require_sandbox()
         registry = self._server_registry() or SessionRegistry(sandbox.policy)
         self._registry = registry
-        operator = Caller(spec.owner or "owner", frozenset({"write"}))
+        operator = Caller(spec.owner, frozenset({"write"})) if spec.owner is not None else None
         return await registry.create(spec, operator)
 
     def _server_registry(self) -> Any:
