@@ -46,9 +46,12 @@ SandboxPolicy), else the kernelspec's ``provider`` setting. The local provider r
 kernel with the server's own Python (``sys.executable``) on the host: it is **not
 isolated**, only a separate workspace.
 
-The provisioner needs its caller's event loop to run while the kernel is in use (the
-tunnel pumps on it): jupyter_server and nbclient qualify; a blocking KernelManager
-used outside a running loop does not.
+**Every jupyter_client user.** The tunnel is pumped by an asyncio loop. Under an async
+kernel manager (jupyter_server, nbclient) that is the caller's loop; under a blocking
+``KernelManager`` (``jupyter console``, ``jupyter run``, ``start_new_kernel``), which runs
+a loop only inside its calls, the provisioner does all its work on a loop thread of its
+own (``kernel_loop``). Outside a server, a watchdog process destroys the kernel's session
+when the client process dies (a plain kernel ends with its parent too).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ import sys
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from tornado.web import HTTPError
 from traitlets import Float, Integer, Unicode
@@ -76,6 +80,7 @@ from .contract import (
     SandboxSession,
     SessionSpec,
 )
+from .kernel_loop import on_kernel_loop, stop_watching, watch_client
 from .tunnel import Tunnel, TunnelError
 
 PROVISIONER_NAME = "tai-sandbox-provisioner"
@@ -230,6 +235,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     _env: dict[str, str]
     _argv: list[str]
     _listen_ports: dict[str, int] | None = None
+    _own_loop: bool = False
+    _registry: Any = None
+    _watchdog: Any = None
 
     # ---------------------------------------------------------------- launch
 
@@ -309,7 +317,18 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 return registry
         return None
 
+    async def _run(self, work: Any) -> Any:
+        """``work`` (a coroutine) on the loop this kernel's tunnel lives on."""
+        if self._own_loop:
+            return await on_kernel_loop(work)
+        return await work
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        # a blocking manager's loop runs only inside its calls: the tunnel needs one that always runs
+        self._own_loop = not isinstance(self.parent, AsyncKernelManager) and self._server_registry() is None
+        return await self._run(self._launch_kernel())
+
+    async def _launch_kernel(self) -> KernelConnectionInfo:
         try:
             return await asyncio.wait_for(self._launch(), self.start_timeout)
         except asyncio.TimeoutError:
@@ -331,6 +350,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         sandbox = sandboxes.require_sandbox()
         spec = self._spec(sandbox)
         self.session = session = await self._create_session(spec)
+        if self._registry is not self._server_registry():
+            # not in a server: nobody else ends the session if this process dies
+            self._watchdog = watch_client(sandbox, session.id)
         self._exit_code = None
         self._stderr_tail = b""
         self._pid = None
@@ -435,6 +457,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return self._handle is not None
 
     async def poll(self) -> int | None:
+        return await self._run(self._poll())
+
+    async def _poll(self) -> int | None:
         if self._handle is None:
             return 0
         if self._watch is not None and not self._watch.done():
@@ -442,6 +467,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return self._exit_code if self._exit_code is not None else 0
 
     async def wait(self) -> int | None:
+        return await self._run(self._wait())
+
+    async def _wait(self) -> int | None:
         if self._handle is None:
             return 0
         if self._watch is not None:
@@ -457,6 +485,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 await self._handle.kill()
 
     async def send_signal(self, signum: int) -> None:
+        await self._run(self._send_signal(signum))
+
+    async def _send_signal(self, signum: int) -> None:
         if self._handle is None:
             return
         if signum == signal.SIGKILL:
@@ -479,18 +510,18 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return self._pid
 
     async def kill(self, restart: bool = False) -> None:
-        await self._kill_handle()
+        await self._run(self._kill_handle())
 
     async def terminate(self, restart: bool = False) -> None:
-        await self.send_signal(signal.SIGTERM)
+        await self._run(self._send_signal(signal.SIGTERM))
 
     async def cleanup(self, restart: bool = False) -> None:
         """Shutdown, culling and restart all end here: the session goes (a persistent workspace stays)."""
-        await self._teardown()
+        await self._run(self._teardown())
 
     async def _teardown(self) -> None:
-        handle, tunnel, session = self._handle, self.tunnel, self.session
-        self.tunnel = self.session = None
+        handle, tunnel, session, watchdog = self._handle, self.tunnel, self.session, self._watchdog
+        self.tunnel = self.session = self._watchdog = None
         if handle is not None:
             with contextlib.suppress(SandboxError):
                 await handle.kill()
@@ -513,6 +544,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                     self.log.warning("sandboxed kernel %s: destroying session %s: %s", self.kernel_id, session.id, e)
             if registry is not None:
                 registry.forget(session.id)
+        await stop_watching(watchdog)
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return max(recommended, 5.0)
