@@ -114,17 +114,17 @@ def test_reads_from_a_container_are_size_capped(client):
             session = await sandbox.create(spec())
             try:
                 made = await session.exec(
-                    ["sh", "-c", f"printf small > /tmp/small && truncate -s {SPARSE} /tmp/big"], timeout_seconds=20
+                    ["sh", "-c", f"printf small > /workspace/small && truncate -s {SPARSE} /workspace/big"], timeout_seconds=20
                 )
                 assert made.exit_code == 0, made
                 engine = sandbox._engine
-                assert await engine.read_file(session.container_id, "/tmp/small") == b"small"
+                assert await engine.read_file(session.container_id, "/workspace/small") == b"small"
                 started = time.monotonic()
                 with pytest.raises(SandboxError, match="over the"):
-                    await engine.read_file(session.container_id, "/tmp/big")
+                    await engine.read_file(session.container_id, "/workspace/big")
                 assert time.monotonic() - started < 5
                 _, peak = await peak_bytes_during(
-                    asyncio.gather(engine.read_file(session.container_id, "/tmp/big"), return_exceptions=True)
+                    asyncio.gather(engine.read_file(session.container_id, "/workspace/big"), return_exceptions=True)
                 )
                 assert peak < (1 << 20) + (4 << 20)  # DockerEngine.read_file reads at most 1 MiB, peak
                 # a helper command's output is capped too (the container's programs are the session's)
