@@ -152,7 +152,9 @@ def _add_kernelspec_commands(commands: Any) -> None:
     )
     where = install.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for this user only")
-    where.add_argument("--prefix", default=None, help="install under this prefix (e.g. sys.prefix)")
+    where.add_argument(
+        "--prefix", default=None, help="install under this prefix (default: this environment's, sys.prefix)"
+    )
     install.set_defaults(run=_kernelspec_door(_kernelspec_install))
     listing = sub.add_parser("list", help="list the installed sandboxed kernelspecs")
     listing.add_argument("--json", action="store_true", help="as JSON")

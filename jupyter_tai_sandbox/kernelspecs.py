@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any
 
@@ -96,8 +97,14 @@ def _logos() -> list[str]:
 def install(
     name: str = DEFAULT_NAME, *, user: bool = False, prefix: str | None = None, **settings: Any
 ) -> str:
-    """Write the kernelspec ``name``; return the folder it was installed in."""
+    """Write the kernelspec ``name``; return the folder it was installed in.
+
+    With neither ``user`` nor ``prefix`` it goes into the running environment (sys.prefix/share/jupyter/kernels,
+    as ``jupyter kernelspec install --sys-prefix``), never a system-wide folder other environments see.
+    """
     spec = kernelspec_json(**settings)
+    if not user and prefix is None:
+        prefix = sys.prefix
     with tempfile.TemporaryDirectory(prefix="tai-kernelspec-") as folder:
         with open(os.path.join(folder, "kernel.json"), "w", encoding="utf-8") as f:
             json.dump(spec, f, indent=1)

@@ -163,6 +163,17 @@ def test_kernelspec_install_list_remove(tmp_path, monkeypatch, capsys):
     assert "no kernelspec" in capsys.readouterr().err
 
 
+def test_kernelspec_install_without_flags_goes_into_the_running_environment(tmp_path, monkeypatch, capsys):
+    env = tmp_path / "venv"
+    monkeypatch.setattr(sys, "prefix", str(env))
+    monkeypatch.setenv("JUPYTER_PATH", str(env / "share" / "jupyter"))
+    assert cli(["kernelspec", "install", "--name", "sbx-env"]) == 0
+    folder = env / "share" / "jupyter" / "kernels" / "sbx-env"
+    assert (folder / "kernel.json").exists()
+    assert str(folder) in capsys.readouterr().out  # it says where it went
+    assert cli(["kernelspec", "remove", "sbx-env"]) == 0
+
+
 def test_removing_a_foreign_kernelspec_is_refused(tmp_path, monkeypatch, capsys):
     prefix = tmp_path / "prefix"
     folder = prefix / "share" / "jupyter" / "kernels" / "plain"
