@@ -32,8 +32,9 @@ def _provider_classes() -> list[type]:
     classes: list[type] = [SandboxPolicy, LocalSandbox]
     with contextlib.suppress(ImportError):
         from .providers.docker import DockerSandbox
+        from .providers.swarm import SwarmSandbox
 
-        classes.append(DockerSandbox)
+        classes += [DockerSandbox, SwarmSandbox]
     from .providers.remote import RemoteSandbox
 
     classes.append(RemoteSandbox)
@@ -56,9 +57,10 @@ class SandboxApp(ExtensionApp):
 
     provider = Unicode(
         help="""The sandbox provider (TAI_MCP_SANDBOX, the sandbox_module setting): 'off' (default),
-        'local' (host subprocesses, no isolation), 'docker' (one container per session), 'remote'
-        (the sessions of another server running this extension, see RemoteSandbox), or
-        'module:Class' naming an external Sandbox provider class.""",
+        'local' (host subprocesses, no isolation), 'docker' (one container per session), 'swarm' (one
+        Docker Swarm service per session, see SwarmSandbox), 'remote' (the sessions of another server
+        running this extension, see RemoteSandbox), or 'module:Class' naming an external Sandbox
+        provider class.""",
     ).tag(config=True)
 
     reap_interval = Float(
@@ -203,8 +205,8 @@ class SandboxApp(ExtensionApp):
             provider = self._make_provider()
         except Exception as e:  # any failure of a provider's start, reported, never a half-loaded server
             message = f"the sandbox provider {self.provider!r} (SandboxApp.provider, TAI_MCP_SANDBOX) could not start: {e}"
-            if "off, local, docker" not in message:
-                message += ". Use off, local, docker or module:Class."
+            if sandboxes.PROVIDER_CHOICES not in message:
+                message += f". Use {sandboxes.PROVIDER_CHOICES}."
             self.log.error("jupyter_tai_sandbox: %s", message)
             sandboxes.mark_failed(message)
             return

@@ -32,6 +32,8 @@ BUILTIN_PROVIDERS = {
     "remote": "jupyter_tai_sandbox.providers.remote:RemoteSandbox",
 }
 OFF_VALUES = {"", "off", "none"}
+#: the values SandboxApp.provider (TAI_MCP_SANDBOX) takes, for help texts and hints
+PROVIDER_CHOICES = "off, " + ", ".join(BUILTIN_PROVIDERS) + " or module:Class"
 
 _installed: GatedSandbox | None = None
 #: True once the slot was set explicitly (a provider registered, or switched off by the app):
@@ -87,13 +89,12 @@ class GatedSandbox(Sandbox):
 
 
 def load_provider_class(name: str) -> type[Sandbox]:
-    """The provider class for ``local``, ``docker`` or a ``module:Class`` sandbox_module."""
+    """The provider class for a built-in name (BUILTIN_PROVIDERS) or a ``module:Class`` sandbox_module."""
     target = BUILTIN_PROVIDERS.get(name, name)
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise SandboxUnavailableError(
-            f"unknown sandbox provider {name!r}: set TAI_MCP_SANDBOX (sandbox_module) to off, local, "
-            "docker, or module:Class"
+            f"unknown sandbox provider {name!r}: set TAI_MCP_SANDBOX (sandbox_module) to {PROVIDER_CHOICES}"
         )
     try:
         cls = getattr(importlib.import_module(module_name), attr)
