@@ -77,6 +77,30 @@ async def test_initialize_and_tools_list_with_preset_schemas(url, as_user):
     assert tools["session_read_file"].annotations.read_only_hint is True
 
 
+def _type_lists(schema, where="inputSchema"):
+    """Where in ``schema`` a ``type`` is a list or an ``enum`` holds null (what strict MCP clients reject)."""
+    found = []
+    if isinstance(schema, dict):
+        if isinstance(schema.get("type"), list):
+            found.append(where)
+        if isinstance(schema.get("enum"), list) and None in schema["enum"]:
+            found.append(f"{where}.enum")
+        for key, value in schema.items():
+            found += _type_lists(value, f"{where}.{key}")
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            found += _type_lists(value, f"{where}[{i}]")
+    return found
+
+
+async def test_no_tool_input_schema_has_a_type_list_or_a_null_enum(url, as_user):
+    async with mcp_client(url, as_user("admin")) as client:
+        tools = (await client.list_tools()).tools
+    assert {"session_create", "sandbox_exec"} <= {tool.name for tool in tools}
+    found = {tool.name: _type_lists(tool.input_schema) for tool in tools}
+    assert not {name: where for name, where in found.items() if where}
+
+
 async def test_a_session_a_command_and_a_file_round_trip(url, as_user, audit):
     async with mcp_client(url, as_user("alice")) as client:
         info = data(await client.call_tool("session_create", {"ttl_seconds": 300}))

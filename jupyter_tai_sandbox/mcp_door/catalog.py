@@ -282,6 +282,35 @@ DOOR_TOOLS: dict[str, ToolSpec] = {t.name: t for t in (*SESSION_TOOLS, *AUTHORIN
 # ------------------------------------------------------------------ output
 
 
+def client_schema(schema: Any) -> Any:
+    """``schema`` as every major MCP client accepts it: no ``type`` list, no null in an ``enum``.
+
+    An optional field's ``["string", "null"]`` becomes ``"string"`` (leave the field out instead of sending
+    null; the door still reads a null as absent); two or more types become an ``anyOf``.
+    """
+    if isinstance(schema, list):
+        return [client_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: client_schema(value) for key, value in schema.items()}
+    kinds = out.get("type")
+    if isinstance(kinds, list):
+        kinds = [kind for kind in kinds if kind != "null"] or ["null"]
+        if len(kinds) == 1:
+            out["type"] = kinds[0]
+        else:
+            del out["type"]
+            one_of_the_types = [{"type": kind} for kind in kinds]
+            if "anyOf" in out:
+                out["allOf"] = [*out.get("allOf", []), {"anyOf": one_of_the_types}]
+            else:
+                out["anyOf"] = one_of_the_types
+    enum = out.get("enum")
+    if isinstance(enum, list) and None in enum and len(enum) > 1:
+        out["enum"] = [value for value in enum if value is not None]
+    return out
+
+
 def clip(data: bytes, limit: int) -> tuple[str, bool]:
     """``data`` as text, cut in the middle (with a marker) past ``limit`` bytes."""
     if not limit or len(data) <= limit:

@@ -27,7 +27,7 @@ from traitlets.config import LoggingConfigurable
 from .._version import __version__
 from ..contract import SandboxError
 from ..errors import SandboxQuotaError, error_body, error_status
-from .catalog import DoorRequest, DoorTools, ToolSpec, scrub_result, session_id_of
+from .catalog import DoorRequest, DoorTools, ToolSpec, client_schema, scrub_result, session_id_of
 from .handles import CommandHandles
 
 #: where the bridge puts the request's DoorRequest in the ASGI scope
@@ -405,7 +405,7 @@ def _tool(spec: ToolSpec) -> types.Tool:
         annotations = types.ToolAnnotations(
             read_only_hint=spec.read_only or None, destructive_hint=spec.destructive or None
         )
-    return types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema,
+    return types.Tool(name=spec.name, description=spec.description, input_schema=client_schema(spec.input_schema),
                       annotations=annotations)
 
 
