@@ -84,3 +84,26 @@ def test_readme_magics_run_as_written_on_docker(tmp_path):
             kernel.shutdown()
     finally:
         live.stop()
+
+
+def _code_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_every_file_a_readme_curl_uploads_is_made_before_it():
+    for block in _code_blocks("bash"):
+        for match in re.finditer(r"--data-binary @([\w./-]+)", block):
+            before = block[: match.start()]
+            assert re.search(rf"> *{re.escape(match.group(1))}\b", before), (
+                f"README uploads {match.group(1)} without making it first:\n{block}"
+            )
+
+
+def test_a_readme_snippet_with_top_level_await_says_it_is_for_a_notebook():
+    text = README.read_text()
+    for block in _code_blocks("python"):
+        top_level = [line for line in block.splitlines() if re.match(r"(async with|async for|await) ", line)]
+        if top_level:
+            start = text.index(block)
+            said = text[max(0, start - 600) : start + len(block)]
+            assert "notebook" in said and "asyncio.run" in said, block
