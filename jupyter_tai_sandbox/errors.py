@@ -33,6 +33,18 @@ class SandboxForbiddenError(SandboxError):
     """The caller may not do this (another consumer's label, the admin fence, ...)."""
 
 
+class SandboxAuthenticationError(SandboxForbiddenError):
+    """The request carries no valid credential (the server's token missing or wrong, or a cookie without
+    its _xsrf token): 403, as jupyter_server answers; the message says how to pass the token."""
+
+
+#: how a caller passes the server's token, for the messages that say it is missing
+TOKEN_HOW = (
+    "pass the server's token as the header 'Authorization: token <TOKEN>' or as '?token=<TOKEN>' "
+    "(jupyter server list shows it)"
+)
+
+
 class SandboxQuotaError(SandboxError):
     """An operator limit on how much a user may hold at once (live sessions, ...)."""
 
@@ -100,6 +112,7 @@ ERROR_CLASSES: dict[str, type[SandboxError]] = {
     for cls in (
         *(getattr(contract, name) for name in contract.__all__ if name.endswith("Error")),
         SandboxForbiddenError,
+        SandboxAuthenticationError,
         SandboxQuotaError,
         SandboxCapacityError,
         UploadTooLargeError,

@@ -14,7 +14,7 @@ from jupyter_core.utils import ensure_async
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 
 from .contract import SandboxError
-from .errors import SandboxRequestError, error_body, error_status
+from .errors import TOKEN_HOW, SandboxAuthenticationError, SandboxRequestError, error_body, error_status
 from .sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
 
 if TYPE_CHECKING:
@@ -87,9 +87,28 @@ class JSONErrorsMixin:
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
         status = error_status(error, status_code)
+        if status == 403 and not isinstance(error, SandboxError):
+            error = self._authentication_error(error) or error
         self.set_status(status)  # type: ignore[attr-defined]
         self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
         self.finish(json.dumps(error_body(error, status)))  # type: ignore[attr-defined]
+
+    def _authentication_error(self, error: BaseException | None) -> SandboxAuthenticationError | None:
+        """jupyter_server's bare 403 for a request with no valid token, or its _xsrf refusal, as a typed
+        error saying the token is missing or wrong and how to pass it; None for an authorizer's refusal."""
+        message = str(getattr(error, "log_message", None) or "")
+        try:
+            user = self.current_user  # type: ignore[attr-defined]
+        except Exception:  # the user was never resolved (the refusal came first)
+            user = None
+        if user is None:
+            return SandboxAuthenticationError(f"the server's token is missing or wrong: {TOKEN_HOW}")
+        if "_xsrf" in message:
+            return SandboxAuthenticationError(
+                f"{message}: a request logged in by cookie alone needs the _xsrf token (the X-XSRFToken "
+                f"header); a script or agent should {TOKEN_HOW}"
+            )
+        return None
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if (isinstance(value, SandboxError) and error_status(value) < 500) or error_status(value) == 504:

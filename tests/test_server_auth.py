@@ -39,6 +39,15 @@ async def test_every_route_refuses_an_unauthenticated_request(jp_fetch, method, 
     assert status == 403, reply
 
 
+@pytest.mark.parametrize("authorization", ["", "token not-the-token"])
+async def test_a_missing_or_wrong_token_says_so_and_how_to_pass_it(jp_fetch, authorization):
+    for method, parts, body in (ROUTES[0], ROUTES[2]):
+        status, reply = await call(jp_fetch, *parts, method=method, body=body, headers={"Authorization": authorization})
+        assert status == 403 and reply["error"] == "SandboxAuthenticationError", reply
+        assert "token is missing or wrong" in reply["message"], reply
+        assert "Authorization: token <TOKEN>" in reply["message"] and "?token=" in reply["message"], reply
+
+
 async def test_an_authorizer_denying_execute_refuses_exec_but_not_listing(jp_fetch, jp_ws_fetch):
     status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60})
     assert status == 201
@@ -71,4 +80,5 @@ async def test_a_cookie_session_without_xsrf_cannot_mutate(jp_fetch, jp_serverap
     cookie = {"Authorization": "", "Cookie": "; ".join(login)}
     assert (await call(jp_fetch, "sessions", headers=cookie))[0] == 200  # the cookie logs in
     status, reply = await call(jp_fetch, "sessions", method="POST", body={}, headers=cookie)
-    assert status == 403 and reply["error"] == "HTTPError" and "xsrf" in reply["message"].lower()
+    assert status == 403 and reply["error"] == "SandboxAuthenticationError" and "xsrf" in reply["message"].lower()
+    assert "Authorization: token" in reply["message"]  # and how a script passes the token instead
