@@ -253,7 +253,13 @@ class SandboxApp(ExtensionApp):
         return cls()
 
     def initialize_handlers(self) -> None:
+        from .handler_base import quiet_log_request
         from .handlers import SESSION_ID, rest_handlers
+
+        web_app = getattr(self.serverapp, "web_app", None)
+        log_request = web_app.settings.get("log_function") if web_app is not None else None
+        if log_request is not None and not getattr(log_request, "quiet_for_expected_errors", False):
+            web_app.settings["log_function"] = quiet_log_request(log_request)
         from .tool_handlers import tool_handlers
         from .ws import ExecWebSocketHandler
 

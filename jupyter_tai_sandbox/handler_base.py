@@ -8,6 +8,8 @@ reaches its manager), never through string keys in ``settings``.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from jupyter_core.utils import ensure_async
@@ -110,13 +112,38 @@ class JSONErrorsMixin:
             )
         return None
 
+    #: set when the request ended in an expected error, already logged in one line (see quiet_log_request)
+    expected_error: bool = False
+
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if (isinstance(value, SandboxError) and error_status(value) < 500) or error_status(value) == 504:
-            # an expected outcome (a bad field, a deadline): one line, no traceback
+        status = error_status(value)
+        if (isinstance(value, SandboxError) and status != 500) or status == 504:
+            # an expected outcome (a bad field, a deadline, the engine down or slow): one line, no traceback;
+            # what the operator may need to act on (a 5xx: the engine, a used-up range) at warning
             request = self.request  # type: ignore[attr-defined]
-            self.log.info("%s %s: %s: %s", request.method, request.path, typ.__name__, value)  # type: ignore[attr-defined]
+            level = logging.WARNING if status >= 500 and status != 504 else logging.INFO
+            self.log.log(level, "%s %s: %d %s: %s", request.method, request.path, status, typ.__name__, value)  # type: ignore[attr-defined]
+            self.expected_error = True
         else:
             super().log_exception(typ, value, tb)  # type: ignore[misc]
+
+
+def quiet_log_request(log_request: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The server's request log, except that a 5xx an expected error gave (logged already, in one line by
+    log_exception) is a debug line, without jupyter_server's ERROR line and request headers."""
+
+    def log(handler: Any) -> None:
+        if getattr(handler, "expected_error", False) and handler.get_status() >= 500:
+            request = handler.request
+            handler.log.debug(
+                "%d %s %s %.2fms", handler.get_status(), request.method, request.path,
+                1000.0 * request.request_time(),
+            )  # fmt: skip
+            return
+        log_request(handler)
+
+    log.quiet_for_expected_errors = True  # type: ignore[attr-defined]
+    return log
 
 
 def parse_json_object(body: bytes | None, what: str = "the request body") -> dict[str, Any]:
