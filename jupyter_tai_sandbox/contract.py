@@ -786,6 +786,10 @@ class Sandbox(abc.ABC):
     async def reap(self) -> list[str]:
         """Destroy every session past its TTL (persistent workspaces survive); return their ids."""
 
+    async def check_available(self) -> None:  # noqa: B027 - optional hook
+        """Raise SandboxUnavailableError when the provider cannot serve now (its engine unreachable);
+        the status route asks, so it says the provider is down before a create waits for it."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release provider resources at server shutdown (sessions are left to their TTL)."""
 

@@ -61,6 +61,9 @@ class StatusHandler(SandboxAPIHandler):
         failure = sandboxes.failure()
         if failure is not None:
             raise SandboxUnavailableError(failure)
+        provider = sandboxes.installed()
+        if provider is not None:
+            await provider.check_available()  # an engine that cannot be reached: 503 saying so
         caller = await self.caller()
         self.write_json({**sandboxes.status_info(show_credentials=caller.sees_all), "principal": caller.name,
                         "consumer": caller.consumer})

@@ -84,6 +84,9 @@ class GatedSandbox(Sandbox):
     async def reap(self) -> list[str]:
         return await self.provider.reap()
 
+    async def check_available(self) -> None:
+        await self.provider.check_available()
+
     async def close(self) -> None:
         await self.provider.close()
 

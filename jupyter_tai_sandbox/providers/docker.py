@@ -510,6 +510,10 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     def engine(self) -> DockerEngine:
         return self._engine
 
+    async def check_available(self) -> None:
+        """The engine answers a ping within ``timeout``, or SandboxUnavailableError saying it cannot be reached."""
+        await self._engine.ping()
+
     async def _connect(self) -> None:
         if not self._engine.connected:
             await self._engine.connect()

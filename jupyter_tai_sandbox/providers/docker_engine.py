@@ -258,6 +258,10 @@ class DockerEngine:
         except Exception as e:
             raise self.translate(e, what) from None
 
+    async def ping(self) -> None:
+        """Answer when the engine does (within ``timeout``); SandboxUnavailableError when it cannot be reached."""
+        await self._call("answer a ping", "ping")
+
     async def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
