@@ -194,7 +194,7 @@ def require_sandbox() -> GatedSandbox:
     if _installed is None:
         raise SandboxUnavailableError(
             "no sandbox provider is installed: set TAI_MCP_SANDBOX (the sandbox_module setting, "
-            "SandboxApp.provider) to 'local', 'docker' or a module:Class provider"
+            f"SandboxApp.provider) to one of {', '.join(BUILTIN_PROVIDERS)} or a module:Class provider"
         )
     return _installed
 
@@ -230,6 +230,7 @@ def status_info(*, show_credentials: bool = True) -> dict[str, Any]:
         info["supports_limits"] = _installed.supports_limits
     else:
         info["message"] = _failure or (
-            "no sandbox provider is installed: set TAI_MCP_SANDBOX (sandbox_module) to 'local' or 'docker'"
+            "no sandbox provider is installed: set TAI_MCP_SANDBOX (sandbox_module) to one of "
+            + ", ".join(BUILTIN_PROVIDERS)
         )
     return info

@@ -35,3 +35,15 @@ def test_help_all_lists_the_traits_of_every_built_in_provider():
     ).stdout
     for cls in ("LocalSandbox", "DockerSandbox", "SwarmSandbox", "RemoteSandbox"):
         assert f"--{cls}." in out, cls
+
+
+def test_the_no_provider_messages_name_every_built_in_provider():
+    sandboxes.disable_sandbox()
+    try:
+        with pytest.raises(SandboxUnavailableError) as caught:
+            sandboxes.require_sandbox()
+        message = sandboxes.status_info()["message"]
+    finally:
+        sandboxes.unregister_sandbox()
+    for name in sandboxes.BUILTIN_PROVIDERS:
+        assert name in str(caught.value) and name in message, name
