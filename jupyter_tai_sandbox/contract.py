@@ -732,6 +732,12 @@ class SandboxSession(abc.ABC):
         return {}
 
 
+def session_gone(session_id: str) -> SandboxNotFoundError:
+    """The one 404 for a session id the caller cannot use: never made, expired (reaped), destroyed, or
+    another user's; the same words for all, so the message reveals no one else's session."""
+    return SandboxNotFoundError(f"no sandbox session {str(session_id)[:80]!r} (it may have expired or been destroyed)")
+
+
 class Sandbox(abc.ABC):
     """A provider: creates, finds, lists and reaps sessions."""
 

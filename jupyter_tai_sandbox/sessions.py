@@ -35,11 +35,11 @@ from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvide
 from . import labels, sandboxes
 from .contract import (
     DEFAULT_TTL_SECONDS,
-    SandboxNotFoundError,
     SandboxSession,
     SessionInfo,
     SessionSpec,
     is_positive_number,
+    session_gone,
 )
 from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError, SandboxRequestError
 from .fair_share import act_for
@@ -236,13 +236,13 @@ class SessionRegistry:
         needs ``write`` for; reading (info, download, listing) needs ``read``.
         """
         if not _SESSION_ID.fullmatch(session_id):
-            raise SandboxNotFoundError(f"no sandbox session {session_id[:80]!r}")
+            raise session_gone(session_id)
         act_for(caller.name)  # the provider's work for this request counts against the caller's share
         session = await sandboxes.require_sandbox().get(session_id)
         info = await session.info()
         if info.owner == caller.name or (caller.manages_all if manage else caller.sees_all):
             return session
-        raise SandboxNotFoundError(f"no sandbox session {session_id!r}")
+        raise session_gone(session_id)
 
     async def list(self, caller: Caller) -> list[SessionInfo]:
         act_for(caller.name)

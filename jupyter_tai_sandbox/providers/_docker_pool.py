@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import SandboxError, SandboxNotFoundError
+from ..contract import SandboxError, SandboxNotFoundError, session_gone
 from ._docker_names import (
     LABEL,
     LABEL_CREATED,
@@ -237,7 +237,7 @@ class WarmPool:
 
     async def find(self, session_id: str) -> PooledSession:
         """A session in a pooled container, from its record volume; SandboxNotFoundError when none."""
-        missing = SandboxNotFoundError(f"no docker sandbox session {session_id!r}")
+        missing = session_gone(session_id)
         volume = await self._engine.volume(RECORD_PREFIX + session_id)
         labels = (volume or {}).get("Labels") or {}
         if volume is None or labels.get(LABEL_SESSION) != session_id or LABEL_RECORD not in labels:

@@ -33,6 +33,7 @@ from ..contract import (
     SandboxSession,
     SessionInfo,
     SessionSpec,
+    session_gone,
     usage_record,
 )
 from . import _docker_scripts as scripts
@@ -200,7 +201,7 @@ class DockerSession(SandboxSession):
         try:
             await self._engine.inspect_container(self._container, what="inspect a session")
         except SandboxNotFoundError:
-            raise SandboxNotFoundError(f"no docker sandbox session {self._id!r}") from None
+            raise session_gone(self._id) from None
         return self._info()
 
     def _check_live(self) -> None:
@@ -415,7 +416,7 @@ class DockerSession(SandboxSession):
         self._check_live()
         stats, disk = await asyncio.gather(self._engine.stats(self._container), self._disk(), return_exceptions=True)
         if isinstance(stats, SandboxNotFoundError):
-            raise SandboxNotFoundError(f"no docker sandbox session {self._id!r}") from None
+            raise session_gone(self._id) from None
         notes = []
         measured: dict[str, Any] = {}
         if isinstance(stats, BaseException):

@@ -39,6 +39,7 @@ from ..contract import (
     SandboxSpecRejectedError,
     SessionInfo,
     SessionSpec,
+    session_gone,
 )
 from ..errors import SandboxCapacityError, SandboxConflictError
 from ..image import DEFAULT_IMAGE, PYTHON_IMAGE
@@ -825,7 +826,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     async def get(self, session_id: str) -> SandboxSession:
         if not is_session_id(session_id):
-            raise SandboxNotFoundError(f"no docker sandbox session {session_id!r}")
+            raise session_gone(session_id)
         await self._connect()
         session, records = await asyncio.gather(self._find(session_id), self._ttl_records(session_id))
         return _retimed(session, _expiries(records))
@@ -839,7 +840,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         try:
             attrs = await self._engine.inspect_container(found[0]["Id"], what="inspect a session")
         except SandboxNotFoundError:
-            raise SandboxNotFoundError(f"no docker sandbox session {session_id!r}") from None
+            raise session_gone(session_id) from None
         try:
             return self._session_from(attrs["Id"], attrs["Config"].get("Labels") or {}, attrs["Config"].get("Env"))
         except (KeyError, ValueError, SandboxError) as e:

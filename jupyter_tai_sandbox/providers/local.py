@@ -61,6 +61,7 @@ from ..contract import (
     SandboxSpecRejectedError,
     SessionInfo,
     SessionSpec,
+    session_gone,
 )
 from ..errors import SandboxConflictError
 from ..spool import DEFAULT_MEMORY_LIMIT
@@ -214,7 +215,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if session is None and isinstance(session_id, str) and _SESSION_ID.fullmatch(session_id):
             session = await asyncio.to_thread(self._adopt, session_id)
         if session is None:
-            raise SandboxNotFoundError(f"no local sandbox session {session_id!r}")
+            raise session_gone(session_id)
         return session
 
     async def list(self) -> list[SessionInfo]:
