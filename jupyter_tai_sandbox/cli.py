@@ -70,6 +70,9 @@ def _kernelspec_install(args: argparse.Namespace) -> int:
         provider=args.provider,
     )
     print(f"installed kernelspec {args.name} ({args.display_name}) in {folder}")
+    if args.provider == "local" and args.image != kernelspecs.PYTHON_IMAGE:
+        print(f"warning: --image {args.image} has no effect on the local provider (kernels run on this host)",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 

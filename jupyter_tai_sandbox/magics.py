@@ -47,6 +47,7 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
 from .client import SandboxClient, SeveralServersWarning, discover_server
 from .contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
+from .image import PYTHON_IMAGE
 from .magics_frames import out_frame_targets, read_frame, serialise_input
 from .magics_options import (
     DEFAULT_TIMEOUT,
@@ -238,6 +239,15 @@ class SandboxMagics(Magics):
     async def _create(self, name: str, options: dict[str, Any], body: dict[str, Any]) -> _Session:
         client = await self._get_client()
         info = await client.create(**body)
+        if body.get("image") not in (None, PYTHON_IMAGE) and info.get("kind") == "local":
+            # the contract keeps image inert on local (recorded, not used): say so rather than accept it
+            # silently (the project's Python image is what README's cells name to run on both providers)
+            print(
+                f"sandbox: --image {body['image']} has no effect on the local provider (commands run on this "
+                f"host, not in an image); session {name!r} started without it",
+                file=sys.stderr,
+                flush=True,
+            )
         known = _Session(name, info["id"], dict(options), info.get("workspace", ""), info.get("kind", ""),
                          options.get("timeout"))
         with self._lock:  # registered here, on the loop thread, even if the cell was interrupted meanwhile

@@ -174,6 +174,14 @@ def test_kernelspec_install_without_flags_goes_into_the_running_environment(tmp_
     assert cli(["kernelspec", "remove", "sbx-env"]) == 0
 
 
+def test_kernelspec_install_warns_that_an_image_has_no_effect_on_local(tmp_path, monkeypatch, capsys):
+    capsys.readouterr()
+    install_spec(tmp_path, monkeypatch, "--provider", "local", "--image", "python:3.12", name="sbx-local-img")
+    assert "--image python:3.12 has no effect on the local provider" in capsys.readouterr().err
+    install_spec(tmp_path, monkeypatch, "--provider", "local", name="sbx-local")
+    assert "no effect" not in capsys.readouterr().err
+
+
 def test_removing_a_foreign_kernelspec_is_refused(tmp_path, monkeypatch, capsys):
     prefix = tmp_path / "prefix"
     folder = prefix / "share" / "jupyter" / "kernels" / "plain"

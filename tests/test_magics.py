@@ -299,6 +299,14 @@ def test_kernel_started_by_the_server_finds_it_without_setup(server, kernel):
     assert "provider  local" in status
 
 
+def test_image_on_the_local_provider_warns_that_it_has_no_effect(kernel):
+    run = kernel.ok("%%sandbox --session img-local --image python:3.12\necho ran")
+    assert run.stdout == "ran\n"
+    assert "--image python:3.12 has no effect on the local provider" in run.stderr, run.stderr
+    assert "has no effect" not in kernel.ok("%%sandbox --session img-local\necho again").stderr  # said once
+    kernel.ok("%sandbox rm img-local")
+
+
 def test_output_arrives_live_one_line_a_second(kernel):
     run = kernel.ok("%%sandbox\nfor i in 1 2 3 4; do echo line $i; sleep 1; done\necho done >&2; exit 3")
     arrivals = {}
