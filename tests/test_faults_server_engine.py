@@ -49,7 +49,10 @@ async def test_status_answers_within_a_second_while_the_engine_is_frozen(jp_fetc
             started = time.monotonic()
             status, body = await call(jp_fetch, "status", request_timeout=5)
             slowest = max(slowest, time.monotonic() - started)
-            assert status == 200 and body["kind"] == "docker"
+            # fast either way: the kind row, or 503 saying the engine does not answer (issue 25 point 7)
+            assert (status == 200 and body["kind"] == "docker") or (
+                status == 503 and body["error"] == "SandboxUnavailableError" and "Docker engine" in body["message"]
+            ), (status, body)
             await asyncio.sleep(0.2)
         answers = await asyncio.wait_for(asyncio.gather(*engine_calls), 20)
     finally:

@@ -37,6 +37,7 @@ from ..contract import (
     SandboxNotFoundError,
     SandboxSession,
     SandboxSpecRejectedError,
+    SandboxUnavailableError,
     SessionInfo,
     SessionSpec,
     session_gone,
@@ -179,6 +180,10 @@ def _how_to_get(image: str) -> str:
         f"images: {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`) or {PYTHON_IMAGE} "
         "(`jupyter tai-sandbox build-image --python`)"
     )
+
+
+#: how long the status route waits for the engine's ping before it answers 503 (status stays fast)
+STATUS_PING_SECONDS = 0.5
 
 
 class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
@@ -473,6 +478,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._status_ping: asyncio.Future[None] | None = None
         self._engine = DockerEngine(
             self.base_url,
             timeout=self.engine_timeout_seconds,
@@ -512,8 +518,19 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         return self._engine
 
     async def check_available(self) -> None:
-        """The engine answers a ping within ``timeout``, or SandboxUnavailableError saying it cannot be reached."""
-        await self._engine.ping()
+        """The engine answers a ping within STATUS_PING_SECONDS, or SandboxUnavailableError saying it cannot be
+        reached; one ping at a time (a frozen engine holds one worker thread, not one per status call)."""
+        ping = getattr(self, "_status_ping", None)  # SwarmSandbox skips DockerSandbox.__init__
+        if ping is None or ping.done():
+            ping = self._status_ping = asyncio.ensure_future(self._engine.ping())
+            ping.add_done_callback(lambda t: t.cancelled() or t.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(ping), STATUS_PING_SECONDS)
+        except asyncio.TimeoutError:
+            raise SandboxUnavailableError(
+                f"the Docker engine at {self._engine.base_url} did not answer a ping within "
+                f"{STATUS_PING_SECONDS:g} s (stopped or overloaded)"
+            ) from None
 
     async def _connect(self) -> None:
         if not self._engine.connected:
