@@ -199,7 +199,9 @@ class SessionSpec:
             raise _reject(f"unknown durability {self.durability!r}: use 'ephemeral' or 'persistent'")
         if self.durability == "persistent" and not self.workspace_key:
             raise _reject("a persistent session needs a workspace_key naming its volume")
-        if self.workspace_key is not None and not WORKSPACE_KEY_PATTERN.match(self.workspace_key):
+        if self.workspace_key is not None and not (
+            isinstance(self.workspace_key, str) and WORKSPACE_KEY_PATTERN.match(self.workspace_key)
+        ):
             raise _reject(
                 f"invalid workspace_key {self.workspace_key!r}: use 1-64 letters, digits, '_', '.' "
                 "or '-', starting with a letter or digit"

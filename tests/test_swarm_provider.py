@@ -343,7 +343,11 @@ def test_nothing_is_left_in_the_swarm():
             found += [f"node {n} volume {v.name}" for v in client.volumes.list(filters=mine)]
         finally:
             client.close()
-    assert found == [] or wait_for(lambda: _still_there(mine) == [], 30, "the nodes removing what is left")
+    if found:
+        try:
+            wait_for(lambda: _still_there(mine) == [], 30, "the nodes removing what is left")
+        except AssertionError:
+            raise AssertionError(f"left in the swarm after 30 s: {_still_there(mine)}") from None
 
 
 def _still_there(mine) -> list[str]:

@@ -58,9 +58,12 @@ def bridge_name(network: str) -> str:
 
 
 def bridge_options(kind: str, network: str) -> dict[str, str]:
-    """The driver options of a session bridge: inter-container traffic off on every kind, no host
-    address on internal and pool bridges (they have no route out), and our own interface name."""
-    options = {**NO_ICC, "com.docker.network.bridge.name": bridge_name(network)}
+    """The driver options of a session bridge: our own interface name; no host address on internal and
+    pool bridges (they have no route out); inter-container traffic off but on an internal bridge, whose
+    point is that its owner's sessions reach each other (a database in one, its client in another)."""
+    options = {"com.docker.network.bridge.name": bridge_name(network)}
+    if kind != "internal":
+        options.update(NO_ICC)
     if kind != "egress":
         options.update(NO_HOST_ADDRESS)
     return options

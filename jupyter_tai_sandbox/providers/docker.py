@@ -233,8 +233,10 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     session's owner with a route out (``egress_network`` plus a short hash of
     deployment and owner), ``internal`` an internal bridge of the owner's (no
     route out, no address of this machine on it; ``internal_network`` plus
-    the hash); both have inter-container traffic off, so no session reaches
-    another session, of its owner or anyone's, nor any other container. They
+    the hash). No session reaches another owner's session or any other
+    container; egress bridges have inter-container traffic off (an egress
+    session reaches no session at all), while an owner's internal sessions
+    reach each other on their internal bridge. They
     are made on demand, each with a small subnet (``network_prefix``) the
     provider picks from ``network_pool``, and removed when their last session
     goes (a reap removes those a crash left). Where the server can, host
@@ -334,7 +336,8 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         workspace and /tmp are each a tmpfs of at most this size, which the kernel enforces (a write past
         it fails with 'No space left on device'), so nothing a session writes lands on the engine's disk.
         Those files are memory: what the session's processes write counts toward its memory limit too.
-        A persistent workspace is a volume on the engine's storage and is not capped by this. 0: no
+        A persistent workspace is a volume on the engine's storage and is not capped by this (nor, on swarm,
+        the ephemeral workspace: only /tmp). 0: no
         ceiling (a writable root and workspace on the engine's disk, without bound).""",
     ).tag(config=True)
 

@@ -52,6 +52,7 @@ from ..contract import (
     SandboxSpecRejectedError,
     SandboxUnavailableError,
 )
+from ..errors import SandboxQuotaError
 from ..fair_share import FairShare
 from ._docker_stream import EngineAddress, EngineRefusal, read_output, start_exec
 
@@ -134,6 +135,8 @@ class DockerEngine:
         self._connecting: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         #: each principal's share of the worker threads (see ``fair_share``)
+        #: worker-thread calls that have ended (however): a sign the engine answers
+        self.finished = 0
         self.share = FairShare(threads_per_principal, setting="DockerSandbox.engine_threads_per_user")
         #: calls made into the engine so far: blocking ones (each takes a worker thread), exec streams opened
         self.calls = 0
@@ -219,8 +222,19 @@ class DockerEngine:
         held until the thread is done (not merely until a caller that gave up stops waiting), so
         calls one user abandoned still count against that user. A share that stays full for
         ``timeout`` s is a SandboxQuotaError (429)."""
-        release = await self.share.take(self.timeout)
+        release = await self._share()
         return await self._held_thread(release, fn, *args, **kwargs)
+
+    async def _share(self) -> Callable[[], None]:
+        """A slot of the acting principal's share (see :meth:`_thread`). A share that stays full while
+        the engine finishes no call at all is the engine not answering (503), not the user's flood (429)."""
+        finished = self.finished
+        try:
+            return await self.share.take(self.timeout)
+        except SandboxQuotaError:
+            if self.finished == finished:
+                raise self.unanswered(self.timeout, "run any call") from None
+            raise
 
     async def _held_thread(self, release: Callable[[], None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -232,9 +246,13 @@ class DockerEngine:
             raise
         self.calls += 1
 
+        def finish() -> None:
+            self.finished += 1
+            release()
+
         def done(_: Any) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is left to count
-                loop.call_soon_threadsafe(release)
+                loop.call_soon_threadsafe(finish)
 
         future.add_done_callback(done)
         return await asyncio.wrap_future(future)
@@ -252,7 +270,7 @@ class DockerEngine:
         await self.connect()
         if isinstance(fn, str):
             fn = getattr(self._api, fn)
-        release = await self.share.take(self.timeout)  # waiting for one's own share is no engine's delay
+        release = await self._share()  # waiting for one's own share is no engine's delay
         try:
             return await self._bounded(self._held_thread(release, fn, *args, **kwargs), within, what)
         except Exception as e:
@@ -621,7 +639,7 @@ class DockerEngine:
         """Run a blocking function that calls the engine (such as :meth:`stat_path`) in a worker
         thread, bounded by ``timeout``."""
         await self.connect()
-        release = await self.share.take(self.timeout)
+        release = await self._share()
         return await self._bounded(self._held_thread(release, fn, *args), self.timeout, "look at a path")
 
     async def put_archive(self, container_id: str, folder: str, archive: bytes | Iterable[bytes]) -> None:

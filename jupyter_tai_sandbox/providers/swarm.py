@@ -34,7 +34,7 @@ from ..contract import (
 )
 from ..errors import SandboxConflictError
 from ._common import new_session_id
-from ._docker_disk import SCRATCH, workspace_driver
+from ._docker_disk import SCRATCH
 from ._docker_names import (
     LABEL_CREATED,
     LABEL_EXPIRES,
@@ -219,9 +219,10 @@ class SwarmSandbox(DockerSandbox):
                 volume_labels[LABEL_OWNER] = spec.owner
             mounts = [types.Mount(WORKSPACE, self.scope.workspace_volume(key), type="volume", labels=volume_labels)]
         else:
+            # a plain anonymous volume: one with driver options is made by the node as a volume of its own,
+            # which the node then leaves behind when the task goes (so the workspace is not capped on swarm)
             workspace_labels = {**self.own_labels, LABEL_SESSION: session_id}
-            driver = workspace_driver(ceiling) if ceiling else None
-            mounts = [types.Mount(WORKSPACE, None, type="volume", labels=workspace_labels, driver_config=driver)]
+            mounts = [types.Mount(WORKSPACE, None, type="volume", labels=workspace_labels)]
         read_only = bool(ceiling or self.read_only_rootfs)
         if read_only:
             size = ceiling << 20 if ceiling else None
