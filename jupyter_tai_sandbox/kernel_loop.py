@@ -70,14 +70,20 @@ def watch_client(sandbox: Any, session_id: str) -> subprocess.Popen[bytes]:
     cls = type(sandbox)
     order = {"pid": os.getpid(), "session": session_id, "provider": f"{cls.__module__}:{cls.__qualname__}",
              "config": provider_config(sandbox)}  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "jupyter_tai_sandbox.kernel_watchdog", json.dumps(order)],
-        stdin=subprocess.DEVNULL,
+    # the order goes on stdin, never argv: the provider's config may hold a token, and argv is public
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_tai_sandbox.kernel_watchdog"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the client's terminal does not reach it
         close_fds=True,
     )
+    assert watchdog.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        watchdog.stdin.write(json.dumps(order).encode())
+    watchdog.stdin.close()
+    return watchdog
 
 
 async def stop_watching(watchdog: subprocess.Popen[bytes] | None) -> None:

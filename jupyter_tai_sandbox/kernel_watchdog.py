@@ -1,8 +1,9 @@
-"""``python -m jupyter_tai_sandbox.kernel_watchdog ORDER``: destroy a sandboxed kernel's session once
+"""``python -m jupyter_tai_sandbox.kernel_watchdog < ORDER``: destroy a sandboxed kernel's session once
 the client process that started it has died (see ``kernel_loop.watch_client``).
 
-ORDER is JSON: ``pid`` (the client), ``session`` (its id), ``provider`` ("module:Class") and
-``config`` (the provider's traitlets config). SIGTERM (a clean shutdown) ends the watchdog at once.
+ORDER, read from stdin (never argv, which every local user can read), is JSON: ``pid`` (the
+client), ``session`` (its id), ``provider`` ("module:Class") and ``config`` (the provider's
+traitlets config). SIGTERM (a clean shutdown) ends the watchdog at once.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ async def destroy(order: dict[str, Any]) -> None:
             await sandbox.close()
 
 
-def main(argv: list[str]) -> int:
-    order = json.loads(argv[0])
+def main() -> int:
+    order = json.loads(sys.stdin.read())
     wait_for_death(int(order["pid"]))
     with contextlib.suppress(Exception):  # the session may be gone already
         asyncio.run(destroy(order))
@@ -63,4 +64,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
