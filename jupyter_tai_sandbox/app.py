@@ -16,7 +16,7 @@ from traitlets.config import Configurable
 
 from . import sandboxes
 from ._version import __version__
-from .contract import Sandbox, SandboxError, isolation_rank
+from .contract import Sandbox, SandboxError
 from .execs import ExecRegistry
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
@@ -224,17 +224,9 @@ class SandboxApp(ExtensionApp):
             self.policy.isolation,
             self.policy.egress,
         )
-        if isolation_rank(self.policy.isolation) > isolation_rank(provider.max_isolation):
-            self.log.warning(
-                "jupyter_tai_sandbox: the isolation floor is %r but the %s provider gives %r at most, so "
-                "every session create will be refused. Lower the floor: --SandboxPolicy.isolation=%s "
-                "(or TAI_MCP_SANDBOX_ISOLATION=%s), or use a stronger provider.",
-                self.policy.isolation,
-                provider.kind,
-                provider.max_isolation,
-                provider.max_isolation,
-                provider.max_isolation,
-            )
+        refused = sandboxes.floor_refusal(provider.kind, self.policy.isolation, provider.max_isolation)
+        if refused:
+            self.log.warning("jupyter_tai_sandbox: %s", refused)
 
     def touch(self) -> None:
         """Record sandbox use for the server's idle culling (and JupyterHub's, which asks /api/status)."""

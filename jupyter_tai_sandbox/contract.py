@@ -740,6 +740,43 @@ def session_gone(session_id: str) -> SandboxNotFoundError:
     return SandboxNotFoundError(f"no sandbox session {str(session_id)[:80]!r} (it may have expired or been destroyed)")
 
 
+#: How to lower the isolation floor, door by door ({level}: the level to lower it to): a hint names
+#: only what works where it is read. "server": a Jupyter server's option (REST, the panel, the MCP
+#: door, the magics, a kernel the server starts); "cli": ``jupyter tai-sandbox preset run``; "kernel":
+#: a sandboxed kernel a client outside any server starts (jupyter console, a KernelManager script).
+ISOLATION_FLOOR_HINTS: dict[str, str] = {
+    "server": "--SandboxPolicy.isolation={level} or TAI_MCP_SANDBOX_ISOLATION={level}",
+    "cli": "--isolation {level}",
+    "kernel": (
+        "TAI_MCP_SANDBOX_ISOLATION={level} in the environment of the program that starts the kernel, "
+        "or c.SandboxPolicy.isolation = '{level}' in a jupyter_server_config file"
+    ),
+}
+
+
+def isolation_floor_refusal(
+    kind: str, max_isolation: str, wanted: str, door: str = "server"
+) -> SandboxSpecRejectedError:
+    """The refusal of a spec over what the provider gives, with the hint valid for ``door``
+    (a key of :data:`ISOLATION_FLOOR_HINTS`); ``isolation_floor`` keeps the facts for another door."""
+    hint = ISOLATION_FLOOR_HINTS[door].format(level=max_isolation)
+    error = SandboxSpecRejectedError(
+        f"the {kind} provider gives isolation {max_isolation!r} at most; isolation {wanted!r} was requested. "
+        f"Lower the operator's floor to {max_isolation!r} ({hint}), or install a stronger provider"
+    )
+    error.isolation_floor = (kind, max_isolation, wanted)  # type: ignore[attr-defined]
+    return error
+
+
+def for_door(error: BaseException, door: str) -> BaseException:
+    """``error`` with its hint made valid for ``door``: an isolation-floor refusal is re-worded, any
+    other error is returned as it is."""
+    floor = getattr(error, "isolation_floor", None)
+    if floor is None:
+        return error
+    return isolation_floor_refusal(*floor, door=door)
+
+
 class Sandbox(abc.ABC):
     """A provider: creates, finds, lists and reaps sessions."""
 
@@ -756,12 +793,7 @@ class Sandbox(abc.ABC):
         """Reject (loudly) a spec this provider cannot honour; never downgrade it."""
         wanted = spec.isolation or self.max_isolation
         if isolation_rank(wanted) > isolation_rank(self.max_isolation):
-            raise SandboxSpecRejectedError(
-                f"the {self.kind} provider gives isolation {self.max_isolation!r} at most; "
-                f"isolation {wanted!r} was requested. Lower the operator's floor to {self.max_isolation!r} "
-                f"(--SandboxPolicy.isolation={self.max_isolation} or TAI_MCP_SANDBOX_ISOLATION="
-                f"{self.max_isolation}), or install a stronger provider"
-            )
+            raise isolation_floor_refusal(self.kind, self.max_isolation, wanted)
         if spec.network not in self.networks:
             raise SandboxSpecRejectedError(
                 f"the {self.kind} provider cannot honour network={spec.network!r}; it supports "

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from .contract import (
+    ISOLATION_FLOOR_HINTS,
     Sandbox,
     SandboxError,
     SandboxIsolation,
@@ -21,6 +22,7 @@ from .contract import (
     SandboxUnavailableError,
     SessionInfo,
     SessionSpec,
+    isolation_rank,
 )
 from .policy import SandboxPolicy
 
@@ -228,9 +230,43 @@ def status_info(*, show_credentials: bool = True) -> dict[str, Any]:
         info["max_isolation"] = _installed.max_isolation
         info["networks"] = sorted(_installed.networks)
         info["supports_limits"] = _installed.supports_limits
+        limits = provider_limits(_installed.provider) if _installed.supports_limits else {}
+        if limits:
+            info["limits"] = limits
+        refused = floor_refusal(_installed.kind, _installed.policy.isolation, _installed.max_isolation)
+        if refused:
+            info["create_refused"] = refused
     else:
         info["message"] = _failure or (
             "no sandbox provider is installed: set TAI_MCP_SANDBOX (sandbox_module) to one of "
             + ", ".join(BUILTIN_PROVIDERS)
         )
     return info
+
+
+#: the operator's cpu/memory settings a provider with limits may have (DockerSandbox's traits), shown
+#: by the status route so a New session form can say what an empty field means
+LIMIT_SETTINGS = ("default_cpu", "max_cpu", "default_memory_mb", "max_memory_mb")
+
+
+def provider_limits(provider: Sandbox) -> dict[str, float]:
+    """The provider's cpu/memory defaults and maxima it has of LIMIT_SETTINGS (0: none)."""
+    limits: dict[str, float] = {}
+    for name in LIMIT_SETTINGS:
+        value = getattr(provider, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            limits[name] = value
+    return limits
+
+
+def floor_refusal(kind: str, floor: str, max_isolation: str) -> str | None:
+    """Why every create is refused when the operator's isolation floor is over what the provider
+    gives (the server's words: it names the server's option), else None."""
+    if isolation_rank(floor) <= isolation_rank(max_isolation):
+        return None
+    hint = ISOLATION_FLOOR_HINTS["server"].format(level=max_isolation)
+    return (
+        f"every session create is refused: the isolation floor is {floor!r} but the {kind} provider gives "
+        f"{max_isolation!r} at most. Lower the floor ({hint}) and restart the server, "
+        "or use a stronger provider."
+    )

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import labels
-from ..contract import SandboxError, SandboxNotFoundError
+from ..contract import SandboxError, SandboxNotFoundError, SandboxSpecRejectedError, for_door
 from ..errors import (
     PresetConflictError,
     PresetInvalidError,
@@ -33,7 +33,7 @@ from ..errors import (
 )
 from .base_tools import BASE_TOOLS, BaseTool
 from .binding import preset_invalid, validate_input
-from .fence import OPERATOR_CONFIG, Principal, fence
+from .fence import OPERATOR_CLI, OPERATOR_CONFIG, Principal, fence
 from .presets import Preset, parse_preset
 from .store import PresetStore
 
@@ -292,6 +292,12 @@ class ToolRegistry:
         consumer = labels.tool_label(name)
         if isinstance(tool, Preset) and tool.source == PRIVATE and principal.owner is not None:
             consumer = labels.sub_label(labels.user_label(principal.owner), consumer)  # the author's, not the tool's
-        return await base.run(
-            base_input, consumer=consumer, owner=principal.owner, output_limit=self.max_output_bytes or None
-        )
+        try:
+            return await base.run(
+                base_input, consumer=consumer, owner=principal.owner, output_limit=self.max_output_bytes or None
+            )
+        except SandboxSpecRejectedError as e:
+            if principal == OPERATOR_CLI and getattr(e, "isolation_floor", None):
+                # `jupyter tai-sandbox preset run` lowers the floor with its own flag, not a server option
+                raise for_door(e, "cli") from None
+            raise
