@@ -64,6 +64,7 @@ import posixpath
 import signal
 import socket
 import sys
+import textwrap
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -79,6 +80,7 @@ from .contract import (
     SandboxError,
     SandboxSession,
     SessionSpec,
+    for_door,
 )
 from .kernel_loop import on_kernel_loop, stop_watching, watch_client
 from .tunnel import Tunnel, TunnelError
@@ -101,12 +103,34 @@ class SandboxKernelError(SandboxError, HTTPError):
     """
 
     def __init__(self, message: str, status_code: int = 500) -> None:
+        message = _readable(message)
         HTTPError.__init__(self, status_code, message)
         self.args = (message,)
         self.message = message
 
     def __str__(self) -> str:
         return self.message
+
+
+#: the widest line of a kernel-start error: JupyterLab shows it in a <pre> that does not wrap
+ERROR_LINE_WIDTH = 72
+
+
+def _readable(message: str) -> str:
+    """A kernel-start error in lines of at most ERROR_LINE_WIDTH characters (words and options kept
+    whole), its first clause on a line of its own: JupyterLab's "Error Starting Kernel" dialog and
+    ``jupyter console`` show it as it is, so one long line would hide its end, where the fix is."""
+    head, sep, rest = message.partition(": ")
+    if sep and len(head) <= ERROR_LINE_WIDTH and "\n" not in head:
+        first, message = head + ":", rest
+    else:
+        first = ""
+    lines = [first] if first else []
+    for paragraph in message.splitlines() or [""]:
+        lines += textwrap.wrap(
+            paragraph, ERROR_LINE_WIDTH, break_long_words=False, break_on_hyphens=False
+        ) or [""]
+    return "\n".join(lines)
 
 
 #: Writes stdin into "$2" (mode 0600) in the folder "$1" (mode 0700), as Jupyter keeps its connection
@@ -339,7 +363,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             ) from None
         except SandboxError as e:
             await self._teardown()
-            raise _start_error(e) from e
+            # outside a server (jupyter console, a script) a server option is no fix: name the kernel's
+            raise _start_error(e if self._server_registry() is not None else for_door(e, "kernel")) from e
         except BaseException:
             await self._teardown()
             raise
