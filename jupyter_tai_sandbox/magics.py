@@ -47,7 +47,7 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
 from .client import SandboxClient, SeveralServersWarning, discover_server
 from .contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
-from .image import PYTHON_IMAGE
+from .image import PYTHON_IMAGE, missing_program_hint
 from .magics_frames import out_frame_targets, read_frame, serialise_input
 from .magics_options import (
     DEFAULT_TIMEOUT,
@@ -134,6 +134,7 @@ class _Session:
     kind: str = ""
     timeout: float | None = None
     created_here: bool = True
+    image: str | None = None
 
 
 # ------------------------------------------------------------------ the magics
@@ -249,7 +250,7 @@ class SandboxMagics(Magics):
                 flush=True,
             )
         known = _Session(name, info["id"], dict(options), info.get("workspace", ""), info.get("kind", ""),
-                         options.get("timeout"))
+                         options.get("timeout"), image=info.get("image"))
         with self._lock:  # registered here, on the loop thread, even if the cell was interrupted meanwhile
             self._sessions[name] = known
         return known
@@ -264,6 +265,7 @@ class SandboxMagics(Magics):
         try:
             info = await client.info(known.id)
             known.workspace = info.get("workspace", known.workspace)
+            known.image = info.get("image", known.image)
             return known, ""
         except SandboxNotFoundError:
             if not known.created_here:
@@ -345,6 +347,9 @@ class SandboxMagics(Magics):
             print(f"sandbox: {timed_out} (set --timeout to allow longer)", file=sys.stderr, flush=True)
         elif exit_code:
             print(f"sandbox: exit status {exit_code}", file=sys.stderr, flush=True)
+            hint = missing_program_hint(outcome.stderr_tail, interpreter, known.image, known.kind) if exit_code == 127 else None
+            if hint:
+                print(f"sandbox: {hint}", file=sys.stderr, flush=True)
         if args.raise_error and (exit_code or timed_out is not None):
             raise SandboxCommandError(
                 exit_code if timed_out is None else None, shlex.join(interpreter), outcome.stdout, outcome.stderr
@@ -498,7 +503,7 @@ class SandboxMagics(Magics):
         except SandboxNotFoundError:
             return None
         known = _Session(session_id, info["id"], {}, info.get("workspace", ""), info.get("kind", ""), None,
-                         created_here=False)
+                         created_here=False, image=info.get("image"))
         with self._lock:
             self._sessions[session_id] = known
         return known

@@ -70,6 +70,10 @@ class LoopThread:
                     raise SandboxMagicError(f"no answer from the sandbox API within {timeout:g} s") from None
 
 
+#: how much of the end of stderr an Outcome keeps
+STDERR_TAIL = 2048
+
+
 @dataclass
 class Outcome:
     """What a streamed command left: captured text (for --out/--err), its exit, its deadline message."""
@@ -78,6 +82,8 @@ class Outcome:
     stderr: str = ""
     exit_code: int | None = None
     timed_out: str | None = None
+    #: the end of stderr, printed or captured (a shell's "not found" for a hint)
+    stderr_tail: str = ""
 
 
 @dataclass
@@ -146,6 +152,8 @@ class _Sinks:
             raise item
 
     def _write(self, stream: str, text: str) -> None:
+        if stream == "stderr" and text:
+            self.outcome.stderr_tail = (self.outcome.stderr_tail + text)[-STDERR_TAIL:]
         sink = self.sinks[stream]
         if sink is None:
             self.captured[stream].append(text)

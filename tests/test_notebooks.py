@@ -101,6 +101,17 @@ def test_getting_started_notebook(tmp_path):
         server.stop()
 
 
+def test_getting_started_notebook_on_docker_with_the_default_image(tmp_path):
+    docker_client()  # skips without an engine (fails in CI)
+    (key, value), = RUN_LABEL.items()
+    server = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")).start()
+    try:
+        check_getting_started(execute(server, "getting-started.ipynb"), provider="docker")
+        assert (server.root / "by-size.csv").exists()
+    finally:
+        server.stop()
+
+
 def test_docker_isolation_notebook(tmp_path):
     client = docker_client()  # skips without an engine (fails in CI)
     (key, value), = RUN_LABEL.items()

@@ -275,10 +275,12 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     supports_limits = True
 
     image = Unicode(
-        DEFAULT_IMAGE,
-        help="""Session image when a spec names none. It must provide sh, setsid, mkfifo, mv, rm, cat,
-        kill, readlink, ls and a fractional sleep, /proc and a writable /tmp. Build the default with
-        `jupyter tai-sandbox build-image`.""",
+        "",
+        help=f"""Session image when a spec names none. Empty (the default): the package's Python image
+        {PYTHON_IMAGE} when the engine has it (`jupyter tai-sandbox build-image --python`), else the
+        minimal image {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`), chosen when the provider first
+        reaches the engine (restart the server after building the Python image). Any image must provide
+        sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls and a fractional sleep, /proc and a writable /tmp.""",
     ).tag(config=True)
 
     allowed_images = List(
@@ -538,16 +540,36 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def _connect(self) -> None:
         if not self._engine.connected:
             await self._engine.connect()
+            await self._choose_default_image()
             self._pool.fill_soon()
+        elif not self._image_chosen:
+            await self._choose_default_image()
 
     # ---------------------------------------------------------------- policy
 
+    #: what an empty ``image`` means until the engine has been asked (see :meth:`_choose_default_image`)
+    _auto_image = DEFAULT_IMAGE
+    _image_chosen = False
+
+    @property
+    def default_image(self) -> str:
+        """The image of a session whose spec names none."""
+        return self.image or self._auto_image
+
+    async def _choose_default_image(self) -> None:
+        """With ``image`` empty, the Python image when the engine has it, else the minimal one."""
+        if not self.image:
+            self._auto_image = PYTHON_IMAGE if await self._engine.has_image(PYTHON_IMAGE) else DEFAULT_IMAGE
+        self._image_chosen = True
+
     def image_allowed(self, image: str | None) -> bool:
-        """Whether a caller who is not an admin may ask for ``image`` (None: the configured one)."""
+        """Whether a caller who is not an admin may ask for ``image`` (None: the default one). With
+        ``image`` empty, both of the package's own images are allowed."""
         if image is None:
             return True
         wanted = _normal_image(image)
-        return any(fnmatch.fnmatchcase(wanted, _normal_image(p)) for p in [self.image, *self.allowed_images])
+        configured = [self.image] if self.image else [DEFAULT_IMAGE, PYTHON_IMAGE]
+        return any(fnmatch.fnmatchcase(wanted, _normal_image(p)) for p in [*configured, *self.allowed_images])
 
     def _limited(self, spec: SessionSpec) -> SessionSpec:
         """The spec with the operator's cpu and memory limits in force; out-of-range asks are rejected."""
@@ -574,7 +596,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         return dataclasses.replace(spec, cpu=cpu, memory_mb=memory)
 
     def _image_of(self, spec: SessionSpec) -> str:
-        image = spec.image or self.image
+        image = spec.image or self.default_image
         if len(image) > 255 or not _IMAGE_REF.match(image):
             raise _reject(f"image: {image[:100]!r} is not a valid image reference (for example 'name:tag')")
         return image
@@ -673,7 +695,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         default = self._limited(SessionSpec())
         return (
             self.pool_size > 0
-            and spec.image in (None, self.image)
+            and spec.image in (None, self.default_image)
             and spec.durability == "ephemeral"
             and spec.network == "egress"
             and (spec.cpu, spec.memory_mb) == (default.cpu, default.memory_mb)
@@ -782,6 +804,8 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         spec = self._limited(spec)
         self._image_of(spec)
         await self._connect()
+        if spec.image is None:  # info() says which image the session runs
+            spec = dataclasses.replace(spec, image=self.default_image)
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds

@@ -276,6 +276,14 @@ class DockerEngine:
         except Exception as e:
             raise self.translate(e, what) from None
 
+    async def has_image(self, name: str) -> bool:
+        """Whether the engine holds the image ``name``."""
+        try:
+            await self._call(f"inspect image {name}", "inspect_image", name)
+        except SandboxNotFoundError:
+            return False
+        return True
+
     async def ping(self) -> None:
         """Answer when the engine does (within ``timeout``); SandboxUnavailableError when it cannot be reached."""
         await self._call("answer a ping", "ping")
