@@ -19,6 +19,9 @@ RUN_FAILED = 125
 
 
 def _build_image(args: argparse.Namespace) -> int:
+    if args.pip and not args.python:
+        print("build-image: --pip adds packages to the Python image: add --python", file=sys.stderr)
+        return 2
     if args.python:
         return _build_python_image(args)
     name = args.name or DEFAULT_IMAGE
@@ -45,6 +48,7 @@ def _build_python_image(args: argparse.Namespace) -> int:
             force=args.force,
             progress=progress,
             base_url=args.base_url,
+            pip=args.pip or (),
         )
     except ImageBuildError as e:
         print(f"build-image --python: {e}", file=sys.stderr)
@@ -364,6 +368,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="build the Python image (python3, ipykernel) with debootstrap and docker import; needs root",
     )
     build.add_argument("--force", action="store_true", help="with --python: rebuild even if the image exists")
+    build.add_argument(
+        "--pip",
+        nargs="+",
+        metavar="REQUIREMENT",
+        default=None,
+        help="""with --python: Python packages to add (pip requirements, e.g. pandas 'pyarrow>=15'): wheels
+        fetched by this machine's pip for the image's Python, cached, and installed in the image offline""",
+    )
     build.add_argument("--suite", default="bookworm", help="with --python: the Debian suite (default: bookworm)")
     build.add_argument("--mirror", default=None, help="with --python: the Debian mirror (default: the one apt uses)")
     build.set_defaults(run=_build_image)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -168,6 +169,36 @@ def apt_mirror(suite: str = DEFAULT_SUITE) -> str:
     return DEFAULT_MIRROR
 
 
+#: programs the Python image has and the minimal one lacks
+PYTHON_PROGRAMS = frozenset({"python3", "python3.11", "pydoc3"})
+#: a shell's word that it found no such program: dash ("sh: 1: python3: not found"), busybox
+#: ("sh: python3: not found"), bash ("bash: line 1: python3: command not found")
+_NOT_FOUND = re.compile(r"(?:^|[\s:])([^\s:/]+(?:/[^\s:]+)*): (?:command )?not found\s*$")
+
+
+def missing_program_hint(stderr_tail: str, argv: Sequence[str], image: str | None, kind: str) -> str | None:
+    """What to do about an exit status 127: which program was missing, and the image that has it.
+
+    ``stderr_tail`` is the end of the command's stderr, ``argv`` what was run, ``image`` the session's
+    image and ``kind`` its provider. None when the 127 was not a missing program.
+    """
+    found = _NOT_FOUND.search(stderr_tail.rstrip("\n").rsplit("\n", 1)[-1])
+    program = found.group(1) if found else (argv[0] if argv and argv[0] in stderr_tail else None)
+    if not program:
+        return None
+    name = program.rsplit("/", 1)[-1]
+    if kind == "local":
+        return f"{name} was not found on this host's PATH (the local provider runs commands on the host)"
+    where = f"the session's image {image}" if image else "the session's image"
+    if name in PYTHON_PROGRAMS and image != PYTHON_IMAGE:
+        return (
+            f"{name} is not in {where}; {PYTHON_IMAGE} has it: build it with "
+            f"`jupyter tai-sandbox build-image --python`, then start the session with --image {PYTHON_IMAGE} "
+            "(a docker server with no DockerSandbox.image set uses it by default once built and restarted)"
+        )
+    return f"{name} is not in {where}: start the session with an --image that has it"
+
+
 def _say(progress: Any, line: str) -> None:
     if progress is not None:
         progress(line)
@@ -188,8 +219,13 @@ def build_python_image(
     force: bool = False,
     progress: Callable[[str], Any] | None = None,
     base_url: str | None = None,
+    pip: Sequence[str] = (),
 ) -> str | None:
     """Build the Python session image offline from Debian's packages; return its id (None: kept as it was).
+
+    With ``pip`` (requirements such as ``pandas`` or ``pyarrow>=15``), the image is the Debian one
+    (kept as ``jupyter-tai-sandbox/python-base:SUITE``) with those packages installed from wheels (see
+    ``image_packages``); it is kept when it already holds exactly those on that base.
 
     ``debootstrap --variant=minbase --include=python3,procps SUITE DIR MIRROR`` into a temporary folder,
     ``chroot DIR apt-get install --no-install-recommends python3-ipykernel`` (debootstrap alone resolves
@@ -197,6 +233,10 @@ def build_python_image(
     300 MB and one to three minutes. An existing ``name`` is kept unless ``force``. ``progress`` gets
     one line of text at a time (debootstrap's own ``I:`` lines included).
     """
+    if pip:
+        return _build_with_packages(
+            name, list(pip), suite=suite, mirror=mirror, force=force, progress=progress, base_url=base_url
+        )
     env = dict(os.environ)
     if base_url:
         env["DOCKER_HOST"] = base_url
@@ -264,6 +304,65 @@ def build_python_image(
             raise ImageBuildError(f"docker import of {name} failed: {imported.stderr.strip() or 'tar failed'}")
     image_id = imported.stdout.strip()
     _say(progress, f"built {name} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
+    return image_id
+
+
+#: the Debian Python image without added packages, the base of those ``--pip`` builds (tag: the suite)
+PYTHON_BASE_IMAGE = "jupyter-tai-sandbox/python-base"
+
+
+def _docker_client(base_url: str | None) -> Any:
+    try:
+        import docker
+    except ImportError as e:  # pragma: no cover - the docker extra is missing
+        raise ImageBuildError("the docker SDK is missing: pip install 'jupyter-tai-sandbox[docker]'") from e
+    try:
+        return docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+    except docker.errors.DockerException as e:
+        raise ImageBuildError(f"cannot reach the Docker engine ({e}); is one running? (start one with: dockerd &)") from e
+
+
+def _build_with_packages(
+    name: str,
+    pip: list[str],
+    *,
+    suite: str,
+    mirror: str | None,
+    force: bool,
+    progress: Callable[[str], Any] | None,
+    base_url: str | None,
+) -> str | None:
+    import docker.errors
+
+    from .image_packages import LABEL_PIP, add_packages, kept
+
+    client = _docker_client(base_url)
+    base = f"{PYTHON_BASE_IMAGE}:{suite}"
+    try:
+        try:
+            client.images.get(base)
+            have_base = not force
+        except docker.errors.ImageNotFound:
+            have_base = False
+        if not have_base:
+            plain = None
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                plain = client.images.get(name)
+            if plain is not None and not force and not (plain.labels or {}).get(LABEL_PIP):
+                plain.tag(*base.rsplit(":", 1))  # an earlier `build-image --python` is the base
+                _say(progress, f"{base}: the Debian image {name} built earlier")
+            else:
+                build_python_image(base, suite=suite, mirror=mirror, force=True, progress=progress, base_url=base_url)
+        if not force and kept(client, name, base, pip):
+            _say(progress, f"{name} has {' '.join(pip)} on {base} already: kept (--force rebuilds it)")
+            return None
+        started = time.monotonic()
+        image_id = add_packages(client, base, name, pip, progress=lambda line: _say(progress, line))
+    except docker.errors.DockerException as e:
+        raise ImageBuildError(f"the Docker engine refused a step of the build of {name}: {e}") from e
+    finally:
+        client.close()
+    _say(progress, f"built {name} ({image_id[:19]}) with {' '.join(pip)} in {time.monotonic() - started:.0f} s")
     return image_id
 
 

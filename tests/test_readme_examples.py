@@ -10,6 +10,7 @@ import pytest
 from test_magics import LOCAL_ARGS, LiveServer
 
 from jupyter_tai_sandbox.image import PYTHON_IMAGE
+from jupyter_tai_sandbox.image_packages import LABEL_PIP
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -68,14 +69,19 @@ def test_readme_magics_run_as_written_on_docker(tmp_path):
 
     client = docker_client()  # skips without an engine (fails in CI)
     try:
-        client.images.get(PYTHON_IMAGE)
+        pip = client.images.get(PYTHON_IMAGE).labels.get(LABEL_PIP, "").split()
     except Exception:
         if in_ci():
             raise
-        pytest.skip(f"{PYTHON_IMAGE} is not built: jupyter tai-sandbox build-image --python")
+        pytest.skip(f"{PYTHON_IMAGE} is not built: jupyter tai-sandbox build-image --python --pip pandas pyarrow")
+    if not {"pandas", "pyarrow"} <= set(pip):
+        message = f"{PYTHON_IMAGE} lacks pandas or pyarrow: jupyter tai-sandbox build-image --python --pip pandas pyarrow"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
     (key, value), = RUN_LABEL.items()
-    live = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}",
-                                      f"--DockerSandbox.allowed_images={PYTHON_IMAGE}")).start()
+    # the server's default configuration: no image named, so sessions get the Python image
+    live = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")).start()
     try:
         kernel = live.start_kernel()
         try:

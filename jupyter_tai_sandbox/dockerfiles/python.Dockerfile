@@ -1,24 +1,31 @@
-# A Python-capable session image for sandbox-docker, for engines that can pull.
-#   docker build -t jupyter-tai-sandbox/python:3.12 -f python.Dockerfile .
-#   c.DockerSandbox.image = "jupyter-tai-sandbox/python:3.12"
-# The provider needs sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls and a
-# fractional sleep (coreutils + util-linux in the slim base), /proc, a writable
-# /tmp and /workspace. Commands run as the unprivileged user "sandbox".
-FROM python:3.12-slim
+# The Python session image for sandbox-docker, for engines that can pull: the same image
+# `jupyter tai-sandbox build-image --python [--pip PKG ...]` builds offline (debootstrap + docker import).
+#   docker build -t jupyter-tai-sandbox/python:latest -f python.Dockerfile .
+#   docker build -t jupyter-tai-sandbox/python:latest --build-arg PIP="pandas pyarrow" -f python.Dockerfile .
+# A docker server with no DockerSandbox.image set uses jupyter-tai-sandbox/python:latest when the engine
+# has it. What it holds: Debian's python3 and python3-ipykernel (sandboxed kernels), procps, the
+# provider's wrapper tools (sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls, a fractional sleep),
+# a writable /tmp and /workspace; with PIP, those packages from wheels. The user is the image's root,
+# as build-image makes it: the provider drops every capability and sets no-new-privileges (set
+# DockerSandbox.user to run as another uid).
+FROM debian:bookworm
 
+ARG PIP=""
 RUN set -eux; \
     apt-get update; \
-    apt-get install -y --no-install-recommends coreutils util-linux procps ca-certificates; \
-    rm -rf /var/lib/apt/lists/*; \
+    apt-get install -y --no-install-recommends python3 procps python3-ipykernel; \
+    if [ -n "$PIP" ]; then \
+        apt-get install -y --no-install-recommends python3-pip; \
+        pip3 install --no-cache-dir --break-system-packages --only-binary=:all: $PIP; \
+        apt-get purge -y python3-pip; apt-get autoremove -y; \
+    fi; \
+    apt-get clean; rm -rf /var/lib/apt/lists/*; \
     for tool in sh setsid mkfifo mv rm cat kill readlink ls sleep; do command -v "$tool"; done; \
     sleep 0.01; \
-    groupadd --gid 1000 sandbox; \
-    useradd --uid 1000 --gid 1000 --home-dir /workspace --no-create-home --shell /bin/sh sandbox; \
     mkdir -p /workspace; \
-    chown sandbox:sandbox /workspace; \
+    chmod 777 /workspace; \
     chmod 1777 /tmp
 
-ENV HOME=/workspace PYTHONUNBUFFERED=1
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 WORKDIR /workspace
-USER 1000:1000
 CMD ["sh"]
