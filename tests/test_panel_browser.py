@@ -523,23 +523,31 @@ def test_panel_shows_whole_json_errors(lab_process: LabProcess, page: Any) -> No
     assert "404" not in shown and "not found" not in shown, shown
     shot(page, "provider-misspelled")
 
-    # the local provider under the default isolation floor (container) refuses every create
+    # the local provider under the default isolation floor (container) refuses every create: the panel
+    # says so before any click (issue 25 point 8), New session is off with the reason as its tooltip,
+    # and the hint names the server's option (this is the server's door)
     lab_process.stop()
     lab = lab_process.start("local", isolation=None)
     code, refusal = lab.api("POST", "sessions", {"ttl_seconds": 60})
     assert 400 <= code < 500 and isinstance(refusal, dict), (code, refusal)
+    assert "--SandboxPolicy.isolation=none" in refusal["message"], refusal["message"]
+    code, body = lab.api("GET", "status")
+    assert code == 200 and "--SandboxPolicy.isolation=none" in body["create_refused"], body
     panel = open_panel(page, lab)
     expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("Provider local", timeout=45_000)
     expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("isolation floor container")
-    open_new_session_dialog(page, panel).locator(".jp-Dialog-button.jp-mod-accept").click()
-    error = panel.locator(".jp-TaiSandbox-error")
-    expect(error).to_be_visible()
-    expect(error.locator(".jp-TaiSandbox-errorMessage")).to_have_text(refusal["message"])
-    assert not_clipped(error)
-    assert "SandboxPolicy.isolation" in refusal["message"], refusal["message"]
-    shot(page, "create-refused-isolation-floor")
-    error.locator(".jp-TaiSandbox-dismiss").click()
-    expect(error).to_be_hidden()
+    notice = panel.locator(".jp-TaiSandbox-notice")
+    expect(notice).to_have_attribute("data-kind", "blocked")
+    expect(notice).to_have_text(f"New session is off: {body['create_refused']}")
+    assert not_clipped(notice)
+    new = panel.locator(".jp-TaiSandbox-new")
+    expect(new).to_have_attribute("aria-disabled", "true")
+    expect(new).to_have_attribute("title", f"New session is off: {body['create_refused']}")
+    assert "no isolation" not in notice.inner_text().lower()
+    shot(page, "new-session-off-isolation-floor")
+    new.click(force=True)  # a disabled button: no dialog
+    page.wait_for_timeout(500)
+    expect(page.locator(".jp-Dialog")).to_have_count(0)
 
 
 def _process_gone(pid: int, timeout: float = 10) -> bool:

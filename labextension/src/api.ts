@@ -18,6 +18,16 @@ export interface IPolicy {
   durable: boolean;
   scrub_transcript: boolean;
   credentials: Record<string, string[]>;
+  /** Longest TTL a spec may ask for (0: no maximum). */
+  max_ttl_seconds?: number;
+}
+
+/** The operator's cpu/memory settings of a provider with limits (0: no default limit / no maximum). */
+export interface ILimits {
+  default_cpu?: number;
+  max_cpu?: number;
+  default_memory_mb?: number;
+  max_memory_mb?: number;
 }
 
 /** GET status: the kind row. `kind` is "off" when no provider is configured. */
@@ -27,6 +37,9 @@ export interface IStatus {
   max_isolation?: Isolation;
   networks?: Network[];
   supports_limits?: boolean;
+  limits?: ILimits;
+  /** Present when every create is refused whatever the spec: why, and the server option that fixes it. */
+  create_refused?: string;
   policy?: IPolicy;
 }
 

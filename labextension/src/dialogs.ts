@@ -3,6 +3,7 @@ import { Dialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { IStatus } from './api';
+import { isolationWarning, limitHints } from './model';
 import { ISessionForm } from './spec';
 
 type Field = HTMLInputElement | HTMLSelectElement;
@@ -13,6 +14,14 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
     this.addClass('jp-TaiSandbox-newSession');
     const networks = status?.networks?.length ? status.networks : ['egress', 'internal', 'none'];
     const limits = status?.supports_limits !== false;
+    const hints = limitHints(status);
+    const warning = isolationWarning(status);
+    if (warning) {
+      const note = document.createElement('p');
+      note.className = 'jp-TaiSandbox-formWarning';
+      note.textContent = `${warning} The ${status?.kind ?? ''} provider runs a session's commands as the server's own user, in a folder of this machine.`;
+      this.node.appendChild(note);
+    }
 
     this._image = this._input('image', 'Image', initial.image, 'provider default');
     this._durability = this._select('durability', 'Durability', initial.durability, [
@@ -32,12 +41,13 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
       networks
     );
     this._ttl = this._input('ttlSeconds', 'TTL (seconds)', initial.ttlSeconds, '3600');
-    this._cpu = this._input('cpu', 'CPUs', initial.cpu, limits ? 'no limit' : 'not supported');
+    this._cpu = this._input('cpu', 'CPUs', initial.cpu, hints.cpu.placeholder, hints.cpu.hint);
     this._memory = this._input(
       'memoryMb',
       'Memory (MB)',
       initial.memoryMb,
-      limits ? 'no limit' : 'not supported'
+      hints.memory.placeholder,
+      hints.memory.hint
     );
     if (!limits) {
       this._cpu.disabled = true;
@@ -57,7 +67,7 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
     };
   }
 
-  private _row(name: string, label: string, field: Field): void {
+  private _row(name: string, label: string, field: Field, hint?: string): void {
     const row = document.createElement('label');
     row.className = 'jp-TaiSandbox-formRow';
     const text = document.createElement('span');
@@ -65,15 +75,29 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
     field.name = name;
     field.classList.add('jp-mod-styled');
     row.append(text, field);
+    if (hint) {
+      const small = document.createElement('span');
+      small.className = 'jp-TaiSandbox-formHint';
+      small.dataset.field = name;
+      small.textContent = hint;
+      field.title = hint;
+      row.append(small);
+    }
     this.node.appendChild(row);
   }
 
-  private _input(name: string, label: string, value: string, placeholder: string): HTMLInputElement {
+  private _input(
+    name: string,
+    label: string,
+    value: string,
+    placeholder: string,
+    hint?: string
+  ): HTMLInputElement {
     const input = document.createElement('input');
     input.type = 'text';
     input.value = value;
     input.placeholder = placeholder;
-    this._row(name, label, input);
+    this._row(name, label, input, hint);
     return input;
   }
 

@@ -22,6 +22,7 @@ import {
   IFileBrowserFactory,
   Uploader
 } from '@jupyterlab/filebrowser';
+import { IRunningSessionManagers } from '@jupyterlab/running';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { Widget } from '@lumino/widgets';
 import { ToolbarButton, newFolderIcon, refreshIcon } from '@jupyterlab/ui-components';
@@ -34,6 +35,7 @@ import { sandboxDriveIcon, sandboxIcon } from './icon';
 import { EXTEND_SECONDS, extendedTtl } from './kernels';
 import { SessionsModel, describeError, secondsLeft } from './model';
 import { SandboxPanel } from './panel';
+import { SandboxSessionsRunning, SandboxTerminalsRunning } from './running';
 import { ISessionForm, ISpecDefaults, SpecFormError, buildSpec, defaultForm } from './spec';
 import { SandboxTerminal } from './terminal';
 import { SandboxAPIError } from './request';
@@ -95,7 +97,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     ILayoutRestorer,
     ISettingRegistry,
     IFileBrowserFactory,
-    IDefaultFileBrowser
+    IDefaultFileBrowser,
+    IRunningSessionManagers
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -103,7 +106,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer: ILayoutRestorer | null,
     settingRegistry: ISettingRegistry | null,
     browserFactory: IFileBrowserFactory | null,
-    defaultBrowser: IDefaultFileBrowser | null
+    defaultBrowser: IDefaultFileBrowser | null,
+    runningManagers: IRunningSessionManagers | null
   ) => {
     const { commands, shell } = app;
     const client = new SandboxClient(app.serviceManager.serverSettings);
@@ -112,9 +116,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const model = new SessionsModel({
       client,
       interval: settings.pollIntervalSeconds,
-      standby: () => !panel || !panel.isVisible,
+      // the sessions show in the panel and in JupyterLab's Running sidebar
+      standby: () => !(panel?.isVisible || runningSidebarVisible()),
       usageInterval: USAGE_SECONDS
     });
+    /** JupyterLab's Running sidebar (id jp-running-sessions) is open. */
+    function runningSidebarVisible(): boolean {
+      if (!runningManagers) {
+        return false;
+      }
+      for (const widget of shell.widgets('left')) {
+        if (widget.id === 'jp-running-sessions' && widget.isVisible) {
+          return true;
+        }
+      }
+      for (const widget of shell.widgets('right')) {
+        if (widget.id === 'jp-running-sessions' && widget.isVisible) {
+          return true;
+        }
+      }
+      return false;
+    }
     const files = new Map<string, SandboxFiles>();
     // terminal tabs, restored after a page reload by their session and exec id
     const terminals = new WidgetTracker<SandboxTerminal>({ namespace: 'tai-sandbox-terminal' });
@@ -402,6 +424,46 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.title.icon = sandboxIcon;
     shell.add(panel, 'left', { rank: 250 });
     restorer?.add(panel, 'tai-sandbox-panel');
+
+    if (runningManagers) {
+      runningManagers.add(
+        new SandboxTerminalsRunning({
+          forEach: fn => terminals.forEach(fn),
+          widgetAdded: terminals.widgetAdded,
+          activate: terminal => shell.activateById(terminal.id),
+          icon: sandboxIcon
+        })
+      );
+      runningManagers.add(
+        new SandboxSessionsRunning({
+          model,
+          icon: sandboxIcon,
+          reveal: id => {
+            shell.activateById(panel!.id);
+            panel!.revealSession(id);
+          },
+          destroy: async id => {
+            try {
+              await client.destroySession(id);
+            } catch (error) {
+              if (!(error instanceof SandboxAPIError && error.status === 404)) {
+                notifyError(`Could not destroy session ${id}: ${describeError(error)}`);
+                throw error;
+              }
+            }
+            files.get(id)?.dispose();
+          },
+          shutdownKernel: async kernelId => {
+            try {
+              await app.serviceManager.kernels.shutdown(kernelId);
+            } catch (error) {
+              notifyError(`Could not shut down kernel ${kernelId}: ${describeError(error)}`);
+              throw error;
+            }
+          }
+        })
+      );
+    }
 
     // the Sandbox drive: sessions as folders, their workspaces inside, in a file browser of its own
     const drive = new SandboxDrive(client);

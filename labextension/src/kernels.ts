@@ -81,6 +81,32 @@ export function extendedTtl(
   return Math.ceil(currentTtl(session) + add);
 }
 
+/**
+ * Why "+30 min" cannot succeed for this session (the TTL it would ask for is over
+ * the operator's maximum, SandboxPolicy.max_ttl_seconds), or null when it can;
+ * `maxTtl` 0 or absent: no maximum.
+ */
+export function extendBlockedReason(
+  session: { created_at: number; expires_at: number },
+  maxTtl: number | null | undefined,
+  add: number = EXTEND_SECONDS
+): string | null {
+  if (!maxTtl || maxTtl <= 0) {
+    return null;
+  }
+  const wanted = extendedTtl(session, add);
+  if (wanted <= maxTtl) {
+    return null;
+  }
+  if (currentTtl(session) >= maxTtl - 1) {
+    return `This session already has the operator's maximum TTL of ${maxTtl} s (SandboxPolicy.max_ttl_seconds).`;
+  }
+  return (
+    `${Math.round(add / 60)} more minutes would make its TTL ${wanted} s, over the operator's ` +
+    `maximum of ${maxTtl} s (SandboxPolicy.max_ttl_seconds).`
+  );
+}
+
 /** GET sessions/{id}'s `usage` (a provider fills what it can, null for the rest). */
 export interface ISessionUsage {
   cpu_seconds?: number | null;

@@ -194,6 +194,87 @@ export function statusLine(state: IPanelState): string {
   }
 }
 
+/** The words the panel uses where a user decides, for a provider with no isolation at all. */
+export const NO_ISOLATION = 'No isolation: code runs on this host as you.';
+
+/**
+ * Why New session cannot succeed whatever the form says (the operator's isolation
+ * floor over what the provider gives), or null. The server says it in its own
+ * words (they name its option); an older server's status is read the same way.
+ */
+export function createBlockedReason(status: IStatus | null | undefined): string | null {
+  if (!status || status.kind === 'off') {
+    return null;
+  }
+  if (status.create_refused) {
+    return status.create_refused;
+  }
+  const floor = status.policy?.isolation;
+  const max = status.max_isolation;
+  if (floor && max && ISOLATION_ORDER.indexOf(floor) > ISOLATION_ORDER.indexOf(max)) {
+    return (
+      `every session create is refused: the isolation floor is '${floor}' but the ` +
+      `${status.kind} provider gives '${max}' at most. Lower the floor ` +
+      `(--SandboxPolicy.isolation=${max} or TAI_MCP_SANDBOX_ISOLATION=${max}) and restart the server, ` +
+      'or use a stronger provider.'
+    );
+  }
+  return null;
+}
+
+/** The no-isolation warning when the sessions of this provider run on the host (local), else null. */
+export function isolationWarning(status: IStatus | null | undefined): string | null {
+  if (!status || status.kind === 'off' || createBlockedReason(status)) {
+    return null;
+  }
+  return status.max_isolation === 'none' ? NO_ISOLATION : null;
+}
+
+const ISOLATION_ORDER = ['none', 'container', 'vm'];
+
+/** `1 CPU`, `2.5 CPUs`. */
+export function formatCpus(cpus: number): string {
+  return `${cpus} ${cpus === 1 ? 'CPU' : 'CPUs'}`;
+}
+
+/** `512 MB`, `1 GiB` (whole GiB), `1536 MB`. */
+export function formatMemoryMb(mb: number): string {
+  return mb >= 1024 && mb % 1024 === 0 ? `${mb / 1024} GiB` : `${mb} MB`;
+}
+
+/**
+ * What an empty CPUs / Memory field means, and the most it takes: the operator's
+ * default and maximum (`status.limits`); 0 or absent is no limit / no maximum.
+ */
+export function limitHints(status: IStatus | null | undefined): {
+  cpu: { placeholder: string; hint: string };
+  memory: { placeholder: string; hint: string };
+} {
+  if (status?.supports_limits === false) {
+    const none = { placeholder: 'not supported', hint: `the ${status.kind} provider cannot enforce limits` };
+    return { cpu: none, memory: none };
+  }
+  const limits = status?.limits ?? {};
+  const describe = (
+    def: number | undefined,
+    max: number | undefined,
+    format: (n: number) => string
+  ): { placeholder: string; hint: string } => {
+    const hasDefault = typeof def === 'number' && def > 0;
+    const hasMax = typeof max === 'number' && max > 0;
+    // the provider caps its default at the maximum
+    const given = hasDefault ? (hasMax ? Math.min(def!, max!) : def!) : 0;
+    const placeholder = hasDefault ? `default ${format(given)}` : 'no limit';
+    const parts = [hasDefault ? `empty: ${format(given)}` : 'empty: no limit'];
+    parts.push(hasMax ? `at most ${format(max!)}` : 'no maximum');
+    return { placeholder, hint: `${parts.join(', ')} (the operator's settings)` };
+  };
+  return {
+    cpu: describe(limits.default_cpu, limits.max_cpu, formatCpus),
+    memory: describe(limits.default_memory_mb, limits.max_memory_mb, formatMemoryMb)
+  };
+}
+
 export namespace SessionsModel {
   export interface IOptions {
     client: SandboxClient;

@@ -15,8 +15,23 @@ import { Panel, Widget } from '@lumino/widgets';
 
 import { ISessionInfo } from './api';
 import { button } from './files';
-import { IPanelState, SessionsModel, formatDuration, secondsLeft, statusLine } from './model';
-import { EXTEND_SECONDS, kernelIdOf, kernelServesText, usageText, usageTitle } from './kernels';
+import {
+  IPanelState,
+  SessionsModel,
+  createBlockedReason,
+  formatDuration,
+  isolationWarning,
+  secondsLeft,
+  statusLine
+} from './model';
+import {
+  EXTEND_SECONDS,
+  extendBlockedReason,
+  kernelIdOf,
+  kernelServesText,
+  usageText,
+  usageTitle
+} from './kernels';
 
 export namespace SandboxPanel {
   export interface IActions {
@@ -49,13 +64,7 @@ export class SandboxPanel extends SidePanel {
     heading.addClass('jp-TaiSandbox-title');
     this.header.addWidget(heading);
 
-    this._newButton = new ToolbarButton({
-      icon: addIcon,
-      label: 'New session',
-      tooltip: 'Create a sandbox session',
-      className: 'jp-TaiSandbox-new',
-      onClick: () => this._actions.newSession()
-    });
+    this._newButton = this._makeNewButton(NEW_TOOLTIP);
     this.toolbar.addItem('new-session', this._newButton);
     this.toolbar.addItem('spacer', Toolbar.createSpacerItem());
     this.toolbar.addItem(
@@ -73,6 +82,13 @@ export class SandboxPanel extends SidePanel {
     this._status = document.createElement('div');
     this._status.className = 'jp-TaiSandbox-status';
     this._status.setAttribute('role', 'status');
+    this._statusText = document.createElement('span');
+    this._statusText.className = 'jp-TaiSandbox-statusText';
+    // why New session is off, or that sessions run with no isolation: where the user decides
+    this._notice = document.createElement('div');
+    this._notice.className = 'jp-TaiSandbox-notice';
+    this._notice.hidden = true;
+    this._status.append(this._statusText, this._notice);
     this._error = document.createElement('div');
     this._error.className = 'jp-TaiSandbox-error';
     this._error.setAttribute('role', 'alert');
@@ -103,6 +119,17 @@ export class SandboxPanel extends SidePanel {
     dismiss.classList.add('jp-TaiSandbox-dismiss');
     this._error.replaceChildren(heading, text, dismiss);
     this._error.hidden = false;
+  }
+
+  /** Scroll a session's row into view and mark it for a moment (from the Running sidebar). */
+  revealSession(id: string): void {
+    const item = this._items.get(id);
+    if (!item) {
+      return;
+    }
+    item.scrollIntoView({ block: 'nearest' });
+    item.classList.add('jp-mod-revealed');
+    window.setTimeout(() => item.classList.remove('jp-mod-revealed'), 2000);
   }
 
   clearError(): void {
@@ -136,9 +163,15 @@ export class SandboxPanel extends SidePanel {
 
   private _render(): void {
     const state = this._model.state;
-    this._status.textContent = statusLine(state);
+    this._statusText.textContent = statusLine(state);
     this._status.dataset.connection = state.connection;
-    this._newButton.enabled = state.connection === 'ok';
+    const ok = state.connection === 'ok';
+    const blocked = ok ? createBlockedReason(state.status) : null;
+    const warning = ok ? isolationWarning(state.status) : null;
+    this._notice.hidden = !blocked && !warning;
+    this._notice.textContent = blocked ? `New session is off: ${blocked}` : (warning ?? '');
+    this._notice.dataset.kind = blocked ? 'blocked' : warning ? 'no-isolation' : '';
+    this._setNewButton(ok && !blocked, blocked ? `New session is off: ${blocked}` : NEW_TOOLTIP);
 
     const seen = new Set<string>();
     let previous: HTMLElement | null = null;
@@ -164,6 +197,28 @@ export class SandboxPanel extends SidePanel {
     }
     this._empty.textContent =
       state.connection === 'ok' && state.sessions.length === 0 ? 'No sessions yet.' : '';
+  }
+
+  private _makeNewButton(tooltip: string): ToolbarButton {
+    return new ToolbarButton({
+      icon: addIcon,
+      label: 'New session',
+      tooltip,
+      className: 'jp-TaiSandbox-new',
+      onClick: () => this._actions.newSession()
+    });
+  }
+
+  /** Enable or disable New session; a new tooltip needs a new button (ToolbarButton has no setter). */
+  private _setNewButton(enabled: boolean, tooltip: string): void {
+    if (tooltip !== this._newTooltip) {
+      this._newTooltip = tooltip;
+      const old = this._newButton;
+      this._newButton = this._makeNewButton(tooltip);
+      old.dispose();
+      this.toolbar.insertItem(0, 'new-session', this._newButton);
+    }
+    this._newButton.enabled = enabled;
   }
 
   private _tick(): void {
@@ -210,10 +265,12 @@ export class SandboxPanel extends SidePanel {
     timeRow.className = 'jp-TaiSandbox-timeRow';
     const left = document.createElement('span');
     left.className = 'jp-TaiSandbox-timeLeft';
-    const extend = button('+30 min', `Reap this session ${EXTEND_SECONDS / 60} minutes later`, () => {
+    const extend = button('+30 min', EXTEND_TOOLTIP, () => {
       extend.disabled = true;
+      extend.dataset.busy = 'true';
       void this._actions.extendTtl(session.id).finally(() => {
-        extend.disabled = false;
+        delete extend.dataset.busy;
+        this._fillExtend(extend, this._model.find(session.id) ?? session, this._model.state);
       });
     });
     extend.classList.add('jp-TaiSandbox-extend');
@@ -277,6 +334,22 @@ export class SandboxPanel extends SidePanel {
       session,
       state
     );
+    this._fillExtend(item.querySelector('.jp-TaiSandbox-extend') as HTMLButtonElement, session, state);
+  }
+
+  /** "+30 min" is off, saying why, when the TTL it would ask for is over the operator's maximum. */
+  private _fillExtend(extend: HTMLButtonElement, session: ISessionInfo, state: IPanelState): void {
+    if (extend.dataset.busy) {
+      return;
+    }
+    const reason = extendBlockedReason(session, state.status?.policy?.max_ttl_seconds, EXTEND_SECONDS);
+    extend.disabled = !!reason;
+    extend.title = reason ?? EXTEND_TOOLTIP;
+    if (reason) {
+      extend.dataset.blocked = 'max-ttl';
+    } else {
+      delete extend.dataset.blocked;
+    }
   }
 
   /** `serves: <notebook>` (a link that opens it) under a kernel session's id. */
@@ -315,13 +388,19 @@ export class SandboxPanel extends SidePanel {
   private _model: SessionsModel;
   private _actions: SandboxPanel.IActions;
   private _newButton: ToolbarButton;
+  private _newTooltip = NEW_TOOLTIP;
   private _status: HTMLElement;
+  private _statusText: HTMLElement;
+  private _notice: HTMLElement;
   private _error: HTMLElement;
   private _list: HTMLElement;
   private _empty: HTMLElement;
   private _items = new Map<string, HTMLElement>();
   private _timer = 0;
 }
+
+const NEW_TOOLTIP = 'Create a sandbox session';
+const EXTEND_TOOLTIP = `Reap this session ${EXTEND_SECONDS / 60} minutes later`;
 
 function timeLeftText(session: ISessionInfo, state: IPanelState): string {
   const left = secondsLeft(session, state.fetchedAt, Date.now());
