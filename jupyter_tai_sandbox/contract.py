@@ -40,6 +40,22 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from .contract_errors import (
+    OutputTooLargeError,
+    SandboxCapacityError,
+    SandboxConflictError,
+    SandboxError,
+    SandboxExecTimeoutError,
+    SandboxForbiddenError,
+    SandboxNotFoundError,
+    SandboxPathError,
+    SandboxPathTooDeepError,
+    SandboxQuotaError,
+    SandboxRequestError,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+)
+
 SandboxIsolation = Literal["none", "container", "vm"]
 SandboxNetwork = Literal["egress", "internal", "none"]
 SandboxDurability = Literal["ephemeral", "persistent"]
@@ -57,63 +73,7 @@ _ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # --------------------------------------------------------------------- errors
-
-
-class SandboxError(Exception):
-    """Base of every error the sandbox layer raises."""
-
-
-class SandboxUnavailableError(SandboxError):
-    """No provider is installed, or the installed one cannot be reached."""
-
-
-class SandboxSpecRejectedError(SandboxError):
-    """The session spec (or an argument) asks for something that cannot be honoured."""
-
-
-class SandboxRequestError(SandboxSpecRejectedError):
-    """A malformed request: a field missing, of the wrong type, or out of range.
-
-    ``field`` names the offending field (``argv``, ``timeout_seconds``, ...) when there is one.
-    """
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class SandboxConflictError(SandboxError):
-    """The request conflicts with the present state (a workspace in use, a name or path taken)."""
-
-
-class OutputTooLargeError(SandboxError):
-    """A command gave more output than is kept for it (a one-shot's limit, the unread-output cap).
-
-    The command was stopped. Carries the byte counts received and the exit code when there was one.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        stdout_bytes: int = 0,
-        stderr_bytes: int = 0,
-        exit_code: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.stdout_bytes = stdout_bytes
-        self.stderr_bytes = stderr_bytes
-        self.exit_code = exit_code
-        self.details = {"stdout_bytes": stdout_bytes, "stderr_bytes": stderr_bytes, "exit_code": exit_code}
-
-
-class SandboxNotFoundError(SandboxError):
-    """No such session (or file inside a session's workspace)."""
-
-
-class SandboxPathError(SandboxError):
-    """A workspace path that cannot be used: outside the workspace, or of the wrong kind."""
-
+# The contract's errors live in contract_errors (each owns its JSON body); imported above, re-exported.
 
 #: The most components a workspace path may have (``a/b/c`` has 3), on every provider.
 MAX_PATH_DEPTH = 128
@@ -121,33 +81,6 @@ MAX_PATH_DEPTH = 128
 MAX_CONSUMER_CHARS = 1024
 #: The most bytes (UTF-8) a workspace path may have as given, on every provider (Linux's PATH_MAX).
 MAX_PATH_BYTES = 4096
-
-
-class SandboxPathTooDeepError(SandboxPathError):
-    """A workspace path with more than :data:`MAX_PATH_DEPTH` components or :data:`MAX_PATH_BYTES`
-    bytes, refused before any provider looks at it (400)."""
-
-
-class SandboxExecTimeoutError(SandboxError):
-    """The command was still running at its deadline and was killed.
-
-    Carries byte counts, never the output itself. ``note`` is set when a process
-    the command started still held its output after the kill, so the counts only
-    cover what was received up to the stop.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        stdout_bytes: int,
-        stderr_bytes: int,
-        note: str | None = None,
-    ) -> None:
-        super().__init__(message if not note else f"{message} ({note})")
-        self.stdout_bytes = stdout_bytes
-        self.stderr_bytes = stderr_bytes
-        self.note = note
 
 
 # ---------------------------------------------------------------- value types
@@ -764,7 +697,7 @@ def isolation_floor_refusal(
         f"the {kind} provider gives isolation {max_isolation!r} at most; isolation {wanted!r} was requested. "
         f"Lower the operator's floor to {max_isolation!r} ({hint}), or install a stronger provider"
     )
-    error.isolation_floor = (kind, max_isolation, wanted)  # type: ignore[attr-defined]
+    error.isolation_floor = (kind, max_isolation, wanted)
     return error
 
 
@@ -849,15 +782,18 @@ __all__ = [
     "OutputItem",
     "OutputTooLargeError",
     "Sandbox",
+    "SandboxCapacityError",
     "SandboxConflictError",
     "SandboxDurability",
     "SandboxError",
     "SandboxExecTimeoutError",
+    "SandboxForbiddenError",
     "SandboxIsolation",
     "SandboxNetwork",
     "SandboxNotFoundError",
     "SandboxPathError",
     "SandboxPathTooDeepError",
+    "SandboxQuotaError",
     "SandboxRequestError",
     "SandboxSession",
     "SandboxSpecRejectedError",

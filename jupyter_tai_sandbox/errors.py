@@ -2,9 +2,13 @@
 
 REST handlers, the exec websocket and the code-tool routes answer errors through
 :func:`error_status` and :func:`error_body`; :mod:`jupyter_tai_sandbox.client`
-turns a body back into the same class with :func:`error_from_json`. The
-contract's own errors live in :mod:`jupyter_tai_sandbox.contract`; the errors
-only the server and the tools raise live here.
+turns a body back into the same class with :func:`error_from_json`. Each error
+owns its body (:meth:`SandboxError.to_json`, :meth:`SandboxError.from_json`);
+this module keeps the two maps: :data:`STATUS_TABLE` (error to HTTP status) and
+:data:`ERROR_CLASSES` (a body's name to its class). The contract's own errors
+live in :mod:`jupyter_tai_sandbox.contract_errors` (re-exported here and from
+:mod:`jupyter_tai_sandbox.contract`); the errors only the server and the tools
+raise live here.
 """
 
 from __future__ import annotations
@@ -13,24 +17,24 @@ from collections.abc import Mapping
 from http.client import responses
 from typing import Any
 
-from . import contract
-from .contract import (
+from . import contract_errors
+from .contract_errors import (
     OutputTooLargeError,
+    SandboxCapacityError,
     SandboxConflictError,
     SandboxError,
     SandboxExecTimeoutError,
+    SandboxForbiddenError,
     SandboxNotFoundError,
     SandboxPathError,
+    SandboxPathTooDeepError,
+    SandboxQuotaError,
     SandboxRequestError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
 )
 
 # ------------------------------------------------------------ server errors
-
-
-class SandboxForbiddenError(SandboxError):
-    """The caller may not do this (another consumer's label, the admin fence, ...)."""
 
 
 class SandboxAuthenticationError(SandboxForbiddenError):
@@ -45,15 +49,6 @@ TOKEN_HOW = (
 )
 
 
-class SandboxQuotaError(SandboxError):
-    """An operator limit on how much a user may hold at once (live sessions, ...)."""
-
-
-class SandboxCapacityError(SandboxUnavailableError):
-    """An operator-sized resource of the whole deployment is used up (the session network range, ...):
-    503, and the message names the setting to configure."""
-
-
 class UploadTooLargeError(SandboxError):
     """An upload larger than SandboxApp.max_upload_bytes."""
 
@@ -66,7 +61,16 @@ class ToolAccessDeniedError(SandboxForbiddenError):
 
 
 class PresetInvalidError(SandboxSpecRejectedError):
-    """A preset definition refused at authoring time."""
+    """A preset definition refused at authoring time; ``problems`` names each problem found, when known."""
+
+    def __init__(self, message: str, *, problems: list[str] | None = None) -> None:
+        super().__init__(message, details=None if problems is None else {"problems": list(problems)})
+        self.problems = None if problems is None else list(problems)
+
+    @classmethod
+    def _from_json_fields(cls, message: str, data: Mapping[str, Any]) -> PresetInvalidError:
+        problems = data.get("problems")
+        return cls(message, problems=[str(p) for p in problems] if isinstance(problems, list) else None)
 
 
 class PresetConflictError(SandboxConflictError):
@@ -78,9 +82,14 @@ class ToolInputError(SandboxSpecRejectedError):
 
     def __init__(self, field: str, message: str) -> None:
         where = f"input field {field!r}" if field else "the input"
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {message}", details={"field": field})
         self.field = field
-        self.details = {"field": field}
+
+    @classmethod
+    def _from_json_fields(cls, message: str, data: Mapping[str, Any]) -> ToolInputError:
+        error = cls(str(data.get("field") or ""), "")
+        error.args = (message,)  # the message names the field already
+        return error
 
 
 class PresetStoreError(SandboxError):
@@ -106,15 +115,13 @@ STATUS_TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (SandboxError, 500),
 )
 
-#: Every error class a body may name, by name (what the client maps back).
+#: Every error class a body may name, by name (what the client maps back): the one place a class is
+#: registered for the wire; how its body looks is the class's own (``to_json``/``from_json``).
 ERROR_CLASSES: dict[str, type[SandboxError]] = {
     cls.__name__: cls
     for cls in (
-        *(getattr(contract, name) for name in contract.__all__ if name.endswith("Error")),
-        SandboxForbiddenError,
+        *(getattr(contract_errors, name) for name in contract_errors.__all__),
         SandboxAuthenticationError,
-        SandboxQuotaError,
-        SandboxCapacityError,
         UploadTooLargeError,
         ToolAccessDeniedError,
         PresetInvalidError,
@@ -137,16 +144,10 @@ def error_status(error: BaseException | None, fallback: int = 500) -> int:
 
 
 def error_body(error: BaseException | None, status: int) -> dict[str, Any]:
-    """``{"error": "<ErrorClass>", "message": "..."}``, with the error's own fields (field, byte counts)."""
+    """``{"error": "<ErrorClass>", "message": "..."}``, with the error's own fields (field, byte counts):
+    a SandboxError's :meth:`~SandboxError.to_json`; for anything else, what a client may be shown."""
     if isinstance(error, SandboxError):
-        body: dict[str, Any] = {"error": type(error).__name__, "message": str(error)}
-        if isinstance(error, SandboxExecTimeoutError):
-            body.update(stdout_bytes=error.stdout_bytes, stderr_bytes=error.stderr_bytes, note=error.note)
-        field = getattr(error, "field", None)
-        if field is not None:
-            body["field"] = field
-        body.update(getattr(error, "details", None) or {})
-        return body
+        return error.to_json()
     log_message = getattr(error, "log_message", None)
     if log_message is not None or getattr(error, "reason", None):
         args = getattr(error, "args", ())
@@ -159,63 +160,37 @@ def error_body(error: BaseException | None, status: int) -> dict[str, Any]:
 
 
 def error_from_json(data: Mapping[str, Any], fallback: str | None = None) -> SandboxError:
-    """The exception a JSON error body (REST, or a websocket error message) stands for."""
-    name, message = str(data.get("error", "")), str(data.get("message", ""))
+    """The exception a JSON error body (REST, or a websocket error message) stands for: the class
+    :data:`ERROR_CLASSES` names, built by its :meth:`~SandboxError.from_json`; a plain SandboxError
+    (``fallback``, or the name and message) for a name not in the table."""
+    name = str(data.get("error", ""))
     cls = ERROR_CLASSES.get(name)
-    if cls is SandboxExecTimeoutError:
-        return SandboxExecTimeoutError(
-            _strip_note(message, data.get("note")),
-            stdout_bytes=_int(data.get("stdout_bytes")),
-            stderr_bytes=_int(data.get("stderr_bytes")),
-            note=data.get("note") or None,
-        )
-    if cls is OutputTooLargeError:
-        exit_code = data.get("exit_code")
-        return OutputTooLargeError(
-            message,
-            stdout_bytes=_int(data.get("stdout_bytes")),
-            stderr_bytes=_int(data.get("stderr_bytes")),
-            exit_code=exit_code if isinstance(exit_code, int) else None,
-        )
-    if cls is ToolInputError:
-        error = ToolInputError(str(data.get("field") or ""), "")
-        error.args = (message,)
-        return error
-    if cls is PresetInvalidError and isinstance(data.get("problems"), list):
-        error = PresetInvalidError(message)
-        error.problems = [str(p) for p in data["problems"]]  # type: ignore[attr-defined]
-        error.details = {"problems": error.problems}  # type: ignore[attr-defined]
-        return error
-    if cls is SandboxRequestError:
-        field = data.get("field")
-        return SandboxRequestError(message, field=field if isinstance(field, str) else None)
-    if cls is not None:
-        return cls(message)
-    return SandboxError(fallback or f"{name}: {message}")
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _strip_note(message: str, note: Any) -> str:
-    """The timeout's message without the note the server appended (the error adds it again)."""
-    suffix = f" ({note})" if note else ""
-    return message[: -len(suffix)] if suffix and message.endswith(suffix) else message
+    if cls is None:
+        return SandboxError(fallback or f"{name}: {data.get('message', '')!s}")
+    return cls.from_json(data)
 
 
 __all__ = [
     "ERROR_CLASSES",
     "STATUS_TABLE",
+    "TOKEN_HOW",
     "OutputTooLargeError",
     "PresetConflictError",
     "PresetInvalidError",
     "PresetStoreError",
+    "SandboxAuthenticationError",
     "SandboxCapacityError",
     "SandboxConflictError",
+    "SandboxError",
+    "SandboxExecTimeoutError",
     "SandboxForbiddenError",
+    "SandboxNotFoundError",
+    "SandboxPathError",
+    "SandboxPathTooDeepError",
     "SandboxQuotaError",
     "SandboxRequestError",
+    "SandboxSpecRejectedError",
+    "SandboxUnavailableError",
     "ToolAccessDeniedError",
     "ToolInputError",
     "UploadTooLargeError",

@@ -32,10 +32,7 @@ def preset_invalid(problems: list[str], *, where: str = "") -> PresetInvalidErro
         message = problems[0]
     else:
         message = f"the preset definition has {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems)
-    error = PresetInvalidError(where + message)
-    error.problems = list(problems)  # type: ignore[attr-defined]
-    error.details = {"problems": list(problems)}  # type: ignore[attr-defined]
-    return error
+    return PresetInvalidError(where + message, problems=problems)
 
 
 def _is_ref(value: Any) -> bool:
