@@ -16,7 +16,7 @@ import asyncio
 import contextvars
 from collections.abc import Callable
 
-from .errors import SandboxQuotaError
+from .contract import SandboxQuotaError
 
 #: the principal the current request acts for (None: the server's own work)
 acting_for: contextvars.ContextVar[str | None] = contextvars.ContextVar(

@@ -23,6 +23,7 @@ from ..contract import (
     ExitItem,
     OutputChunk,
     OutputItem,
+    OutputTooLargeError,
     SandboxError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
@@ -219,8 +220,6 @@ class DockerCommand(ExecHandle):
             self._log.warning("sandbox-docker: a command whose stop failed could not be stopped again: %s", e)
 
     def _overflow_error(self) -> SandboxError:
-        from ..errors import OutputTooLargeError
-
         return OutputTooLargeError(
             f"the command's unread output passed {self._spill_limit} bytes kept on the server's disk "
             f"(SandboxApp.max_spill_bytes), so it was stopped{self._overflow_note}; the output up to "

@@ -33,8 +33,7 @@ import shutil
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-from ..contract import SandboxUnavailableError
-from ..errors import SandboxCapacityError
+from ..contract import SandboxCapacityError, SandboxUnavailableError
 
 #: the default range session subnets come from (outside Docker's default pools 172.17-31.0.0/16 and 192.168.0.0/16)
 DEFAULT_NETWORK_POOL = "10.201.0.0/16"

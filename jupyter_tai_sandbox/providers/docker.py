@@ -33,6 +33,8 @@ from traitlets.config import LoggingConfigurable
 
 from ..contract import (
     Sandbox,
+    SandboxCapacityError,
+    SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
     SandboxSession,
@@ -42,7 +44,6 @@ from ..contract import (
     SessionSpec,
     session_gone,
 )
-from ..errors import SandboxCapacityError, SandboxConflictError
 from ..image import DEFAULT_IMAGE, PYTHON_IMAGE
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id

@@ -49,10 +49,10 @@ from typing import Any, TypeVar
 from ..contract import (
     SandboxError,
     SandboxNotFoundError,
+    SandboxQuotaError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
 )
-from ..errors import SandboxQuotaError
 from ..fair_share import FairShare
 from ._docker_stream import EngineAddress, EngineRefusal, read_output, start_exec
 

@@ -55,6 +55,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..contract import (
     Sandbox,
+    SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
     SandboxSession,
@@ -63,7 +64,6 @@ from ..contract import (
     SessionSpec,
     session_gone,
 )
-from ..errors import SandboxConflictError
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, new_session_id
 from ._local_command import LocalCommand

@@ -47,6 +47,7 @@ from ..contract import (
     ExecResult,
     Sandbox,
     SandboxError,
+    SandboxForbiddenError,
     SandboxIsolation,
     SandboxNotFoundError,
     SandboxPathError,
@@ -57,7 +58,6 @@ from ..contract import (
     SessionSpec,
     network_rank,
 )
-from ..errors import SandboxForbiddenError
 from ..labels import USER, is_under, kind_of, sub_label, user_label
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta, run_to_end, workspace_relative

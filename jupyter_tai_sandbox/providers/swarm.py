@@ -24,6 +24,7 @@ from traitlets import Float, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from ..contract import (
+    SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
     SandboxSession,
@@ -32,7 +33,6 @@ from ..contract import (
     SessionInfo,
     SessionSpec,
 )
-from ..errors import SandboxConflictError
 from ._common import new_session_id
 from ._docker_disk import SCRATCH
 from ._docker_names import (
