@@ -92,9 +92,10 @@ class SandboxApp(ExtensionApp):
 
     max_output_bytes = Integer(
         64 << 20,
-        help="""Most output (stdout and stderr together, in bytes) a one-shot exec over REST or a tool run
-        keeps. Past it the command is stopped and the call answers 413 OutputTooLargeError with the byte
-        counts. Stream large output through the exec websocket or a workspace file instead. 0: no limit.""",
+        help="""Most output (stdout and stderr together, in bytes) a one-shot exec keeps, on every door (REST,
+        MCP, a tool run, server-side code through require_sandbox()). Past it the command is stopped and the
+        call answers 413 OutputTooLargeError with the byte counts. Stream large output through the exec
+        websocket or a workspace file instead. 0: no limit.""",
     ).tag(config=True)
 
     max_spill_bytes = Integer(
@@ -166,7 +167,6 @@ class SandboxApp(ExtensionApp):
             max_preset_bytes=self.max_preset_bytes,
             max_presets=self.max_presets,
             max_presets_per_user=self.max_presets_per_user,
-            max_output_bytes=self.max_output_bytes,
         )
         self.tools.apply_manifest(self.presets)
         OutputSpool.default_disk_limit = self.max_spill_bytes
@@ -180,7 +180,8 @@ class SandboxApp(ExtensionApp):
         )
         self._reaper: asyncio.Task[None] | None = None
         self.sandbox: Sandbox | None = None
-        sandboxes.use_policy(self.policy)
+        # the gate applies both to every command on every door
+        sandboxes.use_policy(self.policy, output_limit=self.max_output_bytes)
         # normalised here too: a value loaded from config files skips the trait's validator
         self.provider = self.provider.strip()
         if self.provider.lower() in sandboxes.OFF_VALUES:
@@ -217,7 +218,9 @@ class SandboxApp(ExtensionApp):
                 provider.kind,
                 previous.kind,
             )
-        self.sandbox = sandboxes.register_sandbox(provider, policy=self.policy, replace=True)
+        self.sandbox = sandboxes.register_sandbox(
+            provider, policy=self.policy, output_limit=self.max_output_bytes, replace=True
+        )
         self.log.info(
             "jupyter_tai_sandbox: %s provider, isolation floor %s, egress ceiling %s",
             provider.kind,

@@ -238,7 +238,13 @@ def _preset_run(args: argparse.Namespace) -> int:
     if name.strip().lower() not in sandboxes.OFF_VALUES:
         cls = sandboxes.load_provider_class(name.strip())
         provider = cls(config=config) if issubclass(cls, Configurable) else cls()
-        sandboxes.register_sandbox(provider, policy=SandboxPolicy(config=config), replace=True)
+        limit = config.get("SandboxApp", {}).get("max_output_bytes")  # the server's output limit, when configured
+        sandboxes.register_sandbox(
+            provider,
+            policy=SandboxPolicy(config=config),
+            replace=True,
+            output_limit=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+        )
     else:
         sandboxes.use_policy(SandboxPolicy(config=config))
 

@@ -1,10 +1,11 @@
 """Interactive commands that outlive their websocket: exec ids, an output ring, attach and detach.
 
 Every command started over the exec websocket becomes a :class:`LiveExec`. One
-task (the pump) reads the command's output as it comes, scrubs it, keeps the
-last ``ring_bytes`` of it with absolute byte offsets (stdout and stderr counted
-together), and hands each chunk to the attached listener, one frame in flight,
-so a slow client slows the pump and the provider's spool holds the rest.
+task (the pump) reads the command's output as it comes (already scrubbed, when
+the policy says so, by the gated session), keeps the last ``ring_bytes`` of it
+with absolute byte offsets (stdout and stderr counted together), and hands
+each chunk to the attached listener, one frame in flight, so a slow client
+slows the pump and the provider's spool holds the rest.
 
 A listener that goes away *detaches*: the command runs on (within its own
 deadline) and is killed after ``grace_seconds`` unless someone attaches again.
@@ -54,7 +55,6 @@ class LiveExec:
         pty: bool,
         ring_bytes: int,
         grace_seconds: float,
-        scrubbers: dict[str, Any],
         on_done: Callable[[LiveExec], None],
     ) -> None:
         self.id = "exe-" + secrets.token_hex(8)
@@ -70,7 +70,6 @@ class LiveExec:
         self._ring_limit = ring_bytes
         self.end_offset = 0
         self._grace_seconds = grace_seconds
-        self._scrubbers = scrubbers
         self._on_done = on_done
         self._listener: Listener | None = None
         self._in_flight: Awaitable[None] | None = None
@@ -110,29 +109,18 @@ class LiveExec:
         try:
             async for item in self.handle.output:
                 if isinstance(item, ExitItem):
-                    await self._drain_scrubbers()
                     final = {"type": "exit", "exit_code": item.exit_code}
                     break
-                scrubber = self._scrubbers.get(item.stream)
-                data = scrubber.feed(item.data) if scrubber is not None else item.data
-                if data:
-                    await self._emit(STREAM_IDS[item.stream], data)
+                if item.data:
+                    await self._emit(STREAM_IDS[item.stream], item.data)
             else:  # pragma: no cover - the contract ends every output with an exit item or an error
                 final = {"type": "error", "error": "SandboxError", "message": "the output ended without an exit"}
         except SandboxError as e:
-            with contextlib.suppress(SandboxError):
-                await self._drain_scrubbers()
             final = {"type": "error", **error_body(e, error_status(e))}
         except asyncio.CancelledError:
             final = {"type": "error", "error": "SandboxError", "message": "the command was stopped"}
         self.final = final
         await self._deliver_final()
-
-    async def _drain_scrubbers(self) -> None:
-        for stream, scrubber in self._scrubbers.items():
-            tail = scrubber.flush()
-            if tail:
-                await self._emit(STREAM_IDS[stream], tail)
 
     async def _emit(self, stream_id: int, data: bytes) -> None:
         async with self._lock:
@@ -335,7 +323,6 @@ class ExecRegistry:
         owner: str,
         argv: tuple[str, ...],
         pty: bool,
-        scrubbers: dict[str, Any],
     ) -> LiveExec:
         live = LiveExec(
             handle,
@@ -345,7 +332,6 @@ class ExecRegistry:
             pty=pty,
             ring_bytes=self.ring_bytes,
             grace_seconds=self.grace_seconds,
-            scrubbers=scrubbers,
             on_done=lambda done: self._execs.pop(done.id, None),
         )
         self._execs[live.id] = live

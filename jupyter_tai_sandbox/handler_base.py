@@ -34,7 +34,6 @@ class SandboxAppState(Protocol):
     tools: ToolRegistry
     execs: ExecRegistry
     max_upload_bytes: int
-    max_output_bytes: int
 
     def touch(self) -> None: ...
 

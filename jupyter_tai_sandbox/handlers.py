@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
-import dataclasses
 import json
 import posixpath
 from collections.abc import AsyncIterator
@@ -31,7 +30,8 @@ from .errors import UploadTooLargeError
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin, parse_json_object
 
 _DOWNLOAD_CHUNK = 1 << 20
-_RESPONSE_SLICE = 1 << 20
+#: a one-shot's output is answered in slices of this many bytes (a multiple of 3: see _write_output)
+_RESPONSE_SLICE = 3 << 18
 _SMALL_BODY = 64 << 10
 _UPLOAD_QUEUE_CHUNKS = 8
 _ENCODINGS = ("utf-8", "base64")
@@ -127,7 +127,11 @@ class SessionHandler(SandboxAPIHandler):
 
 
 class ExecHandler(SandboxAPIHandler):
-    """One-shot exec; the answer is streamed, so the output is held once (as the command gave it)."""
+    """One-shot exec; the answer is streamed, so the output is held once (as the gate gave it).
+
+    The session applies the exec-time policy (timeout ceiling, output limit, scrub): this only
+    parses the request and encodes the result.
+    """
 
     @web.authenticated
     @authorized(action="execute")
@@ -138,11 +142,7 @@ class ExecHandler(SandboxAPIHandler):
             raise SandboxRequestError(
                 "encoding: 'utf-8' (text, invalid bytes replaced) or 'base64' (exact bytes)", field="encoding"
             )
-        request = ExecRequest.from_json(
-            data, max_timeout_seconds=self.policy.max_timeout_seconds, ignore=frozenset({"encoding"})
-        )
-        limit = self.sandbox_app.max_output_bytes
-        request = dataclasses.replace(request, output_limit=limit or None)
+        request = ExecRequest.from_json(data, ignore=frozenset({"encoding"}))
         session = await self.get_session(session_id, manage=True)
         self.touch()
         result = await session.run(request)
@@ -150,7 +150,7 @@ class ExecHandler(SandboxAPIHandler):
         self.set_header("Content-Type", "application/json")
         if len(result.stdout) + len(result.stderr) <= _RESPONSE_SLICE:
             # the usual small answer: one body, one write
-            out, err = (self._small_output(data, encoding) for data in (result.stdout, result.stderr))
+            out, err = (_encoded(data, encoding) for data in (result.stdout, result.stderr))
             self.finish(json.dumps({"exit_code": result.exit_code, "encoding": encoding, "stdout": out, "stderr": err}))
             return
         self.write(f'{{"exit_code": {result.exit_code}, "encoding": "{encoding}", "stdout": "')
@@ -159,36 +159,21 @@ class ExecHandler(SandboxAPIHandler):
         await self._write_output(result.stderr, encoding)
         self.finish('"}')
 
-    def _small_output(self, data: bytes, encoding: str) -> str:
-        if encoding == "base64":
-            return base64.b64encode(self.policy.scrub_bytes(data)).decode()
-        return self.policy.scrub(data.decode(errors="replace"))
-
     async def _write_output(self, data: bytes, encoding: str) -> None:
-        """One output stream as the inside of a JSON string, scrubbed, in bounded slices."""
-        scrubber = self.policy.stream_scrubber()
+        """One output stream as the inside of a JSON string, in bounded slices (a multiple of 3 bytes,
+        so base64 slices join into one base64 text)."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        carry = b""  # base64 goes out in multiples of 3 bytes
-        for start in range(0, len(data) + 1, _RESPONSE_SLICE):
-            last = start + _RESPONSE_SLICE >= len(data)
+        for start in range(0, len(data), _RESPONSE_SLICE):
             piece = data[start : start + _RESPONSE_SLICE]
-            if scrubber is not None:
-                # scrubbing is linear but not free: keep the loop answering on large outputs
-                piece = await asyncio.to_thread(scrubber.feed, piece) if len(piece) > 1 << 16 else scrubber.feed(piece)
-                if last:
-                    piece += scrubber.flush()
             if encoding == "base64":
-                piece, carry = carry + piece, b""
-                if not last:
-                    cut = len(piece) - len(piece) % 3
-                    piece, carry = piece[:cut], piece[cut:]
                 self.write(base64.b64encode(piece))
             else:
-                text = decoder.decode(piece, final=last)
-                self.write(json.dumps(text)[1:-1])
+                self.write(json.dumps(decoder.decode(piece, final=start + _RESPONSE_SLICE >= len(data)))[1:-1])
             await self.flush()
-            if last:
-                break
+
+
+def _encoded(data: bytes, encoding: str) -> str:
+    return base64.b64encode(data).decode() if encoding == "base64" else data.decode(errors="replace")
 
 
 class ExecsHandler(SandboxAPIHandler):

@@ -2,9 +2,11 @@
 
 ``require_sandbox()`` is the chokepoint every door that runs code goes through
 (REST, websocket, magics, the panel, ``sandbox_exec``). It hands out the
-installed provider wrapped in :class:`GatedSandbox`, which applies the
-operator's :class:`~jupyter_tai_sandbox.policy.SandboxPolicy` to every spec at
-create, so no consumer reaches a provider without the policy.
+installed provider wrapped in :class:`~jupyter_tai_sandbox.gate.GatedSandbox`,
+which applies the operator's :class:`~jupyter_tai_sandbox.policy.SandboxPolicy` to
+every spec at create and hands out sessions that apply it to every command (the
+timeout ceiling, the output limit, the transcript scrub), so no consumer reaches a
+provider without the policy.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from .contract import (
     ISOLATION_FLOOR_HINTS,
     Sandbox,
     SandboxError,
-    SandboxIsolation,
-    SandboxSession,
     SandboxUnavailableError,
-    SessionInfo,
-    SessionSpec,
     isolation_rank,
 )
+from .gate import DEFAULT_OUTPUT_LIMIT, GatedSandbox
+from .gate import GatedSession as GatedSession  # the sessions the gate hands out
 from .policy import SandboxPolicy
 
 #: Built-in provider names and the classes behind them.
@@ -43,54 +43,11 @@ _installed: GatedSandbox | None = None
 _configured = False
 #: The policy a registration without its own gets: the server extension's configured one while it runs.
 _default_policy: SandboxPolicy | None = None
+#: The one-shot output limit a registration without its own gets: the server's SandboxApp.max_output_bytes
+#: while it runs (None: DEFAULT_OUTPUT_LIMIT).
+_default_output_limit: int | None = None
 #: Why the configured provider could not start (the slot then answers SandboxUnavailableError with it).
 _failure: str | None = None
-
-
-class GatedSandbox(Sandbox):
-    """A provider behind the policy: ``create`` applies the policy, everything else delegates."""
-
-    def __init__(self, provider: Sandbox, policy: SandboxPolicy) -> None:
-        self.provider = provider
-        self.policy = policy
-
-    # read from the provider each time: a remote provider learns them from its server
-    @property  # type: ignore[override]
-    def kind(self) -> str:
-        return self.provider.kind
-
-    @property  # type: ignore[override]
-    def max_isolation(self) -> SandboxIsolation:
-        return self.provider.max_isolation
-
-    @property  # type: ignore[override]
-    def networks(self) -> frozenset[str]:
-        return self.provider.networks
-
-    @property  # type: ignore[override]
-    def supports_limits(self) -> bool:
-        return self.provider.supports_limits
-
-    async def create(self, spec: SessionSpec) -> SandboxSession:
-        return await self.provider.create(self.policy.apply(spec))
-
-    def image_allowed(self, image: str | None) -> bool:
-        return self.provider.image_allowed(image)
-
-    async def get(self, session_id: str) -> SandboxSession:
-        return await self.provider.get(session_id)
-
-    async def list(self) -> list[SessionInfo]:
-        return await self.provider.list()
-
-    async def reap(self) -> list[str]:
-        return await self.provider.reap()
-
-    async def check_available(self) -> None:
-        await self.provider.check_available()
-
-    async def close(self) -> None:
-        await self.provider.close()
 
 
 def load_provider_class(name: str) -> type[Sandbox]:
@@ -113,12 +70,18 @@ def load_provider_class(name: str) -> type[Sandbox]:
 
 
 def register_sandbox(
-    provider: Sandbox, *, policy: SandboxPolicy | None = None, replace: bool = False
+    provider: Sandbox,
+    *,
+    policy: SandboxPolicy | None = None,
+    replace: bool = False,
+    output_limit: int | None = None,
 ) -> Sandbox:
     """Install ``provider`` as the deployment's one sandbox; return it behind the gate.
 
     The slot holds a single provider: registering a second one is an error unless
-    ``replace`` is set.
+    ``replace`` is set. ``output_limit``: most output bytes a one-shot run keeps, on
+    every door (0: no limit; None: the server's ``SandboxApp.max_output_bytes`` while
+    it runs, else 64 MiB).
     """
     global _installed, _configured, _failure
     if not isinstance(provider, Sandbox):
@@ -129,23 +92,30 @@ def register_sandbox(
         raise SandboxError(
             f"a {_installed.kind} sandbox provider is already installed: a deployment has exactly one"
         )
-    _installed = GatedSandbox(provider, policy or _default_policy or SandboxPolicy())
+    if output_limit is None:
+        output_limit = DEFAULT_OUTPUT_LIMIT if _default_output_limit is None else _default_output_limit
+    _installed = GatedSandbox(provider, policy or _default_policy or SandboxPolicy(), output_limit)
     _configured = True
     _failure = None
     return _installed
 
 
-def use_policy(policy: SandboxPolicy | None) -> None:
-    """Make ``policy`` the one in force: for the provider installed now and any registered later.
+def use_policy(policy: SandboxPolicy | None, *, output_limit: int | None = None) -> None:
+    """Make ``policy`` (and ``output_limit``, when given) the one in force: for the provider
+    installed now and any registered later.
 
-    The server extension calls this with its configured policy, so a plugin's
-    ``register_sandbox(provider)`` without a policy gets the server's, not one read
+    The server extension calls this with its configured policy and ``SandboxApp.max_output_bytes``,
+    so a plugin's ``register_sandbox(provider)`` without them gets the server's, not a policy read
     from environment variables alone.
     """
-    global _default_policy
+    global _default_policy, _default_output_limit
     _default_policy = policy
+    if output_limit is not None:
+        _default_output_limit = output_limit
     if _installed is not None and policy is not None:
         _installed.policy = policy
+    if _installed is not None and output_limit is not None:
+        _installed.output_limit = output_limit
 
 
 def mark_failed(message: str) -> None:
@@ -175,8 +145,9 @@ def disable_sandbox() -> Sandbox | None:
 
 def unregister_sandbox() -> Sandbox | None:
     """Empty the slot and forget any explicit setting; return the provider that was installed."""
-    global _installed, _configured, _failure, _default_policy
+    global _installed, _configured, _failure, _default_policy, _default_output_limit
     previous, _installed, _configured, _failure, _default_policy = _installed, None, False, None, None
+    _default_output_limit = None
     return previous.provider if previous else None
 
 

@@ -54,7 +54,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .contract import ExitItem, OutputChunk, SandboxError, SandboxSession
+from .contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxSession
+from .gate import start_transport
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">IBI")
@@ -435,8 +436,9 @@ class Tunnel:
         """Start the relay in ``session`` (``python`` is the interpreter there) and wait for it to answer."""
         if not 0 < window < 1 << 31:
             raise ValueError("window must be a positive number of bytes below 2 GiB")
-        argv = relay_argv(python, window)
-        handle = await session.exec_start(argv, timeout_seconds=timeout_seconds)
+        # a byte transport, not a transcript: through the gate its deadline is held to the operator's
+        # ceiling (refused past it) but its output is not scrubbed (a replacement would break the frames)
+        handle = await start_transport(session, ExecRequest(relay_argv(python, window), timeout_seconds))
         tunnel = cls(handle, window=window)
         try:
             await asyncio.wait_for(asyncio.shield(tunnel._hello), start_timeout)

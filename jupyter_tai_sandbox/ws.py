@@ -43,7 +43,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketP
 
 from .contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
 from .errors import error_body, error_status
-from .execs import STREAM_IDS, LiveExec
+from .execs import LiveExec
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
@@ -136,26 +136,15 @@ class ExecWebSocketHandler(
             raise SandboxRequestError(f"unknown message type {kind!r}")
 
     async def _start(self, message: dict[str, Any]) -> None:
-        request = ExecRequest.from_json(
-            message,
-            interactive=True,
-            max_timeout_seconds=self.policy.max_timeout_seconds,
-            ignore=frozenset({"type"}),
-        )
+        request = ExecRequest.from_json(message, interactive=True, ignore=frozenset({"type"}))
         caller = await self.caller()
         execs = self.sandbox_app.execs
         # the per-user and per-session caps: the slot is held from before the first await (429 beyond)
         with execs.reserve(caller.name, self.session.id):
+            # the gated session applies the timeout ceiling and scrubs the output
             handle = await self.session.start(request)
-            # with scrub_transcript on, one scrubber per stream (it holds back < len(longest secret) bytes)
-            scrubbers = {s: self.policy.stream_scrubber() for s in STREAM_IDS}
             live = execs.add(
-                handle,
-                session_id=self.session.id,
-                owner=caller.name,
-                argv=request.argv,
-                pty=request.pty,
-                scrubbers={s: scrubber for s, scrubber in scrubbers.items() if scrubber is not None},
+                handle, session_id=self.session.id, owner=caller.name, argv=request.argv, pty=request.pty
             )
         self.live = live
         await self._send({"type": "started", "exec_id": live.id})

@@ -397,35 +397,30 @@ class DoorTools:
         return dict((await session.info()).to_json())
 
     def _exec_request(self, data: Mapping[str, Any], *, interactive: bool) -> ExecRequest:
-        policy = self.app.policy
+        """The request as the agent gave it; the gated session applies the ceiling, the output limit
+        and the scrub. Without ``timeout_seconds``: DEFAULT_TIMEOUT, or the ceiling when lower."""
         body: dict[str, Any] = {k: data[k] for k in ("argv", "env", "cwd") if k in data}
         if "script" in data:
             body["argv"] = ["sh", "-c", data["script"]]
         timeout = data.get("timeout_seconds")
         if timeout is None:
-            ceiling = policy.max_timeout_seconds
+            ceiling = self.app.policy.max_timeout_seconds
             timeout = min(DEFAULT_TIMEOUT, ceiling) if ceiling else DEFAULT_TIMEOUT
         body["timeout_seconds"] = timeout
-        request = ExecRequest.from_json(
-            body, interactive=interactive, max_timeout_seconds=policy.max_timeout_seconds
-        )
+        request = ExecRequest.from_json(body, interactive=interactive)
         if not interactive and data.get("stdin") is not None:
             request = dataclasses.replace(request, stdin=data["stdin"].encode(errors="surrogatepass"))
         return request
 
     async def _session_exec(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         exec_request = self._exec_request(data, interactive=False)
-        limit = self.app.max_output_bytes
-        exec_request = dataclasses.replace(exec_request, output_limit=limit or None)
         session = await self._session(request, data, manage=True)
-        result = await session.run(exec_request)
+        result = await session.run(exec_request)  # a GatedExecResult: scrubbed, with the command's byte counts
         self.app.touch()
         answer: dict[str, Any] = {"session_id": session.id, "exit_code": result.exit_code}
         for stream in ("stdout", "stderr"):
-            raw: bytes = getattr(result, stream)
-            scrubbed = await _scrub(self.app.policy, raw)
-            answer[stream], answer[f"{stream}_truncated"] = clip(scrubbed, self.door.max_output_bytes)
-            answer[f"{stream}_bytes"] = len(raw)
+            answer[stream], answer[f"{stream}_truncated"] = clip(getattr(result, stream), self.door.max_output_bytes)
+            answer[f"{stream}_bytes"] = getattr(result, f"{stream}_bytes")
         answer["truncated"] = answer["stdout_truncated"] or answer["stderr_truncated"]
         return answer
 
@@ -433,7 +428,6 @@ class DoorTools:
         exec_request = self._exec_request(data, interactive=True)
         session = await self._session(request, data, manage=True)
         handles = self.door.handles
-        policy = self.app.policy
         with handles.reserve(request.caller.name):  # the slot is held from here, before the first await
             handle = await session.start(exec_request)
             try:
@@ -443,13 +437,8 @@ class DoorTools:
             except BaseException:
                 await handle.kill()
                 raise
-            scrubbers = {s: policy.stream_scrubber() for s in ("stdout", "stderr")}
             command = handles.add(
-                handle,
-                owner=request.caller.name,
-                session_id=session.id,
-                timeout_seconds=exec_request.timeout_seconds,
-                scrubbers={s: sc for s, sc in scrubbers.items() if sc is not None},
+                handle, owner=request.caller.name, session_id=session.id, timeout_seconds=exec_request.timeout_seconds
             )
         return {
             "handle": command.id,
@@ -585,11 +574,3 @@ def scrub_result(policy: Any, value: Any) -> Any:
         return [scrub_result(policy, v) for v in value]
     return value
 
-
-async def _scrub(policy: Any, data: bytes) -> bytes:
-    """The transcript scrub on exact bytes; large outputs off the loop."""
-    if policy.stream_scrubber() is None:
-        return data
-    if len(data) > 1 << 16:
-        return await asyncio.to_thread(policy.scrub_bytes, data)
-    return policy.scrub_bytes(data)

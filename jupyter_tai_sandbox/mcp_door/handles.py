@@ -2,8 +2,9 @@
 
 ``session_exec_start`` starts a command in a session and answers a handle id;
 ``session_exec_poll`` answers the output since an offset (waiting a little for
-more), then the exit item. A pump task reads the command's output into a
-bounded buffer, scrubbed as it arrives. A command never outlives:
+more), then the exit item. A pump task reads the command's output (scrubbed by
+the gated session when the policy says so) into a bounded buffer. A command
+never outlives:
 
 * its own deadline (the provider kills it and the poll answers the timeout);
 * its handle: a running command nobody polled for ``idle_timeout`` seconds is
@@ -27,6 +28,7 @@ from typing import Any
 
 from ..contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
 from ..errors import SandboxQuotaError, error_body, error_status
+from ..gate import ScrubbedHandle
 
 STREAMS = ("stdout", "stderr")
 
@@ -48,7 +50,6 @@ class CommandHandle:
         owner: str,
         session_id: str,
         timeout_seconds: float,
-        scrubbers: dict[str, Any],
         buffer_bytes: int,
         log: Any,
         on_end: Callable[[], None] | None = None,
@@ -65,11 +66,10 @@ class CommandHandle:
         self.exit_code: int | None = None
         self.error: dict[str, Any] | None = None
         self.total = 0  # bytes of (scrubbed) output produced so far, both streams
-        self.byte_counts = dict.fromkeys(STREAMS, 0)  # raw bytes per stream, as the command wrote them
+        self._counted = dict.fromkeys(STREAMS, 0)  # bytes per stream, as the handle gave them
         self._chunks: deque[_Chunk] = deque()
         self._kept = 0
         self._buffer_bytes = buffer_bytes
-        self._scrubbers = scrubbers
         self._wake = asyncio.Event()
         self._log = log
         self._on_end = on_end
@@ -78,6 +78,11 @@ class CommandHandle:
     @property
     def running(self) -> bool:
         return self.ended_at is None
+
+    @property
+    def byte_counts(self) -> dict[str, int]:
+        """Bytes per stream as the command wrote them: a scrubbed handle counts them before its scrub."""
+        return self.handle.byte_counts if isinstance(self.handle, ScrubbedHandle) else self._counted
 
     @property
     def kept_from(self) -> int:
@@ -103,9 +108,8 @@ class CommandHandle:
                 if isinstance(item, ExitItem):
                     self.exit_code = item.exit_code
                     continue
-                self.byte_counts[item.stream] = self.byte_counts.get(item.stream, 0) + len(item.data)
-                scrubber = self._scrubbers.get(item.stream)
-                self._append(item.stream, scrubber.feed(item.data) if scrubber is not None else item.data)
+                self._counted[item.stream] = self._counted.get(item.stream, 0) + len(item.data)
+                self._append(item.stream, item.data)
         except SandboxError as e:
             if self.error is None:  # a kill's own reason comes first
                 self.error = error_body(e, error_status(e))
@@ -116,8 +120,6 @@ class CommandHandle:
             self._log.exception("jupyter_tai_sandbox: MCP command %s failed", self.id)
             self.error = {"error": "InternalError", "message": "the command's output could not be read"}
         finally:
-            for stream, scrubber in self._scrubbers.items():
-                self._append(stream, scrubber.flush())
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.handle.kill())
             self.ended_at = time.monotonic()
@@ -239,14 +241,12 @@ class CommandHandles:
             if self._starting[owner] <= 0:
                 del self._starting[owner]
 
-    def add(self, handle: ExecHandle, *, owner: str, session_id: str, timeout_seconds: float,
-            scrubbers: dict[str, Any]) -> CommandHandle:
+    def add(self, handle: ExecHandle, *, owner: str, session_id: str, timeout_seconds: float) -> CommandHandle:
         command = CommandHandle(
             handle,
             owner=owner,
             session_id=session_id,
             timeout_seconds=timeout_seconds,
-            scrubbers=scrubbers,
             buffer_bytes=self.buffer_bytes,
             log=self.log,
             on_end=lambda: self._ended(owner),

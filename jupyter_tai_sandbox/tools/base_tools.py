@@ -78,7 +78,7 @@ class BaseTool:
         return dict(inputs)
 
     async def run(
-        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None, output_limit: int | None = None
+        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None
     ) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -170,7 +170,7 @@ class SandboxExecTool(BaseTool):
         return out
 
     async def run(
-        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None, output_limit: int | None = None
+        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None
     ) -> dict[str, Any]:
         timeout = inputs.get("timeout_seconds", 60)
         durability = inputs.get("durability") or ("persistent" if inputs.get("workspace_key") else "ephemeral")
@@ -191,14 +191,18 @@ class SandboxExecTool(BaseTool):
         else:
             argv = ["sh", "-c", inputs["script"], "sandbox_exec", *inputs.get("args", [])]
         stdin = inputs.get("stdin")
-        sandbox = sandboxes.require_sandbox()  # the policy gate: isolation, egress, credentials
-        request = ExecRequest(
-            argv,
-            timeout,
-            env=dict(inputs.get("env") or {}),
-            stdin=stdin.encode(errors="surrogatepass") if stdin is not None else None,
-            output_limit=output_limit,
-        ).check_limit(sandbox.policy.max_timeout_seconds)
+        sandbox = sandboxes.require_sandbox()  # the policy gate: isolation, egress, credentials at create;
+        # the timeout ceiling, the output limit and the scrub on the run. Admitted before the create, so a
+        # refused run costs no session.
+        request = sandbox.admit(
+            ExecRequest(
+                argv,
+                timeout,
+                env=dict(inputs.get("env") or {}),
+                stdin=stdin.encode(errors="surrogatepass") if stdin is not None else None,
+            ),
+            one_shot=True,
+        )
         # seed 002's per-workspace_key lease: runs on one durable workspace take turns
         async with _workspace_lease(spec.workspace_key):
             session = await sandbox.create(spec)
@@ -207,11 +211,10 @@ class SandboxExecTool(BaseTool):
             finally:
                 with contextlib.suppress(SandboxError):
                     await session.destroy(remove_workspace=False)
-        scrub = sandbox.policy.scrub
         return {
             "exit_code": result.exit_code,
-            "stdout": scrub(result.stdout.decode(errors="replace")),
-            "stderr": scrub(result.stderr.decode(errors="replace")),
+            "stdout": result.stdout.decode(errors="replace"),
+            "stderr": result.stderr.decode(errors="replace"),
         }
 
 
@@ -244,7 +247,7 @@ class SandboxStatusTool(BaseTool):
     input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
 
     async def run(
-        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None, output_limit: int | None = None
+        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None
     ) -> dict[str, Any]:
         return sandboxes.status_info(show_credentials=owner is None)
 

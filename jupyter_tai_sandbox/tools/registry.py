@@ -64,7 +64,6 @@ class ToolRegistry:
         max_preset_bytes: int = 64 << 10,
         max_presets: int = 200,
         max_presets_per_user: int = 20,
-        max_output_bytes: int = 64 << 20,
     ) -> None:
         self.store = store if store is not None else PresetStore()
         self.config: dict[str, Preset] = {}
@@ -72,7 +71,6 @@ class ToolRegistry:
         self.max_preset_bytes = max_preset_bytes
         self.max_presets = max_presets
         self.max_presets_per_user = max_presets_per_user
-        self.max_output_bytes = max_output_bytes
         self._shadowed: set[str] = set()
 
     # --- reading (not fenced)
@@ -293,9 +291,8 @@ class ToolRegistry:
         if isinstance(tool, Preset) and tool.source == PRIVATE and principal.owner is not None:
             consumer = labels.sub_label(labels.user_label(principal.owner), consumer)  # the author's, not the tool's
         try:
-            return await base.run(
-                base_input, consumer=consumer, owner=principal.owner, output_limit=self.max_output_bytes or None
-            )
+            # the gate applies the timeout ceiling, the output limit and the scrub to the run
+            return await base.run(base_input, consumer=consumer, owner=principal.owner)
         except SandboxSpecRejectedError as e:
             if principal == OPERATOR_CLI and getattr(e, "isolation_floor", None):
                 # `jupyter tai-sandbox preset run` lowers the floor with its own flag, not a server option

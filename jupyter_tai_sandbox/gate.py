@@ -1,0 +1,280 @@
+"""The policy gate: a provider, and its sessions, as every door gets them.
+
+:func:`~jupyter_tai_sandbox.sandboxes.require_sandbox` hands out :class:`GatedSandbox`. Its
+``create`` applies the operator's :class:`~jupyter_tai_sandbox.policy.SandboxPolicy` to the spec;
+its ``create`` and ``get`` return a :class:`GatedSession`, whose ``run`` and ``start`` (so
+``exec`` and ``exec_start`` too) apply the exec-time policy, once, for every door (REST, the
+websocket, MCP, code tools, kernels, the magics through REST):
+
+* **the timeout ceiling** (``SandboxPolicy.max_timeout_seconds``): a request over it is refused with
+  :class:`~jupyter_tai_sandbox.contract.SandboxRequestError` naming ``timeout_seconds``, never clamped;
+* **the output limit** of a one-shot run (``SandboxApp.max_output_bytes``, given to the gate at
+  registration): past it the command is stopped and the run raises ``OutputTooLargeError`` with the
+  byte counts;
+* **the transcript scrub** (``SandboxPolicy.scrub_transcript``): a one-shot's output is scrubbed
+  whole (its result keeps the byte counts the command wrote); an interactive command's output goes
+  through one :class:`~jupyter_tai_sandbox.policy.StreamScrubber` per stream, so a value split across
+  chunks is still replaced; each holds back less than the longest value, released before the exit
+  item (or the error).
+
+A byte transport that is no transcript (the kernel tunnel's relay, whose frames a replacement
+would corrupt) starts through :func:`start_transport`: the ceiling holds, the scrub does not.
+Everything else on a session (files, info, TTL, destroy) goes to the provider's session as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+from .contract import (
+    ExecHandle,
+    ExecRequest,
+    ExecResult,
+    OutputChunk,
+    OutputItem,
+    Sandbox,
+    SandboxIsolation,
+    SandboxSession,
+    SessionInfo,
+    SessionSpec,
+)
+from .policy import SandboxPolicy, StreamScrubber
+
+#: The output limit of a gate registered without one: SandboxApp.max_output_bytes's default.
+DEFAULT_OUTPUT_LIMIT = 64 << 20
+#: Output scrubbed in one piece past this size is scrubbed off the event loop.
+_SCRUB_INLINE_BYTES = 1 << 16
+_STREAMS = ("stdout", "stderr")
+
+
+class GatedSandbox(Sandbox):
+    """A provider behind the policy: ``create`` applies the policy to the spec, and the sessions it
+    hands out (``create``, ``get``) apply it to every command; ``list`` and ``reap`` delegate.
+
+    ``output_limit``: most output bytes a one-shot run keeps (0: no limit).
+    """
+
+    def __init__(self, provider: Sandbox, policy: SandboxPolicy, output_limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
+        self.provider = provider
+        self.policy = policy
+        self.output_limit = output_limit
+
+    # read from the provider each time: a remote provider learns them from its server
+    @property  # type: ignore[override]
+    def kind(self) -> str:
+        return self.provider.kind
+
+    @property  # type: ignore[override]
+    def max_isolation(self) -> SandboxIsolation:
+        return self.provider.max_isolation
+
+    @property  # type: ignore[override]
+    def networks(self) -> frozenset[str]:
+        return self.provider.networks
+
+    @property  # type: ignore[override]
+    def supports_limits(self) -> bool:
+        return self.provider.supports_limits
+
+    def admit(self, request: ExecRequest, *, one_shot: bool) -> ExecRequest:
+        """``request`` as the provider runs it: over the timeout ceiling is refused (never clamped); a
+        one-shot gets the output limit (the lower of its own and the gate's)."""
+        request.check_limit(self.policy.max_timeout_seconds)
+        limit = self.output_limit
+        if one_shot and limit and (request.output_limit is None or request.output_limit > limit):
+            request = dataclasses.replace(request, output_limit=limit)
+        return request
+
+    async def create(self, spec: SessionSpec) -> GatedSession:
+        return GatedSession(await self.provider.create(self.policy.apply(spec)), self)
+
+    def image_allowed(self, image: str | None) -> bool:
+        return self.provider.image_allowed(image)
+
+    async def get(self, session_id: str) -> GatedSession:
+        return GatedSession(await self.provider.get(session_id), self)
+
+    async def list(self) -> list[SessionInfo]:
+        return await self.provider.list()
+
+    async def reap(self) -> list[str]:
+        return await self.provider.reap()
+
+    async def check_available(self) -> None:
+        await self.provider.check_available()
+
+    async def close(self) -> None:
+        await self.provider.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedExecResult(ExecResult):
+    """A one-shot's result through the gate: the output scrubbed, the counts what the command wrote."""
+
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+
+
+class GatedSession(SandboxSession):
+    """A provider's session behind the gate: ``run``/``start`` apply the exec-time policy; the rest
+    (and any attribute of the provider's own) is the provider session's."""
+
+    def __init__(self, session: SandboxSession, gate: GatedSandbox) -> None:
+        if isinstance(session, GatedSession):
+            session = session.session
+        self.session = session
+        self.gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("session", "gate"):
+            raise AttributeError(name)
+        return getattr(self.session, name)
+
+    def __repr__(self) -> str:
+        return f"<GatedSession {self.session!r}>"
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    async def info(self) -> SessionInfo:
+        return await self.session.info()
+
+    # ------------------------------------------------------- exec, gated
+
+    async def run(self, request: ExecRequest) -> GatedExecResult:
+        result = await self.session.run(self.gate.admit(request, one_shot=True))
+        policy = self.gate.policy
+        return GatedExecResult(
+            result.exit_code,
+            await _scrubbed(policy, result.stdout),
+            await _scrubbed(policy, result.stderr),
+            stdout_bytes=len(result.stdout),
+            stderr_bytes=len(result.stderr),
+        )
+
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        handle = await self.session.start(self.gate.admit(request, one_shot=False))
+        scrubbers = {}
+        for stream in _STREAMS:
+            scrubber = self.gate.policy.stream_scrubber()
+            if scrubber is not None:
+                scrubbers[stream] = scrubber
+        # nothing to scrub: the provider's handle as it is (no layer on the output's hot path)
+        return ScrubbedHandle(handle, scrubbers) if scrubbers else handle
+
+    # --------------------------------------------------- the rest, as is
+
+    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        await self.session.put_file(path, data)
+
+    async def get_file(self, path: str) -> bytes:
+        return await self.session.get_file(path)
+
+    def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:  # type: ignore[override]
+        return self.session.iter_file(path, chunk_size)
+
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        return await self.session.list_files(path)
+
+    async def remove_path(self, path: str) -> None:
+        await self.session.remove_path(path)
+
+    async def move_path(self, path: str, new_path: str) -> None:
+        await self.session.move_path(path, new_path)
+
+    async def make_folder(self, path: str) -> None:
+        await self.session.make_folder(path)
+
+    def resolve(self, path: str) -> str:
+        return self.session.resolve(path)
+
+    async def resolve_path(self, path: str) -> str:
+        return await self.session.resolve_path(path)
+
+    async def destroy(self, remove_workspace: bool = False) -> None:
+        await self.session.destroy(remove_workspace=remove_workspace)
+
+    async def set_expiry(self, expires_at: float) -> SessionInfo:
+        return await self.session.set_expiry(expires_at)
+
+    async def usage(self) -> dict[str, Any]:
+        return await self.session.usage()
+
+
+class ScrubbedHandle(ExecHandle):
+    """An interactive command's handle whose output is scrubbed, one scrubber per stream.
+
+    ``byte_counts`` are the bytes the command wrote on each stream so far, before the scrub.
+    """
+
+    def __init__(self, handle: ExecHandle, scrubbers: dict[str, StreamScrubber]) -> None:
+        self.handle = handle
+        self.byte_counts = dict.fromkeys(_STREAMS, 0)
+        self._scrubbers = scrubbers
+        self._output = self._scrubbed()
+
+    @property
+    def output(self) -> AsyncIterator[OutputItem]:
+        return self._output
+
+    async def _scrubbed(self) -> AsyncIterator[OutputItem]:
+        try:
+            async for item in self.handle.output:
+                if not isinstance(item, OutputChunk):  # the exit: what the scrubbers held back goes first
+                    for tail in self._tails():
+                        yield tail
+                    yield item
+                    continue
+                self.byte_counts[item.stream] = self.byte_counts.get(item.stream, 0) + len(item.data)
+                scrubber = self._scrubbers.get(item.stream)
+                if scrubber is None:
+                    yield item
+                    continue
+                data = scrubber.feed(item.data)
+                if data:
+                    yield OutputChunk(item.stream, data)
+        except Exception:  # a timeout, a failure: the held-back tails, then the error
+            for tail in self._tails():
+                yield tail
+            raise
+
+    def _tails(self) -> list[OutputChunk]:
+        tails = []
+        for stream, scrubber in self._scrubbers.items():
+            tail = scrubber.flush()
+            if tail:
+                tails.append(OutputChunk(stream, tail))  # type: ignore[arg-type]
+        return tails
+
+    async def write(self, data: bytes) -> None:
+        await self.handle.write(data)
+
+    async def close_stdin(self) -> None:
+        await self.handle.close_stdin()
+
+    async def kill(self) -> None:
+        await self.handle.kill()
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self.handle.resize(rows, cols)
+
+
+async def start_transport(session: SandboxSession, request: ExecRequest) -> ExecHandle:
+    """Start a byte transport (no transcript: the kernel tunnel's relay). Through the gate the
+    timeout ceiling holds but the output is not scrubbed: a replacement would corrupt its frames."""
+    if isinstance(session, GatedSession):
+        return await session.session.start(session.gate.admit(request, one_shot=False))
+    return await session.start(request)
+
+
+async def _scrubbed(policy: SandboxPolicy, data: bytes) -> bytes:
+    """``data`` with the transcript scrub applied (off the loop when large); itself when it is off."""
+    if not data or policy.stream_scrubber() is None:
+        return data
+    if len(data) > _SCRUB_INLINE_BYTES:
+        return await asyncio.to_thread(policy.scrub_bytes, data)
+    return policy.scrub_bytes(data)
