@@ -149,7 +149,11 @@ def _add_kernelspec_commands(commands: Any) -> None:
     install.add_argument("--persistent", metavar="KEY", default=None, help="keep the workspace in volume KEY across restarts")
     install.add_argument("--cpu", type=float, default=None, help="CPUs for the session (docker)")
     install.add_argument("--memory", type=int, metavar="MB", default=None, help="memory cap in MiB (docker)")
-    install.add_argument("--ttl", type=float, metavar="SECONDS", default=None, help="the session's TTL (default: the policy's maximum)")
+    install.add_argument(
+        "--ttl", type=float, metavar="SECONDS", default=None,
+        help="the kernel's life, its session's TTL and its commands' deadline (default: the longest the policy "
+        "allows, the lower of SandboxPolicy.max_ttl_seconds and max_timeout_seconds; past either the start is refused)",
+    )
     install.add_argument("--isolation", choices=("none", "container", "vm"), default=None, help="ask for at least this isolation")
     install.add_argument(
         "--provider",

@@ -31,13 +31,18 @@ session (a persistent ``workspace_key`` keeps the files); shutdown and culling (
 end in ``cleanup``) destroy the session; the host listeners keep their ports across a
 restart when they can, so connected clients reconnect by themselves.
 
-**TTL.** The contract has no way to extend a session's TTL, so the session is made
-with the kernel's whole allowed life: ``ttl_seconds`` (default: the operator's
-``SandboxPolicy.max_ttl_seconds``, 24 h), and the kernel and relay commands get the
-same deadline (capped by ``SandboxPolicy.max_timeout_seconds``). Shutdown destroys the
-session long before that; a kernel still running at its deadline dies like a crashed
-kernel, and the server's restarter starts a fresh one in a fresh session. A server that
-dies without shutting its kernels down leaves sessions that the TTL reap removes.
+**Life.** A kernel has one life, its session's TTL, and the kernel and relay commands
+run for all of it, so the life is both a session TTL and a command deadline and is
+bounded by both of the operator's maxima: ``ttl_seconds`` (default: the longest both
+allow, ``min(SandboxPolicy.max_ttl_seconds, SandboxPolicy.max_timeout_seconds)``, 6 h
+with the defaults; 24 h when neither is set). A kernelspec ``ttl_seconds`` over either
+maximum is refused at the start, loudly, with a ``SandboxSpecRejectedError`` naming
+the setting (never clamped, as on every door: a kernel that silently died at the
+command ceiling while its session lived on was the old behaviour); the gated session
+holds the relay and the kernel to the ceiling too. Shutdown destroys the session long
+before its end; a kernel still running at its deadline dies like a crashed kernel, and
+the server's restarter starts a fresh one in a fresh session. A server that dies
+without shutting its kernels down leaves sessions that the TTL reap removes.
 
 **Providers.** In a Jupyter server the provider is the server's (SandboxApp.provider).
 In another process (nbclient, jupyter console, a script) the slot is filled from
@@ -79,6 +84,7 @@ from .contract import (
     OutputChunk,
     SandboxError,
     SandboxSession,
+    SandboxSpecRejectedError,
     SessionSpec,
     for_door,
 )
@@ -235,7 +241,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     cpu = Float(None, allow_none=True, help="CPUs for the session (container providers).").tag(config=True)
     memory_mb = Integer(None, allow_none=True, help="Memory cap in MiB (container providers).").tag(config=True)
     ttl_seconds = Float(
-        None, allow_none=True, help="The session's TTL (None: SandboxPolicy.max_ttl_seconds, else 24 h)."
+        None,
+        allow_none=True,
+        help="""The kernel's life: its session's TTL and its commands' deadline. None: the longest the operator
+        allows (the lower of SandboxPolicy.max_ttl_seconds and max_timeout_seconds; 24 h when neither is set).
+        Over either maximum the start is refused.""",
     ).tag(config=True)
     isolation = Unicode(None, allow_none=True, help="At least this isolation (None: the operator's floor).").tag(
         config=True
@@ -284,7 +294,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     def _spec(self, sandbox: Any) -> SessionSpec:
         policy = getattr(sandbox, "policy", None)
-        ttl = self.ttl_seconds or (getattr(policy, "max_ttl_seconds", 0) or DEFAULT_TTL)
+        ttl = self._life(policy)
         network = self.network
         if network == "auto":
             networks = getattr(sandbox, "networks", frozenset({"egress"}))
@@ -303,6 +313,23 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             consumer=kernel_label(self.kernel_id),
             owner=self._owner(),
         )
+
+    def _life(self, policy: Any) -> float:
+        """The kernel's life (session TTL and command deadline): the kernelspec's, refused over the operator's
+        command ceiling (the policy refuses it over max_ttl_seconds at create), else the longest both allow."""
+        ceiling = getattr(policy, "max_timeout_seconds", 0) or 0
+        if self.ttl_seconds:
+            if ceiling and self.ttl_seconds > ceiling:
+                raise SandboxSpecRejectedError(
+                    f"the kernel's ttl_seconds {self.ttl_seconds:g} (SandboxProvisioner.ttl_seconds, "
+                    f"`kernelspec install --ttl`) is over the operator's maximum command deadline of {ceiling:g} s "
+                    "(SandboxPolicy.max_timeout_seconds, TAI_MCP_SANDBOX_MAX_TIMEOUT_SECONDS): the kernel runs "
+                    f"as one command for its whole life, so give it at most {ceiling:g} s, or raise the maximum"
+                )
+            return self.ttl_seconds
+        life = getattr(policy, "max_ttl_seconds", 0) or DEFAULT_TTL
+        # a default chosen within both maxima (nothing was asked for, so nothing is clamped)
+        return min(life, ceiling) if ceiling else life
 
     def _owner(self) -> str | None:
         """Who the kernel belongs to: the user whose request first started it (kept on the kernel manager,
@@ -386,10 +413,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         argv = list(self._argv)
         if argv and argv[0] in _PYTHON_NAMES:
             argv[0] = python
-        policy = sandbox.policy
-        life = spec.ttl_seconds
-        if policy.max_timeout_seconds:
-            life = min(life, policy.max_timeout_seconds)
+        life = spec.ttl_seconds  # within the operator's command ceiling (_life): the gate refuses past it
 
         self.tunnel = tunnel = await Tunnel.start(session, python=python, timeout_seconds=life)
         # host listeners first (they hold their ports), then the in-session ports, distinct from them

@@ -288,3 +288,46 @@ def test_signals_cross_the_seam_and_a_dead_tunnel_ends_the_kernel(tmp_path, monk
         assert [i for i in await sandboxes.require_sandbox().list() if i.consumer.startswith("kernel:")] == []
 
     asyncio.run(main())
+
+
+def test_a_kernel_life_over_the_command_ceiling_is_refused_not_clamped(tmp_path, monkeypatch):
+    """The kernel and its relay run for the kernel's whole life: a --ttl past the operator's command
+    ceiling fails the start at once, naming both settings (it used to be cut to the ceiling silently)."""
+    name = install_spec(tmp_path, monkeypatch, "--ttl", "100")
+    sandbox = LocalSandbox(root=str(tmp_path / "root"))
+    sandboxes.register_sandbox(sandbox, policy=SandboxPolicy(isolation="none", max_timeout_seconds=50))
+    started = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        NotebookClient(notebook(), kernel_name=name, startup_timeout=60).execute()
+    words = " ".join(str(raised.value).split())  # a kernel-start error comes in lines of at most 72 characters
+    assert "ttl_seconds 100 (SandboxProvisioner.ttl_seconds, `kernelspec install --ttl`)" in words
+    assert "over the operator's maximum command deadline of 50 s (SandboxPolicy.max_timeout_seconds" in words
+    assert time.monotonic() - started < 10
+    assert asyncio.run(sandbox.list()) == []  # refused before any session was made
+
+
+def test_a_kernels_default_life_is_the_longest_both_maxima_allow(tmp_path, monkeypatch):
+    from jupyter_client.manager import AsyncKernelManager
+
+    assert SandboxProvisioner()._life(SandboxPolicy(max_ttl_seconds=7200, max_timeout_seconds=600)) == 600
+    assert SandboxProvisioner()._life(SandboxPolicy(max_ttl_seconds=300, max_timeout_seconds=600)) == 300
+    assert SandboxProvisioner()._life(SandboxPolicy(max_ttl_seconds=0, max_timeout_seconds=0)) == 24 * 3600
+    assert SandboxProvisioner(ttl_seconds=600)._life(SandboxPolicy(max_timeout_seconds=600)) == 600
+    name = install_spec(tmp_path, monkeypatch)
+    policy = SandboxPolicy(isolation="none", max_ttl_seconds=7200, max_timeout_seconds=600)
+    sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "root")), policy=policy)
+
+    async def main() -> None:
+        km = AsyncKernelManager(kernel_name=name)
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            info = await km.provisioner.session.info()
+            assert info.expires_at - info.created_at == pytest.approx(600, abs=1)
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(main())
