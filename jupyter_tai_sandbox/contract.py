@@ -345,9 +345,9 @@ class ExecRequest:
     """One command as every door asks for it, validated once on construction.
 
     ``stdin`` is for one-shot runs only; ``pty``, ``rows`` and ``cols`` for
-    interactive ones. ``max_timeout_seconds`` (not stored) is the operator's ceiling,
-    checked when a door builds the request. Every bad field raises
-    :class:`SandboxRequestError` naming it.
+    interactive ones. The operator's timeout ceiling is not the request's: the gated
+    session (``jupyter_tai_sandbox.gate``) checks it with :meth:`check_limit` on every
+    run and start. Every bad field raises :class:`SandboxRequestError` naming it.
     """
 
     argv: tuple[str, ...]
