@@ -85,9 +85,12 @@ async def test_the_server_starts_a_sandboxed_kernel(jp_fetch, jp_serverapp, sand
 async def test_a_refused_spec_answers_the_start_with_the_policy_message(jp_fetch, sandboxed_kernelspec):
     code, body = await start_kernel(jp_fetch)
     assert code == 400
-    # the message JupyterLab shows in its "Error Starting Kernel" dialog
-    assert "isolation 'vm' was requested" in body["message"], body
-    assert "SandboxPolicy.isolation" in body["message"]
+    # the message JupyterLab shows in its "Error Starting Kernel" dialog, in lines of at most 72 characters
+    lines = body["message"].splitlines()
+    assert max(map(len, lines)) <= 72, body
+    words = " ".join(lines)
+    assert "isolation 'vm' was requested" in words, body
+    assert "SandboxPolicy.isolation" in words
 
 
 @pytest.mark.parametrize("server_provider", ["local", "docker"])

@@ -599,7 +599,9 @@ def test_export_env_is_restored_when_the_extension_stops(monkeypatch):
 
 
 
-def test_interrupt_kills_the_command_in_a_docker_session(tmp_path):
+@contextlib.contextmanager
+def docker_kernel(tmp_path) -> Iterator[Any]:
+    """A kernel of a live server on the docker provider (the minimal image), with the magics loaded."""
     from docker_support import RUN_LABEL, TEST_IMAGE, docker_client
 
     docker_client()  # skips without an engine (fails in CI)
@@ -610,42 +612,36 @@ def test_interrupt_kills_the_command_in_a_docker_session(tmp_path):
         k = live.start_kernel()
         try:
             k.ok("%load_ext jupyter_tai_sandbox")
-            run = k.run("%%sandbox\nsleep 300 & echo ready; wait", timeout=60, interrupt_when="ready")
-            assert run.finished - run.interrupted_at < 5  # type: ignore[attr-defined]
-            assert run.errors and run.errors[0]["ename"] == "SandboxInterrupted"
-            left = k.ok("%%sandbox\nps -o pid,args | grep '[s]leep 300' || echo none left").stdout
-            assert left == "none left\n"
+            yield k
         finally:
             k.shutdown()
     finally:
         live.stop()
+
+
+def test_interrupt_kills_the_command_in_a_docker_session(tmp_path):
+    with docker_kernel(tmp_path) as k:
+        run = k.run("%%sandbox\nsleep 300 & echo ready; wait", timeout=60, interrupt_when="ready")
+        assert run.finished - run.interrupted_at < 5  # type: ignore[attr-defined]
+        assert run.errors and run.errors[0]["ename"] == "SandboxInterrupted"
+        left = k.ok("%%sandbox\nps -o pid,args | grep '[s]leep 300' || echo none left").stdout
+        assert left == "none left\n"
 
 
 def test_a_program_missing_from_the_image_names_the_image_that_has_it(tmp_path):
-    from docker_support import RUN_LABEL, TEST_IMAGE, docker_client
+    from docker_support import TEST_IMAGE
 
     from jupyter_tai_sandbox.image import PYTHON_IMAGE
 
-    docker_client()  # skips without an engine (fails in CI)
-    (key, value), = RUN_LABEL.items()
-    live = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.image={TEST_IMAGE}",
-                                      f"--DockerSandbox.extra_labels={key}={value}")).start()
-    try:
-        k = live.start_kernel()
-        try:
-            k.ok("%load_ext jupyter_tai_sandbox")
-            run = k.run("%%sandbox python3\nprint('never')", timeout=60)
-            lines = run.stderr.splitlines()
-            assert "sandbox: exit status 127" in lines, run.stderr
-            assert (f"sandbox: python3 is not in the session's image {TEST_IMAGE}; {PYTHON_IMAGE} has it: "
-                    "build it with `jupyter tai-sandbox build-image --python`") in run.stderr, run.stderr
-            # a program run from the body's shell is found in its "not found" line too
-            run = k.run("%%sandbox\nno-such-tool --version", timeout=60)
-            assert f"sandbox: no-such-tool is not in the session's image {TEST_IMAGE}" in run.stderr, run.stderr
-            # any other non-zero status gets no hint
-            run = k.run("%%sandbox\nexit 3", timeout=60)
-            assert run.stderr.strip().splitlines()[-1] == "sandbox: exit status 3", run.stderr
-        finally:
-            k.shutdown()
-    finally:
-        live.stop()
+    with docker_kernel(tmp_path) as k:
+        run = k.run("%%sandbox python3\nprint('never')", timeout=60)
+        lines = run.stderr.splitlines()
+        assert "sandbox: exit status 127" in lines, run.stderr
+        assert (f"sandbox: python3 is not in the session's image {TEST_IMAGE}; {PYTHON_IMAGE} has it: "
+                "build it with `jupyter tai-sandbox build-image --python`") in run.stderr, run.stderr
+        # a program run from the body's shell is found in its "not found" line too
+        run = k.run("%%sandbox\nno-such-tool --version", timeout=60)
+        assert f"sandbox: no-such-tool is not in the session's image {TEST_IMAGE}" in run.stderr, run.stderr
+        # any other non-zero status gets no hint
+        run = k.run("%%sandbox\nexit 3", timeout=60)
+        assert run.stderr.strip().splitlines()[-1] == "sandbox: exit status 3", run.stderr
