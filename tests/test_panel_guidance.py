@@ -1,5 +1,6 @@
-"""Issue 25's panel points in a real ``jupyter lab`` and Debian's chromium (fixtures and helpers of
-test_panel_browser.py; screenshots in tests/artifacts/):
+"""What the panel tells a user before and when they act, in a real ``jupyter lab`` and Debian's
+chromium (fixtures and helpers of test_panel_browser.py; screenshots in tests/artifacts/); the
+numbers are issue 25's points:
 
 3. a kernel-start error shows whole in JupyterLab's "Error Starting Kernel" dialog, its fix inside
    the dialog and the 1400x900 viewport; POST /api/kernels answers the error's own status, while
