@@ -222,32 +222,6 @@ export function createBlockedReason(status: IStatus | null | undefined): string 
   return null;
 }
 
-/** A server option or environment setting in a message (`--Class.trait=value`, `NAME=value`). */
-const SETTING = /(--?[A-Za-z][\w.-]*=[^\s),;]+|\b[A-Z][A-Z0-9_]+=[^\s),;]+)/g;
-
-/**
- * A message cut into plain text and the settings it names, so a narrow panel can keep
- * each setting on one line (it is copied as it is, never with a line break in it).
- */
-export function settingParts(message: string): { text: string; setting: boolean }[] {
-  const parts: { text: string; setting: boolean }[] = [];
-  let last = 0;
-  const settings = new RegExp(SETTING.source, 'g');
-  let match: RegExpExecArray | null;
-  while ((match = settings.exec(message)) !== null) {
-    const at = match.index;
-    if (at > last) {
-      parts.push({ text: message.slice(last, at), setting: false });
-    }
-    parts.push({ text: match[0], setting: true });
-    last = at + match[0].length;
-  }
-  if (last < message.length) {
-    parts.push({ text: message.slice(last), setting: false });
-  }
-  return parts;
-}
-
 /** The no-isolation warning when the sessions of this provider run on the host (local), else null. */
 export function isolationWarning(status: IStatus | null | undefined): string | null {
   if (!status || status.kind === 'off' || createBlockedReason(status)) {

@@ -19,7 +19,6 @@ import {
   IPanelState,
   SessionsModel,
   createBlockedReason,
-  settingParts,
   formatDuration,
   isolationWarning,
   secondsLeft,
@@ -170,17 +169,7 @@ export class SandboxPanel extends SidePanel {
     const blocked = ok ? createBlockedReason(state.status) : null;
     const warning = ok ? isolationWarning(state.status) : null;
     this._notice.hidden = !blocked && !warning;
-    this._notice.replaceChildren(
-      ...settingParts(blocked ? `New session is off: ${blocked}` : (warning ?? '')).map(part => {
-        if (!part.setting) {
-          return document.createTextNode(part.text);
-        }
-        const code = document.createElement('code');
-        code.className = 'jp-TaiSandbox-setting';
-        code.textContent = part.text;
-        return code;
-      })
-    );
+    this._notice.textContent = blocked ? `New session is off: ${blocked}` : (warning ?? '');
     this._notice.dataset.kind = blocked ? 'blocked' : warning ? 'no-isolation' : '';
     this._setNewButton(ok && !blocked, blocked ? `New session is off: ${blocked}` : NEW_TOOLTIP);
 

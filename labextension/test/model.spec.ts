@@ -6,7 +6,6 @@ import {
   SessionsModel,
   formatDuration,
   secondsLeft,
-  settingParts,
   stateFromError,
   stateFromFetch,
   statusLine,
@@ -137,25 +136,5 @@ describe('JSON errors', () => {
     const notice = transitionNotice(INITIAL_STATE, state)!;
     expect(notice.showPanel).toBe(true);
     expect(notice.message).not.toMatch(/404|Retrying/);
-  });
-});
-
-describe('settingParts', () => {
-  it('cuts out each server option and environment setting, keeping every character', () => {
-    const message =
-      "Lower the floor (--SandboxPolicy.isolation=none or TAI_MCP_SANDBOX_ISOLATION=none) and restart.";
-    const parts = settingParts(message);
-    expect(parts.filter(p => p.setting).map(p => p.text)).toEqual([
-      '--SandboxPolicy.isolation=none',
-      'TAI_MCP_SANDBOX_ISOLATION=none'
-    ]);
-    expect(parts.map(p => p.text).join('')).toBe(message);
-  });
-
-  it('leaves a message without settings as one piece of text', () => {
-    expect(settingParts('No isolation: code runs on this host as you.')).toEqual([
-      { text: 'No isolation: code runs on this host as you.', setting: false }
-    ]);
-    expect(settingParts('')).toEqual([]);
   });
 });
