@@ -18,6 +18,7 @@ import time
 
 import pytest
 from docker_support import (
+    RUN_LABEL,
     disturbs_engine,
     docker_client,
     engine_pid,
@@ -181,9 +182,11 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client):
         asyncio.run(main())
     finally:
         # a create the engine carried out only after the thaw, when its caller had given up, can be left
-        # "Created" (the provider's late removal may run while the engine is still frozen): remove it here
+        # "Created" (the provider's late removal may run while the engine is still frozen): remove it here,
+        # only this run's (another run on the engine may use the same consumer)
+        mine = ["jupyter-tai-sandbox.consumer=docker-fault-tests", *(f"{k}={v}" for k, v in RUN_LABEL.items())]
         for _ in range(20):
-            stale = client.containers.list(all=True, filters={"label": "jupyter-tai-sandbox.consumer=docker-fault-tests"})
+            stale = client.containers.list(all=True, filters={"label": mine})
             for container in stale:
                 with contextlib.suppress(Exception):
                     container.remove(force=True, v=True)
