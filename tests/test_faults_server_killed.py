@@ -60,8 +60,11 @@ class Server:
             command.append("--allow-root")
         self.log = open(home / f"server-{self.port}.log", "wb")  # noqa: SIM115 - closed in stop()
         # no terminal, as under JupyterHub or a process manager
+        # and with SIGINT as a process manager leaves it: a suite run from a background job would hand its
+        # ignored SIGINT down, and a server that ignores SIGINT never stops on it
         self.process = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT
+            command, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            preexec_fn=_default_sigint,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -103,6 +106,10 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         self.log.close()
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def processes_marked(session_id: str) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 
 import pytest
 from test_faults_server_killed import Server, processes_marked, wait_for
@@ -38,9 +39,14 @@ def start_interactive(server: Server, session_id: str) -> None:
 
 
 def stop_with(server: Server, signum: int) -> int:
+    """The server's exit status once ``signum`` stopped it; one that outlives 60 s is stopped (never
+    left running after a failed test) and the wait's timeout raised."""
     server.process.send_signal(signum)
     try:
         return server.process.wait(60)
+    except subprocess.TimeoutExpired:
+        server.stop()
+        raise
     finally:
         server.log.close()
 
