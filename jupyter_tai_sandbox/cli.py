@@ -36,20 +36,18 @@ def _build_image(args: argparse.Namespace) -> int:
 
 def _build_python_image(args: argparse.Namespace) -> int:
     from .image import PYTHON_IMAGE, build_python_image
+    from .image_packages import build_with_packages
 
     def progress(line: str) -> None:
         print(line, flush=True)
 
+    options = {"suite": args.suite, "mirror": args.mirror, "force": args.force, "progress": progress,
+               "base_url": args.base_url}
     try:
-        build_python_image(
-            args.name or PYTHON_IMAGE,
-            suite=args.suite,
-            mirror=args.mirror,
-            force=args.force,
-            progress=progress,
-            base_url=args.base_url,
-            pip=args.pip or (),
-        )
+        if args.pip:
+            build_with_packages(args.name or PYTHON_IMAGE, args.pip, **options)
+        else:
+            build_python_image(args.name or PYTHON_IMAGE, **options)
     except ImageBuildError as e:
         print(f"build-image --python: {e}", file=sys.stderr)
         return 1

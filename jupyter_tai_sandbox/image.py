@@ -219,13 +219,10 @@ def build_python_image(
     force: bool = False,
     progress: Callable[[str], Any] | None = None,
     base_url: str | None = None,
-    pip: Sequence[str] = (),
 ) -> str | None:
     """Build the Python session image offline from Debian's packages; return its id (None: kept as it was).
 
-    With ``pip`` (requirements such as ``pandas`` or ``pyarrow>=15``), the image is the Debian one
-    (kept as ``jupyter-tai-sandbox/python-base:SUITE``) with those packages installed from wheels (see
-    ``image_packages``); it is kept when it already holds exactly those on that base.
+    ``image_packages.build_with_packages`` adds pip packages on top of it.
 
     ``debootstrap --variant=minbase --include=python3,procps SUITE DIR MIRROR`` into a temporary folder,
     ``chroot DIR apt-get install --no-install-recommends python3-ipykernel`` (debootstrap alone resolves
@@ -233,10 +230,6 @@ def build_python_image(
     300 MB and one to three minutes. An existing ``name`` is kept unless ``force``. ``progress`` gets
     one line of text at a time (debootstrap's own ``I:`` lines included).
     """
-    if pip:
-        return _build_with_packages(
-            name, list(pip), suite=suite, mirror=mirror, force=force, progress=progress, base_url=base_url
-        )
     env = dict(os.environ)
     if base_url:
         env["DOCKER_HOST"] = base_url
@@ -304,65 +297,6 @@ def build_python_image(
             raise ImageBuildError(f"docker import of {name} failed: {imported.stderr.strip() or 'tar failed'}")
     image_id = imported.stdout.strip()
     _say(progress, f"built {name} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
-    return image_id
-
-
-#: the Debian Python image without added packages, the base of those ``--pip`` builds (tag: the suite)
-PYTHON_BASE_IMAGE = "jupyter-tai-sandbox/python-base"
-
-
-def _docker_client(base_url: str | None) -> Any:
-    try:
-        import docker
-    except ImportError as e:  # pragma: no cover - the docker extra is missing
-        raise ImageBuildError("the docker SDK is missing: pip install 'jupyter-tai-sandbox[docker]'") from e
-    try:
-        return docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
-    except docker.errors.DockerException as e:
-        raise ImageBuildError(f"cannot reach the Docker engine ({e}); is one running? (start one with: dockerd &)") from e
-
-
-def _build_with_packages(
-    name: str,
-    pip: list[str],
-    *,
-    suite: str,
-    mirror: str | None,
-    force: bool,
-    progress: Callable[[str], Any] | None,
-    base_url: str | None,
-) -> str | None:
-    import docker.errors
-
-    from .image_packages import LABEL_PIP, add_packages, kept
-
-    client = _docker_client(base_url)
-    base = f"{PYTHON_BASE_IMAGE}:{suite}"
-    try:
-        try:
-            client.images.get(base)
-            have_base = not force
-        except docker.errors.ImageNotFound:
-            have_base = False
-        if not have_base:
-            plain = None
-            with contextlib.suppress(docker.errors.ImageNotFound):
-                plain = client.images.get(name)
-            if plain is not None and not force and not (plain.labels or {}).get(LABEL_PIP):
-                plain.tag(*base.rsplit(":", 1))  # an earlier `build-image --python` is the base
-                _say(progress, f"{base}: the Debian image {name} built earlier")
-            else:
-                build_python_image(base, suite=suite, mirror=mirror, force=True, progress=progress, base_url=base_url)
-        if not force and kept(client, name, base, pip):
-            _say(progress, f"{name} has {' '.join(pip)} on {base} already: kept (--force rebuilds it)")
-            return None
-        started = time.monotonic()
-        image_id = add_packages(client, base, name, pip, progress=lambda line: _say(progress, line))
-    except docker.errors.DockerException as e:
-        raise ImageBuildError(f"the Docker engine refused a step of the build of {name}: {e}") from e
-    finally:
-        client.close()
-    _say(progress, f"built {name} ({image_id[:19]}) with {' '.join(pip)} in {time.monotonic() - started:.0f} s")
     return image_id
 
 

@@ -24,12 +24,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .image import ImageBuildError
+from .image import DEFAULT_SUITE, ImageBuildError, build_python_image
 
 #: labels of an image built here: its pip requirements (sorted, space separated) and its base image's id
 LABEL_PIP = "jupyter-tai-sandbox.pip"
@@ -187,3 +188,69 @@ def kept(client: Any, name: str, base: str, requirements: Sequence[str]) -> bool
     except Exception:  # docker.errors.ImageNotFound
         return False
     return labels.get(LABEL_PIP) == requirement_label(requirements) and labels.get(LABEL_BASE) == base_id
+
+
+#: the Debian Python image without added packages, the base of those ``--pip`` builds (tag: the suite)
+PYTHON_BASE_IMAGE = "jupyter-tai-sandbox/python-base"
+
+
+def _docker_client(base_url: str | None) -> Any:
+    try:
+        import docker
+    except ImportError as e:  # pragma: no cover - the docker extra is missing
+        raise ImageBuildError("the docker SDK is missing: pip install 'jupyter-tai-sandbox[docker]'") from e
+    try:
+        return docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+    except docker.errors.DockerException as e:
+        raise ImageBuildError(f"cannot reach the Docker engine ({e}); is one running? (start one with: dockerd &)") from e
+
+
+def build_with_packages(
+    name: str,
+    pip: Sequence[str],
+    *,
+    suite: str = DEFAULT_SUITE,
+    mirror: str | None = None,
+    force: bool = False,
+    progress: Callable[[str], Any] | None = None,
+    base_url: str | None = None,
+) -> str | None:
+    """The Python image ``name``: the Debian one (kept as ``PYTHON_BASE_IMAGE:SUITE``, built when missing)
+    with the pip requirements ``pip`` installed from wheels; its id, or None when it already holds exactly
+    those on that base (kept). ``--force`` rebuilds the base too."""
+    import docker.errors
+
+    pip = list(pip)
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(line)
+
+    client = _docker_client(base_url)
+    base = f"{PYTHON_BASE_IMAGE}:{suite}"
+    try:
+        try:
+            client.images.get(base)
+            have_base = not force
+        except docker.errors.ImageNotFound:
+            have_base = False
+        if not have_base:
+            plain = None
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                plain = client.images.get(name)
+            if plain is not None and not force and not (plain.labels or {}).get(LABEL_PIP):
+                plain.tag(*base.rsplit(":", 1))  # an earlier `build-image --python` is the base
+                say(f"{base}: the Debian image {name} built earlier")
+            else:
+                build_python_image(base, suite=suite, mirror=mirror, force=True, progress=progress, base_url=base_url)
+        if not force and kept(client, name, base, pip):
+            say(f"{name} has {' '.join(pip)} on {base} already: kept (--force rebuilds it)")
+            return None
+        started = time.monotonic()
+        image_id = add_packages(client, base, name, pip, progress=say)
+    except docker.errors.DockerException as e:
+        raise ImageBuildError(f"the Docker engine refused a step of the build of {name}: {e}") from e
+    finally:
+        client.close()
+    say(f"built {name} ({image_id[:19]}) with {' '.join(pip)} in {time.monotonic() - started:.0f} s")
+    return image_id

@@ -19,12 +19,16 @@ from jupyter_tai_sandbox.image import (
     _CHANGES,
     BASE_PACKAGES,
     DEFAULT_IMAGE,
-    PYTHON_BASE_IMAGE,
     PYTHON_IMAGE,
     PYTHON_PACKAGES,
-    build_python_image,
 )
-from jupyter_tai_sandbox.image_packages import LABEL_BASE, LABEL_PIP, WHEELS_IN_IMAGE
+from jupyter_tai_sandbox.image_packages import (
+    LABEL_BASE,
+    LABEL_PIP,
+    PYTHON_BASE_IMAGE,
+    WHEELS_IN_IMAGE,
+    build_with_packages,
+)
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 
 DOCKERFILE = Path(__file__).resolve().parents[1] / "jupyter_tai_sandbox" / "dockerfiles" / "python.Dockerfile"
@@ -73,7 +77,7 @@ def test_pip_packages_are_installed_from_cached_wheels_with_no_network(tmp_path,
     names = [f"tai-sandbox-test/python-six:{secrets.token_hex(4)}" for _ in range(2)]
     said: list[str] = []
     try:
-        first = build_python_image(names[0], pip=["six"], progress=said.append)
+        first = build_with_packages(names[0], ["six"], progress=said.append)
         assert first is not None
         image = client.images.get(names[0])
         assert image.labels[LABEL_PIP] == "six" and image.labels[LABEL_BASE] == client.images.get(BASE).id
@@ -92,12 +96,12 @@ def test_pip_packages_are_installed_from_cached_wheels_with_no_network(tmp_path,
 
         # the same packages on the same base: kept as they are
         said.clear()
-        assert build_python_image(names[0], pip=["six"], progress=said.append) is None
+        assert build_with_packages(names[0], ["six"], progress=said.append) is None
         assert any("kept" in line for line in said), said
 
         # another image with the same packages takes every wheel from the cache
         said.clear()
-        assert build_python_image(names[1], pip=["six"], progress=said.append) is not None
+        assert build_with_packages(names[1], ["six"], progress=said.append) is not None
         assert any("all in the cache" in line for line in said), said
     finally:
         for name in names:
