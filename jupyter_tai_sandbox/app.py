@@ -17,7 +17,7 @@ from traitlets.config import Configurable
 from . import sandboxes
 from ._version import __version__
 from .contract import Sandbox, SandboxError
-from .execs import ExecRegistry
+from .execs import LiveCommandPolicy, LiveCommands
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
 from .sessions import SessionRegistry
@@ -26,6 +26,20 @@ from .tools import PresetStore, ToolRegistry
 
 #: the web app setting the server's idle culling reads (any key ending in _last_activity)
 LAST_ACTIVITY_KEY = "jupyter_tai_sandbox_last_activity"
+#: deprecated names of the live-command settings: (config section, old name) -> the SandboxApp trait
+LIVE_COMMAND_ALIASES = {
+    ("SandboxApp", "detach_grace_seconds"): "live_command_grace_seconds",
+    ("SandboxMCP", "handle_idle_timeout_seconds"): "live_command_grace_seconds",
+    ("SandboxMCP", "handle_retention_seconds"): "live_command_retention_seconds",
+    ("SandboxApp", "exec_ring_bytes"): "live_command_buffer_bytes",
+    ("SandboxMCP", "handle_buffer_bytes"): "live_command_buffer_bytes",
+    ("SandboxMCP", "max_running_commands_per_user"): "max_live_commands_per_user",
+}
+
+
+def _configured(config: Any, section: str, name: str) -> Any:
+    """A value the config sets for ``section.name`` (None when it does not), without creating the section."""
+    return config.get(section, {}).get(name)
 
 
 def _provider_classes() -> list[type]:
@@ -105,32 +119,51 @@ class SandboxApp(ExtensionApp):
         OutputTooLargeError saying why. 0 means no limit (only the command's deadline bounds it).""",
     ).tag(config=True)
 
-    detach_grace_seconds = Float(
-        60.0,
-        help="""How long an interactive command runs on after its last websocket closed (a reload, a closed
-        tab, a browser restart) before it is killed, in seconds; attaching again within it (by exec id, from an
-        output offset) cancels the kill. The command's own deadline always applies. 0 kills on disconnect.
-        The default covers a page reload or a browser restart without keeping an abandoned
-        command's processes for long.""",
+    live_command_grace_seconds = Float(
+        300.0,
+        help="""How long a live command (started over the exec websocket or MCP's session_exec_start) runs on
+        while nobody watches it (no websocket attached, no MCP poll) before it is killed, in seconds:
+        attaching again (by exec id, from an output offset) or polling within it cancels the kill. An ended
+        command nobody read to its end is kept as long for a reattach. The command's own deadline always
+        applies. 0 kills on disconnect. Replaces detach_grace_seconds and
+        SandboxMCP.handle_idle_timeout_seconds (still read, deprecated).""",
     ).tag(config=True)
 
-    exec_ring_bytes = Integer(
+    live_command_retention_seconds = Float(
+        600.0,
+        help="""How long an ended live command that was polled over MCP keeps its output and exit for its
+        last polls, in seconds (a websocket gets the exit pushed once and the command is forgotten).
+        Replaces SandboxMCP.handle_retention_seconds (still read, deprecated).""",
+    ).tag(config=True)
+
+    live_command_buffer_bytes = Integer(
         1 << 20,
-        help="""Bytes of each interactive command's most recent output the server keeps for a client that
-        attaches again (replayed from the offset it asks for, as far back as the ring reaches).""",
+        help="""Bytes of each live command's most recent output the server keeps (its output ring) for a
+        client that attaches again or polls late, from the offset it asks for as far back as the ring
+        reaches; older output is dropped (a poll reports how much). Replaces exec_ring_bytes and
+        SandboxMCP.handle_buffer_bytes (still read, deprecated).""",
     ).tag(config=True)
 
     max_live_commands_per_user = Integer(
         32,
-        help="""Most interactive (websocket) commands one user may hold at once, detached ones included
-        (each keeps its output ring, SandboxApp.exec_ring_bytes, until it is forgotten); one more is refused
-        with a SandboxQuotaError error message (429). 0 means no cap.""",
+        help="""Most live commands one user may hold at once, those started over the exec websocket and over
+        MCP together, detached and unpolled ones included (each keeps its output ring until it is forgotten;
+        an ended one kept for its readers gives its place first); one more is refused with SandboxQuotaError
+        (429). 0 means no cap. Replaces SandboxMCP.max_running_commands_per_user (still read, deprecated).""",
     ).tag(config=True)
 
     max_live_commands_per_session = Integer(
         16,
-        help="""Most interactive (websocket) commands one session may hold at once, detached ones included;
-        one more is refused with a SandboxQuotaError error message (429). 0 means no cap.""",
+        help="""Most live commands one session may hold at once (websocket and MCP ones, detached ones
+        included); one more is refused with SandboxQuotaError (429). 0 means no cap.""",
+    ).tag(config=True)
+
+    detach_grace_seconds = Float(
+        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_grace_seconds."
+    ).tag(config=True)
+
+    exec_ring_bytes = Integer(
+        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_buffer_bytes."
     ).tag(config=True)
 
     max_preset_bytes = Integer(
@@ -172,12 +205,7 @@ class SandboxApp(ExtensionApp):
         OutputSpool.default_disk_limit = self.max_spill_bytes
         self.policy = SandboxPolicy(parent=self)
         self.registry = SessionRegistry(self.policy)
-        self.execs = ExecRegistry(
-            ring_bytes=self.exec_ring_bytes,
-            grace_seconds=self.detach_grace_seconds,
-            max_per_user=self.max_live_commands_per_user,
-            max_per_session=self.max_live_commands_per_session,
-        )
+        self.execs = LiveCommands(self.live_command_policy(), log=self.log)
         self._reaper: asyncio.Task[None] | None = None
         self.sandbox: Sandbox | None = None
         # the gate applies both to every command on every door
@@ -231,15 +259,43 @@ class SandboxApp(ExtensionApp):
         if refused:
             self.log.warning("jupyter_tai_sandbox: %s", refused)
 
+    def live_command_policy(self) -> LiveCommandPolicy:
+        """The one policy of live commands, with the deprecated names read where the new one is left alone."""
+        settings = {new: getattr(self, new) for new in dict.fromkeys(LIVE_COMMAND_ALIASES.values())}
+        taken: dict[str, str] = {}
+        for (section, old), new in LIVE_COMMAND_ALIASES.items():
+            value = getattr(self, old) if section == "SandboxApp" else _configured(self.config, section, old)
+            if value is None:
+                continue
+            trait = self.traits()[new]
+            if settings[new] != trait.default_value or new in taken:
+                self.log.warning(
+                    "jupyter_tai_sandbox: %s.%s is deprecated and ignored: SandboxApp.%s = %r is in force",
+                    section, old, new, settings[new],
+                )
+                continue
+            settings[new] = trait.from_string(value) if isinstance(value, str) else value
+            taken[new] = f"{section}.{old}"
+            self.log.warning(
+                "jupyter_tai_sandbox: %s.%s is deprecated: set SandboxApp.%s (it applies to both doors)",
+                section, old, new,
+            )
+        return LiveCommandPolicy(
+            grace_seconds=settings["live_command_grace_seconds"],
+            retention_seconds=settings["live_command_retention_seconds"],
+            buffer_bytes=settings["live_command_buffer_bytes"],
+            max_per_user=settings["max_live_commands_per_user"],
+            max_per_session=self.max_live_commands_per_session,
+        )
+
     def touch(self) -> None:
         """Record sandbox use for the server's idle culling (and JupyterHub's, which asks /api/status)."""
         if self.serverapp is not None and self.serverapp.web_app is not None:
             self.serverapp.web_app.settings[LAST_ACTIVITY_KEY] = utcnow()
 
     def current_activity(self) -> bool:
-        """Interactive sandbox commands are running (the server's no-activity shutdown waits for them)."""
-        door = getattr(self, "mcp_door", None)
-        return len(self.execs) > 0 or bool(door is not None and door.handles.running_count())
+        """Live sandbox commands are running (the server's no-activity shutdown waits for them)."""
+        return self.execs.running_count() > 0
 
     def _make_provider(self) -> Sandbox:
         cls = sandboxes.load_provider_class(self.provider)

@@ -1,16 +1,25 @@
-"""Interactive commands that outlive their websocket: exec ids, an output ring, attach and detach.
+"""The server's live commands: one registry, read by push (the exec websocket) or by pull (MCP polls).
 
-Every command started over the exec websocket becomes a :class:`LiveExec`. One
-task (the pump) reads the command's output as it comes (already scrubbed, when
-the policy says so, by the gated session), keeps the last ``ring_bytes`` of it
-with absolute byte offsets (stdout and stderr counted together), and hands
-each chunk to the attached listener, one frame in flight, so a slow client
-slows the pump and the provider's spool holds the rest.
+Every command started over the exec websocket (``start``) or MCP (``session_exec_start``)
+becomes a :class:`LiveCommand` in the app's :class:`LiveCommands`. One task (the pump)
+reads the command's output as it comes (already scrubbed, capped and under its
+deadline: the gated session applied the exec-time policy at ``start``), keeps the
+last ``buffer_bytes`` of it in an :class:`OutputRing` with absolute byte offsets
+(stdout and stderr counted together), and serves two faces of the same entry:
 
-A listener that goes away *detaches*: the command runs on (within its own
-deadline) and is killed after ``grace_seconds`` unless someone attaches again.
-Attaching from an offset replays what the ring still holds from there, then
-goes live. Only the owner (or an admin) may list or attach.
+* **push** (:meth:`LiveCommand.attach`): a listener (a websocket) gets what the ring
+  holds from an offset, then each chunk live, one frame in flight, nothing skipped or
+  repeated; the exit (or error) is delivered to it once, and the command is forgotten;
+* **pull** (:meth:`LiveCommand.poll`): a reader asks for what is new since an offset,
+  waiting a little for news; the exit stays for later polls.
+
+One policy (:class:`LiveCommandPolicy`, the ``SandboxApp.live_command_*`` settings) for both:
+a running command nobody watches (no listener attached, no poll in progress, no poll
+for ``grace_seconds``) is killed; an ended one nobody read to its end is kept for a
+reattach for ``grace_seconds``, or, once it was polled, ``retention_seconds`` for its
+last polls. One cap per user and per session counts the commands of both doors; an
+ended command kept for its readers gives its place to a new one. Only the owner (or an
+admin) may see, attach, poll or kill; another user's command answers like an unknown id.
 """
 
 from __future__ import annotations
@@ -18,18 +27,73 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from .contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
 from .errors import SandboxQuotaError, error_body, error_status
+from .gate import ScrubbedHandle
 from .sessions import Caller
 
+STREAMS = ("stdout", "stderr")
+#: the websocket's binary frame prefix per stream
 STREAM_IDS = {"stdout": 1, "stderr": 2}
-#: finishes started from timers and callbacks, referenced until done
-_finishing: set[asyncio.Future[None]] = set()
+Door = Literal["websocket", "mcp"]
+
+
+@dataclass
+class LiveCommandPolicy:
+    """The one grace/idle policy, buffer size and caps of every live command (SandboxApp.live_command_*)."""
+
+    grace_seconds: float = 300.0
+    retention_seconds: float = 600.0
+    buffer_bytes: int = 1 << 20
+    max_per_user: int = 32
+    max_per_session: int = 16
+
+
+class OutputRing:
+    """A command's most recent output, ``limit`` bytes at most, with absolute offsets.
+
+    Offsets count both streams together from the command's start. The oldest output goes
+    first; a chunk larger than the whole ring keeps its tail.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._chunks: collections.deque[tuple[int, str, bytes]] = collections.deque()  # (offset, stream, data)
+        self._held = 0
+        self.end = 0
+
+    @property
+    def start(self) -> int:
+        """The oldest offset the ring still holds."""
+        return self._chunks[0][0] if self._chunks else self.end
+
+    def append(self, stream: str, data: bytes) -> None:
+        self._chunks.append((self.end, stream, data))
+        self.end += len(data)
+        self._held += len(data)
+        while self._held > self.limit and len(self._chunks) > 1:
+            self._held -= len(self._chunks.popleft()[2])
+        if self._held > self.limit:  # one chunk larger than the ring: keep its tail
+            offset, chunk_stream, chunk = self._chunks.popleft()
+            keep = chunk[-self.limit :] if self.limit else b""
+            self._held = len(keep)
+            if keep:
+                self._chunks.append((offset + len(chunk) - len(keep), chunk_stream, keep))
+
+    def since(self, offset: int) -> Iterator[tuple[int, str, bytes]]:
+        """``(offset, stream, data)`` pieces from ``offset`` (or the oldest held) to the end."""
+        first = max(offset, self.start)
+        for start, stream, data in self._chunks:
+            if start + len(data) <= first:
+                continue
+            yield (first, stream, data[first - start :]) if start < first else (start, stream, data)
 
 
 class Listener(Protocol):
@@ -42,20 +106,20 @@ class Listener(Protocol):
         """Send the exit (or error) message and close."""
 
 
-class LiveExec:
-    """One interactive command, its output ring and whoever is attached to it."""
+class LiveCommand:
+    """One command of the registry: its ring, its end, whoever is attached or polling."""
 
     def __init__(
         self,
         handle: ExecHandle,
         *,
+        registry: LiveCommands,
         session_id: str,
         owner: str,
         argv: tuple[str, ...],
         pty: bool,
-        ring_bytes: int,
-        grace_seconds: float,
-        on_done: Callable[[LiveExec], None],
+        door: Door,
+        timeout_seconds: float,
     ) -> None:
         self.id = "exe-" + secrets.token_hex(8)
         self.handle = handle
@@ -63,31 +127,54 @@ class LiveExec:
         self.owner = owner
         self.argv = argv
         self.pty = pty
+        self.door = door
         self.started_at = time.time()
+        self.deadline = self.started_at + timeout_seconds
+        self.ring = OutputRing(registry.policy.buffer_bytes)
+        self.exit_code: int | None = None
+        #: why the command ended without an exit, or the reason a kill gave (what a poll reports)
+        self.error: dict[str, Any] | None = None
+        #: the websocket's last message (exit or error), once the output ended
         self.final: dict[str, Any] | None = None
-        self._ring: collections.deque[tuple[int, int, bytes]] = collections.deque()  # (offset, stream id, data)
-        self._ring_bytes = 0
-        self._ring_limit = ring_bytes
-        self.end_offset = 0
-        self._grace_seconds = grace_seconds
-        self._on_done = on_done
+        self.ended_at: float | None = None
+        #: a pull reader (MCP) started or polled it: its end is kept retention_seconds for later polls
+        self.pulled = door == "mcp"
+        self.pollers = 0
+        self.forgotten = False
+        self._registry = registry
+        self._counted = dict.fromkeys(STREAMS, 0)
         self._listener: Listener | None = None
         self._in_flight: Awaitable[None] | None = None
         self._lock = asyncio.Lock()
-        self._grace: asyncio.TimerHandle | None = None
-        self._done = False
-        self._pump = asyncio.create_task(self._run())
+        self._wake = asyncio.Event()
+        self._unwatched: asyncio.TimerHandle | None = None
+        self._pump = asyncio.create_task(self._run(), name=f"live-command-{self.id}")
+        if door == "mcp":
+            self._watch_ended()  # nobody attaches to a polled command: unwatched until its first poll
 
     # ------------------------------------------------------------ view
 
     @property
-    def start_offset(self) -> int:
-        """The oldest offset the ring can still replay."""
-        return self._ring[0][0] if self._ring else self.end_offset
+    def running(self) -> bool:
+        return self.ended_at is None
 
     @property
     def attached(self) -> bool:
         return self._listener is not None
+
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset the ring can still replay."""
+        return self.ring.start
+
+    @property
+    def end_offset(self) -> int:
+        return self.ring.end
+
+    @property
+    def byte_counts(self) -> dict[str, int]:
+        """Bytes per stream as the command wrote them: a scrubbed handle counts them before its scrub."""
+        return self.handle.byte_counts if isinstance(self.handle, ScrubbedHandle) else self._counted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,51 +184,55 @@ class LiveExec:
             "pty": self.pty,
             "started": self.started_at,
             "owner": self.owner,
+            "door": self.door,
             "attached": self.attached,
-            "running": self.final is None,
+            "running": self.running,
             "offset": self.end_offset,
         }
 
     # ------------------------------------------------------------ pump
 
     async def _run(self) -> None:
-        final: dict[str, Any]
         try:
             async for item in self.handle.output:
                 if isinstance(item, ExitItem):
-                    final = {"type": "exit", "exit_code": item.exit_code}
+                    self.exit_code = item.exit_code
                     break
                 if item.data:
-                    await self._emit(STREAM_IDS[item.stream], item.data)
+                    self._counted[item.stream] = self._counted.get(item.stream, 0) + len(item.data)
+                    await self._emit(item.stream, item.data)
             else:  # pragma: no cover - the contract ends every output with an exit item or an error
-                final = {"type": "error", "error": "SandboxError", "message": "the output ended without an exit"}
+                self.error = {"error": "SandboxError", "message": "the output ended without an exit"}
         except SandboxError as e:
-            final = {"type": "error", **error_body(e, error_status(e))}
+            if self.error is None:  # a kill's own reason comes first
+                self.error = error_body(e, error_status(e))
         except asyncio.CancelledError:
-            final = {"type": "error", "error": "SandboxError", "message": "the command was stopped"}
-        self.final = final
+            self.error = self.error or {"error": "CommandKilled", "message": "the command was stopped"}
+        except Exception:  # a provider fault: logged here, a plain error for the readers
+            self._registry.log.exception("jupyter_tai_sandbox: live command %s failed", self.id)
+            self.error = {"error": "InternalError", "message": "the command's output could not be read"}
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.handle.kill())
+        if self.exit_code is not None:
+            self.final = {"type": "exit", "exit_code": self.exit_code}
+        else:
+            self.final = {"type": "error", **(self.error or {})}
+        self.ended_at = time.monotonic()
+        self._pulse()
         await self._deliver_final()
 
-    async def _emit(self, stream_id: int, data: bytes) -> None:
+    def _pulse(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def _emit(self, stream: str, data: bytes) -> None:
         async with self._lock:
-            self._remember(stream_id, data)
-            frame = self._send(stream_id, data)
+            self.ring.append(stream, data)
+            frame = self._send(STREAM_IDS[stream], data)
+        self._pulse()
         if frame is not None:
             await self._settle(frame)
-
-    def _remember(self, stream_id: int, data: bytes) -> None:
-        self._ring.append((self.end_offset, stream_id, data))
-        self.end_offset += len(data)
-        self._ring_bytes += len(data)
-        while self._ring_bytes > self._ring_limit and len(self._ring) > 1:
-            _, _, dropped = self._ring.popleft()
-            self._ring_bytes -= len(dropped)
-        if self._ring_bytes > self._ring_limit:  # one chunk larger than the ring: keep its tail
-            offset, stream, chunk = self._ring.popleft()
-            keep = chunk[-self._ring_limit :] if self._ring_limit else b""
-            self._ring_bytes = len(keep)
-            if keep:
-                self._ring.append((offset + len(chunk) - len(keep), stream, keep))
 
     def _send(self, stream_id: int, data: bytes) -> Awaitable[None] | None:
         """Start a frame to the listener (ordered under the lock); None when nobody is attached."""
@@ -167,26 +258,35 @@ class LiveExec:
     async def _deliver_final(self) -> None:
         listener = self._listener
         if listener is None:
-            # kept for a reattach within the grace time, then forgotten
-            self._arm_grace()
+            self._watch_ended()  # kept for a reattach or a poll, then forgotten
             return
         if self._in_flight is not None:
             with contextlib.suppress(Exception):
                 await self._in_flight
+        await self._push_final(listener)
+
+    async def _push_final(self, listener: Listener) -> None:
+        """The end, to the attached listener once; an entry nobody polls is then forgotten."""
         with contextlib.suppress(Exception):
             await listener.send_final(self.final or {})
-        await self.finish()
+        if self._listener is listener:
+            self._listener = None
+            self._in_flight = None
+        if self.pulled:
+            self._watch_ended()
+        else:
+            await self.forget()
 
-    # ---------------------------------------------------------- attach
+    # ---------------------------------------------------------- push face
 
     async def attach(self, listener: Listener, offset: int = 0) -> int:
         """Replay from ``offset`` (what the ring still holds) then go live; returns the first offset sent.
 
         A listener attached already is replaced (its socket is told and closed by its handler).
         """
-        if self._done:
+        if self.forgotten:
             raise SandboxNotFoundError(f"command {self.id} has ended and was forgotten")
-        self._cancel_grace()
+        self._cancel_unwatched()
         async with self._lock:
             previous, self._listener = self._listener, listener
             if previous is not None and previous is not listener:
@@ -195,108 +295,221 @@ class LiveExec:
                         {"type": "detached", "message": "another client attached to this command"}
                     )
             first = max(offset, self.start_offset)
-            frames = []
-            for start, stream_id, data in self._ring:
-                end = start + len(data)
-                if end <= first:
-                    continue
-                piece = data[first - start :] if start < first else data
-                frames.append(listener.send_output(stream_id, piece))
+            frames = [listener.send_output(STREAM_IDS[stream], piece) for _, stream, piece in self.ring.since(first)]
         for frame in frames:
             await frame
         if self.final is not None and self._listener is listener:
-            await listener.send_final(self.final)
-            await self.finish()
+            await self._push_final(listener)
         return first
 
     def detach(self, listener: Listener) -> None:
-        """The listener's socket closed: the command runs on for the grace time."""
+        """The listener's socket closed: the command runs on, unwatched, for the grace time."""
         if self._listener is listener:
             self._lost(listener)
+        elif self._listener is None:  # its socket closed before it attached
+            self._watch_ended()
 
     def _lost(self, listener: Listener) -> None:
         if self._listener is listener:
             self._listener = None
             self._in_flight = None
-            self._arm_grace()
-
-    def _arm_grace(self) -> None:
-        if self._done or self._listener is not None:
-            return
-        self._cancel_grace()
-        if self._grace_seconds <= 0:
-            self._finish_soon()
-        else:
-            self._grace = asyncio.get_running_loop().call_later(self._grace_seconds, self._finish_soon)
-
-    def _finish_soon(self) -> None:
-        task = asyncio.ensure_future(self.finish())
-        _finishing.add(task)
-        task.add_done_callback(_finishing.discard)
-
-    def _cancel_grace(self) -> None:
-        if self._grace is not None:
-            self._grace.cancel()
-            self._grace = None
+            self._watch_ended()
 
     async def write(self, data: bytes) -> None:
         await self.handle.write(data)
 
-    async def finish(self) -> None:
-        """Kill the command (if it still runs), release its handle, forget it. Idempotent.
+    # ---------------------------------------------------------- pull face
+
+    async def poll(self, offset: int, wait_seconds: float, max_bytes: int) -> dict[str, Any]:
+        """Output from ``offset`` (at most ``max_bytes``), after waiting up to ``wait_seconds`` for news."""
+        self.pulled = True
+        self.pollers += 1  # a command being polled is watched
+        self._cancel_unwatched()
+        try:
+            if offset >= self.end_offset and self.running and wait_seconds > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait_seconds)
+        finally:
+            self.pollers -= 1
+            self._watch_ended()
+        start = min(max(offset, self.start_offset), self.end_offset)
+        output: list[dict[str, Any]] = []
+        position, budget = start, max_bytes
+        for _, stream, data in self.ring.since(start):
+            if budget <= 0:
+                break
+            piece = data[:budget]
+            text = piece.decode(errors="replace")
+            if output and output[-1]["stream"] == stream:
+                output[-1]["text"] += text
+            else:
+                output.append({"stream": stream, "text": text})
+            position += len(piece)
+            budget -= len(piece)
+        answer: dict[str, Any] = {
+            "handle": self.id,
+            "session_id": self.session_id,
+            "offset": offset,
+            "next_offset": position,
+            "output": output,
+            "more": position < self.end_offset,
+            "running": self.running,
+            "exit_code": self.exit_code,
+            "stdout_bytes": self.byte_counts.get("stdout", 0),
+            "stderr_bytes": self.byte_counts.get("stderr", 0),
+        }
+        if offset < start:
+            answer["skipped_bytes"] = start - offset
+            answer["note"] = (
+                f"{start - offset} bytes of output before offset {start} were dropped from the command's "
+                "buffer (SandboxApp.live_command_buffer_bytes); redirect large output to a workspace file"
+            )
+        if self.error is not None and not answer["more"]:
+            answer["error"] = self.error
+        return answer
+
+    # ---------------------------------------------------------- the policy
+
+    def _watch_ended(self) -> None:
+        """Nobody watches now: arm the one timer (grace while it runs, then grace or retention)."""
+        if self.forgotten or self._listener is not None or self.pollers:
+            return
+        self._cancel_unwatched()
+        policy = self._registry.policy
+        seconds = policy.retention_seconds if (self.pulled and not self.running) else policy.grace_seconds
+        if seconds <= 0:
+            self._registry.spawn(self._unwatched_too_long())
+        else:
+            self._unwatched = asyncio.get_running_loop().call_later(
+                seconds, lambda: self._registry.spawn(self._unwatched_too_long())
+            )
+
+    def evict(self) -> None:
+        """Forget an ended command at once (its place is needed for a new one)."""
+        self.forgotten = True
+        self._cancel_unwatched()
+        self._registry.drop(self)
+
+    def _cancel_unwatched(self) -> None:
+        if self._unwatched is not None:
+            self._unwatched.cancel()
+            self._unwatched = None
+
+    async def _unwatched_too_long(self) -> None:
+        self._unwatched = None
+        if self.forgotten or self._listener is not None or self.pollers:
+            return
+        if not self.running:
+            await self.forget()
+            return
+        grace = self._registry.policy.grace_seconds
+        self._registry.log.info(
+            "jupyter_tai_sandbox: live command %s of %s not watched for %g s: killed", self.id, self.owner, grace
+        )
+        await self.kill({
+            "error": "HandleExpired",
+            "message": f"the command was killed: nobody attached or polled it for {grace:g} s "
+            "(SandboxApp.live_command_grace_seconds)",
+        })
+        if not self.pulled:
+            await self.forget()  # a websocket's command: nobody is left to tell
+
+    async def kill(self, reason: dict[str, Any] | None = None) -> None:
+        """Stop the command and wait for its end (idempotent); ``reason`` is what the next poll reports."""
+        if not self.running:
+            return
+        if reason is not None and self.error is None:
+            self.error = reason
+        with contextlib.suppress(SandboxError):
+            await self.handle.kill()
+        # the pump ends when the output does; a provider that never ends it is cancelled
+        if asyncio.current_task() is not self._pump:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._pump), 10)
+            if not self._pump.done():
+                self._pump.cancel()
+
+    async def forget(self) -> None:
+        """Kill the command (if it still runs) and drop it from the registry. Idempotent.
 
         An attached client still gets the final message (the pump delivers it).
         """
-        if self._done:
+        if self.forgotten:
             return
-        self._done = True
-        self._cancel_grace()
-        with contextlib.suppress(SandboxError):
-            await self.handle.kill()
-        if asyncio.current_task() is not self._pump and not self._pump.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._pump), 10)
+        self.forgotten = True
+        self._cancel_unwatched()
+        await self.kill()
         self._listener = None
-        self._on_done(self)
+        self._registry.drop(self)
 
 
-class ExecRegistry:
-    """The live interactive commands of this server, by exec id."""
+class LiveCommands:
+    """The live commands of one server, by id: both doors, one policy, one cap per user and per session."""
 
-    def __init__(
-        self, *, ring_bytes: int, grace_seconds: float, max_per_user: int = 0, max_per_session: int = 0
-    ) -> None:
-        self.ring_bytes = ring_bytes
-        self.grace_seconds = grace_seconds
-        self.max_per_user = max_per_user
-        self.max_per_session = max_per_session
-        self._execs: dict[str, LiveExec] = {}
+    def __init__(self, policy: LiveCommandPolicy, *, log: logging.Logger | None = None) -> None:
+        self.policy = policy
+        self.log = log or logging.getLogger("jupyter_tai_sandbox")
+        self._commands: dict[str, LiveCommand] = {}
         self._starting: collections.Counter[tuple[str, str]] = collections.Counter()  # (owner, session) -> starts
+        #: tasks started from timers, referenced until done
+        self._tasks: set[asyncio.Future[None]] = set()
 
     def __len__(self) -> int:
-        return len(self._execs)
+        return len(self._commands)
+
+    def running_count(self, owner: str | None = None) -> int:
+        return sum(1 for c in self._commands.values() if c.running and (owner is None or c.owner == owner))
+
+    def spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ caps
+
+    def _held(self, owner: str | None = None, session_id: str | None = None) -> list[LiveCommand]:
+        return [
+            c for c in self._commands.values()
+            if (owner is None or c.owner == owner) and (session_id is None or c.session_id == session_id)
+        ]
+
+    @staticmethod
+    def _make_room(held: list[LiveCommand], starting: int, cap: int) -> int:
+        """Forget the oldest ended, unwatched commands of ``held`` until one more fits under ``cap``;
+        the count held and starting after that."""
+        count = len(held) + starting
+        if not cap or count < cap:
+            return count
+        ended = sorted((c for c in held if not c.running and not c.attached and not c.pollers),
+                       key=lambda c: c.ended_at or 0.0)
+        for command in ended[: count - cap + 1]:
+            command.evict()
+            count -= 1
+        return count
 
     def check_room(self, owner: str, session_id: str) -> None:
         """Refuse (SandboxQuotaError, 429) a command past the per-user or per-session cap.
 
-        Every command the registry holds counts, attached or detached, running or kept for a
-        reattach after its exit: each pins its output ring and its handle until it is forgotten.
+        Every command counts, whichever door started it, attached or detached, polled or not; an
+        ended one kept for its readers gives its place (the oldest first) before a start is refused.
         """
-        by_user = sum(1 for live in self._execs.values() if live.owner == owner)
-        by_user += sum(n for (who, _), n in self._starting.items() if who == owner)
-        if self.max_per_user and by_user >= self.max_per_user:
+        policy = self.policy
+        starting = sum(n for (who, _), n in self._starting.items() if who == owner)
+        by_user = self._make_room(self._held(owner=owner), starting, policy.max_per_user)
+        if policy.max_per_user and by_user >= policy.max_per_user:
             raise SandboxQuotaError(
-                f"{owner!r} already holds {by_user} interactive commands (detached ones included), the most one "
-                f"user may hold (SandboxApp.max_live_commands_per_user = {self.max_per_user}): end or kill one "
-                "first (a detached command is forgotten SandboxApp.detach_grace_seconds after its last client left)"
+                f"{owner!r} already holds {by_user} live commands (websocket and MCP, detached ones included), "
+                f"the most one user may hold (SandboxApp.max_live_commands_per_user = {policy.max_per_user}): "
+                "end or kill one first (one nobody attaches to or polls is killed "
+                "SandboxApp.live_command_grace_seconds after its last reader left)"
             )
-        in_session = sum(1 for live in self._execs.values() if live.session_id == session_id)
-        in_session += sum(n for (_, sid), n in self._starting.items() if sid == session_id)
-        if self.max_per_session and in_session >= self.max_per_session:
+        starting = sum(n for (_, sid), n in self._starting.items() if sid == session_id)
+        in_session = self._make_room(self._held(session_id=session_id), starting, policy.max_per_session)
+        if policy.max_per_session and in_session >= policy.max_per_session:
             raise SandboxQuotaError(
-                f"session {session_id!r} already holds {in_session} interactive commands (detached ones "
-                f"included), the most one session may hold (SandboxApp.max_live_commands_per_session = "
-                f"{self.max_per_session}): end or kill one first"
+                f"session {session_id!r} already holds {in_session} live commands (websocket and MCP, detached "
+                f"ones included), the most one session may hold (SandboxApp.max_live_commands_per_session = "
+                f"{policy.max_per_session}): end or kill one first"
             )
 
     @contextlib.contextmanager
@@ -315,6 +528,8 @@ class ExecRegistry:
             if self._starting[key] <= 0:
                 del self._starting[key]
 
+    # ------------------------------------------------------------ entries
+
     def add(
         self,
         handle: ExecHandle,
@@ -322,40 +537,52 @@ class ExecRegistry:
         session_id: str,
         owner: str,
         argv: tuple[str, ...],
-        pty: bool,
-    ) -> LiveExec:
-        live = LiveExec(
-            handle,
-            session_id=session_id,
-            owner=owner,
-            argv=argv,
-            pty=pty,
-            ring_bytes=self.ring_bytes,
-            grace_seconds=self.grace_seconds,
-            on_done=lambda done: self._execs.pop(done.id, None),
+        pty: bool = False,
+        door: Door,
+        timeout_seconds: float,
+    ) -> LiveCommand:
+        command = LiveCommand(
+            handle, registry=self, session_id=session_id, owner=owner, argv=argv, pty=pty, door=door,
+            timeout_seconds=timeout_seconds,
         )
-        self._execs[live.id] = live
-        return live
+        self._commands[command.id] = command
+        return command
 
-    def get(self, exec_id: str, caller: Caller, session_id: str | None = None) -> LiveExec:
-        """The caller's command (any, for an admin); 404 exactly like an unknown id otherwise."""
-        live = self._execs.get(exec_id)
+    def drop(self, command: LiveCommand) -> None:
+        self._commands.pop(command.id, None)
+
+    def get(self, command_id: Any, caller: Caller, session_id: str | None = None) -> LiveCommand:
+        """The caller's command (any, for an admin); another user's answers exactly like an unknown id."""
+        command = self._commands.get(command_id) if isinstance(command_id, str) else None
         if (
-            live is None
-            or (session_id is not None and live.session_id != session_id)
-            or not (live.owner == caller.name or caller.manages_all)
+            command is None
+            or (session_id is not None and command.session_id != session_id)
+            or not (command.owner == caller.name or caller.manages_all)
         ):
-            raise SandboxNotFoundError(f"no running command {exec_id!r} in this session")
-        return live
+            where = " in this session" if session_id is not None else ""
+            raise SandboxNotFoundError(
+                f"no live command {command_id!r}{where} (an ended one is kept for its readers "
+                f"{self.policy.retention_seconds:g} s once polled, SandboxApp.live_command_retention_seconds)"
+            )
+        return command
 
-    def list(self, session_id: str, caller: Caller) -> list[LiveExec]:
+    def list(self, session_id: str, caller: Caller) -> list[LiveCommand]:
+        """The session's commands from both doors (the caller's own; all of them for an admin)."""
         return [
-            live
-            for live in self._execs.values()
-            if live.session_id == session_id and (live.owner == caller.name or caller.sees_all)
+            c for c in self._commands.values()
+            if c.session_id == session_id and (c.owner == caller.name or caller.sees_all)
         ]
 
+    async def kill_session(self, session_id: str) -> None:
+        """Kill every running command of a session (it is being destroyed)."""
+        reason = {"error": "SandboxNotFoundError", "message": f"session {session_id!r} was destroyed"}
+        await asyncio.gather(*(c.kill(reason) for c in self._held(session_id=session_id) if c.running))
+
     async def close(self) -> None:
-        """Kill every command (server shutdown)."""
-        for live in list(self._execs.values()):
-            await live.finish()
+        """Kill and forget every command (the server stops)."""
+        reason = {"error": "SandboxUnavailableError", "message": "the server is stopping"}
+        await asyncio.gather(*(c.kill(reason) for c in list(self._commands.values()) if c.running))
+        for command in list(self._commands.values()):
+            await command.forget()
+        for task in list(self._tasks):
+            task.cancel()

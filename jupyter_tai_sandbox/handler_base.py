@@ -20,7 +20,7 @@ from .errors import TOKEN_HOW, SandboxAuthenticationError, SandboxRequestError, 
 from .sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
 
 if TYPE_CHECKING:
-    from .execs import ExecRegistry
+    from .execs import LiveCommands
     from .policy import SandboxPolicy
     from .sessions import SessionRegistry
     from .tools import ToolRegistry
@@ -32,7 +32,7 @@ class SandboxAppState(Protocol):
     registry: SessionRegistry
     policy: SandboxPolicy
     tools: ToolRegistry
-    execs: ExecRegistry
+    execs: LiveCommands
     max_upload_bytes: int
 
     def touch(self) -> None: ...

@@ -177,7 +177,7 @@ def _encoded(data: bytes, encoding: str) -> str:
 
 
 class ExecsHandler(SandboxAPIHandler):
-    """The session's running interactive commands (the caller's own; all of them for an admin)."""
+    """The session's live commands, websocket and MCP ones (the caller's own; all of them for an admin)."""
 
     @web.authenticated
     @authorized
@@ -188,7 +188,7 @@ class ExecsHandler(SandboxAPIHandler):
 
 
 class LiveExecHandler(SandboxAPIHandler):
-    """DELETE kills one interactive command beside its websocket, which still gets the output and the exit.
+    """DELETE kills one live command beside its websocket (or MCP poller), which still gets the output and the exit.
 
     A kill sent on the websocket waits behind the stdin frames the server has not taken in yet
     (a command that does not read its stdin holds them); this one does not.

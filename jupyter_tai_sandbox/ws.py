@@ -22,7 +22,9 @@ server -> client
 
 Offsets count the output bytes of both streams together, from the command's start.
 A client that disconnects detaches: the command runs on (within its own deadline)
-and is killed after SandboxApp.detach_grace_seconds unless someone attaches again.
+and is killed after SandboxApp.live_command_grace_seconds unless someone attaches again
+(or polls it over MCP: the command is an entry of the server's one live-command registry,
+:mod:`jupyter_tai_sandbox.execs`, which MCP's session_exec_start feeds too).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketP
 
 from .contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
 from .errors import error_body, error_status
-from .execs import LiveExec
+from .execs import LiveCommand
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
@@ -61,7 +63,7 @@ class ExecWebSocketHandler(
     auth_resource = AUTH_RESOURCE
 
     session: SandboxSession
-    live: LiveExec | None = None
+    live: LiveCommand | None = None
     _ended = False
 
     def set_default_headers(self) -> None:
@@ -144,7 +146,8 @@ class ExecWebSocketHandler(
             # the gated session applies the timeout ceiling and scrubs the output
             handle = await self.session.start(request)
             live = execs.add(
-                handle, session_id=self.session.id, owner=caller.name, argv=request.argv, pty=request.pty
+                handle, session_id=self.session.id, owner=caller.name, argv=request.argv, pty=request.pty,
+                door="websocket", timeout_seconds=request.timeout_seconds,
             )
         self.live = live
         await self._send({"type": "started", "exec_id": live.id})

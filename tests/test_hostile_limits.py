@@ -47,7 +47,7 @@ def jp_server_config(tmp_path, monkeypatch):
             "max_live_commands_per_user": 4,
             "max_live_commands_per_session": 3,
         },
-        SandboxMCP={"max_running_commands_per_user": 3, "max_sessions": 12, "max_sessions_per_user": 3},
+        SandboxMCP={"max_sessions": 12, "max_sessions_per_user": 3},
     )
 
 
@@ -92,22 +92,27 @@ async def test_concurrent_creates_cannot_pass_max_sessions_per_user(jp_fetch):
     await destroy_all(jp_fetch, "alice")
 
 
-async def test_concurrent_mcp_starts_cannot_pass_max_running_commands_per_user(url, as_user, jp_serverapp):
+async def test_concurrent_mcp_starts_cannot_pass_max_live_commands_per_user(url, as_user, jp_serverapp):
+    """The user's cap (4) holds across sessions; each session's (3) within one (both shared with the websocket)."""
     async with mcp_client(url, as_user("alice")) as client:
         sid = data(await client.call_tool("session_create", {}))["id"]
+        other = data(await client.call_tool("session_create", {}))["id"]
         starts = await asyncio.gather(*(
-            client.call_tool("session_exec_start", {"session_id": sid, "argv": ["sleep", "30"],
+            client.call_tool("session_exec_start", {"session_id": (sid, other)[i % 2], "argv": ["sleep", "30"],
                                                     "timeout_seconds": 30})
-            for _ in range(9)
+            for i in range(9)
         ))
-        started = [data(r)["handle"] for r in starts if not r.is_error]
+        started = [data(r) for r in starts if not r.is_error]
         refused = [refusal(r) for r in starts if r.is_error]
-        assert len(started) == 3, [r.structured_content for r in starts]
+        assert len(started) == 4, [r.structured_content for r in starts]
+        assert max(sum(1 for s in started if s["session_id"] == session) for session in (sid, other)) <= 3
         assert {r["error"] for r in refused} == {"SandboxQuotaError"}
-        assert "max_running_commands_per_user" in refused[0]["message"]
-        assert sandbox_app(jp_serverapp).mcp_door.handles.running_count() == 3
+        assert any("max_live_commands_per_user" in r["message"] for r in refused), refused
+        assert sandbox_app(jp_serverapp).execs.running_count("alice") == 4
         # a start that fails (an unknown program) gives its slot back
-        await client.call_tool("session_exec_kill", {"handle": started[0]})
+        for each in started:
+            await client.call_tool("session_exec_kill", {"handle": each["handle"]})
+        await client.call_tool("session_destroy", {"session_id": other})
         failed = await asyncio.gather(*(
             client.call_tool("session_exec_start", {"session_id": sid, "argv": ["/no/such/program"]})
             for _ in range(4)

@@ -22,7 +22,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..contract import ExecRequest, SandboxRequestError
 from ..errors import SandboxForbiddenError
@@ -30,15 +30,11 @@ from ..policy import SCRUBBED
 from ..sessions import AUTH_RESOURCE, Caller
 from ..tools import BASE_TOOLS, NAME_PATTERN, Decided, Preset, validate_input
 
-if TYPE_CHECKING:
-    from .handles import CommandHandles
-
 
 class DoorHost(Protocol):
     """What the tools use of the door (SandboxMCP), named without importing it."""
 
     app: Any
-    handles: CommandHandles
     max_output_bytes: int
 
     def tools_changed(self) -> None: ...
@@ -427,8 +423,9 @@ class DoorTools:
     async def _session_exec_start(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         exec_request = self._exec_request(data, interactive=True)
         session = await self._session(request, data, manage=True)
-        handles = self.door.handles
-        with handles.reserve(request.caller.name):  # the slot is held from here, before the first await
+        # the server's one live-command registry: the websocket's commands share its caps and policy
+        execs = self.app.execs
+        with execs.reserve(request.caller.name, session.id):  # the slot is held from here, before the first await
             handle = await session.start(exec_request)
             try:
                 if data.get("stdin") is not None:
@@ -437,8 +434,9 @@ class DoorTools:
             except BaseException:
                 await handle.kill()
                 raise
-            command = handles.add(
-                handle, owner=request.caller.name, session_id=session.id, timeout_seconds=exec_request.timeout_seconds
+            command = execs.add(
+                handle, owner=request.caller.name, session_id=session.id, argv=exec_request.argv, door="mcp",
+                timeout_seconds=exec_request.timeout_seconds,
             )
         return {
             "handle": command.id,
@@ -449,12 +447,12 @@ class DoorTools:
         }
 
     async def _session_exec_poll(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
-        command = self.door.handles.get(data["handle"], request.caller.name, admin=request.caller.manages_all)
+        command = self.app.execs.get(data["handle"], request.caller)
         self.app.touch()
         return await command.poll(data["offset"], float(data["wait_seconds"]), data["max_bytes"])
 
     async def _session_exec_kill(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
-        command = self.door.handles.get(data["handle"], request.caller.name, admin=request.caller.manages_all)
+        command = self.app.execs.get(data["handle"], request.caller)
         await command.kill({"error": "CommandKilled", "message": f"killed by {request.caller.name!r}"})
         return {"handle": command.id, "session_id": command.session_id, "running": command.running,
                 "exit_code": command.exit_code}
@@ -497,7 +495,7 @@ class DoorTools:
 
     async def _session_destroy(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         session = await self._session(request, data, manage=True)
-        await self.door.handles.kill_session(session.id)
+        await self.app.execs.kill_session(session.id)
         await self.app.registry.destroy(session, remove_workspace=data["remove_workspace"])
         return {"session_id": session.id, "destroyed": True}
 

@@ -28,7 +28,6 @@ from .._version import __version__
 from ..contract import SandboxError
 from ..errors import SandboxQuotaError, error_body, error_status
 from .catalog import DoorRequest, DoorTools, ToolSpec, client_schema, scrub_result, session_id_of
-from .handles import CommandHandles
 
 #: where the bridge puts the request's DoorRequest in the ASGI scope
 SCOPE_KEY = "jupyter_tai_sandbox.request"
@@ -121,26 +120,22 @@ class SandboxMCP(LoggingConfigurable):
         SandboxApp.max_output_bytes still stops a command past it).""",
     ).tag(config=True)
 
+    # Deprecated: started commands are entries of the server's one live-command registry, under
+    # SandboxApp's live_command_* settings (SandboxApp reads these names from the config as aliases).
     handle_idle_timeout_seconds = Float(
-        300.0,
-        help="""A command started with session_exec_start that nobody polls for this long is killed, so an
-        agent that goes away leaves nothing running (its own deadline applies anyway).""",
+        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_grace_seconds."
     ).tag(config=True)
 
     handle_retention_seconds = Float(
-        600.0, help="Seconds a finished started command's output and exit stay available to polls."
+        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_retention_seconds."
     ).tag(config=True)
 
     handle_buffer_bytes = Integer(
-        4 << 20,
-        help="Most recent output bytes a started command keeps for polls; older output is dropped (and reported).",
+        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_buffer_bytes."
     ).tag(config=True)
 
     max_running_commands_per_user = Integer(
-        8,
-        help="""Most commands one user may have started (session_exec_start) and running at once; one more is
-        refused with SandboxQuotaError. As many finished ones per user are kept for their last polls (the
-        oldest is dropped when another ends). 0: no limit.""",
+        None, allow_none=True, help="Deprecated: use SandboxApp.max_live_commands_per_user (both doors count)."
     ).tag(config=True)
 
     tools_poll_interval = Float(
@@ -162,14 +157,6 @@ class SandboxMCP(LoggingConfigurable):
         super().__init__(parent=app, **kwargs)
         self.app = app
         self.tools = DoorTools(self)
-        self.handles = CommandHandles(
-            log=self.log,
-            idle_timeout=self.handle_idle_timeout_seconds,
-            retention=self.handle_retention_seconds,
-            max_running_per_user=self.max_running_commands_per_user,
-            buffer_bytes=self.handle_buffer_bytes,
-            on_change=self._count_commands,
-        )
         self.server = _DoorServer(
             "jupyter-tai-sandbox",
             version=__version__,
@@ -186,7 +173,6 @@ class SandboxMCP(LoggingConfigurable):
         self._listeners: OrderedDict[str, Any] = OrderedDict()
         self._warned: set[str] = set()
         self._fingerprint: str | None = None
-        self._running_commands = 0
         self._pending: set[asyncio.Future[None]] = set()
         #: extra audit sinks (tests, an operator's hook): called with each audit record
         self.audit_sinks: list[Callable[[dict[str, Any]], None]] = []
@@ -239,8 +225,7 @@ class SandboxMCP(LoggingConfigurable):
             self.log.info("jupyter_tai_sandbox: MCP door at /api/sandbox/mcp (Streamable HTTP)")
 
     async def stop(self) -> None:
-        """Kill started commands, leave the lifespan (open MCP sessions end)."""
-        await self.handles.close()
+        """Leave the lifespan (open MCP sessions end); the app's live-command registry kills the commands."""
         self._ready = False
         task, self._task = self._task, None
         if task is None:
@@ -261,13 +246,6 @@ class SandboxMCP(LoggingConfigurable):
             await self.start()
         assert self.manager is not None
         await self.manager.handle_request(scope, receive, send)
-
-    def _count_commands(self, running: int) -> None:
-        """Started commands count as activity, so the server's idle shutdown waits for them."""
-        delta = running - self._running_commands
-        self._running_commands = running
-        if hasattr(self.app, "live_commands"):
-            self.app.live_commands = max(0, self.app.live_commands + delta)
 
     # ------------------------------------------------------------ list changes
 
