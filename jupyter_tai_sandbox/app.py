@@ -18,10 +18,10 @@ from . import sandboxes
 from ._version import __version__
 from .contract import Sandbox, SandboxError
 from .execs import LiveCommandPolicy, LiveCommands
+from .gate import GatedSandbox
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
 from .sessions import SessionRegistry
-from .spool import OutputSpool
 from .tools import PresetStore, ToolRegistry
 
 #: the web app setting the server's idle culling reads (any key ending in _last_activity)
@@ -35,6 +35,38 @@ LIVE_COMMAND_ALIASES = {
     ("SandboxMCP", "handle_buffer_bytes"): "live_command_buffer_bytes",
     ("SandboxMCP", "max_running_commands_per_user"): "max_live_commands_per_user",
 }
+
+
+class ServerAccess(sandboxes.SandboxAccess):
+    """A server's own sandbox: the gate its doors use, under its policy and limits.
+
+    With no provider of its own (SandboxApp.provider 'off'), a provider a plugin registers in the
+    process slot, before the start or after it, is taken under this server's gate.
+    """
+
+    def __init__(self, app: SandboxApp) -> None:
+        super().__init__()
+        self.app = app
+        self.follows_plugins = False
+
+    def gate_for(self, provider: Sandbox) -> GatedSandbox:
+        app = self.app
+        return GatedSandbox(provider, app.policy, app.max_output_bytes, app.max_spill_bytes)
+
+    def _adopt(self) -> None:
+        plugin = sandboxes.installed() if self.follows_plugins else None
+        if plugin is None:
+            return
+        if self.gate is None or self.gate.provider is not plugin.provider:
+            self.gate = self.gate_for(plugin.provider)
+
+    def require(self) -> GatedSandbox:
+        self._adopt()
+        return super().require()
+
+    def status_info(self, *, show_credentials: bool = True) -> dict[str, Any]:
+        self._adopt()
+        return super().status_info(show_credentials=show_credentials)
 
 
 def _configured(config: Any, section: str, name: str) -> Any:
@@ -192,7 +224,22 @@ class SandboxApp(ExtensionApp):
         value = proposal["value"].strip()
         return "off" if value.lower() in sandboxes.OFF_VALUES else value
 
+    #: this server's own sandbox (its gate, or why it has none), made in initialize_settings
+    access: ServerAccess | None = None
+
+    @property
+    def sandbox(self) -> GatedSandbox | None:
+        """This server's provider behind its own gate (None: off, or it could not start)."""
+        return self.access.gate if self.access is not None else None
+
+    @sandbox.setter
+    def sandbox(self, gate: GatedSandbox | None) -> None:
+        if self.access is None:
+            self.access = ServerAccess(self)
+        self.access.gate = gate
+
     def initialize_settings(self) -> None:
+        self.access = ServerAccess(self)
         # the config door first: an invalid SandboxApp.presets stops the start before a provider exists
         self.tools = ToolRegistry(
             PresetStore(self.presets_path or None),
@@ -200,25 +247,26 @@ class SandboxApp(ExtensionApp):
             max_preset_bytes=self.max_preset_bytes,
             max_presets=self.max_presets,
             max_presets_per_user=self.max_presets_per_user,
+            access=self.access,
         )
         self.tools.apply_manifest(self.presets)
-        OutputSpool.default_disk_limit = self.max_spill_bytes
         self.policy = SandboxPolicy(parent=self)
-        self.registry = SessionRegistry(self.policy)
+        self.registry = SessionRegistry(self.policy, self.access)
         self.execs = LiveCommands(self.live_command_policy(), log=self.log)
         self._reaper: asyncio.Task[None] | None = None
-        self.sandbox: Sandbox | None = None
-        # the gate applies both to every command on every door
+        # this server's doors use its own gate (self.access); the process slot gets the same provider
+        # and policy as the default for code outside the server (require_sandbox() in kernels, plugins)
         sandboxes.use_policy(self.policy, output_limit=self.max_output_bytes)
         # normalised here too: a value loaded from config files skips the trait's validator
         self.provider = self.provider.strip()
         if self.provider.lower() in sandboxes.OFF_VALUES:
             self.provider = "off"
         if self.provider == "off":
+            self.access.follows_plugins = True
             plugin = sandboxes.installed()
             if plugin is not None:
                 # a plugin registered its provider: it stays, under this server's policy
-                self.sandbox = plugin
+                self.sandbox = self.access.gate_for(plugin.provider)
                 self.log.info("jupyter_tai_sandbox: %s provider registered by a plugin", plugin.kind)
             else:
                 sandboxes.disable_sandbox()
@@ -237,6 +285,7 @@ class SandboxApp(ExtensionApp):
             if sandboxes.PROVIDER_CHOICES not in message:
                 message += f". Use {sandboxes.PROVIDER_CHOICES}."
             self.log.error("jupyter_tai_sandbox: %s", message)
+            self.access.failure = message
             sandboxes.mark_failed(message)
             return
         previous = sandboxes.installed()
@@ -246,9 +295,11 @@ class SandboxApp(ExtensionApp):
                 provider.kind,
                 previous.kind,
             )
-        self.sandbox = sandboxes.register_sandbox(
-            provider, policy=self.policy, output_limit=self.max_output_bytes, replace=True
+        sandboxes.register_sandbox(
+            provider, policy=self.policy, output_limit=self.max_output_bytes, spill_limit=self.max_spill_bytes,
+            replace=True,
         )
+        self.sandbox = self.access.gate_for(provider)
         self.log.info(
             "jupyter_tai_sandbox: %s provider, isolation floor %s, egress ceiling %s",
             provider.kind,
@@ -333,18 +384,31 @@ class SandboxApp(ExtensionApp):
     KERNEL_ENV = ("TAI_SANDBOX_URL", "TAI_SANDBOX_TOKEN")
 
     def export_server_env(self, serverapp: Any) -> None:
-        """Kernels inherit the server's environment: put this server's URL and token there.
+        """Kernels this server starts get its URL and token in their environment.
 
         So ``%%sandbox`` in a kernel this server started needs no setup. The token is the
-        one the server already writes into its runtime file for the same user. The old
-        values come back at stop (tests run several servers in one process).
+        one the server already writes into its runtime file for the same user. Added to the
+        environment of each kernel this server's kernel manager starts, not to the process's:
+        two servers in one process each give their kernels their own.
         """
         url = serverapp.connection_url
         if not url.startswith(("http://", "https://")):
             return  # a unix socket: kernels fall back to discovery
-        self._saved_env = {name: os.environ.get(name) for name in self.KERNEL_ENV}
-        os.environ["TAI_SANDBOX_URL"] = url
-        os.environ["TAI_SANDBOX_TOKEN"] = getattr(serverapp.identity_provider, "token", "") or ""
+        token = getattr(serverapp.identity_provider, "token", "") or ""
+        self.kernel_env = {"TAI_SANDBOX_URL": url, "TAI_SANDBOX_TOKEN": token}
+        manager = getattr(serverapp, "kernel_manager", None)
+        if manager is None or "start_kernel" in vars(manager):
+            return
+        start_kernel = manager.start_kernel
+        kernel_env = self.kernel_env
+
+        async def start_with_server_env(*args: Any, **kwargs: Any) -> Any:
+            env = kwargs.get("env")
+            kwargs["env"] = {**(os.environ if env is None else env), **kernel_env}
+            return await start_kernel(*args, **kwargs)
+
+        manager.start_kernel = start_with_server_env
+        self._kernel_manager = manager
 
     def stop_cleanly_on_sigint(self, serverapp: Any) -> None:
         """Make SIGINT stop the server the way SIGTERM does, cleanup included.
@@ -402,18 +466,17 @@ class SandboxApp(ExtensionApp):
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
-        for name, value in getattr(self, "_saved_env", {}).items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        self._saved_env = {}
+        manager = getattr(self, "_kernel_manager", None)
+        if manager is not None:
+            vars(manager).pop("start_kernel", None)
+            self._kernel_manager = None
         execs = getattr(self, "execs", None)  # None when the settings were never initialized
         if execs is not None:
             await execs.close()
         sandbox = self.sandbox
         if sandbox is None:
-            if sandboxes.failure() is not None:
+            failure = self.access.failure if self.access is not None else None
+            if failure is not None and sandboxes.failure() == failure:
                 sandboxes.unregister_sandbox()
             return
         for session_id in list(self.registry.ids):
@@ -425,7 +488,8 @@ class SandboxApp(ExtensionApp):
             self.registry.forget(session_id)
         await sandbox.close()
         self.sandbox = None
-        if sandboxes.installed() is sandbox:
+        installed = sandboxes.installed()
+        if installed is not None and installed.provider is sandbox.provider:
             sandboxes.unregister_sandbox()
 
 

@@ -42,6 +42,7 @@ from .contract import (
     SessionSpec,
 )
 from .policy import SandboxPolicy, StreamScrubber
+from .spool import spilling_at_most
 
 #: The output limit of a gate registered without one: SandboxApp.max_output_bytes's default.
 DEFAULT_OUTPUT_LIMIT = 64 << 20
@@ -54,13 +55,22 @@ class GatedSandbox(Sandbox):
     """A provider behind the policy: ``create`` applies the policy to the spec, and the sessions it
     hands out (``create``, ``get``) apply it to every command; ``list`` and ``reap`` delegate.
 
-    ``output_limit``: most output bytes a one-shot run keeps (0: no limit).
+    ``output_limit``: most output bytes a one-shot run keeps (0: no limit). ``spill_limit``: most unread
+    output bytes a command keeps on the server's disk (0: no limit; None: the spool's default); the
+    server's own (SandboxApp.max_spill_bytes) reaches the spools its commands make through this gate.
     """
 
-    def __init__(self, provider: Sandbox, policy: SandboxPolicy, output_limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
+    def __init__(
+        self,
+        provider: Sandbox,
+        policy: SandboxPolicy,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        spill_limit: int | None = None,
+    ) -> None:
         self.provider = provider
         self.policy = policy
         self.output_limit = output_limit
+        self.spill_limit = spill_limit
 
     # read from the provider each time: a remote provider learns them from its server
     @property  # type: ignore[override]
@@ -146,7 +156,8 @@ class GatedSession(SandboxSession):
     # ------------------------------------------------------- exec, gated
 
     async def run(self, request: ExecRequest) -> GatedExecResult:
-        result = await self.session.run(self.gate.admit(request, one_shot=True))
+        with spilling_at_most(self.gate.spill_limit):
+            result = await self.session.run(self.gate.admit(request, one_shot=True))
         policy = self.gate.policy
         return GatedExecResult(
             result.exit_code,
@@ -157,7 +168,8 @@ class GatedSession(SandboxSession):
         )
 
     async def start(self, request: ExecRequest) -> ExecHandle:
-        handle = await self.session.start(self.gate.admit(request, one_shot=False))
+        with spilling_at_most(self.gate.spill_limit):
+            handle = await self.session.start(self.gate.admit(request, one_shot=False))
         scrubbers = {}
         for stream in _STREAMS:
             scrubber = self.gate.policy.stream_scrubber()
@@ -267,7 +279,8 @@ async def start_transport(session: SandboxSession, request: ExecRequest) -> Exec
     """Start a byte transport (no transcript: the kernel tunnel's relay). Through the gate the
     timeout ceiling holds but the output is not scrubbed: a replacement would corrupt its frames."""
     if isinstance(session, GatedSession):
-        return await session.session.start(session.gate.admit(request, one_shot=False))
+        with spilling_at_most(session.gate.spill_limit):
+            return await session.session.start(session.gate.admit(request, one_shot=False))
     return await session.start(request)
 
 

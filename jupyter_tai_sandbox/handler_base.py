@@ -22,6 +22,7 @@ from .sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
 if TYPE_CHECKING:
     from .execs import LiveCommands
     from .policy import SandboxPolicy
+    from .sandboxes import SandboxAccess
     from .sessions import SessionRegistry
     from .tools import ToolRegistry
 
@@ -33,6 +34,7 @@ class SandboxAppState(Protocol):
     policy: SandboxPolicy
     tools: ToolRegistry
     execs: LiveCommands
+    access: SandboxAccess
     max_upload_bytes: int
 
     def touch(self) -> None: ...

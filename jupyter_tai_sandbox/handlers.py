@@ -16,7 +16,6 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.escape import url_escape
 
-from . import sandboxes
 from .contract import (
     ExecRequest,
     SandboxError,
@@ -58,14 +57,13 @@ class StatusHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        failure = sandboxes.failure()
-        if failure is not None:
-            raise SandboxUnavailableError(failure)
-        provider = sandboxes.installed()
-        if provider is not None:
-            await provider.check_available()  # an engine that cannot be reached: 503 saying so
-        caller = await self.caller()
-        self.write_json({**sandboxes.status_info(show_credentials=caller.sees_all), "principal": caller.name,
+        access = self.sandbox_app.access  # this server's own sandbox, not the process slot
+        status = access.status_info(show_credentials=(caller := await self.caller()).sees_all)
+        if access.failure is not None:
+            raise SandboxUnavailableError(access.failure)
+        if access.gate is not None:
+            await access.gate.check_available()  # an engine that cannot be reached: 503 saying so
+        self.write_json({**status, "principal": caller.name,
                         "consumer": caller.consumer})
 
 

@@ -11,6 +11,7 @@ provider without the policy.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 from typing import Any
@@ -69,12 +70,56 @@ def load_provider_class(name: str) -> type[Sandbox]:
     return cls
 
 
+class SandboxAccess:
+    """How one holder reaches its sandbox: a server's own gate (or why it has none), and the
+    per-holder state of its doors. Each SandboxApp holds one, so two servers in one process share
+    nothing; :data:`PROCESS_ACCESS` is the process default (the module slot below), for code outside
+    a server."""
+
+    def __init__(self) -> None:
+        self.gate: GatedSandbox | None = None
+        self.failure: str | None = None
+        #: one tool run at a time per persistent workspace (sandbox_exec's lease), per holder
+        self.workspace_leases: dict[str, asyncio.Lock] = {}
+
+    def require(self) -> GatedSandbox:
+        """The holder's provider behind its gate, or a loud SandboxUnavailableError."""
+        if self.failure is not None:
+            raise SandboxUnavailableError(self.failure)
+        if self.gate is None:
+            raise SandboxUnavailableError(_NO_PROVIDER)
+        return self.gate
+
+    def status_info(self, *, show_credentials: bool = True) -> dict[str, Any]:
+        return describe(self.gate, self.failure, show_credentials=show_credentials)
+
+
+class _ProcessAccess(SandboxAccess):
+    """The module slot as a SandboxAccess (it consults TAI_MCP_SANDBOX, as require_sandbox() does)."""
+
+    def require(self) -> GatedSandbox:
+        return require_sandbox()
+
+    def status_info(self, *, show_credentials: bool = True) -> dict[str, Any]:
+        return status_info(show_credentials=show_credentials)
+
+
+_NO_PROVIDER = (
+    "no sandbox provider is installed: set TAI_MCP_SANDBOX (the sandbox_module setting, "
+    f"SandboxApp.provider) to one of {', '.join(BUILTIN_PROVIDERS)} or a module:Class provider"
+)
+
+#: the process default: the module slot, for code outside a server (kernels, scripts, plugins)
+PROCESS_ACCESS: SandboxAccess = _ProcessAccess()
+
+
 def register_sandbox(
     provider: Sandbox,
     *,
     policy: SandboxPolicy | None = None,
     replace: bool = False,
     output_limit: int | None = None,
+    spill_limit: int | None = None,
 ) -> Sandbox:
     """Install ``provider`` as the deployment's one sandbox; return it behind the gate.
 
@@ -94,7 +139,7 @@ def register_sandbox(
         )
     if output_limit is None:
         output_limit = DEFAULT_OUTPUT_LIMIT if _default_output_limit is None else _default_output_limit
-    _installed = GatedSandbox(provider, policy or _default_policy or SandboxPolicy(), output_limit)
+    _installed = GatedSandbox(provider, policy or _default_policy or SandboxPolicy(), output_limit, spill_limit)
     _configured = True
     _failure = None
     return _installed
@@ -165,10 +210,7 @@ def require_sandbox() -> GatedSandbox:
     if _failure is not None:
         raise SandboxUnavailableError(_failure)
     if _installed is None:
-        raise SandboxUnavailableError(
-            "no sandbox provider is installed: set TAI_MCP_SANDBOX (the sandbox_module setting, "
-            f"SandboxApp.provider) to one of {', '.join(BUILTIN_PROVIDERS)} or a module:Class provider"
-        )
+        raise SandboxUnavailableError(_NO_PROVIDER)
     return _installed
 
 
@@ -192,23 +234,28 @@ def status_info(*, show_credentials: bool = True) -> dict[str, Any]:
     ``show_credentials=False`` leaves out which consumer holds which credential names
     (only admins see that map).
     """
-    kind = status()
-    info: dict[str, Any] = {"kind": kind}
-    if _failure is not None:
-        info["error"] = _failure
-    if _installed is not None:
-        info["policy"] = _installed.policy.public_json(show_credentials=show_credentials)
-        info["max_isolation"] = _installed.max_isolation
-        info["networks"] = sorted(_installed.networks)
-        info["supports_limits"] = _installed.supports_limits
-        limits = provider_limits(_installed.provider) if _installed.supports_limits else {}
+    status()  # consults TAI_MCP_SANDBOX once, as require_sandbox() does
+    return describe(_installed, _failure, show_credentials=show_credentials)
+
+
+def describe(gate: GatedSandbox | None, failure: str | None, *, show_credentials: bool = True) -> dict[str, Any]:
+    """The kind row of ``gate`` (None: off, or ``failure`` says why it could not start)."""
+    info: dict[str, Any] = {"kind": gate.kind if gate is not None else "off"}
+    if failure is not None:
+        info["error"] = failure
+    if gate is not None:
+        info["policy"] = gate.policy.public_json(show_credentials=show_credentials)
+        info["max_isolation"] = gate.max_isolation
+        info["networks"] = sorted(gate.networks)
+        info["supports_limits"] = gate.supports_limits
+        limits = provider_limits(gate.provider) if gate.supports_limits else {}
         if limits:
             info["limits"] = limits
-        refused = floor_refusal(_installed.kind, _installed.policy.isolation, _installed.max_isolation)
+        refused = floor_refusal(gate.kind, gate.policy.isolation, gate.max_isolation)
         if refused:
             info["create_refused"] = refused
     else:
-        info["message"] = _failure or (
+        info["message"] = failure or (
             "no sandbox provider is installed: set TAI_MCP_SANDBOX (sandbox_module) to one of "
             + ", ".join(BUILTIN_PROVIDERS)
         )

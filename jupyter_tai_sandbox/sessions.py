@@ -120,9 +120,11 @@ class Caller:
 class SessionRegistry:
     """The sessions this server created (shutdown stops exactly those), and the owner rules of every door."""
 
-    def __init__(self, policy: Any = None) -> None:
+    def __init__(self, policy: Any = None, access: sandboxes.SandboxAccess | None = None) -> None:
         self.ids: set[str] = set()
         self.policy = policy
+        #: the server's own sandbox (SandboxApp.access); the process default outside a server
+        self.access = access if access is not None else sandboxes.PROCESS_ACCESS
         # the per-user quota without a race: a create reserves its slot before its first await
         # (owner, quota) -> creates in flight
         self._creating: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -163,7 +165,7 @@ class SessionRegistry:
         A kernel's session (consumer ``kernel:...``) counts against the owner's kernel quota,
         any other against the session quota.
         """
-        sandbox = sandboxes.require_sandbox()
+        sandbox = self.access.require()
         owner = spec.owner or (caller.name if caller is not None else None)
         if caller is not None:
             act_for(caller.name)  # the provider's work from here on counts against the caller's share
@@ -206,7 +208,7 @@ class SessionRegistry:
         start = self._mark
         self._counts_from[start] += 1
         try:
-            infos = await sandboxes.require_sandbox().list()
+            infos = await self.access.require().list()
         finally:
             self._counts_from[start] -= 1
             if self._counts_from[start] <= 0:
@@ -238,7 +240,7 @@ class SessionRegistry:
         if not _SESSION_ID.fullmatch(session_id):
             raise session_gone(session_id)
         act_for(caller.name)  # the provider's work for this request counts against the caller's share
-        session = await sandboxes.require_sandbox().get(session_id)
+        session = await self.access.require().get(session_id)
         info = await session.info()
         if info.owner == caller.name or (caller.manages_all if manage else caller.sees_all):
             return session
@@ -246,7 +248,7 @@ class SessionRegistry:
 
     async def list(self, caller: Caller) -> list[SessionInfo]:
         act_for(caller.name)
-        return [info for info in await sandboxes.require_sandbox().list() if self.visible(caller, info)]
+        return [info for info in await self.access.require().list() if self.visible(caller, info)]
 
     # ------------------------------------------------------------- TTL
 
@@ -294,7 +296,7 @@ class SessionRegistry:
             if info.workspace_key is not None:
                 holders = [
                     other.id
-                    for other in await sandboxes.require_sandbox().list()
+                    for other in await self.access.require().list()
                     if other.workspace_key == info.workspace_key and other.id != session.id
                 ]
                 if holders:

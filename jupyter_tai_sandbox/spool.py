@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from .contract import OutputStream
@@ -23,6 +25,9 @@ from .contract import OutputStream
 DEFAULT_MEMORY_LIMIT = 8 << 20
 #: Unread output one command may keep on the server's disk (SandboxApp.max_spill_bytes sets it).
 DEFAULT_DISK_LIMIT = 1 << 30
+#: The disk limit of spools made within a call that set one: a server's gate sets its
+#: SandboxApp.max_spill_bytes around each command start, so two servers in one process keep their own.
+spill_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("tai_sandbox_spill_limit", default=None)
 _HEADER = struct.Struct(">cI")
 _STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 _CODE_STREAMS: dict[bytes, OutputStream] = {b"o": "stdout", b"e": "stderr"}
@@ -31,12 +36,16 @@ _CODE_STREAMS: dict[bytes, OutputStream] = {b"o": "stdout", b"e": "stderr"}
 class OutputSpool:
     """A FIFO of ``(stream, data)`` records fed by a provider and drained by one reader."""
 
-    #: the disk limit of spools made without one (SandboxApp.max_spill_bytes sets it for the server)
+    #: the disk limit of spools made outside a server's gate and without one (a constant default:
+    #: a server's SandboxApp.max_spill_bytes reaches its spools through ``spill_limit``, not here)
     default_disk_limit = DEFAULT_DISK_LIMIT
 
     def __init__(self, memory_limit: int = DEFAULT_MEMORY_LIMIT, disk_limit: int | None = None) -> None:
         self._memory_limit = memory_limit
-        self._disk_limit = self.default_disk_limit if disk_limit is None else disk_limit
+        if disk_limit is None:
+            disk_limit = spill_limit.get()
+        self.disk_limit = self.default_disk_limit if disk_limit is None else disk_limit
+        self._disk_limit = self.disk_limit
         self.overflowed = False
         self.on_overflow: Callable[[], None] | None = None
         self._memory: collections.deque[tuple[OutputStream, bytes]] = collections.deque()
@@ -116,3 +125,13 @@ class OutputSpool:
                 return None
             self._changed.clear()
             await self._changed.wait()
+
+
+@contextlib.contextmanager
+def spilling_at_most(limit: int | None) -> Iterator[None]:
+    """Spools made in this block (and the tasks it starts) keep at most ``limit`` unread bytes on disk."""
+    token = spill_limit.set(limit)
+    try:
+        yield
+    finally:
+        spill_limit.reset(token)

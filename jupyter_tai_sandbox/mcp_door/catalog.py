@@ -500,14 +500,12 @@ class DoorTools:
         return {"session_id": session.id, "destroyed": True}
 
     async def _session_status(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
-        from .. import sandboxes
-
         if "session_id" in data:
             session = await self._session(request, data, manage=False)
             return dict((await session.info()).to_json())
         infos = await self.app.registry.list(request.caller)
         return {
-            "provider": sandboxes.status_info(show_credentials=request.caller.sees_all),
+            "provider": self.app.access.status_info(show_credentials=request.caller.sees_all),
             "sessions": [info.to_json() for info in infos],
         }
 

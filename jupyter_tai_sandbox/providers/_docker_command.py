@@ -127,8 +127,8 @@ class DockerCommand(ExecHandle):
         self._writer.transport.set_write_buffer_limits(high=_WRITE_BUFFER)
         self._tty = tty
         self._timeout_seconds = timeout_seconds
-        self._spill_limit = OutputSpool.default_disk_limit
-        self._spool = OutputSpool(memory_limit, self._spill_limit)
+        self._spool = OutputSpool(memory_limit)
+        self._spill_limit = self._spool.disk_limit
         # past the disk cap on unread output the spool stops taking it in: stop the command then
         self._spool.on_overflow = self._on_overflow
         self._overflow_task: asyncio.Task[None] | None = None

@@ -78,7 +78,12 @@ class BaseTool:
         return dict(inputs)
 
     async def run(
-        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        consumer: str,
+        owner: str | None = None,
+        access: sandboxes.SandboxAccess | None = None,
     ) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -170,7 +175,12 @@ class SandboxExecTool(BaseTool):
         return out
 
     async def run(
-        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        consumer: str,
+        owner: str | None = None,
+        access: sandboxes.SandboxAccess | None = None,
     ) -> dict[str, Any]:
         timeout = inputs.get("timeout_seconds", 60)
         durability = inputs.get("durability") or ("persistent" if inputs.get("workspace_key") else "ephemeral")
@@ -191,7 +201,8 @@ class SandboxExecTool(BaseTool):
         else:
             argv = ["sh", "-c", inputs["script"], "sandbox_exec", *inputs.get("args", [])]
         stdin = inputs.get("stdin")
-        sandbox = sandboxes.require_sandbox()  # the policy gate: isolation, egress, credentials at create;
+        access = access or sandboxes.PROCESS_ACCESS  # the server's own sandbox, or the process default
+        sandbox = access.require()  # the policy gate: isolation, egress, credentials at create;
         # the timeout ceiling, the output limit and the scrub on the run. Admitted before the create, so a
         # refused run costs no session.
         request = sandbox.admit(
@@ -204,7 +215,7 @@ class SandboxExecTool(BaseTool):
             one_shot=True,
         )
         # seed 002's per-workspace_key lease: runs on one durable workspace take turns
-        async with _workspace_lease(spec.workspace_key):
+        async with _workspace_lease(access.workspace_leases, spec.workspace_key):
             session = await sandbox.create(spec)
             try:
                 result = await session.run(request)
@@ -218,16 +229,13 @@ class SandboxExecTool(BaseTool):
         }
 
 
-_leases: dict[str, asyncio.Lock] = {}
-
-
 @contextlib.asynccontextmanager
-async def _workspace_lease(workspace_key: str | None) -> AsyncIterator[None]:
-    """One tool run at a time per persistent workspace (in this server)."""
+async def _workspace_lease(leases: dict[str, asyncio.Lock], workspace_key: str | None) -> AsyncIterator[None]:
+    """One tool run at a time per persistent workspace (in this server: ``leases`` is its own)."""
     if workspace_key is None:
         yield
         return
-    async with _leases.setdefault(workspace_key, asyncio.Lock()):
+    async with leases.setdefault(workspace_key, asyncio.Lock()):
         yield
 
 
@@ -247,9 +255,14 @@ class SandboxStatusTool(BaseTool):
     input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
 
     async def run(
-        self, inputs: Mapping[str, Any], *, consumer: str, owner: str | None = None
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        consumer: str,
+        owner: str | None = None,
+        access: sandboxes.SandboxAccess | None = None,
     ) -> dict[str, Any]:
-        return sandboxes.status_info(show_credentials=owner is None)
+        return (access or sandboxes.PROCESS_ACCESS).status_info(show_credentials=owner is None)
 
 
 BASE_TOOLS: dict[str, BaseTool] = {t.name: t for t in (SandboxExecTool(), SandboxStatusTool())}

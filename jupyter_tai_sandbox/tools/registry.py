@@ -31,6 +31,7 @@ from ..errors import (
     SandboxQuotaError,
     ToolInputError,
 )
+from ..sandboxes import SandboxAccess
 from .base_tools import BASE_TOOLS, BaseTool
 from .binding import preset_invalid, validate_input
 from .fence import OPERATOR_CLI, OPERATOR_CONFIG, Principal, fence
@@ -64,8 +65,11 @@ class ToolRegistry:
         max_preset_bytes: int = 64 << 10,
         max_presets: int = 200,
         max_presets_per_user: int = 20,
+        access: SandboxAccess | None = None,
     ) -> None:
         self.store = store if store is not None else PresetStore()
+        #: the sandbox tool runs use: the server's own (SandboxApp.access); None: the process default
+        self.access = access
         self.config: dict[str, Preset] = {}
         self.log = log
         self.max_preset_bytes = max_preset_bytes
@@ -292,7 +296,7 @@ class ToolRegistry:
             consumer = labels.sub_label(labels.user_label(principal.owner), consumer)  # the author's, not the tool's
         try:
             # the gate applies the timeout ceiling, the output limit and the scrub to the run
-            return await base.run(base_input, consumer=consumer, owner=principal.owner)
+            return await base.run(base_input, consumer=consumer, owner=principal.owner, access=self.access)
         except SandboxSpecRejectedError as e:
             if principal == OPERATOR_CLI and getattr(e, "isolation_floor", None):
                 # `jupyter tai-sandbox preset run` lowers the floor with its own flag, not a server option
