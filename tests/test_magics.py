@@ -573,11 +573,18 @@ def test_kernel_exit_destroys_its_sessions(server):
     assert not mine & server.session_ids()
 
 
-def test_export_env_is_restored_when_the_extension_stops(monkeypatch):
+def test_export_env_reaches_the_servers_kernels_not_the_process_environment(monkeypatch):
+    """The server's URL and token go to the kernels its kernel manager starts; os.environ (which
+    another server in the process would share) is left alone, and the stop takes the hook back."""
+    import asyncio
+
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
     from jupyter_tai_sandbox.app import SandboxApp
 
-    class FakeServer:
+    class Server:  # the two attributes export_server_env reads of a ServerApp, and a real kernel manager
         connection_url = "http://127.0.0.1:1234/base/"
+        kernel_manager = AsyncMappingKernelManager()
 
         class identity_provider:
             token = "secret"
@@ -585,14 +592,26 @@ def test_export_env_is_restored_when_the_extension_stops(monkeypatch):
     monkeypatch.setenv("TAI_SANDBOX_URL", "http://before/")
     monkeypatch.delenv("TAI_SANDBOX_TOKEN", raising=False)
     app = SandboxApp()
-    app.export_server_env(FakeServer())
-    assert os.environ["TAI_SANDBOX_URL"] == "http://127.0.0.1:1234/base/"
-    assert os.environ["TAI_SANDBOX_TOKEN"] == "secret"
+    app.export_server_env(Server())
+    assert os.environ["TAI_SANDBOX_URL"] == "http://before/" and "TAI_SANDBOX_TOKEN" not in os.environ
+
+    async def kernel_environ() -> dict[str, str]:
+        manager = Server.kernel_manager
+        kernel_id = await manager.start_kernel(kernel_name="python3")
+        try:
+            pid = manager.get_kernel(kernel_id).provisioner.process.pid
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                pairs = [item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item]
+            return {k.decode(): v.decode() for k, v in pairs}
+        finally:
+            await manager.shutdown_kernel(kernel_id, now=True)
+
+    environ = asyncio.run(kernel_environ())
+    assert (environ["TAI_SANDBOX_URL"], environ["TAI_SANDBOX_TOKEN"]) == ("http://127.0.0.1:1234/base/", "secret")
     app._reaper = None
     app.sandbox = None
-    import asyncio
-
     asyncio.run(app.stop_extension())
+    assert "start_kernel" not in vars(Server.kernel_manager)
     assert os.environ["TAI_SANDBOX_URL"] == "http://before/"
     assert "TAI_SANDBOX_TOKEN" not in os.environ
 
