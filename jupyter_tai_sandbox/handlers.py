@@ -58,7 +58,8 @@ class StatusHandler(SandboxAPIHandler):
     @authorized
     async def get(self) -> None:
         access = self.sandbox_app.access  # this server's own sandbox, not the process slot
-        status = access.status_info(show_credentials=(caller := await self.caller()).sees_all)
+        caller = await self.caller()
+        status = access.status_info(show_credentials=caller.sees_all)  # adopts a plugin's provider when off
         if access.failure is not None:
             raise SandboxUnavailableError(access.failure)
         if access.gate is not None:

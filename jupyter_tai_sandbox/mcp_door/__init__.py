@@ -7,7 +7,8 @@ jupyter_server's authentication and Authorizer. The app calls three functions:
 * :func:`handlers` in ``initialize_handlers`` (creates the :class:`SandboxMCP`
   configurable as ``app.mcp_door``, or a route answering 503 without ``mcp``);
 * :func:`start` when the extension starts (enters the SDK's session-manager lifespan);
-* :func:`stop` when it stops (kills started commands, leaves the lifespan).
+* :func:`stop` when it stops (leaves the lifespan; the app's live-command registry,
+  :mod:`jupyter_tai_sandbox.execs`, holds and kills the commands `session_exec_start` started).
 """
 
 from __future__ import annotations
