@@ -4,8 +4,8 @@ Registered on the ``jupyter_client.kernel_provisioners`` entry point as
 ``tai-sandbox-provisioner``; a kernelspec names it (``jupyter tai-sandbox
 kernelspec install`` writes one). For each kernel start:
 
-1. a session is created through :func:`~jupyter_tai_sandbox.sandboxes.require_sandbox`,
-   so the operator's policy holds (isolation floor, egress ceiling, credentials, TTL
+1. a session is created through the server's own gate (``SandboxApp.access``; outside a
+   server :func:`~jupyter_tai_sandbox.sandboxes.require_sandbox`), so the operator's policy holds (isolation floor, egress ceiling, credentials, TTL
    ceiling, durable switch) and the per-user kernel cap (``SandboxPolicy.max_kernels_per_user``,
    apart from the session cap); its owner is the user whose request started the kernel
    (jupyter_server's ``CallContext`` handler: its identity provider and current user, as
@@ -352,11 +352,15 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         """
         from .sessions import Caller, SessionRegistry
 
-        sandbox = sandboxes.require_sandbox()
-        registry = self._server_registry() or SessionRegistry(sandbox.policy)
+        registry = self._server_registry() or SessionRegistry(sandboxes.require_sandbox().policy)
         self._registry = registry
         operator = Caller(spec.owner, frozenset({"write"})) if spec.owner is not None else None
         return await registry.create(spec, operator)
+
+    def _sandbox(self) -> Any:
+        """In a server, the server's own gate (SandboxApp.access); elsewhere the process slot."""
+        registry = self._server_registry()
+        return registry.access.require() if registry is not None else sandboxes.require_sandbox()
 
     def _server_registry(self) -> Any:
         """The SessionRegistry of this server's sandbox extension (kernel manager -> mapping manager -> server)."""
@@ -399,7 +403,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def _launch(self) -> KernelConnectionInfo:
         km = self.parent
         _ensure_provider(self.provider)
-        sandbox = sandboxes.require_sandbox()
+        sandbox = self._sandbox()
         spec = self._spec(sandbox)
         self.session = session = await self._create_session(spec)
         if self._registry is not self._server_registry():
