@@ -60,7 +60,9 @@ class OutputRing:
     """A command's most recent output, ``limit`` bytes at most, with absolute offsets.
 
     Offsets count both streams together from the command's start. The oldest output goes
-    first; a chunk larger than the whole ring keeps its tail.
+    first; a chunk larger than the whole ring keeps its tail. Reading does not consume: every
+    reader (a reattach, each poll) reads from its own offset. (The provider's
+    :class:`~jupyter_tai_sandbox.spool.OutputSpool` before it is a queue its one reader drains.)
     """
 
     def __init__(self, limit: int) -> None:

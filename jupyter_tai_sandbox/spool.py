@@ -7,6 +7,11 @@ any workspace, unlinked from the start), so memory stays bounded. Past
 ``disk_limit`` unread bytes in that file the spool stops taking output in:
 ``overflowed`` turns true, ``on_overflow`` is called once (the provider stops the
 command there), and the reader gets what was kept, then the end.
+
+A spool is a queue: what its one reader takes is gone from it. The server's
+replay window over a live command's output (attach from an offset, poll since
+one) is the other buffer, :class:`jupyter_tai_sandbox.execs.OutputRing`, fed from
+the spool's reader.
 """
 
 from __future__ import annotations
