@@ -152,7 +152,7 @@ class LiveCommand:
         self._unwatched: asyncio.TimerHandle | None = None
         self._pump = asyncio.create_task(self._run(), name=f"live-command-{self.id}")
         if door == "mcp":
-            self._watch_ended()  # nobody attaches to a polled command: unwatched until its first poll
+            self._arm_unwatched()  # nobody attaches to a polled command: unwatched until its first poll
 
     # ------------------------------------------------------------ view
 
@@ -260,7 +260,7 @@ class LiveCommand:
     async def _deliver_final(self) -> None:
         listener = self._listener
         if listener is None:
-            self._watch_ended()  # kept for a reattach or a poll, then forgotten
+            self._arm_unwatched()  # kept for a reattach or a poll, then forgotten
             return
         if self._in_flight is not None:
             with contextlib.suppress(Exception):
@@ -275,7 +275,7 @@ class LiveCommand:
             self._listener = None
             self._in_flight = None
         if self.pulled:
-            self._watch_ended()
+            self._arm_unwatched()
         else:
             await self.forget()
 
@@ -309,13 +309,13 @@ class LiveCommand:
         if self._listener is listener:
             self._lost(listener)
         elif self._listener is None:  # its socket closed before it attached
-            self._watch_ended()
+            self._arm_unwatched()
 
     def _lost(self, listener: Listener) -> None:
         if self._listener is listener:
             self._listener = None
             self._in_flight = None
-            self._watch_ended()
+            self._arm_unwatched()
 
     async def write(self, data: bytes) -> None:
         await self.handle.write(data)
@@ -333,7 +333,7 @@ class LiveCommand:
                     await asyncio.wait_for(self._wake.wait(), wait_seconds)
         finally:
             self.pollers -= 1
-            self._watch_ended()
+            self._arm_unwatched()
         start = min(max(offset, self.start_offset), self.end_offset)
         output: list[dict[str, Any]] = []
         position, budget = start, max_bytes
@@ -372,7 +372,7 @@ class LiveCommand:
 
     # ---------------------------------------------------------- the policy
 
-    def _watch_ended(self) -> None:
+    def _arm_unwatched(self) -> None:
         """Nobody watches now: arm the one timer (grace while it runs, then grace or retention)."""
         if self.forgotten or self._listener is not None or self.pollers:
             return
