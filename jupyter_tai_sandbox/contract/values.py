@@ -40,7 +40,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from .contract_errors import (
+from .errors import (
     OutputTooLargeError,
     SandboxCapacityError,
     SandboxConflictError,

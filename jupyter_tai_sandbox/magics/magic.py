@@ -45,11 +45,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
-from .client import SandboxClient, SeveralServersWarning, discover_server
-from .contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
-from .image import PYTHON_IMAGE, missing_program_hint
-from .magics_frames import out_frame_targets, read_frame, serialise_input
-from .magics_options import (
+from ..client import SandboxClient, SeveralServersWarning, discover_server
+from ..contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
+from ..image import PYTHON_IMAGE, missing_program_hint
+from .frames import out_frame_targets, read_frame, serialise_input
+from .options import (
     DEFAULT_TIMEOUT,
     HANDOFF_DIR,
     SandboxMagicError,
@@ -70,8 +70,8 @@ from .magics_options import (
     subparser,
     workspace_path,
 )
-from .magics_outputs import Snapshot, changed_outputs, display_outputs, inert_display, snapshot
-from .magics_stream import LoopThread, SandboxInterrupted, stream_command
+from .outputs import Snapshot, changed_outputs, display_outputs, inert_display, snapshot
+from .stream import LoopThread, SandboxInterrupted, stream_command
 
 T = TypeVar("T")
 

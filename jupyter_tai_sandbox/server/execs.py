@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
-from .contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
-from .errors import SandboxQuotaError, error_body, error_status
-from .sessions import Caller
+from ..contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
+from ..errors import SandboxQuotaError, error_body, error_status
+from ..sessions import Caller
 
 STREAM_IDS = {"stdout": 1, "stderr": 2}
 #: finishes started from timers and callbacks, referenced until done

@@ -14,7 +14,7 @@ kernelspec install`` writes one). For each kernel start:
    only admins see its session. Its consumer label is ``kernel:<kernel id>`` (so the panel
    can tell kernels apart). A refused spec fails the start at once with the policy's
    message and status (a quota: 429);
-2. a :class:`~jupyter_tai_sandbox.tunnel.Tunnel` relay starts in the session and five
+2. a :class:`~jupyter_tai_sandbox.kernels.tunnel.Tunnel` relay starts in the session and five
    host listeners on 127.0.0.1 forward to the kernel's ZMQ ports in the session; the
    connection info the kernel manager (and every client) sees points at the listeners;
 3. the connection file, with the in-session ports and ip 127.0.0.1, is written into the
@@ -78,8 +78,8 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from tornado.web import HTTPError
 from traitlets import Float, Integer, Unicode
 
-from . import sandboxes
-from .contract import (
+from .. import sandboxes
+from ..contract import (
     ExitItem,
     OutputChunk,
     SandboxError,
@@ -88,7 +88,7 @@ from .contract import (
     SessionSpec,
     for_door,
 )
-from .kernel_loop import on_kernel_loop, stop_watching, watch_client
+from .loop import on_kernel_loop, stop_watching, watch_client
 from .tunnel import Tunnel, TunnelError
 
 PROVISIONER_NAME = "tai-sandbox-provisioner"
@@ -158,7 +158,7 @@ async def _write_private(session: SandboxSession, path: str, data: bytes) -> Non
 def _start_error(e: SandboxError) -> SandboxKernelError:
     if isinstance(e, SandboxKernelError):
         return e
-    from .errors import error_status
+    from ..errors import error_status
 
     return SandboxKernelError(f"the sandboxed kernel could not start: {e}", error_status(e))
 
@@ -175,7 +175,7 @@ def request_principal() -> str | None:
     """
     from jupyter_server.base.call_context import CallContext
 
-    from .sessions import principal_name
+    from ..sessions import principal_name
 
     handler = CallContext.get(CallContext.JUPYTER_HANDLER)
     user = getattr(handler, "current_user", None) if handler is not None else None
@@ -209,8 +209,8 @@ def _ensure_provider(fallback: str) -> None:
         return  # the server switched it off, or require_sandbox() reads the variable itself
     from traitlets.config import Configurable
 
-    from .policy import SandboxPolicy
-    from .server_config import load_server_config
+    from ..policy import SandboxPolicy
+    from ..server_config import load_server_config
 
     config = load_server_config()
     name = str(config.get("SandboxApp", {}).get("provider") or fallback or "").strip()
@@ -299,7 +299,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if network == "auto":
             networks = getattr(sandbox, "networks", frozenset({"egress"}))
             network = next((n for n in ("none", "internal", "egress") if n in networks), "egress")
-        from .labels import kernel_label
+        from ..labels import kernel_label
 
         return SessionSpec(
             image=self.image,
@@ -350,7 +350,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         In a server, the session is recorded in the extension's registry too: the server stops its
         extensions before its kernels, and the extension's stop destroys what its registry holds.
         """
-        from .sessions import Caller, SessionRegistry
+        from ..sessions import Caller, SessionRegistry
 
         sandbox = sandboxes.require_sandbox()
         registry = self._server_registry() or SessionRegistry(sandbox.policy)

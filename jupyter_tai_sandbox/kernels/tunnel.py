@@ -54,8 +54,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxSession
-from .gate import start_transport
+from ..contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxSession
+from ..gate import start_transport
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">IBI")
