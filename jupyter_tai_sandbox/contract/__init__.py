@@ -32,6 +32,7 @@ holder
 """
 
 from .errors import (
+    ISOLATION_FLOOR_HINTS,
     OutputTooLargeError,
     SandboxCapacityError,
     SandboxConflictError,
@@ -45,12 +46,19 @@ from .errors import (
     SandboxRequestError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
+    for_door,
+    isolation_floor_refusal,
+    session_gone,
+)
+from .interfaces import (
+    ExecHandle,
+    Sandbox,
+    SandboxSession,
 )
 from .values import (
     DEFAULT_TTL_SECONDS,
     DEFAULT_WINDOW,
     DURABILITIES,
-    ISOLATION_FLOOR_HINTS,
     ISOLATION_ORDER,
     MAX_COMMAND_BYTES,
     MAX_CONSUMER_CHARS,
@@ -61,27 +69,21 @@ from .values import (
     NETWORK_ORDER,
     USAGE_FIELDS,
     WORKSPACE_KEY_PATTERN,
-    ExecHandle,
     ExecRequest,
     ExecResult,
     ExitItem,
     OutputChunk,
     OutputItem,
     OutputStream,
-    Sandbox,
     SandboxDurability,
     SandboxIsolation,
     SandboxNetwork,
-    SandboxSession,
     SessionInfo,
     SessionSpec,
     check_window_side,
-    for_door,
     is_positive_number,
-    isolation_floor_refusal,
     isolation_rank,
     network_rank,
-    session_gone,
     usage_record,
 )
 
