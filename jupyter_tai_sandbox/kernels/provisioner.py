@@ -55,7 +55,7 @@ isolated**, only a separate workspace.
 kernel manager (jupyter_server, nbclient) that is the caller's loop; under a blocking
 ``KernelManager`` (``jupyter console``, ``jupyter run``, ``start_new_kernel``), which runs
 a loop only inside its calls, the provisioner does all its work on a loop thread of its
-own (``kernel_loop``). Outside a server, a watchdog process destroys the kernel's session
+own (``loop``). Outside a server, a watchdog process destroys the kernel's session
 when the client process dies (a plain kernel ends with its parent too).
 """
 
@@ -69,13 +69,11 @@ import posixpath
 import signal
 import socket
 import sys
-import textwrap
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
-from tornado.web import HTTPError
 from traitlets import Float, Integer, Unicode
 
 from .. import sandboxes
@@ -89,6 +87,7 @@ from ..contract import (
     for_door,
 )
 from .loop import on_kernel_loop, stop_watching, watch_client
+from .start_errors import SandboxKernelError, start_error
 from .tunnel import Tunnel, TunnelError
 
 PROVISIONER_NAME = "tai-sandbox-provisioner"
@@ -99,44 +98,6 @@ PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port
 _PYTHON_NAMES = ("python", "python3")
 #: the kernelspec env entries never forwarded (the server's own ones)
 DEFAULT_TTL = 24 * 3600.0
-
-
-class SandboxKernelError(SandboxError, HTTPError):
-    """A sandboxed kernel could not start.
-
-    Also a tornado HTTPError, so jupyter_server answers the kernel start (POST /api/kernels)
-    with this message and status, and JupyterLab shows it, instead of "Unhandled error".
-    """
-
-    def __init__(self, message: str, status_code: int = 500) -> None:
-        message = _readable(message)
-        HTTPError.__init__(self, status_code, message)
-        self.args = (message,)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-#: the widest line of a kernel-start error: JupyterLab shows it in a <pre> that does not wrap
-ERROR_LINE_WIDTH = 72
-
-
-def _readable(message: str) -> str:
-    """A kernel-start error in lines of at most ERROR_LINE_WIDTH characters (words and options kept
-    whole), its first clause on a line of its own: JupyterLab's "Error Starting Kernel" dialog and
-    ``jupyter console`` show it as it is, so one long line would hide its end, where the fix is."""
-    head, sep, rest = message.partition(": ")
-    if sep and len(head) <= ERROR_LINE_WIDTH and "\n" not in head:
-        first, message = head + ":", rest
-    else:
-        first = ""
-    lines = [first] if first else []
-    for paragraph in message.splitlines() or [""]:
-        lines += textwrap.wrap(
-            paragraph, ERROR_LINE_WIDTH, break_long_words=False, break_on_hyphens=False
-        ) or [""]
-    return "\n".join(lines)
 
 
 #: Writes stdin into "$2" (mode 0600) in the folder "$1" (mode 0700), as Jupyter keeps its connection
@@ -153,14 +114,6 @@ async def _write_private(session: SandboxSession, path: str, data: bytes) -> Non
     if result.exit_code != 0:
         why = (result.stderr or result.stdout).decode("utf-8", "replace").strip()[-500:]
         raise SandboxKernelError(f"cannot write the kernel's connection file {path}: {why or result.exit_code}")
-
-
-def _start_error(e: SandboxError) -> SandboxKernelError:
-    if isinstance(e, SandboxKernelError):
-        return e
-    from ..errors import error_status
-
-    return SandboxKernelError(f"the sandboxed kernel could not start: {e}", error_status(e))
 
 
 #: the attribute of the kernel manager that keeps its kernel's owner across restarts
@@ -391,7 +344,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         except SandboxError as e:
             await self._teardown()
             # outside a server (jupyter console, a script) a server option is no fix: name the kernel's
-            raise _start_error(e if self._server_registry() is not None else for_door(e, "kernel")) from e
+            raise start_error(e if self._server_registry() is not None else for_door(e, "kernel")) from e
         except BaseException:
             await self._teardown()
             raise
