@@ -17,10 +17,10 @@ from traitlets.config import Configurable
 from . import sandboxes
 from ._version import __version__
 from .contract import Sandbox, SandboxError
-from .execs import LiveCommandPolicy, LiveCommands
 from .gate import GatedSandbox
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
+from .server.execs import LiveCommandPolicy, LiveCommands
 from .sessions import SessionRegistry
 from .tools import PresetStore, ToolRegistry
 
@@ -355,15 +355,15 @@ class SandboxApp(ExtensionApp):
         return cls()
 
     def initialize_handlers(self) -> None:
-        from .handler_base import quiet_log_request
-        from .handlers import SESSION_ID, rest_handlers
+        from .server.handler_base import quiet_log_request
+        from .server.handlers import SESSION_ID, rest_handlers
 
         web_app = getattr(self.serverapp, "web_app", None)
         log_request = web_app.settings.get("log_function") if web_app is not None else None
         if log_request is not None and not getattr(log_request, "quiet_for_expected_errors", False):
             web_app.settings["log_function"] = quiet_log_request(log_request)
-        from .tool_handlers import tool_handlers
-        from .ws import ExecWebSocketHandler
+        from .server.tool_handlers import tool_handlers
+        from .server.ws import ExecWebSocketHandler
 
         self.handlers.extend(rest_handlers)
         self.handlers.extend(tool_handlers)

@@ -55,7 +55,7 @@ def _build_python_image(args: argparse.Namespace) -> int:
 
 
 def _kernelspec_install(args: argparse.Namespace) -> int:
-    from . import kernelspecs
+    from .kernels import kernelspecs
 
     folder = kernelspecs.install(
         args.name,
@@ -79,7 +79,7 @@ def _kernelspec_install(args: argparse.Namespace) -> int:
 
 
 def _kernelspec_list(args: argparse.Namespace) -> int:
-    from . import kernelspecs
+    from .kernels import kernelspecs
 
     specs = kernelspecs.list_specs()
     if args.json:
@@ -96,7 +96,7 @@ def _kernelspec_list(args: argparse.Namespace) -> int:
 
 
 def _kernelspec_remove(args: argparse.Namespace) -> int:
-    from . import kernelspecs
+    from .kernels import kernelspecs
 
     for name in args.names:
         folder = kernelspecs.remove(name)
@@ -118,7 +118,7 @@ def _kernelspec_door(handler: Any) -> Any:
 
 def _add_kernelspec_commands(commands: Any) -> None:
     from .image import PYTHON_IMAGE
-    from .kernelspecs import DEFAULT_DISPLAY_NAME, DEFAULT_NAME, NETWORKS
+    from .kernels.kernelspecs import DEFAULT_DISPLAY_NAME, DEFAULT_NAME, NETWORKS
 
     kernelspec = commands.add_parser(
         "kernelspec",

@@ -6,7 +6,7 @@ turns a body back into the same class with :func:`error_from_json`. Each error
 owns its body (:meth:`SandboxError.to_json`, :meth:`SandboxError.from_json`);
 this module keeps the two maps: :data:`STATUS_TABLE` (error to HTTP status) and
 :data:`ERROR_CLASSES` (a body's name to its class). The contract's own errors
-live in :mod:`jupyter_tai_sandbox.contract_errors` (re-exported here and from
+live in :mod:`jupyter_tai_sandbox.contract.errors` (re-exported here and from
 :mod:`jupyter_tai_sandbox.contract`); the errors only the server and the tools
 raise live here.
 """
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from http.client import responses
 from typing import Any
 
-from . import contract_errors
-from .contract_errors import (
+from .contract import errors as contract_errors
+from .contract.errors import (
     OutputTooLargeError,
     SandboxCapacityError,
     SandboxConflictError,

@@ -14,6 +14,7 @@ import pytest
 from server_support import server_config
 
 from jupyter_tai_sandbox.client import SandboxClient, SeveralServersWarning, discover_server, running_servers
+from jupyter_tai_sandbox.client.http_connections import HTTPConnections
 from jupyter_tai_sandbox.contract import (
     ExitItem,
     OutputChunk,
@@ -21,7 +22,6 @@ from jupyter_tai_sandbox.contract import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
-from jupyter_tai_sandbox.http_connections import HTTPConnections
 
 BIG = 120 << 20
 

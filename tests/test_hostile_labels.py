@@ -23,7 +23,7 @@ from mcp_support import mcp_client, mcp_url
 from server_support import call, server_config
 from tornado.httpclient import HTTPClientError
 
-from jupyter_tai_sandbox import kernelspecs
+from jupyter_tai_sandbox.kernels import kernelspecs
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.sessions import ADMIN_RESOURCE, server_owner
 

@@ -41,7 +41,7 @@ def test_the_floor_hints_are_made_in_one_table():
         for path in PACKAGE.rglob("*.py")
         if "--SandboxPolicy.isolation=" in path.read_text() or "TAI_MCP_SANDBOX_ISOLATION=" in path.read_text()
     )
-    assert makers == ["contract.py"], makers
+    assert makers == ["contract/errors.py"], makers
     assert set(ISOLATION_FLOOR_HINTS) == {"server", "cli", "kernel"}
 
 

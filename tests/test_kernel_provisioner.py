@@ -22,7 +22,7 @@ from nbclient import NotebookClient
 
 from jupyter_tai_sandbox import sandboxes
 from jupyter_tai_sandbox.cli import main as cli
-from jupyter_tai_sandbox.kernel_provisioner import PROVISIONER_NAME, SandboxProvisioner
+from jupyter_tai_sandbox.kernels.provisioner import PROVISIONER_NAME, SandboxProvisioner
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 

@@ -14,7 +14,7 @@ import pytest
 from server_support import call, server_config
 from tornado.httpclient import HTTPClientError
 
-from jupyter_tai_sandbox import kernelspecs
+from jupyter_tai_sandbox.kernels import kernelspecs
 
 pytestmark = pytest.mark.timeout(240)
 KERNEL = "sbx-server-test"

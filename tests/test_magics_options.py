@@ -10,7 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from jupyter_tai_sandbox.magics import SandboxMagics
-from jupyter_tai_sandbox.magics_options import (
+from jupyter_tai_sandbox.magics.options import (
     SESSION_ARGUMENTS,
     add_session_options,
     closest_option,

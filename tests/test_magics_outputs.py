@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 import pytest
 from test_magics import local_server, magics_kernel
 
-from jupyter_tai_sandbox.magics_outputs import FRAME_CSP, inert_display
+from jupyter_tai_sandbox.magics.outputs import FRAME_CSP, inert_display
 
 HOSTILE_HTML = (
     '<html><head><script>parent.pwned = 1; fetch("/api/terminals", {method: "POST"})</script></head>'

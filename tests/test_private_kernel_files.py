@@ -17,7 +17,7 @@ from test_kernel_provisioner import install_spec
 
 from jupyter_tai_sandbox import sandboxes
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.kernel_provisioner import KERNEL_DIR
+from jupyter_tai_sandbox.kernels.provisioner import KERNEL_DIR
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 

@@ -1,4 +1,4 @@
-"""Port forwarding over the exec seam (jupyter_tai_sandbox.tunnel), on the local provider and on docker.
+"""Port forwarding over the exec seam (jupyter_tai_sandbox.kernels.tunnel), on the local provider and on docker.
 
 In the session a small TCP server (python3, started with exec_start) listens on
 127.0.0.1; the test talks to it through the tunnel's host listener only.
@@ -17,8 +17,8 @@ import time
 import pytest
 
 from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
+from jupyter_tai_sandbox.kernels.tunnel import Tunnel, TunnelError
 from jupyter_tai_sandbox.providers.local import LocalSandbox
-from jupyter_tai_sandbox.tunnel import Tunnel, TunnelError
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 from test_tunnel import local_session
 
-from jupyter_tai_sandbox.tunnel import MAX_FRAME, Tunnel
+from jupyter_tai_sandbox.kernels.tunnel import MAX_FRAME, Tunnel
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,7 +35,7 @@ for pid in os.listdir("/proc"):
         cwd = os.path.realpath(os.readlink("/proc/%s/cwd" % pid))
     except OSError:
         continue
-    if b"MAXF = int(sys.argv[2])" in cmdline and cwd == here:
+    if b"int(sys.argv[2])" in cmdline and cwd == here:
         break
 else:
     sys.exit("no relay found")
@@ -109,7 +109,7 @@ async def closes_promptly(tunnel: Tunnel, within: float = 10.0) -> str:
 
 
 def test_a_4_gib_frame_header_written_into_the_relays_stdout_closes_the_tunnel_unbuffered(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="jupyter_tai_sandbox.tunnel")
+    caplog.set_level(logging.WARNING, logger="jupyter_tai_sandbox.kernels.tunnel")
 
     async def main() -> None:
         async with local_session(tmp_path) as session:
@@ -138,7 +138,7 @@ def test_a_4_gib_frame_header_written_into_the_relays_stdout_closes_the_tunnel_u
     ],
 )
 def test_a_hostile_relay_breaking_the_protocol_closes_the_tunnel_within_the_window(tmp_path, caplog, mode, why):
-    caplog.set_level(logging.WARNING, logger="jupyter_tai_sandbox.tunnel")
+    caplog.set_level(logging.WARNING, logger="jupyter_tai_sandbox.kernels.tunnel")
     window = 64 << 10
 
     async def main() -> None:

@@ -31,7 +31,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..contract import SandboxUnavailableError
-from ..handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
+from ..server.handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 
 MCP_PATH = r"/api/sandbox/mcp"
 _SESSION_ACTIONS = ("read", "write", "execute")

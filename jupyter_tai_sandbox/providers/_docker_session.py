@@ -41,6 +41,7 @@ from ._common import run_to_end, workspace_relative
 from ._docker_command import DockerCommand, stop_command
 from ._docker_names import WORKSPACE
 from ._docker_transfer import download, upload
+from ._shell_files import ShellFileOps
 from .docker_engine import DockerEngine
 
 #: A pty command's TERM.
@@ -139,7 +140,7 @@ def _walk_answer(fields: list[bytes], path: str) -> _Located:
     return _Located(real, words[1])
 
 
-class DockerSession(SandboxSession):
+class DockerSession(ShellFileOps, SandboxSession):
     """One session container."""
 
     def __init__(

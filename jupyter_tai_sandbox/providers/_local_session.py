@@ -34,6 +34,7 @@ from ._common import run_to_end, workspace_relative
 from ._local_command import LocalCommand
 from ._local_paths import NEW_FILE_MODE, check_name_lengths, path_errors
 from ._posix import SESSION_MARKER, reap_holder, spawn_group_holder
+from ._shell_files import ShellFileOps
 
 if TYPE_CHECKING:
     from ._local_tenancy import WorkspaceLease
@@ -59,7 +60,7 @@ _NOT_RUNNABLE = frozenset(
 )
 
 
-class LocalSession(SandboxSession):
+class LocalSession(ShellFileOps, SandboxSession):
     def __init__(
         self, sandbox: SessionHost, session_id: str, spec: SessionSpec, workspace: Path, created_at: float
     ) -> None:

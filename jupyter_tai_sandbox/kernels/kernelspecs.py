@@ -1,7 +1,7 @@
 """Kernelspecs for sandboxed kernels: write, list and remove them (``jupyter tai-sandbox kernelspec``).
 
 A sandboxed kernelspec is an ordinary ``kernel.json`` whose ``metadata.kernel_provisioner``
-names :data:`~jupyter_tai_sandbox.kernel_provisioner.PROVISIONER_NAME` with the session's
+names :data:`~jupyter_tai_sandbox.kernels.provisioner.PROVISIONER_NAME` with the session's
 settings, and ``interrupt_mode: message`` (ipykernel interrupts itself when asked on the
 control channel, so no signal has to cross the seam).
 """
@@ -15,8 +15,8 @@ import sys
 import tempfile
 from typing import Any
 
-from .image import PYTHON_IMAGE
-from .kernel_provisioner import PROVISIONER_NAME
+from ..image import PYTHON_IMAGE
+from .provisioner import PROVISIONER_NAME
 
 DEFAULT_NAME = "python3-sandbox"
 DEFAULT_DISPLAY_NAME = "Python 3 (sandbox)"
@@ -52,7 +52,7 @@ def kernelspec_json(
     if config["image"] is None:
         del config["image"]
     # validate what a session would be asked for now, not at the first kernel start
-    from .contract import SessionSpec
+    from ..contract import SessionSpec
 
     SessionSpec(
         image=config.get("image"),

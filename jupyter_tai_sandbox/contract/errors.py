@@ -8,9 +8,10 @@ field, ...) keeps them in :attr:`SandboxError.details` and overrides one hook,
 :meth:`SandboxError._from_json_fields`; nothing else needs to know about it.
 
 The HTTP status of each error, and the table of names a body may carry, are the
-server's: :mod:`jupyter_tai_sandbox.errors`. Import these classes from
+doors': :mod:`jupyter_tai_sandbox.errors`. Import these classes from
 :mod:`jupyter_tai_sandbox.contract` (or :mod:`jupyter_tai_sandbox.errors`); both
-re-export them.
+re-export them. The refusals every provider and door words alike (an unknown session,
+isolation over what the provider gives) are built here too, so each reads the same everywhere.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class SandboxSpecRejectedError(SandboxError):
     """The session spec (or an argument) asks for something that cannot be honoured.
 
     ``isolation_floor`` is ``(kind, max_isolation, wanted)`` on a refusal of isolation above what
-    the provider gives (:func:`jupyter_tai_sandbox.contract.isolation_floor_refusal`), so another
+    the provider gives (:func:`isolation_floor_refusal`), so another
     door can re-word its hint; it is not part of the JSON body.
     """
 
@@ -188,6 +189,53 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+# ---------------------------------------------------------- refusals worded once
+
+
+def session_gone(session_id: str) -> SandboxNotFoundError:
+    """The one 404 for a session id the caller cannot use: never made, expired (reaped), destroyed, or
+    another user's; the same words for all, so the message reveals no one else's session."""
+    return SandboxNotFoundError(f"no sandbox session {str(session_id)[:80]!r} (it may have expired or been destroyed)")
+
+
+#: How to lower the isolation floor, door by door ({level}: the level to lower it to): a hint names
+#: only what works where it is read. "server": a Jupyter server's option (REST, the panel, the MCP
+#: door, the magics, a kernel the server starts); "cli": ``jupyter tai-sandbox preset run``; "kernel":
+#: a sandboxed kernel a client outside any server starts (jupyter console, a KernelManager script).
+ISOLATION_FLOOR_HINTS: dict[str, str] = {
+    "server": "--SandboxPolicy.isolation={level} or TAI_MCP_SANDBOX_ISOLATION={level}",
+    "cli": "--isolation {level}",
+    "kernel": (
+        "TAI_MCP_SANDBOX_ISOLATION={level} in the environment of the program that starts the kernel, "
+        "or c.SandboxPolicy.isolation = '{level}' in a jupyter_server_config file"
+    ),
+}
+
+
+def isolation_floor_refusal(
+    kind: str, max_isolation: str, wanted: str, door: str = "server"
+) -> SandboxSpecRejectedError:
+    """The refusal of a spec over what the provider gives, with the hint valid for ``door``
+    (a key of :data:`ISOLATION_FLOOR_HINTS`); ``isolation_floor`` keeps the facts for another door."""
+    hint = ISOLATION_FLOOR_HINTS[door].format(level=max_isolation)
+    error = SandboxSpecRejectedError(
+        f"the {kind} provider gives isolation {max_isolation!r} at most; isolation {wanted!r} was requested. "
+        f"Lower the operator's floor to {max_isolation!r} ({hint}), or install a stronger provider"
+    )
+    error.isolation_floor = (kind, max_isolation, wanted)
+    return error
+
+
+def for_door(error: BaseException, door: str) -> BaseException:
+    """``error`` with its hint made valid for ``door``: an isolation-floor refusal is re-worded, any
+    other error is returned as it is."""
+    floor = getattr(error, "isolation_floor", None)
+    if floor is None:
+        return error
+    return isolation_floor_refusal(*floor, door=door)
+
+
+#: the error classes (what the server's table registers for the wire); the refusal builders above are not
 __all__ = [
     "OutputTooLargeError",
     "SandboxCapacityError",

@@ -13,8 +13,8 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
+from ..tools import Decided, Principal
 from .handlers import SandboxAPIHandler
-from .tools import Decided, Principal
 
 TOOL_NAME = r"(?P<name>[^/]+)"
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser, argument, argument_group
 
-from .contract import SessionSpec
+from ..contract import SessionSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -14,7 +14,7 @@ import io
 import sys
 from typing import Any
 
-from .magics_options import HANDOFF_DIR, SandboxMagicError, identifier, serialise
+from .options import HANDOFF_DIR, SandboxMagicError, identifier, serialise
 
 
 def _pandas() -> Any:

@@ -43,8 +43,8 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol13
 
-from .contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
-from .errors import error_body, error_status
+from ..contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
+from ..errors import error_body, error_status
 from .execs import LiveCommand
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 

@@ -16,7 +16,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.escape import url_escape
 
-from .contract import (
+from ..contract import (
     ExecRequest,
     SandboxError,
     SandboxNotFoundError,
@@ -25,7 +25,7 @@ from .contract import (
     SandboxSession,
     SandboxUnavailableError,
 )
-from .errors import UploadTooLargeError
+from ..errors import UploadTooLargeError
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin, parse_json_object
 
 _DOWNLOAD_CHUNK = 1 << 20

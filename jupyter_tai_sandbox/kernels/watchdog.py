@@ -1,5 +1,5 @@
-"""``python -m jupyter_tai_sandbox.kernel_watchdog < ORDER``: destroy a sandboxed kernel's session once
-the client process that started it has died (see ``kernel_loop.watch_client``).
+"""``python -m jupyter_tai_sandbox.kernels.watchdog < ORDER``: destroy a sandboxed kernel's session once
+the client process that started it has died (see ``loop.watch_client``).
 
 ORDER, read from stdin (never argv, which every local user can read), is JSON: ``pid`` (the
 client), ``session`` (its id), ``provider`` ("module:Class") and ``config`` (the provider's

@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .client import SandboxClient
-from .contract import ExitItem, OutputChunk, SandboxError, SandboxExecTimeoutError
-from .magics_options import SandboxMagicError
+from ..client import SandboxClient
+from ..contract import ExitItem, OutputChunk, SandboxError, SandboxExecTimeoutError
+from .options import SandboxMagicError
 
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ from typing import Any
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
-from .contract import (
+from ..contract import (
     ExecResult,
     ExitItem,
     OutputChunk,
@@ -47,7 +47,7 @@ from .contract import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
-from .errors import error_from_json
+from ..errors import error_from_json
 from .http_connections import BodyProducer, HTTPConnections, StreamingCallback
 
 _STREAMS = {1: "stdout", 2: "stderr"}

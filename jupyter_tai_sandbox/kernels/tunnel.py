@@ -1,8 +1,9 @@
 """Port forwarding over the exec seam: TCP connections to ports inside a session.
 
-A consumer of the contract, not a provider feature. A small relay program is
-started in the session with ``exec_start`` (``python3 -c RELAY_SOURCE``: the
-session needs python3 and nothing else, no network either); it multiplexes TCP
+A consumer of the contract, not a provider feature. A small relay program
+(:mod:`~jupyter_tai_sandbox.kernels.relay`) is started in the session with ``exec_start``
+(``python3 -c RELAY_SOURCE``, its source: the session needs python3 and nothing else,
+no network either); it multiplexes TCP
 connections to ``127.0.0.1:<port>`` *inside* the session over its stdin and
 stdout. On the host, :meth:`Tunnel.forward` listens on ``127.0.0.1`` (an
 ephemeral port by default) and hands each accepted connection to the relay.
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import struct
@@ -54,12 +56,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxSession
-from .gate import start_transport
+from ..contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxSession
+from ..gate import start_transport
+from . import relay
+from .relay import CREDIT, DATA, EOF, HEADER, HELLO, OPEN, RESET
 
-PROTOCOL_VERSION = 1
-HEADER = struct.Struct(">IBI")
-HELLO, OPEN, DATA, CREDIT, EOF, RESET = range(1, 7)
 #: bytes of one connection's data in flight (per direction) before its sender waits for CREDIT
 DEFAULT_WINDOW = 4 << 20
 #: the largest DATA payload one frame carries
@@ -82,174 +83,8 @@ class ProtocolViolation(Exception):
 _MAX_PAYLOAD = {HELLO: 4, DATA: MAX_FRAME, CREDIT: 4, EOF: 0, RESET: 1000}
 
 
-#: The relay, run in the session as ``python3 -u -c RELAY_SOURCE WINDOW``. Threads, blocking sockets and
-#: os.read/os.write on fds 0/1, so it works whatever kind of fd the provider gives it (pipe, fifo, socket).
-RELAY_SOURCE = r"""
-import os, socket, struct, sys, threading, time
-from collections import deque
-H = struct.Struct(">IBI")
-HELLO, OPEN, DATA, CREDIT, EOF, RESET = range(1, 7)
-W = int(sys.argv[1]); MAXF = int(sys.argv[2])
-sys.setswitchinterval(0.0005)  # a thread woken by its socket gets the GIL sooner (latency of small messages)
-out_lock = threading.Lock()
-conns = {}
-
-def send(cid, kind, data=b""):
-    buf = memoryview(H.pack(cid, kind, len(data)) + data)
-    with out_lock:
-        while buf:
-            buf = buf[os.write(1, buf):]
-
-class Conn:
-    def __init__(self, cid, port, wait):
-        self.cid, self.port, self.wait = cid, port, wait
-        self.sock = None
-        self.cv = threading.Condition()
-        self.q = deque()
-        self.credit = W
-        self.dead = False
-        self.sent_eof = self.got_eof = False
-        threading.Thread(target=self.writer, daemon=True).start()
-
-    def reset(self, why, tell=True):
-        with self.cv:
-            if self.dead:
-                return
-            self.dead = True
-            self.cv.notify_all()
-        conns.pop(self.cid, None)
-        if self.sock is not None:
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
-        if tell:
-            send(self.cid, RESET, why.encode("utf-8", "replace")[:1000])
-
-    def done_one_way(self):
-        with self.cv:
-            finished = self.sent_eof and self.got_eof and not self.dead
-            if finished:
-                self.dead = True
-        if finished:
-            conns.pop(self.cid, None)
-            self.sock.close()
-
-    def writer(self):
-        until = time.monotonic() + self.wait
-        while True:
-            try:
-                sock = socket.create_connection(("127.0.0.1", self.port))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                break
-            except OSError as e:
-                if time.monotonic() >= until or self.dead:
-                    self.reset("connect to port %d failed: %s" % (self.port, e))
-                    return
-                time.sleep(0.02)
-        with self.cv:
-            if self.dead:
-                sock.close()
-                return
-            self.sock = sock
-        threading.Thread(target=self.reader, daemon=True).start()
-        owed = 0
-        while True:
-            with self.cv:
-                while not self.q and not self.dead:
-                    self.cv.wait()
-                if self.dead:
-                    return
-                item = self.q.popleft()
-            if item is None:
-                try:
-                    self.sock.shutdown(socket.SHUT_WR)
-                except OSError as e:
-                    self.reset("half-close failed: %s" % e)
-                    return
-                with self.cv:
-                    self.got_eof = True
-                self.done_one_way()
-                return
-            try:
-                self.sock.sendall(item)
-            except OSError as e:
-                self.reset("write failed: %s" % e)
-                return
-            owed += len(item)
-            if owed >= W // 4:
-                send(self.cid, CREDIT, struct.pack(">I", owed))
-                owed = 0
-
-    def reader(self):
-        while True:
-            with self.cv:
-                while self.credit <= 0 and not self.dead:
-                    self.cv.wait()
-                if self.dead:
-                    return
-                n = min(self.credit, MAXF)
-            try:
-                data = self.sock.recv(n)
-            except OSError as e:
-                self.reset("read failed: %s" % e)
-                return
-            if not data:
-                with self.cv:
-                    if self.dead:
-                        return
-                    self.sent_eof = True
-                send(self.cid, EOF)
-                self.done_one_way()
-                return
-            with self.cv:
-                if self.dead:
-                    return
-                self.credit -= len(data)
-            send(self.cid, DATA, data)
-
-def main():
-    try:  # bigger pipes, fewer switches between this relay and the provider's side (when they are pipes)
-        import fcntl
-        for fd in (0, 1):
-            fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ
-    except (ImportError, OSError):
-        pass
-    send(0, HELLO, struct.pack(">I", 1))
-    buf = bytearray()
-    while True:
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            os._exit(0)
-        buf += chunk
-        at = 0
-        while len(buf) - at >= 9:
-            cid, kind, n = H.unpack_from(buf, at)
-            if len(buf) - at - 9 < n:
-                break
-            payload = bytes(buf[at + 9 : at + 9 + n])
-            at += 9 + n
-            c = conns.get(cid)
-            if kind == OPEN:
-                port, wait = struct.unpack(">HI", payload)
-                conns[cid] = Conn(cid, port, wait / 1000.0)
-            elif c is None:
-                continue
-            elif kind == DATA or kind == EOF:
-                with c.cv:
-                    c.q.append(payload if kind == DATA else None)
-                    c.cv.notify_all()
-            elif kind == CREDIT:
-                with c.cv:
-                    c.credit += struct.unpack(">I", payload)[0]
-                    c.cv.notify_all()
-            elif kind == RESET:
-                c.reset("", tell=False)
-        del buf[:at]
-
-main()
-"""
+#: The relay's program, shipped into the session as ``python3 -u -c RELAY_SOURCE WINDOW MAX_FRAME``.
+RELAY_SOURCE = inspect.getsource(relay)
 
 
 @dataclass

@@ -1,60 +1,22 @@
-"""The sandbox contract: what every provider gives and every consumer may rely on.
+"""The contract's values: what a consumer asks for and what a provider answers with.
 
-A provider implements :class:`Sandbox` (sessions) and :class:`SandboxSession`
-(exec, files, teardown). Consumers never construct providers themselves; they
-call :func:`jupyter_tai_sandbox.sandboxes.require_sandbox`, which hands out the
-installed provider behind the policy gate.
-
-Glossary
---------
-session
-    One live workspace with exec, file transfer and a TTL, made by a provider.
-consumer
-    The label a session is made for; the operator grants credentials per consumer.
-owner
-    The principal (user) who made a session; only it, or an admin, sees and uses it.
-door
-    A way in from outside: REST, the exec websocket, the magics, the panel, the CLI,
-    the code-tool runs. Every door builds the same typed values (:class:`SessionSpec`,
-    :class:`ExecRequest`) and goes through the one chokepoint.
-chokepoint
-    ``require_sandbox()``: the only way to a provider, behind the operator's policy.
-fence
-    The admin tier of code tools: authoring or running one needs
-    ``jupyter_tai_sandbox:admin``, checked at the tool chokepoints, not per route.
-workspace key
-    The name of a persistent workspace (volume ``tai-sbx-<key>``) that outlives sessions.
-holder
-    The small shell process a provider keeps in a command's process group, so the
-    group keeps its id (and a stop never signals a reused one) until the handle is done.
+Every door builds the same typed values (:class:`SessionSpec`, :class:`ExecRequest`), each
+validated once on construction; a provider reports :class:`SessionInfo`, :class:`ExecResult`
+and the items of an interactive command's output. The limits every provider shares (path
+depth, command size, terminal sides) live here beside the values they bound.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import math
 import re
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from .contract_errors import (
-    OutputTooLargeError,
-    SandboxCapacityError,
-    SandboxConflictError,
-    SandboxError,
-    SandboxExecTimeoutError,
-    SandboxForbiddenError,
-    SandboxNotFoundError,
-    SandboxPathError,
-    SandboxPathTooDeepError,
-    SandboxQuotaError,
-    SandboxRequestError,
-    SandboxSpecRejectedError,
-    SandboxUnavailableError,
-)
+from .errors import SandboxRequestError, SandboxSpecRejectedError
 
 SandboxIsolation = Literal["none", "container", "vm"]
 SandboxNetwork = Literal["egress", "internal", "none"]
@@ -72,9 +34,6 @@ WORKSPACE_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-# --------------------------------------------------------------------- errors
-# The contract's errors live in contract_errors (each owns its JSON body); imported above, re-exported.
-
 #: The most components a workspace path may have (``a/b/c`` has 3), on every provider.
 MAX_PATH_DEPTH = 128
 #: the longest consumer label: room for ``user:`` and a 256-character user name percent-encoded, and a sub-label
@@ -82,8 +41,6 @@ MAX_CONSUMER_CHARS = 1024
 #: The most bytes (UTF-8) a workspace path may have as given, on every provider (Linux's PATH_MAX).
 MAX_PATH_BYTES = 4096
 
-
-# ---------------------------------------------------------------- value types
 
 
 def isolation_rank(level: str) -> int:
@@ -314,8 +271,6 @@ MAX_COMMAND_BYTES = 1 << 20
 MAX_STRING_BYTES = (128 << 10) - 1
 
 
-#: exit statuses of the default file operations' scripts
-_MISSING, _EXISTS = 18, 17
 
 
 def _bad(field: str, message: str) -> SandboxRequestError:
@@ -488,318 +443,3 @@ class ExecRequest:
             cols=data.get("cols"),
         )
         return request.check_limit(max_timeout_seconds)
-
-
-# ------------------------------------------------------------------ interfaces
-
-
-class ExecHandle(abc.ABC):
-    """An interactive command.
-
-    ``output`` yields :class:`OutputChunk` items and ends with exactly one
-    :class:`ExitItem` -- or raises :class:`SandboxExecTimeoutError` when the
-    deadline killed the command, or :class:`SandboxError` when the provider
-    cannot read the exit status or the command itself failed. A consumer done
-    with a handle calls :meth:`kill`, which is safe at any time and repeatable.
-    """
-
-    @property
-    @abc.abstractmethod
-    def output(self) -> AsyncIterator[OutputItem]:
-        """The command's output, then one exit item."""
-
-    @abc.abstractmethod
-    async def write(self, data: bytes) -> None:
-        """Write to the command's stdin; SandboxError once it is closed or the command exited."""
-
-    @abc.abstractmethod
-    async def close_stdin(self) -> None:
-        """Close the command's stdin (EOF). Idempotent."""
-
-    @abc.abstractmethod
-    async def kill(self) -> None:
-        """Stop the command's process group; idempotent, never raises after the exit."""
-
-    async def resize(self, rows: int, cols: int) -> None:
-        """Resize the command's terminal (pty handles only)."""
-        raise SandboxError("this command has no terminal to resize: start it with pty=True")
-
-
-class SandboxSession(abc.ABC):
-    """One live session: a workspace, exec and file transfer, until destroyed or reaped."""
-
-    @property
-    @abc.abstractmethod
-    def id(self) -> str: ...
-
-    @abc.abstractmethod
-    async def info(self) -> SessionInfo: ...
-
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_seconds: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> ExecResult:
-        """Run ``argv`` to its end; its stdin is fed while its output is read."""
-        request = ExecRequest(argv, timeout_seconds, env={} if env is None else env, cwd=cwd, stdin=stdin)
-        return await self.run(request)
-
-    async def exec_start(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_seconds: float,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        pty: bool = False,
-        rows: int | None = None,
-        cols: int | None = None,
-    ) -> ExecHandle:
-        """Start ``argv`` and return its handle (on a terminal of ``rows`` x ``cols`` when ``pty``)."""
-        request = ExecRequest(
-            argv, timeout_seconds, env={} if env is None else env, cwd=cwd, pty=pty, rows=rows, cols=cols
-        )
-        return await self.start(request)
-
-    @abc.abstractmethod
-    async def run(self, request: ExecRequest) -> ExecResult:
-        """Run a validated one-shot request to its end (what :meth:`exec` calls)."""
-
-    @abc.abstractmethod
-    async def start(self, request: ExecRequest) -> ExecHandle:
-        """Start a validated interactive request (what :meth:`exec_start` calls)."""
-
-    @abc.abstractmethod
-    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
-        """Write a workspace file (parents created); ``data`` may be streamed."""
-
-    @abc.abstractmethod
-    async def get_file(self, path: str) -> bytes:
-        """Read a whole workspace file."""
-
-    async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        """Stream a workspace file. Providers override this to avoid buffering it whole."""
-        data = await self.get_file(path)
-        for i in range(0, len(data), chunk_size):
-            yield data[i : i + chunk_size]
-
-    @abc.abstractmethod
-    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
-        """List a workspace folder: ``[{"name", "type": "file"|"directory"|"symlink"|"other", "size"}]``."""
-
-    async def remove_path(self, path: str) -> None:
-        """Delete a workspace file, or a folder with everything in it; never the workspace itself.
-
-        The default runs ``rm`` in the session on the resolved path; providers may do better.
-        """
-        target = await self._confined(path, "delete")
-        await self._file_op(f'test -e "$1" || test -L "$1" || exit {_MISSING}; rm -rf -- "$1"', target, what=path)
-
-    async def move_path(self, path: str, new_path: str) -> None:
-        """Rename or move a workspace file or folder; the new path must not exist yet (parents are made)."""
-        source = await self._confined(path, "move")
-        target = await self._confined(new_path, "move to")
-        await self._file_op(
-            f'test -e "$1" || test -L "$1" || exit {_MISSING}; test -e "$2" && exit {_EXISTS}; '
-            'mkdir -p -- "$(dirname -- "$2")" && mv -- "$1" "$2"',
-            source,
-            target,
-            what=path,
-        )
-
-    async def make_folder(self, path: str) -> None:
-        """Make a workspace folder (and its parents); an existing file there is a conflict."""
-        target = await self._confined(path, "make")
-        await self._file_op(f'test -e "$1" && ! test -d "$1" && exit {_EXISTS}; mkdir -p -- "$1"', target, what=path)
-
-    async def _confined(self, path: str, what: str) -> str:
-        import asyncio
-
-        resolved, workspace = await asyncio.gather(self.resolve_path(path), self.resolve_path("."))
-        if resolved.rstrip("/") == workspace.rstrip("/"):
-            raise SandboxPathError(f"cannot {what} the workspace itself: name a path inside it")
-        return resolved
-
-    async def _file_op(self, script: str, *paths: str, what: str) -> None:
-        result = await self.exec(["sh", "-c", script, "sh", *paths], timeout_seconds=60)
-        if result.exit_code == _MISSING:
-            raise SandboxNotFoundError(f"no file or folder {what!r} in the session workspace")
-        if result.exit_code == _EXISTS:
-            raise SandboxConflictError(f"{what!r}: the target exists already in the session workspace")
-        if result.exit_code != 0:
-            message = result.stderr.decode(errors="replace").strip() or f"exit status {result.exit_code}"
-            raise SandboxPathError(f"{what!r}: {message}")
-
-    @abc.abstractmethod
-    def resolve(self, path: str) -> str:
-        """The absolute path of ``path`` as the session's commands see it; SandboxError outside the workspace."""
-
-    async def resolve_path(self, path: str) -> str:
-        """:meth:`resolve` as a coroutine, on the provider's own bounded path (its engine's workers, an
-        async request). The default runs :meth:`resolve` in a thread; the built-in providers override it."""
-        import asyncio
-
-        return await asyncio.to_thread(self.resolve, path)
-
-    @abc.abstractmethod
-    async def destroy(self, remove_workspace: bool = False) -> None:
-        """Tear the session down; a persistent workspace survives unless ``remove_workspace``."""
-
-    async def set_expiry(self, expires_at: float) -> SessionInfo:
-        """Move the session's end to ``expires_at`` (epoch seconds), durably: the reaper, get()/list()
-        and a restarted server all honour it. Limits (the operator's maximum, not in the past) are the
-        caller's to check. The default refuses: the provider cannot change a session's TTL."""
-        raise SandboxSpecRejectedError(
-            f"the {(await self.info()).kind} provider cannot change a session's TTL: start a new session "
-            "with the ttl_seconds you need"
-        )
-
-    async def usage(self) -> dict[str, Any]:
-        """What the session uses now, as far as the provider can tell (see :data:`USAGE_FIELDS`).
-
-        Bounded in cost (the provider's engine timeout, a bounded walk); a field the provider
-        cannot measure is None and ``note`` says why. The default knows nothing: ``{}``.
-        """
-        return {}
-
-
-def session_gone(session_id: str) -> SandboxNotFoundError:
-    """The one 404 for a session id the caller cannot use: never made, expired (reaped), destroyed, or
-    another user's; the same words for all, so the message reveals no one else's session."""
-    return SandboxNotFoundError(f"no sandbox session {str(session_id)[:80]!r} (it may have expired or been destroyed)")
-
-
-#: How to lower the isolation floor, door by door ({level}: the level to lower it to): a hint names
-#: only what works where it is read. "server": a Jupyter server's option (REST, the panel, the MCP
-#: door, the magics, a kernel the server starts); "cli": ``jupyter tai-sandbox preset run``; "kernel":
-#: a sandboxed kernel a client outside any server starts (jupyter console, a KernelManager script).
-ISOLATION_FLOOR_HINTS: dict[str, str] = {
-    "server": "--SandboxPolicy.isolation={level} or TAI_MCP_SANDBOX_ISOLATION={level}",
-    "cli": "--isolation {level}",
-    "kernel": (
-        "TAI_MCP_SANDBOX_ISOLATION={level} in the environment of the program that starts the kernel, "
-        "or c.SandboxPolicy.isolation = '{level}' in a jupyter_server_config file"
-    ),
-}
-
-
-def isolation_floor_refusal(
-    kind: str, max_isolation: str, wanted: str, door: str = "server"
-) -> SandboxSpecRejectedError:
-    """The refusal of a spec over what the provider gives, with the hint valid for ``door``
-    (a key of :data:`ISOLATION_FLOOR_HINTS`); ``isolation_floor`` keeps the facts for another door."""
-    hint = ISOLATION_FLOOR_HINTS[door].format(level=max_isolation)
-    error = SandboxSpecRejectedError(
-        f"the {kind} provider gives isolation {max_isolation!r} at most; isolation {wanted!r} was requested. "
-        f"Lower the operator's floor to {max_isolation!r} ({hint}), or install a stronger provider"
-    )
-    error.isolation_floor = (kind, max_isolation, wanted)
-    return error
-
-
-def for_door(error: BaseException, door: str) -> BaseException:
-    """``error`` with its hint made valid for ``door``: an isolation-floor refusal is re-worded, any
-    other error is returned as it is."""
-    floor = getattr(error, "isolation_floor", None)
-    if floor is None:
-        return error
-    return isolation_floor_refusal(*floor, door=door)
-
-
-class Sandbox(abc.ABC):
-    """A provider: creates, finds, lists and reaps sessions."""
-
-    #: the kind row's value, e.g. "local" or "docker"
-    kind: str = ""
-    #: the strongest isolation this provider gives
-    max_isolation: SandboxIsolation = "none"
-    #: the network settings this provider can honour
-    networks: frozenset[str] = frozenset({"egress"})
-    #: whether cpu / memory_mb caps can be enforced
-    supports_limits: bool = False
-
-    def check_spec(self, spec: SessionSpec) -> None:
-        """Reject (loudly) a spec this provider cannot honour; never downgrade it."""
-        wanted = spec.isolation or self.max_isolation
-        if isolation_rank(wanted) > isolation_rank(self.max_isolation):
-            raise isolation_floor_refusal(self.kind, self.max_isolation, wanted)
-        if spec.network not in self.networks:
-            raise SandboxSpecRejectedError(
-                f"the {self.kind} provider cannot honour network={spec.network!r}; it supports "
-                f"{', '.join(sorted(self.networks))}"
-            )
-        if not self.supports_limits and (spec.cpu is not None or spec.memory_mb is not None):
-            raise SandboxSpecRejectedError(
-                f"the {self.kind} provider cannot enforce cpu/memory_mb caps and never runs a capped "
-                "request uncapped: drop the caps or use a container provider"
-            )
-
-    def effective_isolation(self, spec: SessionSpec) -> SandboxIsolation:
-        return spec.isolation or self.max_isolation
-
-    def image_allowed(self, image: str | None) -> bool:
-        """Whether a non-admin caller may ask for ``image`` (the operator's allow-list); any by default."""
-        return True
-
-    @abc.abstractmethod
-    async def create(self, spec: SessionSpec) -> SandboxSession: ...
-
-    @abc.abstractmethod
-    async def get(self, session_id: str) -> SandboxSession:
-        """The live session; SandboxNotFoundError when there is none."""
-
-    @abc.abstractmethod
-    async def list(self) -> list[SessionInfo]: ...
-
-    @abc.abstractmethod
-    async def reap(self) -> list[str]:
-        """Destroy every session past its TTL (persistent workspaces survive); return their ids."""
-
-    async def check_available(self) -> None:  # noqa: B027 - optional hook
-        """Raise SandboxUnavailableError when the provider cannot serve now (its engine unreachable);
-        the status route asks, so it says the provider is down before a create waits for it."""
-
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release provider resources at server shutdown (sessions are left to their TTL)."""
-
-
-__all__ = [
-    "DEFAULT_TTL_SECONDS",
-    "ISOLATION_ORDER",
-    "MAX_PATH_BYTES",
-    "MAX_PATH_DEPTH",
-    "NETWORK_ORDER",
-    "USAGE_FIELDS",
-    "ExecHandle",
-    "ExecRequest",
-    "ExecResult",
-    "ExitItem",
-    "OutputChunk",
-    "OutputItem",
-    "OutputTooLargeError",
-    "Sandbox",
-    "SandboxCapacityError",
-    "SandboxConflictError",
-    "SandboxDurability",
-    "SandboxError",
-    "SandboxExecTimeoutError",
-    "SandboxForbiddenError",
-    "SandboxIsolation",
-    "SandboxNetwork",
-    "SandboxNotFoundError",
-    "SandboxPathError",
-    "SandboxPathTooDeepError",
-    "SandboxQuotaError",
-    "SandboxRequestError",
-    "SandboxSession",
-    "SandboxSpecRejectedError",
-    "SandboxUnavailableError",
-    "SessionInfo",
-    "SessionSpec",
-    "check_window_side",
-    "usage_record",
-]

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from jupyter_core.utils import ensure_async
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 
-from .contract import SandboxError
-from .errors import TOKEN_HOW, SandboxAuthenticationError, SandboxRequestError, error_body, error_status
-from .sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
+from ..contract import SandboxError
+from ..errors import TOKEN_HOW, SandboxAuthenticationError, SandboxRequestError, error_body, error_status
+from ..sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
 
 if TYPE_CHECKING:
+    from ..policy import SandboxPolicy
+    from ..sandboxes import SandboxAccess
+    from ..sessions import SessionRegistry
+    from ..tools import ToolRegistry
     from .execs import LiveCommands
-    from .policy import SandboxPolicy
-    from .sandboxes import SandboxAccess
-    from .sessions import SessionRegistry
-    from .tools import ToolRegistry
 
 
 class SandboxAppState(Protocol):

@@ -63,7 +63,7 @@ def provider_config(sandbox: Any) -> dict[str, Any]:
 
 def watch_client(sandbox: Any, session_id: str) -> subprocess.Popen[bytes]:
     """Start the watchdog: when this process dies, it destroys ``session_id`` of a provider like ``sandbox``."""
-    from .sandboxes import GatedSandbox
+    from ..sandboxes import GatedSandbox
 
     if isinstance(sandbox, GatedSandbox):
         sandbox = sandbox.provider  # the provider behind the policy
@@ -72,7 +72,7 @@ def watch_client(sandbox: Any, session_id: str) -> subprocess.Popen[bytes]:
              "config": provider_config(sandbox)}  # fmt: skip
     # the order goes on stdin, never argv: the provider's config may hold a token, and argv is public
     watchdog = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_tai_sandbox.kernel_watchdog"],
+        [sys.executable, "-m", "jupyter_tai_sandbox.kernels.watchdog"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -34,10 +34,10 @@ from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from .contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
-from .errors import SandboxQuotaError, error_body, error_status
-from .gate import ScrubbedHandle
-from .sessions import Caller
+from ..contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
+from ..errors import SandboxQuotaError, error_body, error_status
+from ..gate import ScrubbedHandle
+from ..sessions import Caller
 
 STREAMS = ("stdout", "stderr")
 #: the websocket's binary frame prefix per stream

@@ -35,8 +35,8 @@ import re
 import sys
 from typing import Any
 
-from .client import SandboxClient
-from .contract import SandboxError, SandboxNotFoundError
+from ..client import SandboxClient
+from ..contract import SandboxError, SandboxNotFoundError
 
 #: the folder of the workspace whose new or changed files are displayed after a cell
 OUTPUTS_DIR = "outputs"

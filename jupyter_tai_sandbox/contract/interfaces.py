@@ -1,0 +1,225 @@
+"""The contract's interfaces: what a provider implements.
+
+A provider subclasses :class:`Sandbox` (creates, finds, lists and reaps sessions) and
+:class:`SandboxSession` (exec, files, teardown); an interactive command is an
+:class:`ExecHandle`. A provider without file operations of its own can take the
+workspace file operations from ``jupyter_tai_sandbox.providers._shell_files.ShellFileOps``
+(shell commands run through :meth:`SandboxSession.exec`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from .errors import SandboxError, SandboxSpecRejectedError, isolation_floor_refusal
+from .values import (
+    ExecRequest,
+    ExecResult,
+    OutputItem,
+    SandboxIsolation,
+    SessionInfo,
+    SessionSpec,
+    isolation_rank,
+)
+
+
+class ExecHandle(abc.ABC):
+    """An interactive command.
+
+    ``output`` yields :class:`OutputChunk` items and ends with exactly one
+    :class:`ExitItem` -- or raises :class:`SandboxExecTimeoutError` when the
+    deadline killed the command, or :class:`SandboxError` when the provider
+    cannot read the exit status or the command itself failed. A consumer done
+    with a handle calls :meth:`kill`, which is safe at any time and repeatable.
+    """
+
+    @property
+    @abc.abstractmethod
+    def output(self) -> AsyncIterator[OutputItem]:
+        """The command's output, then one exit item."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Write to the command's stdin; SandboxError once it is closed or the command exited."""
+
+    @abc.abstractmethod
+    async def close_stdin(self) -> None:
+        """Close the command's stdin (EOF). Idempotent."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Stop the command's process group; idempotent, never raises after the exit."""
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Resize the command's terminal (pty handles only)."""
+        raise SandboxError("this command has no terminal to resize: start it with pty=True")
+
+
+class SandboxSession(abc.ABC):
+    """One live session: a workspace, exec and file transfer, until destroyed or reaped."""
+
+    @property
+    @abc.abstractmethod
+    def id(self) -> str: ...
+
+    @abc.abstractmethod
+    async def info(self) -> SessionInfo: ...
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_seconds: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` to its end; its stdin is fed while its output is read."""
+        request = ExecRequest(argv, timeout_seconds, env={} if env is None else env, cwd=cwd, stdin=stdin)
+        return await self.run(request)
+
+    async def exec_start(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_seconds: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        pty: bool = False,
+        rows: int | None = None,
+        cols: int | None = None,
+    ) -> ExecHandle:
+        """Start ``argv`` and return its handle (on a terminal of ``rows`` x ``cols`` when ``pty``)."""
+        request = ExecRequest(
+            argv, timeout_seconds, env={} if env is None else env, cwd=cwd, pty=pty, rows=rows, cols=cols
+        )
+        return await self.start(request)
+
+    @abc.abstractmethod
+    async def run(self, request: ExecRequest) -> ExecResult:
+        """Run a validated one-shot request to its end (what :meth:`exec` calls)."""
+
+    @abc.abstractmethod
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        """Start a validated interactive request (what :meth:`exec_start` calls)."""
+
+    @abc.abstractmethod
+    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        """Write a workspace file (parents created); ``data`` may be streamed."""
+
+    @abc.abstractmethod
+    async def get_file(self, path: str) -> bytes:
+        """Read a whole workspace file."""
+
+    async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        """Stream a workspace file. Providers override this to avoid buffering it whole."""
+        data = await self.get_file(path)
+        for i in range(0, len(data), chunk_size):
+            yield data[i : i + chunk_size]
+
+    @abc.abstractmethod
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        """List a workspace folder: ``[{"name", "type": "file"|"directory"|"symlink"|"other", "size"}]``."""
+
+    @abc.abstractmethod
+    async def remove_path(self, path: str) -> None:
+        """Delete a workspace file, or a folder with everything in it; never the workspace itself."""
+
+    @abc.abstractmethod
+    async def move_path(self, path: str, new_path: str) -> None:
+        """Rename or move a workspace file or folder; the new path must not exist yet (parents are made)."""
+
+    @abc.abstractmethod
+    async def make_folder(self, path: str) -> None:
+        """Make a workspace folder (and its parents); an existing file there is a conflict."""
+
+    @abc.abstractmethod
+    def resolve(self, path: str) -> str:
+        """The absolute path of ``path`` as the session's commands see it; SandboxError outside the workspace."""
+
+    async def resolve_path(self, path: str) -> str:
+        """:meth:`resolve` as a coroutine, on the provider's own bounded path (its engine's workers, an
+        async request). The default runs :meth:`resolve` in a thread; the built-in providers override it."""
+        import asyncio
+
+        return await asyncio.to_thread(self.resolve, path)
+
+    @abc.abstractmethod
+    async def destroy(self, remove_workspace: bool = False) -> None:
+        """Tear the session down; a persistent workspace survives unless ``remove_workspace``."""
+
+    async def set_expiry(self, expires_at: float) -> SessionInfo:
+        """Move the session's end to ``expires_at`` (epoch seconds), durably: the reaper, get()/list()
+        and a restarted server all honour it. Limits (the operator's maximum, not in the past) are the
+        caller's to check. The default refuses: the provider cannot change a session's TTL."""
+        raise SandboxSpecRejectedError(
+            f"the {(await self.info()).kind} provider cannot change a session's TTL: start a new session "
+            "with the ttl_seconds you need"
+        )
+
+    async def usage(self) -> dict[str, Any]:
+        """What the session uses now, as far as the provider can tell (see :data:`USAGE_FIELDS`).
+
+        Bounded in cost (the provider's engine timeout, a bounded walk); a field the provider
+        cannot measure is None and ``note`` says why. The default knows nothing: ``{}``.
+        """
+        return {}
+
+
+class Sandbox(abc.ABC):
+    """A provider: creates, finds, lists and reaps sessions."""
+
+    #: the kind row's value, e.g. "local" or "docker"
+    kind: str = ""
+    #: the strongest isolation this provider gives
+    max_isolation: SandboxIsolation = "none"
+    #: the network settings this provider can honour
+    networks: frozenset[str] = frozenset({"egress"})
+    #: whether cpu / memory_mb caps can be enforced
+    supports_limits: bool = False
+
+    def check_spec(self, spec: SessionSpec) -> None:
+        """Reject (loudly) a spec this provider cannot honour; never downgrade it."""
+        wanted = spec.isolation or self.max_isolation
+        if isolation_rank(wanted) > isolation_rank(self.max_isolation):
+            raise isolation_floor_refusal(self.kind, self.max_isolation, wanted)
+        if spec.network not in self.networks:
+            raise SandboxSpecRejectedError(
+                f"the {self.kind} provider cannot honour network={spec.network!r}; it supports "
+                f"{', '.join(sorted(self.networks))}"
+            )
+        if not self.supports_limits and (spec.cpu is not None or spec.memory_mb is not None):
+            raise SandboxSpecRejectedError(
+                f"the {self.kind} provider cannot enforce cpu/memory_mb caps and never runs a capped "
+                "request uncapped: drop the caps or use a container provider"
+            )
+
+    def effective_isolation(self, spec: SessionSpec) -> SandboxIsolation:
+        return spec.isolation or self.max_isolation
+
+    def image_allowed(self, image: str | None) -> bool:
+        """Whether a non-admin caller may ask for ``image`` (the operator's allow-list); any by default."""
+        return True
+
+    @abc.abstractmethod
+    async def create(self, spec: SessionSpec) -> SandboxSession: ...
+
+    @abc.abstractmethod
+    async def get(self, session_id: str) -> SandboxSession:
+        """The live session; SandboxNotFoundError when there is none."""
+
+    @abc.abstractmethod
+    async def list(self) -> list[SessionInfo]: ...
+
+    @abc.abstractmethod
+    async def reap(self) -> list[str]:
+        """Destroy every session past its TTL (persistent workspaces survive); return their ids."""
+
+    async def check_available(self) -> None:  # noqa: B027 - optional hook
+        """Raise SandboxUnavailableError when the provider cannot serve now (its engine unreachable);
+        the status route asks, so it says the provider is down before a create waits for it."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release provider resources at server shutdown (sessions are left to their TTL)."""
