@@ -215,6 +215,9 @@ func decodeControl(p []byte, v any) error {
 // handle acts on one frame; an error is a protocol violation and closes the connection.
 func (cn *conn) handle(f frame) error {
 	a := cn.a
+	if err := checkShape(f); err != nil {
+		return err
+	}
 	switch f.typ {
 	case tPing:
 		return cn.write(tPong, f.id, f.payload)
@@ -226,9 +229,6 @@ func (cn *conn) handle(f frame) error {
 		a.start(cn, f.id, req)
 		return nil
 	case tList:
-		if len(f.payload) != 0 {
-			return errors.New("LIST takes no payload")
-		}
 		return cn.writeJSON(tListReply, f.id, a.list())
 	}
 	c := a.get(f.id)
@@ -267,9 +267,6 @@ func (cn *conn) handle(f frame) error {
 	case tKill:
 		go c.kill(cn, false)
 	case tCredit:
-		if len(f.payload) != creditSize {
-			return errors.New("CREDIT takes 8 bytes")
-		}
 		c.grant(cn, binary.BigEndian.Uint64(f.payload))
 	case tAttach:
 		var r struct {
@@ -283,6 +280,28 @@ func (cn *conn) handle(f frame) error {
 		c.attach(cn, []uint64{r.Stdout, r.Stderr}, r.Window)
 	case tRelease:
 		a.release(cn, c)
+	default:
+		return fmt.Errorf("unknown frame type 0x%02x", f.typ)
+	}
+	return nil
+}
+
+// checkShape rejects a frame whose payload cannot be right for its type, whatever command it names.
+func checkShape(f frame) error {
+	switch f.typ {
+	case tCredit:
+		if len(f.payload) != creditSize {
+			return errors.New("CREDIT takes 8 bytes")
+		}
+	case tStdinClose, tKill, tRelease, tList:
+		if len(f.payload) != 0 {
+			return fmt.Errorf("frame 0x%02x takes no payload", f.typ)
+		}
+	case tStart, tResize, tSignal, tAttach:
+		if len(f.payload) == 0 || len(f.payload) > maxControlLen || f.payload[0] != '{' {
+			return fmt.Errorf("frame 0x%02x takes a JSON object", f.typ)
+		}
+	case tStdin, tPing:
 	default:
 		return fmt.Errorf("unknown frame type 0x%02x", f.typ)
 	}
