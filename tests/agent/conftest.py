@@ -9,6 +9,7 @@ serve`` as PID 1. Everything carries this run's label and is removed even when a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import secrets
@@ -110,10 +111,8 @@ def images(docker_api, hostile_binary) -> Iterator[dict[str, str]]:
         yield tags
     finally:
         for tag in tags.values():
-            try:
+            with contextlib.suppress(Exception):
                 docker_api.images.remove(tag, force=True)
-            except Exception:
-                pass
 
 
 class Session:
@@ -165,11 +164,9 @@ def bare_session(docker_api, images, agent_path) -> Iterator[Session]:
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind(request):
     yield
-    try:
+    with contextlib.suppress(Exception):
         import docker
 
         client = docker.from_env(version="auto")
         for c in client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={RUN}"}):
             c.remove(force=True)
-    except Exception:
-        pass
