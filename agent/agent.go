@@ -86,6 +86,7 @@ type conn struct {
 	c      *net.UnixConn
 	wmu    sync.Mutex
 	closed bool
+	files  *fileState
 }
 
 func (a *agent) acceptLoop(ln *net.UnixListener) {
@@ -107,7 +108,7 @@ func (a *agent) acceptLoop(ln *net.UnixListener) {
 			_ = c.Close()
 			continue
 		}
-		cn := &conn{a: a, c: c}
+		cn := &conn{a: a, c: c, files: newFileState()}
 		a.connMu.Lock()
 		a.conns[cn] = struct{}{}
 		a.connMu.Unlock()
@@ -155,6 +156,7 @@ func (cn *conn) close() {
 func (cn *conn) serve() {
 	defer func() {
 		cn.close()
+		cn.files.abortAll() // an upload not committed leaves nothing behind
 		cn.a.detachAll(cn)
 		cn.a.connMu.Lock()
 		delete(cn.a.conns, cn)
@@ -230,6 +232,9 @@ func (cn *conn) handle(f frame) error {
 		return nil
 	case tList:
 		return cn.writeJSON(tListReply, f.id, a.list())
+	case tFileStat, tFileList, tFileRead, tUploadOpen, tUploadData, tUploadCommit, tUploadAbort, tFileDelete,
+		tFileRename, tFileMkdir:
+		return cn.handleFile(f)
 	}
 	c := a.get(f.id)
 	if c == nil {
@@ -302,6 +307,11 @@ func checkShape(f frame) error {
 			return fmt.Errorf("frame 0x%02x takes a JSON object", f.typ)
 		}
 	case tStdin, tPing:
+	case tFileStat, tFileList, tFileRead, tUploadOpen, tFileDelete, tFileRename, tFileMkdir:
+		if len(f.payload) == 0 || len(f.payload) > maxControlLen || f.payload[0] != '{' {
+			return fmt.Errorf("frame 0x%02x takes a JSON object", f.typ)
+		}
+	case tUploadData, tUploadCommit, tUploadAbort:
 	default:
 		return fmt.Errorf("unknown frame type 0x%02x", f.typ)
 	}
@@ -354,7 +364,9 @@ func errnoName(err error) string {
 		for name, v := range map[string]syscall.Errno{"ENOENT": syscall.ENOENT, "EACCES": syscall.EACCES,
 			"ENOEXEC": syscall.ENOEXEC, "ENOTDIR": syscall.ENOTDIR, "EPERM": syscall.EPERM, "E2BIG": syscall.E2BIG,
 			"ENOMEM": syscall.ENOMEM, "EAGAIN": syscall.EAGAIN, "EISDIR": syscall.EISDIR, "ELOOP": syscall.ELOOP,
-			"ETXTBSY": syscall.ETXTBSY, "EMFILE": syscall.EMFILE} {
+			"ETXTBSY": syscall.ETXTBSY, "EMFILE": syscall.EMFILE, "EXDEV": syscall.EXDEV,
+			"EEXIST": syscall.EEXIST, "ENOTEMPTY": syscall.ENOTEMPTY, "EINVAL": syscall.EINVAL,
+			"ENOSYS": syscall.ENOSYS, "EBADF": syscall.EBADF, "ENOSPC": syscall.ENOSPC, "EROFS": syscall.EROFS} {
 			if e == v {
 				return name
 			}

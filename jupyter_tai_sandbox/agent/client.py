@@ -342,12 +342,14 @@ class AgentClient:
             self._resolve(("ping", f.id), f.payload)
         elif f.type == p.LIST_REPLY:
             self._resolve(("list", f.id), f.json())
+        elif f.type in (p.FILE_REPLY, p.FILE_DATA):
+            self._resolve(("file", f.id), f.json() if f.type == p.FILE_REPLY else f.payload)
         elif f.type in (p.STARTED, p.ATTACHED):
             self._resolve(("start" if f.type == p.STARTED else "attach", f.id), f.json())
         elif f.type == p.ERROR:
             d = f.json()
             err = AgentError(d.get("code", "EIO"), d.get("message", ""), d.get("op", ""))
-            if err.op in ("start", "attach"):
+            if err.op in ("start", "attach", "file"):
                 self._resolve((err.op, f.id), err, error=True)
             elif f.id in self._commands:
                 self._commands[f.id]._on_error(err)
@@ -424,6 +426,65 @@ class AgentClient:
     async def ping(self) -> None:
         id_ = self._new_id()
         await self._call("ping", id_, p.encode(p.PING, id_, b"ping"))
+
+    # -- files: every path is relative to ``root`` (an absolute folder in the session) and confined to it by
+    # the kernel (openat2 RESOLVE_BENEATH): "..", absolute paths and symlinks out fail with ``EXDEV``
+    async def _file(self, type_: int, req: dict[str, Any]) -> Any:
+        id_ = self._new_id()
+        return await self._call("file", id_, p.encode_json(type_, id_, req))
+
+    async def stat(self, root: str, path: str) -> dict[str, Any]:
+        """``{"type": "file"|"dir"|"symlink"|"other", "size", "mode", "mtime"}`` (symlinks inside followed)."""
+        return await self._file(p.FILE_STAT, {"root": root, "path": path})
+
+    async def listdir(self, root: str, path: str = ".") -> list[dict[str, Any]]:
+        reply = await self._file(p.FILE_LIST, {"root": root, "path": path})
+        return reply["entries"]
+
+    async def read_file(self, root: str, path: str, *, chunk: int = p.MAX_READ_CHUNK, parallel: int = 4) -> bytes:
+        """The whole file, read in chunks with a few requests in flight."""
+        first = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": 0, "length": chunk})
+        size = p.U64.unpack_from(first)[0]
+        parts = [first[p.U64.size :]]
+        offset = len(parts[0])
+        while offset < size and len(parts[-1]) == chunk:
+            offsets = range(offset, size, chunk)[:parallel]
+            replies = await asyncio.gather(*(self._file(
+                p.FILE_READ, {"root": root, "path": path, "offset": o, "length": chunk}) for o in offsets))
+            for reply in replies:
+                parts.append(reply[p.U64.size :])
+                offset += len(parts[-1])
+            if any(len(r) - p.U64.size < chunk for r in replies):
+                break
+        return b"".join(parts)
+
+    async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True) -> int:
+        """Upload atomically: into a temp file beside the target, renamed over it only when whole. A failure
+        or cancellation aborts it and leaves the target as it was."""
+        id_ = self._new_id()
+        await self._call("file", id_, p.encode_json(
+            p.UPLOAD_OPEN, id_, {"root": root, "path": path, "mode": mode, "parents": parents}))
+        try:
+            view = memoryview(data)
+            step = p.MAX_PAYLOAD - p.U64.size
+            for offset in range(0, len(view), step):
+                await self._send(p.encode(p.UPLOAD_DATA, id_, p.U64.pack(offset) + bytes(view[offset : offset + step])))
+            reply = await self._call("file", id_, p.encode(p.UPLOAD_COMMIT, id_))
+        except BaseException:
+            if self._lost is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._call("file", id_, p.encode(p.UPLOAD_ABORT, id_)))
+            raise
+        return reply["size"]
+
+    async def mkdir(self, root: str, path: str, *, parents: bool = False) -> None:
+        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents})
+
+    async def delete(self, root: str, path: str, *, recursive: bool = False) -> None:
+        await self._file(p.FILE_DELETE, {"root": root, "path": path, "recursive": recursive})
+
+    async def rename(self, root: str, path: str, to: str, *, parents: bool = False) -> None:
+        await self._file(p.FILE_RENAME, {"root": root, "path": path, "to": to, "parents": parents})
 
     async def close(self) -> None:
         """Close this connection; the agent's commands keep running."""
