@@ -36,9 +36,16 @@ func newAgent() *agent {
 	return &agent{cmds: map[uint32]*command{}, byPid: map[int]*command{}, conns: map[*conn]struct{}{}}
 }
 
+// streamSource is a command's pipe or pty master, or a TCP connection's socket.
+type streamSource interface {
+	Read([]byte) (int, error)
+	Close() error
+	SetReadDeadline(time.Time) error
+}
+
 type stream struct {
 	name  string
-	f     *os.File
+	f     streamSource
 	buf   []byte // bytes [start, end)
 	start uint64
 	end   uint64
@@ -70,13 +77,14 @@ type command struct {
 	exitSent bool
 	eofSent  []bool
 
-	stdin       *os.File
+	stdin       io.WriteCloser
 	stdinQ      chan []byte // nil entry closes stdin
 	stdinClosed bool        // STDIN_CLOSE received
 	stdinUsed   uint64      // bytes accepted and not yet written (bounded by stdinWindow)
 	stdinBroken string      // why writes stopped (the command closed its stdin)
 	master      *os.File
 	timer       *time.Timer
+	tcp         net.Conn // a TCP connection into the session, not a process (no pid, no group)
 }
 
 // ----- connections -----
@@ -232,6 +240,13 @@ func (cn *conn) handle(f frame) error {
 		return nil
 	case tList:
 		return cn.writeJSON(tListReply, f.id, a.list())
+	case tConnect:
+		var req connectRequest
+		if err := decodeControl(f.payload, &req); err != nil {
+			return err
+		}
+		go a.connectTCP(cn, f.id, req)
+		return nil
 	case tFileStat, tFileList, tFileRead, tUploadOpen, tUploadData, tUploadCommit, tUploadAbort, tFileDelete,
 		tFileRename, tFileMkdir:
 		return cn.handleFile(f)
@@ -302,7 +317,7 @@ func checkShape(f frame) error {
 		if len(f.payload) != 0 {
 			return fmt.Errorf("frame 0x%02x takes no payload", f.typ)
 		}
-	case tStart, tResize, tSignal, tAttach:
+	case tStart, tResize, tSignal, tAttach, tConnect:
 		if len(f.payload) == 0 || len(f.payload) > maxControlLen || f.payload[0] != '{' {
 			return fmt.Errorf("frame 0x%02x takes a JSON object", f.typ)
 		}
@@ -366,12 +381,18 @@ func errnoName(err error) string {
 			"ENOMEM": syscall.ENOMEM, "EAGAIN": syscall.EAGAIN, "EISDIR": syscall.EISDIR, "ELOOP": syscall.ELOOP,
 			"ETXTBSY": syscall.ETXTBSY, "EMFILE": syscall.EMFILE, "EXDEV": syscall.EXDEV,
 			"EEXIST": syscall.EEXIST, "ENOTEMPTY": syscall.ENOTEMPTY, "EINVAL": syscall.EINVAL,
-			"ENOSYS": syscall.ENOSYS, "EBADF": syscall.EBADF, "ENOSPC": syscall.ENOSPC, "EROFS": syscall.EROFS} {
+			"ENOSYS": syscall.ENOSYS, "EBADF": syscall.EBADF, "ENOSPC": syscall.ENOSPC, "EROFS": syscall.EROFS,
+			"ECONNREFUSED": syscall.ECONNREFUSED, "ETIMEDOUT": syscall.ETIMEDOUT,
+			"EHOSTUNREACH": syscall.EHOSTUNREACH, "ENETUNREACH": syscall.ENETUNREACH,
+			"EADDRNOTAVAIL": syscall.EADDRNOTAVAIL} {
 			if e == v {
 				return name
 			}
 		}
 		return fmt.Sprintf("errno %d", int(e))
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return "ETIMEDOUT"
 	}
 	return "EIO"
 }
@@ -517,6 +538,67 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	a.reapChildren() // the command may have ended before it was registered
 }
 
+type connectRequest struct {
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Window uint64 `json:"window"`
+}
+
+// connectTCP opens a TCP connection inside the session (its network namespace: works with network none)
+// and carries it like a command: STDOUT is what the peer sends, STDIN what the client sends, STDIN_CLOSE a
+// half-close, KILL a close; EXIT {"code": 0} once the peer's side has ended.
+func (a *agent) connectTCP(cn *conn, id uint32, req connectRequest) {
+	if req.Port <= 0 || req.Port > 65535 {
+		cn.fail(id, "start", "EINVAL", "port out of range")
+		return
+	}
+	host := req.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	addr := net.JoinHostPort(host, fmt.Sprint(req.Port))
+	tc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		cn.fail(id, "start", errnoName(err), err.Error())
+		return
+	}
+	c := &command{a: a, id: id, argv: []string{"tcp", addr}, started: time.Now(), tcp: tc, reaped: true}
+	c.cond = sync.NewCond(&c.mu)
+	c.streams = []*stream{{name: "stdout", f: tc}}
+	c.stdin = halfCloser{tc}
+	c.eofSent = make([]bool, 1)
+	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
+	c.credit = min(req.Window, maxCredit)
+	a.mu.Lock()
+	if _, dup := a.cmds[id]; dup || len(a.cmds) >= maxCommands {
+		a.mu.Unlock()
+		tc.Close()
+		code := "EEXIST"
+		if !dup {
+			code = "EAGAIN"
+		}
+		cn.fail(id, "start", code, "no room for the connection")
+		return
+	}
+	c.conn = cn
+	a.cmds[id] = c
+	a.mu.Unlock()
+	_ = cn.writeJSON(tStarted, id, map[string]any{"pid": 0, "stdin_window": stdinWindow})
+	go c.readStream(c.streams[0])
+	go c.sendLoop()
+	go c.stdinLoop()
+}
+
+// halfCloser makes closing a connection's stdin a TCP half-close.
+type halfCloser struct{ net.Conn }
+
+func (h halfCloser) Close() error {
+	if tc, ok := h.Conn.(*net.TCPConn); ok {
+		return tc.CloseWrite()
+	}
+	return h.Conn.Close()
+}
+
 func (c *command) closeParentFiles() {
 	for _, s := range c.streams {
 		s.f.Close()
@@ -539,6 +621,9 @@ func (c *command) readStream(s *stream) {
 		}
 		if c.killed && s.end-s.sent >= ringSize || c.released {
 			s.eof, s.cut = true, true
+			if c.tcp != nil && !c.exited {
+				c.exited, c.status = true, exitStatus{exited: true}
+			}
 			c.afterChange()
 			c.mu.Unlock()
 			s.f.Close()
@@ -563,6 +648,9 @@ func (c *command) readStream(s *stream) {
 		if err != nil {
 			s.eof = true
 			s.cut = errors.Is(err, os.ErrDeadlineExceeded) || c.released
+			if c.tcp != nil && !c.exited { // a connection "exits" when its read side ends
+				c.exited, c.status = true, exitStatus{exited: true}
+			}
 			c.afterChange()
 			c.mu.Unlock()
 			s.f.Close()
@@ -841,7 +929,9 @@ func (c *command) kill(cn *conn, deadline bool) {
 		c.timedOut = true
 	}
 	c.killed = true
-	if !c.reaped {
+	if c.tcp != nil {
+		_ = c.tcp.SetReadDeadline(time.Now())
+	} else if !c.reaped {
 		if !c.exited {
 			_ = syscall.Kill(c.pid, syscall.SIGKILL)
 		}
@@ -981,7 +1071,7 @@ func (a *agent) shutdown() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, c := range a.cmds {
-		if !c.reaped {
+		if !c.reaped && c.pid > 0 {
 			_ = syscall.Kill(c.pid, syscall.SIGKILL)
 			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
 		}

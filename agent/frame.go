@@ -34,6 +34,7 @@ const (
 	tAttach     byte = 0x17
 	tRelease    byte = 0x18
 	tList       byte = 0x19
+	tConnect    byte = 0x1A
 )
 
 // Frame types, agent to client.

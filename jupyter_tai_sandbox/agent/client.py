@@ -67,11 +67,13 @@ def _quiet(fut: asyncio.Future) -> None:
 class AgentCommand:
     """One command in the session: its output (in order, by stream), stdin, signals, kill and exit status."""
 
-    def __init__(self, client: AgentClient, id_: int, *, pty: bool, window: int, offsets: Sequence[int] = (0, 0)):
+    def __init__(self, client: AgentClient, id_: int, *, pty: bool, window: int, offsets: Sequence[int] = (0, 0),
+                 tcp: bool = False):
         self.client, self.id, self.pty, self.window = client, id_, pty, window
         self.pid: int | None = None
         self.offsets = {"stdout": offsets[0], "stderr": offsets[1]}  # the next byte expected of each stream
-        self.eof = {"stdout": False, "stderr": pty}
+        self.tcp = tcp
+        self.eof = {"stdout": False, "stderr": pty or tcp}  # a pty or a TCP connection has one stream
         self.cut = False
         self.lost: list[dict[str, Any]] = []
         self.exit: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
@@ -400,13 +402,35 @@ class AgentClient:
             return cmd
         raise AgentError("EEXIST", "no free command id", "start")
 
+    async def connect_tcp(self, port: int, host: str = "127.0.0.1", *, window: int | None = None) -> AgentCommand:
+        """A TCP connection to a port inside the session (its own network: works with network ``none``),
+        carried like a command: ``read`` gives what the peer sends, ``write`` sends, ``close_stdin`` half-closes,
+        ``kill`` closes; ``wait`` ends with code 0 once the peer's side has ended. Refused: ``ECONNREFUSED``."""
+        window = window or self.window
+        for _ in range(8):
+            id_ = self._new_id()
+            conn = AgentCommand(self, id_, pty=False, window=window, tcp=True)
+            self._commands[id_] = conn
+            try:
+                started = await self._call("start", id_, p.encode_json(
+                    p.CONNECT, id_, {"host": host, "port": port, "window": window}))
+            except AgentError as e:
+                self._commands.pop(id_, None)
+                if e.code == "EEXIST":
+                    continue
+                raise
+            conn._stdin_credit = started["stdin_window"]
+            return conn
+        raise AgentError("EEXIST", "no free command id", "start")
+
     async def attach(self, id_: int, *, stdout: int = 0, stderr: int = 0, window: int | None = None) -> AgentCommand:
         """Take over a command the agent holds, resuming each stream at the given offset."""
         window = window or self.window
         info = next((c for c in await self.list() if c["id"] == id_), None)
         if info is None:
             raise AgentError("ESRCH", f"no command {id_}", "attach")
-        cmd = AgentCommand(self, id_, pty=info["pty"], window=window, offsets=(stdout, stderr))
+        cmd = AgentCommand(self, id_, pty=info["pty"], window=window, offsets=(stdout, stderr),
+                           tcp=info["argv"][0] == "tcp" and info["pid"] == 0)
         self._commands[id_] = cmd
         try:
             reply = await self._call("attach", id_, p.encode_json(
