@@ -791,7 +791,7 @@ func (c *command) attach(cn *conn, offsets []uint64, window uint64) {
 		}
 	}
 	if old := c.conn; old != nil && old != cn {
-		_ = old.write(tDetached, c.id)
+		go old.write(tDetached, c.id) // never wait on a stalled former client while holding the command
 	}
 	c.conn = cn
 	c.credit = min(window, maxCredit)

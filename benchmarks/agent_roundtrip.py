@@ -80,6 +80,8 @@ def main() -> None:
         container.put_archive("/.tai", agent_tar())
         container.start()
         agent = asyncio.run(through_agent(container.name, args.rounds))
+        container.reload()
+        rss = _rss_kib(container.attrs["State"]["Pid"])
         sdk = through_exec_run(container, max(20, args.rounds // 4))
     finally:
         container.remove(force=True)
@@ -89,6 +91,17 @@ def main() -> None:
         print(f"  {name:22s} median {statistics.median(values) * 1e3:7.2f} ms   p95 {p95(values) * 1e3:7.2f} ms"
               f"   (n={len(values)})")
     print(f"  ratio agent/exec_run (median): {statistics.median(agent) / statistics.median(sdk):.3f}")
+    print(f"  agent binary {agent_binary().stat().st_size / 2**20:.2f} MiB; agent RSS after the rounds "
+          f"{rss / 1024:.1f} MiB" if rss else "  agent RSS: not readable from here")
+
+
+def _rss_kib(host_pid: int) -> int | None:
+    """The agent's resident memory, from the host's /proc (the engine runs on this machine)."""
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def _dir_tar() -> bytes:
