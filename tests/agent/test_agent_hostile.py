@@ -10,7 +10,7 @@ import struct
 import pytest
 from conftest import run
 
-from jupyter_tai_sandbox.agent import AgentConnectionLost, protocol
+from jupyter_tai_sandbox.agent import AgentConnectionLost, AgentError, protocol
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,9 +35,25 @@ def test_session_code_cannot_reach_the_agent_or_its_channel(session):
             assert any(" fd " in line for line in attempts) or any("fd dir" in line for line in attempts)
             assert any(line.startswith("REFUSED socket") for line in attempts)
             assert any(line.startswith("REFUSED relay") for line in attempts)
-            opened = [line for line in attempts if not line.startswith("REFUSED")]
+            assert "CONTROL ptrace child: ok" in attempts, "ptrace must work on a dumpable process for the test to mean much"
+            opened = [line for line in attempts if not line.startswith(("REFUSED", "CONTROL"))]
             assert opened == [], opened
             assert (await (await client.start(["true"])).wait()).code == 0  # the agent is unharmed
+        finally:
+            await client.close()
+
+    run(go())
+
+
+def test_a_socket_planted_by_session_code_is_not_believed(session):
+    async def go():
+        client = await session.client()
+        try:
+            fake = await client.start(["/bin/hostile", "fake-agent"])
+            assert await fake.read() == ("stdout", b"LISTENING\n")
+            with pytest.raises(AgentError):
+                await asyncio.wait_for(session.client(), 20)  # `connect` refuses the listener: no HELLO
+            await fake.kill()
         finally:
             await client.close()
 

@@ -92,7 +92,33 @@ func tryChannel(name string, c net.Conn, err error) {
 	report(name, err)
 }
 
+// fakeAgent replaces the agent's socket with its own listener that answers HELLO, then waits.
+func fakeAgent() {
+	_ = os.Remove("/.tai/run/agent.sock")
+	ln, err := net.Listen("unix", "/.tai/run/agent.sock")
+	if err != nil {
+		fmt.Println("LISTEN FAILED", err)
+		os.Exit(1)
+	}
+	fmt.Println("LISTENING")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		p := []byte(`{"version":1,"pid":1}`)
+		b := binary.BigEndian.AppendUint32(nil, uint32(len(p)+5))
+		b = append(b, 0x81, 0, 0, 0, 0)
+		_, _ = c.Write(append(b, p...))
+		fmt.Println("ANSWERED")
+	}
+}
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "fake-agent" {
+		fakeAgent()
+		return
+	}
 	for _, pid := range agentPids() {
 		p := "/proc/" + strconv.Itoa(pid)
 		tag := fmt.Sprintf("pid %d", pid)
@@ -115,6 +141,22 @@ func main() {
 		}
 		report(tag+" ptrace attach", err)
 		report(tag+" ptrace seize", ptraceSeize(pid))
+	}
+	// the control: ptrace itself works here on an ordinary (dumpable) process of the session, so the
+	// refusals above come from the agent being non-dumpable, not from a seccomp profile
+	child := exec.Command("/bin/sleep", "30")
+	if err := child.Start(); err != nil {
+		fmt.Println("CONTROL ptrace child:", err)
+	} else {
+		err := syscall.PtraceAttach(child.Process.Pid)
+		if err == nil {
+			_ = syscall.PtraceDetach(child.Process.Pid)
+			fmt.Println("CONTROL ptrace child: ok")
+		} else {
+			fmt.Println("CONTROL ptrace child:", err)
+		}
+		_ = child.Process.Kill()
+		_ = child.Wait()
 	}
 	c, err := net.Dial("unix", "/.tai/run/agent.sock")
 	tryChannel("socket", c, err)
