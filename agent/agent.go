@@ -535,7 +535,8 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	}
 	go c.sendLoop()
 	go c.stdinLoop()
-	a.reapChildren() // the command may have ended before it was registered
+	// an exit before the registration is not missed: the reaper takes a.mu (held across fork and register)
+	// before it looks at the leaders, and a SIGCHLD arriving meanwhile runs it again afterwards
 }
 
 type connectRequest struct {

@@ -102,8 +102,45 @@ func procStat(pid int) (byte, int, error) {
 	return fields[0][0], ppid, err
 }
 
-// zombieChildren lists this process's zombie children, from /proc.
+// zombieChildren lists this process's zombie children: from each thread's /proc children list when the
+// kernel has one (CONFIG_PROC_CHILDREN), else from a scan of every process.
 func zombieChildren() []int {
+	if kids, ok := childPids(); ok {
+		var out []int
+		for _, pid := range kids {
+			if state, _, err := procStat(pid); err == nil && state == 'Z' {
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
+	return scanZombieChildren()
+}
+
+func childPids() ([]int, bool) {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, false
+	}
+	var pids []int
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) && t.Name() != strconv.Itoa(os.Getpid()) {
+				continue // a thread that ended meanwhile
+			}
+			return nil, false
+		}
+		for _, f := range bytes.Fields(b) {
+			if pid, err := strconv.Atoi(string(f)); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids, true
+}
+
+func scanZombieChildren() []int {
 	self := os.Getpid()
 	d, err := os.Open("/proc")
 	if err != nil {
