@@ -3,7 +3,7 @@
 ``python benchmarks/agent_roundtrip.py [--rounds N] [--image IMAGE]``: starts one container of IMAGE (default
 the minimal session image) with the agent injected as PID 1 (put_archive into the created container, as a
 provider does), then times ``true`` start -> exit through one open ``docker exec -i ... /.tai/agent connect``
-stream, and ``container.exec_run(["true"])``. Prints median and p95 of each and their ratio.
+stream (the CLI's, and the engine API's hijacked exec socket), and ``container.exec_run(["true"])``. Prints median and p95 of each and their ratio.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_tai_sandbox.agent import AgentClient, agent_binary
+from jupyter_tai_sandbox.agent.transport import open_docker_api
 
 LABEL = {"jupyter-tai-sandbox.agent-bench": secrets.token_hex(4)}
 
@@ -40,8 +41,8 @@ def agent_tar() -> bytes:
     return buf.getvalue()
 
 
-async def through_agent(name: str, rounds: int) -> list[float]:
-    client = await AgentClient.docker_exec(name)
+async def through_agent(name: str, rounds: int, api=None) -> list[float]:
+    client = await (open_docker_api(api, name) if api is not None else AgentClient.docker_exec(name))
     try:
         times = []
         for _ in range(rounds + 5):
@@ -80,12 +81,13 @@ def main() -> None:
         container.put_archive("/.tai", agent_tar())
         container.start()
         agent = asyncio.run(through_agent(container.name, args.rounds))
+        agent_api = asyncio.run(through_agent(container.name, args.rounds, client.api))
         container.reload()
         rss = _rss_kib(container.attrs["State"]["Pid"])
         sdk = through_exec_run(container, max(20, args.rounds // 4))
     finally:
         container.remove(force=True)
-    rows = [("agent (open stream)", agent), ("SDK exec_run", sdk)]
+    rows = [("agent (docker exec -i)", agent), ("agent (engine API)", agent_api), ("SDK exec_run", sdk)]
     print(f"one-shot `true` round trip, {args.image}")
     for name, values in rows:
         print(f"  {name:22s} median {statistics.median(values) * 1e3:7.2f} ms   p95 {p95(values) * 1e3:7.2f} ms"

@@ -279,3 +279,27 @@ def test_engine_stop_ends_the_agent_promptly(session):
     assert time.monotonic() - t0 < 5
     session.container.reload()
     assert session.container.attrs["State"]["ExitCode"] == 0
+
+
+def test_the_engine_api_exec_socket_carries_the_channel(session):
+    """The channel over the engine's own hijacked exec socket (Docker's 8-byte frames demultiplexed)."""
+    from jupyter_tai_sandbox.agent.transport import open_docker_api
+
+    payload = bytes(range(256)) * ((4 << 20) // 256)
+
+    async def go():
+        client = await open_docker_api(session.api.api, session.name)
+        try:
+            assert (await (await client.start(["true"])).wait()).code == 0
+            cmd = await client.start(["cat"])
+
+            async def feed():
+                await cmd.write(payload)
+                await cmd.close_stdin()
+
+            _, (out, _, status) = await asyncio.gather(feed(), cmd.collect())
+            assert out == payload and status.code == 0
+        finally:
+            await client.close()
+
+    run(go())
