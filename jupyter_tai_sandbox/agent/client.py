@@ -85,6 +85,8 @@ class AgentCommand:
         self._stdin_wake = asyncio.Event()
         self._waiters: dict[str, deque[asyncio.Future]] = {}
         self._failed: AgentError | None = None
+        self._stdin_error: AgentError | None = None
+        self._stdin_closed = False
         self._killed = False
 
     # -- frames from the reader task
@@ -126,7 +128,13 @@ class AgentCommand:
         self._wake.set()
 
     def _on_error(self, err: AgentError) -> None:
-        if not self._resolve(err.op, err, error=True):
+        if err.op in ("stdin", "stdin_close"):
+            # input refused (the command exited, or stdin was closed): later writes raise it, the exit stays
+            self._stdin_error = self._stdin_error or err
+            self._stdin_wake.set()
+        elif err.op == "credit":
+            pass  # a grant that reached the agent after the command was taken over or let go
+        elif not self._resolve(err.op, err, error=True):
             self._fail(err)
 
     def _resolve(self, op: str, value: Any, *, error: bool = False) -> bool:
@@ -204,21 +212,29 @@ class AgentCommand:
         """Send stdin, waiting for the agent's stdin credit (it bounds what the agent queues)."""
         view = memoryview(data)
         while view:
-            while self._stdin_credit <= 0:
-                if self._failed is not None:
-                    raise self._failed
+            while self._stdin_credit <= 0 and self._failed is None and self._stdin_error is None:
                 self._stdin_wake.clear()
                 await self._stdin_wake.wait()
-            if self._failed is not None:
-                raise self._failed
+            self._check_stdin()
             n = min(len(view), self._stdin_credit, STDIN_CHUNK)
             self._stdin_credit -= n
             await self.client._send(p.encode(p.STDIN, self.id, bytes(view[:n])))
             view = view[n:]
 
-    async def close_stdin(self) -> None:
+    def _check_stdin(self) -> None:
         if self._failed is not None:
             raise self._failed
+        if self._stdin_error is not None:
+            raise self._stdin_error
+        if self._stdin_closed:
+            raise AgentError("EPIPE", "stdin is closed", "stdin")
+        if self.exit.done():
+            raise AgentError("EPIPE", "the command has exited", "stdin")
+
+    async def close_stdin(self) -> None:
+        """Close the command's stdin (a pty gets ^D); once only."""
+        self._check_stdin()
+        self._stdin_closed = True
         await self.client._send(p.encode(p.STDIN_CLOSE, self.id))
 
     async def kill(self) -> dict[str, Any]:
@@ -353,13 +369,14 @@ class AgentClient:
             err = AgentError(d.get("code", "EIO"), d.get("message", ""), d.get("op", ""))
             if err.op in ("start", "attach", "file"):
                 self._resolve((err.op, f.id), err, error=True)
-            elif f.id in self._commands:
-                self._commands[f.id]._on_error(err)
-            else:
-                # a connection-level refusal (hello, a malformed frame): the agent closes after it
+            elif err.op in ("hello", "read", "frame"):
+                # a connection-level refusal: the agent closes the connection after it
                 for fut in self._pending.values():
                     if not fut.done():
                         fut.set_exception(err)
+            elif f.id in self._commands:
+                self._commands[f.id]._on_error(err)
+            # else: about a command this client has let go (a CREDIT racing its RELEASE): nothing waits on it
         else:
             cmd = self._commands.get(f.id)
             if cmd is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import signal
 import time
@@ -299,6 +300,31 @@ def test_the_engine_api_exec_socket_carries_the_channel(session):
 
             _, (out, _, status) = await asyncio.gather(feed(), cmd.collect())
             assert out == payload and status.code == 0
+        finally:
+            await client.close()
+
+    run(go())
+
+
+def test_a_write_after_the_exit_raises_and_the_exit_stays_the_commands_own(session):
+    async def go():
+        client = await session.client()
+        try:
+            cmd = await client.start(["sh", "-c", "exit 4"])
+            with contextlib.suppress(AgentError):
+                await cmd.write(b"racing the exit\n")  # accepted and dropped, or refused: either is right
+            status = await cmd.wait()
+            with pytest.raises(AgentError) as e:
+                await cmd.write(b"late")
+            assert e.value.code == "EPIPE"
+            assert (await cmd.wait()) == status and status.code == 4
+            # a credit grant racing a release leaves every other call alone
+            big = await client.start(["head", "-c", str(3 << 20), "/dev/zero"])
+            assert len((await big.collect())[0]) == 3 << 20
+            await big.release()
+            await cmd.release()
+            assert {c["id"] for c in await client.list()} & {cmd.id, big.id} == set()
+            await client.ping()
         finally:
             await client.close()
 
