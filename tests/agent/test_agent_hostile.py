@@ -60,6 +60,42 @@ def test_a_socket_planted_by_session_code_is_not_believed(session):
     run(go())
 
 
+KILL_RELAYS = ('for d in /proc/[0-9]*; do p=${d#/proc/}; '
+               '[ "$(cat $d/comm 2>/dev/null)" = agent ] && [ "$p" != 1 ] && kill -9 "$p"; done; echo done')
+
+
+def test_session_code_killing_the_relay_is_loud_and_the_commands_live_on(session):
+    async def go():
+        client = await session.client()
+        try:
+            sleeper = await client.start(["sleep", "100"])
+            killer = await client.start(["sh", "-c", KILL_RELAYS])
+
+            async def until_lost():
+                while True:
+                    await client.ping()
+                    await asyncio.sleep(0.05)
+
+            with pytest.raises(AgentConnectionLost):
+                await asyncio.wait_for(until_lost(), 10)
+            with pytest.raises(AgentConnectionLost):
+                await asyncio.wait_for(sleeper.wait(), 10)
+        finally:
+            await client.close()
+        again = await session.client()
+        try:
+            listed = {c["id"]: c for c in await again.list()}
+            assert listed[sleeper.id]["running"]
+            assert listed[killer.id]["exit"]["code"] == 0
+            out, _, _ = await (await again.attach(killer.id)).collect()
+            assert out == b"done\n"
+            await (await again.attach(sleeper.id)).kill()
+        finally:
+            await again.close()
+
+    run(go())
+
+
 def test_signals_from_session_code_do_not_stop_the_agent_silently(session):
     async def go():
         client = await session.client()
