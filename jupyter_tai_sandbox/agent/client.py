@@ -20,6 +20,7 @@ from . import protocol as p
 
 DEFAULT_WINDOW = 256 << 10  # at most the agent's ring, so whatever is in flight when a connection drops can be resumed
 STDIN_CHUNK = 256 << 10
+READ_SIZE = 1 << 20
 AGENT_PATH = "/.tai/agent"
 
 
@@ -324,11 +325,10 @@ class AgentClient:
     async def _read_loop(self) -> None:
         err: AgentError = AgentConnectionLost()
         try:
-            while True:
-                header = await self._reader.readexactly(p.HEADER_SIZE)
-                size, type_, id_ = p.parse_header(header)
-                payload = await self._reader.readexactly(size) if size else b""
-                self._dispatch(p.Frame(type_, id_, payload))
+            decoder = p.FrameDecoder()
+            while data := await self._reader.read(READ_SIZE):  # large reads: never a byte-shuffle per frame
+                for frame in decoder.feed(data):
+                    self._dispatch(frame)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except p.ProtocolError as e:

@@ -116,29 +116,35 @@ def encode_u64(type_: int, id_: int, value: int) -> bytes:
     return encode(type_, id_, U64.pack(value))
 
 
-def parse_header(header: bytes) -> tuple[int, int, int]:
-    """``(payload length, type, id)`` of a 9-byte header; a length out of bounds is a ProtocolError."""
-    length, type_, id_ = HEADER.unpack(header)
+def parse_header(header: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, int, int]:
+    """``(payload length, type, id)`` of the 9-byte header at ``offset``; a length out of bounds is a
+    ProtocolError."""
+    length, type_, id_ = HEADER.unpack_from(header, offset)
     if length < 5 or length > MAX_FRAME_BODY:
         raise ProtocolError(f"frame length {length} out of bounds [5, {MAX_FRAME_BODY}]")
     return length - 5, type_, id_
 
 
 class FrameDecoder:
-    """Incremental decoder: feed bytes as they arrive, take whole frames."""
+    """Incremental decoder: feed bytes as they arrive, take whole frames. Each feed moves the unparsed rest
+    once (not once per frame), so large reads stay linear."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[Frame]:
-        self._buf += data
+        buf = self._buf
+        buf += data
         frames = []
-        while len(self._buf) >= HEADER_SIZE:
-            size, type_, id_ = parse_header(bytes(self._buf[:HEADER_SIZE]))
-            if len(self._buf) < HEADER_SIZE + size:
+        pos, end = 0, len(buf)
+        while end - pos >= HEADER_SIZE:
+            size, type_, id_ = parse_header(buf, pos)
+            stop = pos + HEADER_SIZE + size
+            if stop > end:
                 break
-            frames.append(Frame(type_, id_, bytes(self._buf[HEADER_SIZE : HEADER_SIZE + size])))
-            del self._buf[: HEADER_SIZE + size]
+            frames.append(Frame(type_, id_, bytes(buf[pos + HEADER_SIZE : stop])))
+            pos = stop
+        del buf[:pos]
         return frames
 
     @property

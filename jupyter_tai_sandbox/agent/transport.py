@@ -29,19 +29,32 @@ class DockerDemux:
         self.task = asyncio.get_running_loop().create_task(self._pump())
 
     async def _pump(self) -> None:
+        buf = bytearray()
+        kind, left = 0, 0  # the current frame's stream and its bytes still to come
         try:
-            while True:
-                header = await self.raw.readexactly(DOCKER_HEADER)
-                kind, size = header[0], int.from_bytes(header[4:8], "big")
-                data = await self.raw.readexactly(size) if size else b""
-                if kind == 1:
-                    # unbounded here, yet bounded overall: the agent sends within the credit the client grants
-                    self.stdout.feed_data(data)
-                elif kind == 2:
-                    self.stderr += data[: max(0, STDERR_KEPT - len(self.stderr))]
-                else:
-                    break  # not a multiplexed stream: end it rather than guess
-        except (asyncio.IncompleteReadError, ConnectionError):
+            while data := await self.raw.read(1 << 20):
+                buf += data
+                pos = 0
+                while pos < len(buf):
+                    if left == 0:
+                        if len(buf) - pos < DOCKER_HEADER:
+                            break
+                        kind, left = buf[pos], int.from_bytes(buf[pos + 4 : pos + 8], "big")
+                        pos += DOCKER_HEADER
+                        if kind not in (1, 2):
+                            return  # not a multiplexed stream: end it rather than guess
+                        continue
+                    take = min(left, len(buf) - pos)
+                    chunk = bytes(buf[pos : pos + take])
+                    if kind == 1:
+                        # unbounded here, yet bounded overall: the agent sends within the credit the client grants
+                        self.stdout.feed_data(chunk)
+                    else:
+                        self.stderr += chunk[: max(0, STDERR_KEPT - len(self.stderr))]
+                    pos += take
+                    left -= take
+                del buf[:pos]
+        except ConnectionError:
             pass
         finally:
             self.stdout.feed_eof()
