@@ -65,3 +65,30 @@ def test_binary_locator_names_the_architecture_and_says_how_to_build(monkeypatch
         agent_binary("arm64")
     (tmp_path / "tai-agent-linux-arm64").write_bytes(b"\x7fELF")
     assert agent_binary("aarch64") == tmp_path / "tai-agent-linux-arm64"
+
+
+def test_docker_demux_keeps_stdout_whole_across_any_split_and_keeps_stderr_apart():
+    import asyncio
+
+    from jupyter_tai_sandbox.agent.transport import STDERR_KEPT, docker_demux
+
+    def mux(kind: int, data: bytes) -> bytes:
+        return bytes([kind, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+    stdout = [bytes([i]) * (i * 997 % 70000) for i in range(40)]
+    wire = b"".join(mux(1, chunk) + mux(2, b"relay says no\n") for chunk in stdout)
+
+    async def go():
+        raw = asyncio.StreamReader()
+        demux = docker_demux(raw)
+        for i in range(0, len(wire), 4093):  # splits inside headers and payloads alike
+            raw.feed_data(wire[i : i + 4093])
+            await asyncio.sleep(0)
+        raw.feed_eof()
+        got = await demux.stdout.read()
+        await demux.task
+        return got, bytes(demux.stderr)
+
+    got, stderr = asyncio.run(go())
+    assert got == b"".join(stdout)
+    assert stderr.startswith(b"relay says no\n") and len(stderr) <= STDERR_KEPT
