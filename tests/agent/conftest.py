@@ -8,7 +8,6 @@ serve`` as PID 1. Everything carries this run's label and is removed even when a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import os
@@ -31,11 +30,6 @@ APPLETS = ("sh", "cat", "echo", "true", "false", "sleep", "kill", "head", "yes",
            "wc", "seq", "wait", "ps", "readlink", "nc", "mkdir", "ln")
 HOSTILE_SRC = Path(__file__).parent / "hostile"
 BUSYBOX_CANDIDATES = ("/usr/bin/busybox", "/bin/busybox")
-
-
-def run(coro, timeout: float = 120):
-    """Run a coroutine on a fresh loop, bounded (the suite brings no pytest-asyncio)."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 @pytest.fixture(scope="session")

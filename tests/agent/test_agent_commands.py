@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from conftest import run
+from agent_support import run
 
 from jupyter_tai_sandbox.agent import AgentError
 

@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 
 import pytest
-from conftest import run
+from agent_support import run
 
 from jupyter_tai_sandbox.agent import AgentError
 

@@ -8,7 +8,7 @@ import signal
 import struct
 
 import pytest
-from conftest import run
+from agent_support import run
 
 from jupyter_tai_sandbox.agent import AgentConnectionLost, AgentError, protocol
 
