@@ -1,0 +1,1080 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	maxCommands  = 64        // command records held at once, running or finished and not yet released
+	ringSize     = 512 << 10 // per stream: output kept for a resume (at least a client window); at most twice this is held
+	stdinWindow  = 1 << 20   // stdin bytes a client may have in flight per command
+	maxCredit    = 1 << 40
+	killWait     = 4 * time.Second // a kill waits this long for the command's exit before it answers
+	cutAfterKill = 20 * time.Millisecond
+	defaultPath  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+type agent struct {
+	mu     sync.Mutex // cmds, byPid; held across fork+exec+register so the reaper never takes a new leader
+	cmds   map[uint32]*command
+	byPid  map[int]*command
+	connMu sync.Mutex
+	conns  map[*conn]struct{}
+}
+
+func newAgent() *agent {
+	return &agent{cmds: map[uint32]*command{}, byPid: map[int]*command{}, conns: map[*conn]struct{}{}}
+}
+
+// streamSource is a command's pipe or pty master, or a TCP connection's socket.
+type streamSource interface {
+	Read([]byte) (int, error)
+	Close() error
+	SetReadDeadline(time.Time) error
+}
+
+type stream struct {
+	name  string
+	f     streamSource
+	buf   []byte // bytes [start, end)
+	start uint64
+	end   uint64
+	sent  uint64 // next byte for the attached connection
+	eof   bool
+	cut   bool // ended by a kill (or a release) rather than by every writer closing it
+}
+
+type command struct {
+	a       *agent
+	id      uint32
+	pid     int
+	argv    []string
+	pty     bool
+	started time.Time
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	streams []*stream
+	credit  uint64
+	conn    *conn
+
+	exited   bool
+	status   exitStatus
+	timedOut bool
+	killed   bool
+	reaped   bool // the leader's zombie is collected: its group id may belong to someone else now
+	released bool
+	exitSent bool
+	eofSent  []bool
+
+	stdin       io.WriteCloser
+	stdinQ      chan []byte // nil entry closes stdin
+	stdinClosed bool        // STDIN_CLOSE received
+	stdinUsed   uint64      // bytes accepted and not yet written (bounded by stdinWindow)
+	stdinBroken string      // why writes stopped (the command closed its stdin)
+	master      *os.File
+	timer       *time.Timer
+	tcp         net.Conn // a TCP connection into the session, not a process (no pid, no group)
+}
+
+// ----- connections -----
+
+type conn struct {
+	a      *agent
+	c      *net.UnixConn
+	wmu    sync.Mutex
+	closed bool
+	files  *fileState
+}
+
+func (a *agent) acceptLoop(ln *net.UnixListener) {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		cred, err := unixPeerCred(c)
+		if err == nil {
+			err = trustedPeer(cred)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tai-agent: refused a connection:", err)
+			_ = c.Close()
+			continue
+		}
+		cn := &conn{a: a, c: c, files: newFileState()}
+		a.connMu.Lock()
+		a.conns[cn] = struct{}{}
+		a.connMu.Unlock()
+		go cn.serve()
+	}
+}
+
+func (cn *conn) write(typ byte, id uint32, parts ...[]byte) error {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	hdr := appendHeader(make([]byte, 0, headerSize), typ, id, n)
+	bufs := net.Buffers(append([][]byte{hdr}, parts...))
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	if cn.closed {
+		return net.ErrClosed
+	}
+	_, err := bufs.WriteTo(cn.c)
+	if err != nil {
+		cn.closed = true
+		_ = cn.c.Close()
+	}
+	return err
+}
+
+func (cn *conn) writeJSON(typ byte, id uint32, v any) error {
+	b, _ := json.Marshal(v)
+	return cn.write(typ, id, b)
+}
+
+func (cn *conn) fail(id uint32, op, code, msg string) {
+	_ = cn.writeJSON(tError, id, map[string]string{"op": op, "code": code, "message": msg})
+}
+
+func (cn *conn) close() {
+	cn.wmu.Lock()
+	cn.closed = true
+	cn.wmu.Unlock()
+	_ = cn.c.Close()
+}
+
+// serve reads the client's frames; a malformed one ends the connection (the commands live on).
+func (cn *conn) serve() {
+	defer func() {
+		cn.close()
+		cn.files.abortAll() // an upload not committed leaves nothing behind
+		cn.a.detachAll(cn)
+		cn.a.connMu.Lock()
+		delete(cn.a.conns, cn)
+		cn.a.connMu.Unlock()
+	}()
+	hello := false
+	for {
+		f, err := readFrame(cn.c)
+		if err != nil {
+			if errors.Is(err, errFrameTooLarge) || !isEOF(err) {
+				cn.fail(0, "read", "EPROTO", err.Error())
+			}
+			return
+		}
+		if !hello {
+			if f.typ != tHello {
+				cn.fail(0, "hello", "EPROTO", "the first frame must be HELLO")
+				return
+			}
+			var h struct {
+				Version int `json:"version"`
+			}
+			if json.Unmarshal(f.payload, &h) != nil || h.Version != ProtocolVersion {
+				cn.fail(0, "hello", "EPROTONOSUPPORT", fmt.Sprintf("agent speaks protocol %d", ProtocolVersion))
+				return
+			}
+			hello = true
+			_ = cn.writeJSON(tHelloReply, 0, map[string]any{
+				"version": ProtocolVersion, "max_frame": maxFrameBody, "max_commands": maxCommands,
+				"ring": ringSize, "stdin_window": stdinWindow, "pid": os.Getpid(),
+			})
+			continue
+		}
+		if err := cn.handle(f); err != nil {
+			cn.fail(f.id, "frame", "EPROTO", err.Error())
+			return
+		}
+	}
+}
+
+func isEOF(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET)
+}
+
+func decodeControl(p []byte, v any) error {
+	if len(p) > maxControlLen {
+		return fmt.Errorf("control payload of %d bytes", len(p))
+	}
+	d := json.NewDecoder(strings.NewReader(string(p)))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return fmt.Errorf("malformed payload: %v", err)
+	}
+	return nil
+}
+
+// handle acts on one frame; an error is a protocol violation and closes the connection.
+func (cn *conn) handle(f frame) error {
+	a := cn.a
+	if err := checkShape(f); err != nil {
+		return err
+	}
+	switch f.typ {
+	case tPing:
+		return cn.write(tPong, f.id, f.payload)
+	case tStart:
+		var req startRequest
+		if err := decodeControl(f.payload, &req); err != nil {
+			return err
+		}
+		a.start(cn, f.id, req)
+		return nil
+	case tList:
+		return cn.writeJSON(tListReply, f.id, a.list())
+	case tConnect:
+		var req connectRequest
+		if err := decodeControl(f.payload, &req); err != nil {
+			return err
+		}
+		go a.connectTCP(cn, f.id, req)
+		return nil
+	case tFileStat, tFileList, tFileRead, tUploadOpen, tUploadData, tUploadCommit, tUploadAbort, tFileDelete,
+		tFileRename, tFileMkdir:
+		return cn.handleFile(f)
+	}
+	c := a.get(f.id)
+	if c == nil {
+		// a client racing a RELEASE may still send for a command: an error frame, not a protocol violation
+		switch f.typ {
+		case tStdin, tStdinClose, tResize, tSignal, tKill, tCredit, tAttach, tRelease:
+			cn.fail(f.id, opName(f.typ), "ESRCH", "no such command")
+			return nil
+		}
+		return fmt.Errorf("unknown frame type 0x%02x", f.typ)
+	}
+	switch f.typ {
+	case tStdin:
+		return c.stdinData(cn, f.payload)
+	case tStdinClose:
+		c.closeStdin(cn)
+	case tResize:
+		var r struct {
+			Rows int `json:"rows"`
+			Cols int `json:"cols"`
+		}
+		if err := decodeControl(f.payload, &r); err != nil {
+			return err
+		}
+		c.resize(cn, r.Rows, r.Cols)
+	case tSignal:
+		var s struct {
+			Signal int  `json:"signal"`
+			Group  bool `json:"group"`
+		}
+		if err := decodeControl(f.payload, &s); err != nil {
+			return err
+		}
+		c.signal(cn, s.Signal, s.Group)
+	case tKill:
+		go c.kill(cn, false)
+	case tCredit:
+		c.grant(cn, binary.BigEndian.Uint64(f.payload))
+	case tAttach:
+		var r struct {
+			Stdout uint64 `json:"stdout"`
+			Stderr uint64 `json:"stderr"`
+			Window uint64 `json:"window"`
+		}
+		if err := decodeControl(f.payload, &r); err != nil {
+			return err
+		}
+		c.attach(cn, []uint64{r.Stdout, r.Stderr}, r.Window)
+	case tRelease:
+		a.release(cn, c)
+	default:
+		return fmt.Errorf("unknown frame type 0x%02x", f.typ)
+	}
+	return nil
+}
+
+// checkShape rejects a frame whose payload cannot be right for its type, whatever command it names.
+func checkShape(f frame) error {
+	switch f.typ {
+	case tCredit:
+		if len(f.payload) != creditSize {
+			return errors.New("CREDIT takes 8 bytes")
+		}
+	case tStdinClose, tKill, tRelease, tList:
+		if len(f.payload) != 0 {
+			return fmt.Errorf("frame 0x%02x takes no payload", f.typ)
+		}
+	case tStart, tResize, tSignal, tAttach, tConnect:
+		if len(f.payload) == 0 || len(f.payload) > maxControlLen || f.payload[0] != '{' {
+			return fmt.Errorf("frame 0x%02x takes a JSON object", f.typ)
+		}
+	case tStdin, tPing:
+	case tFileStat, tFileList, tFileRead, tUploadOpen, tFileDelete, tFileRename, tFileMkdir:
+		if len(f.payload) == 0 || len(f.payload) > maxControlLen || f.payload[0] != '{' {
+			return fmt.Errorf("frame 0x%02x takes a JSON object", f.typ)
+		}
+	case tUploadData, tUploadCommit, tUploadAbort:
+	default:
+		return fmt.Errorf("unknown frame type 0x%02x", f.typ)
+	}
+	return nil
+}
+
+func opName(t byte) string {
+	return map[byte]string{tStdin: "stdin", tStdinClose: "stdin_close", tResize: "resize", tSignal: "signal",
+		tKill: "kill", tCredit: "credit", tAttach: "attach", tRelease: "release"}[t]
+}
+
+func (a *agent) get(id uint32) *command {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cmds[id]
+}
+
+func (a *agent) detachAll(cn *conn) {
+	a.mu.Lock()
+	cmds := make([]*command, 0, len(a.cmds))
+	for _, c := range a.cmds {
+		cmds = append(cmds, c)
+	}
+	a.mu.Unlock()
+	for _, c := range cmds {
+		c.mu.Lock()
+		if c.conn == cn {
+			c.conn = nil
+		}
+		c.mu.Unlock()
+	}
+}
+
+// ----- starting -----
+
+type startRequest struct {
+	Argv      []string `json:"argv"`
+	Env       []string `json:"env"`
+	Cwd       string   `json:"cwd"`
+	Pty       bool     `json:"pty"`
+	Rows      int      `json:"rows"`
+	Cols      int      `json:"cols"`
+	Window    uint64   `json:"window"`     // output credit granted with the start
+	TimeoutMs int64    `json:"timeout_ms"` // 0: none; else the agent kills the group at the deadline
+}
+
+func errnoName(err error) string {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		for name, v := range map[string]syscall.Errno{"ENOENT": syscall.ENOENT, "EACCES": syscall.EACCES,
+			"ENOEXEC": syscall.ENOEXEC, "ENOTDIR": syscall.ENOTDIR, "EPERM": syscall.EPERM, "E2BIG": syscall.E2BIG,
+			"ENOMEM": syscall.ENOMEM, "EAGAIN": syscall.EAGAIN, "EISDIR": syscall.EISDIR, "ELOOP": syscall.ELOOP,
+			"ETXTBSY": syscall.ETXTBSY, "EMFILE": syscall.EMFILE, "EXDEV": syscall.EXDEV,
+			"EEXIST": syscall.EEXIST, "ENOTEMPTY": syscall.ENOTEMPTY, "EINVAL": syscall.EINVAL,
+			"ENOSYS": syscall.ENOSYS, "EBADF": syscall.EBADF, "ENOSPC": syscall.ENOSPC, "EROFS": syscall.EROFS,
+			"ECONNREFUSED": syscall.ECONNREFUSED, "ETIMEDOUT": syscall.ETIMEDOUT,
+			"EHOSTUNREACH": syscall.EHOSTUNREACH, "ENETUNREACH": syscall.ENETUNREACH,
+			"EADDRNOTAVAIL": syscall.EADDRNOTAVAIL} {
+			if e == v {
+				return name
+			}
+		}
+		return fmt.Sprintf("errno %d", int(e))
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return "ETIMEDOUT"
+	}
+	return "EIO"
+}
+
+// lookPath finds argv[0] on the command's own PATH (the agent's environment is not the command's).
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := defaultPath
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "PATH=") {
+			path = kv[5:]
+		}
+	}
+	denied := false
+	for _, dir := range strings.Split(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := dir + "/" + name
+		var st syscall.Stat_t
+		if syscall.Stat(p, &st) != nil || st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			continue
+		}
+		if st.Mode&0o111 == 0 {
+			denied = true
+			continue
+		}
+		return p, nil
+	}
+	if denied {
+		return "", syscall.EACCES
+	}
+	return "", syscall.ENOENT
+}
+
+func (a *agent) start(cn *conn, id uint32, req startRequest) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		cn.fail(id, "start", "EINVAL", "argv is empty")
+		return
+	}
+	env := req.Env
+	if env == nil {
+		env = []string{"PATH=" + defaultPath}
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	path, err := lookPath(req.Argv[0], env)
+	if err != nil {
+		cn.fail(id, "start", errnoName(err), fmt.Sprintf("%s: %v", req.Argv[0], err))
+		return
+	}
+	c := &command{a: a, id: id, argv: req.Argv, pty: req.Pty, started: time.Now()}
+	c.cond = sync.NewCond(&c.mu)
+	var childFiles []*os.File
+	var files []uintptr
+	if req.Pty {
+		master, slave, err := openPty()
+		if err != nil {
+			cn.fail(id, "start", errnoName(err), "pty: "+err.Error())
+			return
+		}
+		rows, cols := req.Rows, req.Cols
+		if rows <= 0 || cols <= 0 {
+			rows, cols = 24, 80
+		}
+		_ = setWinsize(master, rows, cols)
+		c.master, c.stdin = master, master
+		c.streams = []*stream{{name: "stdout", f: master}}
+		childFiles = []*os.File{slave}
+		fd := slave.Fd()
+		files = []uintptr{fd, fd, fd}
+	} else {
+		inR, inW, err1 := os.Pipe()
+		outR, outW, err2 := os.Pipe()
+		errR, errW, err3 := os.Pipe()
+		if err := errors.Join(err1, err2, err3); err != nil {
+			for _, f := range []*os.File{inR, inW, outR, outW, errR, errW} {
+				if f != nil {
+					f.Close()
+				}
+			}
+			cn.fail(id, "start", errnoName(err), "pipes: "+err.Error())
+			return
+		}
+		c.stdin = inW
+		c.streams = []*stream{{name: "stdout", f: outR}, {name: "stderr", f: errR}}
+		childFiles = []*os.File{inR, outW, errW}
+		files = []uintptr{inR.Fd(), outW.Fd(), errW.Fd()}
+	}
+	closeAll := func() {
+		for _, f := range childFiles {
+			f.Close()
+		}
+	}
+	c.eofSent = make([]bool, len(c.streams))
+	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
+	c.credit = min(req.Window, maxCredit)
+	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files,
+		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: req.Pty, Ctty: 0}}
+
+	a.mu.Lock()
+	if _, dup := a.cmds[id]; dup {
+		a.mu.Unlock()
+		closeAll()
+		c.closeParentFiles()
+		cn.fail(id, "start", "EEXIST", "a command with this id exists")
+		return
+	}
+	if len(a.cmds) >= maxCommands {
+		a.mu.Unlock()
+		closeAll()
+		c.closeParentFiles()
+		cn.fail(id, "start", "EAGAIN", fmt.Sprintf("%d commands held: release finished ones", maxCommands))
+		return
+	}
+	pid, err := syscall.ForkExec(path, req.Argv, attr)
+	if err != nil {
+		a.mu.Unlock()
+		closeAll()
+		c.closeParentFiles()
+		cn.fail(id, "start", errnoName(err), fmt.Sprintf("%s: %v", req.Argv[0], err))
+		return
+	}
+	c.pid = pid
+	c.conn = cn
+	a.cmds[id] = c
+	a.byPid[pid] = c
+	a.mu.Unlock()
+	closeAll()
+	_ = cn.writeJSON(tStarted, id, map[string]any{"pid": pid, "stdin_window": stdinWindow})
+	if req.TimeoutMs > 0 {
+		c.timer = time.AfterFunc(time.Duration(req.TimeoutMs)*time.Millisecond, func() { c.kill(nil, true) })
+	}
+	for _, s := range c.streams {
+		go c.readStream(s)
+	}
+	go c.sendLoop()
+	go c.stdinLoop()
+	// an exit before the registration is not missed: the reaper takes a.mu (held across fork and register)
+	// before it looks at the leaders, and a SIGCHLD arriving meanwhile runs it again afterwards
+}
+
+type connectRequest struct {
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Window uint64 `json:"window"`
+}
+
+// connectTCP opens a TCP connection inside the session (its network namespace: works with network none)
+// and carries it like a command: STDOUT is what the peer sends, STDIN what the client sends, STDIN_CLOSE a
+// half-close, KILL a close; EXIT {"code": 0} once the peer's side has ended.
+func (a *agent) connectTCP(cn *conn, id uint32, req connectRequest) {
+	if req.Port <= 0 || req.Port > 65535 {
+		cn.fail(id, "start", "EINVAL", "port out of range")
+		return
+	}
+	host := req.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	addr := net.JoinHostPort(host, fmt.Sprint(req.Port))
+	tc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		cn.fail(id, "start", errnoName(err), err.Error())
+		return
+	}
+	c := &command{a: a, id: id, argv: []string{"tcp", addr}, started: time.Now(), tcp: tc, reaped: true}
+	c.cond = sync.NewCond(&c.mu)
+	c.streams = []*stream{{name: "stdout", f: tc}}
+	c.stdin = halfCloser{tc}
+	c.eofSent = make([]bool, 1)
+	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
+	c.credit = min(req.Window, maxCredit)
+	a.mu.Lock()
+	if _, dup := a.cmds[id]; dup || len(a.cmds) >= maxCommands {
+		a.mu.Unlock()
+		tc.Close()
+		code := "EEXIST"
+		if !dup {
+			code = "EAGAIN"
+		}
+		cn.fail(id, "start", code, "no room for the connection")
+		return
+	}
+	c.conn = cn
+	a.cmds[id] = c
+	a.mu.Unlock()
+	_ = cn.writeJSON(tStarted, id, map[string]any{"pid": 0, "stdin_window": stdinWindow})
+	go c.readStream(c.streams[0])
+	go c.sendLoop()
+	go c.stdinLoop()
+}
+
+// halfCloser makes closing a connection's stdin a TCP half-close.
+type halfCloser struct{ net.Conn }
+
+func (h halfCloser) Close() error {
+	if tc, ok := h.Conn.(*net.TCPConn); ok {
+		return tc.CloseWrite()
+	}
+	return h.Conn.Close()
+}
+
+func (c *command) closeParentFiles() {
+	for _, s := range c.streams {
+		s.f.Close()
+	}
+	if c.stdin != nil {
+		c.stdin.Close()
+	}
+}
+
+// ----- output -----
+
+// readStream takes the command's output in while the ring has room for unsent bytes; it never drops a byte
+// that was not sent: a command nobody reads blocks in its own write, and only it.
+func (c *command) readStream(s *stream) {
+	buf := make([]byte, 64<<10)
+	for {
+		c.mu.Lock()
+		for s.end-s.sent >= ringSize && !c.killed && !c.released {
+			c.cond.Wait()
+		}
+		if c.killed && s.end-s.sent >= ringSize || c.released {
+			s.eof, s.cut = true, true
+			if c.tcp != nil && !c.exited {
+				c.exited, c.status = true, exitStatus{exited: true}
+			}
+			c.afterChange()
+			c.mu.Unlock()
+			s.f.Close()
+			return
+		}
+		room := int(ringSize - (s.end - s.sent))
+		c.mu.Unlock()
+		n, err := s.f.Read(buf[:min(room, len(buf))])
+		c.mu.Lock()
+		if n > 0 {
+			s.buf = append(s.buf, buf[:n]...)
+			s.end += uint64(n)
+			if len(s.buf) > 2*ringSize { // keep the newest ringSize bytes; never an unsent one
+				drop := uint64(len(s.buf) - ringSize)
+				if s.start+drop > s.sent {
+					drop = s.sent - s.start
+				}
+				s.buf = append(s.buf[:0:0], s.buf[drop:]...)
+				s.start += drop
+			}
+		}
+		if err != nil {
+			s.eof = true
+			s.cut = errors.Is(err, os.ErrDeadlineExceeded) || c.released
+			if c.tcp != nil && !c.exited { // a connection "exits" when its read side ends
+				c.exited, c.status = true, exitStatus{exited: true}
+			}
+			c.afterChange()
+			c.mu.Unlock()
+			s.f.Close()
+			return
+		}
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	}
+}
+
+// afterChange wakes the sender and reaps the leader once it has exited and its output has ended: from then
+// on the group is not held (the docker rule: held while the command runs or something holds its output).
+func (c *command) afterChange() {
+	c.cond.Broadcast()
+	if c.exited && !c.reaped && c.outputEnded() {
+		c.a.mu.Lock()
+		reap(c.pid)
+		c.reaped = true
+		delete(c.a.byPid, c.pid)
+		c.a.mu.Unlock()
+	}
+}
+
+func (c *command) outputEnded() bool {
+	for _, s := range c.streams {
+		if !s.eof {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *command) hasWork() bool {
+	if c.conn == nil {
+		return false
+	}
+	if c.exited && !c.exitSent {
+		return true
+	}
+	for i, s := range c.streams {
+		if c.credit > 0 && s.sent < s.end {
+			return true
+		}
+		if s.eof && s.sent == s.end && !c.eofSent[i] {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *command) sendLoop() {
+	for {
+		c.mu.Lock()
+		for !c.released && !c.hasWork() {
+			c.cond.Wait()
+		}
+		if c.released {
+			c.mu.Unlock()
+			return
+		}
+		cn := c.conn
+		var typ byte
+		var payload []byte
+		var js any
+		for i, s := range c.streams {
+			if c.credit > 0 && s.sent < s.end {
+				n := min(s.end-s.sent, c.credit, dataChunk)
+				lo := s.sent - s.start
+				payload = make([]byte, offsetSize+n)
+				binary.BigEndian.PutUint64(payload, s.sent)
+				copy(payload[offsetSize:], s.buf[lo:lo+n])
+				s.sent += n
+				c.credit -= n
+				typ = tStdout + byte(i)
+				break
+			}
+		}
+		if typ == 0 {
+			for i, s := range c.streams {
+				if s.eof && s.sent == s.end && !c.eofSent[i] {
+					c.eofSent[i] = true
+					typ, js = tEOF, map[string]any{"stream": s.name, "offset": s.end, "cut": s.cut}
+					break
+				}
+			}
+		}
+		if typ == 0 && c.exited && !c.exitSent {
+			c.exitSent = true
+			typ, js = tExit, c.exitJSON()
+		}
+		c.cond.Broadcast() // the readers may have room now
+		c.mu.Unlock()
+		var err error
+		if js != nil {
+			err = cn.writeJSON(typ, c.id, js)
+		} else {
+			err = cn.write(typ, c.id, payload)
+		}
+		if err != nil {
+			c.mu.Lock()
+			if c.conn == cn {
+				c.conn = nil
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+func (c *command) exitJSON() map[string]any {
+	m := map[string]any{"timed_out": c.timedOut, "killed": c.killed}
+	if c.status.exited {
+		m["code"] = c.status.code
+	} else {
+		m["signal"] = c.status.signal
+		m["core"] = c.status.core
+	}
+	return m
+}
+
+func (c *command) grant(cn *conn, n uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != cn {
+		return // a grant from a connection that lost the command to another
+	}
+	c.credit = min(c.credit+n, maxCredit)
+	c.cond.Broadcast()
+}
+
+// attach moves the command to this connection and resumes each stream at the client's offset.
+func (c *command) attach(cn *conn, offsets []uint64, window uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, s := range c.streams {
+		if offsets[i] > s.end {
+			cn.fail(c.id, "attach", "ERANGE", fmt.Sprintf("%s offset %d is past its end %d", s.name, offsets[i], s.end))
+			return
+		}
+	}
+	if old := c.conn; old != nil && old != cn {
+		go old.write(tDetached, c.id) // never wait on a stalled former client while holding the command
+	}
+	c.conn = cn
+	c.credit = min(window, maxCredit)
+	c.exitSent = false
+	reply := map[string]any{"running": !c.exited, "pid": c.pid, "pty": c.pty,
+		"stdin_window": stdinWindow - c.stdinUsed}
+	for i, s := range c.streams {
+		c.eofSent[i] = false
+		reply[s.name] = map[string]uint64{"start": s.start, "end": s.end}
+	}
+	_ = cn.writeJSON(tAttached, c.id, reply)
+	for i, s := range c.streams {
+		off := offsets[i]
+		if off < s.start {
+			_ = cn.writeJSON(tLost, c.id, map[string]any{"stream": s.name, "from": off, "to": s.start})
+			off = s.start
+		}
+		s.sent = off
+	}
+	c.cond.Broadcast()
+}
+
+// ----- stdin -----
+
+func (c *command) stdinData(cn *conn, p []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != cn {
+		cn.fail(c.id, "stdin", "EBUSY", "the command is attached to another connection")
+		return nil
+	}
+	if c.stdinClosed || c.exited {
+		cn.fail(c.id, "stdin", "EPIPE", "stdin is closed or the command has exited")
+		return nil
+	}
+	if c.stdinUsed+uint64(len(p)) > stdinWindow {
+		return errors.New("stdin beyond the granted window")
+	}
+	c.stdinUsed += uint64(len(p))
+	c.stdinQ <- p // never blocks: the window bounds what is queued
+	return nil
+}
+
+func (c *command) closeStdin(cn *conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stdinClosed {
+		return
+	}
+	c.stdinClosed = true
+	c.stdinQ <- nil
+}
+
+func (c *command) stdinLoop() {
+	for p := range c.stdinQ {
+		if p == nil {
+			c.mu.Lock()
+			released := c.released
+			c.mu.Unlock()
+			if c.pty && !released {
+				_, _ = c.stdin.Write([]byte{4}) // ^D: the terminal's end of input
+			} else {
+				c.stdin.Close()
+				return
+			}
+			continue
+		}
+		c.mu.Lock()
+		broken := c.stdinBroken != ""
+		c.mu.Unlock()
+		if !broken {
+			if _, err := c.stdin.Write(p); err != nil {
+				c.mu.Lock()
+				c.stdinBroken = err.Error() // the command closed its stdin: what it did not read is dropped
+				c.mu.Unlock()
+			}
+		}
+		c.mu.Lock()
+		c.stdinUsed -= uint64(len(p))
+		cn := c.conn
+		released := c.released
+		c.mu.Unlock()
+		if released {
+			return
+		}
+		if cn != nil {
+			var b [creditSize]byte
+			binary.BigEndian.PutUint64(b[:], uint64(len(p)))
+			_ = cn.write(tStdinCredit, c.id, b[:])
+		}
+	}
+}
+
+// ----- control -----
+
+func (c *command) resize(cn *conn, rows, cols int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.master == nil {
+		cn.fail(c.id, "resize", "ENOTTY", "the command has no terminal")
+		return
+	}
+	if err := setWinsize(c.master, rows, cols); err != nil {
+		cn.fail(c.id, "resize", errnoName(err), err.Error())
+		return
+	}
+	_ = cn.writeJSON(tAck, c.id, map[string]string{"op": "resize"})
+}
+
+func (c *command) signal(cn *conn, sig int, group bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sig <= 0 || sig >= 65 {
+		cn.fail(c.id, "signal", "EINVAL", "no such signal")
+		return
+	}
+	if c.reaped { // the group id may belong to another group now: nothing of ours is left to signal
+		_ = cn.writeJSON(tAck, c.id, map[string]any{"op": "signal", "delivered": false})
+		return
+	}
+	var err error
+	if group {
+		err = syscall.Kill(-c.pid, syscall.Signal(sig))
+	} else {
+		err = syscall.Kill(c.pid, syscall.Signal(sig))
+	}
+	_ = cn.writeJSON(tAck, c.id, map[string]any{"op": "signal", "delivered": err == nil})
+}
+
+// kill stops the command's own process and its whole group, waits for its exit (bounded), then ends its
+// output after what is already readable. cn is nil for the agent's own deadline.
+func (c *command) kill(cn *conn, deadline bool) {
+	c.mu.Lock()
+	if deadline && !c.exited {
+		c.timedOut = true
+	}
+	c.killed = true
+	if c.tcp != nil {
+		_ = c.tcp.SetReadDeadline(time.Now())
+	} else if !c.reaped {
+		if !c.exited {
+			_ = syscall.Kill(c.pid, syscall.SIGKILL)
+		}
+		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+	}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	c.a.reapChildren()
+	limit := time.Now().Add(killWait)
+	c.mu.Lock()
+	for !c.exited && time.Now().Before(limit) {
+		c.mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		c.a.reapChildren()
+		c.mu.Lock()
+	}
+	for _, s := range c.streams {
+		if !s.eof {
+			_ = s.f.SetReadDeadline(time.Now().Add(cutAfterKill))
+		}
+	}
+	exited := c.exited
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	if cn != nil {
+		_ = cn.writeJSON(tKilled, c.id, map[string]any{"exited": exited})
+	}
+}
+
+func (a *agent) release(cn *conn, c *command) {
+	c.mu.Lock()
+	if !c.exited {
+		c.mu.Unlock()
+		cn.fail(c.id, "release", "EBUSY", "the command is running: kill it first")
+		return
+	}
+	c.released = true
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	for _, s := range c.streams {
+		if !s.eof {
+			_ = s.f.SetReadDeadline(time.Now())
+		}
+	}
+	if !c.reaped { // something left the group holding the output: the agent stops holding it
+		a.mu.Lock()
+		reap(c.pid)
+		c.reaped = true
+		delete(a.byPid, c.pid)
+		a.mu.Unlock()
+	}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	select {
+	case c.stdinQ <- nil:
+	default:
+	}
+	a.mu.Lock()
+	delete(a.cmds, c.id)
+	a.mu.Unlock()
+	_ = cn.write(tReleased, c.id)
+}
+
+type listEntry struct {
+	ID      uint32            `json:"id"`
+	Pid     int               `json:"pid"`
+	Argv    []string          `json:"argv"`
+	Pty     bool              `json:"pty"`
+	Running bool              `json:"running"`
+	Exit    map[string]any    `json:"exit,omitempty"`
+	Started float64           `json:"started"`
+	Output  map[string][2]int `json:"output"`
+	Attach  bool              `json:"attached"`
+}
+
+func (a *agent) list() []listEntry {
+	a.mu.Lock()
+	cmds := make([]*command, 0, len(a.cmds))
+	for _, c := range a.cmds {
+		cmds = append(cmds, c)
+	}
+	a.mu.Unlock()
+	out := []listEntry{}
+	for _, c := range cmds {
+		c.mu.Lock()
+		e := listEntry{ID: c.id, Pid: c.pid, Argv: c.argv, Pty: c.pty, Running: !c.exited,
+			Started: float64(c.started.UnixNano()) / 1e9, Output: map[string][2]int{}, Attach: c.conn != nil}
+		if c.exited {
+			e.Exit = c.exitJSON()
+		}
+		for _, s := range c.streams {
+			e.Output[s.name] = [2]int{int(s.start), int(s.end)}
+		}
+		c.mu.Unlock()
+		out = append(out, e)
+	}
+	return out
+}
+
+// ----- reaping -----
+
+// reapChildren records the exit of command leaders (keeping their zombies, which hold the group id) and
+// collects every other zombie child: orphans reparented to PID 1.
+func (a *agent) reapChildren() {
+	a.mu.Lock()
+	leaders := make([]*command, 0, len(a.byPid))
+	for _, c := range a.byPid {
+		leaders = append(leaders, c)
+	}
+	a.mu.Unlock()
+	for _, c := range leaders {
+		c.mu.Lock()
+		if !c.exited && !c.reaped {
+			if st, done, err := peekExit(c.pid); err == nil && done {
+				c.exited, c.status = true, st
+				if c.timer != nil {
+					c.timer.Stop()
+				}
+				c.afterChange()
+			}
+		}
+		c.mu.Unlock()
+	}
+	zombies := zombieChildren()
+	a.mu.Lock()
+	for _, pid := range zombies {
+		if _, leader := a.byPid[pid]; !leader {
+			reap(pid)
+		}
+	}
+	a.mu.Unlock()
+}
+
+// shutdown stops every running command's group before the agent exits (the engine's stop).
+func (a *agent) shutdown() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.cmds {
+		if !c.reaped && c.pid > 0 {
+			_ = syscall.Kill(c.pid, syscall.SIGKILL)
+			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+		}
+	}
+}

@@ -1,0 +1,3 @@
+module tai-agent
+
+go 1.27

@@ -1,0 +1,120 @@
+// Command tai-agent is the session agent: PID 1 of a container session, holding its commands, and the
+// relay a server reaches it through. See PROTOCOL.md.
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const (
+	socketDir  = "/.tai/run"
+	socketPath = socketDir + "/agent.sock"
+)
+
+func main() {
+	nonDumpable() // first: nothing below may run while same-uid code could still read /proc/self
+	if len(os.Args) < 2 {
+		usage()
+	}
+	switch os.Args[1] {
+	case "serve":
+		serve()
+	case "connect":
+		os.Exit(connect())
+	case "version":
+		fmt.Printf("tai-agent protocol %d\n", ProtocolVersion)
+	default:
+		usage()
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: tai-agent serve | connect | version")
+	os.Exit(64)
+}
+
+func serve() {
+	// every catchable signal comes to this channel, so the Go runtime never dies of one (a same-uid command may
+	// signal PID 1 only where a handler is installed) and the commands still start with default dispositions
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs)
+	if os.Getpid() != 1 {
+		_ = prctl(prSetChildSubreaper, 1) // outside a container (tests): orphans still come back to us
+	}
+	syscall.Umask(0o077)
+	if err := os.MkdirAll(socketDir, 0o700); err != nil {
+		fatal("mkdir %s: %v", socketDir, err)
+	}
+	_ = os.Chmod(socketDir, 0o700)
+	_ = os.Remove(socketPath)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketPath, Net: "unix"})
+	if err != nil {
+		fatal("listen: %v", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	a := newAgent()
+	go a.acceptLoop(ln)
+	for s := range sigs {
+		switch s {
+		case syscall.SIGCHLD:
+			a.reapChildren()
+		case syscall.SIGTERM:
+			a.shutdown()
+			os.Exit(0)
+		}
+	}
+}
+
+func fatal(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "tai-agent: "+format+"\n", args...)
+	os.Exit(70)
+}
+
+// connect relays stdin/stdout to the agent's socket, after checking the listener is the agent itself.
+func connect() int {
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socketPath, Net: "unix"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tai-agent connect:", err)
+		return 69
+	}
+	cred, err := unixPeerCred(c)
+	if err == nil {
+		err = trustedPeer(cred)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tai-agent connect: refusing the listener:", err)
+		return 77
+	}
+	done := make(chan struct{}, 2)
+	go func() {
+		_, _ = io.Copy(c, os.Stdin)
+		_ = c.CloseWrite()
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(os.Stdout, c)
+		done <- struct{}{}
+	}()
+	<-done // either side ending ends the relay: the agent sees the connection close
+	return 0
+}
+
+func unixPeerCred(c *net.UnixConn) (*syscall.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}

