@@ -4,6 +4,8 @@ export default defineConfig({
   test: {
     environment: 'jsdom',
     include: ['test/**/*.spec.ts'],
-    server: { deps: { inline: [/@jupyterlab\//, /@lumino\//] } }
+    setupFiles: ['test/setup.ts'],
+    // inlined so that vite resolves their extensionless ESM imports (@jupyter/web-components)
+    server: { deps: { inline: [/@jupyterlab\//, /@lumino\//, /@jupyter\//, /@microsoft\//] } }
   }
 });
