@@ -82,9 +82,10 @@ def run_leftovers(client) -> list[str]:
         labels = labels or {}
         return labels.get(key, "").startswith(f"{RUN_ID}-") or labels.get(deployment, "").startswith(RUN_PREFIX)
 
-    found = [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": key}) if ours(c.labels)]
-    found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": deployment})
-              if ours(c.labels) and f"container {c.name}" not in found]
+    # the low-level listing (one call, labels included): another run may remove a container between a
+    # listing and a look at it
+    containers = {c["Id"]: c for flt in (key, deployment) for c in client.api.containers(all=True, filters={"label": flt})}
+    found = [f"container {c['Names'][0].lstrip('/')}" for c in containers.values() if ours(c.get("Labels"))]
     volumes = {v.name: v for flt in (key, deployment) for v in client.volumes.list(filters={"label": flt})}
     found += [f"volume {name}" for name, v in volumes.items() if ours(v.attrs.get("Labels"))]
     found += [f"network {n.name}" for n in client.networks.list(filters={"label": deployment}) if ours(n.attrs.get("Labels"))]

@@ -90,6 +90,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if not serial_rank(item)]
 
 
+#: the CPU niceness of a worker's other tests while a browser test may run beside them (the lab, chromium and
+#: the page's timers starve first on a loaded machine: a theme stylesheet that fails to load, a toast late)
+OTHERS_NICENESS = 5
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On a worker, browser tests (and the servers, labs and kernels they start) run at the default CPU
+    priority, every other test at OTHERS_NICENESS: what the lab and chromium need comes first. (Root may
+    lower a niceness again; anyone else keeps the first one.)"""
+    if not is_worker(item.config) or not hasattr(os, "setpriority"):
+        return
+    wanted = 0 if item.get_closest_marker("browser") is not None else OTHERS_NICENESS
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != wanted:
+            os.setpriority(os.PRIO_PROCESS, 0, wanted)
+    except OSError:
+        pass
+
+
 class ModuleOrGroupScheduling(LoadScopeScheduling):
     """A module is one unit, as ``--dist loadfile``; tests that name an ``xdist_group`` (xdist appends
     ``@group`` to their node ids under ``--dist loadgroup``) are one unit together, as ``loadgroup``."""
@@ -165,7 +185,7 @@ class SerialGroup:
         if unreported or returncode not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             tail = Path(log_path).read_text(errors="replace")[-6000:]
             report_failure(
-                self.config, "tests/support/serial_group.py::the_serial_group_ran",
+                self.config, "tests/support/scheduling.py::the_serial_group_ran",
                 f"the serial group's pytest exited {returncode}; tests it never reported: {unreported}\n"
                 f"its output ({log_path}):\n{tail}",
             )

@@ -12,8 +12,6 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 
-PROVIDERS = ["local", "docker"]
-
 
 def server_config(provider: str, root: Any, **extra: Any) -> dict[str, Any]:
     """jp_server_config for a server running the extension with ``provider``."""

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from jupyter_tai_sandbox.providers.swarm import SwarmSandbox
+from tests.support import REPO
 from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, in_ci
 
-SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "swarm"
+SCRIPT = REPO / ".ci" / "swarm"
 ROOT = Path(os.environ.get("TAI_SWARM_ROOT", "/var/lib/tai-swarm"))
 TLS = ROOT / "tls"
 MANAGER = "tcp://10.213.7.11:2376"
