@@ -4,8 +4,7 @@
   left" test sees the whole module), unless its tests name an ``xdist_group`` (the browser tests
   share one, so one ``jupyter lab`` runs at a time). Units start slowest first, by their ``slow`` marks.
 * The serial group: tests marked ``alone`` (CPU floods) or ``disturbs_engine`` (they freeze, kill or
-restart the shared Docker engine) run by themselves, after every other test has finished.
-
+  restart the shared Docker engine) run by themselves, after every other test has finished.
 * Without xdist (``-n 0``) they are moved to the end of the run, engine killers last.
 * Under xdist every worker deselects them and says which they were; once the workers are done, the
   controller runs them in one more pytest process (``-n 0``) and feeds each of its reports into its own
@@ -68,7 +67,7 @@ def slow_seconds(item: pytest.Item) -> float:
     return float(mark.args[0]) if mark.args else 60.0
 
 
-# tryfirst: the serial tests leave a worker's collection before it reports it
+# tryfirst: the order is made before anything reads it
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     modules: dict[tuple[str, str], float] = {}  # (unit, module): its slow seconds
@@ -81,13 +80,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     order = {id(item): index for index, item in enumerate(items)}
     # the slowest units first, each in its own order; the serial group last, in its own order
     items.sort(key=lambda item: (serial_rank(item), -seconds[unit_of(item)], order[id(item)]))
-    if not is_worker(config):
-        return
-    serial = [item for item in items if serial_rank(item)]
-    if serial:
-        config.workeroutput["serial_nodeids"] = [item.nodeid for item in serial]  # type: ignore[attr-defined]
-        config.hook.pytest_deselected(items=serial)
-        items[:] = [item for item in items if not serial_rank(item)]
+
+
+class WorkerLeavesTheSerialGroup:
+    """On a worker: the serial group's tests leave its collection (the controller runs them later)."""
+
+    # trylast: after -m and -k deselected what the run does not want
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        serial = [item for item in items if serial_rank(item)]
+        if serial:
+            nodeids = [item.nodeid.split("@", 1)[0] for item in serial]  # no xdist group suffix
+            config.workeroutput["serial_nodeids"] = nodeids  # type: ignore[attr-defined]
+            config.hook.pytest_deselected(items=serial)
+            items[:] = [item for item in items if not serial_rank(item)]
 
 
 #: the CPU niceness of a worker's other tests while a browser test may run beside them (the lab, chromium and
@@ -225,6 +231,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get(REPORTS_FD) and not is_worker(config):
+    if is_worker(config):
+        config.pluginmanager.register(WorkerLeavesTheSerialGroup(), "tai-worker-serial-group")
+    elif os.environ.get(REPORTS_FD):
         fd = int(os.environ.pop(REPORTS_FD))  # not to the servers and kernels the tests start
         config.pluginmanager.register(ReportsToController(config, fd), "tai-serial-reports")
