@@ -2,7 +2,7 @@
 #
 #   jupyterhub -f examples/jupyterhub_config.py
 #
-# tests/test_hub.py runs this file as written, changing only ports, paths and the deployment name
+# tests/hub/test_hub.py runs this file as written, changing only ports, paths and the deployment name
 # (and adding its own driver service and carol, a user in the tai-sandbox-admin role).
 # The dummy authenticator and SimpleLocalProcessSpawner are for trying it out: swap them for your
 # real authenticator and spawner; the sandbox parts (the service, the roles, the server token scopes

@@ -1,21 +1,24 @@
-"""Shared fixtures. Coroutines run through ``asyncio.run`` (no pytest-asyncio: pytest-jupyter
-brings its own loop for the server tests)."""
+"""Shared fixtures and the run's own checks. Coroutines run through ``asyncio.run`` (no pytest-asyncio:
+pytest-jupyter brings its own loop for the server tests).
+
+The suite runs on xdist workers (pyproject's addopts; ``-n 0`` runs it in one process); how it is
+scheduled, and the serial group of tests that run alone after the others, is tests/support/scheduling.py.
+"""
 
 from __future__ import annotations
 
 import os
-import secrets
 
 import pytest
 
 from jupyter_tai_sandbox import sandboxes
+from tests.support import DEPLOYMENT, TOP_LEVEL
+from tests.support.docker import DISTURB, DISTURB_HINT
 
-# The run's own deployment scope (DockerSandbox.deployment), inherited by every server it starts:
-# the suite never sees, reaps or touches sessions of anyone else on a shared engine.
-os.environ["TAI_SANDBOX_DEPLOYMENT"] = f"pytest-{secrets.token_hex(6)}"
+os.environ["TAI_SANDBOX_DEPLOYMENT"] = DEPLOYMENT
 
-# server_support is a plugin: its fixtures (``provider``) reach every test module without an import
-pytest_plugins = ["pytest_jupyter.jupyter_server", "server_support"]
+# tests.support.server's fixtures (``provider``) reach every test module without an import
+pytest_plugins = ["pytest_jupyter.jupyter_server", "tests.support.server", "tests.support.scheduling"]
 
 _POLICY_ENV = (
     "TAI_MCP_SANDBOX",
@@ -38,18 +41,80 @@ def clean_sandbox_slot(monkeypatch):
     sandboxes.unregister_sandbox()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def foreign_deployment():
-    """Another deployment's sessions, workspace and network, planted past their TTL before the
-    run: every test, reaper and server of ours must leave them exactly as they are."""
-    import docker_support
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test whose name or parameters say docker needs the engine: it carries the ``docker`` mark. One that
+    disturbs the engine skips unless CI=true or TAI_SANDBOX_DISTURB_ENGINE=1."""
+    for item in items:
+        if "docker" in item.name.lower() and item.get_closest_marker("docker") is None:
+            item.add_marker(pytest.mark.docker)
+        if item.get_closest_marker("disturbs_engine") is not None and not DISTURB:
+            item.add_marker(pytest.mark.skip(reason=DISTURB_HINT))
 
-    planted = docker_support.plant_foreign_sessions()
-    yield planted
-    if planted is None:
-        return
-    try:
-        gone = docker_support.foreign_survivors(planted)
-    finally:
-        docker_support.remove_foreign_sessions()
-    assert gone == [], f"the test run touched another deployment's things: {gone}"
+
+class EngineChecks:
+    """Once per run, in the process that started it (the xdist controller, or the only one with -n 0):
+    another deployment's sessions, workspace and network are planted past their TTL before any test,
+    and after the last one (the serial group included) they must all be there, untouched by any test,
+    reaper or server of ours; and nothing any part of this run made may be left on the engine."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.planted: dict[str, list[str]] | None = None
+        self.checked = False
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist starts its workers
+    def pytest_sessionstart(self) -> None:
+        from tests.support import docker as docker_support
+
+        self.planted = docker_support.plant_foreign_sessions()
+
+    # after the serial group's wrapper (tryfirst wrappers enclose the others)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session):
+        try:
+            return (yield)
+        finally:
+            self.check()
+
+    def check(self) -> None:
+        if self.checked or self.planted is None:
+            return
+        self.checked = True
+        import docker
+
+        from tests.support import docker as docker_support
+        from tests.support.scheduling import report_failure
+
+        try:
+            gone = docker_support.foreign_survivors(self.planted)
+        finally:
+            docker_support.remove_foreign_sessions()
+        if gone:
+            report_failure(self.config, "tests/conftest.py::the_run_left_other_deployments_alone",
+                           f"the test run touched another deployment's things: {gone}")
+        client = docker.from_env(version="auto", timeout=30)
+        try:
+            left = docker_support.run_leftovers(client)
+        finally:
+            client.close()
+        if left:
+            report_failure(self.config, "tests/conftest.py::the_run_left_nothing_on_the_engine",
+                           f"this run left these on the engine: {left}")
+        self.summary = (
+            f"engine checks: another deployment's things {'survived' if not gone else 'were touched'}; "
+            f"this run left {len(left)} things on the engine"
+        )
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self) -> None:
+        self.check()  # when the loop never ran (a collection error, an interrupt)
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if getattr(self, "summary", None):
+            terminalreporter.write_line(self.summary)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if TOP_LEVEL:
+        config.pluginmanager.register(EngineChecks(config), "tai-engine-checks")

@@ -9,11 +9,11 @@ import signal
 import time
 
 import pytest
-from agent_support import run
 
 from jupyter_tai_sandbox.agent import AgentError
+from tests.support.agent import run
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.docker]
 
 
 def test_one_shot_true_exits_zero_with_no_output(session):

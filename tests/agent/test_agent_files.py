@@ -6,11 +6,11 @@ import asyncio
 import hashlib
 
 import pytest
-from agent_support import run
 
 from jupyter_tai_sandbox.agent import AgentError
+from tests.support.agent import run
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.docker]
 ROOT = "/data/ws"
 
 

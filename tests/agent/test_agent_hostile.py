@@ -8,11 +8,11 @@ import signal
 import struct
 
 import pytest
-from agent_support import run
 
 from jupyter_tai_sandbox.agent import AgentConnectionLost, AgentError, protocol
+from tests.support.agent import run
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.docker]
 
 
 def test_session_code_cannot_reach_the_agent_or_its_channel(session):

@@ -1,0 +1,48 @@
+"""The benchmark entry point runs end to end and writes its table, JSON and chart (a smoke run: no timing asserts)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+from tests.support.docker import docker_client
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow(91)]
+
+RUN = REPO / "benchmarks" / "run.py"
+
+
+@pytest.mark.timeout(600)
+def test_one_command_measures_every_group_against_its_baseline(tmp_path):
+    docker_client()  # skips without an engine (fails in CI)
+    pytest.importorskip("matplotlib", reason="the bench extra: pip install -e '.[bench]'")
+    if not os.environ.get("CI"):
+        pytest.importorskip("llm_sandbox", reason="the bench extra: pip install -e '.[bench]'")
+    done = subprocess.run(
+        [sys.executable, str(RUN), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "latest.json").read_text())
+    assert not [n for n in report["notes"] if "did not complete" in n], report["notes"]
+    rows = {row["name"]: row for row in report["rows"]}
+    for name in (
+        "local exec true: ours",
+        "docker exec: ours",
+        "docker create to first command: ours, pool on",
+        "local stdout 256 MiB: ours",
+        "docker stdin echo 64 MiB through cat: ours",
+        "local exec true: REST",
+        "local stdout 256 MiB: websocket",
+        "ours exec (vs peer)",
+    ):
+        assert rows[name]["baseline"] and rows[name]["ratio"] > 0, rows.get(name)
+    assert len(report["targets"]) == 10
+    assert all(isinstance(t["passed"], bool) for t in report["targets"])
+    assert "PASS" in done.stdout or "MISS" in done.stdout
+    assert (tmp_path / "latest.png").stat().st_size > 10_000

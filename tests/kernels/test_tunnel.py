@@ -1,0 +1,302 @@
+"""Port forwarding over the exec seam (jupyter_tai_sandbox.kernels.tunnel), on the local provider and on docker.
+
+In the session a small TCP server (python3, started with exec_start) listens on
+127.0.0.1; the test talks to it through the tunnel's host listener only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
+from jupyter_tai_sandbox.kernels.tunnel import Tunnel, TunnelError
+from tests.support.kernels import local_session
+
+pytestmark = pytest.mark.timeout(180)
+
+#: A TCP server for the tests, run in the session: port 0 picks a port, printed as "PORT <n>".
+#: Its first line says what to do: "echo", "sink" (read all, answer the sha256 and byte count),
+#: "source N" (send N pattern bytes, then half-close), "flood" (send forever, never read).
+SERVER = r"""
+import hashlib, socket, sys, threading
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(128)
+print("PORT", srv.getsockname()[1], flush=True)
+PATTERN = bytes(range(256)) * 4096
+def line(c):
+    b = b""
+    while not b.endswith(b"\n"):
+        d = c.recv(1)
+        if not d: return b""
+        b += d
+    return b
+def serve(c):
+    try:
+        mode = line(c).split()
+        if not mode: return
+        if mode[0] == b"echo":
+            while True:
+                d = c.recv(1 << 16)
+                if not d: break
+                c.sendall(d)
+            c.shutdown(socket.SHUT_WR)
+        elif mode[0] == b"sink":
+            h, n = hashlib.sha256(), 0
+            while True:
+                d = c.recv(1 << 16)
+                if not d: break
+                h.update(d); n += len(d)
+            c.sendall(("%s %d\n" % (h.hexdigest(), n)).encode()); c.shutdown(socket.SHUT_WR)
+        elif mode[0] == b"source":
+            left = int(mode[1])
+            while left:
+                k = min(left, len(PATTERN)); c.sendall(PATTERN[:k]); left -= k
+            c.shutdown(socket.SHUT_WR)
+        elif mode[0] == b"flood":
+            while True:
+                c.sendall(PATTERN)
+    except OSError:
+        pass
+    finally:
+        c.close()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+PATTERN = bytes(range(256)) * 4096
+BIG = 64 << 20
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def start_server(session, python: str) -> tuple[object, int]:
+    handle = await session.exec_start([python, "-u", "-c", SERVER], timeout_seconds=600)
+    text = b""
+    async for item in handle.output:
+        if isinstance(item, OutputChunk):
+            text += item.data
+            if b"\n" in text:
+                break
+        else:  # pragma: no cover - the server died
+            raise AssertionError(f"the test server ended: {item!r} {text!r}")
+    assert text.startswith(b"PORT "), text
+    return handle, int(text.split()[1])
+
+
+def pattern_sha(n: int) -> str:
+    h = hashlib.sha256()
+    left = n
+    while left:
+        k = min(left, len(PATTERN))
+        h.update(PATTERN[:k])
+        left -= k
+    return h.hexdigest()
+
+
+async def talk(port: int, mode: bytes, data: bytes = b"") -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(mode + b"\n" + data)
+    await writer.drain()
+    writer.write_eof()
+    out = await reader.read()
+    writer.close()
+    return out
+
+
+async def check_big_both_ways(port: int) -> None:
+    """64 MiB up (sha256 checked in the session) and 64 MiB down (checked here), at the same time."""
+    up = (PATTERN * (BIG // len(PATTERN) + 1))[:BIG]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"echo\n")
+
+    async def send() -> None:
+        view = memoryview(up)
+        for i in range(0, BIG, 1 << 20):
+            writer.write(view[i : i + (1 << 20)])
+            await writer.drain()
+        writer.write_eof()
+
+    async def receive() -> tuple[str, int]:
+        h, n = hashlib.sha256(), 0
+        while True:
+            chunk = await reader.read(1 << 20)
+            if not chunk:
+                return h.hexdigest(), n
+            h.update(chunk)
+            n += len(chunk)
+
+    _, (digest, n) = await asyncio.gather(send(), receive())
+    writer.close()
+    assert n == BIG
+    assert digest == hashlib.sha256(up).hexdigest()
+    # and separately: 64 MiB into a sink, 64 MiB out of a source
+    answer = await talk(port, b"sink", up)
+    assert answer.split() == [hashlib.sha256(up).hexdigest().encode(), str(BIG).encode()]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"source %d\n" % BIG)
+    h, n = hashlib.sha256(), 0
+    while chunk := await reader.read(1 << 20):
+        h.update(chunk)
+        n += len(chunk)
+    writer.close()
+    assert (n, h.hexdigest()) == (BIG, pattern_sha(BIG))
+
+
+@contextlib.asynccontextmanager
+async def tunnel_to_server(session, python: str):
+    server, port = await start_server(session, python)
+    tunnel = await Tunnel.start(session, python=python, timeout_seconds=600)
+    try:
+        forward = await tunnel.forward(port)
+        yield tunnel, forward.port
+    finally:
+        await tunnel.close()
+        await server.kill()
+
+
+def test_many_connections_and_half_close(tmp_path):
+    async def main() -> None:
+        async with local_session(tmp_path) as session, tunnel_to_server(session, sys.executable) as (tunnel, port):
+            payloads = [os.urandom(1 + i * 997) for i in range(64)]
+            answers = await asyncio.gather(*(talk(port, b"echo", p) for p in payloads))
+            assert answers == payloads
+            # half-close: we stop writing, the server still answers after it saw our EOF
+            answer = await talk(port, b"sink", b"x" * 1000)
+            assert answer.split()[1] == b"1000"
+            for _ in range(50):  # both sides closed: the relay and the host forget the connections
+                if tunnel.connections == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert tunnel.connections == 0
+
+    run(main())
+
+
+def test_64_mib_both_ways_byte_exact(tmp_path):
+    async def main() -> None:
+        async with local_session(tmp_path) as session, tunnel_to_server(session, sys.executable) as (_, port):
+            await check_big_both_ways(port)
+
+    run(main())
+
+
+def test_a_slow_connection_does_not_stall_the_others(tmp_path):
+    async def main() -> None:
+        async with local_session(tmp_path) as session, tunnel_to_server(session, sys.executable) as (tunnel, port):
+            # one connection floods towards a reader that never reads; another sends into a sink that
+            # the server reads, while a third one does echo round trips
+            slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
+            slow_writer.write(b"flood\n")
+            await slow_writer.drain()
+            await asyncio.sleep(1.0)  # its window fills up
+            started = time.monotonic()
+            for i in range(20):
+                assert await talk(port, b"echo", b"ping %d" % i) == b"ping %d" % i
+            assert await talk(port, b"source 10000000") == (PATTERN * 10)[:10_000_000]
+            assert time.monotonic() - started < 20
+            # the flood is held at its window, not buffered without bound on the host
+            assert len(slow_reader._buffer) <= tunnel.window + (1 << 20)
+            slow_writer.close()
+
+    run(main())
+
+
+def test_killing_the_relay_ends_every_connection(tmp_path):
+    async def main() -> None:
+        async with local_session(tmp_path) as session, tunnel_to_server(session, sys.executable) as (tunnel, port):
+            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
+            for _, writer in conns:
+                writer.write(b"echo\n")
+                await writer.drain()
+            reader, writer = conns[0]
+            writer.write(b"hello")
+            assert await reader.readexactly(5) == b"hello"
+            await tunnel.handle.kill()  # the relay dies (as with its session)
+            await asyncio.wait_for(tunnel.closed.wait(), 10)
+            assert "relay" in (tunnel.exit_reason or "")
+
+            async def ended(reader: asyncio.StreamReader) -> bool:
+                with contextlib.suppress(ConnectionError):
+                    return await reader.read() == b""
+                return True
+
+            assert all(await asyncio.wait_for(asyncio.gather(*(ended(r) for r, _ in conns)), 10))
+            # the listener is closed too
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            with pytest.raises(TunnelError):
+                await tunnel.forward(port)
+
+    run(main())
+
+
+def test_a_relay_that_cannot_start_says_why(tmp_path):
+    async def main() -> None:
+        async with local_session(tmp_path) as session:
+            with pytest.raises(TunnelError, match="did not start"):
+                await Tunnel.start(session, python="/nonexistent/python3", timeout_seconds=60, start_timeout=10)
+
+    run(main())
+
+
+def test_a_connection_to_a_closed_port_is_reset(tmp_path):
+    async def main() -> None:
+        async with local_session(tmp_path) as session:
+            tunnel = await Tunnel.start(session, python=sys.executable, timeout_seconds=120)
+            try:
+                probe = socket.socket()
+                probe.bind(("127.0.0.1", 0))
+                closed_port = probe.getsockname()[1]
+                probe.close()
+                forward = await tunnel.forward(closed_port)
+                reader, writer = await asyncio.open_connection("127.0.0.1", forward.port)
+                with contextlib.suppress(ConnectionError):
+                    assert await asyncio.wait_for(reader.read(), 10) == b""
+                writer.close()
+            finally:
+                await tunnel.close()
+
+    run(main())
+
+
+# ---------------------------------------------------------------- docker
+
+
+def test_tunnel_on_docker_with_network_none():
+    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+    from tests.support.docker import RUN_LABEL, docker_client, leftovers
+
+    client = docker_client()
+    try:
+        client.images.get(PYTHON_IMAGE)
+    except Exception:
+        pytest.skip(f"{PYTHON_IMAGE} is missing: build it with `jupyter tai-sandbox build-image --python`")
+
+    async def main() -> None:
+        sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0)
+        session = await sandbox.create(SessionSpec(network="none", consumer="tunnel-test"))
+        try:
+            async with tunnel_to_server(session, "python3") as (_, port):
+                payloads = [os.urandom(100 + i) for i in range(16)]
+                assert await asyncio.gather(*(talk(port, b"echo", p) for p in payloads)) == payloads
+                await check_big_both_ways(port)
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    try:
+        run(main())
+    finally:
+        assert leftovers(client) == []
+        client.close()

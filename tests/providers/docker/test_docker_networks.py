@@ -1,0 +1,300 @@
+"""Session networks on a real engine: per-owner egress bridges with inter-container traffic off, subnets
+from the operator's range, the host firewall, the capacity error and the reaper (issue 24.5, issue 29)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import subprocess
+
+import pytest
+
+from jupyter_tai_sandbox.contract import SessionSpec
+from jupyter_tai_sandbox.providers import docker as docker_provider
+from jupyter_tai_sandbox.providers._docker_networks import bridge_name
+from jupyter_tai_sandbox.providers.docker import DockerSandbox
+from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, host_listener, leftovers
+from tests.support.server import call, server_config
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow(55)]
+
+#: ranges of these tests' own, away from the default one other tests use at the same time
+TINY_POOL = "10.215.77.0/26"
+OWN_POOL = "10.215.0.0/20"
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = docker_client()
+    yield client
+    client.close()
+
+
+def provider(**traits) -> DockerSandbox:
+    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+
+
+def spec(owner: str, **changes) -> SessionSpec:
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "network-tests", "owner": owner, **changes})
+
+
+def networks_of(client, container_id: str) -> dict:
+    return client.api.inspect_container(container_id)["NetworkSettings"]["Networks"]
+
+
+def address_of(client, container_id: str) -> str:
+    (settings,) = networks_of(client, container_id).values()
+    return settings["IPAddress"]
+
+
+async def listen(session, port: int = 7070):
+    """A command in ``session`` answering ``hello`` to one connection on ``port``."""
+    command = await session.exec_start(["sh", "-c", f"echo hello | nc -l -p {port}"], timeout_seconds=60)
+    await asyncio.sleep(0.3)
+    return command
+
+
+async def reach(session, address: str, port: int = 7070) -> bytes:
+    result = await session.exec(
+        ["sh", "-c", f"nc -w 2 {address} {port} </dev/null 2>&1; echo rc=$?"], timeout_seconds=20
+    )
+    return result.stdout
+
+
+def firewall_rules() -> str:
+    out = ""
+    for tool, chain in (("iptables", "INPUT"), ("iptables", "DOCKER-USER"), ("ip6tables", "INPUT")):
+        out += subprocess.run([tool, "-w", "-S", chain], capture_output=True, text=True).stdout
+    return out
+
+
+firewall = pytest.mark.skipif(
+    os.geteuid() != 0 or subprocess.run(["which", "iptables"], capture_output=True).returncode != 0,
+    reason="the host firewall needs root and iptables on the engine's host",
+)
+
+
+def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_containers(client):
+    foreign = client.containers.run(
+        TEST_IMAGE,
+        ["sh", "-c", "while true; do echo hello | nc -l -p 7070; done"],
+        entrypoint=[],
+        detach=True,
+        labels=RUN_LABEL,
+        network_mode="bridge",
+    )
+
+    async def main() -> None:
+        sandbox = provider()
+        try:
+            alice = await sandbox.create(spec("alice"))
+            alice2 = await sandbox.create(spec("alice"))
+            bob = await sandbox.create(spec("bob"))
+            nets = {s: networks_of(client, s.container_id) for s in (alice, alice2, bob)}
+            # each owner has an egress bridge of its own, never the default one, inter-container traffic off
+            assert list(nets[alice]) == list(nets[alice2]) != list(nets[bob])
+            for names in nets.values():
+                (name,) = names
+                assert name != "bridge"
+                options = client.api.inspect_network(name)["Options"]
+                assert options["com.docker.network.bridge.enable_icc"] == "false"
+                address = ipaddress.ip_address(names[name]["IPAddress"])
+                assert (
+                    address in ipaddress.ip_network(sandbox.network_pool) and names[name]["IPPrefixLen"] == 26
+                )
+            # egress keeps its route out
+            routes = (await alice.exec(["cat", "/proc/net/route"], timeout_seconds=10)).stdout
+            assert any(line.split()[1:2] == [b"00000000"] for line in routes.splitlines()[1:]), routes
+            for target, peer in ((bob, alice), (alice2, alice), (alice, bob)):
+                listener = await listen(target)
+                try:
+                    got = await reach(peer, address_of(client, target.container_id))
+                    assert b"hello" not in got and b"rc=0" not in got, got
+                finally:
+                    await listener.kill()
+            foreign.reload()
+            got = await reach(alice, foreign.attrs["NetworkSettings"]["IPAddress"])
+            assert b"hello" not in got and b"rc=0" not in got, got
+            for session in (alice, alice2, bob):
+                await session.destroy()
+            for names in nets.values():
+                assert not client.networks.list(names=list(names)), names  # the idle owner networks are gone
+        finally:
+            await sandbox.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        foreign.remove(force=True)
+    assert leftovers(client) == []
+
+
+def test_control_two_containers_on_one_plain_bridge_reach_each_other(client):
+    """The probe itself works: with inter-container traffic on, nc gets through."""
+    net = client.networks.create("tai-test-icc-control", labels=RUN_LABEL)
+    started = []
+    try:
+        for command in (["sh", "-c", "echo hello | nc -l -p 7070"], ["sleep", "60"]):
+            started.append(
+                client.containers.run(
+                    TEST_IMAGE, command, entrypoint=[], detach=True, labels=RUN_LABEL, network=net.name
+                )
+            )
+        started[0].reload()
+        address = started[0].attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
+        _, out = started[1].exec_run(["sh", "-c", f"sleep 0.3; nc -w 2 {address} 7070 </dev/null"])
+        assert b"hello" in out, out
+    finally:
+        for container in started:
+            container.remove(force=True)
+        net.remove()
+
+
+@firewall
+def test_egress_session_cannot_reach_the_host_and_its_rules_go_with_the_network(client):
+    async def main() -> None:
+        sandbox = provider()
+        try:
+            with host_listener() as port:
+                session = await sandbox.create(spec("carol"))
+                ((name, settings),) = networks_of(client, session.container_id).items()
+                bridge = bridge_name(name)
+                rules = firewall_rules()
+                assert f"-i {bridge}" in rules and "169.254.0.0/16" in rules, rules
+                host_addresses = {
+                    settings["Gateway"],
+                    *subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split(),
+                }
+                for address in host_addresses:
+                    if ":" in address:
+                        continue
+                    got = await reach(session, address, port)
+                    assert b"pong" not in got and b"rc=0" not in got, (address, got)
+                await session.destroy()
+                assert f"-i {bridge}" not in firewall_rules()
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_a_network_left_by_a_crash_is_reclaimed_by_the_reaper(client, monkeypatch):
+    monkeypatch.setattr(docker_provider, "REAP_GRACE_SECONDS", 0.0)
+
+    async def main() -> None:
+        sandbox = provider()
+        try:
+            session = await sandbox.create(spec("dave", network="internal"))
+            egress = await sandbox.create(spec("dave"))
+            names = [*networks_of(client, session.container_id), *networks_of(client, egress.container_id)]
+            for container_id in (session.container_id, egress.container_id):
+                client.api.remove_container(
+                    container_id, force=True, v=True
+                )  # the server died before its teardown
+            assert all(client.networks.list(names=[n]) for n in names)
+            await sandbox.reap()
+            assert not any(client.networks.list(names=[n]) for n in names), names
+            rules = firewall_rules()
+            assert not any(f"-i {bridge_name(n)}" in rules for n in names), rules
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
+def test_a_network_within_its_grace_is_left_to_its_creator(client, monkeypatch):
+    async def main() -> None:
+        sandbox = provider()
+        try:
+            session = await sandbox.create(spec("erin"))
+            (name,) = networks_of(client, session.container_id)
+            client.api.remove_container(session.container_id, force=True, v=True)
+            await sandbox.reap()
+            assert client.networks.list(names=[name])  # maybe another server's, about to be joined
+            monkeypatch.setattr(docker_provider, "REAP_GRACE_SECONDS", 0.0)
+            await sandbox.reap()
+            assert not client.networks.list(names=[name])
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_session_subnets_come_from_the_configured_range(client):
+    async def main() -> None:
+        sandbox = provider(network_pool=OWN_POOL, network_prefix=28)
+        try:
+            sessions = [
+                await sandbox.create(spec(owner, network=mode))
+                for owner in ("f1", "f2")
+                for mode in ("egress", "internal")
+            ]
+            subnets = set()
+            for session in sessions:
+                (name,) = networks_of(client, session.container_id)
+                (config,) = client.api.inspect_network(name)["IPAM"]["Config"]
+                subnet = ipaddress.ip_network(config["Subnet"])
+                assert subnet.prefixlen == 28 and subnet.subnet_of(ipaddress.ip_network(OWN_POOL)), subnet
+                subnets.add(subnet)
+            assert len(subnets) == 4
+            for session in sessions:
+                await session.destroy()
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
+def test_pooled_session_joins_its_owners_egress_network_not_the_pools(client):
+    async def main() -> None:
+        sandbox = provider(pool_size=1)
+        try:
+            await sandbox._connect()
+            for _ in range(100):
+                if sandbox._pool.ready_count():
+                    break
+                await asyncio.sleep(0.1)
+            assert sandbox._pool.ready_count() == 1
+            pooled = await sandbox.create(SessionSpec(owner="gina"))
+            assert pooled.record is not None  # it came from the pool
+            own = await sandbox.create(spec("gina", network="internal"))
+            assert list(networks_of(client, pooled.container_id)) == [
+                sandbox.scope.owner_network(sandbox.egress_network, "gina")
+            ]
+            assert sandbox.pool_network not in networks_of(client, pooled.container_id)
+            await pooled.destroy()
+            await own.destroy()
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
+# ------------------------------------------------------------------- the REST door
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    return server_config(
+        "docker", tmp_path / "sandboxes", DockerSandbox={"network_pool": TINY_POOL, "network_prefix": 26}
+    )
+
+
+async def test_an_exhausted_network_range_answers_503_naming_the_setting(jp_fetch):
+    status, first = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120, "network": "internal"}
+    )
+    assert status == 201, first
+    try:
+        status, body = await call(
+            jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120, "network": "egress"}
+        )
+        assert status == 503, body
+        assert body["error"] == "SandboxCapacityError"
+        assert "network_pool" in body["message"] and TINY_POOL in body["message"], body
+    finally:
+        await call(jp_fetch, "sessions", first["id"], method="DELETE")

@@ -1,0 +1,294 @@
+"""Docker-side tenancy (issue 13) against the real engine: owners that survive a restart, owned
+workspaces, the image allow-list, operator cpu/memory limits, per-owner internal networks, and
+engine refusals a user can cause answered as typed 4xx-class errors."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import secrets
+
+import pytest
+
+from jupyter_tai_sandbox.contract import (
+    SandboxNotFoundError,
+    SandboxPathError,
+    SandboxSpecRejectedError,
+    SessionSpec,
+)
+from jupyter_tai_sandbox.providers.docker import LABEL_OWNER, LABEL_SESSION, DockerSandbox
+from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, host_listener
+
+pytestmark = [pytest.mark.docker]
+
+RUN_FILTER = "{}={}".format(*next(iter(RUN_LABEL.items())))
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = docker_client()
+    yield client
+    client.close()
+
+
+def provider(**traits) -> DockerSandbox:
+    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+
+
+def spec(**changes) -> SessionSpec:
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-tenancy-tests", **changes})
+
+
+def our_containers(client) -> list:
+    return client.containers.list(all=True, filters={"label": RUN_FILTER})
+
+
+def run(coro, seconds: float = 120):
+    return asyncio.run(asyncio.wait_for(coro, seconds))
+
+
+# ------------------------------------------------------------------ (a) owner
+
+
+def test_the_owner_survives_a_restart_and_is_listed(client):
+    async def main() -> None:
+        sandbox = provider()
+        session = await sandbox.create(spec(owner="alice"))
+        try:
+            (container,) = client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session.id}"})
+            assert container.labels[LABEL_OWNER] == "alice"
+            later = provider()  # a restarted server
+            again = await later.get(session.id)
+            assert again.spec.owner == "alice"
+            assert (await again.info()).owner == "alice"
+            (listed,) = [i for i in await later.list() if i.id == session.id]
+            assert listed.owner == "alice"
+            await later.close()
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    run(main())
+
+
+# ------------------------------------------------------------- (b) workspaces
+
+
+def test_a_workspace_records_its_owner_and_another_owner_never_mounts_it(client):
+    key = f"test-{secrets.token_hex(4)}"
+    volume = provider().scope.workspace_volume(key)
+
+    async def main() -> None:
+        sandbox = provider()
+        try:
+            alice = await sandbox.create(spec(durability="persistent", workspace_key=key, owner="alice"))
+            await alice.put_file("secret.txt", b"alice's")
+            assert client.volumes.get(volume).attrs["Labels"][LABEL_OWNER] == "alice"
+            before = {c.id for c in our_containers(client)}
+            with pytest.raises(SandboxNotFoundError, match="no workspace"):
+                await sandbox.create(spec(durability="persistent", workspace_key=key, owner="bob"))
+            assert {c.id for c in our_containers(client)} == before  # nothing was started for bob
+            await alice.destroy()
+            # the same owner again, and no owner (direct use, an admin door), mount it
+            again = await sandbox.create(spec(durability="persistent", workspace_key=key, owner="alice"))
+            assert await again.get_file("secret.txt") == b"alice's"
+            await again.destroy()
+            admin = await sandbox.create(spec(durability="persistent", workspace_key=key))
+            assert await admin.get_file("secret.txt") == b"alice's"
+            await admin.destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+            for v in client.volumes.list(filters={"name": volume}):
+                if v.name == volume:
+                    v.remove(force=True)
+
+    run(main())
+
+
+# ----------------------------------------------------------------- (c) images
+
+
+def test_image_allow_list():
+    sandbox = provider(allowed_images=["busybox", "registry.example.com/team/*"])
+    assert sandbox.image_allowed(None)
+    assert sandbox.image_allowed(TEST_IMAGE)
+    assert sandbox.image_allowed(TEST_IMAGE.rsplit(":", 1)[0])  # the same image, tag left implicit
+    assert sandbox.image_allowed("busybox:latest") and sandbox.image_allowed("busybox")
+    assert not sandbox.image_allowed("busybox:1.36")
+    assert sandbox.image_allowed("registry.example.com/team/tool:2")
+    assert not sandbox.image_allowed("registry.example.com/other/tool:2")
+    assert not provider().image_allowed("busybox")  # default: only the configured image
+
+
+@pytest.mark.parametrize(
+    "image, words",
+    [
+        ("UPPER/Case:x", "not a valid image reference"),
+        ("a b", "not a valid image reference"),
+        ("x" * 300, "not a valid image reference"),
+        ("busybox@sha256:abc", "not a valid image reference"),
+        (f"tai-sbx-test/no-such-image:{secrets.token_hex(4)}", "is not on the Docker engine"),
+    ],
+    ids=["uppercase", "space", "long", "bad-digest", "missing"],
+)
+def test_a_bad_or_missing_image_is_a_spec_rejection(client, image, words):
+    sandbox = provider()
+    try:
+        with pytest.raises(SandboxSpecRejectedError, match=words):
+            run(sandbox.create(spec(image=image)))
+    finally:
+        run(sandbox.close())
+
+
+# ----------------------------------------------------------------- (d) limits
+
+
+def test_default_limits_apply_to_every_session(client):
+    async def main() -> None:
+        sandbox = provider()
+        session = await sandbox.create(spec())
+        try:
+            host = client.containers.get(session.container_id).attrs["HostConfig"]
+            assert host["NanoCpus"] == 1_000_000_000
+            assert host["Memory"] == 1024 << 20
+            assert (session.spec.cpu, session.spec.memory_mb) == (1.0, 1024)
+            lowered = await sandbox.create(spec(cpu=0.25, memory_mb=32))
+            host = client.containers.get(lowered.container_id).attrs["HostConfig"]
+            assert (host["NanoCpus"], host["Memory"]) == (250_000_000, 32 << 20)
+            await lowered.destroy()
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"cpu": 1000}, r"cpu: 1000 is over the operator's maximum of 2 CPUs"),
+        ({"cpu": 2.5}, r"cpu: 2.5 is over the operator's maximum of 2 CPUs"),
+        ({"cpu": 1e-12}, r"cpu: 1e-12 is under the Docker engine's minimum of 0.01"),
+        ({"memory_mb": 1}, r"memory_mb: 1 is under the Docker engine's minimum of 6 MiB"),
+        ({"memory_mb": 5000}, r"memory_mb: 5000 is over the operator's maximum of 4096 MiB"),
+    ],
+    ids=["cpu-1000", "cpu-over", "cpu-tiny", "memory-1", "memory-over"],
+)
+def test_limits_out_of_range_are_rejected_naming_field_and_limit(client, changes, words):
+    sandbox = provider()
+    before = {c.id for c in our_containers(client)}
+    try:
+        with pytest.raises(SandboxSpecRejectedError, match=words):
+            run(sandbox.create(spec(**changes)))
+    finally:
+        run(sandbox.close())
+    assert {c.id for c in our_containers(client)} == before
+
+
+def test_without_a_maximum_the_engine_refusal_is_still_a_spec_rejection(client):
+    sandbox = provider(max_cpu=0)
+    try:
+        with pytest.raises(SandboxSpecRejectedError, match="refused the session: Range of CPUs") as raised:
+            run(sandbox.create(spec(cpu=1000)))
+        assert "http+docker" not in str(raised.value)  # the engine's message, not the SDK's URL
+    finally:
+        run(sandbox.close())
+
+
+# -------------------------------------------------------- (e) owner networks
+
+
+def test_internal_networks_are_per_owner(client):
+    async def reach(session, address: str, port: int) -> bytes:
+        result = await session.exec(
+            ["sh", "-c", f"nc -w 2 {address} {port} </dev/null 2>&1; echo rc=$?"], timeout_seconds=20
+        )
+        return result.stdout
+
+    async def address_of(session) -> str:
+        out = (await session.exec(["sh", "-c", "ip -4 -o addr show eth0"], timeout_seconds=10)).stdout.decode()
+        return out.split("inet ", 1)[1].split("/", 1)[0]
+
+    async def main() -> None:
+        sandbox = provider()
+        made = []
+        try:
+            with host_listener() as port:
+                for owner in ("alice", "alice", "bob"):
+                    made.append(await sandbox.create(spec(network="internal", owner=owner)))
+                alice1, alice2, bob = made
+                nets = {
+                    s.id: list(client.containers.get(s.container_id).attrs["NetworkSettings"]["Networks"])
+                    for s in made
+                }
+                assert nets[alice1.id] == nets[alice2.id] and nets[alice1.id] != nets[bob.id]
+                for name in {n for names in nets.values() for n in names}:
+                    assert name.startswith("tai-sbx-internal-")
+                    assert client.networks.get(name).attrs["Internal"] is True
+                listener = await alice1.exec_start(
+                    ["nc", "-ll", "-p", "9000", "-e", "echo", "pong"], timeout_seconds=60
+                )
+                try:
+                    target = await address_of(alice1)
+                    assert b"pong" in await reach(alice2, target, 9000)  # the same owner: reachable
+                    out = await reach(bob, target, 9000)
+                    assert b"pong" not in out and b"rc=0" not in out, out  # another owner: not
+                    ipam = client.networks.get("bridge").attrs["IPAM"]["Config"][0]
+                    gateway = ipam.get("Gateway") or str(ipaddress.ip_network(ipam["Subnet"])[1])
+                    out = await reach(bob, gateway, port)
+                    assert b"pong" not in out and b"rc=0" not in out, out  # the host: not
+                finally:
+                    await listener.kill()
+        finally:
+            for session in made:
+                await session.destroy()
+            await sandbox.close()
+        names = [n for names in nets.values() for n in names]
+        assert [n.name for n in client.networks.list() if n.name in names] == []  # gone with their sessions
+
+    run(main())
+
+
+# ------------------------------------------------------- (f) typed refusals
+
+
+def test_a_file_name_too_long_is_a_path_error(client):
+    async def main() -> None:
+        sandbox = provider()
+        session = await sandbox.create(spec())
+        name = "n" * 300
+        try:
+            with pytest.raises(SandboxPathError, match="at most 255 bytes"):
+                await session.get_file(name)
+            with pytest.raises(SandboxPathError, match="at most 255 bytes"):
+                await session.put_file(f"folder/{name}", b"x")
+            with pytest.raises(SandboxPathError, match="at most 255 bytes"):
+                await session.list_files(name)
+            with pytest.raises(SandboxPathError):
+                session.resolve(name)
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    run(main())
+
+
+def test_removing_a_workspace_in_use_is_a_conflict_not_an_engine_error(client):
+    from jupyter_tai_sandbox.errors import SandboxConflictError
+
+    key = f"test-{secrets.token_hex(4)}"
+
+    async def main() -> None:
+        sandbox = provider()
+        first = await sandbox.create(spec(durability="persistent", workspace_key=key))
+        second = await sandbox.create(spec(durability="persistent", workspace_key=key))
+        try:
+            with pytest.raises(SandboxConflictError, match="in use"):
+                await first.destroy(remove_workspace=True)
+        finally:
+            await second.destroy(remove_workspace=True)
+            await first.destroy()
+            await sandbox.close()
+
+    run(main())
+    assert [v.name for v in client.volumes.list(filters={"name": provider().scope.workspace_volume(key)})] == []

@@ -1,0 +1,89 @@
+"""The engine killed under a live session (issue 15): calls fail fast, and after dockerd is back new
+sessions work and the reaper removes what was left.
+
+It stops the shared engine, so it runs only in CI (or with TAI_SANDBOX_DISTURB_ENGINE=1), marked
+``disturbs_engine("kills")``: last of the serial group, so nothing runs after it on an engine it restarted. The engine is started again in
+``finally`` blocks, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+import pytest
+
+from jupyter_tai_sandbox.contract import SandboxError, SandboxUnavailableError
+from tests.support.docker import (
+    docker_client,
+    engine_pid,
+    fault_provider,
+    fault_spec,
+    kills_engine,
+    leftovers,
+    start_engine,
+    timed,
+)
+
+pytestmark = [pytest.mark.docker]
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = docker_client()
+    yield client
+    client.close()
+
+
+@kills_engine
+def test_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client):
+    """SIGKILL dockerd under a live session and a running command, start it again."""
+
+    async def main() -> None:
+        sandbox = fault_provider(engine_timeout_seconds=3, engine_slow_timeout_seconds=5, transfer_idle_seconds=3)
+        session = await sandbox.create(fault_spec())
+        running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=60)
+        os.kill(engine_pid(), signal.SIGKILL)
+        try:
+            await asyncio.sleep(0.5)
+            outcomes = await asyncio.gather(
+                timed(sandbox.list(), 15),
+                timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
+                timed(session.get_file("x.txt"), 15),
+                timed(sandbox.create(fault_spec()), 15),
+            )
+
+            async def drain() -> None:
+                async for _ in running.output:
+                    pass
+
+            ended = await timed(drain(), 15)
+        finally:
+            await asyncio.to_thread(start_engine)
+        for took, result in outcomes:
+            assert took < 6, (took, result)
+            assert isinstance(result, SandboxUnavailableError), result
+        took, result = ended
+        assert took < 10 and isinstance(result, SandboxError), result
+        # the engine is back: new sessions work, and what was left is reaped
+        fresh = await asyncio.wait_for(sandbox.create(fault_spec()), 60)
+        assert (await fresh.exec(["echo", "ok"], timeout_seconds=10)).stdout == b"ok\n"
+        await fresh.destroy()
+        reaped: list[str] = []
+        for _ in range(20):
+            reaped += await asyncio.wait_for(sandbox.reap(), 60)
+            if session.id in reaped:
+                break
+            await asyncio.sleep(1)
+        assert session.id in reaped
+        with contextlib.suppress(SandboxError):
+            await session.destroy()
+        await sandbox.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        start_engine()
+    assert leftovers(client) == [] or leftovers(docker_client()) == []

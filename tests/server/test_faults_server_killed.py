@@ -1,0 +1,95 @@
+"""A server killed with SIGKILL, then started again: orphans are reaped, persistent workspaces keep
+their data byte for byte, and no process or container is left behind.
+
+Each test runs a real ``jupyter server`` subprocess (the extension, one provider), kills it with
+``kill -9`` while a session holds a running command, and starts a second server on the same state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+
+import pytest
+
+from tests.support.live_server import LiveServer, processes_marked, sandbox_server, wait_for
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow(65)]
+PAYLOAD = secrets.token_bytes(1 << 16)
+
+
+def run_in_background(server: LiveServer, session_id: str, argv: list[str]) -> threading.Thread:
+    """A one-shot exec whose request the SIGKILL will cut off."""
+
+    def call() -> None:
+        with contextlib.suppress(OSError):
+            server.call("POST", f"sessions/{session_id}/exec", {"argv": argv, "timeout_seconds": 600}, timeout=120)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_local_sessions_of_a_killed_server(tmp_path):
+    first = sandbox_server(tmp_path, "local")
+    try:
+        _, durable = first.call("POST", "sessions", {"durability": "persistent", "workspace_key": "keep-me",
+                                                   "ttl_seconds": 3})
+        assert first.call("PUT", f"sessions/{durable['id']}/files/data.bin", raw=PAYLOAD)[0] == 201
+        _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 3})
+        run_in_background(first, ephemeral["id"], ["sh", "-c", "sleep 300 & sleep 300"])
+        wait_for(lambda: len(processes_marked(ephemeral["id"])) >= 2, 20, "the commands never started")
+    finally:
+        first.kill9()
+    assert processes_marked(ephemeral["id"]), "the commands should outlive a SIGKILLed server"
+    time.sleep(3)  # past both sessions' TTL
+    second = sandbox_server(tmp_path, "local")
+    try:
+        wait_for(lambda: not processes_marked(ephemeral["id"]), 30, "the dead server's commands still run")
+        wait_for(lambda: second.call("GET", "sessions")[1]["sessions"] == [], 30, "the orphans were not reaped")
+        # the persistent workspace kept its data, byte for byte
+        _, again = second.call("POST", "sessions", {"durability": "persistent", "workspace_key": "keep-me"})
+        assert second.call("GET", f"sessions/{again['id']}/files/data.bin") == (200, PAYLOAD)
+        assert second.call("DELETE", f"sessions/{again['id']}?remove_workspace=1")[0] == 204
+    finally:
+        second.stop()
+    assert not list((tmp_path / "sandboxes" / ".ephemeral").glob("*"))
+
+
+def test_docker_sessions_of_a_killed_server(tmp_path):
+    docker_support = pytest.importorskip("tests.support.docker")
+    client = docker_support.docker_client()
+    label = f"tai-faults-{secrets.token_hex(4)}"
+    extra = [f"--DockerSandbox.image={docker_support.TEST_IMAGE}",
+             f"--DockerSandbox.extra_labels={{'{label}': '1'}}"]  # fmt: skip
+    first = sandbox_server(tmp_path, "docker", *extra)
+    try:
+        _, durable = first.call("POST", "sessions", {"durability": "persistent", "workspace_key": f"keep-{label}",
+                                                   "ttl_seconds": 4})
+        assert first.call("PUT", f"sessions/{durable['id']}/files/data.bin", raw=PAYLOAD)[0] == 201
+        _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 4})
+        run_in_background(first, ephemeral["id"], ["sh", "-c", "sleep 300 & sleep 300"])
+        time.sleep(1.5)
+    finally:
+        first.kill9()
+    second = None
+    try:
+        time.sleep(3)
+        second = sandbox_server(tmp_path, "docker", *extra)
+        ours = {"label": [label]}
+        wait_for(lambda: not client.containers.list(all=True, filters=ours, sparse=True), 60,
+                 "containers left behind")
+        _, again = second.call("POST", "sessions", {"durability": "persistent", "workspace_key": f"keep-{label}"})
+        assert second.call("GET", f"sessions/{again['id']}/files/data.bin") == (200, PAYLOAD)
+        assert second.call("DELETE", f"sessions/{again['id']}?remove_workspace=1")[0] == 204
+    finally:
+        if second is not None:
+            second.stop()
+        for container in client.containers.list(all=True, filters={"label": [label]}, sparse=True):
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+        for volume in client.volumes.list(filters={"label": [label]}):
+            with contextlib.suppress(Exception):
+                volume.remove(force=True)

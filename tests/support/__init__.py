@@ -1,0 +1,37 @@
+"""What the test modules share: engines (docker, swarm), servers (in-process and live), kernels, MCP
+clients, the browser, and how the suite is scheduled. No test module imports another; what two of them
+need lives here."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+
+#: the checkout the tests run from
+REPO = Path(__file__).resolve().parents[2]
+#: screenshots and logs a failed test leaves for a human (ignored by git)
+ARTIFACTS = REPO / "tests" / "artifacts"
+
+#: True in the process that started the run (the xdist controller, or the only process with -n 0): it
+#: plants the foreign deployment and checks, at the end, that the whole run left nothing on the engine.
+#: Its workers and the serial group's process inherit the run's id.
+TOP_LEVEL = "TAI_SANDBOX_TEST_RUN" not in os.environ
+#: one id for the whole run, shared by its workers
+RUN_ID = os.environ.setdefault("TAI_SANDBOX_TEST_RUN", secrets.token_hex(5))
+#: this process's part of the run: an xdist worker (gw0...), the serial group, or main
+PART = os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("TAI_SANDBOX_TEST_PART") or (
+    "main" if TOP_LEVEL else f"nested-{secrets.token_hex(3)}"
+)
+#: this process's deployment scope (DockerSandbox.deployment), inherited by every server it starts: the
+#: parts never see, reap or touch each other's sessions, nor anyone else's on a shared engine
+DEPLOYMENT = f"pytest-{RUN_ID}-{PART}"
+#: what every deployment of this run starts with
+RUN_PREFIX = f"pytest-{RUN_ID}-"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,289 @@
+"""Helpers for the tests that need a real Docker engine.
+
+Outside CI the docker tests skip, saying how to start an engine, when none
+answers; with ``CI=true`` a missing engine fails them instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from jupyter_tai_sandbox.image import DEFAULT_IMAGE, PYTHON_IMAGE, build_minimal_image
+from jupyter_tai_sandbox.providers.docker import LABEL
+from tests.support import PART, RUN_ID, RUN_PREFIX
+
+TEST_IMAGE = os.environ.get("TAI_SANDBOX_TEST_IMAGE", DEFAULT_IMAGE)
+START_HINT = (
+    "no Docker engine answers at $DOCKER_HOST or /var/run/docker.sock: start one "
+    "(as root: `nohup dockerd >/tmp/dockerd.log 2>&1 &`, or run .ci/docker-up) to run the docker tests"
+)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def docker_client():  # -> docker.DockerClient
+    """A client of a live engine with the test image built, or skip (fail in CI)."""
+    try:
+        import docker
+
+        client = docker.from_env(version="auto", timeout=30)
+        client.ping()
+    except Exception as e:
+        if in_ci():
+            pytest.fail(f"{START_HINT} ({e})")
+        pytest.skip(f"{START_HINT} ({e})")
+    try:
+        client.images.get(TEST_IMAGE)
+    except docker.errors.ImageNotFound:
+        if TEST_IMAGE != DEFAULT_IMAGE:
+            pytest.fail(f"test image {TEST_IMAGE} is missing: build or load it first")
+        build_minimal_image(TEST_IMAGE)
+    return client
+
+
+#: Put on everything this part of the test run makes (DockerSandbox.extra_labels), so runs sharing an engine,
+#: and the xdist workers of one run, stay apart.
+RUN_LABEL = {f"{LABEL}.test-run": f"{RUN_ID}-{PART}"}
+
+
+def leftovers(client) -> list[str]:
+    """Containers and volumes this test run made, and idle networks of its deployment, that still exist."""
+    (key, value), = RUN_LABEL.items()
+    mine = {"label": f"{key}={value}"}
+    found = [f"container {c.name}" for c in client.containers.list(all=True, filters=mine)]
+    found += [f"volume {v.name}" for v in client.volumes.list(filters=mine)]
+    ours = {"label": f"{LABEL}.deployment={os.environ['TAI_SANDBOX_DEPLOYMENT']}"}
+    for network in client.networks.list(filters=ours):
+        network.reload()
+        if not network.attrs.get("Containers"):  # one in use belongs to a live session elsewhere
+            found.append(f"network {network.name}")
+    return found
+
+
+def run_leftovers(client) -> list[str]:
+    """What any part of this whole run (every worker, the serial group) left on the engine: containers and
+    volumes with its run label, and containers, volumes and networks of its deployments. Empty at the end."""
+    key = f"{LABEL}.test-run"
+    deployment = f"{LABEL}.deployment"
+
+    def ours(labels: dict[str, str] | None) -> bool:
+        labels = labels or {}
+        return labels.get(key, "").startswith(f"{RUN_ID}-") or labels.get(deployment, "").startswith(RUN_PREFIX)
+
+    # the low-level listing (one call, labels included): another run may remove a container between a
+    # listing and a look at it
+    containers = {c["Id"]: c for flt in (key, deployment) for c in client.api.containers(all=True, filters={"label": flt})}
+    found = [f"container {c['Names'][0].lstrip('/')}" for c in containers.values() if ours(c.get("Labels"))]
+    volumes = {v.name: v for flt in (key, deployment) for v in client.volumes.list(filters={"label": flt})}
+    found += [f"volume {name}" for name, v in volumes.items() if ours(v.attrs.get("Labels"))]
+    found += [f"network {n.name}" for n in client.networks.list(filters={"label": deployment}) if ours(n.attrs.get("Labels"))]
+    return found
+
+
+@contextmanager
+def host_listener() -> Iterator[int]:
+    """A TCP port on this machine (all addresses) that answers ``pong`` to every connection."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"pong\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
+
+
+# ------------------------------------------------- stopping and starting the engine (fault tests)
+
+PIDFILE = "/var/run/docker.pid"
+ENGINE_LOG = os.environ.get("DOCKER_UP_LOG", "/tmp/dockerd.log")
+
+
+def engine_pid() -> int:
+    with open(PIDFILE) as f:
+        return int(f.read().strip())
+
+
+def engine_answers() -> bool:
+    return subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0
+
+
+def start_engine() -> None:
+    """Start dockerd as .ci/docker-up does (unless one answers) and wait for it, bounded."""
+    started = None
+    for _ in range(90):
+        if engine_answers():
+            return
+        if started is None or started.poll() is not None:
+            # the killed dockerd may linger as a zombie (PID 1 here reaps no orphans), and dockerd refuses
+            # to start while its pid file names a live process: drop a pid file of a dead or zombie one
+            with contextlib.suppress(OSError, ValueError):
+                with open(f"/proc/{engine_pid()}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+                if state in ("Z", "X"):
+                    os.unlink(PIDFILE)
+            if not os.path.exists(f"/proc/{engine_pid() if os.path.exists(PIDFILE) else 0}"):
+                with contextlib.suppress(OSError):
+                    os.unlink(PIDFILE)
+            with open(ENGINE_LOG, "ab") as log:
+                started = subprocess.Popen(
+                    ["nohup", "dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        time.sleep(1)
+    raise AssertionError(f"dockerd did not come back within 90 s: see {ENGINE_LOG}")
+
+
+# ------------------------------------------------------------------ the fault tests' shared pieces
+
+#: the tests that freeze or kill the shared engine run only in CI, or when asked for (see tests/conftest.py)
+DISTURB = in_ci() or os.environ.get("TAI_SANDBOX_DISTURB_ENGINE", "") == "1"
+DISTURB_HINT = "stops the shared Docker engine: set TAI_SANDBOX_DISTURB_ENGINE=1 (CI runs it)"
+#: freezes the engine (SIGSTOP, then SIGCONT): the serial group, after every other test
+disturbs_engine = pytest.mark.disturbs_engine("freezes")
+#: kills the engine and starts it again: the serial group's last tests
+kills_engine = pytest.mark.disturbs_engine("kills")
+
+
+def fault_provider(**traits):  # -> DockerSandbox
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+
+
+def fault_spec(**changes):  # -> SessionSpec
+    from jupyter_tai_sandbox.contract import SessionSpec
+
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-fault-tests", **changes})
+
+
+async def timed(awaitable, limit: float) -> tuple[float, object]:
+    """(seconds taken, result or exception), never longer than ``limit``."""
+    import asyncio
+
+    started = time.monotonic()
+    try:
+        result: object = await asyncio.wait_for(awaitable, limit)
+    except Exception as e:  # the outcome is what we look at
+        result = e
+    return time.monotonic() - started, result
+
+
+# ------------------------------------------------- another deployment on the same engine
+
+#: the deployment a foreign server would be in: planted before the run, it must survive it untouched
+FOREIGN_DEPLOYMENT = f"someone-else-{secrets.token_hex(4)}"
+FOREIGN_WORKSPACE_KEY = "shared-key"
+
+
+def plant_foreign_sessions() -> dict[str, list[str]] | None:
+    """Sessions, a workspace and an owner network of another deployment, all past their TTL (so any
+    reaper that saw them would take them); what was made, or None when no engine answers."""
+    import asyncio
+
+    from jupyter_tai_sandbox.contract import SessionSpec
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    try:
+        client = docker_client()
+    except BaseException:  # skip/fail outcomes: the tests that need an engine report them
+        return None
+
+    async def plant() -> dict[str, list[str]]:
+        sandbox = DockerSandbox(image=TEST_IMAGE, deployment=FOREIGN_DEPLOYMENT)
+        try:
+            internal = await sandbox.create(SessionSpec(ttl_seconds=1, network="internal", owner="alice"))
+            durable = await sandbox.create(
+                SessionSpec(ttl_seconds=1, durability="persistent", workspace_key=FOREIGN_WORKSPACE_KEY, owner="alice")
+            )
+            await durable.put_file("secret.txt", b"alice's")
+            return {
+                "containers": [internal.container_id, durable.container_id],
+                "volumes": [sandbox.scope.workspace_volume(FOREIGN_WORKSPACE_KEY)],
+                "networks": [sandbox.scope.owner_network(sandbox.internal_network, "alice")],
+            }
+        finally:
+            await sandbox.close()
+
+    try:
+        return asyncio.run(plant())
+    finally:
+        client.close()
+
+
+def foreign_survivors(planted: dict[str, list[str]]) -> list[str]:
+    """What of the planted foreign things is gone (empty: all survived)."""
+    import docker
+
+    client = docker.from_env(version="auto", timeout=30)
+    missing = []
+    try:
+        for kind, getter in (("containers", client.containers), ("volumes", client.volumes), ("networks", client.networks)):
+            for name in planted[kind]:
+                try:
+                    getter.get(name)
+                except docker.errors.NotFound:
+                    missing.append(f"{kind[:-1]} {name}")
+    finally:
+        client.close()
+    return missing
+
+
+def remove_foreign_sessions() -> None:
+    """Remove everything of the foreign deployment (its own provider does it, as its server would)."""
+    import asyncio
+
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    async def remove() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, deployment=FOREIGN_DEPLOYMENT)
+        try:
+            for info in await sandbox.list():
+                session = await sandbox.get(info.id)
+                await session.destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+
+    asyncio.run(remove())
+
+
+def python_image():
+    """A client of a live engine that has the Python image, or skip (fail in CI)."""
+    client = docker_client()
+    try:
+        client.images.get(PYTHON_IMAGE)
+    except Exception:
+        client.close()
+        message = f"{PYTHON_IMAGE} is missing: build it with `jupyter tai-sandbox build-image --python`"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return client
