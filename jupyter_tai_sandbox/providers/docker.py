@@ -748,10 +748,10 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             )
         await self._firewall.protect(network)
 
-    async def _drop_network(self, network: str) -> bool:
-        """Remove ``network`` (and its firewall rules) when no container is on it; the caller holds its
-        lock. True when it is gone."""
-        if not await self._engine.drop_network_if_idle(network):
+    async def _drop_network(self, network: str, *, leaving: Sequence[str] = ()) -> bool:
+        """Remove ``network`` (and its firewall rules) when no container but those ``leaving`` (just
+        removed) is on it; the caller holds its lock. True when it is gone."""
+        if not await self._engine.drop_network_if_idle(network, leaving=leaving):
             return False
         await self._firewall.release(network)
         return True
@@ -994,7 +994,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         network = self._network_of(spec)
         if network is not None:
             async with self._networks.hold(network):
-                await self._drop_network(network)
+                await self._drop_network(network, leaving=(session.container_id,))
         if remove_workspace and spec.durability == "persistent":
             volume = self.scope.workspace_volume(str(spec.workspace_key))
             try:

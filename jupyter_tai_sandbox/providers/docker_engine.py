@@ -43,7 +43,8 @@ import json
 import re
 import tarfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..contract import (
@@ -72,6 +73,8 @@ RUN_OUTPUT_LIMIT = 64 << 20
 WORKERS = 32
 #: of which one principal may hold at most this many at once (DockerSandbox.engine_threads_per_user)
 WORKERS_PER_PRINCIPAL = 8
+#: how long a network's removal waits for the endpoints of containers just removed to go
+LEAVING_WAIT_SECONDS = 3.0
 _SDK_NOISE = re.compile(r"^\d{3} (Client|Server) Error for \S+: [^(]*\(\"?(?P<msg>.*?)\"?\)$", re.S)
 
 
@@ -499,23 +502,39 @@ class DockerEngine:
     async def network_disconnect(self, container_id: str, network: str) -> None:
         await self._call(f"disconnect a container from {network}", "disconnect_container_from_network", container_id, network)
 
-    async def drop_network_if_idle(self, name: str) -> bool:
-        """Remove network ``name`` when no container is on it; True when it is gone."""
+    async def drop_network_if_idle(self, name: str, *, leaving: Collection[str] = ()) -> bool:
+        """Remove network ``name`` when no container is on it; True when it is gone.
+
+        ``leaving`` are containers just removed: the engine can list their endpoints (and refuse the
+        removal for them) for a moment after a container is gone, so they are waited out, for at most
+        ``LEAVING_WAIT_SECONDS``, instead of being taken for users of the network (which left the
+        network behind until the reaper's grace)."""
         docker = docker_sdk()
 
+        def still_leaving(on: Collection[str]) -> bool:
+            return bool(on) and all(any(c.startswith(g) or g.startswith(c) for g in leaving) for c in on)
+
         def drop() -> bool:
+            deadline = time.monotonic() + LEAVING_WAIT_SECONDS
             for network in self._client.networks.list(names=[name]):
                 if network.name != name or not self.in_scope(network.attrs.get("Labels")):
                     continue
-                network.reload()
-                if network.attrs.get("Containers"):
-                    return False
-                try:
-                    network.remove()
-                except docker.errors.NotFound:
-                    pass
-                except docker.errors.APIError:
-                    return False  # a container joined meanwhile
+                while True:
+                    network.reload()
+                    on = list(network.attrs.get("Containers") or {})
+                    if not on:
+                        try:
+                            network.remove()
+                            break
+                        except docker.errors.NotFound:
+                            break
+                        except docker.errors.APIError:
+                            pass  # an endpoint still going, or a container joined meanwhile: look again
+                    elif not still_leaving(on):
+                        return False
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.05)
             return True
 
         return await self._slow_call(f"remove network {name}", drop)
