@@ -33,6 +33,7 @@ from tests.support.lab import (
     LabProcess,
     install_kernelspec,
     not_clipped,
+    open_lab,
     open_new_session_dialog,
     open_panel,
     process_gone,
@@ -112,7 +113,7 @@ def test_kernel_start_error_shows_its_fix(lab_process: LabProcess, page: Any) ->
     assert code == 500, (code, body)
     assert body["message"] == message, body
 
-    page.goto(f"{lab.url}/lab?token={lab.token}")
+    open_lab(page, lab)
     card = page.locator(f'.jp-LauncherCard[data-category="Notebook"][title="{DISPLAY_NAME}"]')
     expect(card).to_be_visible(timeout=60_000)
     card.click()
