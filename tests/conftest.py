@@ -61,12 +61,14 @@ class EngineChecks:
         self.config = config
         self.planted: dict[str, list[str]] | None = None
         self.checked = False
+        self.rules_before: set[str] = set()
 
     @pytest.hookimpl(tryfirst=True)  # before xdist starts its workers
     def pytest_sessionstart(self) -> None:
         from tests.support import docker as docker_support
 
         self.planted = docker_support.plant_foreign_sessions()
+        self.rules_before = docker_support.firewall_rules()
 
     # after the serial group's wrapper (tryfirst wrappers enclose the others)
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -100,9 +102,13 @@ class EngineChecks:
         if left:
             report_failure(self.config, "tests/conftest.py::the_run_left_nothing_on_the_engine",
                            f"this run left these on the engine: {left}")
+        stale = docker_support.stale_firewall_rules(self.rules_before)
+        if stale:
+            report_failure(self.config, "tests/conftest.py::the_run_left_no_firewall_rules",
+                           f"host firewall rules of networks that are gone: {stale}")
         self.summary = (
             f"engine checks: another deployment's things {'survived' if not gone else 'were touched'}; "
-            f"this run left {len(left)} things on the engine"
+            f"this run left {len(left)} things on the engine and {len(stale)} firewall rules"
         )
 
     @pytest.hookimpl

@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +92,29 @@ def run_leftovers(client) -> list[str]:
     found += [f"volume {name}" for name, v in volumes.items() if ours(v.attrs.get("Labels"))]
     found += [f"network {n.name}" for n in client.networks.list(filters={"label": deployment}) if ours(n.attrs.get("Labels"))]
     return found
+
+
+def firewall_rules() -> set[str]:
+    """The host firewall rules the docker provider tags (``tai-sbx:<deployment tag>``), as ``-S`` prints
+    them (empty when iptables is missing or not ours to read)."""
+    rules: set[str] = set()
+    for tool in ("iptables", "ip6tables"):
+        exe = shutil.which(tool)
+        if exe is None:
+            continue
+        listed = subprocess.run([exe, "-w", "-S"], capture_output=True, text=True, check=False)
+        rules |= {f"{tool} {line}" for line in listed.stdout.splitlines() if "tai-sbx:" in line}
+    return rules
+
+
+def stale_firewall_rules(before: set[str]) -> list[str]:
+    """Tagged rules made since ``before`` whose bridge is gone: a network was removed, its rules were not."""
+
+    def bridge_gone(rule: str) -> bool:
+        words = rule.split()
+        return "-i" in words and not Path("/sys/class/net", words[words.index("-i") + 1]).exists()
+
+    return sorted(rule for rule in firewall_rules() - before if bridge_gone(rule))
 
 
 @contextmanager
