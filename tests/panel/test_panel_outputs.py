@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.lab import BROWSER_MARKS, LabProcess, shot
+from tests.support.lab import BROWSER_MARKS, LabProcess, load_lab, shot
 
 pytestmark = BROWSER_MARKS
 
@@ -127,7 +127,7 @@ def test_sandbox_outputs_run_no_script_in_the_page(
             )
         )
     )
-    page.goto(f"{lab.url}/lab/tree/evil.ipynb?token={lab.token}")
+    load_lab(page, f"{lab.url}/lab/tree/evil.ipynb?token={lab.token}")
     page.wait_for_function(
         """() => {
             const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;

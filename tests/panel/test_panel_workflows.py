@@ -20,6 +20,7 @@ from tests.support.lab import (
     BROWSER_MARKS,
     Lab,
     LabProcess,
+    load_lab,
     new_session,
     open_panel,
     open_panel_tab,
@@ -86,7 +87,7 @@ def test_terminal_tab_survives_a_page_reload(lab_process: LabProcess, page: Any)
     before = max(numbers(screen_lines(terminal)))
     assert before < 60, f"the count is at {before} already"
 
-    page.reload()
+    load_lab(page)
     restored = page.locator(f'.jp-TaiSandbox-terminal[data-exec-id="{exec_id}"]')
     expect(restored).to_have_count(1, timeout=60_000)
     expect(restored).to_have_attribute("data-phase", "running")
@@ -109,7 +110,7 @@ def test_terminal_tab_survives_a_page_reload(lab_process: LabProcess, page: Any)
     type_line(page, restored, "exit 0")
     wait_for_text(restored, "exited with status 0")
     expect(restored.locator(".jp-TaiSandbox-terminalState")).to_contain_text("has ended")
-    page.reload()
+    load_lab(page)
     gone = page.locator(f'.jp-TaiSandbox-terminal[data-exec-id="{exec_id}"]')
     expect(gone).to_have_attribute("data-phase", "gone", timeout=60_000)
     state = gone.locator(".jp-TaiSandbox-terminalState")

@@ -243,35 +243,38 @@ def shot(page: Any, name: str) -> Path:
     return path
 
 
-def open_lab(page: Any, lab: Lab) -> None:
-    """Load JupyterLab. A theme stylesheet chromium failed to fetch (seen once in a while on a loaded
-    machine, with nothing in the lab's log) is JupyterLab's modal, not the panel's: the page is loaded
-    once more, and the failure is reported as a warning with chromium's reason."""
+THEME_ERROR = '.jp-Dialog[aria-label^="Error Loading Theme"]'
+
+
+def load_lab(page: Any, url: str | None = None) -> None:
+    """Go to ``url`` (a JupyterLab page; None: reload this one) and wait until its theme is in.
+
+    Once in a while on a loaded machine chromium fails to fetch the theme's stylesheet (nothing in the
+    lab's log): JupyterLab then shows its modal over an unstyled page, which is not the panel's doing,
+    so the page is loaded once more and the failure is reported as a warning with chromium's reason."""
     failed: list[str] = []
     page.on("requestfailed", lambda request: failed.append(f"{request.url}: {request.failure}"))
     for attempt in (1, 2):
-        page.goto(f"{lab.url}/lab?token={lab.token}")
-        tab = page.locator('.lm-TabBar-tab[data-id="jp-tai-sandbox-panel"]')
-        tab.wait_for(timeout=60_000)
-        # the splash goes once the theme has loaded or failed; the failure's dialog follows it at once
-        page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=60_000)
-        theme_error = page.locator('.jp-Dialog[aria-label^="Error Loading Theme"]')
-        if attempt == 2 or not _appears(theme_error, seconds=0.3):
+        if url is None or attempt == 2:
+            page.reload()
+        else:
+            page.goto(url)
+        page.wait_for_function(
+            f"() => document.body.dataset.jpThemeName || document.querySelector('{THEME_ERROR}')", timeout=90_000
+        )
+        if attempt == 2 or page.locator(THEME_ERROR).count() == 0:
             return
         warnings.warn(f"JupyterLab could not load its theme; page loaded again. Failed requests: {failed}", stacklevel=2)
 
 
-def _appears(locator: Any, seconds: float) -> bool:
-    try:
-        locator.wait_for(state="visible", timeout=seconds * 1000)
-    except Exception:
-        return False
-    return True
+def open_lab(page: Any, lab: Lab) -> None:
+    load_lab(page, f"{lab.url}/lab?token={lab.token}")
 
 
 def open_panel(page: Any, lab: Lab) -> Any:
     open_lab(page, lab)
     tab = page.locator('.lm-TabBar-tab[data-id="jp-tai-sandbox-panel"]')
+    tab.wait_for(timeout=60_000)
     panel = page.locator("#jp-tai-sandbox-panel")
     if not panel.is_visible():
         tab.click()
