@@ -93,7 +93,7 @@ class _Transfer:
                 "(DockerSandbox.transfer_idle_seconds)"
             ) from None
         except OSError as e:
-            raise SandboxError(f"the {what} was cut off by the Docker engine: {e!r}") from None
+            raise EngineCutOffError(f"the {what} was cut off by the Docker engine: {e!r}") from None
         if not data:
             return None
         return self.demux.feed(data)
@@ -141,6 +141,10 @@ def _refusal(head: bytes, path: str, what: str) -> SandboxError:
     return SandboxError(f"cannot {what} {path!r}: {detail or head.decode('utf-8', 'replace')}")
 
 
+class EngineCutOffError(SandboxError):
+    """The engine's stream of a transfer broke (the connection, not the session's answer)."""
+
+
 async def download(
     engine: DockerEngine,
     container_id: str,
@@ -156,8 +160,40 @@ async def download(
 
     The engine's stream is read only as the consumer asks; a consumer that asks for
     nothing for ``idle_seconds`` has its transfer aborted (the next ask raises
-    :class:`TransferIdleError`). Errors about the path come before any data.
+    :class:`TransferIdleError`). Errors about the path come before any data. A read is
+    idempotent, so a stream the engine cuts before the first byte reached the consumer
+    is asked for once more (seen from swarm nodes' engines on a loaded machine); a cut
+    after that is the consumer's error.
     """
+    for attempt in (1, 2):
+        delivered = False
+        once = _download_once(
+            engine, container_id, rel, path, chunk_size=chunk_size, idle_seconds=idle_seconds, log=log, gone=gone
+        )
+        try:
+            async with contextlib.aclosing(once):
+                async for chunk in once:
+                    delivered = True
+                    yield chunk
+            return
+        except EngineCutOffError as e:
+            if delivered or attempt == 2:
+                raise
+            log.warning("sandbox-docker: %s before its first byte; asking once more", e)
+
+
+async def _download_once(
+    engine: DockerEngine,
+    container_id: str,
+    rel: str,
+    path: str,
+    *,
+    chunk_size: int,
+    idle_seconds: float,
+    log: logging.Logger | logging.LoggerAdapter,
+    gone: Callable[[], bool],
+) -> AsyncIterator[bytes]:
+    """One try of :func:`download`."""
     transfer = _Transfer(engine, container_id, idle_seconds=idle_seconds, log=log, gone=gone)
     loop = asyncio.get_running_loop()
     stalled = False
