@@ -4,6 +4,7 @@ from the operator's range, the host firewall, the capacity error and the reaper 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import subprocess
@@ -87,10 +88,14 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
 
     async def main() -> None:
         sandbox = provider()
+        made = []
         try:
             alice = await sandbox.create(spec("alice"))
+            made.append(alice)
             alice2 = await sandbox.create(spec("alice"))
+            made.append(alice2)
             bob = await sandbox.create(spec("bob"))
+            made.append(bob)
             nets = {s: networks_of(client, s.container_id) for s in (alice, alice2, bob)}
             # each owner has an egress bridge of its own, never the default one, inter-container traffic off
             assert list(nets[alice]) == list(nets[alice2]) != list(nets[bob])
@@ -121,6 +126,9 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
             for names in nets.values():
                 assert not client.networks.list(names=list(names)), names  # the idle owner networks are gone
         finally:
+            for session in made:  # a failed check leaves nothing for the next test to trip on
+                with contextlib.suppress(Exception):
+                    await session.destroy()
             await sandbox.close()
 
     try:
