@@ -150,6 +150,10 @@ class ExecWebSocketHandler(
                 door="websocket", timeout_seconds=request.timeout_seconds,
             )
         self.live = live
+        if self._ended:
+            # the socket closed while the command started: nobody has its id, nobody can attach
+            await live.handle.kill()
+            return
         await self._send({"type": "started", "exec_id": live.id})
         await live.attach(self, 0)
 
