@@ -10,7 +10,6 @@ import posixpath
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
@@ -231,15 +230,13 @@ class FileHandler(SandboxAPIHandler):
 
     async def prepare(self) -> None:
         await super().prepare()
-        if self.request.method != "PUT":
-            return
-        # A streamed body arrives before put() runs: authorize and check everything first.
-        if self.current_user is None:
-            raise web.HTTPError(403)
-        if not await ensure_async(
-            self.authorizer.is_authorized(self, self.current_user, "write", AUTH_RESOURCE)
-        ):
-            raise web.HTTPError(403, "not allowed to upload into sandbox sessions")
+        if self.request.method == "PUT":
+            # a streamed body arrives before put() runs: the upload is admitted, by the same decorators, first
+            await self._admit_upload()
+
+    @web.authenticated
+    @authorized
+    async def _admit_upload(self) -> None:
         limit = self.max_upload_bytes
         length = self.request.headers.get("Content-Length")
         if length is not None and length.isdigit() and int(length) > limit:

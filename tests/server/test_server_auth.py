@@ -23,9 +23,11 @@ ROUTES = [
 
 
 class NoExecute(Authorizer):
-    """Lets a user use sessions (read, write) but never execute anything."""
+    """Lets a user use sessions (read, write) but never execute anything, nor write a file named ``denied.txt``."""
 
     def is_authorized(self, handler, user, action, resource):
+        if action == "write" and handler.request.path.endswith("/denied.txt"):
+            return False
         return action != "execute"
 
 
@@ -83,3 +85,13 @@ async def test_a_cookie_session_without_xsrf_cannot_mutate(jp_fetch, jp_serverap
     status, reply = await call(jp_fetch, "sessions", method="POST", body={}, headers=cookie)
     assert status == 403 and reply["error"] == "SandboxAuthenticationError" and "xsrf" in reply["message"].lower()
     assert "Authorization: token" in reply["message"]  # and how a script passes the token instead
+
+
+async def test_an_authorizer_denying_an_upload_refuses_it_before_the_body_is_written(jp_fetch):
+    _, info = await call(jp_fetch, "sessions", method="POST", body={})
+    status, reply = await call(jp_fetch, "sessions", info["id"], "files", "denied.txt", method="PUT",
+                               raw=b"x" * (4 << 20))
+    assert status == 403, reply
+    _, listing = await call(jp_fetch, "sessions", info["id"], "files", "")
+    assert [e["name"] for e in listing["entries"]] == [], listing
+    assert (await call(jp_fetch, "sessions", info["id"], "files", "allowed.txt", method="PUT", raw=b"ok"))[0] == 201
