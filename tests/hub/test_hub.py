@@ -33,6 +33,7 @@ from tests.support import REPO, free_port
 from tests.support.docker import docker_client, in_ci
 from tests.support.lab import missing_prerequisites, open_panel_tab, shot
 from tests.support.live_server import Kernel, wait_for_connection_file
+from tests.support.processes import running
 
 ROOT = REPO
 EXAMPLE = ROOT / "examples" / "jupyterhub_config.py"
@@ -80,14 +81,6 @@ def _processes_mentioning(needle: bytes) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 class Hub:
@@ -177,7 +170,7 @@ next(r for r in c.JupyterHub.load_roles if r["name"] == "tai-sandbox-admin")["us
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         for pid in self.known_pids | set(_processes_mentioning(str(self.tmp).encode())):
-            if _alive(pid):
+            if running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self.log.close()

@@ -12,18 +12,12 @@ from jupyter_tai_sandbox.contract import (
     SandboxPathError,
     SessionSpec,
 )
-from jupyter_tai_sandbox.providers.local import LocalSandbox
 
 MIB = 1 << 20
 
 
 def run(coro):
     return asyncio.run(coro)
-
-
-@pytest.fixture
-def sandbox(tmp_path):
-    return LocalSandbox(root=str(tmp_path))
 
 
 async def chunks(body: bytes, size: int = 64 << 10):

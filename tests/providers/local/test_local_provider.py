@@ -20,38 +20,11 @@ from jupyter_tai_sandbox.contract import (
     SessionSpec,
 )
 from jupyter_tai_sandbox.providers.local import LocalSandbox
+from tests.support.processes import kill_quietly, running, wait_stopped
 
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
-
-
-def stop(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, 9)
-
-
-async def wait_stopped(pid: int, seconds: float = 3.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while running(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
-@pytest.fixture
-def sandbox(tmp_path):
-    return LocalSandbox(root=str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -153,7 +126,7 @@ def test_a_completed_one_shot_lets_its_group_go(sandbox):
             await asyncio.sleep(0.2)
             assert running(pid), "what a completed one-shot left running keeps running"
         finally:
-            stop(pid)
+            kill_quietly(pid)
             await session.destroy()
 
     run(scenario())
@@ -173,7 +146,7 @@ def test_interactive_group_is_kept_until_kill_even_after_the_exit(sandbox):
             await handle.kill()
             assert await wait_stopped(pid)
         finally:
-            stop(pid)
+            kill_quietly(pid)
             await session.destroy()
 
     run(scenario())
@@ -333,7 +306,7 @@ def test_one_shot_that_exits_as_its_input_is_fed_gives_its_status_every_time(san
         script = "exec </dev/null; sleep 30 >/dev/null 2>&1 & echo $! > job.pid; exit 3"
         for _ in range(60):
             result = await session.exec(["sh", "-c", script], stdin=b"z" * (1 << 20), timeout_seconds=10)
-            stop(int((await session.get_file("job.pid")).decode()))
+            kill_quietly(int((await session.get_file("job.pid")).decode()))
             assert result.exit_code == 3
         assert reported == []
         await session.destroy()

@@ -21,46 +21,11 @@ from jupyter_tai_sandbox.contract import (
     SandboxExecTimeoutError,
     SessionSpec,
 )
-from jupyter_tai_sandbox.providers.local import LocalSandbox
+from tests.support.processes import kill_quietly, pids_running, running, wait_stopped
 
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
-
-
-def stop(pid: int | None) -> None:
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 9)
-
-
-async def wait_stopped(pid: int, seconds: float = 3.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while running(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
-
-
-def pids_running(marker: str) -> list[int]:
-    """Live processes whose command line holds ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
-                if marker.encode() in f.read() and running(int(entry)):
-                    found.append(int(entry))
-    return found
 
 
 def unique_sleep() -> tuple[str, str]:
@@ -76,11 +41,6 @@ async def first_pid(handle) -> int:
 
 
 ESCAPES = ["setsid", "sh", "-c", "echo $$; exec sleep 30"]
-
-
-@pytest.fixture
-def sandbox(tmp_path):
-    return LocalSandbox(root=str(tmp_path))
 
 
 def test_deadline_stops_a_one_shot_that_called_setsid_at_the_deadline(sandbox):
@@ -114,7 +74,7 @@ def test_interactive_deadline_stops_a_command_that_called_setsid(sandbox, pty):
             assert time.monotonic() - start < 3
             assert await wait_stopped(pid, 1)
         finally:
-            stop(pid)
+            kill_quietly(pid)
             await handle.kill()
             await session.destroy()
 
@@ -136,7 +96,7 @@ def test_kill_stops_an_interactive_command_that_called_setsid_promptly(sandbox, 
             assert items[-1] == ExitItem(137)
             assert await wait_stopped(pid, 1), "kill() left the command itself running"
         finally:
-            stop(pid)
+            kill_quietly(pid)
             await session.destroy()
 
     run(scenario())
@@ -162,7 +122,7 @@ def test_cancelled_one_shot_stops_a_command_that_called_setsid(sandbox):
                 await asyncio.wait_for(task, 3)
             assert await wait_stopped(pid, 1)
         finally:
-            stop(pid)
+            kill_quietly(pid)
             await session.destroy()
 
     run(scenario())
@@ -188,7 +148,7 @@ def test_failed_one_shot_stops_a_command_that_called_setsid(sandbox):
             assert await wait_stopped(pid, 1)
         finally:
             with contextlib.suppress(SandboxError, ValueError):
-                stop(int(await session.get_file("child.pid")))
+                kill_quietly(int(await session.get_file("child.pid")))
             await session.destroy()
 
     run(scenario())
@@ -217,7 +177,7 @@ def test_cancelled_start_stops_a_command_that_called_setsid(sandbox, pty):
             assert pids_running(marker) == []
         finally:
             for pid in pids_running(marker):
-                stop(pid)
+                kill_quietly(pid)
             await session.destroy()
 
     run(scenario())
@@ -233,7 +193,7 @@ def test_teardown_stops_interactive_commands_that_called_setsid(sandbox, pty):
             await asyncio.wait_for(session.destroy(), 3)
             assert await wait_stopped(pid, 1)
         finally:
-            stop(pid)
+            kill_quietly(pid)
 
     run(scenario())
 
@@ -250,7 +210,7 @@ def test_what_the_command_started_outside_its_group_stays_exempt(sandbox):
             await asyncio.sleep(0.2)
             assert running(pid), "a process the command started that left the group is not stopped"
         finally:
-            stop(pid)
+            kill_quietly(pid)
             await session.destroy()
 
     run(scenario())
@@ -289,7 +249,7 @@ def test_a_pty_whose_status_never_arrives_raises_instead_of_a_made_up_one(sandbo
             await asyncio.wait_for(handle.kill(), 3)
             assert await wait_stopped(pid, 1)  # the terminal hung up on it
         finally:
-            stop(pid)
+            kill_quietly(pid)
             await session.destroy()
 
     run(scenario())
@@ -331,7 +291,7 @@ def test_setsid_command_is_stopped_where_the_kernel_has_no_pidfd(sandbox, monkey
                 assert [item async for item in handle.output][-1] == ExitItem(137)
                 assert await wait_stopped(pid, 1)
             finally:
-                stop(pid)
+                kill_quietly(pid)
         await session.destroy()
 
     run(scenario())

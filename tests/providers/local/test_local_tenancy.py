@@ -21,11 +21,6 @@ def persistent(key: str, owner: str | None, **more) -> SessionSpec:
     return SessionSpec(durability="persistent", workspace_key=key, owner=owner, **more)
 
 
-@pytest.fixture
-def sandbox(tmp_path):
-    return LocalSandbox(root=str(tmp_path))
-
-
 def test_the_owner_is_in_the_sidecar_and_survives_a_restart(sandbox, tmp_path):
     async def scenario():
         scratch = await sandbox.create(SessionSpec(owner="alice", consumer="notebook", env={"TOKEN": "secret"}))
