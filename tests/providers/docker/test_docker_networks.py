@@ -70,6 +70,11 @@ def firewall_rules() -> str:
     return out
 
 
+def firewall_dump() -> str:
+    """The host's whole ruleset, for the message of a failed isolation check (a flake seen once under load)."""
+    return subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+
+
 firewall = pytest.mark.skipif(
     os.geteuid() != 0 or subprocess.run(["which", "iptables"], capture_output=True).returncode != 0,
     reason="the host firewall needs root and iptables on the engine's host",
@@ -115,12 +120,12 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
                 listener = await listen(target)
                 try:
                     got = await reach(peer, address_of(client, target.container_id))
-                    assert b"hello" not in got and b"rc=0" not in got, got
+                    assert b"hello" not in got and b"rc=0" not in got, (got, nets, firewall_dump())
                 finally:
                     await listener.kill()
             foreign.reload()
             got = await reach(alice, foreign.attrs["NetworkSettings"]["IPAddress"])
-            assert b"hello" not in got and b"rc=0" not in got, got
+            assert b"hello" not in got and b"rc=0" not in got, (got, nets, firewall_dump())
             for session in (alice, alice2, bob):
                 await session.destroy()
             for names in nets.values():
