@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.support import DEPLOYMENT
 from tests.support.live_server import LiveServer, processes_marked, sandbox_server, wait_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow(65)]
@@ -32,19 +33,40 @@ def run_in_background(server: LiveServer, session_id: str, argv: list[str]) -> t
     return thread
 
 
+def end_soon(server: LiveServer, *sessions: dict, seconds: float = 3) -> float:
+    """Make each session end ``seconds`` from now (it was made with a long TTL, so the first server's own
+    reaper cannot take it while the test still sets it up, however slow the machine); the latest end."""
+    ends = []
+    for session in sessions:
+        for _ in range(3):  # a reply slower than ``seconds`` makes the end past: ask again
+            ttl = time.time() - session["created_at"] + seconds
+            status, info = server.call("PATCH", f"sessions/{session['id']}", {"ttl_seconds": ttl})
+            if status == 200:
+                ends.append(info["expires_at"])
+                break
+        else:
+            pytest.fail(f"could not shorten {session['id']}'s TTL: {status} {info}")
+    return max(ends)
+
+
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.time()))
+
+
 def test_local_sessions_of_a_killed_server(tmp_path):
     first = sandbox_server(tmp_path, "local")
     try:
         _, durable = first.call("POST", "sessions", {"durability": "persistent", "workspace_key": "keep-me",
-                                                   "ttl_seconds": 3})
+                                                   "ttl_seconds": 600})
         assert first.call("PUT", f"sessions/{durable['id']}/files/data.bin", raw=PAYLOAD)[0] == 201
-        _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 3})
+        _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 600})
         run_in_background(first, ephemeral["id"], ["sh", "-c", "sleep 300 & sleep 300"])
         wait_for(lambda: len(processes_marked(ephemeral["id"])) >= 2, 20, "the commands never started")
+        ends = end_soon(first, durable, ephemeral)
     finally:
         first.kill9()
     assert processes_marked(ephemeral["id"]), "the commands should outlive a SIGKILLed server"
-    time.sleep(3)  # past both sessions' TTL
+    sleep_until(ends + 0.5)  # past both sessions' TTL
     second = sandbox_server(tmp_path, "local")
     try:
         wait_for(lambda: not processes_marked(ephemeral["id"]), 30, "the dead server's commands still run")
@@ -62,21 +84,24 @@ def test_docker_sessions_of_a_killed_server(tmp_path):
     docker_support = pytest.importorskip("tests.support.docker")
     client = docker_support.docker_client()
     label = f"tai-faults-{secrets.token_hex(4)}"
-    extra = [f"--DockerSandbox.image={docker_support.TEST_IMAGE}",
+    # a deployment of its own: whatever a failed check leaves is removed by it below, and by nothing else
+    deployment = f"{DEPLOYMENT}-faults-{secrets.token_hex(3)}"
+    extra = [f"--DockerSandbox.image={docker_support.TEST_IMAGE}", f"--DockerSandbox.deployment={deployment}",
              f"--DockerSandbox.extra_labels={{'{label}': '1'}}"]  # fmt: skip
     first = sandbox_server(tmp_path, "docker", *extra)
-    try:
-        _, durable = first.call("POST", "sessions", {"durability": "persistent", "workspace_key": f"keep-{label}",
-                                                   "ttl_seconds": 4})
-        assert first.call("PUT", f"sessions/{durable['id']}/files/data.bin", raw=PAYLOAD)[0] == 201
-        _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 4})
-        run_in_background(first, ephemeral["id"], ["sh", "-c", "sleep 300 & sleep 300"])
-        time.sleep(1.5)
-    finally:
-        first.kill9()
     second = None
     try:
-        time.sleep(3)
+        try:
+            _, durable = first.call("POST", "sessions", {"durability": "persistent",
+                                                       "workspace_key": f"keep-{label}", "ttl_seconds": 600})
+            assert first.call("PUT", f"sessions/{durable['id']}/files/data.bin", raw=PAYLOAD)[0] == 201
+            _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 600})
+            run_in_background(first, ephemeral["id"], ["sh", "-c", "sleep 300 & sleep 300"])
+            time.sleep(1.5)
+            ends = end_soon(first, durable, ephemeral)
+        finally:
+            first.kill9()
+        sleep_until(ends + 0.5)
         second = sandbox_server(tmp_path, "docker", *extra)
         ours = {"label": [label]}
         wait_for(lambda: not client.containers.list(all=True, filters=ours, sparse=True), 60,
@@ -87,9 +112,4 @@ def test_docker_sessions_of_a_killed_server(tmp_path):
     finally:
         if second is not None:
             second.stop()
-        for container in client.containers.list(all=True, filters={"label": [label]}, sparse=True):
-            with contextlib.suppress(Exception):
-                container.remove(force=True)
-        for volume in client.volumes.list(filters={"label": [label]}):
-            with contextlib.suppress(Exception):
-                volume.remove(force=True)
+        docker_support.remove_deployment(client, deployment)

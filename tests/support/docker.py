@@ -94,6 +94,38 @@ def run_leftovers(client) -> list[str]:
     return found
 
 
+def remove_deployment(client, deployment: str) -> None:
+    """Remove everything of ``deployment`` (a test's own, after a failed check left its server no chance
+    to): its sessions by its own provider, as its server would (networks with their firewall rules,
+    workspaces), then whatever a half-made session left, by force."""
+    import asyncio
+
+    from docker.errors import NotFound
+
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    async def destroy_sessions() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, deployment=deployment)
+        try:
+            for info in await sandbox.list():
+                with contextlib.suppress(Exception):
+                    await (await sandbox.get(info.id)).destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+
+    asyncio.run(destroy_sessions())
+    mine = {"label": f"{LABEL}.deployment={deployment}"}
+    for container in client.api.containers(all=True, filters=mine):
+        with contextlib.suppress(NotFound):
+            client.api.remove_container(container["Id"], force=True, v=True)
+    for volume in client.volumes.list(filters=mine):
+        with contextlib.suppress(NotFound):
+            volume.remove(force=True)
+    for network in client.networks.list(filters=mine):
+        with contextlib.suppress(NotFound):
+            network.remove()
+
+
 def firewall_rules() -> set[str]:
     """The host firewall rules the docker provider tags (``tai-sbx:<deployment tag>``), as ``-S`` prints
     them (empty when iptables is missing or not ours to read)."""
@@ -284,20 +316,11 @@ def foreign_survivors(planted: dict[str, list[str]]) -> list[str]:
 
 def remove_foreign_sessions() -> None:
     """Remove everything of the foreign deployment (its own provider does it, as its server would)."""
-    import asyncio
-
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
-    async def remove() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, deployment=FOREIGN_DEPLOYMENT)
-        try:
-            for info in await sandbox.list():
-                session = await sandbox.get(info.id)
-                await session.destroy(remove_workspace=True)
-        finally:
-            await sandbox.close()
-
-    asyncio.run(remove())
+    client = docker_client()
+    try:
+        remove_deployment(client, FOREIGN_DEPLOYMENT)
+    finally:
+        client.close()
 
 
 def python_image():
