@@ -249,22 +249,27 @@ THEME_ERROR = '.jp-Dialog[aria-label^="Error Loading Theme"]'
 def load_lab(page: Any, url: str | None = None) -> None:
     """Go to ``url`` (a JupyterLab page; None: reload this one) and wait until its theme is in.
 
-    Once in a while on a loaded machine chromium fails to fetch the theme's stylesheet (nothing in the
-    lab's log): JupyterLab then shows its modal over an unstyled page, which is not the panel's doing,
-    so the page is loaded once more and the failure is reported as a warning with chromium's reason."""
+    Now and then, with Docker making and removing networks beside it, chromium aborts the requests a
+    page load has in flight (``net::ERR_NETWORK_CHANGED``, nothing in the lab's log): JupyterLab then
+    shows its theme-error modal over an unstyled page, which is not the panel's doing, so the page is
+    loaded again (up to 3 more times, each a warning naming chromium's failed requests)."""
     failed: list[str] = []
     page.on("requestfailed", lambda request: failed.append(f"{request.url}: {request.failure}"))
-    for attempt in (1, 2):
-        if url is None or attempt == 2:
+    attempts = 4
+    for attempt in range(1, attempts + 1):
+        if url is None or attempt > 1:
             page.reload()
         else:
             page.goto(url)
         page.wait_for_function(
             f"() => document.body.dataset.jpThemeName || document.querySelector('{THEME_ERROR}')", timeout=90_000
         )
-        if attempt == 2 or page.locator(THEME_ERROR).count() == 0:
+        if attempt == attempts or page.locator(THEME_ERROR).count() == 0:
             return
-        warnings.warn(f"JupyterLab could not load its theme; page loaded again. Failed requests: {failed}", stacklevel=2)
+        warnings.warn(f"JupyterLab could not load its theme (load {attempt}); page loaded again. "
+                      f"Failed requests: {failed}", stacklevel=2)
+        failed.clear()
+        time.sleep(0.5 * attempt)
 
 
 def open_lab(page: Any, lab: Lab) -> None:
