@@ -12,7 +12,7 @@ import os
 import pytest
 
 from jupyter_tai_sandbox import sandboxes
-from tests.support import DEPLOYMENT, TOP_LEVEL
+from tests.support import DEPLOYMENT, TOP_LEVEL, browser_network
 from tests.support.docker import DISTURB, DISTURB_HINT
 
 os.environ["TAI_SANDBOX_DEPLOYMENT"] = DEPLOYMENT
@@ -96,7 +96,7 @@ class EngineChecks:
                            f"the test run touched another deployment's things: {gone}")
         client = docker.from_env(version="auto", timeout=30)
         try:
-            left = docker_support.run_leftovers(client)
+            left = docker_support.run_leftovers(client) + browser_network.leftover_namespaces()
         finally:
             client.close()
         if left:

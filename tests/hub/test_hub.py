@@ -25,11 +25,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, free_port
+from tests.support import REPO, browser_network, free_port
 from tests.support.docker import docker_client, in_ci
 from tests.support.lab import missing_prerequisites, open_panel_tab, shot
 from tests.support.live_server import Kernel, wait_for_connection_file
@@ -850,6 +851,7 @@ def test_bobs_panel_and_drive_in_a_browser_through_the_hub(chromium_ready, serve
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
                                                                              "checkForUpdates": False}))
+    browser_network.forward(urllib.parse.urlsplit(hub.url).port)
     page.goto(f"{hub.url}/user/bob/lab")
     page.locator("#username_input").fill("bob")  # the hub's login form (the dummy authenticator)
     page.locator("#password_input").fill("any password")

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ARTIFACTS, free_port
+from tests.support import ARTIFACTS, browser_network, free_port
 
 #: the marks of every browser test module: the marker, one group (one worker: one lab at a time, so a
 #: starved lab does not fail its test), and room for a lab and chromium to start
@@ -167,6 +167,7 @@ class LabProcess:
         ]  # fmt: skip
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             argv.append("--allow-root")
+        browser_network.forward(self.port)  # the browser's way to it, when the browser has a namespace
         log = self.lab.log.open("ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
@@ -211,16 +212,31 @@ def lab_process(browser_prerequisites: None, tmp_path: Path) -> Iterator[LabProc
 
 
 @pytest.fixture
-def browser(browser_prerequisites: None) -> Iterator[Any]:
+def browser(browser_prerequisites: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Chromium, in a network namespace of its own where it can be (tests/support/browser_network.py)."""
     # function scope: Playwright's loop must be gone before pytest-jupyter closes its own
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    executable, network = CHROMIUM, None
+    if browser_network.available():
         try:
-            yield browser
-        finally:
-            browser.close()
+            network = browser_network.BrowserNetwork(tmp_path_factory.mktemp("chromium"), CHROMIUM)
+            executable = str(network.chromium)
+        except (OSError, subprocess.CalledProcessError) as e:
+            warnings.warn(f"chromium runs on the host's network (Docker's churn may abort its requests): {e}",
+                          stacklevel=2)
+    browser_network.current = network
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+            try:
+                yield browser
+            finally:
+                browser.close()
+    finally:
+        browser_network.current = None
+        if network is not None:
+            network.close()
 
 
 @pytest.fixture
