@@ -193,6 +193,18 @@ def engine_answers() -> bool:
     return subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0
 
 
+def wait_for_engine(seconds: float) -> None:
+    """Return once the engine answers; TimeoutError after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            if engine_answers():
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the Docker engine did not answer within {seconds:g} s")
+        time.sleep(1)
+
+
 def start_engine() -> None:
     """Start dockerd as .ci/docker-up does (unless one answers) and wait for it, bounded."""
     started = None
@@ -300,7 +312,7 @@ def foreign_survivors(planted: dict[str, list[str]]) -> list[str]:
     """What of the planted foreign things is gone (empty: all survived)."""
     import docker
 
-    client = docker.from_env(version="auto", timeout=30)
+    client = docker.from_env(version="auto", timeout=120)
     missing = []
     try:
         for kind, getter in (("containers", client.containers), ("volumes", client.volumes), ("networks", client.networks)):
