@@ -18,8 +18,8 @@ from typing import Any
 
 from . import protocol as p
 
-DEFAULT_WINDOW = 256 << 10  # at most the agent's ring, so whatever is in flight when a connection drops can be resumed
-STDIN_CHUNK = 256 << 10
+DEFAULT_WINDOW = 1 << 20  # at most the agent's ring (clamped to it at HELLO): what is in flight when a connection drops can be resumed
+STDIN_CHUNK = 512 << 10
 READ_SIZE = 1 << 20
 AGENT_PATH = "/.tai/agent"
 
@@ -194,7 +194,7 @@ class AgentCommand:
 
     def _consumed(self, n: int) -> None:
         self._ungranted += n
-        if self._ungranted >= self.window // 2:
+        if self._ungranted >= self.window // 4:  # a quarter: the agent never waits a whole round trip for credit
             self.client._send_nowait(p.encode_u64(p.CREDIT, self.id, self._ungranted))
             self._ungranted = 0
 
@@ -219,7 +219,7 @@ class AgentCommand:
             self._check_stdin()
             n = min(len(view), self._stdin_credit, STDIN_CHUNK)
             self._stdin_credit -= n
-            await self.client._send(p.encode(p.STDIN, self.id, bytes(view[:n])))
+            await self.client._send(p.encode(p.STDIN, self.id, view[:n]))
             view = view[n:]
 
     def _check_stdin(self) -> None:
@@ -262,9 +262,14 @@ class AgentCommand:
 class AgentClient:
     """One connection to a session agent."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+    def __init__(self, reader: asyncio.StreamReader | None, writer: Any, *,
                  window: int = DEFAULT_WINDOW, process: asyncio.subprocess.Process | None = None) -> None:
+        """``reader`` is a stream to read frames from, or None when a protocol pushes the bytes it receives
+        through :meth:`feed` and :meth:`feed_eof` (no copy through a StreamReader: see ``transport.py``).
+        ``writer`` needs ``write``, ``drain``, ``close`` and ``is_closing`` (a StreamWriter has them)."""
         self._reader, self._writer, self.window, self.process = reader, writer, window, process
+        self._decoder = p.FrameDecoder()
+        self._ended: asyncio.Future[AgentError] = asyncio.get_running_loop().create_future()
         self._write_lock = asyncio.Lock()
         self._commands: dict[int, AgentCommand] = {}
         self._pending: dict[tuple[str, int], asyncio.Future] = {}
@@ -276,9 +281,15 @@ class AgentClient:
     # -- opening
     @classmethod
     async def open(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **kw: Any) -> AgentClient:
-        client = cls(reader, writer, **kw)
+        return await cls.open_client(cls(reader, writer, **kw))
+
+    @staticmethod
+    async def open_client(client: AgentClient) -> AgentClient:
+        """The handshake on a client made with its byte stream (closed if it fails)."""
         try:
             client.info = await client._call("hello", 0, p.encode_json(p.HELLO, 0, {"version": p.PROTOCOL_VERSION}))
+            if isinstance(client.info.get("ring"), int) and client.info["ring"] > 0:
+                client.window = min(client.window, client.info["ring"])  # every byte in flight stays resumable
         except BaseException:
             await client.close()
             raise
@@ -322,10 +333,29 @@ class AgentClient:
         finally:
             self._pending.pop((kind, id_), None)
 
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes from the agent (push mode); a protocol error closes the connection."""
+        if self._ended.done():
+            return
+        try:
+            for frame in self._decoder.feed(data):
+                self._dispatch(frame)
+        except Exception as e:  # a ProtocolError, or a frame whose JSON lacks what it must carry
+            self._writer.close()
+            self._ended.set_result(AgentConnectionLost(f"the session agent broke the protocol: {e}"))
+
+    def feed_eof(self, message: str | None = None) -> None:
+        """The byte stream from the agent ended (push mode)."""
+        if not self._ended.done():
+            self._ended.set_result(AgentConnectionLost(message) if message else AgentConnectionLost())
+
     async def _read_loop(self) -> None:
         err: AgentError = AgentConnectionLost()
         try:
-            decoder = p.FrameDecoder()
+            if self._reader is None:
+                err = await self._ended
+                return
+            decoder = self._decoder
             while data := await self._reader.read(READ_SIZE):  # large reads: never a byte-shuffle per frame
                 for frame in decoder.feed(data):
                     self._dispatch(frame)
