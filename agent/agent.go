@@ -374,6 +374,23 @@ type startRequest struct {
 	Cols      int      `json:"cols"`
 	Window    uint64   `json:"window"`     // output credit granted with the start
 	TimeoutMs int64    `json:"timeout_ms"` // 0: none; else the agent kills the group at the deadline
+	Uid       *uint32  `json:"uid"`        // run as this uid (gid defaults to it), no supplementary groups
+	Gid       *uint32  `json:"gid"`
+}
+
+// credential is the identity a command runs as: nil keeps the agent's own (root, its groups).
+func (r startRequest) credential() *syscall.Credential {
+	if r.Uid == nil && r.Gid == nil {
+		return nil
+	}
+	cred := &syscall.Credential{Groups: []uint32{}} // setgroups(0): no supplementary group is kept
+	if r.Uid != nil {
+		cred.Uid, cred.Gid = *r.Uid, *r.Uid
+	}
+	if r.Gid != nil {
+		cred.Gid = *r.Gid
+	}
+	return cred
 }
 
 func errnoName(err error) string {
@@ -500,7 +517,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
 	c.credit = min(req.Window, maxCredit)
 	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files,
-		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: req.Pty, Ctty: 0}}
+		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: req.Pty, Ctty: 0, Credential: req.credential()}}
 
 	a.mu.Lock()
 	if _, dup := a.cmds[id]; dup {

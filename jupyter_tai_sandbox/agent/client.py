@@ -259,6 +259,10 @@ class AgentCommand:
         self.client._commands.pop(self.id, None)
 
 
+def _owner(owner: tuple[int, int] | None) -> dict[str, int]:
+    return {} if owner is None else {"uid": int(owner[0]), "gid": int(owner[1])}
+
+
 class AgentClient:
     """One connection to a session agent."""
 
@@ -421,10 +425,15 @@ class AgentClient:
 
     async def start(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                     pty: bool = False, rows: int = 24, cols: int = 80, timeout: float | None = None,
-                    window: int | None = None) -> AgentCommand:
-        """Start a command; an absent program raises AgentError with code ``ENOENT``."""
+                    window: int | None = None, uid: int | None = None, gid: int | None = None) -> AgentCommand:
+        """Start a command; an absent program raises AgentError with code ``ENOENT``. ``uid``/``gid`` run it as
+        that user and group (``gid`` defaults to ``uid``) with no supplementary groups."""
         window = window or self.window
         req: dict[str, Any] = {"argv": list(argv), "pty": pty, "window": window}
+        if uid is not None:
+            req["uid"] = uid
+        if gid is not None:
+            req["gid"] = gid
         if env is not None:
             req["env"] = [f"{k}={v}" for k, v in env.items()]
         if cwd is not None:
@@ -529,12 +538,14 @@ class AgentClient:
                 break
         return b"".join(parts)
 
-    async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True) -> int:
+    async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True,
+                         owner: tuple[int, int] | None = None) -> int:
         """Upload atomically: into a temp file beside the target, renamed over it only when whole. A failure
-        or cancellation aborts it and leaves the target as it was."""
+        or cancellation aborts it and leaves the target as it was. ``owner`` (uid, gid) owns the file (from
+        before its first byte) and the folders ``parents`` creates."""
         id_ = self._new_id()
-        await self._call("file", id_, p.encode_json(
-            p.UPLOAD_OPEN, id_, {"root": root, "path": path, "mode": mode, "parents": parents}))
+        req: dict[str, Any] = {"root": root, "path": path, "mode": mode, "parents": parents, **_owner(owner)}
+        await self._call("file", id_, p.encode_json(p.UPLOAD_OPEN, id_, req))
         try:
             view = memoryview(data)
             step = p.MAX_PAYLOAD - p.U64.size
@@ -548,8 +559,9 @@ class AgentClient:
             raise
         return reply["size"]
 
-    async def mkdir(self, root: str, path: str, *, parents: bool = False) -> None:
-        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents})
+    async def mkdir(self, root: str, path: str, *, parents: bool = False, owner: tuple[int, int] | None = None) -> None:
+        """Make a folder (and its parents); ``owner`` (uid, gid) owns each folder this creates."""
+        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents, **_owner(owner)})
 
     async def delete(self, root: str, path: str, *, recursive: bool = False) -> None:
         await self._file(p.FILE_DELETE, {"root": root, "path": path, "recursive": recursive})
