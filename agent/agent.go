@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -15,12 +16,13 @@ import (
 )
 
 const (
-	maxCommands  = 64        // command records held at once, running or finished and not yet released
-	ringSize     = 512 << 10 // per stream: output kept for a resume (at least a client window); at most twice this is held
-	stdinWindow  = 1 << 20   // stdin bytes a client may have in flight per command
+	maxCommands  = 64      // command records held at once, running or finished and not yet released
+	ringSize     = 1 << 20 // per stream: output kept for a resume (at least a client window); at most twice this is held
+	stdinWindow  = 2 << 20 // stdin bytes a client may have in flight per command
 	maxCredit    = 1 << 40
 	killWait     = 4 * time.Second // a kill waits this long for the command's exit before it answers
 	cutAfterKill = 20 * time.Millisecond
+	pipeSize     = 1 << 20 // a command's stdout and stdin pipes (F_SETPIPE_SZ, best effort)
 	defaultPath  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
@@ -171,8 +173,9 @@ func (cn *conn) serve() {
 		cn.a.connMu.Unlock()
 	}()
 	hello := false
+	r := bufio.NewReaderSize(cn.c, 64<<10) // small frames (credits, control) cost no syscall each
 	for {
-		f, err := readFrame(cn.c)
+		f, err := readFrame(r)
 		if err != nil {
 			if errors.Is(err, errFrameTooLarge) || !isEOF(err) {
 				cn.fail(0, "read", "EPROTO", err.Error())
@@ -371,6 +374,23 @@ type startRequest struct {
 	Cols      int      `json:"cols"`
 	Window    uint64   `json:"window"`     // output credit granted with the start
 	TimeoutMs int64    `json:"timeout_ms"` // 0: none; else the agent kills the group at the deadline
+	Uid       *uint32  `json:"uid"`        // run as this uid (gid defaults to it), no supplementary groups
+	Gid       *uint32  `json:"gid"`
+}
+
+// credential is the identity a command runs as: nil keeps the agent's own (root, its groups).
+func (r startRequest) credential() *syscall.Credential {
+	if r.Uid == nil && r.Gid == nil {
+		return nil
+	}
+	cred := &syscall.Credential{Groups: []uint32{}} // setgroups(0): no supplementary group is kept
+	if r.Uid != nil {
+		cred.Uid, cred.Gid = *r.Uid, *r.Uid
+	}
+	if r.Gid != nil {
+		cred.Gid = *r.Gid
+	}
+	return cred
 }
 
 func errnoName(err error) string {
@@ -483,6 +503,8 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		}
 		c.stdin = inW
 		c.streams = []*stream{{name: "stdout", f: outR}, {name: "stderr", f: errR}}
+		growPipe(outR, pipeSize)
+		growPipe(inW, pipeSize)
 		childFiles = []*os.File{inR, outW, errW}
 		files = []uintptr{inR.Fd(), outW.Fd(), errW.Fd()}
 	}
@@ -495,7 +517,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
 	c.credit = min(req.Window, maxCredit)
 	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files,
-		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: req.Pty, Ctty: 0}}
+		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: req.Pty, Ctty: 0, Credential: req.credential()}}
 
 	a.mu.Lock()
 	if _, dup := a.cmds[id]; dup {
@@ -612,9 +634,10 @@ func (c *command) closeParentFiles() {
 // ----- output -----
 
 // readStream takes the command's output in while the ring has room for unsent bytes; it never drops a byte
-// that was not sent: a command nobody reads blocks in its own write, and only it.
+// that was not sent: a command nobody reads blocks in its own write, and only it. It reads straight into the
+// ring's free tail (the pipe's bytes are copied once, by the kernel); a full ring is compacted into a fresh
+// array, so a slice of the old one that a sender is still writing stays intact.
 func (c *command) readStream(s *stream) {
-	buf := make([]byte, 64<<10)
 	for {
 		c.mu.Lock()
 		for s.end-s.sent >= ringSize && !c.killed && !c.released {
@@ -631,20 +654,16 @@ func (c *command) readStream(s *stream) {
 			return
 		}
 		room := int(ringSize - (s.end - s.sent))
+		if cap(s.buf)-len(s.buf) < room {
+			s.compact()
+		}
+		tail := s.buf[len(s.buf) : len(s.buf)+room]
 		c.mu.Unlock()
-		n, err := s.f.Read(buf[:min(room, len(buf))])
+		n, err := s.f.Read(tail) // only this goroutine writes past len(s.buf); senders read below it
 		c.mu.Lock()
 		if n > 0 {
-			s.buf = append(s.buf, buf[:n]...)
+			s.buf = s.buf[:len(s.buf)+n]
 			s.end += uint64(n)
-			if len(s.buf) > 2*ringSize { // keep the newest ringSize bytes; never an unsent one
-				drop := uint64(len(s.buf) - ringSize)
-				if s.start+drop > s.sent {
-					drop = s.sent - s.start
-				}
-				s.buf = append(s.buf[:0:0], s.buf[drop:]...)
-				s.start += drop
-			}
 		}
 		if err != nil {
 			s.eof = true
@@ -660,6 +679,19 @@ func (c *command) readStream(s *stream) {
 		c.cond.Broadcast()
 		c.mu.Unlock()
 	}
+}
+
+// compact keeps the newest ringSize bytes (every unsent one among them: fewer than ringSize are unsent when
+// the reader asks for room) in a fresh array of twice that, so the stream never holds more than 2 x ringSize.
+func (s *stream) compact() {
+	keep := s.start
+	if s.end > ringSize {
+		keep = max(keep, s.end-ringSize)
+	}
+	keep = min(keep, s.sent)
+	nb := make([]byte, s.end-keep, 2*ringSize)
+	copy(nb, s.buf[keep-s.start:])
+	s.buf, s.start = nb, keep
 }
 
 // afterChange wakes the sender and reaps the leader once it has exited and its output has ended: from then
@@ -703,6 +735,7 @@ func (c *command) hasWork() bool {
 }
 
 func (c *command) sendLoop() {
+	var offsetBuf [offsetSize]byte
 	for {
 		c.mu.Lock()
 		for !c.released && !c.hasWork() {
@@ -716,13 +749,13 @@ func (c *command) sendLoop() {
 		var typ byte
 		var payload []byte
 		var js any
+		offset := offsetBuf[:0]
 		for i, s := range c.streams {
 			if c.credit > 0 && s.sent < s.end {
 				n := min(s.end-s.sent, c.credit, dataChunk)
 				lo := s.sent - s.start
-				payload = make([]byte, offsetSize+n)
-				binary.BigEndian.PutUint64(payload, s.sent)
-				copy(payload[offsetSize:], s.buf[lo:lo+n])
+				offset = binary.BigEndian.AppendUint64(offset[:0], s.sent)
+				payload = s.buf[lo : lo+n : lo+n] // no copy: bytes below len(s.buf) never change (see compact)
 				s.sent += n
 				c.credit -= n
 				typ = tStdout + byte(i)
@@ -748,7 +781,7 @@ func (c *command) sendLoop() {
 		if js != nil {
 			err = cn.writeJSON(typ, c.id, js)
 		} else {
-			err = cn.write(typ, c.id, payload)
+			err = cn.write(typ, c.id, offset, payload)
 		}
 		if err != nil {
 			c.mu.Lock()

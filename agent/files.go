@@ -85,7 +85,32 @@ type fileRequest struct {
 	Mode      uint32 `json:"mode"`
 	Parents   bool   `json:"parents"`
 	Recursive bool   `json:"recursive"`
+	Uid       *int   `json:"uid"` // with gid: the owner of what the operation creates (an upload, folders)
+	Gid       *int   `json:"gid"`
 }
+
+// owner is who files and folders an operation creates belong to; nil keeps the agent's own (root).
+type owner struct{ uid, gid int }
+
+func (r fileRequest) owner() (*owner, error) {
+	if r.Uid == nil && r.Gid == nil {
+		return nil, nil
+	}
+	if r.Uid == nil || r.Gid == nil || *r.Uid < 0 || *r.Gid < 0 {
+		return nil, syscall.EINVAL
+	}
+	return &owner{*r.Uid, *r.Gid}, nil
+}
+
+// chownAt gives a just-created entry (never followed if a symlink) to the owner.
+func (o *owner) chownAt(dirfd int, name string) error {
+	if o == nil {
+		return nil
+	}
+	return syscall.Fchownat(dirfd, name, o.uid, o.gid, atSymlinkNoFollow)
+}
+
+const atSymlinkNoFollow = 0x100
 
 type upload struct {
 	parent int
@@ -146,13 +171,13 @@ func splitParent(path string) (string, string, error) {
 }
 
 // openParent opens the folder that holds path (creating it, with parents, when asked).
-func openParent(rootfd int, path string, create bool) (int, string, error) {
+func openParent(rootfd int, path string, create bool, own *owner) (int, string, error) {
 	dir, base, err := splitParent(path)
 	if err != nil {
 		return -1, "", err
 	}
 	if create {
-		if err := mkdirAll(rootfd, dir); err != nil {
+		if err := mkdirAll(rootfd, dir, own); err != nil {
 			return -1, "", err
 		}
 	}
@@ -160,7 +185,7 @@ func openParent(rootfd int, path string, create bool) (int, string, error) {
 	return fd, base, err
 }
 
-func mkdirAll(rootfd int, dir string) error {
+func mkdirAll(rootfd int, dir string, own *owner) error {
 	if dir == "." || dir == "" {
 		return nil
 	}
@@ -183,6 +208,9 @@ func mkdirAll(rootfd int, dir string) error {
 			return err
 		}
 		err = mkdirat(parent, parts[i], 0o755)
+		if err == nil {
+			err = own.chownAt(parent, parts[i])
+		}
 		syscall.Close(parent)
 		if err != nil && err != syscall.EEXIST {
 			return err
@@ -217,7 +245,7 @@ func statJSON(st *syscall.Stat_t) map[string]any {
 		kind = "symlink"
 	}
 	return map[string]any{"type": kind, "size": st.Size, "mode": st.Mode & 0o7777,
-		"mtime": float64(st.Mtim.Sec) + float64(st.Mtim.Nsec)/1e9}
+		"mtime": float64(st.Mtim.Sec) + float64(st.Mtim.Nsec)/1e9, "uid": st.Uid, "gid": st.Gid}
 }
 
 // handleFile runs one file frame. Uploads run in order on the reader (a write's back-pressure is the
@@ -313,29 +341,36 @@ func runFileOp(typ byte, req fileRequest) (map[string]any, []byte, error) {
 		}
 		return nil, buf[:fileDataHeader+got], nil
 	case tFileMkdir:
-		if req.Parents {
-			return map[string]any{}, nil, mkdirAll(rootfd, strings.TrimRight(req.Path, "/"))
+		own, err := req.owner()
+		if err != nil {
+			return nil, nil, err
 		}
-		parent, base, err := openParent(rootfd, req.Path, false)
+		if req.Parents {
+			return map[string]any{}, nil, mkdirAll(rootfd, strings.TrimRight(req.Path, "/"), own)
+		}
+		parent, base, err := openParent(rootfd, req.Path, false, nil)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer syscall.Close(parent)
-		return map[string]any{}, nil, mkdirat(parent, base, 0o755)
+		if err := mkdirat(parent, base, 0o755); err != nil {
+			return nil, nil, err
+		}
+		return map[string]any{}, nil, own.chownAt(parent, base)
 	case tFileDelete:
-		parent, base, err := openParent(rootfd, req.Path, false)
+		parent, base, err := openParent(rootfd, req.Path, false, nil)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer syscall.Close(parent)
 		return map[string]any{}, nil, removeAt(parent, base, req.Recursive, 0)
 	case tFileRename:
-		from, fbase, err := openParent(rootfd, req.Path, false)
+		from, fbase, err := openParent(rootfd, req.Path, false, nil)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer syscall.Close(from)
-		to, tbase, err := openParent(rootfd, req.To, req.Parents)
+		to, tbase, err := openParent(rootfd, req.To, req.Parents, nil)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -450,7 +485,13 @@ func (cn *conn) uploadOpen(id uint32, req fileRequest) {
 		cn.fail(id, "file", errnoName(err), err.Error())
 		return
 	}
-	parent, base, err := openParent(rootfd, req.Path, req.Parents)
+	own, err := req.owner()
+	if err != nil {
+		syscall.Close(rootfd)
+		cn.fail(id, "file", errnoName(err), "uid and gid go together")
+		return
+	}
+	parent, base, err := openParent(rootfd, req.Path, req.Parents, own)
 	syscall.Close(rootfd)
 	if err != nil {
 		cn.fail(id, "file", errnoName(err), err.Error())
@@ -469,7 +510,16 @@ func (cn *conn) uploadOpen(id uint32, req fileRequest) {
 		cn.fail(id, "file", errnoName(err), err.Error())
 		return
 	}
-	_ = syscall.Fchmod(fd, mode&0o7777) // the umask does not decide an upload's mode
+	if own != nil { // before a byte is written or the name is visible: the file is the user's from the start
+		if err := syscall.Fchown(fd, own.uid, own.gid); err != nil {
+			syscall.Close(fd)
+			_ = unlinkat(parent, tmp, 0)
+			syscall.Close(parent)
+			cn.fail(id, "file", errnoName(err), "chown: "+err.Error())
+			return
+		}
+	}
+	_ = syscall.Fchmod(fd, mode&0o7777) // the umask does not decide an upload's mode (after the chown, which clears setuid bits)
 	fs.uploads[id] = &upload{parent: parent, fd: fd, tmp: tmp, base: base}
 	_ = cn.writeJSON(tFileReply, id, map[string]any{"op": "upload_open"})
 }

@@ -14,7 +14,7 @@ const (
 	headerSize    = 9       // length (4) + type (1) + id (4)
 	maxFrameBody  = 1 << 20 // type + id + payload, at most 1 MiB
 	maxPayload    = maxFrameBody - 5
-	dataChunk     = 256 << 10 // output sent in chunks this size at most, so one busy command shares the link
+	dataChunk     = 512 << 10 // output sent in chunks this size at most, so one busy command shares the link
 	offsetSize    = 8
 	creditSize    = 8
 	maxControlLen = 64 << 10 // JSON payloads (START, ATTACH, ...) stay small

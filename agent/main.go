@@ -90,14 +90,16 @@ func connect() int {
 		fmt.Fprintln(os.Stderr, "tai-agent connect: refusing the listener:", err)
 		return 77
 	}
+	growPipe(os.Stdin, pipeSize) // the exec stream's pipes: more bytes per wake-up of the relay and the engine
+	growPipe(os.Stdout, pipeSize)
 	done := make(chan struct{}, 2)
 	go func() {
-		_, _ = io.Copy(c, os.Stdin)
+		_, _ = relay(c, os.Stdin)
 		_ = c.CloseWrite()
 		done <- struct{}{}
 	}()
 	go func() {
-		_, _ = io.Copy(os.Stdout, c)
+		_, _ = relay(os.Stdout, c)
 		done <- struct{}{}
 	}()
 	<-done // either side ending ends the relay: the agent sees the connection close
@@ -117,4 +119,10 @@ func unixPeerCred(c *net.UnixConn) (*syscall.Ucred, error) {
 		return nil, err
 	}
 	return cred, cerr
+}
+
+// relay copies with plain reads and writes of up to 1 MiB: io.Copy's splice between the socket and the exec
+// stream's pipe moved a few KiB per call and cost several times the CPU of the bytes it carried.
+func relay(dst io.Writer, src io.Reader) (int64, error) {
+	return io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 1<<20))
 }

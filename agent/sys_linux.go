@@ -232,3 +232,17 @@ func setWinsize(f *os.File, rows, cols int) error {
 	}
 	return ierr
 }
+
+const fSetPipeSz = 1031
+
+// growPipe asks for a larger pipe buffer (F_SETPIPE_SZ) so a busy writer and its reader trade more bytes per
+// wake-up. Best effort: a file that is not a pipe, or a size over the system's or the uid's limit, keeps its own.
+func growPipe(f *os.File, size int) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSz, uintptr(size))
+	})
+}

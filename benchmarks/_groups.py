@@ -551,6 +551,23 @@ async def peer_group(report: Report) -> None:
     )
 
 
+# ---------------------------------------------------------------------- agent
+
+
+async def agent_group(report: Report) -> None:
+    """The session agent's channel (engine API exec socket) vs the raw SDK exec stream, same container, same
+    run: stdout 256 MiB and a 64 MiB stdin echo (benchmarks/agent_stream.py)."""
+    import agent_stream
+
+    samples, results = await asyncio.to_thread(agent_stream.run, _image(report), report.rounds(5), 256, 64)
+    for case, label in (("out", "stdout 256 MiB"), ("in", "stdin echo 64 MiB")):
+        base = f"agent {label}: raw SDK exec stream"
+        report.add(Row("agent", base, "MiB/s", samples[f"{case} raw"]))
+        report.add(Row("agent", f"agent {label}: through the agent", "MiB/s", samples[f"{case} agent"], baseline=base))
+    for name, ratio, passed in results:
+        report.target(f"agent {name} >= {agent_stream.TARGET:.1f}x the raw SDK exec stream", passed, f"{ratio:.2f}x")
+
+
 GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
     "local": local_group,
     "docker": docker_group,
@@ -558,4 +575,5 @@ GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
     "stream": stream_group,
     "server": server_group,
     "peer": peer_group,
+    "agent": agent_group,
 }

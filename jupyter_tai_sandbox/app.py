@@ -185,9 +185,10 @@ class SandboxApp(ExtensionApp):
     ).tag(config=True)
 
     max_live_commands_per_session = Integer(
-        16,
+        64,
         help="""Most live commands one session may hold at once (websocket and MCP ones, detached ones
-        included); one more is refused with SandboxQuotaError (429). 0 means no cap.""",
+        included); one more is refused with SandboxQuotaError (429). 0 means no cap. The default is the
+        session agent's own cap (64 commands held per session); the conformance suite runs 32 at once.""",
     ).tag(config=True)
 
     detach_grace_seconds = Float(

@@ -18,8 +18,8 @@ from typing import Any
 
 from . import protocol as p
 
-DEFAULT_WINDOW = 256 << 10  # at most the agent's ring, so whatever is in flight when a connection drops can be resumed
-STDIN_CHUNK = 256 << 10
+DEFAULT_WINDOW = 1 << 20  # at most the agent's ring (clamped to it at HELLO): what is in flight when a connection drops can be resumed
+STDIN_CHUNK = 512 << 10
 READ_SIZE = 1 << 20
 AGENT_PATH = "/.tai/agent"
 
@@ -194,7 +194,7 @@ class AgentCommand:
 
     def _consumed(self, n: int) -> None:
         self._ungranted += n
-        if self._ungranted >= self.window // 2:
+        if self._ungranted >= self.window // 4:  # a quarter: the agent never waits a whole round trip for credit
             self.client._send_nowait(p.encode_u64(p.CREDIT, self.id, self._ungranted))
             self._ungranted = 0
 
@@ -219,7 +219,7 @@ class AgentCommand:
             self._check_stdin()
             n = min(len(view), self._stdin_credit, STDIN_CHUNK)
             self._stdin_credit -= n
-            await self.client._send(p.encode(p.STDIN, self.id, bytes(view[:n])))
+            await self.client._send(p.encode(p.STDIN, self.id, view[:n]))
             view = view[n:]
 
     def _check_stdin(self) -> None:
@@ -259,12 +259,21 @@ class AgentCommand:
         self.client._commands.pop(self.id, None)
 
 
+def _owner(owner: tuple[int, int] | None) -> dict[str, int]:
+    return {} if owner is None else {"uid": int(owner[0]), "gid": int(owner[1])}
+
+
 class AgentClient:
     """One connection to a session agent."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+    def __init__(self, reader: asyncio.StreamReader | None, writer: Any, *,
                  window: int = DEFAULT_WINDOW, process: asyncio.subprocess.Process | None = None) -> None:
+        """``reader`` is a stream to read frames from, or None when a protocol pushes the bytes it receives
+        through :meth:`feed` and :meth:`feed_eof` (no copy through a StreamReader: see ``transport.py``).
+        ``writer`` needs ``write``, ``drain``, ``close`` and ``is_closing`` (a StreamWriter has them)."""
         self._reader, self._writer, self.window, self.process = reader, writer, window, process
+        self._decoder = p.FrameDecoder()
+        self._ended: asyncio.Future[AgentError] = asyncio.get_running_loop().create_future()
         self._write_lock = asyncio.Lock()
         self._commands: dict[int, AgentCommand] = {}
         self._pending: dict[tuple[str, int], asyncio.Future] = {}
@@ -276,9 +285,15 @@ class AgentClient:
     # -- opening
     @classmethod
     async def open(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **kw: Any) -> AgentClient:
-        client = cls(reader, writer, **kw)
+        return await cls.open_client(cls(reader, writer, **kw))
+
+    @staticmethod
+    async def open_client(client: AgentClient) -> AgentClient:
+        """The handshake on a client made with its byte stream (closed if it fails)."""
         try:
             client.info = await client._call("hello", 0, p.encode_json(p.HELLO, 0, {"version": p.PROTOCOL_VERSION}))
+            if isinstance(client.info.get("ring"), int) and client.info["ring"] > 0:
+                client.window = min(client.window, client.info["ring"])  # every byte in flight stays resumable
         except BaseException:
             await client.close()
             raise
@@ -322,10 +337,29 @@ class AgentClient:
         finally:
             self._pending.pop((kind, id_), None)
 
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes from the agent (push mode); a protocol error closes the connection."""
+        if self._ended.done():
+            return
+        try:
+            for frame in self._decoder.feed(data):
+                self._dispatch(frame)
+        except Exception as e:  # a ProtocolError, or a frame whose JSON lacks what it must carry
+            self._writer.close()
+            self._ended.set_result(AgentConnectionLost(f"the session agent broke the protocol: {e}"))
+
+    def feed_eof(self, message: str | None = None) -> None:
+        """The byte stream from the agent ended (push mode)."""
+        if not self._ended.done():
+            self._ended.set_result(AgentConnectionLost(message) if message else AgentConnectionLost())
+
     async def _read_loop(self) -> None:
         err: AgentError = AgentConnectionLost()
         try:
-            decoder = p.FrameDecoder()
+            if self._reader is None:
+                err = await self._ended
+                return
+            decoder = self._decoder
             while data := await self._reader.read(READ_SIZE):  # large reads: never a byte-shuffle per frame
                 for frame in decoder.feed(data):
                     self._dispatch(frame)
@@ -391,10 +425,15 @@ class AgentClient:
 
     async def start(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                     pty: bool = False, rows: int = 24, cols: int = 80, timeout: float | None = None,
-                    window: int | None = None) -> AgentCommand:
-        """Start a command; an absent program raises AgentError with code ``ENOENT``."""
+                    window: int | None = None, uid: int | None = None, gid: int | None = None) -> AgentCommand:
+        """Start a command; an absent program raises AgentError with code ``ENOENT``. ``uid``/``gid`` run it as
+        that user and group (``gid`` defaults to ``uid``) with no supplementary groups."""
         window = window or self.window
         req: dict[str, Any] = {"argv": list(argv), "pty": pty, "window": window}
+        if uid is not None:
+            req["uid"] = uid
+        if gid is not None:
+            req["gid"] = gid
         if env is not None:
             req["env"] = [f"{k}={v}" for k, v in env.items()]
         if cwd is not None:
@@ -499,12 +538,14 @@ class AgentClient:
                 break
         return b"".join(parts)
 
-    async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True) -> int:
+    async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True,
+                         owner: tuple[int, int] | None = None) -> int:
         """Upload atomically: into a temp file beside the target, renamed over it only when whole. A failure
-        or cancellation aborts it and leaves the target as it was."""
+        or cancellation aborts it and leaves the target as it was. ``owner`` (uid, gid) owns the file (from
+        before its first byte) and the folders ``parents`` creates."""
         id_ = self._new_id()
-        await self._call("file", id_, p.encode_json(
-            p.UPLOAD_OPEN, id_, {"root": root, "path": path, "mode": mode, "parents": parents}))
+        req: dict[str, Any] = {"root": root, "path": path, "mode": mode, "parents": parents, **_owner(owner)}
+        await self._call("file", id_, p.encode_json(p.UPLOAD_OPEN, id_, req))
         try:
             view = memoryview(data)
             step = p.MAX_PAYLOAD - p.U64.size
@@ -518,8 +559,9 @@ class AgentClient:
             raise
         return reply["size"]
 
-    async def mkdir(self, root: str, path: str, *, parents: bool = False) -> None:
-        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents})
+    async def mkdir(self, root: str, path: str, *, parents: bool = False, owner: tuple[int, int] | None = None) -> None:
+        """Make a folder (and its parents); ``owner`` (uid, gid) owns each folder this creates."""
+        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents, **_owner(owner)})
 
     async def delete(self, root: str, path: str, *, recursive: bool = False) -> None:
         await self._file(p.FILE_DELETE, {"root": root, "path": path, "recursive": recursive})

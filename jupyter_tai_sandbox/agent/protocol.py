@@ -76,9 +76,13 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Frame:
+    """One frame. A STDOUT/STDERR frame out of :class:`FrameDecoder` has its u64 offset already split off:
+    ``offset`` holds it and ``payload`` is the bytes alone (one copy fewer per byte of output)."""
+
     type: int
     id: int
     payload: bytes = b""
+    offset: int | None = None
 
     def json(self) -> Any:
         try:
@@ -88,6 +92,8 @@ class Frame:
 
     def data(self) -> tuple[int, bytes]:
         """The absolute offset and bytes of a STDOUT/STDERR frame."""
+        if self.offset is not None:
+            return self.offset, self.payload
         if len(self.payload) < U64.size:
             raise ProtocolError("data frame shorter than its offset")
         return U64.unpack_from(self.payload)[0], self.payload[U64.size :]
@@ -98,7 +104,8 @@ class Frame:
         return U64.unpack(self.payload)[0]
 
 
-def encode(type_: int, id_: int, payload: bytes = b"") -> bytes:
+def encode(type_: int, id_: int, payload: bytes | bytearray | memoryview = b"") -> bytes:
+    """One frame as bytes (the payload copied once, whatever buffer it comes in)."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
     return HEADER.pack(len(payload) + 5, type_, id_) + payload
@@ -125,25 +132,34 @@ def parse_header(header: bytes | bytearray | memoryview, offset: int = 0) -> tup
     return length - 5, type_, id_
 
 
+DATA_TYPES = frozenset({STDOUT, STDERR})
+
+
 class FrameDecoder:
-    """Incremental decoder: feed bytes as they arrive, take whole frames. Each feed moves the unparsed rest
-    once (not once per frame), so large reads stay linear."""
+    """Incremental decoder: feed bytes as they arrive (any bytes-like object: it is copied before ``feed``
+    returns), take whole frames. Each byte is copied into the decoder's buffer once and out of it once, into
+    its frame's payload; each feed moves only the unparsed rest (less than a frame), so large reads stay linear."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         buf = self._buf
         buf += data
         frames = []
         pos, end = 0, len(buf)
-        while end - pos >= HEADER_SIZE:
-            size, type_, id_ = parse_header(buf, pos)
-            stop = pos + HEADER_SIZE + size
-            if stop > end:
-                break
-            frames.append(Frame(type_, id_, bytes(buf[pos + HEADER_SIZE : stop])))
-            pos = stop
+        with memoryview(buf) as view:  # slices of a view copy once (a bytearray's slice would copy twice)
+            while end - pos >= HEADER_SIZE:
+                size, type_, id_ = parse_header(buf, pos)
+                stop = pos + HEADER_SIZE + size
+                if stop > end:
+                    break
+                start = pos + HEADER_SIZE
+                if type_ in DATA_TYPES and size >= U64.size:
+                    frames.append(Frame(type_, id_, bytes(view[start + U64.size : stop]), U64.unpack_from(buf, start)[0]))
+                else:
+                    frames.append(Frame(type_, id_, bytes(view[start:stop])))
+                pos = stop
         del buf[:pos]
         return frames
 

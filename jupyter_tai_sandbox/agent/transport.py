@@ -1,67 +1,136 @@
 """Byte streams to an agent's ``connect`` relay, beside ``AgentClient.over_command`` (a ``docker exec -i``).
 
 A non-tty Docker exec attached over the engine API multiplexes the relay's stdout and stderr in 8-byte-header
-frames (stream 1 or 2, 3 zero bytes, u32 BE length). :func:`docker_demux` turns that into a plain stream of
-the relay's stdout for :meth:`AgentClient.open`; the relay's stderr (its refusal message, if any) is kept,
-bounded, for the error.
+frames (stream 1 or 2, 3 zero bytes, u32 BE length). :class:`DockerExecProtocol` takes the hijacked socket's
+bytes straight into its own buffer (``asyncio.BufferedProtocol``: no StreamReader copies), strips those
+headers in place and pushes the relay's stdout to :meth:`AgentClient.feed`; the relay's stderr (its refusal
+message, if any) is kept, bounded, for the error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any
 
-from .client import AGENT_PATH, AgentClient
-from .protocol import MAX_FRAME_BODY
+from .client import AGENT_PATH, AgentClient, AgentConnectionLost
 
 DOCKER_HEADER = 8
 STDERR_KEPT = 4096
+RECV_SIZE = 1 << 20
 
 
-class DockerDemux:
-    """The relay's stdout out of a Docker-multiplexed exec stream. ``stderr`` holds its first bytes of stderr."""
+class DockerExecProtocol(asyncio.BufferedProtocol):
+    """The relay's side of a Docker-multiplexed exec socket. Stdout goes to ``sink`` (an AgentClient's
+    ``feed``/``feed_eof``, or anything with them); until a sink is set it is kept. ``stderr`` holds the relay's
+    first bytes of stderr. Doubles as the writer the client needs (``write``, ``drain``, ``close``)."""
 
-    def __init__(self, raw: asyncio.StreamReader) -> None:
-        self.raw = raw
-        self.stdout = asyncio.StreamReader(limit=2 * MAX_FRAME_BODY)
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.sink: Any = None
         self.stderr = bytearray()
-        self.task = asyncio.get_running_loop().create_task(self._pump())
+        self._buf = bytearray(RECV_SIZE + DOCKER_HEADER)
+        self._keep = 0  # bytes of a split Docker header kept at the buffer's start
+        self._kind, self._left = 0, 0  # the current Docker frame's stream and its bytes still to come
+        self._early = bytearray()  # stdout before a sink was set
+        self._eof: str | None = None
+        self._closed = False
+        self._paused: asyncio.Future[None] | None = None
 
-    async def _pump(self) -> None:
-        buf = bytearray()
-        kind, left = 0, 0  # the current frame's stream and its bytes still to come
-        try:
-            while data := await self.raw.read(1 << 20):
-                buf += data
-                pos = 0
-                while pos < len(buf):
-                    if left == 0:
-                        if len(buf) - pos < DOCKER_HEADER:
-                            break
-                        kind, left = buf[pos], int.from_bytes(buf[pos + 4 : pos + 8], "big")
-                        pos += DOCKER_HEADER
-                        if kind not in (1, 2):
-                            return  # not a multiplexed stream: end it rather than guess
-                        continue
-                    take = min(left, len(buf) - pos)
-                    chunk = bytes(buf[pos : pos + take])
-                    if kind == 1:
-                        # unbounded here, yet bounded overall: the agent sends within the credit the client grants
-                        self.stdout.feed_data(chunk)
-                    else:
-                        self.stderr += chunk[: max(0, STDERR_KEPT - len(self.stderr))]
-                    pos += take
-                    left -= take
-                del buf[:pos]
-        except ConnectionError:
-            pass
-        finally:
-            self.stdout.feed_eof()
+    # -- the reading side
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self._buf)[self._keep :]
 
-def docker_demux(raw: asyncio.StreamReader) -> DockerDemux:
-    return DockerDemux(raw)
+    def buffer_updated(self, nbytes: int) -> None:
+        with memoryview(self._buf) as view:
+            end, pos = self._keep + nbytes, 0
+            while pos < end:
+                if self._left == 0:
+                    if end - pos < DOCKER_HEADER:
+                        break
+                    kind, left = view[pos], int.from_bytes(view[pos + 4 : pos + 8], "big")
+                    pos += DOCKER_HEADER
+                    if kind not in (1, 2):  # not a multiplexed stream: end it rather than guess
+                        self._end("the exec stream is not a multiplexed Docker stream")
+                        if self.transport is not None:
+                            self.transport.close()
+                        return
+                    self._kind, self._left = kind, left
+                    continue
+                take = min(self._left, end - pos)
+                chunk = view[pos : pos + take]
+                if self._kind == 1:
+                    self._stdout(chunk)
+                else:
+                    self.stderr += chunk[: max(0, STDERR_KEPT - len(self.stderr))]
+                pos += take
+                self._left -= take
+            rest = bytes(view[pos:end])  # at most a split header: a few bytes
+        self._buf[: len(rest)] = rest
+        self._keep = len(rest)
+
+    def _stdout(self, chunk: memoryview) -> None:
+        if self.sink is not None:
+            self.sink.feed(chunk)  # the sink copies what it keeps before returning
+        else:
+            # unbounded here, yet bounded overall: nothing is asked of the agent before a sink is set
+            self._early += chunk
+
+    def set_sink(self, sink: Any) -> None:
+        self.sink = sink
+        if self._early:
+            early, self._early = bytes(self._early), bytearray()
+            sink.feed(early)
+        if self._eof is not None:
+            sink.feed_eof(self._eof or None)
+
+    def _end(self, message: str = "") -> None:
+        if self._eof is None:
+            self._eof = message
+            if self.sink is not None:
+                self.sink.feed_eof(message or None)
+
+    def eof_received(self) -> bool:
+        self._end()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._end(f"the exec stream to the session agent ended: {exc}" if exc else "")
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    # -- the writing side (flow control from the transport)
+    def pause_writing(self) -> None:
+        if self._paused is None or self._paused.done():
+            self._paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self._closed or self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the exec stream to the session agent is closed")
+        if self._paused is not None and not self._paused.done():
+            await asyncio.shield(self._paused)
+            if self._closed:
+                raise ConnectionResetError("the exec stream to the session agent is closed")
+
+    def is_closing(self) -> bool:
+        return self._closed or self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
@@ -77,11 +146,20 @@ async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
         return raw
 
     sock = await asyncio.to_thread(start)
-    reader, writer = await asyncio.open_connection(sock=sock, limit=2 * MAX_FRAME_BODY)
-    demux = docker_demux(reader)
+    with_buffers(sock)
+    _, proto = await asyncio.get_running_loop().create_connection(DockerExecProtocol, sock=sock)
+    client = AgentClient(None, proto, **kw)
+    proto.set_sink(client)
     try:
-        return await AgentClient.open(demux.stdout, writer, **kw)
-    except BaseException:
-        demux.task.cancel()
-        writer.close()
+        return await AgentClient.open_client(client)
+    except AgentConnectionLost as e:
+        if proto.stderr:
+            raise AgentConnectionLost(f"{e.message}: {bytes(proto.stderr).decode(errors='replace').strip()}") from None
         raise
+
+
+def with_buffers(sock: socket.socket, size: int = 4 << 20) -> None:
+    """Larger kernel socket buffers (best effort, capped by the system): more bytes per wake-up each way."""
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)

@@ -315,11 +315,33 @@ class SandboxClient:
         if isinstance(data, (bytes, bytearray, memoryview)):
             return await self._request("PUT", "sessions", session_id, "files", path, body=bytes(data))
 
-        async def produce(write: Any) -> None:
-            async for chunk in data:
-                await write(chunk)
+        stop = asyncio.Event()
 
-        return await self._request("PUT", "sessions", session_id, "files", path, body_producer=produce)
+        async def unless_stopped(step: Any) -> Any:
+            work, stopped = asyncio.ensure_future(step), asyncio.ensure_future(stop.wait())
+            await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not work.done():
+                work.cancel()
+                raise SandboxError("the upload was cancelled")  # an error the HTTP client handles: it closes
+            return work.result()
+
+        async def produce(write: Any) -> None:
+            chunks = aiter(data)
+            while True:
+                try:
+                    chunk = await unless_stopped(anext(chunks))
+                except StopAsyncIteration:
+                    return
+                await unless_stopped(write(chunk))
+
+        try:
+            return await self._request("PUT", "sessions", session_id, "files", path, body_producer=produce)
+        except asyncio.CancelledError:
+            # the HTTP client runs the body producer on its own: a cancelled upload must stop sending (its
+            # connection then closes, and the server drops the partial temp file) rather than go on unseen
+            stop.set()
+            raise
 
     async def make_folder(self, session_id: str, path: str) -> None:
         """Make a workspace folder (and its parents); an existing folder is fine."""

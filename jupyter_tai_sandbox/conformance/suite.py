@@ -12,6 +12,7 @@ from __future__ import annotations
 from .base import SuiteBase
 from .deadlines import DeadlineChecks, StopChecks
 from .execution import ExecChecks
+from .scale import ScaleChecks
 from .sessions import LifecycleChecks, WorkspaceChecks
 from .terminals import PtyChecks
 
@@ -23,6 +24,7 @@ class ConformanceSuite(
     WorkspaceChecks,
     PtyChecks,
     StopChecks,
+    ScaleChecks,
 ):
     """The checks, run one after another; each failure is recorded, not raised."""
 

@@ -106,13 +106,9 @@ class LocalCommand(ExecHandle):
         self._pipes: list[asyncio.BaseTransport] = []
         self._deadline = loop.time() + self._timeout_seconds
         try:
-            try:
-                process = self._spawn(argv, env=env, cwd=cwd, stdin=stdin)
-            except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
-                # as a shell would: 127 not found, 126 not executable
-                status = "127" if isinstance(e, FileNotFoundError) else "126"
-                script = ["sh", "-c", 'printf "%s\\n" "$1" >&2; exit "$2"', "sh", f"{argv[0]}: {e.strerror}", status]
-                process = self._spawn(script, env=env, cwd=cwd, stdin=stdin)
+            # a program that cannot start (absent, not executable) raises here: the session makes it the typed
+            # SandboxRequestError naming argv (never an invented exit status such as a shell's 127)
+            process = self._spawn(argv, env=env, cwd=cwd, stdin=stdin)
             self._process = process
             self._watch = ChildWatch(process.pid, self._process_reaped)
             if self._stdout_pipe_size:

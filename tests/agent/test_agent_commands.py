@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from jupyter_tai_sandbox.agent import AgentError
+from jupyter_tai_sandbox.agent import AgentConnectionLost, AgentError
 from tests.support.agent import run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.docker]
@@ -300,6 +300,27 @@ def test_the_engine_api_exec_socket_carries_the_channel(session):
 
             _, (out, _, status) = await asyncio.gather(feed(), cmd.collect())
             assert out == payload and status.code == 0
+        finally:
+            await client.close()
+
+    run(go())
+
+
+def test_the_engine_api_channel_ending_fails_every_waiting_call_promptly(session):
+    """The push-mode client (bytes from the socket's protocol straight to the decoder) sees the stream end."""
+    from jupyter_tai_sandbox.agent.transport import open_docker_api
+
+    async def go():
+        client = await open_docker_api(session.api.api, session.name)
+        try:
+            cmd = await client.start(["sleep", "100"])
+            t0 = time.monotonic()
+            await asyncio.to_thread(session.container.kill)
+            with pytest.raises(AgentConnectionLost):
+                await asyncio.wait_for(cmd.wait(), 20)
+            with pytest.raises(AgentConnectionLost):
+                await client.ping()
+            assert time.monotonic() - t0 < 20
         finally:
             await client.close()
 

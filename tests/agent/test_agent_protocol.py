@@ -67,10 +67,8 @@ def test_binary_locator_names_the_architecture_and_says_how_to_build(monkeypatch
     assert agent_binary("aarch64") == tmp_path / "tai-agent-linux-arm64"
 
 
-def test_docker_demux_keeps_stdout_whole_across_any_split_and_keeps_stderr_apart():
-    import asyncio
-
-    from jupyter_tai_sandbox.agent.transport import STDERR_KEPT, docker_demux
+def test_docker_exec_protocol_keeps_stdout_whole_across_any_split_and_keeps_stderr_apart():
+    from jupyter_tai_sandbox.agent.transport import STDERR_KEPT, DockerExecProtocol
 
     def mux(kind: int, data: bytes) -> bytes:
         return bytes([kind, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
@@ -78,17 +76,26 @@ def test_docker_demux_keeps_stdout_whole_across_any_split_and_keeps_stderr_apart
     stdout = [bytes([i]) * (i * 997 % 70000) for i in range(40)]
     wire = b"".join(mux(1, chunk) + mux(2, b"relay says no\n") for chunk in stdout)
 
-    async def go():
-        raw = asyncio.StreamReader()
-        demux = docker_demux(raw)
-        for i in range(0, len(wire), 4093):  # splits inside headers and payloads alike
-            raw.feed_data(wire[i : i + 4093])
-            await asyncio.sleep(0)
-        raw.feed_eof()
-        got = await demux.stdout.read()
-        await demux.task
-        return got, bytes(demux.stderr)
+    class Sink:  # what an AgentClient is to the protocol: it copies what it is fed
+        def __init__(self) -> None:
+            self.got, self.eof = bytearray(), None
 
-    got, stderr = asyncio.run(go())
-    assert got == b"".join(stdout)
-    assert stderr.startswith(b"relay says no\n") and len(stderr) <= STDERR_KEPT
+        def feed(self, data) -> None:
+            self.got += data
+
+        def feed_eof(self, message=None) -> None:
+            self.eof = message or "eof"
+
+    proto, sink = DockerExecProtocol(), Sink()
+    early = 5000
+    for i in range(0, len(wire), 4093):  # splits inside headers and payloads alike, the way recv_into fills it
+        if i >= early and proto.sink is None:
+            proto.set_sink(sink)  # bytes that came before the client existed are handed over first
+        piece = wire[i : i + 4093]
+        buf = proto.get_buffer(len(piece))
+        buf[: len(piece)] = piece
+        proto.buffer_updated(len(piece))
+    proto.eof_received()
+    assert bytes(sink.got) == b"".join(stdout)
+    assert sink.eof == "eof"
+    assert proto.stderr.startswith(b"relay says no\n") and len(proto.stderr) <= STDERR_KEPT

@@ -217,8 +217,9 @@ def _deadline_answer(status: int, content: bytes) -> bool:
 
 
 def _operator_limit(message: str) -> bool:
-    """Refusals the spec can only describe in words: operator maxima, the argv+env byte bound, surrogates."""
-    return any(word in message for word in ("maximum", "the limit is", "lone surrogate"))
+    """Refusals the spec can only describe in words: operator maxima, the argv+env byte bound, surrogates, a
+    program the session cannot start (the fuzz's random argv[0] rarely names one that exists)."""
+    return any(word in message for word in ("maximum", "the limit is", "lone surrogate", "could not start"))
 
 
 # ------------------------------------------------------------------ the live server

@@ -44,6 +44,9 @@ CHECKS_BEFORE_THE_SPLIT = [
     "cancelled_start_leaves_nothing_running",
     "failed_stdin_write_is_one_error",
     "setsid_command_is_stopped",
+    "unread_command_stalls_no_other",  # added with the session agent (issue 27)
+    "absent_program_is_a_typed_error",
+    "cut_upload_leaves_nothing_partial",
 ]
 
 #: Every public name the single module had (what tests, benchmarks, testing.py and the README use).

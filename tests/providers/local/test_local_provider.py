@@ -16,6 +16,7 @@ from jupyter_tai_sandbox.contract import (
     OutputChunk,
     SandboxError,
     SandboxNotFoundError,
+    SandboxRequestError,
     SandboxSpecRejectedError,
     SessionSpec,
 )
@@ -107,11 +108,14 @@ def test_commands_do_not_inherit_the_servers_environment(sandbox, monkeypatch):
     run(scenario())
 
 
-def test_missing_program_exits_127_like_a_shell(sandbox):
+def test_a_missing_program_is_a_request_error_naming_argv_not_an_exit_status(sandbox):
     async def scenario():
         session = await sandbox.create(SessionSpec())
-        result = await session.exec(["no-such-program-xyz"], timeout_seconds=10)
-        assert result.exit_code == 127 and b"no-such-program-xyz" in result.stderr
+        for start in (session.exec, session.exec_start):
+            with pytest.raises(SandboxRequestError) as e:
+                await start(["no-such-program-xyz"], timeout_seconds=10)
+            assert e.value.field == "argv" and "no-such-program-xyz" in str(e.value)
+        assert (await session.exec(["true"], timeout_seconds=10)).exit_code == 0
         await session.destroy()
 
     run(scenario())
@@ -207,7 +211,8 @@ def test_every_process_a_session_started_is_reaped_by_its_destroy(sandbox):
         session = await sandbox.create(SessionSpec())
         for _ in range(5):
             assert (await session.exec(["true"], timeout_seconds=10)).exit_code == 0
-        assert (await session.exec(["no-such-program"], timeout_seconds=10)).exit_code == 127
+        with pytest.raises(SandboxRequestError):
+            await session.exec(["no-such-program"], timeout_seconds=10)
         with pytest.raises(SandboxError):
             await session.exec(["sleep", "5"], timeout_seconds=0.2)
         finished = await session.exec_start(["true"], timeout_seconds=10)
