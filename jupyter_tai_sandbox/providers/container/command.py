@@ -118,8 +118,8 @@ class ContainerCommand(ExecHandle):
                 self._feeder.cancel()
             self._spool.close()
             self._done.set()
-            if self._status is not None:
-                in_background(self._release())
+            if self._status is not None and not self._stopping:
+                in_background(self._release())  # a stop releases it once its kill is answered
             self._on_done(self)
 
     async def _cut_output(self) -> None:
@@ -136,7 +136,8 @@ class ContainerCommand(ExecHandle):
             self._spool.put(stream, data)  # type: ignore[arg-type]
 
     async def _release(self) -> None:
-        """Let the agent forget the finished command (it holds at most 64)."""
+        """Let the agent forget the finished command (it holds at most 64). Never while a kill of it is
+        unanswered: the agent's KILLED may follow the EXIT, and a released command's frames are dropped."""
         with contextlib.suppress(AgentError):
             await self._cmd.release()
 
@@ -161,6 +162,9 @@ class ContainerCommand(ExecHandle):
                 if not self._done.is_set() and e.code not in ("ESRCH",):
                     raise SandboxError(f"the stop failed: {e}") from None
             await asyncio.wait({self._intake}, timeout=max(0.0, end - loop.time()))
+            if self._status is not None:
+                # only now: the agent answers a kill after the exit, and forgets a released command
+                in_background(self._release())
             if not self._intake.done():
                 raise SandboxError(
                     f"the stop did not finish within {KILL_LIMIT_SECONDS:g} s; the agent had reported the kill, "
