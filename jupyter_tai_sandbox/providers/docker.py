@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traitlets import Enum, Float, Integer, TraitError, Unicode
+from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode
 
 from ..contract import (
     SandboxCapacityError,
@@ -38,6 +38,13 @@ from ..contract import (
     session_gone,
 )
 from ._common import new_session_id
+from ._docker_agent import (
+    AGENT_DIR,
+    DockerAgentSession,
+    agent_archive,
+    open_agent_on_any_loop,
+    with_agent,
+)
 from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
 from ._docker_disk import scratch_tmpfs, workspace_driver
 from ._docker_names import (
@@ -74,6 +81,8 @@ from ._docker_networks import (
 )
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
+from .container import CommandRegistry as AgentCommands
+from .container import ContainerSite
 from .container.sandbox import (
     ContainerSandbox,
     how_to_get,
@@ -114,6 +123,8 @@ __all__ = [
 
 #: a TTL record whose session is not found is removed by a reap once it is this old
 STRAY_TTL_GRACE_SECONDS = 60.0
+#: on a container whose session runs on the session agent
+LABEL_AGENT = f"{LABEL}.agent"
 
 
 def _expiries(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -243,6 +254,16 @@ class DockerSandbox(ContainerSandbox):
         once; 'require': refuse egress and internal sessions when it cannot; 'off': none.""",
     ).tag(config=True)
 
+    session_agent = Bool(
+        False,
+        help="""Run each session's commands, file transfers and path look-ups through the session agent: a
+        small static program the provider puts in the container as its PID 1 (agent/PROTOCOL.md), reached
+        over one connection per session. The image then needs nothing (no shell, no /tmp). Off (the
+        default): commands run under sh wrappers, and the image must provide what `image` lists. Not yet
+        certified: a command that calls setsid itself, and a terminal's background jobs in groups of their
+        own, are not stopped by a kill or deadline in this mode.""",
+    ).tag(config=True)
+
     pool_size = Integer(
         0,
         help="""Warm pool: how many pre-started containers wait for sessions of the default spec (the
@@ -284,6 +305,22 @@ class DockerSandbox(ContainerSandbox):
             transfer_idle_seconds=self.transfer_idle_seconds,
             retime=self._retime,
         )
+        engine = self._engine
+        self._agent_site = ContainerSite(
+            kind=self.kind,
+            isolation=self.max_isolation,
+            open_agent=engine.open_agent,
+            inspect=lambda container_id: engine.inspect_container(container_id, what="inspect a session"),
+            teardown=self._teardown,  # type: ignore[arg-type]
+            log=self.log,
+            memory_limit=self.output_memory_limit,
+            commands=AgentCommands(),
+            retime=self._retime,  # type: ignore[arg-type]
+            workspace=WORKSPACE,
+            container_env=self._container_env,
+            open_agent_elsewhere=open_agent_on_any_loop(engine),
+        )
+        self._arch: str | None = None
         self._pool = WarmPool(
             self._engine,
             self._start_pooled,
@@ -300,6 +337,10 @@ class DockerSandbox(ContainerSandbox):
     async def _connect(self) -> None:
         if not self._engine.connected:
             await self._engine.connect()
+            if self.session_agent:
+                info = await self._engine.blocking(lambda: self._engine.api.info())
+                self._arch = str(info.get("Architecture") or "") or None
+                await asyncio.to_thread(agent_archive, self._arch)  # read the binary once, off the loop
             await self._choose_default_image()
             self._pool.fill_soon()
         elif not self._image_chosen:
@@ -347,6 +388,9 @@ class DockerSandbox(ContainerSandbox):
         if ceiling or self.read_only_rootfs:
             options["read_only"] = True
             options["tmpfs"] = scratch_tmpfs(ceiling)
+        if self.session_agent:
+            options = with_agent(options, volume_labels)
+            options["labels"][LABEL_AGENT] = "1"
         return options
 
     async def _start_container(
@@ -355,7 +399,9 @@ class DockerSandbox(ContainerSandbox):
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections."""
         image = self._image_of(spec)
         try:
-            return await self._engine.create_container(image, self._options(spec, name, labels, volume_labels, network))
+            archives = {AGENT_DIR: agent_archive(self._arch)} if self.session_agent else None
+            options = self._options(spec, name, labels, volume_labels, network)
+            return await self._engine.create_container(image, options, archives=archives)
         except MissingImageError:
             raise rejected(f"image {image!r} is not on the Docker engine at {self.base_url}: {how_to_get(image)}") from None
         except EngineRefusedError as e:
@@ -500,13 +546,16 @@ class DockerSandbox(ContainerSandbox):
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
+        if self.session_agent:
+            labels[LABEL_AGENT] = "1"
         if self._poolable(spec):
             container_id = self._pool.take()
             if container_id is not None:
                 record = await self._claim_pooled(container_id, session_id, labels, spec)
                 if record is not None:
                     self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, container_id[:12])
-                    return DockerSession(self._site, container_id, session_id, spec, now, expires, record=record, exec_env=spec.env)
+                    return self._session(container_id, session_id, spec, now, expires, record=record, exec_env=spec.env,
+                                         agent=self.session_agent)
         if spec.durability == "persistent":
             await self._workspace(spec)
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
@@ -523,7 +572,23 @@ class DockerSandbox(ContainerSandbox):
         else:
             container_id = await self._start_container(spec, *names)
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
-        return DockerSession(self._site, container_id, session_id, spec, now, expires)
+        return self._session(container_id, session_id, spec, now, expires, agent=self.session_agent)
+
+    def _session(self, container_id: str, session_id: str, spec: SessionSpec, created: float, expires: float, *,
+                 record: str | None = None, exec_env: Mapping[str, str] | None = None,
+                 env: Sequence[str] | None = None, agent: bool = False) -> DockerSession | DockerAgentSession:
+        """A session of a container: on its agent, or under the sh wrappers (a container made without one)."""
+        if not agent:
+            return DockerSession(self._site, container_id, session_id, spec, created, expires, record=record,
+                                 exec_env=exec_env)
+        known = None if env is None else dict(item.split("=", 1) for item in env if "=" in item)
+        return DockerAgentSession(self._agent_site, container_id, session_id, spec, created, expires,
+                                  env=known, engine=self._engine, record=record, extra_env=exec_env)
+
+    async def _container_env(self, container_id: str) -> dict[str, str]:
+        """The container's environment (its image's and the create's), every agent command's base."""
+        attrs = await self._engine.inspect_container(container_id, what="inspect a session")
+        return dict(item.split("=", 1) for item in attrs["Config"].get("Env") or () if "=" in item)
 
     def _session_from(
         self,
@@ -535,10 +600,10 @@ class DockerSandbox(ContainerSandbox):
         pooled: bool = False,
     ) -> DockerSession:
         spec = spec_from_labels(labels, env)
-        return DockerSession(
-            self._site, container_id, labels[LABEL_SESSION], spec,
-            float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]),
-            record=record, exec_env=spec.env if pooled else None,
+        return self._session(
+            container_id, labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]),
+            record=record, exec_env=spec.env if pooled else None, env=None if pooled else env,
+            agent=labels.get(LABEL_AGENT) == "1",
         )
 
     def _session_from_pooled(self, pooled: PooledSession) -> DockerSession:
@@ -620,7 +685,7 @@ class DockerSandbox(ContainerSandbox):
                 except SandboxNotFoundError:
                     continue  # reaped meanwhile by someone else
                 reaped.append(session.id)
-        reaped += await self._pool.reap(now, self._commands.abandon, ttls)
+        reaped += await self._pool.reap(now, self._abandon, ttls)
         await self._drop_pooled_networks(pooled_records)
         live = {
             str((found.get("Labels") or {}).get(LABEL_SESSION)) for found in [*summaries, *pooled_records]
@@ -667,10 +732,14 @@ class DockerSandbox(ContainerSandbox):
             with contextlib.suppress(EngineRefusedError, SandboxNotFoundError):
                 await self._engine.remove_volume(volume["Name"])
 
+    def _abandon(self, session_id: str) -> None:
+        self._commands.abandon(session_id)
+        self._agent_site.commands.abandon(session_id)
+
     async def _teardown(self, session: DockerSession, remove_workspace: bool) -> None:
         """Remove a session's container (and record), its owner's idle network, and on request
         its persistent workspace."""
-        self._commands.abandon(session.id)
+        self._abandon(session.id)
         self._pool.forget(session.id)
         spec = session.spec
         await self._engine.remove_container(session.container_id, volume=session.record)
@@ -692,7 +761,8 @@ class DockerSandbox(ContainerSandbox):
         self.log.debug("sandbox-docker: destroyed %s", session.id)
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.kill() for c in self._commands.all()), return_exceptions=True)
+        commands = [*self._commands.all(), *self._agent_site.commands.all()]
+        await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
         await self._pool.close()
         if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
             async with self._networks.hold(self.pool_network):

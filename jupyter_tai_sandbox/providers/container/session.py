@@ -82,6 +82,10 @@ class ContainerSite:
     #: moves a session's end durably: (session, expires_at); None: the provider cannot
     retime: Callable[[ContainerSession, float], Awaitable[None]] | None = None
     workspace: str = WORKSPACE
+    #: the container's own environment (image and create options), when a session was made without it
+    container_env: Callable[[str], Awaitable[Mapping[str, str]]] | None = None
+    #: an opener usable on another event loop (the synchronous resolve); None: ``open_agent`` is
+    open_agent_elsewhere: Callable[[str], Awaitable[AgentClient]] | None = None
 
 
 class ContainerSession(SandboxSession):
@@ -105,8 +109,9 @@ class ContainerSession(SandboxSession):
         self.created_at = created_at
         self.expires_at = expires_at
         self._destroyed = False
-        #: every command's base environment (the container's own: the agent passes none of its own on)
-        self._env: dict[str, str] = {"PATH": DEFAULT_PATH, "HOME": site.workspace, **(env or {})}
+        #: every command's base environment (the container's own: the agent passes none of its own on);
+        #: None until read from the container
+        self._env: dict[str, str] | None = None if env is None else self._base_env(env)
         self._channel = AgentChannel(lambda: site.open_agent(container_id), session_id=session_id)
         self.files = WorkspaceFiles(self._client, site.workspace)
 
@@ -140,6 +145,15 @@ class ContainerSession(SandboxSession):
         if self._destroyed:
             raise SandboxNotFoundError(f"session {self._id} was destroyed")
 
+    def _base_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {"PATH": DEFAULT_PATH, "HOME": self._site.workspace, **env}
+
+    async def _command_env(self) -> dict[str, str]:
+        if self._env is None:
+            found = await self._site.container_env(self._container) if self._site.container_env else {}
+            self._env = self._base_env(found)
+        return self._env
+
     async def _client(self) -> AgentClient:
         self._check_live()
         try:
@@ -154,7 +168,7 @@ class ContainerSession(SandboxSession):
     async def _start(self, request: ExecRequest, *, pty: bool) -> ContainerCommand:
         client = await self._client()
         cwd = self._site.workspace if request.cwd is None else await self.files.folder(request.cwd, "cwd")
-        env = {**self._env, "SANDBOX_WORKSPACE": self._site.workspace, **request.env}
+        env = {**await self._command_env(), "SANDBOX_WORKSPACE": self._site.workspace, **request.env}
         rows, cols = request.window
         if pty:
             env = {"TERM": PTY_TERM, **env}
@@ -203,7 +217,7 @@ class ContainerSession(SandboxSession):
         self.files.relative(path)  # the lexical checks, raised here without a thread
 
         async def look() -> str:
-            client = await self._site.open_agent(self._container)
+            client = await (self._site.open_agent_elsewhere or self._site.open_agent)(self._container)
             try:
                 files = WorkspaceFiles(lambda: _ready(client), self._site.workspace)
                 return await files.resolve(path)
