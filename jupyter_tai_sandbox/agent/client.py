@@ -282,6 +282,11 @@ class AgentClient:
         self.info: dict[str, Any] = {}
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
+    @property
+    def lost(self) -> bool:
+        """The connection has ended: every call on it fails with :class:`AgentConnectionLost`."""
+        return self._lost is not None
+
     # -- opening
     @classmethod
     async def open(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **kw: Any) -> AgentClient:
@@ -551,6 +556,33 @@ class AgentClient:
             step = p.MAX_PAYLOAD - p.U64.size
             for offset in range(0, len(view), step):
                 await self._send(p.encode(p.UPLOAD_DATA, id_, p.U64.pack(offset) + bytes(view[offset : offset + step])))
+            reply = await self._call("file", id_, p.encode(p.UPLOAD_COMMIT, id_))
+        except BaseException:
+            if self._lost is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._call("file", id_, p.encode(p.UPLOAD_ABORT, id_)))
+            raise
+        return reply["size"]
+
+    async def read_chunk(self, root: str, path: str, offset: int, length: int = p.MAX_READ_CHUNK) -> tuple[int, bytes]:
+        """``(file size, bytes)``: at most ``length`` bytes of the file from ``offset``."""
+        reply = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": offset, "length": length})
+        return p.U64.unpack_from(reply)[0], reply[p.U64.size :]
+
+    async def write_stream(self, root: str, path: str, chunks: AsyncIterator[bytes], *, mode: int = 0o644,
+                           parents: bool = True) -> int:
+        """:meth:`write_file` from an async iterator of chunks (never the whole file in memory)."""
+        id_ = self._new_id()
+        await self._call("file", id_, p.encode_json(
+            p.UPLOAD_OPEN, id_, {"root": root, "path": path, "mode": mode, "parents": parents}))
+        try:
+            offset, step = 0, p.MAX_PAYLOAD - p.U64.size
+            async for chunk in chunks:
+                view = memoryview(chunk)
+                for i in range(0, len(view), step):
+                    part = bytes(view[i : i + step])
+                    await self._send(p.encode(p.UPLOAD_DATA, id_, p.U64.pack(offset) + part))
+                    offset += len(part)
             reply = await self._call("file", id_, p.encode(p.UPLOAD_COMMIT, id_))
         except BaseException:
             if self._lost is None:

@@ -20,37 +20,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fnmatch
-import json
-import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
-from traitlets.config import LoggingConfigurable
+from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode
 
 from ..contract import (
-    Sandbox,
     SandboxCapacityError,
     SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
     SandboxSession,
     SandboxSpecRejectedError,
-    SandboxUnavailableError,
     SessionInfo,
     SessionSpec,
     session_gone,
 )
-from ..image import DEFAULT_IMAGE, PYTHON_IMAGE
-from ..spool import DEFAULT_MEMORY_LIMIT
-from ._common import ProviderMeta, new_session_id
+from ._common import new_session_id
+from ._docker_agent import (
+    AGENT_DIR,
+    DockerAgentSession,
+    agent_archive,
+    open_agent_on_any_loop,
+    with_agent,
+)
 from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
 from ._docker_disk import scratch_tmpfs, workspace_driver
 from ._docker_names import (
-    DEPLOYMENT_ENV,
     LABEL,
     LABEL_CONSUMER,
     LABEL_CREATED,
@@ -70,17 +67,12 @@ from ._docker_names import (
     VOLUME_PREFIX,
     WORKSPACE,
     Deployment,
-    check_deployment,
-    default_deployment,
     is_session_id,
     session_labels,
 )
 from ._docker_networks import (
-    DEFAULT_NETWORK_POOL,
-    DEFAULT_NETWORK_PREFIX,
     REAP_GRACE_SECONDS,
     HostFirewall,
-    NetworkLocks,
     bridge_options,
     capacity_error,
     check_pool,
@@ -89,24 +81,19 @@ from ._docker_networks import (
 )
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
+from .container import CommandRegistry as AgentCommands
+from .container import ContainerSite
+from .container.sandbox import (
+    ContainerSandbox,
+    how_to_get,
+    rejected,
+    spec_from_labels,
+)
 from .docker_engine import (
-    WORKERS,
-    WORKERS_PER_PRINCIPAL,
     DockerEngine,
     EngineRefusedError,
     MissingImageError,
     docker_sdk,
-)
-
-#: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
-MIN_CPU = 0.01
-MIN_MEMORY_MB = 6
-#: a Docker image reference: [registry[:port]/]name[/name...][:tag][@digest], or an image id
-_NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_REF = re.compile(
-    rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_NAME}(?:/{_NAME})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-    r"(?:@sha256:[0-9a-f]{64})?$"
-    r"|^(?:sha256:)?[0-9a-f]{12,64}$"
 )
 
 __all__ = [
@@ -136,10 +123,8 @@ __all__ = [
 
 #: a TTL record whose session is not found is removed by a reap once it is this old
 STRAY_TTL_GRACE_SECONDS = 60.0
-
-
-def _reject(message: str) -> SandboxSpecRejectedError:
-    return SandboxSpecRejectedError(message)
+#: on a container whose session runs on the session agent
+LABEL_AGENT = f"{LABEL}.agent"
 
 
 def _expiries(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -163,31 +148,7 @@ def _retimed(session: DockerSession, expiries: Mapping[str, float]) -> DockerSes
     return session
 
 
-def _normal_image(ref: str) -> str:
-    """``name`` as ``name:latest`` (a reference with a tag, a digest or a glob is left as it is)."""
-    if "@" in ref or any(c in ref for c in "*?[") or ":" in ref.rsplit("/", 1)[-1]:
-        return ref
-    return ref + ":latest"
-
-
-def _how_to_get(image: str) -> str:
-    """Advice for a missing image: the build command of our own images, never another image's name."""
-    if image == DEFAULT_IMAGE:
-        return "build it with `jupyter tai-sandbox build-image` (offline, about 2 MB)"
-    if image == PYTHON_IMAGE:
-        return "build it with `jupyter tai-sandbox build-image --python` (python3 and ipykernel, offline)"
-    return (
-        "load or build it on that engine (`docker load`, `docker build`), or use one of the package's own "
-        f"images: {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`) or {PYTHON_IMAGE} "
-        "(`jupyter tai-sandbox build-image --python`)"
-    )
-
-
-#: how long the status route waits for the engine's ping before it answers 503 (status stays fast)
-STATUS_PING_SECONDS = 0.5
-
-
-class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
+class DockerSandbox(ContainerSandbox):
     """sandbox-docker: each session is one container on a Docker engine.
 
     **Deployments.** The provider works inside one deployment (``deployment``):
@@ -275,140 +236,12 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     networks = frozenset({"egress", "internal", "none"})
     supports_limits = True
 
-    image = Unicode(
-        "",
-        help=f"""Session image when a spec names none. Empty (the default): the package's Python image
-        {PYTHON_IMAGE} when the engine has it (`jupyter tai-sandbox build-image --python`), else the
-        minimal image {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`), chosen when the provider first
-        reaches the engine (restart the server after building the Python image). Any image must provide
-        sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls and a fractional sleep, /proc and a writable /tmp.""",
-    ).tag(config=True)
-
-    allowed_images = List(
-        Unicode(),
-        default_value=[],
-        help="""Images (besides `image`) that callers who are not admins may ask for; shell-style
-        patterns such as 'registry.example.com/team/*' are allowed. Empty: only `image`. Admins may use
-        any image present on the engine.""",
-    ).tag(config=True)
-
-    base_url = Unicode(
-        help="Docker engine URL (unix:// or tcp://). Default: $DOCKER_HOST, else unix:///var/run/docker.sock.",
-    ).tag(config=True)
-
-    cap_drop = List(
-        Unicode(), default_value=["ALL"], help="Linux capabilities dropped from session containers."
-    ).tag(config=True)
-
-    cap_add = List(
-        Unicode(), default_value=[], help="Linux capabilities added back to session containers (after cap_drop)."
-    ).tag(config=True)
-
-    no_new_privileges = Bool(
-        True, help="Run session containers with no-new-privileges (setuid binaries gain nothing)."
-    ).tag(config=True)
-
-    pids_limit = Integer(
-        1024, help="Most processes a session container may hold at once (0: the engine's default, unlimited)."
-    ).tag(config=True)
-
-    default_cpu = Float(
-        1.0, help="CPUs a session gets when its spec names none (0: no limit)."
-    ).tag(config=True)
-
-    max_cpu = Float(
-        2.0, help="Most CPUs a spec may ask for; more is rejected (0: no maximum but the engine's)."
-    ).tag(config=True)
-
-    default_memory_mb = Integer(
-        1024, help="Memory (MiB) a session gets when its spec names none (0: no limit)."
-    ).tag(config=True)
-
-    max_memory_mb = Integer(
-        4096, help="Most memory (MiB) a spec may ask for; more is rejected (0: no maximum)."
-    ).tag(config=True)
-
-    read_only_rootfs = Bool(
-        False,
-        help="Mount the container's root filesystem read-only (/tmp becomes a tmpfs; /workspace stays writable).",
-    ).tag(config=True)
-
-    disk_limit_mb = Integer(
-        2048,
-        help="""Disk ceiling (MiB) of every session: the root filesystem is read-only, and the ephemeral
-        workspace and /tmp are each a tmpfs of at most this size, which the kernel enforces (a write past
-        it fails with 'No space left on device'), so nothing a session writes lands on the engine's disk.
-        Those files are memory: what the session's processes write counts toward its memory limit too.
-        A persistent workspace is a volume on the engine's storage and is not capped by this (nor, on swarm,
-        the ephemeral workspace: only /tmp). 0: no
-        ceiling (a writable root and workspace on the engine's disk, without bound).""",
-    ).tag(config=True)
-
-    user = Unicode(
-        "",
-        help="""User commands run as, 'uid[:gid]' or a name the image knows ('' = the image's USER).
-        File uploads and downloads run as that user too (uploaded files belong to it), so they have
-        no more rights in the container than the session's own commands.""",
-    ).tag(config=True)
-
-    transfer_idle_seconds = Float(
-        60.0,
-        help="""A file download or upload that moves no data for this many seconds is aborted (a client
-        that stops reading or sending, or an engine that stops answering): its command in the session
-        is stopped and the transfer fails. Transfers hold no engine lock and no worker thread meanwhile.""",
-    ).tag(config=True)
-
-    engine_timeout_seconds = Float(
-        10.0,
-        help="""Longest a quick Docker engine call (inspect, list, start a command, look at a path...) may
-        take before it fails with SandboxUnavailableError, so a stalled or frozen engine never keeps a
-        caller waiting.""",
-    ).tag(config=True)
-
-    engine_slow_timeout_seconds = Float(
-        30.0,
-        help="""Longest a slow Docker engine call (create and start a container, remove one, make or
-        remove a network, remove a volume) may take before it fails with SandboxUnavailableError.""",
-    ).tag(config=True)
-
-    engine_threads_per_user = Integer(
-        WORKERS_PER_PRINCIPAL,
-        help=f"""Most of the engine object's {WORKERS} worker threads (each blocking engine call holds one)
-        one user (principal) may hold at once; a user past it waits for their own calls to end (429
-        SandboxQuotaError after engine_timeout_seconds), so one user flooding requests cannot take the pool
-        and everyone else's calls still run. The server's own work (reaper, warm pool) is not capped.
-        0: no per-user cap.""",
-    ).tag(config=True)
-
-    internal_network = Unicode(
-        "tai-sbx-internal",
-        help="""Base name of the Docker networks (internal: no route out) that network='internal'
-        sessions join: one per owner (this name, '-', a short hash of the owner), made on demand and
-        removed with its last session; sessions without an owner join this name itself.""",
-    ).tag(config=True)
-
     egress_network = Unicode(
         "tai-sbx-egress",
         help="""Base name of the Docker networks that network='egress' sessions join: one bridge per owner
         (this name, '-', a short hash of deployment and owner) with a route out and inter-container
         traffic off, made on demand and removed with its last session. The warm pool's containers wait
         on '<this name>-pool-<deployment tag>', which reaches nothing.""",
-    ).tag(config=True)
-
-    network_pool = Unicode(
-        DEFAULT_NETWORK_POOL,
-        help="""IPv4 range the subnets of session networks (each owner's egress and internal network, and
-        the warm pool's) are taken from; the provider picks free ones itself (never from the engine's
-        default pools), avoiding every subnet already on the engine. It holds
-        2^(network_prefix - its prefix length) networks (1024 by default: up to 512 owners with both
-        egress and internal sessions); when they are all in use a session create answers 503
-        SandboxCapacityError. Choose a range that no network of the engine's host routes to.""",
-    ).tag(config=True)
-
-    network_prefix = Integer(
-        DEFAULT_NETWORK_PREFIX,
-        help="""Prefix length of one session network's subnet (/26: 64 addresses, room for 61 sessions of one
-        owner on one network mode). Between network_pool's prefix length and 29.""",
     ).tag(config=True)
 
     egress_firewall = Enum(
@@ -421,25 +254,14 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         once; 'require': refuse egress and internal sessions when it cannot; 'off': none.""",
     ).tag(config=True)
 
-    output_memory_limit = Integer(
-        DEFAULT_MEMORY_LIMIT,
-        help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
-    ).tag(config=True)
-
-    extra_labels = Dict(
-        value_trait=Unicode(),
-        help="""Extra labels put on every session container and volume this provider makes (decoration:
-        what a provider sees is set by `deployment`, not by these).""",
-    ).tag(config=True)
-
-    deployment = Unicode(
-        help=f"""The deployment this provider works in (${DEPLOYMENT_ENV}): a label on every container,
-        volume, network and record it makes, and a filter on every engine query, so two deployments on one
-        engine never see, reap or touch each other's sessions, workspaces or networks, and admin rights
-        stop at the deployment. Default: 'user@host:config dir' of the server (the JupyterHub user when
-        JUPYTERHUB_USER is set, else the OS user; Jupyter's config dir), which a restarted server finds
-        again. Servers that should share sessions (several processes of one service) name the same
-        deployment explicitly.""",
+    session_agent = Bool(
+        False,
+        help="""Run each session's commands, file transfers and path look-ups through the session agent: a
+        small static program the provider puts in the container as its PID 1 (agent/PROTOCOL.md), reached
+        over one connection per session. The image then needs nothing (no shell, no /tmp). Off (the
+        default): commands run under sh wrappers, and the image must provide what `image` lists. Not yet
+        certified: a command that calls setsid itself, and a terminal's background jobs in groups of their
+        own, are not stopped by a kill or deadline in this mode.""",
     ).tag(config=True)
 
     pool_size = Integer(
@@ -457,34 +279,8 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         host is gone). close() removes the pool's containers.""",
     ).tag(config=True)
 
-    @default("base_url")
-    def _base_url_default(self) -> str:
-        return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-
-    @default("deployment")
-    def _deployment_default(self) -> str:
-        return os.environ.get(DEPLOYMENT_ENV, "").strip() or default_deployment()
-
-    @validate("deployment")
-    def _check_deployment(self, proposal: Any) -> str:
-        try:
-            return check_deployment(proposal["value"])
-        except ValueError as e:
-            raise TraitError(f"DockerSandbox.deployment: {e}") from None
-
-    @property
-    def scope(self) -> Deployment:
-        """The deployment this provider works in."""
-        return Deployment(self.deployment)
-
-    @property
-    def own_labels(self) -> dict[str, str]:
-        """The labels on everything this provider makes: ``extra_labels`` and the deployment's."""
-        return {**self.extra_labels, **self.scope.labels}
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._status_ping: asyncio.Future[None] | None = None
         self._engine = DockerEngine(
             self.base_url,
             timeout=self.engine_timeout_seconds,
@@ -496,7 +292,6 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             check_pool(self.network_pool, self.network_prefix)
         except ValueError as e:
             raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
-        self._networks = NetworkLocks()
         self._firewall = HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log)
         self._commands = CommandRegistry()
         self._site = SessionSite(
@@ -510,6 +305,22 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             transfer_idle_seconds=self.transfer_idle_seconds,
             retime=self._retime,
         )
+        engine = self._engine
+        self._agent_site = ContainerSite(
+            kind=self.kind,
+            isolation=self.max_isolation,
+            open_agent=engine.open_agent,
+            inspect=lambda container_id: engine.inspect_container(container_id, what="inspect a session"),
+            teardown=self._teardown,  # type: ignore[arg-type]
+            log=self.log,
+            memory_limit=self.output_memory_limit,
+            commands=AgentCommands(),
+            retime=self._retime,  # type: ignore[arg-type]
+            workspace=WORKSPACE,
+            container_env=self._container_env,
+            open_agent_elsewhere=open_agent_on_any_loop(engine),
+        )
+        self._arch: str | None = None
         self._pool = WarmPool(
             self._engine,
             self._start_pooled,
@@ -523,84 +334,17 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     def engine(self) -> DockerEngine:
         return self._engine
 
-    async def check_available(self) -> None:
-        """The engine answers a ping within STATUS_PING_SECONDS, or SandboxUnavailableError saying it cannot be
-        reached; one ping at a time (a frozen engine holds one worker thread, not one per status call)."""
-        ping = getattr(self, "_status_ping", None)  # SwarmSandbox skips DockerSandbox.__init__
-        if ping is None or ping.done():
-            ping = self._status_ping = asyncio.ensure_future(self._engine.ping())
-            ping.add_done_callback(lambda t: t.cancelled() or t.exception())
-        try:
-            await asyncio.wait_for(asyncio.shield(ping), STATUS_PING_SECONDS)
-        except asyncio.TimeoutError:
-            raise SandboxUnavailableError(
-                f"the Docker engine at {self._engine.base_url} did not answer a ping within "
-                f"{STATUS_PING_SECONDS:g} s (stopped or overloaded)"
-            ) from None
-
     async def _connect(self) -> None:
         if not self._engine.connected:
             await self._engine.connect()
+            if self.session_agent:
+                info = await self._engine.blocking(lambda: self._engine.api.info())
+                self._arch = str(info.get("Architecture") or "") or None
+                await asyncio.to_thread(agent_archive, self._arch)  # read the binary once, off the loop
             await self._choose_default_image()
             self._pool.fill_soon()
         elif not self._image_chosen:
             await self._choose_default_image()
-
-    # ---------------------------------------------------------------- policy
-
-    #: what an empty ``image`` means until the engine has been asked (see :meth:`_choose_default_image`)
-    _auto_image = DEFAULT_IMAGE
-    _image_chosen = False
-
-    @property
-    def default_image(self) -> str:
-        """The image of a session whose spec names none."""
-        return self.image or self._auto_image
-
-    async def _choose_default_image(self) -> None:
-        """With ``image`` empty, the Python image when the engine has it, else the minimal one."""
-        if not self.image:
-            self._auto_image = PYTHON_IMAGE if await self._engine.has_image(PYTHON_IMAGE) else DEFAULT_IMAGE
-        self._image_chosen = True
-
-    def image_allowed(self, image: str | None) -> bool:
-        """Whether a caller who is not an admin may ask for ``image`` (None: the default one). With
-        ``image`` empty, both of the package's own images are allowed."""
-        if image is None:
-            return True
-        wanted = _normal_image(image)
-        configured = [self.image] if self.image else [DEFAULT_IMAGE, PYTHON_IMAGE]
-        return any(fnmatch.fnmatchcase(wanted, _normal_image(p)) for p in [*configured, *self.allowed_images])
-
-    def _limited(self, spec: SessionSpec) -> SessionSpec:
-        """The spec with the operator's cpu and memory limits in force; out-of-range asks are rejected."""
-        max_cpu, max_mem = self.max_cpu, self.max_memory_mb
-        if spec.cpu is not None:
-            if spec.cpu < MIN_CPU:
-                raise _reject(f"cpu: {spec.cpu:g} is under the Docker engine's minimum of {MIN_CPU:g} CPU")
-            if max_cpu > 0 and spec.cpu > max_cpu:
-                raise _reject(f"cpu: {spec.cpu:g} is over the operator's maximum of {max_cpu:g} CPUs (DockerSandbox.max_cpu)")
-        if spec.memory_mb is not None:
-            if spec.memory_mb < MIN_MEMORY_MB:
-                raise _reject(f"memory_mb: {spec.memory_mb} is under the Docker engine's minimum of {MIN_MEMORY_MB} MiB")
-            if max_mem > 0 and spec.memory_mb > max_mem:
-                raise _reject(
-                    f"memory_mb: {spec.memory_mb} is over the operator's maximum of {max_mem} MiB (DockerSandbox.max_memory_mb)"
-                )
-        cpu, memory = spec.cpu, spec.memory_mb
-        if cpu is None and self.default_cpu > 0:
-            cpu = min(self.default_cpu, max_cpu) if max_cpu > 0 else self.default_cpu
-        if memory is None and self.default_memory_mb > 0:
-            memory = min(self.default_memory_mb, max_mem) if max_mem > 0 else self.default_memory_mb
-        if (cpu, memory) == (spec.cpu, spec.memory_mb):
-            return spec
-        return dataclasses.replace(spec, cpu=cpu, memory_mb=memory)
-
-    def _image_of(self, spec: SessionSpec) -> str:
-        image = spec.image or self.default_image
-        if len(image) > 255 or not _IMAGE_REF.match(image):
-            raise _reject(f"image: {image[:100]!r} is not a valid image reference (for example 'name:tag')")
-        return image
 
     # ------------------------------------------------------------ containers
 
@@ -644,6 +388,9 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if ceiling or self.read_only_rootfs:
             options["read_only"] = True
             options["tmpfs"] = scratch_tmpfs(ceiling)
+        if self.session_agent:
+            options = with_agent(options, volume_labels)
+            options["labels"][LABEL_AGENT] = "1"
         return options
 
     async def _start_container(
@@ -652,12 +399,14 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections."""
         image = self._image_of(spec)
         try:
-            return await self._engine.create_container(image, self._options(spec, name, labels, volume_labels, network))
+            archives = {AGENT_DIR: agent_archive(self._arch)} if self.session_agent else None
+            options = self._options(spec, name, labels, volume_labels, network)
+            return await self._engine.create_container(image, options, archives=archives)
         except MissingImageError:
-            raise _reject(f"image {image!r} is not on the Docker engine at {self.base_url}: {_how_to_get(image)}") from None
+            raise rejected(f"image {image!r} is not on the Docker engine at {self.base_url}: {how_to_get(image)}") from None
         except EngineRefusedError as e:
             if e.status is not None and 400 <= e.status < 500 and e.status != 409:
-                raise _reject(f"the Docker engine refused the session: {e.detail}") from None
+                raise rejected(f"the Docker engine refused the session: {e.detail}") from None
             raise
 
     async def _start_pooled(self, name: str, labels: dict[str, str], volume_labels: dict[str, str]) -> str:
@@ -701,20 +450,6 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             and spec.network == "egress"
             and (spec.cpu, spec.memory_mb) == (default.cpu, default.memory_mb)
         )
-
-    async def _workspace(self, spec: SessionSpec) -> None:
-        """Make the persistent workspace volume (recording its owner), or check who owns it."""
-        key = str(spec.workspace_key)
-        name = self.scope.workspace_volume(key)
-        volume = await self._engine.volume(name)
-        if volume is None:
-            labels = {**self.own_labels, LABEL_WORKSPACE: key}
-            if spec.owner is not None:
-                labels[LABEL_OWNER] = spec.owner
-            volume = await self._engine.create_volume(name, labels)  # an existing one comes back unchanged
-        recorded = (volume.get("Labels") or {}).get(LABEL_OWNER)
-        if spec.owner is not None and recorded is not None and recorded != spec.owner:
-            raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
 
     def _network_of(self, spec: SessionSpec) -> str | None:
         """The owner network a session of ``spec`` joins (None: no network)."""
@@ -811,13 +546,16 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
+        if self.session_agent:
+            labels[LABEL_AGENT] = "1"
         if self._poolable(spec):
             container_id = self._pool.take()
             if container_id is not None:
                 record = await self._claim_pooled(container_id, session_id, labels, spec)
                 if record is not None:
                     self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, container_id[:12])
-                    return DockerSession(self._site, container_id, session_id, spec, now, expires, record=record, exec_env=spec.env)
+                    return self._session(container_id, session_id, spec, now, expires, record=record, exec_env=spec.env,
+                                         agent=self.session_agent)
         if spec.durability == "persistent":
             await self._workspace(spec)
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
@@ -834,7 +572,23 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         else:
             container_id = await self._start_container(spec, *names)
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
-        return DockerSession(self._site, container_id, session_id, spec, now, expires)
+        return self._session(container_id, session_id, spec, now, expires, agent=self.session_agent)
+
+    def _session(self, container_id: str, session_id: str, spec: SessionSpec, created: float, expires: float, *,
+                 record: str | None = None, exec_env: Mapping[str, str] | None = None,
+                 env: Sequence[str] | None = None, agent: bool = False) -> DockerSession | DockerAgentSession:
+        """A session of a container: on its agent, or under the sh wrappers (a container made without one)."""
+        if not agent:
+            return DockerSession(self._site, container_id, session_id, spec, created, expires, record=record,
+                                 exec_env=exec_env)
+        known = None if env is None else dict(item.split("=", 1) for item in env if "=" in item)
+        return DockerAgentSession(self._agent_site, container_id, session_id, spec, created, expires,
+                                  env=known, engine=self._engine, record=record, extra_env=exec_env)
+
+    async def _container_env(self, container_id: str) -> dict[str, str]:
+        """The container's environment (its image's and the create's), every agent command's base."""
+        attrs = await self._engine.inspect_container(container_id, what="inspect a session")
+        return dict(item.split("=", 1) for item in attrs["Config"].get("Env") or () if "=" in item)
 
     def _session_from(
         self,
@@ -845,16 +599,11 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         record: str | None = None,
         pooled: bool = False,
     ) -> DockerSession:
-        public = json.loads(labels[LABEL_SPEC])
-        values = dict(item.split("=", 1) for item in env or () if "=" in item)
-        public["env"] = {name: values.get(name, "") for name in public.get("env", [])}
-        if LABEL_OWNER in labels:
-            public["owner"] = labels[LABEL_OWNER]
-        spec = SessionSpec.from_json(public)
-        return DockerSession(
-            self._site, container_id, labels[LABEL_SESSION], spec,
-            float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]),
-            record=record, exec_env=spec.env if pooled else None,
+        spec = spec_from_labels(labels, env)
+        return self._session(
+            container_id, labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]),
+            record=record, exec_env=spec.env if pooled else None, env=None if pooled else env,
+            agent=labels.get(LABEL_AGENT) == "1",
         )
 
     def _session_from_pooled(self, pooled: PooledSession) -> DockerSession:
@@ -936,7 +685,7 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 except SandboxNotFoundError:
                     continue  # reaped meanwhile by someone else
                 reaped.append(session.id)
-        reaped += await self._pool.reap(now, self._commands.abandon, ttls)
+        reaped += await self._pool.reap(now, self._abandon, ttls)
         await self._drop_pooled_networks(pooled_records)
         live = {
             str((found.get("Labels") or {}).get(LABEL_SESSION)) for found in [*summaries, *pooled_records]
@@ -983,10 +732,14 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             with contextlib.suppress(EngineRefusedError, SandboxNotFoundError):
                 await self._engine.remove_volume(volume["Name"])
 
+    def _abandon(self, session_id: str) -> None:
+        self._commands.abandon(session_id)
+        self._agent_site.commands.abandon(session_id)
+
     async def _teardown(self, session: DockerSession, remove_workspace: bool) -> None:
         """Remove a session's container (and record), its owner's idle network, and on request
         its persistent workspace."""
-        self._commands.abandon(session.id)
+        self._abandon(session.id)
         self._pool.forget(session.id)
         spec = session.spec
         await self._engine.remove_container(session.container_id, volume=session.record)
@@ -1008,7 +761,8 @@ class DockerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self.log.debug("sandbox-docker: destroyed %s", session.id)
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.kill() for c in self._commands.all()), return_exceptions=True)
+        commands = [*self._commands.all(), *self._agent_site.commands.all()]
+        await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
         await self._pool.close()
         if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
             async with self._networks.hold(self.pool_network):

@@ -151,6 +151,11 @@ class DockerEngine:
         return self._client is not None
 
     @property
+    def api(self) -> Any:
+        """The SDK's low-level client (blocking: for worker threads only)."""
+        return self._api
+
+    @property
     def _api(self) -> Any:
         if self._client is None:
             raise SandboxUnavailableError(f"not connected to the Docker engine at {self.base_url}")
@@ -302,10 +307,14 @@ class DockerEngine:
 
     # ---------------------------------------------------------- containers
 
-    async def create_container(self, image: str, options: Mapping[str, Any], *, what: str = "create a container") -> str:
+    async def create_container(
+        self, image: str, options: Mapping[str, Any], *, what: str = "create a container",
+        archives: Mapping[str, bytes] | None = None,
+    ) -> str:
         """Create and start a container (``options`` as the SDK's ``containers.create`` takes them).
 
-        A start that fails removes the container again. MissingImageError when the
+        ``archives`` (folder -> tar) are extracted between the create and the start (the session
+        agent). A start that fails removes the container again. MissingImageError when the
         image is not on the engine. The container carries the deployment's labels.
         """
         docker = docker_sdk()
@@ -319,6 +328,8 @@ class DockerEngine:
                     f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
                 ) from None
             try:
+                for folder, archive in (archives or {}).items():
+                    container.put_archive(folder, archive)
                 container.start()
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -558,6 +569,12 @@ class DockerEngine:
         return await self._bounded(
             start_exec(self._address, str(self._api._version), exec_id, tty), self.timeout, "start a command"
         )
+
+    async def open_agent(self, container_id: str) -> Any:
+        """A new connection (an ``AgentClient``) to the session agent of the container."""
+        from ._docker_agent import open_agent
+
+        return await open_agent(self, container_id)
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         return await self._call("inspect a command", "exec_inspect", exec_id)

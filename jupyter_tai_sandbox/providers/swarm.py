@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from traitlets import Float, List, Unicode
-from traitlets.config import LoggingConfigurable
 
 from ..contract import (
     SandboxConflictError,
@@ -41,13 +40,11 @@ from ._docker_names import (
     LABEL_NETWORK,
     LABEL_OWNER,
     LABEL_SESSION,
-    LABEL_SPEC,
     LABEL_WORKSPACE,
     WORKSPACE,
     is_session_id,
     session_labels,
 )
-from ._docker_networks import NetworkLocks
 from ._docker_session import CommandRegistry, SessionSite
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from ._swarm_session import (
@@ -59,6 +56,7 @@ from ._swarm_session import (
     placement_of,
     record_name,
 )
+from .container.sandbox import ContainerSandbox, spec_from_labels
 from .docker import DockerSandbox
 from .docker_engine import EngineRefusedError, docker_sdk
 
@@ -173,12 +171,11 @@ class SwarmSandbox(DockerSandbox):
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
-        # DockerSandbox's traits and policy, not its single engine or warm pool
-        LoggingConfigurable.__init__(self, **kwargs)
+        # the container base's traits and policy, not DockerSandbox's single engine or warm pool
+        ContainerSandbox.__init__(self, **kwargs)
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user
-        self._networks = NetworkLocks()
         self._commands = CommandRegistry()
         self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for, scope=self.scope.labels)
         if self.pool_size:
@@ -418,12 +415,8 @@ class SwarmSandbox(DockerSandbox):
     def _spec_from(self, service: dict[str, Any]) -> tuple[str, SessionSpec, float, float]:
         labels = (service.get("Spec") or {}).get("Labels") or {}
         container = ((service.get("Spec") or {}).get("TaskTemplate") or {}).get("ContainerSpec") or {}
-        public = json.loads(labels[LABEL_SPEC])
-        values = dict(item.split("=", 1) for item in container.get("Env") or () if "=" in item)
-        public["env"] = {name: values.get(name, "") for name in public.get("env", [])}
-        if LABEL_OWNER in labels:
-            public["owner"] = labels[LABEL_OWNER]
-        return labels[LABEL_SESSION], SessionSpec.from_json(public), float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES])
+        spec = spec_from_labels(labels, container.get("Env"))
+        return labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES])
 
     async def _attach(self, service: dict[str, Any]) -> SwarmSession:
         """The session of a service, on its node (SandboxUnavailableError when that node is down)."""

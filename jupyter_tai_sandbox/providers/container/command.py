@@ -1,0 +1,291 @@
+"""One command of a container session, run by the session agent, as the contract's :class:`ExecHandle`.
+
+The agent starts the command in its own process group and holds that group while the command
+runs or a process it started holds its output (its zombie keeps the group id, so a stop never
+signals a group since given to others). Here the command's output is taken in as it comes,
+whether or not anyone reads, into an :class:`OutputSpool` (memory bounded, spilling to disk),
+so a finished command's output is all there however late it is read. Every stop (kill, deadline,
+a failed or cancelled one-shot, a cancelled start, an output overflow) is the agent's KILL: the
+command's own process and its group, within one fixed limit of :data:`KILL_LIMIT_SECONDS`. The
+exit status is the kernel's, as the agent read it; one that cannot be read is a SandboxError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from ...agent import AgentCommand, AgentError
+from ...contract import (
+    MAX_WINDOW_SIDE,
+    ExecHandle,
+    ExitItem,
+    OutputChunk,
+    OutputItem,
+    OutputTooLargeError,
+    SandboxError,
+    SandboxSpecRejectedError,
+)
+from ...spool import OutputSpool
+from .._common import OUTPUT_GRACE_SECONDS, deadline_error
+
+#: A kill's fixed limit: a stop that has not finished by then raises SandboxError.
+KILL_LIMIT_SECONDS = 5.0
+#: stdin is handed to the agent in pieces this large (its credit bounds what it queues)
+_WRITE_CHUNK = 1 << 18
+#: background work of commands whose handle nobody holds any more (kept referenced until it ends)
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def check_window(rows: int, cols: int) -> None:
+    if not all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_WINDOW_SIDE for n in (rows, cols)
+    ):
+        raise SandboxSpecRejectedError(f"invalid terminal size {rows}x{cols}")
+
+
+def in_background(coro: object) -> None:
+    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+class ContainerCommand(ExecHandle):
+    """An agent command as the contract's handle: its output spool, deadline, stdin and stop."""
+
+    def __init__(
+        self,
+        command: AgentCommand,
+        *,
+        timeout_seconds: float,
+        pty: bool,
+        memory_limit: int,
+        log: logging.Logger | logging.LoggerAdapter,
+        on_done: Callable[[ContainerCommand], None] = lambda _: None,
+    ) -> None:
+        self._cmd = command
+        self._pty = pty
+        self._log = log
+        self._on_done = on_done
+        self._timeout_seconds = timeout_seconds
+        self._spool = OutputSpool(memory_limit)
+        self._spill_limit = self._spool.disk_limit
+        self._spool.on_overflow = self._on_overflow
+        self._overflow_task: asyncio.Task[None] | None = None
+        self._overflow_note = ""
+        self._counts = {"stdout": 0, "stderr": 0}
+        self._stdin_closed = False
+        self._status: int | None = None
+        self._failure: SandboxError | None = None
+        self._timed_out = False
+        self._timeout_error: SandboxError | None = None
+        self._killed = False
+        self._stopping = False
+        self._held = False
+        self._done = asyncio.Event()
+        self._stop_lock = asyncio.Lock()
+        self._feeder: asyncio.Task[None] | None = None
+        self._intake = asyncio.create_task(self._take_in())
+        self._deadline_task: asyncio.Task[None] | None = None
+        self._deadline = asyncio.get_running_loop().call_later(timeout_seconds, self._on_deadline)
+        self._output = self._iterate()
+
+    @property
+    def pid(self) -> int | None:
+        return self._cmd.pid
+
+    # --------------------------------------------------------------- intake
+
+    async def _take_in(self) -> None:
+        try:
+            while (item := await self._cmd.read()) is not None:
+                stream, data = item
+                self._counts[stream] += len(data)  # type: ignore[index]
+                self._spool.put(stream, data)  # type: ignore[arg-type]
+            if self._stopping:
+                await self._cut_output()
+            self._status = (await self._cmd.wait()).returncode
+        except AgentError as e:
+            self._failure = SandboxError(f"the command's exit status could not be read: {e}")
+        except asyncio.CancelledError:
+            self._failure = SandboxError("the command's exit status could not be read: its session is gone")
+        finally:
+            self._deadline.cancel()
+            if self._feeder is not None:
+                self._feeder.cancel()
+            self._spool.close()
+            self._done.set()
+            if self._status is not None and not self._stopping:
+                in_background(self._release())  # a stop releases it once its kill is answered
+            self._on_done(self)
+
+    async def _cut_output(self) -> None:
+        """After a kill: the agent ends each stream (``cut`` when a process that left the group still
+        held it) a moment after its answer; take in what arrives by then."""
+        for _ in range(int(OUTPUT_GRACE_SECONDS / 0.02)):
+            if all(self._cmd.eof.values()):
+                break
+            await asyncio.sleep(0.02)
+        self._held = self._cmd.cut or not all(self._cmd.eof.values())
+        while (item := await self._cmd.read()) is not None:
+            stream, data = item
+            self._counts[stream] += len(data)  # type: ignore[index]
+            self._spool.put(stream, data)  # type: ignore[arg-type]
+
+    async def _release(self) -> None:
+        """Let the agent forget the finished command (it holds at most 64). Never while a kill of it is
+        unanswered: the agent's KILLED may follow the EXIT, and a released command's frames are dropped."""
+        with contextlib.suppress(AgentError):
+            await self._cmd.release()
+
+    # ---------------------------------------------------------------- stops
+
+    async def _stop(self) -> None:
+        """Kill the command and its group (fixed limit), then end the output; SandboxError when it fails."""
+        async with self._stop_lock:
+            if self._done.is_set():
+                return
+            loop = asyncio.get_running_loop()
+            end = loop.time() + KILL_LIMIT_SECONDS
+            self._stopping = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._cmd.kill()), KILL_LIMIT_SECONDS)
+            except asyncio.TimeoutError:
+                raise SandboxError(
+                    f"the stop did not finish within {KILL_LIMIT_SECONDS:g} s; it had reported nothing "
+                    "(the session agent did not answer the kill)"
+                ) from None
+            except AgentError as e:
+                if not self._done.is_set() and e.code not in ("ESRCH",):
+                    raise SandboxError(f"the stop failed: {e}") from None
+            await asyncio.wait({self._intake}, timeout=max(0.0, end - loop.time()))
+            if self._status is not None:
+                # only now: the agent answers a kill after the exit, and forgets a released command
+                in_background(self._release())
+            if not self._intake.done():
+                raise SandboxError(
+                    f"the stop did not finish within {KILL_LIMIT_SECONDS:g} s; the agent had reported the kill, "
+                    "not the command's exit"
+                )
+
+    def _on_overflow(self) -> None:
+        if self._overflow_task is None:
+            self._overflow_task = asyncio.create_task(self._overflow_stop())
+
+    async def _overflow_stop(self) -> None:
+        try:
+            await self._stop()
+        except SandboxError as e:
+            self._overflow_note = f"; the stop failed: {e}"
+            self._intake.cancel()
+
+    def _overflow_error(self) -> SandboxError:
+        return OutputTooLargeError(
+            f"the command's unread output passed {self._spill_limit} bytes kept on the server's disk "
+            f"(SandboxApp.max_spill_bytes), so it was stopped{self._overflow_note}; the output up to "
+            "there was given. Read a command's output as it comes, or write large output to a workspace "
+            "file and download it",
+            stdout_bytes=self._counts["stdout"],
+            stderr_bytes=self._counts["stderr"],
+            exit_code=self._status,
+        )
+
+    def _on_deadline(self) -> None:
+        if not self._done.is_set():
+            self._timed_out = True
+            self._deadline_task = asyncio.create_task(self._deadline_stop())
+
+    async def _deadline_stop(self) -> None:
+        try:
+            await self._stop()
+        except SandboxError as e:
+            self._timeout_error = SandboxError(
+                f"the command reached its {self._timeout_seconds:g} s deadline and could not be stopped: {e}"
+            )
+            self._intake.cancel()
+        else:
+            self._timeout_error = deadline_error(self._timeout_seconds, self._counts, self._held)
+        await self._done.wait()
+
+    # ------------------------------------------------------------ the handle
+
+    @property
+    def output(self) -> AsyncIterator[OutputItem]:
+        return self._output
+
+    async def _iterate(self) -> AsyncIterator[OutputItem]:
+        try:
+            while True:
+                item = await self._spool.get()
+                if self._timed_out and not self._killed:
+                    assert self._deadline_task is not None
+                    await asyncio.shield(self._deadline_task)
+                    if not self._killed and self._timeout_error is not None:
+                        self._spool.discard()
+                        raise self._timeout_error
+                if item is None:
+                    break
+                yield OutputChunk(*item)
+            await self._done.wait()
+            if self._spool.overflowed:
+                raise self._overflow_error()
+            if self._failure is not None:
+                raise self._failure
+            if self._status is None:  # pragma: no cover - _take_in sets one of the two
+                raise SandboxError("the command's exit status could not be read")
+            yield ExitItem(self._status)
+        finally:
+            self._spool.discard()
+
+    def feed(self, data: bytes) -> None:
+        """Stream a one-shot's stdin in the background while its output is read, then close it."""
+        self._feeder = asyncio.create_task(self._feed(data))
+
+    async def _feed(self, data: bytes) -> None:
+        """A command that exits, or closes its stdin, before reading it all drops the rest."""
+        view = memoryview(data)
+        with contextlib.suppress(AgentError):
+            for i in range(0, len(view), _WRITE_CHUNK):
+                await self._cmd.write(bytes(view[i : i + _WRITE_CHUNK]))
+            await self.close_stdin()
+
+    async def write(self, data: bytes) -> None:
+        if self._stdin_closed:
+            raise SandboxError("the command's stdin is closed")
+        if self._done.is_set():
+            raise SandboxError("the command has exited; its stdin takes no more input")
+        try:
+            await self._cmd.write(bytes(data))
+        except AgentError as e:
+            raise SandboxError(f"writing to the command's stdin failed: {e}") from None
+
+    async def close_stdin(self) -> None:
+        if self._stdin_closed:
+            return
+        self._stdin_closed = True
+        with contextlib.suppress(AgentError):
+            await self._cmd.close_stdin()
+
+    async def kill(self) -> None:
+        if not self._done.is_set():
+            await self._stop()
+        self._killed = True
+
+    async def resize(self, rows: int, cols: int) -> None:
+        if not self._pty:
+            await super().resize(rows, cols)
+        check_window(rows, cols)
+        if self._done.is_set():
+            return
+        try:
+            await self._cmd.resize(rows, cols)
+        except AgentError as e:
+            if not self._done.is_set() and e.code != "ESRCH":
+                raise SandboxError(f"resizing the command's terminal failed: {e}") from None
+
+    def abandon(self) -> None:
+        """The session is gone: stop taking output in (the output then ends with a SandboxError)."""
+        self._intake.cancel()

@@ -1,0 +1,369 @@
+"""The container base: what every container provider shares, whatever its engine.
+
+:class:`ContainerSandbox` holds the operator's settings of a container provider (images, limits,
+hardening, networks, the deployment scope, each trait with its help), the policy derived from
+them (the default image, the allow-list, cpu and memory limits in force, image references), the
+owner check of persistent workspaces, the network locks and the status ping. A provider
+subclasses it with its engine (``self._engine``, set in its ``__init__``) and its own
+sessions; the labels that carry a session's spec are read back by :func:`spec_from_labels`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fnmatch
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets.config import LoggingConfigurable
+
+from ...contract import (
+    Sandbox,
+    SandboxNotFoundError,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+    SessionSpec,
+)
+from ...image import DEFAULT_IMAGE, PYTHON_IMAGE
+from ...spool import DEFAULT_MEMORY_LIMIT
+from .._common import ProviderMeta
+from .._docker_names import (
+    DEPLOYMENT_ENV,
+    LABEL_OWNER,
+    LABEL_SPEC,
+    LABEL_WORKSPACE,
+    Deployment,
+    check_deployment,
+    default_deployment,
+)
+from .._docker_networks import DEFAULT_NETWORK_POOL, DEFAULT_NETWORK_PREFIX, NetworkLocks
+from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL
+
+#: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
+MIN_CPU = 0.01
+MIN_MEMORY_MB = 6
+#: a Docker image reference: [registry[:port]/]name[/name...][:tag][@digest], or an image id
+_NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REF = re.compile(
+    rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_NAME}(?:/{_NAME})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@sha256:[0-9a-f]{64})?$"
+    r"|^(?:sha256:)?[0-9a-f]{12,64}$"
+)
+
+
+def rejected(message: str) -> SandboxSpecRejectedError:
+    return SandboxSpecRejectedError(message)
+
+
+def normal_image(ref: str) -> str:
+    """``name`` as ``name:latest`` (a reference with a tag, a digest or a glob is left as it is)."""
+    if "@" in ref or any(c in ref for c in "*?[") or ":" in ref.rsplit("/", 1)[-1]:
+        return ref
+    return ref + ":latest"
+
+
+def how_to_get(image: str) -> str:
+    """Advice for a missing image: the build command of our own images, never another image's name."""
+    if image == DEFAULT_IMAGE:
+        return "build it with `jupyter tai-sandbox build-image` (offline, about 2 MB)"
+    if image == PYTHON_IMAGE:
+        return "build it with `jupyter tai-sandbox build-image --python` (python3 and ipykernel, offline)"
+    return (
+        "load or build it on that engine (`docker load`, `docker build`), or use one of the package's own "
+        f"images: {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`) or {PYTHON_IMAGE} "
+        "(`jupyter tai-sandbox build-image --python`)"
+    )
+
+
+#: how long the status route waits for the engine's ping before it answers 503 (status stays fast)
+STATUS_PING_SECONDS = 0.5
+
+
+
+def spec_from_labels(labels: Mapping[str, str], env: Sequence[str] | None) -> SessionSpec:
+    """The spec a session's labels record (env *names* only), with the values found in ``env``
+    (``NAME=value`` items: the container's environment, or a pooled session's record)."""
+    public = json.loads(labels[LABEL_SPEC])
+    values = dict(item.split("=", 1) for item in env or () if "=" in item)
+    public["env"] = {name: values.get(name, "") for name in public.get("env", [])}
+    if LABEL_OWNER in labels:
+        public["owner"] = labels[LABEL_OWNER]
+    return SessionSpec.from_json(public)
+
+
+class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
+    """A container provider's settings and policy (see the module's docstring)."""
+
+    max_isolation = "container"
+    networks = frozenset({"egress", "internal", "none"})
+    supports_limits = True
+
+    image = Unicode(
+        "",
+        help=f"""Session image when a spec names none. Empty (the default): the package's Python image
+        {PYTHON_IMAGE} when the engine has it (`jupyter tai-sandbox build-image --python`), else the
+        minimal image {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`), chosen when the provider first
+        reaches the engine (restart the server after building the Python image). Any image must provide
+        sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls and a fractional sleep, /proc and a writable /tmp.""",
+    ).tag(config=True)
+
+    allowed_images = List(
+        Unicode(),
+        default_value=[],
+        help="""Images (besides `image`) that callers who are not admins may ask for; shell-style
+        patterns such as 'registry.example.com/team/*' are allowed. Empty: only `image`. Admins may use
+        any image present on the engine.""",
+    ).tag(config=True)
+
+    base_url = Unicode(
+        help="Docker engine URL (unix:// or tcp://). Default: $DOCKER_HOST, else unix:///var/run/docker.sock.",
+    ).tag(config=True)
+
+    cap_drop = List(
+        Unicode(), default_value=["ALL"], help="Linux capabilities dropped from session containers."
+    ).tag(config=True)
+
+    cap_add = List(
+        Unicode(), default_value=[], help="Linux capabilities added back to session containers (after cap_drop)."
+    ).tag(config=True)
+
+    no_new_privileges = Bool(
+        True, help="Run session containers with no-new-privileges (setuid binaries gain nothing)."
+    ).tag(config=True)
+
+    pids_limit = Integer(
+        1024, help="Most processes a session container may hold at once (0: the engine's default, unlimited)."
+    ).tag(config=True)
+
+    default_cpu = Float(
+        1.0, help="CPUs a session gets when its spec names none (0: no limit)."
+    ).tag(config=True)
+
+    max_cpu = Float(
+        2.0, help="Most CPUs a spec may ask for; more is rejected (0: no maximum but the engine's)."
+    ).tag(config=True)
+
+    default_memory_mb = Integer(
+        1024, help="Memory (MiB) a session gets when its spec names none (0: no limit)."
+    ).tag(config=True)
+
+    max_memory_mb = Integer(
+        4096, help="Most memory (MiB) a spec may ask for; more is rejected (0: no maximum)."
+    ).tag(config=True)
+
+    read_only_rootfs = Bool(
+        False,
+        help="Mount the container's root filesystem read-only (/tmp becomes a tmpfs; /workspace stays writable).",
+    ).tag(config=True)
+
+    disk_limit_mb = Integer(
+        2048,
+        help="""Disk ceiling (MiB) of every session: the root filesystem is read-only, and the ephemeral
+        workspace and /tmp are each a tmpfs of at most this size, which the kernel enforces (a write past
+        it fails with 'No space left on device'), so nothing a session writes lands on the engine's disk.
+        Those files are memory: what the session's processes write counts toward its memory limit too.
+        A persistent workspace is a volume on the engine's storage and is not capped by this (nor, on swarm,
+        the ephemeral workspace: only /tmp). 0: no
+        ceiling (a writable root and workspace on the engine's disk, without bound).""",
+    ).tag(config=True)
+
+    user = Unicode(
+        "",
+        help="""User commands run as, 'uid[:gid]' or a name the image knows ('' = the image's USER).
+        File uploads and downloads run as that user too (uploaded files belong to it), so they have
+        no more rights in the container than the session's own commands.""",
+    ).tag(config=True)
+
+    transfer_idle_seconds = Float(
+        60.0,
+        help="""A file download or upload that moves no data for this many seconds is aborted (a client
+        that stops reading or sending, or an engine that stops answering): its command in the session
+        is stopped and the transfer fails. Transfers hold no engine lock and no worker thread meanwhile.""",
+    ).tag(config=True)
+
+    engine_timeout_seconds = Float(
+        10.0,
+        help="""Longest a quick Docker engine call (inspect, list, start a command, look at a path...) may
+        take before it fails with SandboxUnavailableError, so a stalled or frozen engine never keeps a
+        caller waiting.""",
+    ).tag(config=True)
+
+    engine_slow_timeout_seconds = Float(
+        30.0,
+        help="""Longest a slow Docker engine call (create and start a container, remove one, make or
+        remove a network, remove a volume) may take before it fails with SandboxUnavailableError.""",
+    ).tag(config=True)
+
+    engine_threads_per_user = Integer(
+        WORKERS_PER_PRINCIPAL,
+        help=f"""Most of the engine object's {WORKERS} worker threads (each blocking engine call holds one)
+        one user (principal) may hold at once; a user past it waits for their own calls to end (429
+        SandboxQuotaError after engine_timeout_seconds), so one user flooding requests cannot take the pool
+        and everyone else's calls still run. The server's own work (reaper, warm pool) is not capped.
+        0: no per-user cap.""",
+    ).tag(config=True)
+
+    internal_network = Unicode(
+        "tai-sbx-internal",
+        help="""Base name of the Docker networks (internal: no route out) that network='internal'
+        sessions join: one per owner (this name, '-', a short hash of the owner), made on demand and
+        removed with its last session; sessions without an owner join this name itself.""",
+    ).tag(config=True)
+
+    network_pool = Unicode(
+        DEFAULT_NETWORK_POOL,
+        help="""IPv4 range the subnets of session networks (each owner's egress and internal network, and
+        the warm pool's) are taken from; the provider picks free ones itself (never from the engine's
+        default pools), avoiding every subnet already on the engine. It holds
+        2^(network_prefix - its prefix length) networks (1024 by default: up to 512 owners with both
+        egress and internal sessions); when they are all in use a session create answers 503
+        SandboxCapacityError. Choose a range that no network of the engine's host routes to.""",
+    ).tag(config=True)
+
+    network_prefix = Integer(
+        DEFAULT_NETWORK_PREFIX,
+        help="""Prefix length of one session network's subnet (/26: 64 addresses, room for 61 sessions of one
+        owner on one network mode). Between network_pool's prefix length and 29.""",
+    ).tag(config=True)
+
+    output_memory_limit = Integer(
+        DEFAULT_MEMORY_LIMIT,
+        help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
+    ).tag(config=True)
+
+    extra_labels = Dict(
+        value_trait=Unicode(),
+        help="""Extra labels put on every session container and volume this provider makes (decoration:
+        what a provider sees is set by `deployment`, not by these).""",
+    ).tag(config=True)
+
+    deployment = Unicode(
+        help=f"""The deployment this provider works in (${DEPLOYMENT_ENV}): a label on every container,
+        volume, network and record it makes, and a filter on every engine query, so two deployments on one
+        engine never see, reap or touch each other's sessions, workspaces or networks, and admin rights
+        stop at the deployment. Default: 'user@host:config dir' of the server (the JupyterHub user when
+        JUPYTERHUB_USER is set, else the OS user; Jupyter's config dir), which a restarted server finds
+        again. Servers that should share sessions (several processes of one service) name the same
+        deployment explicitly.""",
+    ).tag(config=True)
+
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._status_ping: asyncio.Future[None] | None = None
+        self._networks = NetworkLocks()
+
+    @default("base_url")
+    def _base_url_default(self) -> str:
+        return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+    @default("deployment")
+    def _deployment_default(self) -> str:
+        return os.environ.get(DEPLOYMENT_ENV, "").strip() or default_deployment()
+
+    @validate("deployment")
+    def _check_deployment(self, proposal: Any) -> str:
+        try:
+            return check_deployment(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"{type(self).__name__}.deployment: {e}") from None
+
+    @property
+    def scope(self) -> Deployment:
+        """The deployment this provider works in."""
+        return Deployment(self.deployment)
+
+    @property
+    def own_labels(self) -> dict[str, str]:
+        """The labels on everything this provider makes: ``extra_labels`` and the deployment's."""
+        return {**self.extra_labels, **self.scope.labels}
+
+    async def check_available(self) -> None:
+        """The engine answers a ping within STATUS_PING_SECONDS, or SandboxUnavailableError saying it cannot be
+        reached; one ping at a time (a frozen engine holds one worker thread, not one per status call)."""
+        ping = getattr(self, "_status_ping", None)
+        if ping is None or ping.done():
+            ping = self._status_ping = asyncio.ensure_future(self._engine.ping())
+            ping.add_done_callback(lambda t: t.cancelled() or t.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(ping), STATUS_PING_SECONDS)
+        except asyncio.TimeoutError:
+            raise SandboxUnavailableError(
+                f"the Docker engine at {self._engine.base_url} did not answer a ping within "
+                f"{STATUS_PING_SECONDS:g} s (stopped or overloaded)"
+            ) from None
+
+    # ---------------------------------------------------------------- policy
+
+    #: what an empty ``image`` means until the engine has been asked (see :meth:`_choose_default_image`)
+    _auto_image = DEFAULT_IMAGE
+    _image_chosen = False
+
+    @property
+    def default_image(self) -> str:
+        """The image of a session whose spec names none."""
+        return self.image or self._auto_image
+
+    async def _choose_default_image(self) -> None:
+        """With ``image`` empty, the Python image when the engine has it, else the minimal one."""
+        if not self.image:
+            self._auto_image = PYTHON_IMAGE if await self._engine.has_image(PYTHON_IMAGE) else DEFAULT_IMAGE
+        self._image_chosen = True
+
+    def image_allowed(self, image: str | None) -> bool:
+        """Whether a caller who is not an admin may ask for ``image`` (None: the default one). With
+        ``image`` empty, both of the package's own images are allowed."""
+        if image is None:
+            return True
+        wanted = normal_image(image)
+        configured = [self.image] if self.image else [DEFAULT_IMAGE, PYTHON_IMAGE]
+        return any(fnmatch.fnmatchcase(wanted, normal_image(p)) for p in [*configured, *self.allowed_images])
+
+    def _limited(self, spec: SessionSpec) -> SessionSpec:
+        """The spec with the operator's cpu and memory limits in force; out-of-range asks are rejected."""
+        max_cpu, max_mem = self.max_cpu, self.max_memory_mb
+        if spec.cpu is not None:
+            if spec.cpu < MIN_CPU:
+                raise rejected(f"cpu: {spec.cpu:g} is under the Docker engine's minimum of {MIN_CPU:g} CPU")
+            if max_cpu > 0 and spec.cpu > max_cpu:
+                raise rejected(f"cpu: {spec.cpu:g} is over the operator's maximum of {max_cpu:g} CPUs ({type(self).__name__}.max_cpu)")
+        if spec.memory_mb is not None:
+            if spec.memory_mb < MIN_MEMORY_MB:
+                raise rejected(f"memory_mb: {spec.memory_mb} is under the Docker engine's minimum of {MIN_MEMORY_MB} MiB")
+            if max_mem > 0 and spec.memory_mb > max_mem:
+                raise rejected(
+                    f"memory_mb: {spec.memory_mb} is over the operator's maximum of {max_mem} MiB ({type(self).__name__}.max_memory_mb)"
+                )
+        cpu, memory = spec.cpu, spec.memory_mb
+        if cpu is None and self.default_cpu > 0:
+            cpu = min(self.default_cpu, max_cpu) if max_cpu > 0 else self.default_cpu
+        if memory is None and self.default_memory_mb > 0:
+            memory = min(self.default_memory_mb, max_mem) if max_mem > 0 else self.default_memory_mb
+        if (cpu, memory) == (spec.cpu, spec.memory_mb):
+            return spec
+        return dataclasses.replace(spec, cpu=cpu, memory_mb=memory)
+
+    def _image_of(self, spec: SessionSpec) -> str:
+        image = spec.image or self.default_image
+        if len(image) > 255 or not _IMAGE_REF.match(image):
+            raise rejected(f"image: {image[:100]!r} is not a valid image reference (for example 'name:tag')")
+        return image
+
+    async def _workspace(self, spec: SessionSpec) -> None:
+        """Make the persistent workspace volume (recording its owner), or check who owns it."""
+        key = str(spec.workspace_key)
+        name = self.scope.workspace_volume(key)
+        volume = await self._engine.volume(name)
+        if volume is None:
+            labels = {**self.own_labels, LABEL_WORKSPACE: key}
+            if spec.owner is not None:
+                labels[LABEL_OWNER] = spec.owner
+            volume = await self._engine.create_volume(name, labels)  # an existing one comes back unchanged
+        recorded = (volume.get("Labels") or {}).get(LABEL_OWNER)
+        if spec.owner is not None and recorded is not None and recorded != spec.owner:
+            raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")

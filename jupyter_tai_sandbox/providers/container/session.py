@@ -1,0 +1,283 @@
+"""A container session on the session agent: exec and files of one container, engine-neutral.
+
+Every command, transfer and path look-up goes through the session's one agent connection
+(:class:`AgentChannel`); the engine is asked only about the container itself (is it there,
+tear it down). A provider makes sessions with a :class:`ContainerSite`, what all of its
+sessions share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...agent import AgentClient, AgentError
+from ...contract import (
+    ExecHandle,
+    ExecRequest,
+    ExecResult,
+    SandboxError,
+    SandboxIsolation,
+    SandboxNotFoundError,
+    SandboxSession,
+    SessionInfo,
+    SessionSpec,
+    session_gone,
+)
+from .._common import run_to_end
+from .channel import AgentChannel
+from .command import KILL_LIMIT_SECONDS, ContainerCommand, in_background
+from .files import WorkspaceFiles
+
+#: A pty command's TERM.
+PTY_TERM = "xterm-256color"
+#: the workspace of a container session
+WORKSPACE = "/workspace"
+#: the environment of a command when the container's is unknown
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: how long the synchronous resolve() may take
+RESOLVE_LIMIT_SECONDS = 10.0
+
+
+class CommandRegistry:
+    """The live commands of a provider's sessions, by session id (a session may have several handles)."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, set[ContainerCommand]] = {}
+
+    def add(self, session_id: str, command: ContainerCommand) -> None:
+        self._by_session.setdefault(session_id, set()).add(command)
+
+    def discard(self, session_id: str, command: ContainerCommand) -> None:
+        self._by_session.get(session_id, set()).discard(command)
+
+    def abandon(self, session_id: str) -> None:
+        """The session is gone: its commands stop taking output in."""
+        for command in self._by_session.pop(session_id, set()):
+            command.abandon()
+
+    def all(self) -> list[ContainerCommand]:
+        return [c for group in self._by_session.values() for c in group]
+
+
+@dataclass(frozen=True)
+class ContainerSite:
+    """What every session of one container provider shares."""
+
+    kind: str
+    isolation: SandboxIsolation
+    #: a new connection to a container's agent: (container id) -> client (any event loop)
+    open_agent: Callable[[str], Awaitable[AgentClient]]
+    #: the container's record; SandboxNotFoundError when it is gone
+    inspect: Callable[[str], Awaitable[Any]]
+    #: tears a session down: (session, remove_workspace)
+    teardown: Callable[[ContainerSession, bool], Awaitable[None]]
+    log: Any
+    memory_limit: int = 8 << 20
+    commands: CommandRegistry = field(default_factory=CommandRegistry)
+    #: moves a session's end durably: (session, expires_at); None: the provider cannot
+    retime: Callable[[ContainerSession, float], Awaitable[None]] | None = None
+    workspace: str = WORKSPACE
+    #: the container's own environment (image and create options), when a session was made without it
+    container_env: Callable[[str], Awaitable[Mapping[str, str]]] | None = None
+    #: an opener usable on another event loop (the synchronous resolve); None: ``open_agent`` is
+    open_agent_elsewhere: Callable[[str], Awaitable[AgentClient]] | None = None
+
+
+class ContainerSession(SandboxSession):
+    """One session container, reached through its agent."""
+
+    def __init__(
+        self,
+        site: ContainerSite,
+        container_id: str,
+        session_id: str,
+        spec: SessionSpec,
+        created_at: float,
+        expires_at: float,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._site = site
+        self._container = container_id
+        self._id = session_id
+        self.spec = spec
+        self.created_at = created_at
+        self.expires_at = expires_at
+        self._destroyed = False
+        #: every command's base environment (the container's own: the agent passes none of its own on);
+        #: None until read from the container
+        self._env: dict[str, str] | None = None if env is None else self._base_env(env)
+        self._channel = AgentChannel(lambda: site.open_agent(container_id), session_id=session_id)
+        self.files = WorkspaceFiles(self._client, site.workspace)
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def container_id(self) -> str:
+        return self._container
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    def _info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self._id, kind=self._site.kind, spec=self.spec, isolation=self._site.isolation,
+            workspace=self._site.workspace, created_at=self.created_at, expires_at=self.expires_at,
+        )
+
+    async def info(self) -> SessionInfo:
+        self._check_live()
+        try:
+            await self._site.inspect(self._container)
+        except SandboxNotFoundError:
+            raise session_gone(self._id) from None
+        return self._info()
+
+    def _check_live(self) -> None:
+        if self._destroyed:
+            raise SandboxNotFoundError(f"session {self._id} was destroyed")
+
+    def _base_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {"PATH": DEFAULT_PATH, "HOME": self._site.workspace, **env}
+
+    async def _command_env(self) -> dict[str, str]:
+        if self._env is None:
+            found = await self._site.container_env(self._container) if self._site.container_env else {}
+            self._env = self._base_env(found)
+        return self._env
+
+    async def _client(self) -> AgentClient:
+        self._check_live()
+        try:
+            return await self._channel.client()
+        except SandboxError:
+            if self._destroyed:
+                raise SandboxNotFoundError(f"session {self._id} is gone") from None
+            raise
+
+    # ----------------------------------------------------------------- exec
+
+    async def _start(self, request: ExecRequest, *, pty: bool) -> ContainerCommand:
+        client = await self._client()
+        cwd = self._site.workspace if request.cwd is None else await self.files.folder(request.cwd, "cwd")
+        env = {**await self._command_env(), "SANDBOX_WORKSPACE": self._site.workspace, **request.env}
+        rows, cols = request.window
+        if pty:
+            env = {"TERM": PTY_TERM, **env}
+        # the agent's own deadline is a backstop for a server that is gone; the handle's comes first
+        backstop = request.timeout_seconds + 2 * KILL_LIMIT_SECONDS
+        try:
+            agent_command = await client.start(request.argv, env=env, cwd=cwd, pty=pty, rows=rows, cols=cols,
+                                               timeout=backstop)
+        except AgentError as e:
+            if e.code == "ENOENT":
+                raise SandboxError(
+                    f"cannot run {request.argv[0]!r}: no such program in the session (or its cwd is gone)"
+                ) from None
+            raise SandboxError(f"cannot start {request.argv[0]!r}: {e}") from None
+        except asyncio.CancelledError:
+            raise
+        try:
+            command = ContainerCommand(
+                agent_command, timeout_seconds=request.timeout_seconds, pty=pty,
+                memory_limit=self._site.memory_limit, log=self._site.log,
+                on_done=lambda c: self._site.commands.discard(self._id, c),
+            )
+        except BaseException:
+            in_background(agent_command.kill())
+            raise
+        self._site.commands.add(self._id, command)
+        return command
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        command = await self._start(request, pty=False)
+        if request.stdin is not None:
+            command.feed(request.stdin)
+        else:
+            await command.close_stdin()
+        return await run_to_end(command, request.output_limit)
+
+    async def start(self, request: ExecRequest) -> ExecHandle:
+        return await self._start(request, pty=request.pty)
+
+    # ---------------------------------------------------------------- paths
+
+    def resolve(self, path: str) -> str:
+        """:meth:`resolve_path` for synchronous callers: one look-up on a connection of its own, in a
+        worker thread (the contract makes resolve synchronous; async callers use resolve_path)."""
+        self._check_live()
+        self.files.relative(path)  # the lexical checks, raised here without a thread
+
+        async def look() -> str:
+            client = await (self._site.open_agent_elsewhere or self._site.open_agent)(self._container)
+            try:
+                files = WorkspaceFiles(lambda: _ready(client), self._site.workspace)
+                return await files.resolve(path)
+            finally:
+                await client.close()
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            try:
+                return pool.submit(asyncio.run, look()).result(RESOLVE_LIMIT_SECONDS)
+            except concurrent.futures.TimeoutError:
+                raise SandboxError(f"looking up {path!r} took longer than {RESOLVE_LIMIT_SECONDS:g} s") from None
+            except AgentError as e:
+                raise SandboxError(f"looking up {path!r}: the session agent failed: {e}") from None
+
+    async def resolve_path(self, path: str) -> str:
+        return await self.files.resolve(path)
+
+    # ---------------------------------------------------------------- files
+
+    async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
+        await self.files.put(path, data)
+
+    async def get_file(self, path: str) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_file(path)])
+
+    async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        async for chunk in self.files.iter(path, chunk_size):
+            yield chunk
+
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        return await self.files.listdir(path)
+
+    async def remove_path(self, path: str) -> None:
+        await self.files.remove(path)
+
+    async def move_path(self, path: str, new_path: str) -> None:
+        await self.files.move(path, new_path)
+
+    async def make_folder(self, path: str) -> None:
+        await self.files.mkdir(path)
+
+    # ------------------------------------------------------------ TTL, teardown
+
+    async def set_expiry(self, expires_at: float) -> SessionInfo:
+        self._check_live()
+        if self._site.retime is None:
+            return await super().set_expiry(expires_at)
+        await self._site.retime(self, expires_at)
+        self.expires_at = expires_at
+        return self._info()
+
+    async def destroy(self, remove_workspace: bool = False) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._site.commands.abandon(self._id)
+        with contextlib.suppress(Exception):
+            await self._channel.close()
+        await self._site.teardown(self, remove_workspace)
+
+
+async def _ready(client: AgentClient) -> AgentClient:
+    return client

@@ -1,0 +1,76 @@
+"""The docker provider on the session agent: an image that holds nothing but one static program still
+serves sessions (files, and commands of that program), on a read-only root filesystem."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import subprocess
+import tarfile
+
+import pytest
+
+from jupyter_tai_sandbox.agent import agent_binary
+from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
+from jupyter_tai_sandbox.providers.docker import DockerSandbox
+from tests.support.docker import RUN_ID, RUN_LABEL, docker_client, leftovers
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+LABEL_KEY, LABEL_VALUE = next(iter(RUN_LABEL.items()))
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = docker_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def bare_image(client):
+    """An image holding one static program (the agent binary itself, as /prog) and nothing else."""
+    buf = io.BytesIO()
+    data = agent_binary().read_bytes()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("prog")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    tag = f"tai-sbx-test/bare:{RUN_ID}".lower()
+    subprocess.run(["docker", "import", "--change", f"LABEL {LABEL_KEY}={LABEL_VALUE}", "-", tag],
+                   input=buf.getvalue(), check=True, capture_output=True)
+    yield tag
+    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def test_an_image_without_a_shell_or_tmp_serves_a_session(client, bare_image):
+    async def main() -> None:
+        sandbox = DockerSandbox(image=bare_image, extra_labels=RUN_LABEL, session_agent=True)
+        session = await sandbox.create(SessionSpec(image=bare_image, consumer="docker-tests", network="none"))
+        try:
+            await session.put_file("dir/hello.txt", b"hello")
+            assert await session.get_file("dir/hello.txt") == b"hello"
+            assert [e["name"] for e in await session.list_files("dir")] == ["hello.txt"]
+            result = await session.exec(["/prog", "version"], timeout_seconds=30)
+            assert (result.exit_code, result.stdout) == (0, b"tai-agent protocol 1\n")
+            with pytest.raises(SandboxError, match="no such program"):
+                await session.exec(["sh", "-c", "true"], timeout_seconds=30)
+            assert session.resolve("dir/hello.txt") == "/workspace/dir/hello.txt"
+            again = await sandbox.get(session.id)
+            assert await again.get_file("dir/hello.txt") == b"hello"
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_the_docker_engine_fills_the_container_engine_seam():
+    from jupyter_tai_sandbox.providers.container import ContainerEngine
+    from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
+
+    assert isinstance(DockerEngine("unix:///var/run/docker.sock", timeout=1, slow_timeout=1, scope={}), ContainerEngine)
+
+
+def test_nothing_is_left_behind(client):
+    assert leftovers(client) == []
