@@ -158,6 +158,39 @@ async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
         raise
 
 
+async def open_docker_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **kw: Any) -> AgentClient:
+    """Connect over an exec of ``/.tai/agent connect`` the caller started and attached as streams (the
+    provider's own engine client): its bytes are read into a :class:`DockerExecProtocol`, which strips the
+    Docker headers and feeds the client; the client writes to ``writer``."""
+    demux = DockerExecProtocol()
+    client = AgentClient(None, writer, **kw)
+    demux.set_sink(client)
+
+    async def pump() -> None:
+        error: Exception | None = None
+        try:
+            while True:
+                buffer = demux.get_buffer(-1)
+                data = await reader.read(len(buffer))
+                if not data:
+                    demux.eof_received()
+                    break
+                buffer[: len(data)] = data
+                demux.buffer_updated(len(data))
+        except (OSError, asyncio.IncompleteReadError) as e:
+            error = e
+        finally:
+            demux.connection_lost(error)
+
+    client.pump = asyncio.create_task(pump())  # held by the client: it ends when the stream does
+    try:
+        return await AgentClient.open_client(client)
+    except AgentConnectionLost as e:
+        if demux.stderr:
+            raise AgentConnectionLost(f"{e.message}: {bytes(demux.stderr).decode(errors='replace').strip()}") from None
+        raise
+
+
 def with_buffers(sock: socket.socket, size: int = 4 << 20) -> None:
     """Larger kernel socket buffers (best effort, capped by the system): more bytes per wake-up each way."""
     for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..agent import AgentClient, agent_binary
 from ..agent.client import AGENT_PATH
-from ..agent.transport import docker_demux, open_docker_api
+from ..agent.transport import open_docker_api, open_docker_streams
 from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
 from ._docker_names import WORKSPACE
 from ._docker_session import USAGE_DU_SECONDS, _from_stats
@@ -57,11 +57,9 @@ async def open_agent(engine: DockerEngine, container_id: str) -> AgentClient:
     """A new connection to the container's agent, through the engine's exec API."""
     exec_id = await engine.exec_create(container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False)
     reader, writer = await engine.exec_start(exec_id, False)
-    demux = docker_demux(reader)
     try:
-        return await AgentClient.open(demux.stdout, writer)
+        return await open_docker_streams(reader, writer)
     except BaseException:
-        demux.task.cancel()
         writer.close()
         raise
 

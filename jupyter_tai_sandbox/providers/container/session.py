@@ -23,6 +23,7 @@ from ...contract import (
     SandboxError,
     SandboxIsolation,
     SandboxNotFoundError,
+    SandboxRequestError,
     SandboxSession,
     SessionInfo,
     SessionSpec,
@@ -178,9 +179,15 @@ class ContainerSession(SandboxSession):
             agent_command = await client.start(request.argv, env=env, cwd=cwd, pty=pty, rows=rows, cols=cols,
                                                timeout=backstop)
         except AgentError as e:
+            # a program that cannot start is the request's fault, named as the local provider names it
+            # (never an invented exit status such as a shell's 127); the cwd was found just above
             if e.code == "ENOENT":
-                raise SandboxError(
-                    f"cannot run {request.argv[0]!r}: no such program in the session (or its cwd is gone)"
+                raise SandboxRequestError(
+                    f"argv: cannot run {request.argv[0]!r}: no such program in the session", field="argv"
+                ) from None
+            if e.code == "EACCES":
+                raise SandboxRequestError(
+                    f"argv: cannot run {request.argv[0]!r}: it is not an executable program", field="argv"
                 ) from None
             raise SandboxError(f"cannot start {request.argv[0]!r}: {e}") from None
         except asyncio.CancelledError:
