@@ -535,8 +535,17 @@ class RemoteExec:
         #: requests the server refused while the command ran on (e.g. a write after the exit)
         self.rejected: list[SandboxError] = []
         self.output: AsyncIterator[OutputItem] = self._iterate()
+        self._start_reply: asyncio.Future[None] | None = None
 
     async def _wait_started(self) -> None:
+        # the read runs as a task of its own that a cancelled start does not cancel: a cancel landing just as
+        # the answer arrived would drop it, and the abandoning start could not learn the id to stop it by
+        if self._start_reply is None:
+            self._start_reply = asyncio.ensure_future(self._read_start_reply())
+            self._start_reply.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await asyncio.shield(self._start_reply)
+
+    async def _read_start_reply(self) -> None:
         message = await self._ws.read_message()
         if message is None:
             raise SandboxError("the exec websocket closed before the command started")
