@@ -56,7 +56,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxSession
+from ..contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxRequestError, SandboxSession
 from ..gate import start_transport
 from . import relay
 from .relay import CREDIT, DATA, EOF, HEADER, HELLO, OPEN, RESET
@@ -273,7 +273,13 @@ class Tunnel:
             raise ValueError("window must be a positive number of bytes below 2 GiB")
         # a byte transport, not a transcript: through the gate its deadline is held to the operator's
         # ceiling (refused past it) but its output is not scrubbed (a replacement would break the frames)
-        handle = await start_transport(session, ExecRequest(relay_argv(python, window), timeout_seconds))
+        try:
+            handle = await start_transport(session, ExecRequest(relay_argv(python, window), timeout_seconds))
+        except SandboxRequestError as e:
+            if e.field != "argv":
+                raise
+            # the interpreter is absent or not a program (a provider that says so before the start)
+            raise TunnelError(f"the tunnel relay did not start: {e}") from None
         tunnel = cls(handle, window=window)
         try:
             await asyncio.wait_for(asyncio.shield(tunnel._hello), start_timeout)

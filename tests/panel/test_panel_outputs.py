@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import browser_network
 from tests.support.lab import BROWSER_MARKS, LabProcess, load_lab, shot
 
 pytestmark = BROWSER_MARKS
@@ -56,10 +57,11 @@ class _RecordingHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def recorder() -> Iterator[Recorder]:
+def recorder(browser: Any) -> Iterator[Recorder]:
     server = Recorder()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    browser_network.forward(server.server_address[1])  # the browser's way to it (after the browser: its namespace)
     try:
         yield server
     finally:

@@ -297,8 +297,14 @@ def open_panel(page: Any, lab: Lab) -> Any:
     tab = page.locator('.lm-TabBar-tab[data-id="jp-tai-sandbox-panel"]')
     tab.wait_for(timeout=60_000)
     panel = page.locator("#jp-tai-sandbox-panel")
-    if not panel.is_visible():
+    # JupyterLab restores the sidebar it last showed, while the page settles: a click racing that restore
+    # can collapse the panel it would open, so look again and click again (a few times) until it shows
+    for _ in range(3):
+        if panel.is_visible():
+            break
         tab.click()
+        with contextlib.suppress(Exception):
+            panel.wait_for(state="visible", timeout=10_000)
     panel.wait_for(state="visible")
     return panel
 
