@@ -21,7 +21,7 @@ from typing import Any
 
 from ..agent import AgentClient, agent_binary
 from ..agent.client import AGENT_PATH
-from ..agent.transport import open_docker_api, open_docker_streams
+from ..agent.transport import open_docker_api
 from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
 from ._docker_names import WORKSPACE
 from ._docker_session import USAGE_DU_SECONDS, _from_stats
@@ -51,17 +51,6 @@ def with_agent(options: Mapping[str, Any], volume_labels: Mapping[str, str]) -> 
     mount = docker_sdk().types.Mount(AGENT_DIR, None, type="volume", labels=dict(volume_labels))
     return {**options, "entrypoint": [AGENT_PATH, "serve"], "command": [], "init": False,
             "mounts": [*options.get("mounts", []), mount]}
-
-
-async def open_agent(engine: DockerEngine, container_id: str) -> AgentClient:
-    """A new connection to the container's agent, through the engine's exec API."""
-    exec_id = await engine.exec_create(container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False)
-    reader, writer = await engine.exec_start(exec_id, False)
-    try:
-        return await open_docker_streams(reader, writer)
-    except BaseException:
-        writer.close()
-        raise
 
 
 def open_agent_on_any_loop(engine: DockerEngine):

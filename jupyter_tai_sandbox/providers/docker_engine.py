@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..agent.client import AGENT_PATH, AgentClient
+from ..agent.transport import open_docker_streams
 from ..contract import (
     SandboxError,
     SandboxNotFoundError,
@@ -570,11 +572,15 @@ class DockerEngine:
             start_exec(self._address, str(self._api._version), exec_id, tty), self.timeout, "start a command"
         )
 
-    async def open_agent(self, container_id: str) -> Any:
-        """A new connection (an ``AgentClient``) to the session agent of the container."""
-        from ._docker_agent import open_agent
-
-        return await open_agent(self, container_id)
+    async def open_agent(self, container_id: str) -> AgentClient:
+        """A new connection to the container's session agent: one exec of its ``connect`` relay."""
+        exec_id = await self.exec_create(container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False)
+        reader, writer = await self.exec_start(exec_id, False)
+        try:
+            return await open_docker_streams(reader, writer)
+        except BaseException:
+            writer.close()
+            raise
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         return await self._call("inspect a command", "exec_inspect", exec_id)
