@@ -42,6 +42,7 @@ from ._docker_command import DockerCommand, stop_command
 from ._docker_names import WORKSPACE
 from ._docker_transfer import download, upload
 from ._shell_files import ShellFileOps
+from .container.session import CommandRegistry
 from .docker_engine import DockerEngine
 
 #: A pty command's TERM.
@@ -50,27 +51,6 @@ PTY_TERM = "xterm-256color"
 NAME_MAX = 255
 #: how long a folder listing may take
 LIST_LIMIT_SECONDS = 60.0
-
-
-class CommandRegistry:
-    """The live commands of a provider's sessions, by session id (a session may have several handles)."""
-
-    def __init__(self) -> None:
-        self._by_session: dict[str, set[DockerCommand]] = {}
-
-    def add(self, session_id: str, command: DockerCommand) -> None:
-        self._by_session.setdefault(session_id, set()).add(command)
-
-    def discard(self, session_id: str, command: DockerCommand) -> None:
-        self._by_session.get(session_id, set()).discard(command)
-
-    def abandon(self, session_id: str) -> None:
-        """The session is gone: its commands stop taking output in."""
-        for command in self._by_session.pop(session_id, set()):
-            command.abandon()
-
-    def all(self) -> list[DockerCommand]:
-        return [c for group in self._by_session.values() for c in group]
 
 
 @dataclass(frozen=True)

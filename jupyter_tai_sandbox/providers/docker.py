@@ -81,7 +81,6 @@ from ._docker_networks import (
 )
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
-from .container import CommandRegistry as AgentCommands
 from .container import ContainerSite
 from .container.sandbox import (
     ContainerSandbox,
@@ -314,7 +313,7 @@ class DockerSandbox(ContainerSandbox):
             teardown=self._teardown,  # type: ignore[arg-type]
             log=self.log,
             memory_limit=self.output_memory_limit,
-            commands=AgentCommands(),
+            commands=CommandRegistry(),
             retime=self._retime,  # type: ignore[arg-type]
             workspace=WORKSPACE,
             container_env=self._container_env,

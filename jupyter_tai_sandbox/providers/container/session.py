@@ -13,7 +13,7 @@ import concurrent.futures
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from ...agent import AgentClient, AgentError
 from ...contract import (
@@ -44,16 +44,23 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RESOLVE_LIMIT_SECONDS = 10.0
 
 
-class CommandRegistry:
+class _Abandonable(Protocol):
+    def abandon(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Abandonable)
+
+
+class CommandRegistry(Generic[C]):
     """The live commands of a provider's sessions, by session id (a session may have several handles)."""
 
     def __init__(self) -> None:
-        self._by_session: dict[str, set[ContainerCommand]] = {}
+        self._by_session: dict[str, set[C]] = {}
 
-    def add(self, session_id: str, command: ContainerCommand) -> None:
+    def add(self, session_id: str, command: C) -> None:
         self._by_session.setdefault(session_id, set()).add(command)
 
-    def discard(self, session_id: str, command: ContainerCommand) -> None:
+    def discard(self, session_id: str, command: C) -> None:
         self._by_session.get(session_id, set()).discard(command)
 
     def abandon(self, session_id: str) -> None:
@@ -61,7 +68,7 @@ class CommandRegistry:
         for command in self._by_session.pop(session_id, set()):
             command.abandon()
 
-    def all(self) -> list[ContainerCommand]:
+    def all(self) -> list[C]:
         return [c for group in self._by_session.values() for c in group]
 
 
