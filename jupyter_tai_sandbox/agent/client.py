@@ -280,6 +280,7 @@ class AgentClient:
         self._ids = itertools.count(secrets.randbelow(1 << 30) + 1)
         self._lost: AgentError | None = None
         self.info: dict[str, Any] = {}
+        self._abandoning: set[asyncio.Future[None]] = set()  # kills of starts cancelled midway
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @property
@@ -458,10 +459,24 @@ class AgentClient:
                 if e.code == "EEXIST":  # another client of the agent holds this id
                     continue
                 raise
+            except asyncio.CancelledError:
+                # the START may have reached the agent, which takes a connection's frames in order: a KILL
+                # of the same id after it stops whatever it started (nobody else knows the id)
+                abandon = asyncio.ensure_future(self._abandon_start(cmd))
+                self._abandoning.add(abandon)
+                abandon.add_done_callback(self._abandoning.discard)
+                raise
             cmd.pid = started["pid"]
             cmd._stdin_credit = started["stdin_window"]
             return cmd
         raise AgentError("EEXIST", "no free command id", "start")
+
+    async def _abandon_start(self, cmd: AgentCommand) -> None:
+        with contextlib.suppress(Exception):
+            await cmd.kill()
+        with contextlib.suppress(Exception):
+            await cmd.release()
+        self._commands.pop(cmd.id, None)
 
     async def connect_tcp(self, port: int, host: str = "127.0.0.1", *, window: int | None = None) -> AgentCommand:
         """A TCP connection to a port inside the session (its own network: works with network ``none``),
