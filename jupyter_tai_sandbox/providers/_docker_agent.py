@@ -12,7 +12,6 @@ its resource figures and a pooled session's record.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import io
 import tarfile
@@ -22,9 +21,8 @@ from typing import Any
 from ..agent import AgentClient, agent_binary
 from ..agent.client import AGENT_PATH
 from ..agent.transport import open_docker_api
-from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
 from ._docker_names import WORKSPACE
-from ._docker_session import USAGE_DU_SECONDS, _from_stats
+from ._docker_session import USAGE_DU_SECONDS, container_usage
 from .container import ContainerSession
 from .docker_engine import DockerEngine
 
@@ -84,26 +82,7 @@ class DockerAgentSession(ContainerSession):
     async def usage(self) -> dict[str, Any]:
         """CPU and memory from one engine stats sample, the workspace's disk from ``du`` (both bounded)."""
         self._check_live()
-        stats, disk = await asyncio.gather(self._engine.stats(self._container), self._disk(), return_exceptions=True)
-        if isinstance(stats, SandboxNotFoundError):
-            raise session_gone(self._id) from None
-        notes = []
-        measured: dict[str, Any] = {}
-        if isinstance(stats, BaseException):
-            if not isinstance(stats, SandboxError):
-                raise stats
-            notes.append(f"no CPU or memory figures: {stats}")
-        else:
-            measured.update(_from_stats(stats))
-        if isinstance(disk, BaseException):
-            if not isinstance(disk, (SandboxError, asyncio.TimeoutError)):
-                raise disk
-            notes.append(f"no disk figure: du did not answer within {USAGE_DU_SECONDS:g} s")
-        elif isinstance(disk, str):
-            notes.append(disk)
-        else:
-            measured["disk_bytes"] = disk
-        return usage_record(**measured, note="; ".join(notes) or None)
+        return await container_usage(self._engine, self._container, self._id, self._disk())
 
     async def _disk(self) -> int | str:
         result = await self.exec(["du", "-sk", WORKSPACE], timeout_seconds=USAGE_DU_SECONDS)

@@ -120,6 +120,32 @@ def _walk_answer(fields: list[bytes], path: str) -> _Located:
     return _Located(real, words[1])
 
 
+async def container_usage(engine: DockerEngine, container: str, session_id: str,
+                          disk: Awaitable[int | str]) -> dict[str, Any]:
+    """A session's usage record: CPU and memory from one engine stats sample, the disk from ``disk`` (a bounded
+    ``du``: bytes, or why there are none); what could not be measured is said in the note."""
+    stats, disk_bytes = await asyncio.gather(engine.stats(container), disk, return_exceptions=True)
+    if isinstance(stats, SandboxNotFoundError):
+        raise session_gone(session_id) from None
+    notes = []
+    measured: dict[str, Any] = {}
+    if isinstance(stats, BaseException):
+        if not isinstance(stats, SandboxError):
+            raise stats
+        notes.append(f"no CPU or memory figures: {stats}")
+    else:
+        measured.update(_from_stats(stats))
+    if isinstance(disk_bytes, BaseException):
+        if not isinstance(disk_bytes, (SandboxError, asyncio.TimeoutError)):
+            raise disk_bytes
+        notes.append(f"no disk figure: du did not answer within {USAGE_DU_SECONDS:g} s")
+    elif isinstance(disk_bytes, str):
+        notes.append(disk_bytes)
+    else:
+        measured["disk_bytes"] = disk_bytes
+    return usage_record(**measured, note="; ".join(notes) or None)
+
+
 class DockerSession(ShellFileOps, SandboxSession):
     """One session container."""
 
@@ -395,26 +421,7 @@ class DockerSession(ShellFileOps, SandboxSession):
     async def usage(self) -> dict[str, Any]:
         """CPU and memory from one engine stats sample, the workspace's disk from ``du`` (both bounded)."""
         self._check_live()
-        stats, disk = await asyncio.gather(self._engine.stats(self._container), self._disk(), return_exceptions=True)
-        if isinstance(stats, SandboxNotFoundError):
-            raise session_gone(self._id) from None
-        notes = []
-        measured: dict[str, Any] = {}
-        if isinstance(stats, BaseException):
-            if not isinstance(stats, SandboxError):
-                raise stats
-            notes.append(f"no CPU or memory figures: {stats}")
-        else:
-            measured.update(_from_stats(stats))
-        if isinstance(disk, BaseException):
-            if not isinstance(disk, (SandboxError, asyncio.TimeoutError)):
-                raise disk
-            notes.append(f"no disk figure: du did not answer within {USAGE_DU_SECONDS:g} s")
-        elif isinstance(disk, str):
-            notes.append(disk)
-        else:
-            measured["disk_bytes"] = disk
-        return usage_record(**measured, note="; ".join(notes) or None)
+        return await container_usage(self._engine, self._container, self._id, self._disk())
 
     async def _disk(self) -> int | str:
         """Bytes under /workspace from ``du -sk`` in the container, under ``timeout`` (or why there are none)."""
