@@ -6,10 +6,7 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
-import struct
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -328,40 +325,10 @@ async def _stream_rows(
 
 
 def _sdk_stream(client: Any, container_id: str, cmd: list[str], stdin: bytes | None) -> int:
-    """The raw SDK path: exec_create + exec_start(socket), demultiplexed by hand; stdin from a thread."""
-    api = client.api
-    exec_id = api.exec_create(container_id, cmd, stdin=stdin is not None)["Id"]
-    sock = api.exec_start(exec_id, socket=True)
-    raw = sock._sock
-    writer = None
-    if stdin is not None:
+    """The raw SDK path (benchmarks/agent_stream.py's ``raw_exec``): stdout bytes read."""
+    import agent_stream
 
-        def feed() -> None:
-            raw.sendall(stdin)
-            raw.shutdown(socket.SHUT_WR)
-
-        writer = threading.Thread(target=feed)
-        writer.start()
-    total = 0
-    pending = b""
-    try:
-        while True:
-            data = raw.recv(1 << 18)
-            if not data:
-                break
-            pending += data
-            while len(pending) >= 8:
-                size = struct.unpack(">L", pending[4:8])[0]
-                if len(pending) < 8 + size:
-                    break
-                if pending[0] == 1:
-                    total += size
-                pending = pending[8 + size :]
-    finally:
-        if writer is not None:
-            writer.join()
-        sock.close()
-    return total
+    return agent_stream.raw_exec(client.api, container_id, cmd, stdin)
 
 
 # ---------------------------------------------------------------------- server
