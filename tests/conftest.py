@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import pytest
 
@@ -83,6 +84,7 @@ class EngineChecks:
         if self.checked or self.planted is None:
             return
         self.checked = True
+        started = time.monotonic()
         import docker
 
         from tests.support import docker as docker_support
@@ -116,7 +118,8 @@ class EngineChecks:
                            f"host firewall rules of networks that are gone: {stale}")
         self.summary = (
             f"engine checks: another deployment's things {'survived' if not gone else 'were touched'}; "
-            f"this run left {len(left)} things on the engine and {len(stale)} firewall rules"
+            f"this run left {len(left)} things on the engine and {len(stale)} firewall rules "
+            f"(checked in {time.monotonic() - started:.0f} s)"
         )
 
     @pytest.hookimpl

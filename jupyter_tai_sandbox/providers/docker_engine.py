@@ -521,11 +521,22 @@ class DockerEngine:
         ``leaving`` are containers just removed: the engine can list their endpoints (and refuse the
         removal for them) for a moment after a container is gone, so they are waited out, for at most
         ``LEAVING_WAIT_SECONDS``, instead of being taken for users of the network (which left the
-        network behind until the reaper's grace)."""
+        network behind until the reaper's grace). So is the endpoint of any container that no longer
+        exists: another session's, removed just before, whose own removal gave up on this caller's
+        container (each saw the other's endpoint and left the network to the other)."""
         docker = docker_sdk()
 
+        def gone(container_id: str) -> bool:
+            if any(container_id.startswith(g) or g.startswith(container_id) for g in leaving):
+                return True
+            try:
+                self._client.api.inspect_container(container_id)
+            except docker.errors.NotFound:
+                return True
+            return False
+
         def still_leaving(on: Collection[str]) -> bool:
-            return bool(on) and all(any(c.startswith(g) or g.startswith(c) for g in leaving) for c in on)
+            return bool(on) and all(gone(c) for c in on)
 
         def drop() -> bool:
             deadline = time.monotonic() + LEAVING_WAIT_SECONDS

@@ -90,7 +90,12 @@ def run_leftovers(client) -> list[str]:
     found = [f"container {c['Names'][0].lstrip('/')}" for c in containers.values() if ours(c.get("Labels"))]
     volumes = {v.name: v for flt in (key, deployment) for v in client.volumes.list(filters={"label": flt})}
     found += [f"volume {name}" for name, v in volumes.items() if ours(v.attrs.get("Labels"))]
-    found += [f"network {n.name}" for n in client.networks.list(filters={"label": deployment}) if ours(n.attrs.get("Labels"))]
+    for network in client.networks.list(filters={"label": deployment}):
+        labels = network.attrs.get("Labels") or {}
+        if ours(labels):
+            # which part of the run made it, and when: what a failed end-of-run check needs to find its test
+            made = time.strftime("%H:%M:%S", time.localtime(float(labels.get(f"{LABEL}.created", "0") or 0)))
+            found.append(f"network {network.name} ({labels.get(deployment)}, made {made})")
     return found
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -224,10 +225,55 @@ class ReportsToController:
         self.out.close()
 
 
+def busy_cpu_seconds() -> tuple[float, float]:
+    """The machine's (busy, all) CPU seconds since boot, from /proc/stat ((0, 0) where there is none)."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(n) for n in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
+class Timeline:
+    """The controller's record of where the wall time went, for whoever tunes the schedule: one line per
+    test phase in tests/artifacts/timeline.tsv (worker, phase, start and stop seconds into the run, node id),
+    and a summary line: when each worker went idle, and how busy the machine's CPUs were."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.cpu_before = busy_cpu_seconds()
+        self.idle_at: dict[str, float] = {}
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.out = open(ARTIFACTS / "timeline.tsv", "w", buffering=1)  # noqa: SIM115 (closed at the end)
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: TestReport) -> None:
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        name = worker.id if worker is not None else PART
+        start, stop = (getattr(report, key, 0.0) - self.started for key in ("start", "stop"))
+        self.idle_at[name] = max(self.idle_at.get(name, 0.0), stop)
+        self.out.write(f"{name}\t{report.when}\t{start:.1f}\t{stop:.1f}\t{report.nodeid}\n")
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        busy, total = (after - before for after, before in zip(busy_cpu_seconds(), self.cpu_before, strict=True))
+        idle = ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in sorted(self.idle_at.items()))
+        share = f"{100 * busy / total:.0f}%" if total else "unknown"
+        terminalreporter.write_line(
+            f"timeline (tests/artifacts/timeline.tsv): last test done, minutes into the run: {idle}; "
+            f"the machine's CPUs were busy {share} of the run"
+        )
+        self.out.close()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     # here, not in pytest_configure: xdist registers its controller in a trylast pytest_configure
     if is_controller(session.config):
         session.config.pluginmanager.register(SerialGroup(session.config), "tai-serial-group")
+        session.config.pluginmanager.register(Timeline(), "tai-timeline")
 
 
 def pytest_configure(config: pytest.Config) -> None:

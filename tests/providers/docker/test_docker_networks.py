@@ -217,6 +217,25 @@ def test_a_network_left_by_a_crash_is_reclaimed_by_the_reaper(client, monkeypatc
     assert leftovers(client) == []
 
 
+def test_sessions_of_one_owner_destroyed_together_take_their_network_with_them(client):
+    """Each destroy may still see the other containers' endpoints (the engine lists them for a moment
+    after a removal); the last one out must not take those for users and leave the network behind."""
+
+    async def main() -> None:
+        sandbox = provider()
+        try:
+            for _ in range(3):
+                sessions = await asyncio.gather(*(sandbox.create(spec("frank")) for _ in range(4)))
+                (name,) = networks_of(client, sessions[0].container_id)
+                await asyncio.gather(*(session.destroy() for session in sessions))
+                assert not client.networks.list(names=[name]), f"{name} outlived every session on it"
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
 def test_a_network_within_its_grace_is_left_to_its_creator(client, monkeypatch):
     async def main() -> None:
         sandbox = provider()
