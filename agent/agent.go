@@ -27,15 +27,17 @@ const (
 )
 
 type agent struct {
-	mu     sync.Mutex // cmds, byPid; held across fork+exec+register so the reaper never takes a new leader
-	cmds   map[uint32]*command
-	byPid  map[int]*command
-	connMu sync.Mutex
-	conns  map[*conn]struct{}
+	mu      sync.Mutex // cmds, byPid, holders; held across fork+exec+register so the reaper never takes a new leader
+	cmds    map[uint32]*command
+	byPid   map[int]*command
+	holders map[int]*command // a command's group holder (its zombie keeps the group id) -> the command
+	connMu  sync.Mutex
+	conns   map[*conn]struct{}
 }
 
 func newAgent() *agent {
-	return &agent{cmds: map[uint32]*command{}, byPid: map[int]*command{}, conns: map[*conn]struct{}{}}
+	return &agent{cmds: map[uint32]*command{}, byPid: map[int]*command{}, holders: map[int]*command{},
+		conns: map[*conn]struct{}{}}
 }
 
 // streamSource is a command's pipe or pty master, or a TCP connection's socket.
@@ -60,6 +62,7 @@ type command struct {
 	a       *agent
 	id      uint32
 	pid     int
+	pgid    int // the command's group: its holder's pid (a pty command leads its own session and group)
 	argv    []string
 	pty     bool
 	started time.Time
@@ -516,8 +519,14 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	c.eofSent = make([]bool, len(c.streams))
 	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
 	c.credit = min(req.Window, maxCredit)
-	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files,
-		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: req.Pty, Ctty: 0, Credential: req.credential()}}
+	sys := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: req.credential()}
+	if !req.Pty {
+		// a group led by a holder, not by the command: a command that is no group's leader may call setsid()
+		// itself (setsid(1) then runs it in place instead of forking a copy outside the group), and a kill
+		// still reaches its own process by pid
+		sys = &syscall.SysProcAttr{Setpgid: true, Credential: req.credential()}
+	}
+	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files, Sys: sys}
 
 	a.mu.Lock()
 	if _, dup := a.cmds[id]; dup {
@@ -534,15 +543,34 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		cn.fail(id, "start", "EAGAIN", fmt.Sprintf("%d commands held: release finished ones", maxCommands))
 		return
 	}
+	holder := 0
+	if !req.Pty {
+		if holder, err = startHolder(); err != nil {
+			a.mu.Unlock()
+			closeAll()
+			c.closeParentFiles()
+			cn.fail(id, "start", errnoName(err), "the command's group holder: "+err.Error())
+			return
+		}
+		sys.Pgid = holder
+	}
 	pid, err := syscall.ForkExec(path, req.Argv, attr)
 	if err != nil {
+		if holder > 0 {
+			_ = syscall.Kill(holder, syscall.SIGKILL)
+			reap(holder)
+		}
 		a.mu.Unlock()
 		closeAll()
 		c.closeParentFiles()
 		cn.fail(id, "start", errnoName(err), fmt.Sprintf("%s: %v", req.Argv[0], err))
 		return
 	}
-	c.pid = pid
+	c.pid, c.pgid = pid, pid
+	if holder > 0 {
+		c.pgid = holder
+		a.holders[holder] = c
+	}
 	c.conn = cn
 	a.cmds[id] = c
 	a.byPid[pid] = c
@@ -700,11 +728,21 @@ func (c *command) afterChange() {
 	c.cond.Broadcast()
 	if c.exited && !c.reaped && c.outputEnded() {
 		c.a.mu.Lock()
-		reap(c.pid)
-		c.reaped = true
-		delete(c.a.byPid, c.pid)
+		c.letGo()
 		c.a.mu.Unlock()
 	}
+}
+
+// letGo collects the command's zombie and its holder's: the group is no longer held (c.mu and a.mu held).
+func (c *command) letGo() {
+	reap(c.pid)
+	if c.pgid != c.pid {
+		_ = syscall.Kill(c.pgid, syscall.SIGKILL) // it exits at once; a stop of the session may have cut it short
+		waitReap(c.pgid)
+		delete(c.a.holders, c.pgid)
+	}
+	c.reaped = true
+	delete(c.a.byPid, c.pid)
 }
 
 func (c *command) outputEnded() bool {
@@ -948,7 +986,7 @@ func (c *command) signal(cn *conn, sig int, group bool) {
 	}
 	var err error
 	if group {
-		err = syscall.Kill(-c.pid, syscall.Signal(sig))
+		err = syscall.Kill(-c.pgid, syscall.Signal(sig))
 	} else {
 		err = syscall.Kill(c.pid, syscall.Signal(sig))
 	}
@@ -969,7 +1007,10 @@ func (c *command) kill(cn *conn, deadline bool) {
 		if !c.exited {
 			_ = syscall.Kill(c.pid, syscall.SIGKILL)
 		}
-		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+		_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
+		if c.pty {
+			killSession(c.pid) // a shell's jobs run in groups of their own within the terminal's session
+		}
 	}
 	c.cond.Broadcast()
 	c.mu.Unlock()
@@ -1013,9 +1054,7 @@ func (a *agent) release(cn *conn, c *command) {
 	}
 	if !c.reaped { // something left the group holding the output: the agent stops holding it
 		a.mu.Lock()
-		reap(c.pid)
-		c.reaped = true
-		delete(a.byPid, c.pid)
+		c.letGo()
 		a.mu.Unlock()
 	}
 	c.cond.Broadcast()
@@ -1093,7 +1132,9 @@ func (a *agent) reapChildren() {
 	zombies := zombieChildren()
 	a.mu.Lock()
 	for _, pid := range zombies {
-		if _, leader := a.byPid[pid]; !leader {
+		_, leader := a.byPid[pid]
+		_, holder := a.holders[pid]
+		if !leader && !holder {
 			reap(pid)
 		}
 	}
@@ -1107,7 +1148,10 @@ func (a *agent) shutdown() {
 	for _, c := range a.cmds {
 		if !c.reaped && c.pid > 0 {
 			_ = syscall.Kill(c.pid, syscall.SIGKILL)
-			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+			_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
+			if c.pty {
+				killSession(c.pid)
+			}
 		}
 	}
 }

@@ -26,6 +26,8 @@ func main() {
 		serve()
 	case "connect":
 		os.Exit(connect())
+	case "hold": // a command's group holder (startHolder): its zombie is what holds the group
+		os.Exit(0)
 	case "version":
 		fmt.Printf("tai-agent protocol %d\n", ProtocolVersion)
 	default:

@@ -246,3 +246,71 @@ func growPipe(f *os.File, size int) {
 		_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSz, uintptr(size))
 	})
 }
+
+// startHolder starts a command's group holder: the agent itself in "hold" mode, leading a new process group
+// of the agent's session, which exits at once. Its zombie, kept until the command is let go, holds the group
+// id: the command joins that group, and a kill of the group reaches whatever the command started in it.
+func startHolder() (int, error) {
+	return syscall.ForkExec("/proc/self/exe", []string{"tai-agent", "hold"}, &syscall.ProcAttr{
+		Dir: "/", Env: []string{}, Files: []uintptr{0, 1, 2}, Sys: &syscall.SysProcAttr{Setpgid: true},
+	})
+}
+
+// waitReap collects a child that was just sent SIGKILL (it is gone within moments).
+func waitReap(pid int) {
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &ws, 0, nil)
+		if err != syscall.EINTR {
+			return
+		}
+	}
+}
+
+// killSession sends SIGKILL to every live process of session sid, pass after pass (a job forked meanwhile
+// goes too) until a pass finds none, at most maxPasses: a terminal's shell puts its jobs in groups of their
+// own, all in the terminal's session. Processes that left the session (setsid) are not stopped.
+func killSession(sid int) {
+	const maxPasses = 50
+	for pass := 0; pass < maxPasses; pass++ {
+		d, err := os.Open("/proc")
+		if err != nil {
+			return
+		}
+		names, _ := d.Readdirnames(-1)
+		d.Close()
+		found := false
+		for _, name := range names {
+			pid, err := strconv.Atoi(name)
+			if err != nil || pid == 1 {
+				continue
+			}
+			state, session, ok := stateAndSession(pid)
+			if ok && session == sid && state != 'Z' && state != 'X' {
+				found = true
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		if !found {
+			return
+		}
+	}
+}
+
+// stateAndSession reads a process's state letter and session id from /proc/<pid>/stat.
+func stateAndSession(pid int) (byte, int, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	fields := bytes.Fields(b[i+1:]) // state ppid pgrp session ...
+	if len(fields) < 4 {
+		return 0, 0, false
+	}
+	session, err := strconv.Atoi(string(fields[3]))
+	return fields[0][0], session, err == nil
+}

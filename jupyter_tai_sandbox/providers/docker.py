@@ -258,9 +258,8 @@ class DockerSandbox(ContainerSandbox):
         help="""Run each session's commands, file transfers and path look-ups through the session agent: a
         small static program the provider puts in the container as its PID 1 (agent/PROTOCOL.md), reached
         over one connection per session. The image then needs nothing (no shell, no /tmp). Off (the
-        default): commands run under sh wrappers, and the image must provide what `image` lists. Not yet
-        certified: a command that calls setsid itself, and a terminal's background jobs in groups of their
-        own, are not stopped by a kill or deadline in this mode.""",
+        default): commands run under sh wrappers, and the image must provide what `image` lists. Both modes
+        pass the same conformance checks.""",
     ).tag(config=True)
 
     pool_size = Integer(

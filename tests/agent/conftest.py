@@ -27,7 +27,7 @@ RUN = f"{os.environ.get('TAI_SANDBOX_DEPLOYMENT', 'agent')}-{secrets.token_hex(3
 LABEL_KEY = "jupyter-tai-sandbox.agent-test"
 LABELS = {LABEL_KEY: RUN}
 APPLETS = ("sh", "cat", "echo", "true", "false", "sleep", "kill", "head", "yes", "ls", "stty", "tty", "sha256sum",
-           "wc", "seq", "wait", "ps", "readlink", "nc", "mkdir", "ln", "id", "touch")
+           "wc", "seq", "wait", "ps", "readlink", "nc", "mkdir", "ln", "id", "touch", "setsid")
 HOSTILE_SRC = Path(__file__).parent / "hostile"
 BUSYBOX_CANDIDATES = ("/usr/bin/busybox", "/bin/busybox")
 

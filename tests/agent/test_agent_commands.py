@@ -200,6 +200,33 @@ def test_kill_stops_a_group_that_forks_and_pid1_reaps_it(session):
     run(go())
 
 
+def test_a_command_does_not_lead_its_group_so_setsid_runs_it_in_place_and_kill_stops_it(session):
+    """A holder leads each command's group (agent/PROTOCOL.md "Process group"): the command's pgid is not its
+    pid, ``setsid`` moves the command's own process instead of forking a copy outside the group, kill still
+    stops it, and once it is let go no holder is left behind as a zombie."""
+
+    async def go():
+        client = await session.client()
+        try:
+            cmd = await client.start(["sh", "-c", "read -r _ _ _ _ pgid _ </proc/self/stat; echo $$ $pgid"])
+            _, data = await cmd.read()
+            pid, pgid = data.split()
+            assert pid != pgid
+            assert (await cmd.wait()).code == 0
+            cmd = await client.start(["setsid", "sh", "-c", "echo $$; exec sleep 1004"])
+            _, data = await cmd.read()
+            assert int(data) == cmd.pid  # in place: the command's own process left the group
+            await cmd.kill()
+            assert (await cmd.wait()).signal == signal.SIGKILL
+            await asyncio.sleep(0.2)
+            assert [p for p in _processes(session) if p[0] == "sleep"] == []
+            assert [p for p in _processes(session) if p[1] == "Z"] == []
+        finally:
+            await client.close()
+
+    run(go())
+
+
 def test_orphans_are_reaped_by_the_agent(session):
     async def go():
         client = await session.client()
