@@ -84,19 +84,28 @@ func reap(pid int) {
 	}
 }
 
-// procStat returns a process's state letter and parent pid from /proc/<pid>/stat.
-func procStat(pid int) (byte, int, error) {
+// statFields returns the fields of /proc/<pid>/stat after the command name: state ppid pgrp session ...
+func statFields(pid int) ([][]byte, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+4 > len(b) {
-		return 0, 0, fmt.Errorf("odd stat for %d", pid)
+	if i < 0 {
+		return nil, fmt.Errorf("odd stat for %d", pid)
 	}
 	fields := bytes.Fields(b[i+1:])
-	if len(fields) < 2 {
-		return 0, 0, fmt.Errorf("odd stat for %d", pid)
+	if len(fields) < 4 {
+		return nil, fmt.Errorf("odd stat for %d", pid)
+	}
+	return fields, nil
+}
+
+// procStat returns a process's state letter and parent pid from /proc/<pid>/stat.
+func procStat(pid int) (byte, int, error) {
+	fields, err := statFields(pid)
+	if err != nil {
+		return 0, 0, err
 	}
 	ppid, err := strconv.Atoi(string(fields[1]))
 	return fields[0][0], ppid, err
@@ -299,16 +308,8 @@ func killSession(sid int) {
 
 // stateAndSession reads a process's state letter and session id from /proc/<pid>/stat.
 func stateAndSession(pid int) (byte, int, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	fields, err := statFields(pid)
 	if err != nil {
-		return 0, 0, false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	fields := bytes.Fields(b[i+1:]) // state ppid pgrp session ...
-	if len(fields) < 4 {
 		return 0, 0, false
 	}
 	session, err := strconv.Atoi(string(fields[3]))
