@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -225,6 +226,33 @@ class ReportsToController:
         self.out.close()
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process and the children it has reaped (servers, labs, chromium, kernels)."""
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+class PhaseCpu:
+    """On a worker: each report carries the CPU seconds its phase cost the worker's process tree
+    (``user_properties`` travel to the controller). A module's servers count where they are reaped, at its
+    last teardown; the engine's own CPU (dockerd, containerd, the sessions) is not in it."""
+
+    def __init__(self) -> None:
+        self.mark = tree_cpu_seconds()
+
+    @pytest.hookimpl
+    def pytest_runtest_logstart(self) -> None:
+        self.mark = tree_cpu_seconds()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call):
+        report = yield
+        now = tree_cpu_seconds()
+        report.user_properties.append(("cpu_seconds", round(now - self.mark, 2)))
+        self.mark = now
+        return report
+
+
 def busy_cpu_seconds() -> tuple[float, float]:
     """The machine's (busy, all) CPU seconds since boot, from /proc/stat ((0, 0) where there is none)."""
     try:
@@ -239,13 +267,15 @@ def busy_cpu_seconds() -> tuple[float, float]:
 
 class Timeline:
     """The controller's record of where the wall time went, for whoever tunes the schedule: one line per
-    test phase in tests/artifacts/timeline.tsv (worker, phase, start and stop seconds into the run, node id),
-    and a summary line: when each worker went idle, and how busy the machine's CPUs were."""
+    test phase in tests/artifacts/timeline.tsv (worker, phase, start and stop seconds into the run, the CPU
+    seconds of the worker's process tree in it, node id), and a summary line: when each worker went idle,
+    how busy the machine's CPUs were, and how much of that the workers' own trees account for."""
 
     def __init__(self) -> None:
         self.started = time.time()
         self.cpu_before = busy_cpu_seconds()
         self.idle_at: dict[str, float] = {}
+        self.tests_cpu = 0.0
         ARTIFACTS.mkdir(exist_ok=True)
         self.out = open(ARTIFACTS / "timeline.tsv", "w", buffering=1)  # noqa: SIM115 (closed at the end)
 
@@ -255,7 +285,9 @@ class Timeline:
         name = worker.id if worker is not None else PART
         start, stop = (getattr(report, key, 0.0) - self.started for key in ("start", "stop"))
         self.idle_at[name] = max(self.idle_at.get(name, 0.0), stop)
-        self.out.write(f"{name}\t{report.when}\t{start:.1f}\t{stop:.1f}\t{report.nodeid}\n")
+        cpu = dict(report.user_properties).get("cpu_seconds", 0.0)
+        self.tests_cpu += cpu
+        self.out.write(f"{name}\t{report.when}\t{start:.1f}\t{stop:.1f}\t{cpu:.2f}\t{report.nodeid}\n")
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter) -> None:
@@ -264,7 +296,8 @@ class Timeline:
         share = f"{100 * busy / total:.0f}%" if total else "unknown"
         terminalreporter.write_line(
             f"timeline (tests/artifacts/timeline.tsv): last test done, minutes into the run: {idle}; "
-            f"the machine's CPUs were busy {share} of the run"
+            f"the machine's CPUs were busy {share} of the run ({busy:.0f} CPU s, {self.tests_cpu:.0f} of them "
+            f"in the test processes' own trees)"
         )
         self.out.close()
 
@@ -279,6 +312,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if is_worker(config):
         config.pluginmanager.register(WorkerLeavesTheSerialGroup(), "tai-worker-serial-group")
+        config.pluginmanager.register(PhaseCpu(), "tai-phase-cpu")
     elif os.environ.get(REPORTS_FD):
+        config.pluginmanager.register(PhaseCpu(), "tai-phase-cpu")
         fd = int(os.environ.pop(REPORTS_FD))  # not to the servers and kernels the tests start
         config.pluginmanager.register(ReportsToController(config, fd), "tai-serial-reports")
