@@ -58,6 +58,16 @@ class Report:
     def rounds(self, full: int) -> int:
         return max(2, full // 4) if self.quick else full
 
+    @property
+    def stdout_mib(self) -> int:
+        """The size of a stdout stream measured (a smoke run moves an eighth of it)."""
+        return 32 if self.quick else 256
+
+    @property
+    def stdin_mib(self) -> int:
+        """The size of a stdin echo measured."""
+        return 8 if self.quick else 64
+
     def add(self, row: Row) -> Row:
         self.rows[row.name] = row
         print(f"   {row.name:<48} median {row.median:9.2f} {row.unit:<5} p95 {row.p95:9.2f}", flush=True)

@@ -20,8 +20,7 @@ from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
 from jupyter_tai_sandbox.image import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 
-STREAM_BYTES = 256 << 20
-STDIN_BYTES = 64 << 20
+STREAM_BYTES = 256 << 20  # the full run's stdout stream (remote_hop.py); Report.stdout_mib says the run's own
 BENCH_LABEL = {"jupyter-tai-sandbox.bench": "1"}
 TRUE_DOCKER = ["sh", "-c", ":"]  # a busybox image has no /bin/true
 
@@ -246,13 +245,20 @@ async def stream_group(report: Report) -> None:
     await _stream_docker(report)
 
 
+def _stdout_argv(report: Report) -> list[str]:
+    return ["head", "-c", str(report.stdout_mib << 20), "/dev/zero"]
+
+
+def _stdin_payload(report: Report) -> bytes:
+    return os.urandom(1 << 20) * report.stdin_mib
+
+
 async def _stream_local(report: Report) -> None:
     rounds = report.rounds(5)
+    payload = _stdin_payload(report)
 
     async def raw_out() -> int:
-        process = await asyncio.create_subprocess_exec(
-            "head", "-c", str(STREAM_BYTES), "/dev/zero", stdout=asyncio.subprocess.PIPE
-        )
+        process = await asyncio.create_subprocess_exec(*_stdout_argv(report), stdout=asyncio.subprocess.PIPE)
         total = 0
         while data := await process.stdout.read(1 << 18):
             total += len(data)
@@ -263,14 +269,11 @@ async def _stream_local(report: Report) -> None:
         process = await asyncio.create_subprocess_exec(
             "cat", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
         )
-        out, _ = await process.communicate(PAYLOAD)
+        out, _ = await process.communicate(payload)
         return len(out)
 
     async with local_session() as session:
         await _stream_rows(report, "local", session, rounds, ("raw pipe read", raw_out), ("raw pipe", raw_in))
-
-
-PAYLOAD = os.urandom(1 << 20) * (STDIN_BYTES >> 20)
 
 
 async def _stream_docker(report: Report) -> None:
@@ -279,15 +282,14 @@ async def _stream_docker(report: Report) -> None:
     sandbox = _docker_sandbox(image)
     session = await sandbox.create(SessionSpec(image=image))
     rounds = report.rounds(4)
+    payload = _stdin_payload(report)
     try:
 
         async def raw_out() -> int:
-            return await asyncio.to_thread(
-                _sdk_stream, client, session.container_id, ["head", "-c", str(STREAM_BYTES), "/dev/zero"], None
-            )
+            return await asyncio.to_thread(_sdk_stream, client, session.container_id, _stdout_argv(report), None)
 
         async def raw_in() -> int:
-            return await asyncio.to_thread(_sdk_stream, client, session.container_id, ["cat"], PAYLOAD)
+            return await asyncio.to_thread(_sdk_stream, client, session.container_id, ["cat"], payload)
 
         await _stream_rows(
             report, "docker", session, rounds, ("raw SDK exec stream", raw_out), ("raw SDK exec socket", raw_in)
@@ -304,18 +306,19 @@ Throughput = Callable[[], Awaitable[int]]
 async def _stream_rows(
     report: Report, kind: str, session: Any, rounds: int, raw_out: tuple[str, Throughput], raw_in: tuple[str, Throughput]
 ) -> None:
-    """stdout of 256 MiB and a 64 MiB stdin echo through our API, each next to its raw baseline; then the targets."""
+    """stdout of 256 MiB and a 64 MiB stdin echo (a smoke run: 32 and 8) through our API, each next to its raw
+    baseline; then the targets."""
+    payload = _stdin_payload(report)
 
     async def ours_out() -> int:
-        handle = await session.exec_start(["head", "-c", str(STREAM_BYTES), "/dev/zero"], timeout_seconds=120)
-        return await drain(handle)
+        return await drain(await session.exec_start(_stdout_argv(report), timeout_seconds=120))
 
     async def ours_in() -> int:
-        return len((await session.exec(["cat"], stdin=PAYLOAD, timeout_seconds=120)).stdout)
+        return len((await session.exec(["cat"], stdin=payload, timeout_seconds=120)).stdout)
 
     for name, (raw_label, raw), ours in (
-        ("stdout 256 MiB", raw_out, ours_out),
-        ("stdin echo 64 MiB through cat", raw_in, ours_in),
+        (f"stdout {report.stdout_mib} MiB", raw_out, ours_out),
+        (f"stdin echo {report.stdin_mib} MiB through cat", raw_in, ours_in),
     ):
         baseline, compared = f"{kind} {name}: {raw_label}", f"{kind} {name}: ours"
         samples = await interleaved_throughput(rounds, {baseline: raw, compared: ours})
@@ -371,7 +374,7 @@ async def _server_exec(report: Report, client: Any) -> None:
 async def _server_stream(report: Report, client: Any) -> None:
     info = await client.create(ttl_seconds=600)
     rounds = report.rounds(4)
-    argv = ["head", "-c", str(STREAM_BYTES), "/dev/zero"]
+    argv = _stdout_argv(report)
     async with local_session() as session:
 
         async def direct() -> int:
@@ -380,11 +383,11 @@ async def _server_stream(report: Report, client: Any) -> None:
         async def ws() -> int:
             return await drain(await client.exec_start(info["id"], argv, timeout_seconds=120))
 
-        base = "local stdout 256 MiB: direct handle"
-        samples = await interleaved_throughput(rounds, {base: direct, "local stdout 256 MiB: websocket": ws})
+        base, compared = (f"local stdout {report.stdout_mib} MiB: {way}" for way in ("direct handle", "websocket"))
+        samples = await interleaved_throughput(rounds, {base: direct, compared: ws})
         _compare(report, "server", "MiB/s", samples, base)
     await client.destroy(info["id"])
-    ratio = report.ratio("local stdout 256 MiB: websocket")
+    ratio = report.ratio(compared)
     report.target("websocket streaming >= 0.5x the direct handle", ratio >= 0.5, f"{ratio:.2f}x")
 
 
@@ -523,11 +526,12 @@ async def peer_group(report: Report) -> None:
 
 async def agent_group(report: Report) -> None:
     """The session agent's channel (engine API exec socket) vs the raw SDK exec stream, same container, same
-    run: stdout 256 MiB and a 64 MiB stdin echo (benchmarks/agent_stream.py)."""
+    run: stdout 256 MiB and a 64 MiB stdin echo, a smoke run 32 and 8 (benchmarks/agent_stream.py)."""
     import agent_stream
 
-    samples, results = await asyncio.to_thread(agent_stream.run, _image(report), report.rounds(5), 256, 64)
-    for case, label in (("out", "stdout 256 MiB"), ("in", "stdin echo 64 MiB")):
+    out_mib, in_mib = report.stdout_mib, report.stdin_mib
+    samples, results = await asyncio.to_thread(agent_stream.run, _image(report), report.rounds(5), out_mib, in_mib)
+    for case, label in (("out", f"stdout {out_mib} MiB"), ("in", f"stdin echo {in_mib} MiB")):
         base = f"agent {label}: raw SDK exec stream"
         report.add(Row("agent", base, "MiB/s", samples[f"{case} raw"]))
         report.add(Row("agent", f"agent {label}: through the agent", "MiB/s", samples[f"{case} agent"], baseline=base))

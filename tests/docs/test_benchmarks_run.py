@@ -35,13 +35,14 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "local exec true: ours",
         "docker exec: ours",
         "docker create to first command: ours, pool on",
-        "local stdout 256 MiB: ours",
-        "docker stdin echo 64 MiB through cat: ours",
+        # a smoke run streams 32 MiB of stdout and echoes 8 MiB of stdin (the full run 256 and 64)
+        "local stdout 32 MiB: ours",
+        "docker stdin echo 8 MiB through cat: ours",
         "local exec true: REST",
-        "local stdout 256 MiB: websocket",
+        "local stdout 32 MiB: websocket",
         "ours exec (vs peer)",
-        "agent stdout 256 MiB: through the agent",
-        "agent stdin echo 64 MiB: through the agent",
+        "agent stdout 32 MiB: through the agent",
+        "agent stdin echo 8 MiB: through the agent",
     ):
         assert rows[name]["baseline"] and rows[name]["ratio"] > 0, rows.get(name)
     assert len(report["targets"]) == 12  # the agent group's two among them
