@@ -39,6 +39,7 @@ from . import _docker_scripts as scripts
 from ._docker_command import stop_command
 from ._docker_names import WORKSPACE
 from ._docker_stream import READ_SIZE, _Demux
+from .container.files import TransferIdleError
 from .docker_engine import DockerEngine
 
 #: bytes of an upload kept in memory before its spool goes to disk
@@ -47,10 +48,6 @@ _WRITE_CHUNK = 256 << 10
 _MAX_HEAD = 64 << 10
 #: background stops of aborted transfers (kept referenced until they end)
 _STOPS: set[asyncio.Task[None]] = set()
-
-
-class TransferIdleError(SandboxError):
-    """A file transfer moved no data for the provider's idle limit and was aborted."""
 
 
 class _Transfer:

@@ -317,6 +317,7 @@ class DockerSandbox(ContainerSandbox):
             workspace=WORKSPACE,
             container_env=self._container_env,
             open_agent_elsewhere=open_agent_on_any_loop(engine),
+            transfer_idle_seconds=self.transfer_idle_seconds,
         )
         self._arch: str | None = None
         self._pool = WarmPool(

@@ -11,7 +11,7 @@
 from .channel import AgentChannel
 from .command import KILL_LIMIT_SECONDS, ContainerCommand
 from .engine import ContainerEngine
-from .files import WorkspaceFiles
+from .files import TransferIdleError, WorkspaceFiles
 from .session import WORKSPACE, CommandRegistry, ContainerSession, ContainerSite
 
 __all__ = [
@@ -23,5 +23,6 @@ __all__ = [
     "ContainerEngine",
     "ContainerSession",
     "ContainerSite",
+    "TransferIdleError",
     "WorkspaceFiles",
 ]

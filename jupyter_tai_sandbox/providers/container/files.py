@@ -5,11 +5,16 @@ Every path is sent to the agent relative to the workspace root; the agent resolv
 kernel (``EXDEV``), whatever the tree does meanwhile. Here only the contract's lexical checks
 and size caps are applied, and the agent's errno names become the contract's errors. Uploads
 are atomic (a temporary file renamed over the target) and streamed; downloads are read in
-chunks as the consumer asks.
+chunks as the consumer asks. A transfer that moves no data for the provider's
+``transfer_idle_seconds`` is aborted: an upload whose source sends nothing for that long (its
+temporary file is removed), a download whose consumer asks for nothing for that long (the next
+ask raises). A download holds nothing in the session meanwhile; an upload holds its open
+temporary file.
 """
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -58,20 +63,38 @@ def relative(path: str, workspace: str) -> str:
     return rel
 
 
-async def _chunks(data: bytes | AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+class TransferIdleError(SandboxError):
+    """A file transfer moved no data for the provider's idle limit and was aborted."""
+
+
+async def _chunks(data: bytes | AsyncIterable[bytes], path: str, idle_seconds: float) -> AsyncIterator[bytes]:
+    """The upload's chunks; a source that sends nothing for ``idle_seconds`` ends it with TransferIdleError."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         yield bytes(data)
         return
-    async for chunk in data:
+    source = aiter(data)
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(source), idle_seconds)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise TransferIdleError(
+                f"the upload of {path!r} stopped: its source sent no data for {idle_seconds:g} s "
+                "(transfer_idle_seconds); nothing was written"
+            ) from None
         yield bytes(chunk)
 
 
 class WorkspaceFiles:
     """The file operations of one session's workspace (``root``), over its agent connection."""
 
-    def __init__(self, client: Callable[[], Awaitable[AgentClient]], root: str) -> None:
+    def __init__(self, client: Callable[[], Awaitable[AgentClient]], root: str, *,
+                 idle_seconds: float = 60.0) -> None:
         self._client = client
         self.root = root
+        #: the provider's transfer_idle_seconds
+        self.idle_seconds = idle_seconds
 
     def relative(self, path: str) -> str:
         return relative(path, self.root)
@@ -108,7 +131,7 @@ class WorkspaceFiles:
     async def put(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
         rel = self._file_path(path, "put_file")
         try:
-            await (await self._client()).write_stream(self.root, rel, _chunks(data))
+            await (await self._client()).write_stream(self.root, rel, _chunks(data, path, self.idle_seconds))
         except AgentError as e:
             raise file_error(e, path, "write") from None
 
@@ -117,6 +140,7 @@ class WorkspaceFiles:
         client = await self._client()
         offset, size = 0, None
         step = max(1, min(chunk_size, 1 << 20))
+        loop = asyncio.get_running_loop()
         while size is None or offset < size:
             try:
                 size, data = await client.read_chunk(self.root, rel, offset, step)
@@ -125,7 +149,13 @@ class WorkspaceFiles:
             if not data:
                 break
             offset += len(data)
+            handed = loop.time()
             yield data
+            if offset < size and loop.time() - handed > self.idle_seconds:  # the whole file handed: not idle
+                raise TransferIdleError(
+                    f"the download of {path!r} stopped: its reader asked for nothing for {self.idle_seconds:g} s "
+                    "(transfer_idle_seconds)"
+                )
 
     async def listdir(self, path: str) -> list[dict[str, Any]]:
         rel = self.relative(path) or "."

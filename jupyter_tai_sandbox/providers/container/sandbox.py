@@ -182,8 +182,10 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     transfer_idle_seconds = Float(
         60.0,
         help="""A file download or upload that moves no data for this many seconds is aborted (a client
-        that stops reading or sending, or an engine that stops answering): its command in the session
-        is stopped and the transfer fails. Transfers hold no engine lock and no worker thread meanwhile.""",
+        that stops reading or sending, or an engine that stops answering): the transfer fails with
+        TransferIdleError, an upload leaves the target as it was, and under the sh wrappers the
+        transfer's command in the session is stopped. Transfers hold no engine lock and no worker
+        thread meanwhile.""",
     ).tag(config=True)
 
     engine_timeout_seconds = Float(

@@ -94,6 +94,8 @@ class ContainerSite:
     container_env: Callable[[str], Awaitable[Mapping[str, str]]] | None = None
     #: an opener usable on another event loop (the synchronous resolve); None: ``open_agent`` is
     open_agent_elsewhere: Callable[[str], Awaitable[AgentClient]] | None = None
+    #: a file transfer that moves no data for this long is aborted (the provider's transfer_idle_seconds)
+    transfer_idle_seconds: float = 60.0
 
 
 class ContainerSession(SandboxSession):
@@ -121,7 +123,7 @@ class ContainerSession(SandboxSession):
         #: None until read from the container
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
         self._channel = AgentChannel(lambda: site.open_agent(container_id), session_id=session_id)
-        self.files = WorkspaceFiles(self._client, site.workspace)
+        self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds)
 
     @property
     def id(self) -> str:

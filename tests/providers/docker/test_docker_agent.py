@@ -1,5 +1,6 @@
 """The docker provider on the session agent: an image that holds nothing but one static program still
-serves sessions (files, and commands of that program), on a read-only root filesystem."""
+serves sessions (files, and commands of that program), on a read-only root filesystem; and its file
+transfers keep the provider's idle limit (transfer_idle_seconds)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 
 from jupyter_tai_sandbox.agent import agent_binary
 from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
+from jupyter_tai_sandbox.providers.container import TransferIdleError
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
-from tests.support.docker import RUN_ID, RUN_LABEL, docker_client, leftovers
+from tests.support.docker import RUN_ID, RUN_LABEL, TEST_IMAGE, docker_client, leftovers
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -58,6 +60,62 @@ def test_an_image_without_a_shell_or_tmp_serves_a_session(client, bare_image):
             assert session.resolve("dir/hello.txt") == "/workspace/dir/hello.txt"
             again = await sandbox.get(session.id)
             assert await again.get_file("dir/hello.txt") == b"hello"
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_a_stalled_upload_is_aborted_after_the_idle_limit_and_writes_nothing(client):
+    async def main() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, transfer_idle_seconds=2)
+        session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+        gate = asyncio.Event()
+
+        async def stalls():
+            yield b"first part "
+            await gate.wait()  # never set: the client went quiet
+            yield b"never sent"
+
+        try:
+            await session.put_file("kept.txt", b"before")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TransferIdleError, match="transfer_idle_seconds"):
+                await asyncio.wait_for(session.put_file("kept.txt", stalls()), 30)
+            assert 2 <= loop.time() - started < 10
+            # atomic: the target keeps its old content and no temporary file is left beside it
+            assert await session.get_file("kept.txt") == b"before"
+            assert [e["name"] for e in await session.list_files(".")] == ["kept.txt"]
+            # a source that keeps sending, however slowly, is not idle
+            async def trickles():
+                for piece in (b"a", b"b", b"c"):
+                    await asyncio.sleep(1)
+                    yield piece
+
+            await session.put_file("slow.txt", trickles())
+            assert await session.get_file("slow.txt") == b"abc"
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
+    async def main() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, transfer_idle_seconds=2)
+        session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+        try:
+            await session.put_file("big.bin", bytes(1 << 20))
+            chunks = session.iter_file("big.bin", 1 << 16)
+            assert len(await anext(chunks)) == 1 << 16
+            await asyncio.sleep(3)
+            with pytest.raises(TransferIdleError, match="transfer_idle_seconds"):
+                await anext(chunks)
+            # a reader that keeps asking gets the whole file, and the session serves it again
+            assert len(await session.get_file("big.bin")) == 1 << 20
         finally:
             await session.destroy()
             await sandbox.close()
