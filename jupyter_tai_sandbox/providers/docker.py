@@ -279,6 +279,10 @@ class DockerSandbox(ContainerSandbox):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if self.session_agent and self.user:
+            # the agent must run as root to serve commands; commands as another user are not wired yet
+            raise TraitError(f"{type(self).__name__}.user={self.user!r} is not supported with session_agent=True yet: "
+                             "leave user unset (commands run as the container's user)")
         self._engine = DockerEngine(
             self.base_url,
             timeout=self.engine_timeout_seconds,

@@ -123,6 +123,13 @@ def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
     asyncio.run(main())
 
 
+def test_a_session_user_with_the_agent_is_refused_at_configuration():
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match="session_agent"):
+        DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, user="1000:1000")
+
+
 def test_the_docker_engine_fills_the_container_engine_seam():
     from jupyter_tai_sandbox.providers.container import ContainerEngine
     from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
