@@ -5,6 +5,7 @@ transfers keep the provider's idle limit (transfer_idle_seconds)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import subprocess
 import tarfile
@@ -67,10 +68,20 @@ def test_an_image_without_a_shell_or_tmp_serves_a_session(client, bare_image):
     asyncio.run(main())
 
 
+@contextlib.asynccontextmanager
+async def agent_session(**traits):
+    """A session on the agent of a provider with ``traits``, destroyed with its provider after."""
+    sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, **traits)
+    session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+    try:
+        yield session
+    finally:
+        await session.destroy()
+        await sandbox.close()
+
+
 def test_a_stalled_upload_is_aborted_after_the_idle_limit_and_writes_nothing(client):
     async def main() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, transfer_idle_seconds=2)
-        session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
         gate = asyncio.Event()
 
         async def stalls():
@@ -78,7 +89,7 @@ def test_a_stalled_upload_is_aborted_after_the_idle_limit_and_writes_nothing(cli
             await gate.wait()  # never set: the client went quiet
             yield b"never sent"
 
-        try:
+        async with agent_session(transfer_idle_seconds=2) as session:
             await session.put_file("kept.txt", b"before")
             loop = asyncio.get_running_loop()
             started = loop.time()
@@ -96,18 +107,13 @@ def test_a_stalled_upload_is_aborted_after_the_idle_limit_and_writes_nothing(cli
 
             await session.put_file("slow.txt", trickles())
             assert await session.get_file("slow.txt") == b"abc"
-        finally:
-            await session.destroy()
-            await sandbox.close()
 
     asyncio.run(main())
 
 
 def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
     async def main() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, transfer_idle_seconds=2)
-        session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
-        try:
+        async with agent_session(transfer_idle_seconds=2) as session:
             await session.put_file("big.bin", bytes(1 << 20))
             chunks = session.iter_file("big.bin", 1 << 16)
             assert len(await anext(chunks)) == 1 << 16
@@ -116,9 +122,6 @@ def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
                 await anext(chunks)
             # a reader that keeps asking gets the whole file, and the session serves it again
             assert len(await session.get_file("big.bin")) == 1 << 20
-        finally:
-            await session.destroy()
-            await sandbox.close()
 
     asyncio.run(main())
 
