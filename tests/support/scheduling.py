@@ -5,7 +5,6 @@
   share one, so one ``jupyter lab`` runs at a time). Units start slowest first, by their ``slow`` marks.
 * The serial group: tests marked ``alone`` (CPU floods) or ``disturbs_engine`` (they freeze, kill or
   restart the shared Docker engine) run by themselves, after every other test has finished.
-* CPU priority: browser and swarm tests run at the default niceness, the others at ``OTHERS_NICENESS``.
 * Without xdist (``-n 0``) they are moved to the end of the run, engine killers last.
 * Under xdist every worker deselects them and says which they were; once the workers are done, the
   controller runs them in one more pytest process (``-n 0``) and feeds each of its reports into its own
@@ -99,23 +98,19 @@ class WorkerLeavesTheSerialGroup:
             items[:] = [item for item in items if not serial_rank(item)]
 
 
-#: the CPU niceness of a worker's other tests while a browser or swarm test may run beside them (the lab,
-#: chromium and the page's timers starve first on a loaded machine: a theme stylesheet that fails to load, a
-#: toast late; so do the swarm nodes' engines, which then cut transfer streams)
+#: the CPU niceness of a worker's other tests while a browser test may run beside them (the lab, chromium and
+#: the page's timers starve first on a loaded machine: a theme stylesheet that fails to load, a toast late)
 OTHERS_NICENESS = 5
-#: the marks of tests that run first on the CPU, with what they start
-FIRST_ON_THE_CPU = ("browser", "swarm")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """On a worker, browser and swarm tests (and the servers, labs, kernels and engines they start) run at
-    the default CPU priority, every other test at OTHERS_NICENESS: what the lab, chromium and the swarm's
-    engines need comes first. (Root may lower a niceness again; anyone else keeps the first one.)"""
+    """On a worker, browser tests (and the servers, labs and kernels they start) run at the default CPU
+    priority, every other test at OTHERS_NICENESS: what the lab and chromium need comes first. (Root may
+    lower a niceness again; anyone else keeps the first one.)"""
     if not is_worker(item.config) or not hasattr(os, "setpriority"):
         return
-    first = any(item.get_closest_marker(mark) is not None for mark in FIRST_ON_THE_CPU)
-    wanted = 0 if first else OTHERS_NICENESS
+    wanted = 0 if item.get_closest_marker("browser") is not None else OTHERS_NICENESS
     try:
         if os.getpriority(os.PRIO_PROCESS, 0) != wanted:
             os.setpriority(os.PRIO_PROCESS, 0, wanted)
