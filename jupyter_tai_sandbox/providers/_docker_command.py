@@ -36,6 +36,8 @@ from .docker_engine import DockerEngine, EngineRefusedError
 
 #: A kill's fixed limit: a stop that has not finished by then raises SandboxError.
 KILL_LIMIT_SECONDS = 5.0
+#: the pause before a refused stop is tried again (within KILL_LIMIT_SECONDS)
+STOP_RETRY_SECONDS = 0.1
 _WRITE_CHUNK = 1 << 18
 #: background stops retried after a failed one (kept referenced until they end)
 _RETRIES: set[asyncio.Task[None]] = set()
@@ -62,13 +64,31 @@ async def stop_command(
     said: list[bytes] = []
     stage = ["the engine had not answered the look at the command"]
 
-    async def stop() -> tuple[int, bytes, bytes] | None:
+    async def stop_once() -> tuple[int, bytes, bytes] | None:
         info = await engine.exec_inspect(exec_id)
         if not info.get("Running"):
             return None  # the wrapper has ended: there is nothing left to stop
         stage[0] = "the engine had not started the stop"
         return await engine.run(container_id, ["sh", "-c", scripts.KILL_PTY if pty else scripts.KILL, "sh", token], said=said)
 
+    async def stop() -> tuple[int, bytes, bytes] | None:
+        # The stop is a process in the container: a session at its pids limit (a fork bomb) refuses it
+        # (the engine's 5xx, or the script's fork failing) until one of its processes ends. Kill is
+        # idempotent, so it is tried again until it lands or the limit is spent; the last failure stands.
+        while True:
+            try:
+                result = await stop_once()
+            except (EngineRefusal, EngineRefusedError) as e:
+                if e.status is not None and e.status < 500:
+                    raise
+                if asyncio.get_running_loop().time() + STOP_RETRY_SECONDS > give_up:
+                    raise
+            else:
+                if result is None or result[0] == 0 or asyncio.get_running_loop().time() + STOP_RETRY_SECONDS > give_up:
+                    return result
+            await asyncio.sleep(STOP_RETRY_SECONDS)
+
+    give_up = asyncio.get_running_loop().time() + KILL_LIMIT_SECONDS - 0.5
     try:
         result = await asyncio.wait_for(stop(), KILL_LIMIT_SECONDS)
     except asyncio.TimeoutError:

@@ -93,7 +93,7 @@ def test_a_fork_bomb_is_contained_and_stopped_at_its_deadline(client):
                 if count and int(count) < 12:
                     break
                 await asyncio.sleep(0.5)
-            assert count and int(count) < 12, f"the bomb is still running ({count!r} processes)"
+            assert count and int(count) < 12, f"the bomb is still running ({count!r} processes; the last look: {found!r})"
             assert client.api.inspect_container(session.container_id)["HostConfig"]["PidsLimit"] == 128
         finally:
             await session.destroy()
