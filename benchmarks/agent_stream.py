@@ -41,6 +41,10 @@ def raw_exec(api, container_id: str, cmd: list[str], stdin: bytes | None) -> int
     exec_id = api.exec_create(container_id, cmd, stdin=stdin is not None)["Id"]
     sock = api.exec_start(exec_id, socket=True)
     raw = sock._sock
+    # read through the response's buffered reader: the first frames may have come in with the upgrade's
+    # headers, into its buffer, and a read of the bare socket would lose them (and the demux its step)
+    response = getattr(sock, "_response", None)
+    reader = response.raw._fp.fp if response is not None else sock
     writer = None
     if stdin is not None:
 
@@ -54,7 +58,7 @@ def raw_exec(api, container_id: str, cmd: list[str], stdin: bytes | None) -> int
     pending = b""
     try:
         while True:
-            data = raw.recv(1 << 18)
+            data = reader.read1(1 << 18)
             if not data:
                 break
             pending += data
