@@ -11,10 +11,10 @@ import (
 	"syscall"
 )
 
-const (
-	socketDir  = "/.tai/run"
-	socketPath = socketDir + "/agent.sock"
-)
+// socketName is the agent's abstract unix socket: it has no file that session code could remove or replace,
+// and it lives in the container's network namespace, which a `docker exec` joins. Anyone there may dial it;
+// the agent answers only a peer that passes trustedPeer.
+const socketName = "@tai-agent"
 
 func main() {
 	nonDumpable() // first: nothing below may run while same-uid code could still read /proc/self
@@ -49,16 +49,10 @@ func serve() {
 		_ = prctl(prSetChildSubreaper, 1) // outside a container (tests): orphans still come back to us
 	}
 	syscall.Umask(0o077)
-	if err := os.MkdirAll(socketDir, 0o700); err != nil {
-		fatal("mkdir %s: %v", socketDir, err)
-	}
-	_ = os.Chmod(socketDir, 0o700)
-	_ = os.Remove(socketPath)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketPath, Net: "unix"})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketName, Net: "unix"})
 	if err != nil {
 		fatal("listen: %v", err)
 	}
-	ln.SetUnlinkOnClose(false)
 	a := newAgent()
 	go a.acceptLoop(ln)
 	for s := range sigs {
@@ -79,7 +73,7 @@ func fatal(format string, args ...any) {
 
 // connect relays stdin/stdout to the agent's socket, after checking the listener is the agent itself.
 func connect() int {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socketPath, Net: "unix"})
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socketName, Net: "unix"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tai-agent connect:", err)
 		return 69

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_tai_sandbox.agent import AgentClient, agent_binary
+from jupyter_tai_sandbox.agent.client import AGENT_PATH
 from jupyter_tai_sandbox.agent.transport import open_docker_api
 
 LABEL = {"jupyter-tai-sandbox.agent-bench": secrets.token_hex(4)}
@@ -74,7 +75,7 @@ def main() -> None:
     parser.add_argument("--image", default="jupyter-tai-sandbox/minimal:latest")
     args = parser.parse_args()
     client = docker.from_env(version="auto")
-    container = client.containers.create(args.image, entrypoint=["/.tai/agent", "serve"], labels=LABEL,
+    container = client.containers.create(args.image, entrypoint=[AGENT_PATH, "serve"], labels=LABEL,
                                          name=f"tai-agent-bench-{secrets.token_hex(4)}", network_mode="none")
     try:
         container.put_archive("/", _dir_tar())

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_roundtrip import _dir_tar, agent_tar
 
+from jupyter_tai_sandbox.agent.client import AGENT_PATH
 from jupyter_tai_sandbox.agent.transport import open_docker_api
 
 LABEL = {"jupyter-tai-sandbox.agent-bench": secrets.token_hex(4)}
@@ -146,7 +147,7 @@ def run(image: str, rounds: int, out_mib: int, in_mib: int) -> tuple[dict[str, l
     import docker
 
     client = docker.from_env(version="auto", timeout=300)
-    container = client.containers.create(image, entrypoint=["/.tai/agent", "serve"], labels=LABEL,
+    container = client.containers.create(image, entrypoint=[AGENT_PATH, "serve"], labels=LABEL,
                                          name=f"tai-agent-bench-{secrets.token_hex(4)}", network_mode="none")
     try:
         container.put_archive("/", _dir_tar())

@@ -21,6 +21,8 @@ from . import protocol as p
 DEFAULT_WINDOW = 1 << 20  # at most the agent's ring (clamped to it at HELLO): what is in flight when a connection drops can be resumed
 STDIN_CHUNK = 512 << 10
 READ_SIZE = 1 << 20
+#: the agent's folder in a session: a read-only mount in a provider's sessions (PROTOCOL.md, Injection)
+AGENT_DIR = "/.tai"
 AGENT_PATH = "/.tai/agent"
 
 

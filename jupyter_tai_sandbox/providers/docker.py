@@ -39,9 +39,9 @@ from ..contract import (
 )
 from ._common import new_session_id
 from ._docker_agent import (
-    AGENT_DIR,
+    AgentVolumes,
     DockerAgentSession,
-    agent_archive,
+    is_missing_agent,
     open_agent_on_any_loop,
     with_agent,
 )
@@ -324,6 +324,7 @@ class DockerSandbox(ContainerSandbox):
             transfer_idle_seconds=self.transfer_idle_seconds,
         )
         self._arch: str | None = None
+        self._agent_volumes = AgentVolumes(self._engine, self.own_labels, self.scope.tag, self.log)
         self._pool = WarmPool(
             self._engine,
             self._start_pooled,
@@ -343,7 +344,6 @@ class DockerSandbox(ContainerSandbox):
             if self.session_agent:
                 info = await self._engine.blocking(lambda: self._engine.api.info())
                 self._arch = str(info.get("Architecture") or "") or None
-                await asyncio.to_thread(agent_archive, self._arch)  # read the binary once, off the loop
             await self._choose_default_image()
             self._pool.fill_soon()
         elif not self._image_chosen:
@@ -352,7 +352,8 @@ class DockerSandbox(ContainerSandbox):
     # ------------------------------------------------------------ containers
 
     def _options(
-        self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str], network: str | None
+        self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str], network: str | None,
+        agent_volume: str | None = None,
     ) -> dict[str, Any]:
         """The SDK's container options for ``spec`` (its limits already in force)."""
         types = docker_sdk().types
@@ -391,8 +392,8 @@ class DockerSandbox(ContainerSandbox):
         if ceiling or self.read_only_rootfs:
             options["read_only"] = True
             options["tmpfs"] = scratch_tmpfs(ceiling)
-        if self.session_agent:
-            options = with_agent(options, volume_labels)
+        if agent_volume is not None:
+            options = with_agent(options, agent_volume)
             options["labels"][LABEL_AGENT] = "1"
         return options
 
@@ -402,9 +403,18 @@ class DockerSandbox(ContainerSandbox):
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections."""
         image = self._image_of(spec)
         try:
-            archives = {AGENT_DIR: agent_archive(self._arch)} if self.session_agent else None
-            options = self._options(spec, name, labels, volume_labels, network)
-            return await self._engine.create_container(image, options, archives=archives)
+            if not self.session_agent:
+                return await self._engine.create_container(image, self._options(spec, name, labels, volume_labels, network))
+            for attempt in (1, 2):
+                volume = await self._agent_volumes.volume_for(self._arch, image)
+                options = self._options(spec, name, labels, volume_labels, network, agent_volume=volume)
+                try:
+                    return await self._engine.create_container(image, options)
+                except EngineRefusedError as e:
+                    if attempt == 2 or not is_missing_agent(e):
+                        raise
+                    self._agent_volumes.forget(self._arch)  # removed behind our back: the engine made an empty one
+            raise AssertionError("unreachable")
         except MissingImageError:
             raise rejected(f"image {image!r} is not on the Docker engine at {self.base_url}: {how_to_get(image)}") from None
         except EngineRefusedError as e:
@@ -695,6 +705,7 @@ class DockerSandbox(ContainerSandbox):
         } - set(reaped)
         await self._drop_stray_ttl_records(records, live, now)
         await self._reclaim_networks(summaries, now)
+        await self._agent_volumes.reap(now)
         if reaped:
             self.log.info("sandbox-docker: reaped %s", ", ".join(reaped))
         return reaped
@@ -767,6 +778,7 @@ class DockerSandbox(ContainerSandbox):
         commands = [*self._commands.all(), *self._agent_site.commands.all()]
         await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
         await self._pool.close()
+        await self._agent_volumes.close()
         if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
             async with self._networks.hold(self.pool_network):
                 with contextlib.suppress(SandboxError):

@@ -449,10 +449,37 @@ class DockerEngine:
             )
         return made
 
-    async def volumes(self, label: str | Sequence[str]) -> list[dict[str, Any]]:
-        """The deployment's volumes carrying ``label`` (all of a list)."""
-        found = await self._call("list volumes", "volumes", filters={"label": self.label_filter(label)})
+    async def volumes(self, label: str | Sequence[str], *, dangling: bool = False) -> list[dict[str, Any]]:
+        """The deployment's volumes carrying ``label`` (all of a list); ``dangling``: only those no container uses."""
+        filters: dict[str, Any] = {"label": self.label_filter(label)}
+        if dangling:
+            filters["dangling"] = True
+        found = await self._call("list volumes", "volumes", filters=filters)
         return list((found or {}).get("Volumes") or [])
+
+    async def fill_volume(self, name: str, image: str, archive: bytes, *, labels: Mapping[str, str]) -> None:
+        """Extract ``archive`` into the named volume, through a container of ``image`` that is created with the
+        volume, given the archive and removed, never started (so the volume can then be mounted read-only)."""
+        docker = docker_sdk()
+
+        def fill() -> None:
+            mount = docker.types.Mount("/fill", name, type="volume")
+            try:
+                container = self._client.containers.create(
+                    image, entrypoint=["/fill/none"], command=[], mounts=[mount], network_mode="none",
+                    labels=self.scoped_labels(labels), detach=True,
+                )
+            except docker.errors.ImageNotFound as e:
+                raise MissingImageError(
+                    f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
+                ) from None
+            try:
+                container.put_archive("/fill", archive)
+            finally:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+
+        await self._slow_call(f"fill volume {name}", fill)
 
     async def remove_volume(self, name: str) -> None:
         """Remove a volume; a missing one is fine, one in use is an EngineRefusedError (409)."""

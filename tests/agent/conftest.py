@@ -2,8 +2,9 @@
 
 Images are made with ``docker import`` (no registry): ``agent_only`` holds nothing but an empty ``/.tai``,
 ``busybox`` holds Debian's static busybox (and the hostile test program) for commands. Each container is
-created, given the agent by ``put_archive`` (as a provider injects it) and started with ``/.tai/agent
-serve`` as PID 1. Everything carries this run's label and is removed even when a test fails.
+created, given the agent by ``put_archive`` at ``/.tai/agent`` and started with ``/.tai/agent serve`` as
+PID 1 (a provider mounts that folder read-only instead: tests/providers/docker/test_docker_agent.py).
+Everything carries this run's label and is removed even when a test fails.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 from jupyter_tai_sandbox.agent import AgentBinaryMissing, AgentClient, agent_binary, build_agent
 from jupyter_tai_sandbox.agent.binary import go_command
+from jupyter_tai_sandbox.agent.client import AGENT_PATH
 
 RUN = f"{os.environ.get('TAI_SANDBOX_DEPLOYMENT', 'agent')}-{secrets.token_hex(3)}"
 LABEL_KEY = "jupyter-tai-sandbox.agent-test"
@@ -125,7 +127,7 @@ class Session:
 
 def start_session(docker_api, image: str, agent: Path) -> Session:
     container = docker_api.containers.create(
-        image, entrypoint=["/.tai/agent", "serve"], name=f"tai-agent-test-{RUN}-{secrets.token_hex(3)}",
+        image, entrypoint=[AGENT_PATH, "serve"], name=f"tai-agent-test-{RUN}-{secrets.token_hex(3)}",
         labels=LABELS, network_mode="none", detach=True,
     )
     try:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from jupyter_tai_sandbox.agent import AgentConnectionLost, AgentError
+from jupyter_tai_sandbox.agent.client import AGENT_PATH
 from tests.support.agent import run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.docker]
@@ -33,7 +34,7 @@ def test_agent_runs_in_an_image_holding_nothing_else(bare_session):
     async def go():
         client = await bare_session.client()
         try:
-            out, _, status = await (await client.start(["/.tai/agent", "version"])).collect()
+            out, _, status = await (await client.start([AGENT_PATH, "version"])).collect()
             assert status.code == 0 and out == b"tai-agent protocol 1\n"
             with pytest.raises(AgentError) as e:
                 await client.start(["sh", "-c", "true"])

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_tai_sandbox.agent import AgentConnectionLost, AgentError, protocol
+from jupyter_tai_sandbox.agent import AgentConnectionLost, protocol
+from jupyter_tai_sandbox.agent.client import AGENT_PATH
 from tests.support.agent import run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.docker]
@@ -46,15 +47,19 @@ def test_session_code_cannot_reach_the_agent_or_its_channel(session):
     run(go())
 
 
-def test_a_socket_planted_by_session_code_is_not_believed(session):
+def test_session_code_cannot_take_or_remove_the_agents_socket(session):
+    """The socket is abstract: no file to remove or replace, and its name cannot be bound while the agent
+    lives (were it, `connect` would still refuse a listener that is not the agent: trustedPeer)."""
+
     async def go():
         client = await session.client()
         try:
-            fake = await client.start(["/bin/hostile", "fake-agent"])
-            assert await fake.read() == ("stdout", b"LISTENING\n")
-            with pytest.raises(AgentError):
-                await asyncio.wait_for(session.client(), 20)  # `connect` refuses the listener: no HELLO
-            await fake.kill()
+            fake = await client.start(["sh", "-c", "rm -rf /.tai/run; /bin/hostile fake-agent"])
+            out, _, status = await fake.collect()
+            assert status.code == 1 and out.startswith(b"LISTEN FAILED") and b"address already in use" in out, out
+            second = await asyncio.wait_for(session.client(), 20)  # a new connection still reaches the agent
+            assert (await (await second.start(["true"])).wait()).code == 0
+            await second.close()
         finally:
             await client.close()
 
@@ -130,7 +135,7 @@ def test_the_agent_dying_fails_every_call_promptly(session):
 
 async def _raw(session) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        "docker", "exec", "-i", session.name, "/.tai/agent", "connect",
+        "docker", "exec", "-i", session.name, AGENT_PATH, "connect",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
 
 

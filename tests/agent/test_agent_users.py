@@ -35,14 +35,15 @@ def test_a_command_runs_as_the_given_uid_and_gid_with_no_supplementary_groups(se
     run(go())
 
 
-def test_a_non_root_command_cannot_reach_the_agents_socket_or_write_roots_files(session):
+def test_a_non_root_command_is_refused_by_the_agents_socket_and_cannot_write_roots_files(session):
     async def go():
         client = await session.client()
         try:
             await client.write_file("/data", "roots", b"root's\n")  # 0644, root's
-            cmd = await client.start(["sh", "-c", "ls /.tai/run; echo more >> /data/roots"], uid=UID, gid=GID)
-            _, err, status = await cmd.collect()
+            cmd = await client.start(["sh", "-c", "/bin/hostile | grep socket; echo more >> /data/roots"], uid=UID, gid=GID)
+            out, err, status = await cmd.collect()
             assert status.code != 0
+            assert out.startswith(b"REFUSED socket"), out  # the agent answers no peer it did not expect
             assert b"Permission denied" in err
             assert await client.read_file("/data", "roots") == b"root's\n"
         finally:

@@ -92,10 +92,9 @@ func tryChannel(name string, c net.Conn, err error) {
 	report(name, err)
 }
 
-// fakeAgent replaces the agent's socket with its own listener that answers HELLO, then waits.
+// fakeAgent tries to take the agent's socket name with its own listener that answers HELLO, then waits.
 func fakeAgent() {
-	_ = os.Remove("/.tai/run/agent.sock")
-	ln, err := net.Listen("unix", "/.tai/run/agent.sock")
+	ln, err := net.Listen("unix", "@tai-agent")
 	if err != nil {
 		fmt.Println("LISTEN FAILED", err)
 		os.Exit(1)
@@ -158,7 +157,7 @@ func main() {
 		_ = child.Process.Kill()
 		_ = child.Wait()
 	}
-	c, err := net.Dial("unix", "/.tai/run/agent.sock")
+	c, err := net.Dial("unix", "@tai-agent")
 	tryChannel("socket", c, err)
 	// the agent binary's own relay, started from inside the session (its parent is not 0)
 	cmd := exec.Command("/.tai/agent", "connect")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
+import socket
 import subprocess
 import tarfile
 
@@ -122,6 +124,70 @@ def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
                 await anext(chunks)
             # a reader that keeps asking gets the whole file, and the session serves it again
             assert len(await session.get_file("big.bin")) == 1 << 20
+
+    asyncio.run(main())
+
+
+REPLACE_THE_AGENT = r"""
+for try in 'echo forged > /.tai/agent' 'rm -f /.tai/agent' 'mv /.tai/agent /.tai/elsewhere' \
+           'ln -sf /bin/sh /.tai/agent' 'touch /.tai/other' 'mv /.tai /elsewhere' 'rm -rf /.tai' \
+           'chmod 777 /.tai/agent' 'mount -t tmpfs none /.tai' 'umount /.tai' 'umount -l /.tai'; do
+  if sh -c "$try" 2>/dev/null; then echo "ALLOWED: $try"; fi
+done
+sha256sum /.tai/agent
+"""
+#: ends the connect relays (the agent's comm, not PID 1) once this command has exited: session code may
+KILL_THE_RELAYS = r"""(sleep 0.5; for pid in /proc/[0-9]*; do
+  [ "${pid#/proc/}" != 1 ] && [ "$(cat $pid/comm 2>/dev/null)" = agent ] && kill -9 "${pid#/proc/}"
+done) >/dev/null 2>&1 &"""
+
+
+def test_root_session_code_cannot_replace_the_agent_the_server_connects_through(client):
+    """The agent binary is on a read-only mount: writing, removing, renaming or mounting over it fails for a
+    root command, so the connection the server opens after session code killed the relay is the real agent."""
+    import hashlib
+
+    async def main() -> None:
+        async with agent_session() as session:
+            result = await session.exec(["sh", "-c", REPLACE_THE_AGENT], timeout_seconds=60)
+            assert "ALLOWED" not in result.stdout.decode(), result.stdout.decode()
+            expected = hashlib.sha256(agent_binary().read_bytes()).hexdigest()
+            assert result.stdout.decode().split()[0] == expected
+            assert (await session.exec(["sh", "-c", KILL_THE_RELAYS], timeout_seconds=30)).exit_code == 0
+            await asyncio.sleep(1.5)
+            again = await session.exec(["id", "-u"], timeout_seconds=30)  # a new connection, to the real agent
+            assert (again.exit_code, again.stdout) == (0, b"0\n")
+
+    asyncio.run(main())
+
+
+def test_an_agent_volume_is_removed_with_its_provider_or_once_its_keeper_is_gone(client):
+    from jupyter_tai_sandbox.providers._docker_agent import LABEL_AGENT_KEEPER
+
+    async def main() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True)
+        dead = f"tai-agent-test-dead-{RUN_ID}".lower()
+        alive = f"tai-agent-test-alive-{RUN_ID}".lower()
+        try:
+            session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+            mine = [v for v in await sandbox.engine.volumes(LABEL_AGENT_KEEPER)]
+            assert len(mine) == 1 and mine[0]["Options"] in (None, {})
+            await session.destroy()
+            # a dead server's volume (a pid that does not run on this host) and a live one's (this process)
+            labels = {**sandbox.own_labels}
+            await sandbox.engine.create_volume(dead, {**labels, LABEL_AGENT_KEEPER: f"{socket.gethostname()}:{2**22 + 7}:x"})
+            await sandbox.engine.create_volume(alive, {**labels, LABEL_AGENT_KEEPER: f"{socket.gethostname()}:{os.getpid()}:y"})
+            await sandbox.reap()
+            names = {v["Name"] for v in await sandbox.engine.volumes(LABEL_AGENT_KEEPER)}
+            assert dead not in names and alive in names and mine[0]["Name"] in names
+            await sandbox.close()
+            names = {v["Name"] for v in await sandbox.engine.volumes(LABEL_AGENT_KEEPER)}
+            assert names == {alive}
+        finally:
+            with contextlib.suppress(SandboxError):
+                await sandbox.engine.remove_volume(alive)
+                await sandbox.engine.remove_volume(dead)
+            await sandbox.close()
 
     asyncio.run(main())
 
