@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -85,11 +86,11 @@ type fileRequest struct {
 	Mode      uint32 `json:"mode"`
 	Parents   bool   `json:"parents"`
 	Recursive bool   `json:"recursive"`
-	Uid       *int   `json:"uid"` // with gid: the owner of what the operation creates (an upload, folders)
+	Uid       *int   `json:"uid"` // with gid: the user whose rights the operation runs with (what it creates is theirs)
 	Gid       *int   `json:"gid"`
 }
 
-// owner is who files and folders an operation creates belong to; nil keeps the agent's own (root).
+// owner is the user a file operation runs as; nil: the agent's own rights (root).
 type owner struct{ uid, gid int }
 
 func (r fileRequest) owner() (*owner, error) {
@@ -102,15 +103,45 @@ func (r fileRequest) owner() (*owner, error) {
 	return &owner{*r.Uid, *r.Gid}, nil
 }
 
-// chownAt gives a just-created entry (never followed if a symlink) to the owner.
-func (o *owner) chownAt(dirfd int, name string) error {
-	if o == nil {
+// asUser runs f with the filesystem rights of own (nil: the agent's own) on an OS thread of its own. The
+// thread's fsuid and fsgid become the user's and its supplementary groups none, which also clears its
+// file capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN...: capabilities(7)), so the kernel checks
+// every access, and owns every file and folder made, as for that user. The thread is never unlocked, so
+// it ends with the goroutine and no other work runs with those credentials.
+func asUser(own *owner, f func()) error {
+	if own == nil {
+		f()
 		return nil
 	}
-	return syscall.Fchownat(dirfd, name, o.uid, o.gid, atSymlinkNoFollow)
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := setThreadFsCreds(own.uid, own.gid); err != nil {
+			errc <- err
+			return
+		}
+		f()
+		errc <- nil
+	}()
+	return <-errc
 }
 
-const atSymlinkNoFollow = 0x100
+// setThreadFsCreds changes the calling thread's credentials only (raw syscalls: Go's syscall.Setgroups
+// would change every thread's).
+func setThreadFsCreds(uid, gid int) error {
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+		return e
+	}
+	syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(gid), 0, 0)
+	syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(uid), 0, 0)
+	// setfsuid and setfsgid answer the previous id, never an error: an invalid id (-1) asks for the current
+	gotGid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSGID, ^uintptr(0), 0, 0)
+	gotUid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSUID, ^uintptr(0), 0, 0)
+	if int(uint32(gotUid)) != uid || int(uint32(gotGid)) != gid {
+		return syscall.EPERM
+	}
+	return nil
+}
 
 type upload struct {
 	parent int
@@ -118,6 +149,7 @@ type upload struct {
 	tmp    string
 	base   string
 	size   int64
+	own    *owner // the commit's rename runs as the user too
 }
 
 type fileState struct {
@@ -171,13 +203,13 @@ func splitParent(path string) (string, string, error) {
 }
 
 // openParent opens the folder that holds path (creating it, with parents, when asked).
-func openParent(rootfd int, path string, create bool, own *owner) (int, string, error) {
+func openParent(rootfd int, path string, create bool) (int, string, error) {
 	dir, base, err := splitParent(path)
 	if err != nil {
 		return -1, "", err
 	}
 	if create {
-		if err := mkdirAll(rootfd, dir, own); err != nil {
+		if err := mkdirAll(rootfd, dir); err != nil {
 			return -1, "", err
 		}
 	}
@@ -185,7 +217,7 @@ func openParent(rootfd int, path string, create bool, own *owner) (int, string, 
 	return fd, base, err
 }
 
-func mkdirAll(rootfd int, dir string, own *owner) error {
+func mkdirAll(rootfd int, dir string) error {
 	if dir == "." || dir == "" {
 		return nil
 	}
@@ -208,9 +240,6 @@ func mkdirAll(rootfd int, dir string, own *owner) error {
 			return err
 		}
 		err = mkdirat(parent, parts[i], 0o755)
-		if err == nil {
-			err = own.chownAt(parent, parts[i])
-		}
 		syscall.Close(parent)
 		if err != nil && err != syscall.EEXIST {
 			return err
@@ -276,7 +305,14 @@ func (cn *conn) handleFile(f frame) error {
 	cn.files.sem <- struct{}{}
 	go func() {
 		defer func() { <-cn.files.sem }()
-		reply, data, err := runFileOp(f.typ, req)
+		var reply map[string]any
+		var data []byte
+		own, err := req.owner()
+		if err == nil {
+			if e := asUser(own, func() { reply, data, err = runFileOp(f.typ, req) }); e != nil {
+				err = e
+			}
+		}
 		switch {
 		case err != nil:
 			cn.fail(f.id, "file", errnoName(err), err.Error())
@@ -341,36 +377,29 @@ func runFileOp(typ byte, req fileRequest) (map[string]any, []byte, error) {
 		}
 		return nil, buf[:fileDataHeader+got], nil
 	case tFileMkdir:
-		own, err := req.owner()
-		if err != nil {
-			return nil, nil, err
-		}
 		if req.Parents {
-			return map[string]any{}, nil, mkdirAll(rootfd, strings.TrimRight(req.Path, "/"), own)
+			return map[string]any{}, nil, mkdirAll(rootfd, strings.TrimRight(req.Path, "/"))
 		}
-		parent, base, err := openParent(rootfd, req.Path, false, nil)
+		parent, base, err := openParent(rootfd, req.Path, false)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer syscall.Close(parent)
-		if err := mkdirat(parent, base, 0o755); err != nil {
-			return nil, nil, err
-		}
-		return map[string]any{}, nil, own.chownAt(parent, base)
+		return map[string]any{}, nil, mkdirat(parent, base, 0o755)
 	case tFileDelete:
-		parent, base, err := openParent(rootfd, req.Path, false, nil)
+		parent, base, err := openParent(rootfd, req.Path, false)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer syscall.Close(parent)
 		return map[string]any{}, nil, removeAt(parent, base, req.Recursive, 0)
 	case tFileRename:
-		from, fbase, err := openParent(rootfd, req.Path, false, nil)
+		from, fbase, err := openParent(rootfd, req.Path, false)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer syscall.Close(from)
-		to, tbase, err := openParent(rootfd, req.To, req.Parents, nil)
+		to, tbase, err := openParent(rootfd, req.To, req.Parents)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -480,22 +509,34 @@ func (cn *conn) uploadOpen(id uint32, req fileRequest) {
 		cn.fail(id, "file", "EAGAIN", fmt.Sprintf("%d uploads open", maxUploads))
 		return
 	}
-	rootfd, err := openRoot(req.Root)
-	if err != nil {
-		cn.fail(id, "file", errnoName(err), err.Error())
-		return
-	}
 	own, err := req.owner()
 	if err != nil {
-		syscall.Close(rootfd)
 		cn.fail(id, "file", errnoName(err), "uid and gid go together")
 		return
 	}
-	parent, base, err := openParent(rootfd, req.Path, req.Parents, own)
-	syscall.Close(rootfd)
+	var u *upload
+	if e := asUser(own, func() { u, err = openUpload(req) }); e != nil {
+		err = e
+	}
 	if err != nil {
 		cn.fail(id, "file", errnoName(err), err.Error())
 		return
+	}
+	u.own = own
+	fs.uploads[id] = u
+	_ = cn.writeJSON(tFileReply, id, map[string]any{"op": "upload_open"})
+}
+
+// openUpload makes the upload's temporary file beside its target (with the target's folders, when asked).
+func openUpload(req fileRequest) (*upload, error) {
+	rootfd, err := openRoot(req.Root)
+	if err != nil {
+		return nil, err
+	}
+	parent, base, err := openParent(rootfd, req.Path, req.Parents)
+	syscall.Close(rootfd)
+	if err != nil {
+		return nil, err
 	}
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
@@ -507,21 +548,10 @@ func (cn *conn) uploadOpen(id uint32, req fileRequest) {
 	fd, err := syscall.Openat(parent, tmp, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, mode&0o7777)
 	if err != nil {
 		syscall.Close(parent)
-		cn.fail(id, "file", errnoName(err), err.Error())
-		return
+		return nil, err
 	}
-	if own != nil { // before a byte is written or the name is visible: the file is the user's from the start
-		if err := syscall.Fchown(fd, own.uid, own.gid); err != nil {
-			syscall.Close(fd)
-			_ = unlinkat(parent, tmp, 0)
-			syscall.Close(parent)
-			cn.fail(id, "file", errnoName(err), "chown: "+err.Error())
-			return
-		}
-	}
-	_ = syscall.Fchmod(fd, mode&0o7777) // the umask does not decide an upload's mode (after the chown, which clears setuid bits)
-	fs.uploads[id] = &upload{parent: parent, fd: fd, tmp: tmp, base: base}
-	_ = cn.writeJSON(tFileReply, id, map[string]any{"op": "upload_open"})
+	_ = syscall.Fchmod(fd, mode&0o7777) // the umask does not decide an upload's mode
+	return &upload{parent: parent, fd: fd, tmp: tmp, base: base}, nil
 }
 
 func (cn *conn) uploadData(id uint32, offset int64, data []byte) {
@@ -574,7 +604,10 @@ func (cn *conn) uploadEnd(id uint32, commit bool) {
 		return
 	}
 	syscall.Close(u.fd)
-	err := syscall.Renameat(u.parent, u.tmp, u.parent, u.base)
+	var err error
+	if e := asUser(u.own, func() { err = syscall.Renameat(u.parent, u.tmp, u.parent, u.base) }); e != nil {
+		err = e
+	}
 	if err != nil {
 		_ = unlinkat(u.parent, u.tmp, 0)
 	}

@@ -48,7 +48,7 @@ func serve() {
 	if os.Getpid() != 1 {
 		_ = prctl(prSetChildSubreaper, 1) // outside a container (tests): orphans still come back to us
 	}
-	syscall.Umask(0o077)
+	syscall.Umask(0o022) // what a container process usually has (runc's default), and commands inherit it
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketName, Net: "unix"})
 	if err != nil {
 		fatal("listen: %v", err)

@@ -261,8 +261,8 @@ class AgentCommand:
         self.client._commands.pop(self.id, None)
 
 
-def _owner(owner: tuple[int, int] | None) -> dict[str, int]:
-    return {} if owner is None else {"uid": int(owner[0]), "gid": int(owner[1])}
+def _as_user(user: tuple[int, int] | None) -> dict[str, int]:
+    return {} if user is None else {"uid": int(user[0]), "gid": int(user[1])}
 
 
 class AgentClient:
@@ -530,29 +530,32 @@ class AgentClient:
         await self._call("ping", id_, p.encode(p.PING, id_, b"ping"))
 
     # -- files: every path is relative to ``root`` (an absolute folder in the session) and confined to it by
-    # the kernel (openat2 RESOLVE_BENEATH): "..", absolute paths and symlinks out fail with ``EXDEV``
-    async def _file(self, type_: int, req: dict[str, Any]) -> Any:
+    # the kernel (openat2 RESOLVE_BENEATH): "..", absolute paths and symlinks out fail with ``EXDEV``. With
+    # ``user`` (uid, gid) an operation runs with that user's rights (no supplementary groups): the kernel
+    # checks each access as for the user, and what it creates is theirs. Without, it runs as the agent (root).
+    async def _file(self, type_: int, req: dict[str, Any], user: tuple[int, int] | None = None) -> Any:
         id_ = self._new_id()
-        return await self._call("file", id_, p.encode_json(type_, id_, req))
+        return await self._call("file", id_, p.encode_json(type_, id_, {**req, **_as_user(user)}))
 
-    async def stat(self, root: str, path: str) -> dict[str, Any]:
+    async def stat(self, root: str, path: str, *, user: tuple[int, int] | None = None) -> dict[str, Any]:
         """``{"type": "file"|"dir"|"symlink"|"other", "size", "mode", "mtime"}`` (symlinks inside followed)."""
-        return await self._file(p.FILE_STAT, {"root": root, "path": path})
+        return await self._file(p.FILE_STAT, {"root": root, "path": path}, user)
 
-    async def listdir(self, root: str, path: str = ".") -> list[dict[str, Any]]:
-        reply = await self._file(p.FILE_LIST, {"root": root, "path": path})
+    async def listdir(self, root: str, path: str = ".", *, user: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+        reply = await self._file(p.FILE_LIST, {"root": root, "path": path}, user)
         return reply["entries"]
 
-    async def read_file(self, root: str, path: str, *, chunk: int = p.MAX_READ_CHUNK, parallel: int = 4) -> bytes:
+    async def read_file(self, root: str, path: str, *, chunk: int = p.MAX_READ_CHUNK, parallel: int = 4,
+                        user: tuple[int, int] | None = None) -> bytes:
         """The whole file, read in chunks with a few requests in flight."""
-        first = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": 0, "length": chunk})
+        first = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": 0, "length": chunk}, user)
         size = p.U64.unpack_from(first)[0]
         parts = [first[p.U64.size :]]
         offset = len(parts[0])
         while offset < size and len(parts[-1]) == chunk:
             offsets = range(offset, size, chunk)[:parallel]
             replies = await asyncio.gather(*(self._file(
-                p.FILE_READ, {"root": root, "path": path, "offset": o, "length": chunk}) for o in offsets))
+                p.FILE_READ, {"root": root, "path": path, "offset": o, "length": chunk}, user) for o in offsets))
             for reply in replies:
                 parts.append(reply[p.U64.size :])
                 offset += len(parts[-1])
@@ -561,37 +564,27 @@ class AgentClient:
         return b"".join(parts)
 
     async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True,
-                         owner: tuple[int, int] | None = None) -> int:
+                         user: tuple[int, int] | None = None) -> int:
         """Upload atomically: into a temp file beside the target, renamed over it only when whole. A failure
-        or cancellation aborts it and leaves the target as it was. ``owner`` (uid, gid) owns the file (from
-        before its first byte) and the folders ``parents`` creates."""
-        id_ = self._new_id()
-        req: dict[str, Any] = {"root": root, "path": path, "mode": mode, "parents": parents, **_owner(owner)}
-        await self._call("file", id_, p.encode_json(p.UPLOAD_OPEN, id_, req))
-        try:
-            view = memoryview(data)
-            step = p.MAX_PAYLOAD - p.U64.size
-            for offset in range(0, len(view), step):
-                await self._send(p.encode(p.UPLOAD_DATA, id_, p.U64.pack(offset) + bytes(view[offset : offset + step])))
-            reply = await self._call("file", id_, p.encode(p.UPLOAD_COMMIT, id_))
-        except BaseException:
-            if self._lost is None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._call("file", id_, p.encode(p.UPLOAD_ABORT, id_)))
-            raise
-        return reply["size"]
+        or cancellation aborts it and leaves the target as it was."""
 
-    async def read_chunk(self, root: str, path: str, offset: int, length: int = p.MAX_READ_CHUNK) -> tuple[int, bytes]:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield data
+
+        return await self.write_stream(root, path, chunks(), mode=mode, parents=parents, user=user)
+
+    async def read_chunk(self, root: str, path: str, offset: int, length: int = p.MAX_READ_CHUNK, *,
+                         user: tuple[int, int] | None = None) -> tuple[int, bytes]:
         """``(file size, bytes)``: at most ``length`` bytes of the file from ``offset``."""
-        reply = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": offset, "length": length})
+        reply = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": offset, "length": length}, user)
         return p.U64.unpack_from(reply)[0], reply[p.U64.size :]
 
     async def write_stream(self, root: str, path: str, chunks: AsyncIterator[bytes], *, mode: int = 0o644,
-                           parents: bool = True) -> int:
+                           parents: bool = True, user: tuple[int, int] | None = None) -> int:
         """:meth:`write_file` from an async iterator of chunks (never the whole file in memory)."""
         id_ = self._new_id()
-        await self._call("file", id_, p.encode_json(
-            p.UPLOAD_OPEN, id_, {"root": root, "path": path, "mode": mode, "parents": parents}))
+        req = {"root": root, "path": path, "mode": mode, "parents": parents, **_as_user(user)}
+        await self._call("file", id_, p.encode_json(p.UPLOAD_OPEN, id_, req))
         try:
             offset, step = 0, p.MAX_PAYLOAD - p.U64.size
             async for chunk in chunks:
@@ -608,15 +601,16 @@ class AgentClient:
             raise
         return reply["size"]
 
-    async def mkdir(self, root: str, path: str, *, parents: bool = False, owner: tuple[int, int] | None = None) -> None:
-        """Make a folder (and its parents); ``owner`` (uid, gid) owns each folder this creates."""
-        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents, **_owner(owner)})
+    async def mkdir(self, root: str, path: str, *, parents: bool = False, user: tuple[int, int] | None = None) -> None:
+        """Make a folder (and its parents)."""
+        await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents}, user)
 
-    async def delete(self, root: str, path: str, *, recursive: bool = False) -> None:
-        await self._file(p.FILE_DELETE, {"root": root, "path": path, "recursive": recursive})
+    async def delete(self, root: str, path: str, *, recursive: bool = False, user: tuple[int, int] | None = None) -> None:
+        await self._file(p.FILE_DELETE, {"root": root, "path": path, "recursive": recursive}, user)
 
-    async def rename(self, root: str, path: str, to: str, *, parents: bool = False) -> None:
-        await self._file(p.FILE_RENAME, {"root": root, "path": path, "to": to, "parents": parents})
+    async def rename(self, root: str, path: str, to: str, *, parents: bool = False,
+                     user: tuple[int, int] | None = None) -> None:
+        await self._file(p.FILE_RENAME, {"root": root, "path": path, "to": to, "parents": parents}, user)
 
     async def close(self) -> None:
         """Close this connection; the agent's commands keep running."""

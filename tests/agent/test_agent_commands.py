@@ -378,3 +378,17 @@ def test_a_write_after_the_exit_raises_and_the_exit_stays_the_commands_own(sessi
             await client.close()
 
     run(go())
+
+
+def test_commands_and_folders_get_a_containers_usual_umask(session):
+    async def go():
+        client = await session.client()
+        try:
+            out, _, status = await (await client.start(["sh", "-c", "umask; touch /data/made; ls -ln /data/made"])).collect()
+            assert status.code == 0 and out.splitlines()[0] == b"0022" and out.splitlines()[1].startswith(b"-rw-r--r--")
+            await client.mkdir("/data", "folder")
+            assert (await client.stat("/data", "folder"))["mode"] & 0o777 == 0o755
+        finally:
+            await client.close()
+
+    run(go())
