@@ -124,6 +124,10 @@ __all__ = [
 STRAY_TTL_GRACE_SECONDS = 60.0
 #: on a container whose session runs on the session agent
 LABEL_AGENT = f"{LABEL}.agent"
+#: on an agent session: the user its commands and file operations run as (``user``, else the image's USER)
+LABEL_USER = f"{LABEL}.user"
+#: what the agent of a session with a user needs beyond a session's capabilities
+AGENT_USER_CAPABILITIES = ("SETUID", "SETGID", "KILL")
 
 
 def _expiries(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -279,10 +283,6 @@ class DockerSandbox(ContainerSandbox):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if self.session_agent and self.user:
-            # the agent must run as root to serve commands; commands as another user are not wired yet
-            raise TraitError(f"{type(self).__name__}.user={self.user!r} is not supported with session_agent=True yet: "
-                             "leave user unset (commands run as the container's user)")
         self._engine = DockerEngine(
             self.base_url,
             timeout=self.engine_timeout_seconds,
@@ -353,7 +353,7 @@ class DockerSandbox(ContainerSandbox):
 
     def _options(
         self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str], network: str | None,
-        agent_volume: str | None = None,
+        agent_volume: str | None = None, user: str = "",
     ) -> dict[str, Any]:
         """The SDK's container options for ``spec`` (its limits already in force)."""
         types = docker_sdk().types
@@ -393,21 +393,30 @@ class DockerSandbox(ContainerSandbox):
             options["read_only"] = True
             options["tmpfs"] = scratch_tmpfs(ceiling)
         if agent_volume is not None:
-            options = with_agent(options, agent_volume)
+            # the agent is root; commands and file operations run as the session user (LABEL_USER), which
+            # needs the capabilities to become that user and to signal its processes: a command loses them
+            # all as it becomes a user other than root
+            options = {**with_agent(options, agent_volume), "user": "0:0"}
+            if user:
+                options["cap_add"] = sorted({*(options.get("cap_add") or ()), *AGENT_USER_CAPABILITIES})
             options["labels"][LABEL_AGENT] = "1"
         return options
 
     async def _start_container(
-        self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str], network: str | None = None
+        self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str],
+        network: str | None = None, *, user: str | None = None,
     ) -> str:
-        """Create and start a container; the engine's refusals of what the spec asks are spec rejections."""
+        """Create and start a container; the engine's refusals of what the spec asks are spec rejections.
+        ``user``: an agent session's user (None: this provider's, else the image's)."""
         image = self._image_of(spec)
         try:
             if not self.session_agent:
                 return await self._engine.create_container(image, self._options(spec, name, labels, volume_labels, network))
+            if user is None:
+                user = await self._session_user(image)
             for attempt in (1, 2):
                 volume = await self._agent_volumes.volume_for(self._arch, image)
-                options = self._options(spec, name, labels, volume_labels, network, agent_volume=volume)
+                options = self._options(spec, name, labels, volume_labels, network, agent_volume=volume, user=user)
                 try:
                     return await self._engine.create_container(image, options)
                 except EngineRefusedError as e:
@@ -416,11 +425,21 @@ class DockerSandbox(ContainerSandbox):
                     self._agent_volumes.forget(self._arch)  # removed behind our back: the engine made an empty one
             raise AssertionError("unreachable")
         except MissingImageError:
-            raise rejected(f"image {image!r} is not on the Docker engine at {self.base_url}: {how_to_get(image)}") from None
+            raise self._missing_image(image) from None
         except EngineRefusedError as e:
             if e.status is not None and 400 <= e.status < 500 and e.status != 409:
                 raise rejected(f"the Docker engine refused the session: {e.detail}") from None
             raise
+
+    async def _session_user(self, image: str) -> str:
+        """Who an agent session's commands run as: ``user``, else the image's USER ('' = root)."""
+        try:
+            return self.user or await self._engine.image_user(image)
+        except MissingImageError:
+            raise self._missing_image(image) from None
+
+    def _missing_image(self, image: str) -> SandboxError:
+        return rejected(f"image {image!r} is not on the Docker engine at {self.base_url}: {how_to_get(image)}")
 
     async def _start_pooled(self, name: str, labels: dict[str, str], volume_labels: dict[str, str]) -> str:
         """A pooled container waits on the pool's holding network (it reaches nothing); a claim moves
@@ -561,6 +580,21 @@ class DockerSandbox(ContainerSandbox):
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
         if self.session_agent:
             labels[LABEL_AGENT] = "1"
+            user = await self._session_user(self._image_of(spec))
+            if user:
+                labels[LABEL_USER] = user
+        session = await self._create(spec, session_id, labels, now, expires)
+        if isinstance(session, DockerAgentSession):
+            try:
+                await session.user_ids()  # an image that does not know the user fails the create, as the sh path's
+            except BaseException:
+                with contextlib.suppress(SandboxError):
+                    await session.destroy()
+                raise
+        return session
+
+    async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
+                      expires: float) -> DockerSession | DockerAgentSession:
         if self._poolable(spec):
             container_id = self._pool.take()
             if container_id is not None:
@@ -568,7 +602,7 @@ class DockerSandbox(ContainerSandbox):
                 if record is not None:
                     self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, container_id[:12])
                     return self._session(container_id, session_id, spec, now, expires, record=record, exec_env=spec.env,
-                                         agent=self.session_agent)
+                                         agent=self.session_agent, user=labels.get(LABEL_USER, ""))
         if spec.durability == "persistent":
             await self._workspace(spec)
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
@@ -577,26 +611,27 @@ class DockerSandbox(ContainerSandbox):
             async with self._networks.hold(network):
                 await self._ensure_network(network, spec.network)
                 try:
-                    container_id = await self._start_container(spec, *names, network)
+                    container_id = await self._start_container(spec, *names, network, user=labels.get(LABEL_USER, ""))
                 except BaseException:
                     with contextlib.suppress(SandboxError):
                         await self._drop_network(network)
                     raise
         else:
-            container_id = await self._start_container(spec, *names)
+            container_id = await self._start_container(spec, *names, user=labels.get(LABEL_USER, ""))
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
-        return self._session(container_id, session_id, spec, now, expires, agent=self.session_agent)
+        return self._session(container_id, session_id, spec, now, expires, agent=self.session_agent,
+                             user=labels.get(LABEL_USER, ""))
 
     def _session(self, container_id: str, session_id: str, spec: SessionSpec, created: float, expires: float, *,
                  record: str | None = None, exec_env: Mapping[str, str] | None = None,
-                 env: Sequence[str] | None = None, agent: bool = False) -> DockerSession | DockerAgentSession:
+                 env: Sequence[str] | None = None, agent: bool = False, user: str = "") -> DockerSession | DockerAgentSession:
         """A session of a container: on its agent, or under the sh wrappers (a container made without one)."""
         if not agent:
             return DockerSession(self._site, container_id, session_id, spec, created, expires, record=record,
                                  exec_env=exec_env)
         known = None if env is None else dict(item.split("=", 1) for item in env if "=" in item)
         return DockerAgentSession(self._agent_site, container_id, session_id, spec, created, expires,
-                                  env=known, engine=self._engine, record=record, extra_env=exec_env)
+                                  env=known, engine=self._engine, record=record, extra_env=exec_env, user=user)
 
     async def _container_env(self, container_id: str) -> dict[str, str]:
         """The container's environment (its image's and the create's), every agent command's base."""
@@ -616,7 +651,7 @@ class DockerSandbox(ContainerSandbox):
         return self._session(
             container_id, labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]),
             record=record, exec_env=spec.env if pooled else None, env=None if pooled else env,
-            agent=labels.get(LABEL_AGENT) == "1",
+            agent=labels.get(LABEL_AGENT) == "1", user=labels.get(LABEL_USER, ""),
         )
 
     def _session_from_pooled(self, pooled: PooledSession) -> DockerSession:

@@ -294,6 +294,14 @@ class DockerEngine:
             return False
         return True
 
+    async def image_user(self, name: str) -> str:
+        """The image's USER ('' when it names none); MissingImageError when the engine lacks it."""
+        try:
+            found = await self._call(f"inspect image {name}", "inspect_image", name)
+        except SandboxNotFoundError:
+            raise MissingImageError(f"image {name!r} is not on the Docker engine at {self.base_url}", image=name) from None
+        return str((found.get("Config") or {}).get("User") or "")
+
     async def ping(self) -> None:
         """Answer when the engine does (within ``timeout``); SandboxUnavailableError when it cannot be reached."""
         await self._call("answer a ping", "ping")

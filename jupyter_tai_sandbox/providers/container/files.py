@@ -90,14 +90,19 @@ class WorkspaceFiles:
     """The file operations of one session's workspace (``root``), over its agent connection."""
 
     def __init__(self, client: Callable[[], Awaitable[AgentClient]], root: str, *,
-                 idle_seconds: float = 60.0) -> None:
+                 idle_seconds: float = 60.0, user: Callable[[], Awaitable[tuple[int, int] | None]] | None = None) -> None:
         self._client = client
+        #: the session user (uid, gid) every operation runs as, with that user's rights (None: the agent's root)
+        self._user = user
         self.root = root
         #: the provider's transfer_idle_seconds
         self.idle_seconds = idle_seconds
 
     def relative(self, path: str) -> str:
         return relative(path, self.root)
+
+    async def _as(self) -> tuple[int, int] | None:
+        return None if self._user is None else await self._user()
 
     def _file_path(self, path: str, what: str) -> str:
         rel = self.relative(path)
@@ -109,7 +114,7 @@ class WorkspaceFiles:
         """The agent's stat of ``path`` (symlinks inside followed), or None when nothing is there."""
         rel = self.relative(path) or "."
         try:
-            return await (await self._client()).stat(self.root, rel)
+            return await (await self._client()).stat(self.root, rel, user=await self._as())
         except AgentError as e:
             if e.code == "ENOENT":
                 return None
@@ -131,19 +136,20 @@ class WorkspaceFiles:
     async def put(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
         rel = self._file_path(path, "put_file")
         try:
-            await (await self._client()).write_stream(self.root, rel, _chunks(data, path, self.idle_seconds))
+            await (await self._client()).write_stream(self.root, rel, _chunks(data, path, self.idle_seconds),
+                                                       user=await self._as())
         except AgentError as e:
             raise file_error(e, path, "write") from None
 
     async def iter(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
         rel = self._file_path(path, "get_file")
-        client = await self._client()
+        client, user = await self._client(), await self._as()
         offset, size = 0, None
         step = max(1, min(chunk_size, 1 << 20))
         loop = asyncio.get_running_loop()
         while size is None or offset < size:
             try:
-                size, data = await client.read_chunk(self.root, rel, offset, step)
+                size, data = await client.read_chunk(self.root, rel, offset, step, user=user)
             except AgentError as e:
                 raise file_error(e, path, "read") from None
             if not data:
@@ -160,7 +166,7 @@ class WorkspaceFiles:
     async def listdir(self, path: str) -> list[dict[str, Any]]:
         rel = self.relative(path) or "."
         try:
-            entries = await (await self._client()).listdir(self.root, rel)
+            entries = await (await self._client()).listdir(self.root, rel, user=await self._as())
         except AgentError as e:
             if e.code == "ENOENT":
                 raise SandboxNotFoundError(f"no folder {path!r} in the session workspace") from None
@@ -176,7 +182,7 @@ class WorkspaceFiles:
     async def remove(self, path: str) -> None:
         rel = self._file_path(path, "delete")
         try:
-            await (await self._client()).delete(self.root, rel, recursive=True)
+            await (await self._client()).delete(self.root, rel, recursive=True, user=await self._as())
         except AgentError as e:
             raise file_error(e, path, "delete") from None
 
@@ -187,7 +193,7 @@ class WorkspaceFiles:
         if await self.stat(new_path, "move to") is not None:
             raise SandboxConflictError(f"{new_path!r}: the target exists already in the session workspace")
         try:
-            await (await self._client()).rename(self.root, rel, to, parents=True)
+            await (await self._client()).rename(self.root, rel, to, parents=True, user=await self._as())
         except AgentError as e:
             raise file_error(e, path, "move") from None
 
@@ -199,7 +205,7 @@ class WorkspaceFiles:
                 raise SandboxConflictError(f"{path!r}: a file exists there already in the session workspace")
             return
         try:
-            await (await self._client()).mkdir(self.root, rel, parents=True)
+            await (await self._client()).mkdir(self.root, rel, parents=True, user=await self._as())
         except AgentError as e:
             if e.code != "EEXIST":
                 raise file_error(e, path, "make") from None

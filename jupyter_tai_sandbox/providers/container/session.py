@@ -33,6 +33,7 @@ from .._common import run_to_end
 from .channel import AgentChannel
 from .command import KILL_LIMIT_SECONDS, ContainerCommand, in_background
 from .files import WorkspaceFiles
+from .users import resolve_user
 
 #: A pty command's TERM.
 PTY_TERM = "xterm-256color"
@@ -42,6 +43,8 @@ WORKSPACE = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: how long the synchronous resolve() may take
 RESOLVE_LIMIT_SECONDS = 10.0
+#: the session users a site remembers (by container) before it forgets them all and reads them again
+MAX_KNOWN_USERS = 4096
 
 
 class _Abandonable(Protocol):
@@ -49,6 +52,7 @@ class _Abandonable(Protocol):
 
 
 C = TypeVar("C", bound=_Abandonable)
+T = TypeVar("T")
 
 
 class CommandRegistry(Generic[C]):
@@ -96,6 +100,8 @@ class ContainerSite:
     open_agent_elsewhere: Callable[[str], Awaitable[AgentClient]] | None = None
     #: a file transfer that moves no data for this long is aborted (the provider's transfer_idle_seconds)
     transfer_idle_seconds: float = 60.0
+    #: each container's session user as (uid, gid), once read from its image (see users.resolve_user)
+    user_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class ContainerSession(SandboxSession):
@@ -111,8 +117,11 @@ class ContainerSession(SandboxSession):
         expires_at: float,
         *,
         env: Mapping[str, str] | None = None,
+        user: str = "",
     ) -> None:
         self._site = site
+        #: who commands and file operations run as ('uid[:gid]' or names, as Docker reads them); '' = the agent's root
+        self._user = user
         self._container = container_id
         self._id = session_id
         self.spec = spec
@@ -123,7 +132,8 @@ class ContainerSession(SandboxSession):
         #: None until read from the container
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
         self._channel = AgentChannel(lambda: site.open_agent(container_id), session_id=session_id)
-        self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds)
+        self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds,
+                                    user=self.user_ids)
 
     @property
     def id(self) -> str:
@@ -164,6 +174,27 @@ class ContainerSession(SandboxSession):
             self._env = self._base_env(found)
         return self._env
 
+    async def user_ids(self) -> tuple[int, int] | None:
+        """The session user's ``(uid, gid)``, read once from the image's /etc/passwd and /etc/group (None: the
+        agent's own root); a SandboxError when the image does not know the user."""
+        if not self._user:
+            return None
+        ids = self._site.user_ids.get(self._container)
+        if ids is None:
+            ids = await resolve_user(self._user, self._read_image_file)
+            if len(self._site.user_ids) >= MAX_KNOWN_USERS:
+                self._site.user_ids.clear()
+            self._site.user_ids[self._container] = ids
+        return ids
+
+    async def _read_image_file(self, path: str) -> bytes | None:
+        try:
+            return await (await self._client()).read_file("/", path)
+        except AgentError as e:
+            if e.code in ("ENOENT", "ENOTDIR"):
+                return None
+            raise SandboxError(f"reading /{path} in session {self._id}: {e}") from None
+
     async def _client(self) -> AgentClient:
         self._check_live()
         try:
@@ -184,9 +215,10 @@ class ContainerSession(SandboxSession):
             env = {"TERM": PTY_TERM, **env}
         # the agent's own deadline is a backstop for a server that is gone; the handle's comes first
         backstop = request.timeout_seconds + 2 * KILL_LIMIT_SECONDS
+        ids = await self.user_ids()
         try:
             agent_command = await client.start(request.argv, env=env, cwd=cwd, pty=pty, rows=rows, cols=cols,
-                                               timeout=backstop)
+                                               timeout=backstop, **_as(ids))
         except AgentError as e:
             # a program that cannot start is the request's fault, named as the local provider names it
             # (never an invented exit status such as a shell's 127); the cwd was found just above
@@ -235,7 +267,8 @@ class ContainerSession(SandboxSession):
         async def look() -> str:
             client = await (self._site.open_agent_elsewhere or self._site.open_agent)(self._container)
             try:
-                files = WorkspaceFiles(lambda: _ready(client), self._site.workspace)
+                files = WorkspaceFiles(lambda: _ready(client), self._site.workspace,
+                                       user=lambda: _ready(self._site.user_ids.get(self._container)))
                 return await files.resolve(path)
             finally:
                 await client.close()
@@ -290,10 +323,15 @@ class ContainerSession(SandboxSession):
             return
         self._destroyed = True
         self._site.commands.abandon(self._id)
+        self._site.user_ids.pop(self._container, None)
         with contextlib.suppress(Exception):
             await self._channel.close()
         await self._site.teardown(self, remove_workspace)
 
 
-async def _ready(client: AgentClient) -> AgentClient:
-    return client
+async def _ready(value: T) -> T:
+    return value
+
+
+def _as(ids: tuple[int, int] | None) -> dict[str, int]:
+    return {} if ids is None else {"uid": ids[0], "gid": ids[1]}

@@ -192,11 +192,66 @@ def test_an_agent_volume_is_removed_with_its_provider_or_once_its_keeper_is_gone
     asyncio.run(main())
 
 
-def test_a_session_user_with_the_agent_is_refused_at_configuration():
-    from traitlets import TraitError
+def test_a_session_user_runs_commands_and_file_operations_with_that_users_rights():
+    """user='1000:1000': the agent stays root, commands run as the user, and file operations too (what they
+    make is the user's; a file the user locked is locked to the API as well, where root would read it)."""
 
-    with pytest.raises(TraitError, match="session_agent"):
-        DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, user="1000:1000")
+    async def main() -> None:
+        async with agent_session(user="1000:1000") as session:
+            result = await session.exec(["sh", "-c", "id -u; id -g; stat -c %u /proc/1"], timeout_seconds=30)
+            assert result.stdout.split() == [b"1000", b"1000", b"0"], result.stdout
+            await session.put_file("made/by/api.txt", b"hi")
+            owners = await session.exec(["stat", "-c", "%u:%g", "made", "made/by/api.txt"], timeout_seconds=30)
+            assert owners.stdout.split() == [b"1000:1000", b"1000:1000"]
+            locked = await session.exec(["sh", "-c", "echo x > locked && chmod 000 locked && mkdir shut && chmod 500 shut"],
+                                        timeout_seconds=30)
+            assert locked.exit_code == 0
+            with pytest.raises(SandboxError, match=r"(?i)permission"):
+                await session.get_file("locked")
+            with pytest.raises(SandboxError, match=r"(?i)permission"):
+                await session.put_file("shut/new.txt", b"no")
+            await session.remove_path("made")
+            assert [e["name"] for e in await session.list_files(".")] == ["locked", "shut"]
+
+    asyncio.run(main())
+
+
+def test_a_session_user_named_is_read_from_the_image_and_one_it_lacks_fails_the_create(client):
+    async def main() -> None:
+        async with agent_session(user="nobody") as session:
+            result = await session.exec(["id", "-u"], timeout_seconds=30)
+            assert result.stdout == b"65534\n"
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, user="nosuchuser")
+        try:
+            with pytest.raises(SandboxError, match="no user 'nosuchuser'"):
+                await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+            assert [s for s in await sandbox.list()] == []
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_the_images_user_is_the_session_user_when_none_is_configured(client):
+    dockerfile = f"FROM {TEST_IMAGE}\nUSER 4321:4322\nLABEL {LABEL_KEY}={LABEL_VALUE}\n".encode()
+    tag = f"tai-sbx-test/user:{RUN_ID}".lower()
+    client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)
+    try:
+        async def main() -> None:
+            sandbox = DockerSandbox(image=tag, extra_labels=RUN_LABEL, session_agent=True)
+            session = await sandbox.create(SessionSpec(image=tag, consumer="docker-tests", network="none"))
+            try:
+                result = await session.exec(["sh", "-c", "id -u; id -g"], timeout_seconds=30)
+                assert result.stdout.split() == [b"4321", b"4322"]
+                again = await sandbox.get(session.id)  # a session found again keeps its user
+                assert (await again.exec(["id", "-u"], timeout_seconds=30)).stdout == b"4321\n"
+            finally:
+                await session.destroy()
+                await sandbox.close()
+
+        asyncio.run(main())
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
 def test_the_docker_engine_fills_the_container_engine_seam():
