@@ -23,7 +23,9 @@ const (
 	killWait     = 4 * time.Second // a kill waits this long for the command's exit before it answers
 	cutAfterKill = 20 * time.Millisecond
 	pipeSize     = 1 << 20 // a command's stdout and stdin pipes (F_SETPIPE_SZ, best effort)
-	defaultPath  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// how long a pty command's terminal leader may take to report the command's pid
+	leaderReportWait = 5 * time.Second
+	defaultPath      = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
 type agent struct {
@@ -61,8 +63,9 @@ type stream struct {
 type command struct {
 	a       *agent
 	id      uint32
-	pid     int
-	pgid    int // the command's group: its holder's pid (a pty command leads its own session and group)
+	pid     int // the process whose exit is the command's: the command itself, or with pty its terminal's leader
+	pgid    int // the command's group: its holder's pid, or with pty its terminal's leader's
+	own     int // the command's own process (with pty: the leader's child)
 	argv    []string
 	pty     bool
 	started time.Time
@@ -520,6 +523,27 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
 	c.credit = min(req.Window, maxCredit)
 	sys := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: req.credential()}
+	argv := req.Argv
+	var leaderPid, leaderW *os.File // with pty: where the terminal's leader tells the command's pid
+	if req.Pty {
+		// the terminal's session is led by `tai-agent pty`, which starts the command as its child and exits
+		// with its status: the command is then no group's leader, so setsid(1) runs it in place (as for a
+		// command without pty) and a kill still reaches its own process by pid
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			c.closeParentFiles()
+			cn.fail(id, "start", errnoName(err), "pipe: "+err.Error())
+			return
+		}
+		defer r.Close()
+		defer w.Close()
+		files = append(files, w.Fd())
+		leaderW = w
+		argv = append([]string{"tai-agent", "pty", path}, req.Argv...)
+		path = "/proc/self/exe"
+		leaderPid = r
+	}
 	if !req.Pty {
 		// a group led by a holder, not by the command: a command that is no group's leader may call setsid()
 		// itself (setsid(1) then runs it in place instead of forking a copy outside the group), and a kill
@@ -554,7 +578,17 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		}
 		sys.Pgid = holder
 	}
-	pid, err := syscall.ForkExec(path, req.Argv, attr)
+	pid, err := syscall.ForkExec(path, argv, attr)
+	own := pid
+	if leaderW != nil {
+		_ = leaderW.Close()
+	}
+	if err == nil && leaderPid != nil {
+		if own, err = readLeader(leaderPid); err != nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			reap(pid)
+		}
+	}
 	if err != nil {
 		if holder > 0 {
 			_ = syscall.Kill(holder, syscall.SIGKILL)
@@ -566,7 +600,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		cn.fail(id, "start", errnoName(err), fmt.Sprintf("%s: %v", req.Argv[0], err))
 		return
 	}
-	c.pid, c.pgid = pid, pid
+	c.pid, c.pgid, c.own = pid, pid, own
 	if holder > 0 {
 		c.pgid = holder
 		a.holders[holder] = c
@@ -576,7 +610,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	a.byPid[pid] = c
 	a.mu.Unlock()
 	closeAll()
-	_ = cn.writeJSON(tStarted, id, map[string]any{"pid": pid, "stdin_window": stdinWindow})
+	_ = cn.writeJSON(tStarted, id, map[string]any{"pid": own, "stdin_window": stdinWindow})
 	if req.TimeoutMs > 0 {
 		c.timer = time.AfterFunc(time.Duration(req.TimeoutMs)*time.Millisecond, func() { c.kill(nil, true) })
 	}
@@ -868,7 +902,7 @@ func (c *command) attach(cn *conn, offsets []uint64, window uint64) {
 	c.conn = cn
 	c.credit = min(window, maxCredit)
 	c.exitSent = false
-	reply := map[string]any{"running": !c.exited, "pid": c.pid, "pty": c.pty,
+	reply := map[string]any{"running": !c.exited, "pid": c.own, "pty": c.pty,
 		"stdin_window": stdinWindow - c.stdinUsed}
 	for i, s := range c.streams {
 		c.eofSent[i] = false
@@ -988,7 +1022,7 @@ func (c *command) signal(cn *conn, sig int, group bool) {
 	if group {
 		err = syscall.Kill(-c.pgid, syscall.Signal(sig))
 	} else {
-		err = syscall.Kill(c.pid, syscall.Signal(sig))
+		err = syscall.Kill(c.own, syscall.Signal(sig))
 	}
 	_ = cn.writeJSON(tAck, c.id, map[string]any{"op": "signal", "delivered": err == nil})
 }
@@ -1006,6 +1040,7 @@ func (c *command) kill(cn *conn, deadline bool) {
 	} else if !c.reaped {
 		if !c.exited {
 			_ = syscall.Kill(c.pid, syscall.SIGKILL)
+			_ = syscall.Kill(c.own, syscall.SIGKILL) // with pty it may have left the terminal's session
 		}
 		_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
 		if c.pty {
@@ -1091,7 +1126,7 @@ func (a *agent) list() []listEntry {
 	out := []listEntry{}
 	for _, c := range cmds {
 		c.mu.Lock()
-		e := listEntry{ID: c.id, Pid: c.pid, Argv: c.argv, Pty: c.pty, Running: !c.exited,
+		e := listEntry{ID: c.id, Pid: c.own, Argv: c.argv, Pty: c.pty, Running: !c.exited,
 			Started: float64(c.started.UnixNano()) / 1e9, Output: map[string][2]int{}, Attach: c.conn != nil}
 		if c.exited {
 			e.Exit = c.exitJSON()
@@ -1147,6 +1182,7 @@ func (a *agent) shutdown() {
 	defer a.mu.Unlock()
 	for _, c := range a.cmds {
 		if !c.reaped && c.pid > 0 {
+			_ = syscall.Kill(c.own, syscall.SIGKILL)
 			_ = syscall.Kill(c.pid, syscall.SIGKILL)
 			_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
 			if c.pty {

@@ -28,6 +28,8 @@ func main() {
 		os.Exit(connect())
 	case "hold": // a command's group holder (startHolder): its zombie is what holds the group
 		os.Exit(0)
+	case "pty": // a pty command's terminal leader (ptyLead)
+		os.Exit(ptyLead())
 	case "version":
 		fmt.Printf("tai-agent protocol %d\n", ProtocolVersion)
 	default:

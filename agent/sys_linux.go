@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -314,4 +318,68 @@ func stateAndSession(pid int) (byte, int, bool) {
 	}
 	session, err := strconv.Atoi(string(fields[3]))
 	return fields[0][0], session, err == nil
+}
+
+// readLeader reads what `tai-agent pty` reports on its pid pipe: the command's pid, or why it did not start
+// (an errno number). The caller has closed its copy of the write end, so a leader that died reads as EOF.
+func readLeader(r *os.File) (int, error) {
+	_ = r.SetReadDeadline(time.Now().Add(leaderReportWait))
+	buf := make([]byte, 32)
+	n, err := io.ReadFull(r, buf[:1])
+	if err != nil {
+		return 0, fmt.Errorf("the terminal's leader did not report: %w", err)
+	}
+	m, _ := r.Read(buf[1:])
+	text := string(buf[:n+m])
+	if strings.HasPrefix(text, "E") {
+		errno, _ := strconv.Atoi(text[1:])
+		return 0, syscall.Errno(errno)
+	}
+	pid, err := strconv.Atoi(strings.TrimPrefix(text, "P"))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("the terminal's leader reported %q", text)
+	}
+	return pid, nil
+}
+
+// ptyLead is `tai-agent pty PATH ARGV...`: the leader of a pty command's session (started with setsid and
+// the terminal as its controlling terminal). It starts the command as its child, reports the child's pid
+// (or the errno of its failed start) on fd 3, waits for it and exits with its status (a signal's death by
+// the same signal). Signals the terminal sends its foreground group reach this leader too: it takes them
+// with handlers (so the command starts with default dispositions) and lets the command decide.
+func ptyLead() int {
+	report := os.NewFile(3, "pid")
+	if len(os.Args) < 4 {
+		return 64
+	}
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU,
+		syscall.SIGHUP, syscall.SIGTERM, syscall.SIGWINCH, syscall.SIGCONT, syscall.SIGUSR1, syscall.SIGUSR2,
+		syscall.SIGPIPE)
+	go func() {
+		for range sigs {
+		}
+	}()
+	syscall.CloseOnExec(3)
+	pid, err := syscall.ForkExec(os.Args[2], os.Args[3:], &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{0, 1, 2}})
+	if err != nil {
+		errno, _ := err.(syscall.Errno)
+		_, _ = fmt.Fprintf(report, "E%d", int(errno))
+		return 127
+	}
+	_, _ = fmt.Fprintf(report, "P%d", pid)
+	_ = report.Close()
+	var ws syscall.WaitStatus
+	for {
+		if _, err := syscall.Wait4(pid, &ws, 0, nil); err != syscall.EINTR {
+			break
+		}
+	}
+	if ws.Signaled() {
+		signal.Reset()
+		_ = syscall.Kill(os.Getpid(), ws.Signal())
+		time.Sleep(time.Second)
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
 }

@@ -2,7 +2,7 @@
 
 A container started for the agent runs ``/.tai/agent serve`` as PID 1 (it reaps what commands leave
 behind, so the engine's init is not needed). ``/.tai`` is a named volume mounted **read-only**, one per
-architecture and provider instance (:class:`AgentVolumes`), filled once through a container that is
+engine, architecture and agent build (:class:`AgentVolumes`), filled once through a container that is
 created, given the binary by ``put_archive`` and removed, never started. So session code, even root,
 cannot change the program the server's next ``connect`` runs: the file is on a read-only mount (EROFS),
 ``/.tai`` is a mount point (EBUSY on a rename or removal), and mounting needs CAP_SYS_ADMIN, which
@@ -23,7 +23,6 @@ import io
 import logging
 import tarfile
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from ..agent import AgentClient, agent_binary
@@ -31,16 +30,13 @@ from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..agent.transport import open_docker_api
 from ..contract import SandboxError
 from ._docker_names import LABEL, WORKSPACE
-from ._docker_pool import new_owner, owner_gone
 from ._docker_session import USAGE_DU_SECONDS, container_usage
 from .container import ContainerSession
 from .docker_engine import DockerEngine
 
-#: on an agent volume: the provider instance that keeps it (``host:pid:token``, as a warm pool's owner)
-LABEL_AGENT_KEEPER = f"{LABEL}.agent-keeper"
+#: on an agent volume: the agent build it holds (the first 12 hex digits of its tar's sha256)
+LABEL_AGENT_BUILD = f"{LABEL}.agent-build"
 AGENT_VOLUME_PREFIX = "tai-agent-"
-#: a dangling agent volume whose keeper is on another host (so cannot be asked) is removed after this long
-AGENT_VOLUME_STALE_SECONDS = 24 * 3600.0
 
 
 @functools.lru_cache(maxsize=4)
@@ -71,61 +67,45 @@ def is_missing_agent(error: BaseException) -> bool:
 
 
 class AgentVolumes:
-    """The read-only volumes a provider instance's sessions take the agent binary from: one per architecture,
-    named for this instance (two servers never fill one volume at once), removed by :meth:`close` when no
-    session uses it any more, and by any instance's :meth:`reap` once dangling with its keeper gone."""
+    """The read-only volume agent sessions take the binary from: one per engine, architecture and agent
+    build (``tai-agent-<arch>-<build>``), shared by every server and deployment on the engine like an image
+    (it holds only the package's own program, and no session can write it), filled by the first server that
+    needs it. A reap removes other builds' volumes once no container uses them."""
 
-    def __init__(self, engine: DockerEngine, labels: Mapping[str, str], tag: str, log: logging.Logger) -> None:
-        self._engine, self._labels, self._log = engine, dict(labels), log
-        self._keeper = new_owner()
-        self._prefix = f"{AGENT_VOLUME_PREFIX}{tag}-"
+    def __init__(self, engine: DockerEngine, log: logging.Logger) -> None:
+        self._engine, self._log = engine, log
         self._filled: dict[str, asyncio.Future[str]] = {}
+        self._builds: set[str] = set()
 
     async def volume_for(self, arch: str | None, image: str) -> str:
-        """The name of this instance's filled agent volume for ``arch`` (filled on first use, through a
-        container of ``image``, which the engine has)."""
+        """The name of the filled agent volume for ``arch`` (filled through a container of ``image``, which the
+        engine has, when no server filled it yet)."""
         key = arch or ""
         filled = self._filled.get(key)
         if filled is None or (filled.done() and (filled.cancelled() or filled.exception() is not None)):
-            filled = self._filled[key] = asyncio.ensure_future(self._fill(arch, image))
+            filled = self._filled[key] = asyncio.ensure_future(self._fill(arch, image, refill=False))
         return await asyncio.shield(filled)
 
-    def forget(self, arch: str | None) -> None:
-        """Fill the volume again on its next use (it was found empty)."""
-        self._filled.pop(arch or "", None)
+    def forget(self, arch: str | None, image: str) -> None:
+        """The volume was found without the agent (removed, and made again empty by a create): fill it again."""
+        self._filled[arch or ""] = asyncio.ensure_future(self._fill(arch, image, refill=True))
 
-    async def _fill(self, arch: str | None, image: str) -> str:
+    async def _fill(self, arch: str | None, image: str, *, refill: bool) -> str:
         archive = await asyncio.to_thread(agent_archive, arch)
-        digest = hashlib.sha256(archive).hexdigest()[:12]
-        token = hashlib.sha256(self._keeper.encode()).hexdigest()[:8]
-        name = f"{self._prefix}{arch or 'host'}-{digest}-{token}"
-        await self._engine.create_volume(name, {**self._labels, LABEL_AGENT_KEEPER: self._keeper})
-        await self._engine.fill_volume(name, image, archive, labels=self._labels)
+        build = hashlib.sha256(archive).hexdigest()[:12]
+        self._builds.add(build)
+        name = f"{AGENT_VOLUME_PREFIX}{arch or 'host'}-{build}"
+        await self._engine.fill_shared_volume(name, image, archive, labels={LABEL_AGENT_BUILD: build}, refill=refill)
         return name
 
-    async def close(self) -> None:
-        """Remove this instance's volumes that no container uses (a session that outlives the server keeps its own)."""
-        for filled in self._filled.values():
-            if filled.done() and not filled.cancelled() and filled.exception() is None:
+    async def reap(self) -> None:
+        """Remove agent volumes of builds this server does not use that no container uses."""
+        if not self._builds:
+            return  # this server has not filled one yet: it cannot tell which builds are old
+        for volume in await self._engine.shared_volumes(LABEL_AGENT_BUILD, dangling=True):
+            if (volume.get("Labels") or {}).get(LABEL_AGENT_BUILD) not in self._builds:
                 with contextlib.suppress(SandboxError):
-                    await self._engine.remove_volume(filled.result())
-        self._filled.clear()
-
-    async def reap(self, now: float) -> None:
-        """Remove the deployment's dangling agent volumes whose keeper is gone (another host's: once stale)."""
-        for volume in await self._engine.volumes(LABEL_AGENT_KEEPER, dangling=True):
-            keeper = (volume.get("Labels") or {}).get(LABEL_AGENT_KEEPER, "")
-            if keeper == self._keeper or not (owner_gone(keeper) or _age(volume, now) > AGENT_VOLUME_STALE_SECONDS):
-                continue
-            with contextlib.suppress(SandboxError):
-                await self._engine.remove_volume(volume["Name"])
-
-
-def _age(volume: Mapping[str, Any], now: float) -> float:
-    try:
-        return now - datetime.fromisoformat(str(volume.get("CreatedAt")).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+                    await self._engine.remove_volume(volume["Name"])
 
 
 def open_agent_on_any_loop(engine: DockerEngine):

@@ -258,12 +258,12 @@ class DockerSandbox(ContainerSandbox):
     ).tag(config=True)
 
     session_agent = Bool(
-        False,
+        True,
         help="""Run each session's commands, file transfers and path look-ups through the session agent: a
-        small static program the provider puts in the container as its PID 1 (agent/PROTOCOL.md), reached
-        over one connection per session. The image then needs nothing (no shell, no /tmp). Off (the
-        default): commands run under sh wrappers, and the image must provide what `image` lists. Both modes
-        pass the same conformance checks.""",
+        small static program the provider mounts read-only in the container and runs as its PID 1
+        (agent/PROTOCOL.md), reached over one connection per session. The image then needs nothing (no
+        shell, no /tmp). False: commands run under sh wrappers (one engine exec each), and the image must
+        provide what `image` lists. Both modes pass the same conformance checks.""",
     ).tag(config=True)
 
     pool_size = Integer(
@@ -324,7 +324,7 @@ class DockerSandbox(ContainerSandbox):
             transfer_idle_seconds=self.transfer_idle_seconds,
         )
         self._arch: str | None = None
-        self._agent_volumes = AgentVolumes(self._engine, self.own_labels, self.scope.tag, self.log)
+        self._agent_volumes = AgentVolumes(self._engine, self.log)
         self._pool = WarmPool(
             self._engine,
             self._start_pooled,
@@ -422,7 +422,7 @@ class DockerSandbox(ContainerSandbox):
                 except EngineRefusedError as e:
                     if attempt == 2 or not is_missing_agent(e):
                         raise
-                    self._agent_volumes.forget(self._arch)  # removed behind our back: the engine made an empty one
+                    self._agent_volumes.forget(self._arch, image)  # removed behind our back: the engine made an empty one
             raise AssertionError("unreachable")
         except MissingImageError:
             raise self._missing_image(image) from None
@@ -740,7 +740,7 @@ class DockerSandbox(ContainerSandbox):
         } - set(reaped)
         await self._drop_stray_ttl_records(records, live, now)
         await self._reclaim_networks(summaries, now)
-        await self._agent_volumes.reap(now)
+        await self._agent_volumes.reap()
         if reaped:
             self.log.info("sandbox-docker: reaped %s", ", ".join(reaped))
         return reaped
@@ -813,7 +813,6 @@ class DockerSandbox(ContainerSandbox):
         commands = [*self._commands.all(), *self._agent_site.commands.all()]
         await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
         await self._pool.close()
-        await self._agent_volumes.close()
         if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
             async with self._networks.hold(self.pool_network):
                 with contextlib.suppress(SandboxError):

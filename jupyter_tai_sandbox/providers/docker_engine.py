@@ -91,6 +91,17 @@ def docker_sdk() -> Any:
     return docker
 
 
+def _age(created: Any, now: float) -> float:
+    """Seconds since an engine timestamp (RFC 3339, nanoseconds and all); 0 when unreadable."""
+    from datetime import datetime
+
+    text = re.sub(r"(\.\d{6})\d+", r"\1", str(created or "")).replace("Z", "+00:00")
+    try:
+        return now - datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def readable(error: Any) -> str:
     """The engine's own message of an SDK error, without the SDK's status line and URL."""
     text = str(getattr(error, "explanation", None) or error)
@@ -457,37 +468,74 @@ class DockerEngine:
             )
         return made
 
-    async def volumes(self, label: str | Sequence[str], *, dangling: bool = False) -> list[dict[str, Any]]:
-        """The deployment's volumes carrying ``label`` (all of a list); ``dangling``: only those no container uses."""
-        filters: dict[str, Any] = {"label": self.label_filter(label)}
+    async def volumes(self, label: str | Sequence[str]) -> list[dict[str, Any]]:
+        """The deployment's volumes carrying ``label`` (all of a list)."""
+        found = await self._call("list volumes", "volumes", filters={"label": self.label_filter(label)})
+        return list((found or {}).get("Volumes") or [])
+
+    async def fill_shared_volume(self, name: str, image: str, archive: bytes, *, labels: Mapping[str, str],
+                                 refill: bool = False, stale_seconds: float = 60.0) -> None:
+        """Make the engine-wide volume ``name`` hold ``archive``, unless it does already (``refill``: even
+        then). The volume is shared by every deployment on the engine, like an image, so it carries
+        ``labels`` and no deployment's. It is filled through a container of ``image`` named ``<name>-fill``,
+        created with the volume (which it creates), given the archive and removed, never started: that
+        container's name is the fill's lock, so a volume that exists while no such container does is whole.
+        A fill container older than ``stale_seconds`` was left by a crash: it is removed and the fill redone."""
+        docker = docker_sdk()
+        filler = f"{name}-fill"
+
+        def exists(look: Callable[[str], Any], what: str) -> Any:  # the SDK's look, None for a 404
+            try:
+                return look(what)
+            except docker.errors.NotFound:
+                return None
+
+        def fill() -> None:
+            api = self._client.api
+            forced = refill
+            while True:
+                volume = exists(api.inspect_volume, name)
+                holder = exists(api.inspect_container, filler)
+                if volume is not None and holder is None and not forced:
+                    return
+                if holder is not None:
+                    if _age(holder.get("Created"), time.time()) > stale_seconds:
+                        with contextlib.suppress(docker.errors.NotFound):
+                            api.remove_container(filler, force=True)
+                    else:
+                        time.sleep(0.1)  # another server fills it: wait for its lock to go
+                        forced = False
+                    continue
+                mount = docker.types.Mount("/fill", name, type="volume", labels=dict(labels))
+                try:
+                    made = api.create_container(
+                        image, name=filler, entrypoint=["/fill/none"], command=[], labels=dict(labels),
+                        host_config=api.create_host_config(mounts=[mount], network_mode="none"),
+                    )
+                except docker.errors.ImageNotFound as e:
+                    raise MissingImageError(
+                        f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
+                    ) from None
+                except docker.errors.APIError as e:
+                    if getattr(e.response, "status_code", None) == 409:
+                        continue  # another server took the lock first
+                    raise
+                try:
+                    api.put_archive(made["Id"], "/fill", archive)
+                finally:
+                    with contextlib.suppress(docker.errors.NotFound):
+                        api.remove_container(made["Id"], force=True)
+                return
+
+        await self._slow_call(f"fill volume {name}", fill)
+
+    async def shared_volumes(self, label: str, *, dangling: bool = False) -> list[dict[str, Any]]:
+        """Engine-wide volumes carrying ``label`` (any deployment's, or none's: see :meth:`fill_shared_volume`)."""
+        filters: dict[str, Any] = {"label": [label]}
         if dangling:
             filters["dangling"] = True
         found = await self._call("list volumes", "volumes", filters=filters)
         return list((found or {}).get("Volumes") or [])
-
-    async def fill_volume(self, name: str, image: str, archive: bytes, *, labels: Mapping[str, str]) -> None:
-        """Extract ``archive`` into the named volume, through a container of ``image`` that is created with the
-        volume, given the archive and removed, never started (so the volume can then be mounted read-only)."""
-        docker = docker_sdk()
-
-        def fill() -> None:
-            mount = docker.types.Mount("/fill", name, type="volume")
-            try:
-                container = self._client.containers.create(
-                    image, entrypoint=["/fill/none"], command=[], mounts=[mount], network_mode="none",
-                    labels=self.scoped_labels(labels), detach=True,
-                )
-            except docker.errors.ImageNotFound as e:
-                raise MissingImageError(
-                    f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
-                ) from None
-            try:
-                container.put_archive("/fill", archive)
-            finally:
-                with contextlib.suppress(Exception):
-                    container.remove(force=True)
-
-        await self._slow_call(f"fill volume {name}", fill)
 
     async def remove_volume(self, name: str) -> None:
         """Remove a volume; a missing one is fine, one in use is an EngineRefusedError (409)."""

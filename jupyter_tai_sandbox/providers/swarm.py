@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from traitlets import Float, List, Unicode
+from traitlets import Bool, Float, List, TraitError, Unicode
 
 from ..contract import (
     SandboxConflictError,
@@ -170,9 +170,17 @@ class SwarmSandbox(DockerSandbox):
         10.0, help="Longest a call to a node's engine may wait for it (a frozen node answers no later)."
     ).tag(config=True)
 
+    session_agent = Bool(
+        False,
+        help="""Swarm sessions run their commands under the sh wrappers; the session agent is not on swarm yet
+        (True is refused).""",
+    ).tag(config=True)
+
     def __init__(self, **kwargs: Any) -> None:
         # the container base's traits and policy, not DockerSandbox's single engine or warm pool
         ContainerSandbox.__init__(self, **kwargs)
+        if self.session_agent:
+            raise TraitError(f"{type(self).__name__}.session_agent=True: the session agent is not on swarm yet")
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user

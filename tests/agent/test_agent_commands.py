@@ -228,6 +228,37 @@ def test_a_command_does_not_lead_its_group_so_setsid_runs_it_in_place_and_kill_s
     run(go())
 
 
+def test_a_pty_command_is_its_terminal_leaders_child_so_setsid_runs_it_in_place_and_kill_stops_it(session):
+    """With pty, ``tai-agent pty`` leads the terminal's session and the command is its child (PROTOCOL.md
+    "Process group"): STARTED names the command's own pid, setsid moves that process in place, the kill
+    still stops it, a signal to the command reaches the command, and its exit status is the command's."""
+
+    async def go():
+        client = await session.client()
+        try:
+            cmd = await client.start(["setsid", "sh", "-c", "echo $$; exec sleep 1005"], pty=True)
+            _, data = await cmd.read()
+            assert int(data) == cmd.pid
+            await cmd.kill()
+            assert (await cmd.wait()).signal == signal.SIGKILL
+            await asyncio.sleep(0.2)
+            assert [p for p in _processes(session) if p[0] == "sleep"] == []
+            cmd = await client.start(["sh", "-c", "trap 'exit 7' USR1; echo up; while :; do sleep 0.05; done"], pty=True)
+            assert (await cmd.read())[1].startswith(b"up")
+            assert await cmd.signal(signal.SIGUSR1, group=False)
+            assert (await cmd.wait()).code == 7
+            cmd = await client.start(["sh", "-c", "kill -TERM $$"], pty=True)
+            assert (await cmd.wait()).signal == signal.SIGTERM
+            await client.write_file("/data", "garbage", b"\x00\x01 not a program", mode=0o755)
+            with pytest.raises(AgentError) as e:  # the leader's exec of it fails: reported, a typed error
+                await client.start(["/data/garbage"], pty=True)
+            assert e.value.code == "ENOEXEC"
+        finally:
+            await client.close()
+
+    run(go())
+
+
 def test_orphans_are_reaped_by_the_agent(session):
     async def go():
         client = await session.client()

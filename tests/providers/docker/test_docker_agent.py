@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import os
-import socket
 import subprocess
 import tarfile
 
@@ -161,35 +159,71 @@ def test_root_session_code_cannot_replace_the_agent_the_server_connects_through(
     asyncio.run(main())
 
 
-def test_an_agent_volume_is_removed_with_its_provider_or_once_its_keeper_is_gone(client):
-    from jupyter_tai_sandbox.providers._docker_agent import LABEL_AGENT_KEEPER
+def test_the_agent_volume_is_shared_by_deployments_and_old_builds_go_once_unused(client):
+    from jupyter_tai_sandbox.providers._docker_agent import AGENT_VOLUME_PREFIX, LABEL_AGENT_BUILD
+
+    old = f"{AGENT_VOLUME_PREFIX}test-{RUN_ID}".lower()
 
     async def main() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True)
-        dead = f"tai-agent-test-dead-{RUN_ID}".lower()
-        alive = f"tai-agent-test-alive-{RUN_ID}".lower()
+        first = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=f"{RUN_ID}-agent-a")
+        second = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=f"{RUN_ID}-agent-b")
         try:
-            session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
-            mine = [v for v in await sandbox.engine.volumes(LABEL_AGENT_KEEPER)]
-            assert len(mine) == 1 and mine[0]["Options"] in (None, {})
-            await session.destroy()
-            # a dead server's volume (a pid that does not run on this host) and a live one's (this process)
-            labels = {**sandbox.own_labels}
-            await sandbox.engine.create_volume(dead, {**labels, LABEL_AGENT_KEEPER: f"{socket.gethostname()}:{2**22 + 7}:x"})
-            await sandbox.engine.create_volume(alive, {**labels, LABEL_AGENT_KEEPER: f"{socket.gethostname()}:{os.getpid()}:y"})
-            await sandbox.reap()
-            names = {v["Name"] for v in await sandbox.engine.volumes(LABEL_AGENT_KEEPER)}
-            assert dead not in names and alive in names and mine[0]["Name"] in names
-            await sandbox.close()
-            names = {v["Name"] for v in await sandbox.engine.volumes(LABEL_AGENT_KEEPER)}
-            assert names == {alive}
+            sessions = [await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+                        for sandbox in (first, second)]
+            mounts = [{m["Destination"]: m for m in client.api.inspect_container(s.container_id)["Mounts"]}["/.tai"]
+                      for s in sessions]
+            assert mounts[0]["Name"] == mounts[1]["Name"] and not mounts[0]["RW"]
+            labels = client.api.inspect_volume(mounts[0]["Name"])["Labels"]
+            assert set(labels) == {LABEL_AGENT_BUILD}  # no deployment's: every deployment's leftover check passes
+            client.api.create_volume(old, labels={LABEL_AGENT_BUILD: "000000000000"})
+            for session in sessions:
+                await session.destroy()
+            await first.reap()
+            names = {v["Name"] for v in client.api.volumes(filters={"label": LABEL_AGENT_BUILD})["Volumes"] or []}
+            assert old not in names and mounts[0]["Name"] in names
         finally:
-            with contextlib.suppress(SandboxError):
-                await sandbox.engine.remove_volume(alive)
-                await sandbox.engine.remove_volume(dead)
-            await sandbox.close()
+            with contextlib.suppress(Exception):
+                client.api.remove_volume(old)
+            await first.close()
+            await second.close()
 
     asyncio.run(main())
+
+
+def test_servers_filling_the_agent_volume_at_once_fill_it_once_and_whole(client):
+    from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
+
+    name = f"tai-agent-test-fill-{RUN_ID}".lower()
+    data = bytes(range(256)) * 4096
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("agent")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+
+    async def main() -> None:
+        engines = [DockerEngine("unix:///var/run/docker.sock", timeout=30, slow_timeout=60, scope={}) for _ in range(3)]
+        try:
+            await asyncio.gather(*(e.fill_shared_volume(name, TEST_IMAGE, buf.getvalue(), labels=RUN_LABEL)
+                                   for e in engines))
+            # a fill lock a crash left behind (older than stale_seconds) is taken over and the fill redone
+            client.containers.create(TEST_IMAGE, name=f"{name}-fill", entrypoint=["/none"], labels=RUN_LABEL)
+            await engines[0].fill_shared_volume(name, TEST_IMAGE, buf.getvalue(), labels=RUN_LABEL, stale_seconds=0)
+        finally:
+            for e in engines:
+                await e.close()
+        out = client.containers.run(TEST_IMAGE, ["sha256sum", "/v/agent"], remove=True, labels=RUN_LABEL,
+                                    volumes={name: {"bind": "/v", "mode": "ro"}})
+        assert out.split()[0].decode() == __import__("hashlib").sha256(data).hexdigest()
+        assert client.containers.list(all=True, filters={"name": f"{name}-fill"}) == []
+
+    try:
+        asyncio.run(main())
+    finally:
+        with contextlib.suppress(Exception):
+            client.containers.get(f"{name}-fill").remove(force=True)
+        with contextlib.suppress(Exception):
+            client.api.remove_volume(name)
 
 
 def test_a_session_user_runs_commands_and_file_operations_with_that_users_rights():
