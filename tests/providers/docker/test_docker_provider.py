@@ -17,6 +17,7 @@ from jupyter_tai_sandbox.contract import (
     OutputChunk,
     SandboxExecTimeoutError,
     SandboxNotFoundError,
+    SandboxRequestError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
     SessionSpec,
@@ -93,9 +94,10 @@ def test_network_egress_internal_and_none(client):
     assert [n.name for n in client.networks.list(names=[network])] == []
 
 
-def test_caps_hardening_and_labels(client):
+@pytest.mark.parametrize("agent", [True, False], ids=["agent", "sh"])
+def test_caps_hardening_and_labels(client, agent):
     async def main() -> None:
-        sandbox = provider(pids_limit=256)
+        sandbox = provider(pids_limit=256, session_agent=agent)
         session = await sandbox.create(spec(cpu=0.5, memory_mb=64, env={"SECRET_TOKEN": "do-not-label-me"}))
         try:
             attrs = container_attrs(client, session.id)
@@ -106,7 +108,12 @@ def test_caps_hardening_and_labels(client):
             assert "no-new-privileges" in host["SecurityOpt"]
             assert host["PidsLimit"] == 256
             assert host["Privileged"] is False
-            assert host["Init"] is True
+            # PID 1 reaps what commands leave: the session agent, from its read-only mount, or the engine's init
+            if agent:
+                assert attrs["Config"]["Entrypoint"] == ["/.tai/agent", "serve"] and host["Init"] is False
+                assert [m["RW"] for m in attrs["Mounts"] if m["Destination"] == "/.tai"] == [False]
+            else:
+                assert host["Init"] is True
             labels = attrs["Config"]["Labels"]
             assert "do-not-label-me" not in json.dumps(labels)
             assert json.loads(labels[LABEL_SPEC])["env"] == ["SECRET_TOKEN"]
@@ -114,7 +121,7 @@ def test_caps_hardening_and_labels(client):
             result = await session.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10)
             assert result.stdout == b"do-not-label-me"
             # a restarted server (a new instance) sees the same session, env included
-            again = await provider().get(session.id)
+            again = await provider(session_agent=agent).get(session.id)
             assert (await again.info()).spec == session.spec  # type: ignore[attr-defined]
         finally:
             await session.destroy()
@@ -233,9 +240,13 @@ def test_every_deadline_stop_of_held_output_is_noted(client):
     asyncio.run(scenario())
 
 
-def test_pty_kill_after_the_exit_keeps_the_status_and_a_missing_command_is_127(client):
+@pytest.mark.parametrize("agent", [True, False], ids=["agent", "sh"])
+def test_pty_kill_after_the_exit_keeps_the_status_and_a_missing_command_is_typed_or_127(client, agent):
+    """A missing program: under the sh wrappers the shell's 127 (known only after the start), on the agent
+    the typed error naming argv."""
+
     async def scenario():
-        sandbox = provider()
+        sandbox = provider(session_agent=agent)
         session = await sandbox.create(spec())
         try:
             handle = await session.exec_start(["sh", "-c", "exit 3"], timeout_seconds=30, pty=True)
@@ -243,11 +254,15 @@ def test_pty_kill_after_the_exit_keeps_the_status_and_a_missing_command_is_127(c
             assert items[-1] == ExitItem(3)
             await handle.kill()
             await handle.kill()
-            handle = await session.exec_start(["no-such-command"], timeout_seconds=30, pty=True)
-            items = [item async for item in handle.output]
-            assert items[-1] == ExitItem(127)
-            assert b"no-such-command" in b"".join(i.data for i in items[:-1])
-            await handle.kill()
+            if agent:
+                with pytest.raises(SandboxRequestError, match="no such program"):
+                    await session.exec_start(["no-such-command"], timeout_seconds=30, pty=True)
+            else:
+                handle = await session.exec_start(["no-such-command"], timeout_seconds=30, pty=True)
+                items = [item async for item in handle.output]
+                assert items[-1] == ExitItem(127)
+                assert b"no-such-command" in b"".join(i.data for i in items[:-1])
+                await handle.kill()
             # the deadline stops a pty command's whole session too
             handle = await session.exec_start(["sh", "-i"], timeout_seconds=2, pty=True)
             await handle.write(b"sleep 60 & echo job-$!\n")

@@ -1,7 +1,8 @@
-"""Docker file transfers and output caps against a real engine (issue 14, points 2, 5, 8).
+"""Docker file transfers and output caps against a real engine (issue 14, points 2, 5, 8), on the session
+agent (the default) unless a test says otherwise.
 
-Downloads and uploads run as commands in the session (no engine lock, no worker
-thread): a stalled consumer delays nobody and is aborted after the idle limit;
+Downloads and uploads hold no engine lock and no worker thread (under the sh wrappers they run as commands
+in the session): a stalled consumer delays nobody and is aborted after the idle limit;
 uploads are confined inside the container in the same step as the write, so a
 folder swapped for a symlink never redirects one; one-shot output and unread
 spilled output are capped with a typed error.
@@ -144,15 +145,20 @@ def test_eight_stalled_downloads_leave_other_sessions_and_creation_alone(client)
     asyncio.run(main())
 
 
-def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
+@pytest.mark.parametrize("agent", [True, False], ids=["agent", "sh"])
+def test_a_stalled_download_is_aborted_after_the_idle_limit(client, agent):
+    """Under the sh wrappers a download is a command in the session, stopped with the transfer; on the agent
+    it is reads the reader asks for, so nothing runs in the session meanwhile."""
+
     async def main() -> None:
-        sandbox = provider(transfer_idle_seconds=2)
+        sandbox = provider(transfer_idle_seconds=2, session_agent=agent)
         session = await sandbox.create(spec())
         try:
             await make_big(session)
             chunks = session.iter_file("big.bin", 1 << 16)
             await anext(chunks)
-            assert await procs(session, "big.bin") != []  # the transfer's command is there while it runs
+            # the transfer's command is there while it runs (on the agent: none at all)
+            assert (await procs(session, "big.bin") == []) is agent
             await asyncio.sleep(4)
             with pytest.raises(TransferIdleError, match="transfer_idle_seconds"):
                 async for _ in chunks:
