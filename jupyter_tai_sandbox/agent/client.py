@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,6 +261,10 @@ class AgentCommand:
         self.client._commands.pop(self.id, None)
 
 
+#: a write that waits this long asks whether the agent is still there (AgentClient.still_there)
+STALL_CHECK_SECONDS = 2.0
+
+
 def _as_user(user: tuple[int, int] | None) -> dict[str, int]:
     return {} if user is None else {"uid": int(user[0]), "gid": int(user[1])}
 
@@ -283,6 +287,9 @@ class AgentClient:
         self._lost: AgentError | None = None
         self.info: dict[str, Any] = {}
         self._abandoning: set[asyncio.Future[None]] = set()  # kills of starts cancelled midway
+        #: asked when a write has waited STALL_CHECK_SECONDS: False ends the connection (the far end is known
+        #: gone: an engine may keep an exec's stream open after its process died while input keeps coming)
+        self.still_there: Callable[[], Awaitable[bool]] | None = None
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @property
@@ -328,9 +335,25 @@ class AgentClient:
         async with self._write_lock:
             try:
                 self._writer.write(data)
-                await self._writer.drain()
+                await self._drain()
             except (ConnectionError, RuntimeError) as e:
                 raise AgentConnectionLost(f"writing to the session agent failed: {e}") from None
+
+    async def _drain(self) -> None:
+        if self.still_there is None:
+            await self._writer.drain()
+            return
+        drain = asyncio.ensure_future(self._writer.drain())
+        try:
+            while not (await asyncio.wait({drain}, timeout=STALL_CHECK_SECONDS))[0]:
+                if not await self.still_there():
+                    transport = getattr(self._writer, "transport", None)
+                    (transport.abort if transport is not None else self._writer.close)()  # ends the read loop too
+                    raise AgentConnectionLost("the session agent is gone: a write waited and its session has ended")
+            drain.result()
+        finally:
+            if not drain.done():
+                drain.cancel()
 
     def _send_nowait(self, data: bytes) -> None:
         if self._lost is None and not self._writer.is_closing():

@@ -150,10 +150,18 @@ class SandboxMagics(LineSubcommands):
         before = self._run(self._prelude(known, inputs, env, cell if upload_body else None, script, folders))
 
         assert self._loop is not None
-        outcome = stream_command(
-            self._loop, self._get_client, known.id, known.name, argv, timeout, env,
-            capture_out=out_var is not None, capture_err=err_var is not None,
-        )
+        try:
+            outcome = stream_command(
+                self._loop, self._get_client, known.id, known.name, argv, timeout, env,
+                capture_out=out_var is not None, capture_err=err_var is not None,
+            )
+        except SandboxMagicError as e:
+            # a provider that names an absent program (the session agent) refuses the start: the same hint
+            # as a shell's 127 gets
+            hint = missing_program_hint(str(e), interpreter, known.image, known.kind) if "no such program" in str(e) else None
+            if hint is None:
+                raise
+            raise SandboxMagicError(f"{e}; {hint}") from None
         if out_var:
             self.shell.user_ns[out_var] = outcome.stdout
         if err_var:

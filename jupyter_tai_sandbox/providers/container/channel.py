@@ -31,8 +31,10 @@ class AgentChannel:
     """The session's one agent connection: ``await channel.client()`` gives a live one."""
 
     def __init__(self, open_: Callable[[], Awaitable[AgentClient]], *, session_id: str,
-                 limit: float = OPEN_LIMIT_SECONDS) -> None:
+                 limit: float = OPEN_LIMIT_SECONDS, still_there: Callable[[], Awaitable[bool]] | None = None) -> None:
         self._open = open_
+        #: whether the session's container still runs (asked by a client whose write waits: AgentClient.still_there)
+        self._still_there = still_there
         self._session_id = session_id
         self._limit = limit
         self._client: AgentClient | None = None
@@ -53,6 +55,7 @@ class AgentChannel:
                 in_background(old.close())
             try:
                 self._client = await asyncio.wait_for(self._open(), self._limit)
+                self._client.still_there = self._still_there
             except asyncio.TimeoutError:
                 raise SandboxError(
                     f"the agent of session {self._session_id} did not answer within {self._limit:g} s"

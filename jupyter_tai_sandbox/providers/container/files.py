@@ -75,10 +75,13 @@ async def _chunks(data: bytes | AsyncIterable[bytes], path: str, idle_seconds: f
     source = aiter(data)
     while True:
         try:
-            chunk = await asyncio.wait_for(anext(source), idle_seconds)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that comes as the next chunk
+            # does, and a cancelled upload (its client gone) would wait out the idle limit
+            async with asyncio.timeout(idle_seconds):
+                chunk = await anext(source)
         except StopAsyncIteration:
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TransferIdleError(
                 f"the upload of {path!r} stopped: its source sent no data for {idle_seconds:g} s "
                 "(transfer_idle_seconds); nothing was written"

@@ -108,8 +108,10 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help=f"""Session image when a spec names none. Empty (the default): the package's Python image
         {PYTHON_IMAGE} when the engine has it (`jupyter tai-sandbox build-image --python`), else the
         minimal image {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`), chosen when the provider first
-        reaches the engine (restart the server after building the Python image). Any image must provide
-        sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls and a fractional sleep, /proc and a writable /tmp.""",
+        reaches the engine (restart the server after building the Python image). On the session agent (docker's
+        default) an image needs nothing; under the sh wrappers (swarm, or docker's session_agent=False) it must
+        provide sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls and a fractional sleep, /proc and a
+        writable /tmp.""",
     ).tag(config=True)
 
     allowed_images = List(

@@ -131,7 +131,8 @@ class ContainerSession(SandboxSession):
         #: every command's base environment (the container's own: the agent passes none of its own on);
         #: None until read from the container
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
-        self._channel = AgentChannel(lambda: site.open_agent(container_id), session_id=session_id)
+        self._channel = AgentChannel(lambda: site.open_agent(container_id), session_id=session_id,
+                                     still_there=self._container_runs)
         self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds,
                                     user=self.user_ids)
 
@@ -194,6 +195,17 @@ class ContainerSession(SandboxSession):
             if e.code in ("ENOENT", "ENOTDIR"):
                 return None
             raise SandboxError(f"reading /{path} in session {self._id}: {e}") from None
+
+    async def _container_runs(self) -> bool:
+        """False once the container is gone or stopped (its agent with it)."""
+        try:
+            record = await self._site.inspect(self._container)
+        except SandboxNotFoundError:
+            return False
+        except SandboxError:
+            return True  # the engine did not answer: no sign the agent is gone
+        state = record.get("State") if isinstance(record, dict) else None
+        return not isinstance(state, dict) or bool(state.get("Running", True))
 
     async def _client(self) -> AgentClient:
         self._check_live()

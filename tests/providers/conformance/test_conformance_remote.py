@@ -84,12 +84,6 @@ class TestRemoteOverDockerConformance(RemoteConformance):
     def _remote(self, docker_remote: LiveServer) -> None:
         self.server = docker_remote
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "the docker server behind it starts the program under its sh wrapper: an absent program is the shell's "
-        "exit 127 there (tests/providers/conformance/test_conformance_docker.py)"))
-    def test_absent_program_is_a_typed_error(self, sandbox, tmp_path):
-        self.run_conformance_check("absent_program_is_a_typed_error", sandbox, tmp_path)
-
 
 # ---------------------------------------------------------------- beyond the suite
 

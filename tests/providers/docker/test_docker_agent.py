@@ -226,6 +226,33 @@ def test_servers_filling_the_agent_volume_at_once_fill_it_once_and_whole(client)
             client.api.remove_volume(name)
 
 
+def test_an_upload_ends_promptly_when_another_server_destroys_its_session(client):
+    """The engine keeps an exec's stream open after its process died while input keeps coming, so a write
+    that waits asks whether the container still runs (AgentClient.still_there): the upload fails, no hang."""
+
+    async def main() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
+        session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+        elsewhere = await DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL).get(session.id)
+
+        async def endless():
+            while True:
+                yield b"x" * (1 << 20)
+                await asyncio.sleep(0.01)
+
+        upload = asyncio.create_task(session.put_file("big.bin", endless()))
+        try:
+            await asyncio.sleep(1)
+            await elsewhere.destroy()
+            with pytest.raises(SandboxError):
+                await asyncio.wait_for(upload, 10)
+        finally:
+            upload.cancel()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
 def test_a_session_user_runs_commands_and_file_operations_with_that_users_rights():
     """user='1000:1000': the agent stays root, commands run as the user, and file operations too (what they
     make is the user's; a file the user locked is locked to the API as well, where root would read it)."""
