@@ -166,9 +166,17 @@ class AgentCommand:
         if self._failed is not None:
             raise self._failed
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(op, deque()).append(fut)
-        await self.client._send(p.encode(type_, self.id, payload))
-        return await fut
+        waiting = self._waiters.setdefault(op, deque())
+        waiting.append(fut)
+        try:
+            await self.client._send(p.encode(type_, self.id, payload))
+            return await self.client._answer(fut)
+        except BaseException:
+            # no answer will be taken: the connection's end must not fail it unseen
+            with contextlib.suppress(ValueError):
+                waiting.remove(fut)
+            fut.cancel()
+            raise
 
     # -- output
     @property
@@ -287,9 +295,11 @@ class AgentClient:
         self._lost: AgentError | None = None
         self.info: dict[str, Any] = {}
         self._abandoning: set[asyncio.Future[None]] = set()  # kills of starts cancelled midway
-        #: asked when a write has waited STALL_CHECK_SECONDS: False ends the connection (the far end is known
-        #: gone: an engine may keep an exec's stream open after its process died while input keeps coming)
+        #: asked when a write or an answer has waited ``answer_within`` seconds: False ends the connection (the
+        #: far end is known gone: an engine may keep an exec's stream open after its process died while input
+        #: keeps coming); it raises when it cannot tell (the engine carrying the stream does not answer)
         self.still_there: Callable[[], Awaitable[bool]] | None = None
+        self.answer_within = STALL_CHECK_SECONDS
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @property
@@ -345,15 +355,22 @@ class AgentClient:
             return
         drain = asyncio.ensure_future(self._writer.drain())
         try:
-            while not (await asyncio.wait({drain}, timeout=STALL_CHECK_SECONDS))[0]:
-                if not await self.still_there():
-                    transport = getattr(self._writer, "transport", None)
-                    (transport.abort if transport is not None else self._writer.close)()  # ends the read loop too
-                    raise AgentConnectionLost("the session agent is gone: a write waited and its session has ended")
-            drain.result()
+            await self._answer(drain)
         finally:
             if not drain.done():
                 drain.cancel()
+
+    async def _answer(self, fut: asyncio.Future) -> Any:
+        """What ``fut`` (an answer, or a write's drain) comes to; while it waits ``answer_within`` seconds,
+        :attr:`still_there` says whether to wait on."""
+        if self.still_there is None:
+            return await fut
+        while not (await asyncio.wait({fut}, timeout=self.answer_within))[0]:
+            if not await self.still_there():
+                transport = getattr(self._writer, "transport", None)
+                (transport.abort if transport is not None else self._writer.close)()  # ends the read loop too
+                raise AgentConnectionLost("the session agent is gone: its session has ended")
+        return fut.result()
 
     def _send_nowait(self, data: bytes) -> None:
         if self._lost is None and not self._writer.is_closing():
@@ -364,7 +381,7 @@ class AgentClient:
         self._pending[(kind, id_)] = fut
         try:
             await self._send(data)
-            return await fut
+            return await self._answer(fut)
         finally:
             self._pending.pop((kind, id_), None)
 

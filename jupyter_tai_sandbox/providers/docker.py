@@ -322,6 +322,7 @@ class DockerSandbox(ContainerSandbox):
             container_env=self._container_env,
             open_agent_elsewhere=open_agent_on_any_loop(engine),
             transfer_idle_seconds=self.transfer_idle_seconds,
+            answer_within=self.engine_timeout_seconds,
         )
         self._arch: str | None = None
         self._agent_volumes = AgentVolumes(self._engine, self.log)
@@ -812,6 +813,9 @@ class DockerSandbox(ContainerSandbox):
     async def close(self) -> None:
         commands = [*self._commands.all(), *self._agent_site.commands.all()]
         await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
+        channels = list(self._agent_site.channels.values())
+        self._agent_site.channels.clear()
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         await self._pool.close()
         if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
             async with self._networks.hold(self.pool_network):

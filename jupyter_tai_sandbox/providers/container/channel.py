@@ -31,8 +31,10 @@ class AgentChannel:
     """The session's one agent connection: ``await channel.client()`` gives a live one."""
 
     def __init__(self, open_: Callable[[], Awaitable[AgentClient]], *, session_id: str,
-                 limit: float = OPEN_LIMIT_SECONDS, still_there: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 limit: float = OPEN_LIMIT_SECONDS, still_there: Callable[[], Awaitable[bool]] | None = None,
+                 answer_within: float = 2.0) -> None:
         self._open = open_
+        self._answer_within = answer_within
         #: whether the session's container still runs (asked by a client whose write waits: AgentClient.still_there)
         self._still_there = still_there
         self._session_id = session_id
@@ -40,6 +42,15 @@ class AgentChannel:
         self._client: AgentClient | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def idle(self) -> bool:
+        """No live connection is open (none yet, or the last one ended)."""
+        return self._client is None or self._client.lost
 
     async def client(self) -> AgentClient:
         client = self._client
@@ -56,6 +67,7 @@ class AgentChannel:
             try:
                 self._client = await asyncio.wait_for(self._open(), self._limit)
                 self._client.still_there = self._still_there
+                self._client.answer_within = self._answer_within
             except asyncio.TimeoutError:
                 raise SandboxError(
                     f"the agent of session {self._session_id} did not answer within {self._limit:g} s"

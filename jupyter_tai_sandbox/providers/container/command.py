@@ -111,7 +111,7 @@ class ContainerCommand(ExecHandle):
         except AgentError as e:
             self._failure = SandboxError(f"the command's exit status could not be read: {e}")
         except asyncio.CancelledError:
-            self._failure = SandboxError("the command's exit status could not be read: its session is gone")
+            self._failure = SandboxError("the command's exit status could not be read: its session was destroyed")
         finally:
             self._deadline.cancel()
             if self._feeder is not None:

@@ -25,6 +25,7 @@ from ...contract import (
     SandboxNotFoundError,
     SandboxRequestError,
     SandboxSession,
+    SandboxUnavailableError,
     SessionInfo,
     SessionSpec,
     session_gone,
@@ -43,8 +44,8 @@ WORKSPACE = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: how long the synchronous resolve() may take
 RESOLVE_LIMIT_SECONDS = 10.0
-#: the session users a site remembers (by container) before it forgets them all and reads them again
-MAX_KNOWN_USERS = 4096
+#: the containers a site remembers users and channels of before it forgets (all users; the idle channels)
+MAX_KNOWN_CONTAINERS = 4096
 
 
 class _Abandonable(Protocol):
@@ -100,8 +101,24 @@ class ContainerSite:
     open_agent_elsewhere: Callable[[str], Awaitable[AgentClient]] | None = None
     #: a file transfer that moves no data for this long is aborted (the provider's transfer_idle_seconds)
     transfer_idle_seconds: float = 60.0
+    #: an answer (or a write) the agent has not given in this long asks whether its container still runs,
+    #: bounded by the engine's own timeout (the provider's engine_timeout_seconds)
+    answer_within: float = 2.0
     #: each container's session user as (uid, gid), once read from its image (see users.resolve_user)
     user_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: each container's agent channel: every session object of one container (a get() per request) shares
+    #: one connection, rather than an engine exec each that lives as long as the container
+    channels: dict[str, AgentChannel] = field(default_factory=dict)
+
+    def channel(self, container_id: str, make: Callable[[], AgentChannel]) -> AgentChannel:
+        """The container's channel, made on first use (and again once closed)."""
+        found = self.channels.get(container_id)
+        if found is None or found.closed:
+            if len(self.channels) >= MAX_KNOWN_CONTAINERS:  # containers another server removed: forget the idle ones
+                for key in [k for k, c in self.channels.items() if c.idle or c.closed]:
+                    del self.channels[key]
+            found = self.channels[container_id] = make()
+        return found
 
 
 class ContainerSession(SandboxSession):
@@ -131,8 +148,9 @@ class ContainerSession(SandboxSession):
         #: every command's base environment (the container's own: the agent passes none of its own on);
         #: None until read from the container
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
-        self._channel = AgentChannel(lambda: site.open_agent(container_id), session_id=session_id,
-                                     still_there=self._container_runs)
+        self._channel = site.channel(container_id, lambda: AgentChannel(
+            lambda: site.open_agent(container_id), session_id=session_id, still_there=self._container_runs,
+            answer_within=site.answer_within))
         self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds,
                                     user=self.user_ids)
 
@@ -183,7 +201,7 @@ class ContainerSession(SandboxSession):
         ids = self._site.user_ids.get(self._container)
         if ids is None:
             ids = await resolve_user(self._user, self._read_image_file)
-            if len(self._site.user_ids) >= MAX_KNOWN_USERS:
+            if len(self._site.user_ids) >= MAX_KNOWN_CONTAINERS:
                 self._site.user_ids.clear()
             self._site.user_ids[self._container] = ids
         return ids
@@ -202,8 +220,10 @@ class ContainerSession(SandboxSession):
             record = await self._site.inspect(self._container)
         except SandboxNotFoundError:
             return False
+        except SandboxUnavailableError:
+            raise  # the engine carrying the agent's stream does not answer: the call fails, bounded
         except SandboxError:
-            return True  # the engine did not answer: no sign the agent is gone
+            return True  # no sign the agent is gone
         state = record.get("State") if isinstance(record, dict) else None
         return not isinstance(state, dict) or bool(state.get("Running", True))
 
@@ -336,6 +356,7 @@ class ContainerSession(SandboxSession):
         self._destroyed = True
         self._site.commands.abandon(self._id)
         self._site.user_ids.pop(self._container, None)
+        self._site.channels.pop(self._container, None)
         with contextlib.suppress(Exception):
             await self._channel.close()
         await self._site.teardown(self, remove_workspace)

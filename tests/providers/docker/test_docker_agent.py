@@ -226,6 +226,29 @@ def test_servers_filling_the_agent_volume_at_once_fill_it_once_and_whole(client)
             client.api.remove_volume(name)
 
 
+def test_every_session_object_of_a_container_shares_one_agent_connection(client):
+    """A server gets a session object per request: they share the container's one connection (one relay in
+    the session), rather than an engine exec each that would live as long as the container."""
+    relays = r"""n=0; for d in /proc/[0-9]*; do
+      [ "${d#/proc/}" != 1 ] && [ "$(cat $d/comm 2>/dev/null)" = agent ] && [ "$(cut -d' ' -f4 $d/stat)" = 0 ] && n=$((n+1))
+    done; echo $n"""
+
+    async def main() -> None:
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
+        session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+        try:
+            for _ in range(5):
+                again = await sandbox.get(session.id)
+                assert (await again.exec(["true"], timeout_seconds=30)).exit_code == 0
+            count = await session.exec(["sh", "-c", relays], timeout_seconds=30)
+            assert count.stdout == b"1\n"
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
 def test_an_upload_ends_promptly_when_another_server_destroys_its_session(client):
     """The engine keeps an exec's stream open after its process died while input keeps coming, so a write
     that waits asks whether the container still runs (AgentClient.still_there): the upload fails, no hang."""
