@@ -69,6 +69,7 @@ import posixpath
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -140,15 +141,17 @@ def request_principal() -> str | None:
         return None
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+@contextlib.contextmanager
+def _held_ports(count: int) -> Iterator[list[int]]:
+    """``count`` distinct free TCP ports on 127.0.0.1, held bound until the block ends (so the host listeners
+    made meanwhile get other ports: the kernel of a local session binds these on this same host)."""
     socks = []
     try:
         for _ in range(count):
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        yield [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
@@ -376,16 +379,16 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         # host listeners first (they hold their ports), then the in-session ports, distinct from them
         previous = self._listen_ports or {}
         listen: dict[str, int] = {}
-        inner_ports = _free_ports(len(PORT_NAMES))
-        for name, inner in zip(PORT_NAMES, inner_ports, strict=True):
-            forward = None
-            if previous.get(name):
-                with contextlib.suppress(OSError):
-                    forward = await tunnel.forward(inner, port=previous[name], connect_wait=self.start_timeout)
-            if forward is None:
-                forward = await tunnel.forward(inner, connect_wait=self.start_timeout)
-            listen[name] = forward.port
-        if set(listen.values()) & set(inner_ports) and local:  # pragma: no cover - bound ports are never reused
+        with _held_ports(len(PORT_NAMES)) as inner_ports:
+            for name, inner in zip(PORT_NAMES, inner_ports, strict=True):
+                forward = None
+                if previous.get(name):
+                    with contextlib.suppress(OSError):
+                        forward = await tunnel.forward(inner, port=previous[name], connect_wait=self.start_timeout)
+                if forward is None:
+                    forward = await tunnel.forward(inner, connect_wait=self.start_timeout)
+                listen[name] = forward.port
+        if set(listen.values()) & set(inner_ports) and local:  # a restart's previous port taken meanwhile
             raise SandboxKernelError("port clash between the host listeners and the kernel's ports")
         self._listen_ports = listen
 
