@@ -20,7 +20,6 @@ import contextlib
 import functools
 import hashlib
 import io
-import logging
 import tarfile
 from collections.abc import Mapping
 from typing import Any
@@ -72,8 +71,8 @@ class AgentVolumes:
     (it holds only the package's own program, and no session can write it), filled by the first server that
     needs it. A reap removes other builds' volumes once no container uses them."""
 
-    def __init__(self, engine: DockerEngine, log: logging.Logger) -> None:
-        self._engine, self._log = engine, log
+    def __init__(self, engine: DockerEngine) -> None:
+        self._engine = engine
         self._filled: dict[str, asyncio.Future[str]] = {}
         self._builds: set[str] = set()
 

@@ -325,7 +325,7 @@ class DockerSandbox(ContainerSandbox):
             answer_within=self.engine_timeout_seconds,
         )
         self._arch: str | None = None
-        self._agent_volumes = AgentVolumes(self._engine, self.log)
+        self._agent_volumes = AgentVolumes(self._engine)
         self._pool = WarmPool(
             self._engine,
             self._start_pooled,

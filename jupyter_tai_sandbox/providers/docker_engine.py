@@ -330,12 +330,10 @@ class DockerEngine:
 
     async def create_container(
         self, image: str, options: Mapping[str, Any], *, what: str = "create a container",
-        archives: Mapping[str, bytes] | None = None,
     ) -> str:
         """Create and start a container (``options`` as the SDK's ``containers.create`` takes them).
 
-        ``archives`` (folder -> tar) are extracted between the create and the start (the session
-        agent). A start that fails removes the container again. MissingImageError when the
+        A start that fails removes the container again. MissingImageError when the
         image is not on the engine. The container carries the deployment's labels.
         """
         docker = docker_sdk()
@@ -349,8 +347,6 @@ class DockerEngine:
                     f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
                 ) from None
             try:
-                for folder, archive in (archives or {}).items():
-                    container.put_archive(folder, archive)
                 container.start()
             except BaseException:
                 with contextlib.suppress(Exception):

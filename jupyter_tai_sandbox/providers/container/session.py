@@ -46,6 +46,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RESOLVE_LIMIT_SECONDS = 10.0
 #: the containers a site remembers users and channels of before it forgets (all users; the idle channels)
 MAX_KNOWN_CONTAINERS = 4096
+#: the most of /etc/passwd or /etc/group read to find a session user
+USER_FILE_LIMIT = 1 << 20
 
 
 class _Abandonable(Protocol):
@@ -208,7 +210,8 @@ class ContainerSession(SandboxSession):
 
     async def _read_image_file(self, path: str) -> bytes | None:
         try:
-            return await (await self._client()).read_file("/", path)
+            # the first MiB only: the image (or root session code) may make the file as large as it likes
+            return (await (await self._client()).read_chunk("/", path, 0, USER_FILE_LIMIT))[1]
         except AgentError as e:
             if e.code in ("ENOENT", "ENOTDIR"):
                 return None
