@@ -61,14 +61,16 @@ type stream struct {
 }
 
 type command struct {
-	a       *agent
-	id      uint32
-	pid     int // the process whose exit is the command's: the command itself, or with pty its terminal's leader
-	pgid    int // the command's group: its holder's pid, or with pty its terminal's leader's
-	own     int // the command's own process (with pty: the leader's child)
-	argv    []string
-	pty     bool
-	started time.Time
+	a        *agent
+	id       uint32
+	pid      int // the process whose exit is the command's: the command itself, or with pty its terminal's leader
+	pgid     int // the command's group: its holder's pid, or with pty its terminal's leader's
+	own      int // the command's own process (with pty: the leader's child)
+	argv     []string
+	pty      bool
+	started  time.Time
+	deadline time.Time // zero: none
+	label    string
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -382,7 +384,11 @@ type startRequest struct {
 	TimeoutMs int64    `json:"timeout_ms"` // 0: none; else the agent kills the group at the deadline
 	Uid       *uint32  `json:"uid"`        // run as this uid (gid defaults to it), no supplementary groups
 	Gid       *uint32  `json:"gid"`
+	Label     string   `json:"label"` // the client's own note on the command, kept and listed back
 }
+
+// maxLabel bounds a START's label: what a client needs to find its command again, not storage.
+const maxLabel = 4096
 
 // credential is the identity a command runs as: nil keeps the agent's own (root, its groups).
 func (r startRequest) credential() *syscall.Credential {
@@ -461,6 +467,10 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		cn.fail(id, "start", "EINVAL", "argv is empty")
 		return
 	}
+	if len(req.Label) > maxLabel {
+		cn.fail(id, "start", "EINVAL", fmt.Sprintf("the label is longer than %d bytes", maxLabel))
+		return
+	}
 	env := req.Env
 	if env == nil {
 		env = []string{"PATH=" + defaultPath}
@@ -474,7 +484,10 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		cn.fail(id, "start", errnoName(err), fmt.Sprintf("%s: %v", req.Argv[0], err))
 		return
 	}
-	c := &command{a: a, id: id, argv: req.Argv, pty: req.Pty, started: time.Now()}
+	c := &command{a: a, id: id, argv: req.Argv, pty: req.Pty, started: time.Now(), label: req.Label}
+	if req.TimeoutMs > 0 {
+		c.deadline = c.started.Add(time.Duration(req.TimeoutMs) * time.Millisecond)
+	}
 	c.cond = sync.NewCond(&c.mu)
 	var childFiles []*os.File
 	var files []uintptr
@@ -1105,15 +1118,17 @@ func (a *agent) release(cn *conn, c *command) {
 }
 
 type listEntry struct {
-	ID      uint32            `json:"id"`
-	Pid     int               `json:"pid"`
-	Argv    []string          `json:"argv"`
-	Pty     bool              `json:"pty"`
-	Running bool              `json:"running"`
-	Exit    map[string]any    `json:"exit,omitempty"`
-	Started float64           `json:"started"`
-	Output  map[string][2]int `json:"output"`
-	Attach  bool              `json:"attached"`
+	ID       uint32            `json:"id"`
+	Pid      int               `json:"pid"`
+	Argv     []string          `json:"argv"`
+	Pty      bool              `json:"pty"`
+	Running  bool              `json:"running"`
+	Exit     map[string]any    `json:"exit,omitempty"`
+	Started  float64           `json:"started"`
+	Deadline float64           `json:"deadline,omitempty"`
+	Label    string            `json:"label,omitempty"`
+	Output   map[string][2]int `json:"output"`
+	Attach   bool              `json:"attached"`
 }
 
 func (a *agent) list() []listEntry {
@@ -1127,7 +1142,11 @@ func (a *agent) list() []listEntry {
 	for _, c := range cmds {
 		c.mu.Lock()
 		e := listEntry{ID: c.id, Pid: c.own, Argv: c.argv, Pty: c.pty, Running: !c.exited,
-			Started: float64(c.started.UnixNano()) / 1e9, Output: map[string][2]int{}, Attach: c.conn != nil}
+			Started: float64(c.started.UnixNano()) / 1e9, Output: map[string][2]int{}, Attach: c.conn != nil,
+			Label: c.label}
+		if !c.deadline.IsZero() {
+			e.Deadline = float64(c.deadline.UnixNano()) / 1e9
+		}
 		if c.exited {
 			e.Exit = c.exitJSON()
 		}

@@ -16,7 +16,7 @@ from traitlets.config import Configurable
 
 from . import sandboxes
 from ._version import __version__
-from .contract import Sandbox, SandboxError
+from .contract import Sandbox, SandboxError, SandboxSession
 from .gate import GatedSandbox
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
@@ -97,6 +97,8 @@ class SandboxApp(ExtensionApp):
     name = "jupyter_tai_sandbox"
     app_name = "jupyter-tai-sandbox"
     description = "Sandbox sessions: a workspace, exec, file transfer and a TTL reap, behind one policy."
+    #: the reap loop, once started (unset when the settings failed to load: nothing to reap then)
+    _reaper: asyncio.Task[None] | None = None
     version = __version__
     load_other_extensions = True
     classes = _provider_classes()
@@ -254,7 +256,7 @@ class SandboxApp(ExtensionApp):
         self.policy = SandboxPolicy(parent=self)
         self.registry = SessionRegistry(self.policy, self.access)
         self.execs = LiveCommands(self.live_command_policy(), log=self.log)
-        self._reaper: asyncio.Task[None] | None = None
+        self._reaper = None
         # this server's doors use its own gate (self.access); the process slot gets the same provider
         # and policy as the default for code outside the server (require_sandbox() in kernels, plugins)
         sandboxes.use_policy(self.policy, output_limit=self.max_output_bytes)
@@ -440,6 +442,25 @@ class SandboxApp(ExtensionApp):
     def start_reaper(self) -> None:
         if self._reaper is None and self.sandbox is not None:
             self._reaper = asyncio.create_task(self._reap_forever())
+            # a previous server's live commands, where the sessions hold them (a session agent does)
+            self.execs.start_adopting(self._deployment_sessions)
+
+    async def _deployment_sessions(self) -> list[SandboxSession]:
+        """Every live session of this server's deployment, found a few at a time."""
+        sandbox = self.sandbox
+        if sandbox is None:
+            return []
+        room = asyncio.Semaphore(8)
+
+        async def find(session_id: str) -> SandboxSession | None:
+            async with room:
+                try:
+                    return await sandbox.get(session_id)
+                except SandboxError:
+                    return None
+
+        found = await asyncio.gather(*(find(info.id) for info in await sandbox.list()))
+        return [session for session in found if session is not None]
 
     async def _reap_forever(self) -> None:
         while True:

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any
 
 from .contract import (
     ExecHandle,
     ExecRequest,
     ExecResult,
+    HeldCommand,
     OutputChunk,
     OutputItem,
     Sandbox,
@@ -170,6 +171,9 @@ class GatedSession(SandboxSession):
     async def start(self, request: ExecRequest) -> ExecHandle:
         with spilling_at_most(self.gate.spill_limit):
             handle = await self.session.start(self.gate.admit(request, one_shot=False))
+        return self._scrubbed(handle)
+
+    def _scrubbed(self, handle: ExecHandle) -> ExecHandle:
         scrubbers = {}
         for stream in _STREAMS:
             scrubber = self.gate.policy.stream_scrubber()
@@ -177,6 +181,22 @@ class GatedSession(SandboxSession):
                 scrubbers[stream] = scrubber
         # nothing to scrub: the provider's handle as it is (no layer on the output's hot path)
         return ScrubbedHandle(handle, scrubbers) if scrubbers else handle
+
+    # ------------------------------ commands the session holds, scrubbed alike
+
+    @property  # type: ignore[override]
+    def holds_commands(self) -> bool:
+        return self.session.holds_commands
+
+    async def held_commands(self) -> list[HeldCommand]:
+        return await self.session.held_commands()
+
+    async def attach_command(self, command_id: str, offsets: Mapping[str, int] | None = None) -> ExecHandle:
+        """A held command's output goes through fresh scrubbers: started at the stream's start (nothing was
+        lost), they give the very bytes the first server's did."""
+        with spilling_at_most(self.gate.spill_limit):
+            handle = await self.session.attach_command(command_id, offsets)
+        return self._scrubbed(handle)
 
     # --------------------------------------------------- the rest, as is
 

@@ -473,11 +473,15 @@ class AgentClient:
 
     async def start(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                     pty: bool = False, rows: int = 24, cols: int = 80, timeout: float | None = None,
-                    window: int | None = None, uid: int | None = None, gid: int | None = None) -> AgentCommand:
+                    window: int | None = None, uid: int | None = None, gid: int | None = None,
+                    label: str | None = None) -> AgentCommand:
         """Start a command; an absent program raises AgentError with code ``ENOENT``. ``uid``/``gid`` run it as
-        that user and group (``gid`` defaults to ``uid``) with no supplementary groups."""
+        that user and group (``gid`` defaults to ``uid``) with no supplementary groups. ``label`` (at most
+        4096 bytes) is kept with the command and listed back: how a later client knows it for its own."""
         window = window or self.window
         req: dict[str, Any] = {"argv": list(argv), "pty": pty, "window": window}
+        if label is not None:
+            req["label"] = label
         if uid is not None:
             req["uid"] = uid
         if gid is not None:

@@ -13,10 +13,11 @@ import abc
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from .errors import SandboxError, SandboxSpecRejectedError, isolation_floor_refusal
+from .errors import SandboxError, SandboxNotFoundError, SandboxSpecRejectedError, isolation_floor_refusal
 from .values import (
     ExecRequest,
     ExecResult,
+    HeldCommand,
     OutputItem,
     SandboxIsolation,
     SessionInfo,
@@ -158,6 +159,20 @@ class SandboxSession(abc.ABC):
             f"the {(await self.info()).kind} provider cannot change a session's TTL: start a new session "
             "with the ttl_seconds you need"
         )
+
+    #: whether the session itself holds its interactive commands (a session agent does), so they outlive
+    #: the server that started them: a later server lists them (:meth:`held_commands`) and attaches
+    holds_commands: bool = False
+
+    async def held_commands(self) -> list[HeldCommand]:
+        """The interactive commands the session holds: running, or ended and not yet read to their end.
+        None for a provider whose commands live in the server (the default)."""
+        return []
+
+    async def attach_command(self, command_id: str, offsets: Mapping[str, int] | None = None) -> ExecHandle:
+        """Take over a held command (from whichever connection read it before), its output resumed at
+        ``offsets`` per stream (0: the oldest held). SandboxNotFoundError when the session holds none such."""
+        raise SandboxNotFoundError(f"session {self.id} holds no command {command_id!r}")
 
     async def usage(self) -> dict[str, Any]:
         """What the session uses now, as far as the provider can tell (see :data:`USAGE_FIELDS`).

@@ -253,6 +253,29 @@ class OutputChunk:
     data: bytes
 
 
+#: the most bytes of an :class:`ExecRequest`'s label
+MAX_LABEL_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class HeldCommand:
+    """An interactive command a session holds itself (so it outlives the server that started it), as listed.
+
+    ``offsets`` gives each output stream's ``(oldest byte still held, end)``: an attach can resume anywhere
+    in between, nothing skipped or repeated.
+    """
+
+    id: str
+    label: str | None
+    pty: bool
+    running: bool
+    #: a connection (this server's, or another's) reads it now
+    attached: bool
+    started: float
+    deadline: float | None
+    offsets: Mapping[str, tuple[int, int]]
+
+
 @dataclass(frozen=True)
 class ExitItem:
     exit_code: int
@@ -315,6 +338,9 @@ class ExecRequest:
     cols: int | None = None
     #: most bytes of output a one-shot run keeps; past it the command is stopped (None: no limit)
     output_limit: int | None = None
+    #: the server's own note on an interactive command (never a client's: no JSON field sets it), which a
+    #: provider that holds commands (:attr:`SandboxSession.holds_commands`) keeps and lists back
+    label: str | None = None
 
     def __post_init__(self) -> None:
         argv = self.argv
@@ -363,6 +389,8 @@ class ExecRequest:
             isinstance(self.output_limit, bool) or not isinstance(self.output_limit, int) or self.output_limit < 0
         ):
             raise _bad("output_limit", "a whole number of bytes >= 0, or None for no limit")
+        if self.label is not None and (not isinstance(self.label, str) or len(self.label.encode()) > MAX_LABEL_BYTES):
+            raise _bad("label", f"a string of at most {MAX_LABEL_BYTES} bytes")
         object.__setattr__(self, "argv", argv)
         object.__setattr__(self, "timeout_seconds", float(self.timeout_seconds))
         object.__setattr__(self, "env", dict(self.env))

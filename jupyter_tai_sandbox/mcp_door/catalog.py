@@ -426,7 +426,8 @@ class DoorTools:
         # the server's one live-command registry: the websocket's commands share its caps and policy
         execs = self.app.execs
         with execs.reserve(request.caller.name, session.id):  # the slot is held from here, before the first await
-            handle = await session.start(exec_request)
+            ticket = execs.ticket(request.caller.name, session.id, exec_request, "mcp")
+            handle = await session.start(ticket.labelled(exec_request))
             try:
                 if data.get("stdin") is not None:
                     await handle.write(data["stdin"].encode(errors="surrogatepass"))
@@ -434,10 +435,7 @@ class DoorTools:
             except BaseException:
                 await handle.kill()
                 raise
-            command = execs.add(
-                handle, owner=request.caller.name, session_id=session.id, argv=exec_request.argv, door="mcp",
-                timeout_seconds=exec_request.timeout_seconds,
-            )
+            command = execs.add(handle, ticket)
         return {
             "handle": command.id,
             "session_id": session.id,
@@ -447,12 +445,12 @@ class DoorTools:
         }
 
     async def _session_exec_poll(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
-        command = self.app.execs.get(data["handle"], request.caller)
+        command = await self.app.execs.find(data["handle"], request.caller)
         self.app.touch()
         return await command.poll(data["offset"], float(data["wait_seconds"]), data["max_bytes"])
 
     async def _session_exec_kill(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
-        command = self.app.execs.get(data["handle"], request.caller)
+        command = await self.app.execs.find(data["handle"], request.caller)
         await command.kill({"error": "CommandKilled", "message": f"killed by {request.caller.name!r}"})
         return {"handle": command.id, "session_id": command.session_id, "running": command.running,
                 "exit_code": command.exit_code}

@@ -27,19 +27,35 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ..contract import ExecHandle, ExitItem, SandboxError, SandboxNotFoundError
+from ..contract import (
+    ExecHandle,
+    ExecRequest,
+    ExitItem,
+    SandboxConflictError,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSession,
+)
+from ..contract.values import MAX_LABEL_BYTES
 from ..errors import SandboxQuotaError, error_body, error_status
 from ..gate import ScrubbedHandle
 from ..sessions import Caller
 
 STREAMS = ("stdout", "stderr")
+DOORS = ("websocket", "mcp")
+#: how long a look-up of an unknown command waits for the start's adoption of held commands
+ADOPT_WAIT_SECONDS = 30.0
+#: the version of the label a live command's session keeps (Ticket.label)
+LABEL_VERSION = 1
 #: the websocket's binary frame prefix per stream
 STREAM_IDS = {"stdout": 1, "stderr": 2}
 Door = Literal["websocket", "mcp"]
@@ -65,11 +81,11 @@ class OutputRing:
     :class:`~jupyter_tai_sandbox.spool.OutputSpool` before it is a queue its one reader drains.)
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, start: int = 0) -> None:
         self.limit = limit
         self._chunks: collections.deque[tuple[int, str, bytes]] = collections.deque()  # (offset, stream, data)
         self._held = 0
-        self.end = 0
+        self.end = start
 
     @property
     def start(self) -> int:
@@ -98,6 +114,57 @@ class OutputRing:
             yield (first, stream, data[first - start :]) if start < first else (start, stream, data)
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """Who a live command is, fixed before it starts: what the registry lists, and the label a session that
+    holds its commands keeps with it, so a later server (a restart, a second one) adopts it under the same id."""
+
+    id: str
+    session_id: str
+    owner: str
+    argv: tuple[str, ...]
+    pty: bool
+    door: Door
+    started_at: float
+    deadline: float
+
+    def label(self) -> str:
+        """The ticket as JSON, argv shortened to fit the label's bytes (it is only shown)."""
+        record: dict[str, Any] = {
+            "v": LABEL_VERSION, "exec": self.id, "session": self.session_id, "owner": self.owner, "pty": self.pty,
+            "door": self.door, "started": self.started_at, "deadline": self.deadline, "argv": [],
+        }
+        room = MAX_LABEL_BYTES - len(json.dumps(record).encode())
+        for arg in self.argv:
+            room -= len(json.dumps(arg).encode()) + 2
+            if room < 0:
+                break
+            record["argv"].append(arg)
+        return json.dumps(record)
+
+    def labelled(self, request: ExecRequest) -> ExecRequest:
+        return dataclasses.replace(request, label=self.label())
+
+    @classmethod
+    def from_label(cls, label: str | None, session_id: str) -> Ticket | None:
+        """The ticket a label holds; None for one that is not a live command's of this session."""
+        try:
+            record = json.loads(label or "")
+            ticket = cls(
+                id=record["exec"], session_id=record["session"], owner=record["owner"],
+                argv=tuple(record["argv"]), pty=bool(record["pty"]), door=record["door"],
+                started_at=float(record["started"]), deadline=float(record["deadline"]),
+            )
+        except (ValueError, TypeError, KeyError):
+            return None
+        valid = (
+            record.get("v") == LABEL_VERSION and ticket.session_id == session_id and ticket.door in DOORS
+            and isinstance(ticket.id, str) and ticket.id.startswith("exe-") and isinstance(ticket.owner, str)
+            and all(isinstance(arg, str) for arg in ticket.argv)
+        )
+        return ticket if valid else None
+
+
 class Listener(Protocol):
     """The attached end (a websocket): it sends output frames and the final message."""
 
@@ -112,27 +179,19 @@ class LiveCommand:
     """One command of the registry: its ring, its end, whoever is attached or polling."""
 
     def __init__(
-        self,
-        handle: ExecHandle,
-        *,
-        registry: LiveCommands,
-        session_id: str,
-        owner: str,
-        argv: tuple[str, ...],
-        pty: bool,
-        door: Door,
-        timeout_seconds: float,
+        self, handle: ExecHandle, ticket: Ticket, *, registry: LiveCommands, first_offset: int = 0,
+        adopted: bool = False,
     ) -> None:
-        self.id = "exe-" + secrets.token_hex(8)
+        self.id = ticket.id
         self.handle = handle
-        self.session_id = session_id
-        self.owner = owner
-        self.argv = argv
-        self.pty = pty
-        self.door = door
-        self.started_at = time.time()
-        self.deadline = self.started_at + timeout_seconds
-        self.ring = OutputRing(registry.policy.buffer_bytes)
+        self.session_id = ticket.session_id
+        self.owner = ticket.owner
+        self.argv = ticket.argv
+        self.pty = ticket.pty
+        self.door = door = ticket.door
+        self.started_at = ticket.started_at
+        self.deadline = ticket.deadline
+        self.ring = OutputRing(registry.policy.buffer_bytes, first_offset)
         self.exit_code: int | None = None
         #: why the command ended without an exit, or the reason a kill gave (what a poll reports)
         self.error: dict[str, Any] | None = None
@@ -143,6 +202,8 @@ class LiveCommand:
         self.pulled = door == "mcp"
         self.pollers = 0
         self.forgotten = False
+        #: another server attached to it (the session holds its commands): it is no longer this server's
+        self.taken_over = False
         self._registry = registry
         self._counted = dict.fromkeys(STREAMS, 0)
         self._listener: Listener | None = None
@@ -151,8 +212,8 @@ class LiveCommand:
         self._wake = asyncio.Event()
         self._unwatched: asyncio.TimerHandle | None = None
         self._pump = asyncio.create_task(self._run(), name=f"live-command-{self.id}")
-        if door == "mcp":
-            self._arm_unwatched()  # nobody attaches to a polled command: unwatched until its first poll
+        if door == "mcp" or adopted:
+            self._arm_unwatched()  # nobody attaches to a polled (or adopted) command: unwatched until read
 
     # ------------------------------------------------------------ view
 
@@ -205,6 +266,9 @@ class LiveCommand:
                     await self._emit(item.stream, item.data)
             else:  # pragma: no cover - the contract ends every output with an exit item or an error
                 self.error = {"error": "SandboxError", "message": "the output ended without an exit"}
+        except SandboxConflictError as e:  # a second server attached to the command: it runs on there
+            self.taken_over = True
+            self.error = {"error": "CommandTakenOver", "message": str(e)}
         except SandboxError as e:
             if self.error is None:  # a kill's own reason comes first
                 self.error = error_body(e, error_status(e))
@@ -218,6 +282,8 @@ class LiveCommand:
                 await asyncio.shield(self.handle.kill())
         if self.exit_code is not None:
             self.final = {"type": "exit", "exit_code": self.exit_code}
+        elif self.taken_over:
+            self.final = {"type": "detached", "message": (self.error or {}).get("message", "")}
         else:
             self.final = {"type": "error", **(self.error or {})}
         self.ended_at = time.monotonic()
@@ -455,6 +521,8 @@ class LiveCommands:
         self._starting: collections.Counter[tuple[str, str]] = collections.Counter()  # (owner, session) -> starts
         #: tasks started from timers, referenced until done
         self._tasks: set[asyncio.Future[None]] = set()
+        self._adopting: dict[str, asyncio.Lock] = {}
+        self._adopted: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
         return len(self._commands)
@@ -532,23 +600,104 @@ class LiveCommands:
 
     # ------------------------------------------------------------ entries
 
-    def add(
-        self,
-        handle: ExecHandle,
-        *,
-        session_id: str,
-        owner: str,
-        argv: tuple[str, ...],
-        pty: bool = False,
-        door: Door,
-        timeout_seconds: float,
-    ) -> LiveCommand:
-        command = LiveCommand(
-            handle, registry=self, session_id=session_id, owner=owner, argv=argv, pty=pty, door=door,
-            timeout_seconds=timeout_seconds,
+    def ticket(self, owner: str, session_id: str, request: ExecRequest, door: Door) -> Ticket:
+        """A new command's identity, made before it starts (its session may keep it as the command's label)."""
+        now = time.time()
+        return Ticket(
+            id="exe-" + secrets.token_hex(8), session_id=session_id, owner=owner, argv=request.argv,
+            pty=request.pty, door=door, started_at=now, deadline=now + request.timeout_seconds,
         )
+
+    def add(self, handle: ExecHandle, ticket: Ticket) -> LiveCommand:
+        command = LiveCommand(handle, ticket, registry=self)
         self._commands[command.id] = command
         return command
+
+    # ------------------------------------------- commands a session held for us
+
+    async def adopt(self, session: SandboxSession, *, take_over: str | None = None) -> None:
+        """Add the live commands a session holds (:attr:`SandboxSession.holds_commands`) that a previous
+        server started (a restart) and nobody reads now: each under its own id, owner and deadline, its
+        output resumed at the oldest byte the session holds, unwatched (the grace applies from now).
+
+        ``take_over``: that command's id is adopted even when another server reads it (a client asked for
+        it here): that server's clients are told it left (``detached``), and it runs on here.
+        """
+        if not session.holds_commands:
+            return
+        async with self._adopting.setdefault(session.id, asyncio.Lock()):
+            try:
+                held = await session.held_commands()
+            except SandboxError as e:
+                self.log.warning("jupyter_tai_sandbox: listing %s's commands failed: %s", session.id, e)
+                return
+            for command in held:
+                ticket = Ticket.from_label(command.label, session.id)
+                if ticket is None or ticket.id in self._commands or (command.attached and ticket.id != take_over):
+                    continue
+                offsets = {stream: span[0] for stream, span in command.offsets.items()}
+                try:
+                    handle = await session.attach_command(command.id, offsets)
+                except SandboxError as e:
+                    self.log.warning("jupyter_tai_sandbox: adopting %s of %s failed: %s", ticket.id, session.id, e)
+                    continue
+                self._commands[ticket.id] = LiveCommand(
+                    handle, ticket, registry=self, first_offset=sum(offsets.values()), adopted=True,
+                )
+                self.log.info("jupyter_tai_sandbox: adopted live command %s of %s (%s) from a previous server",
+                              ticket.id, session.id, ticket.owner)
+
+    async def adopt_all(self, sessions: Callable[[], Awaitable[list[SandboxSession]]]) -> None:
+        """At the server's start: adopt what every session of the deployment holds (see :meth:`adopt`)."""
+        try:
+            found = await sessions()
+        except SandboxError as e:
+            self.log.warning("jupyter_tai_sandbox: finding the sessions' held commands failed: %s", e)
+            return
+        room = asyncio.Semaphore(8)
+
+        async def adopt(session: SandboxSession) -> None:
+            async with room:
+                await self.adopt(session)
+
+        await asyncio.gather(*(adopt(session) for session in found))
+
+    def start_adopting(self, sessions: Callable[[], Awaitable[list[SandboxSession]]]) -> None:
+        self._adopted = asyncio.ensure_future(self.adopt_all(sessions))
+
+    async def find(self, command_id: Any, caller: Caller, session: SandboxSession | None = None) -> LiveCommand:
+        """:meth:`get`, after the commands a previous server left are adopted (and, with ``session``, the
+        one asked for is taken over from another server that reads it)."""
+        try:
+            return self.get(command_id, caller, session.id if session is not None else None)
+        except SandboxNotFoundError:
+            if self._adopted is not None and not self._adopted.done():
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(self._adopted), ADOPT_WAIT_SECONDS)
+            if session is not None and isinstance(command_id, str):
+                await self.adopt(session, take_over=command_id)
+        return self.get(command_id, caller, session.id if session is not None else None)
+
+    async def listed(self, session: SandboxSession, caller: Caller) -> list[dict[str, Any]]:
+        """The session's commands as the list route shows them: this server's (after adopting what a previous
+        one left), then those another live server reads (``"elsewhere": true``; attaching here takes them over)."""
+        await self.adopt(session)
+        listed = [c.to_json() for c in self.list(session.id, caller)]
+        if session.holds_commands:
+            with contextlib.suppress(SandboxError):
+                for command in await session.held_commands():
+                    ticket = Ticket.from_label(command.label, session.id)
+                    if ticket is None or ticket.id in self._commands:
+                        continue
+                    if not (ticket.owner == caller.name or caller.sees_all):
+                        continue
+                    listed.append({
+                        "id": ticket.id, "session_id": session.id, "argv": list(ticket.argv), "pty": ticket.pty,
+                        "started": ticket.started_at, "owner": ticket.owner, "door": ticket.door,
+                        "attached": command.attached, "running": command.running,
+                        "offset": sum(end for _, end in command.offsets.values()), "elsewhere": True,
+                    })
+        return listed
 
     def drop(self, command: LiveCommand) -> None:
         self._commands.pop(command.id, None)
@@ -577,6 +726,7 @@ class LiveCommands:
 
     async def kill_session(self, session_id: str) -> None:
         """Kill every running command of a session (it is being destroyed)."""
+        self._adopting.pop(session_id, None)
         reason = {"error": "SandboxNotFoundError", "message": f"session {session_id!r} was destroyed"}
         await asyncio.gather(*(c.kill(reason) for c in self._held(session_id=session_id) if c.running))
 
@@ -588,3 +738,5 @@ class LiveCommands:
             await command.forget()
         for task in list(self._tasks):
             task.cancel()
+        if self._adopted is not None:
+            self._adopted.cancel()

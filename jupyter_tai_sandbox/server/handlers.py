@@ -182,7 +182,7 @@ class ExecsHandler(SandboxAPIHandler):
     async def get(self, session_id: str) -> None:
         session = await self.get_session(session_id)
         caller = await self.caller()
-        self.write_json({"execs": [live.to_json() for live in self.sandbox_app.execs.list(session.id, caller)]})
+        self.write_json({"execs": await self.sandbox_app.execs.listed(session, caller)})
 
 
 class LiveExecHandler(SandboxAPIHandler):
@@ -196,7 +196,7 @@ class LiveExecHandler(SandboxAPIHandler):
     @authorized(action="execute")
     async def delete(self, session_id: str, exec_id: str) -> None:
         session = await self.get_session(session_id, manage=True)
-        live = self.sandbox_app.execs.get(exec_id, await self.caller(), session.id)
+        live = await self.sandbox_app.execs.find(exec_id, await self.caller(), session)
         await live.handle.kill()
         self.touch()
         self.set_status(204)

@@ -143,12 +143,11 @@ class ExecWebSocketHandler(
         execs = self.sandbox_app.execs
         # the per-user and per-session caps: the slot is held from before the first await (429 beyond)
         with execs.reserve(caller.name, self.session.id):
-            # the gated session applies the timeout ceiling and scrubs the output
-            handle = await self.session.start(request)
-            live = execs.add(
-                handle, session_id=self.session.id, owner=caller.name, argv=request.argv, pty=request.pty,
-                door="websocket", timeout_seconds=request.timeout_seconds,
-            )
+            ticket = execs.ticket(caller.name, self.session.id, request, "websocket")
+            # the gated session applies the timeout ceiling and scrubs the output; one that holds its commands
+            # keeps the ticket, so a restarted server finds the command under the same id
+            handle = await self.session.start(ticket.labelled(request))
+            live = execs.add(handle, ticket)
         self.live = live
         if self._ended:
             # the socket closed while the command started: nobody has its id, nobody can attach
@@ -163,7 +162,7 @@ class ExecWebSocketHandler(
             raise SandboxRequestError("attach needs exec_id: the id 'started' gave", field="exec_id")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise SandboxRequestError("offset: a whole number of bytes >= 0", field="offset")
-        live = self.sandbox_app.execs.get(exec_id, await self.caller(), self.session.id)
+        live = await self.sandbox_app.execs.find(exec_id, await self.caller(), self.session)
         self.live = live
         await self._send({"type": "attached", "exec_id": live.id, "offset": max(offset, live.start_offset)})
         await live.attach(self, offset)

@@ -25,6 +25,7 @@ from ...contract import (
     OutputChunk,
     OutputItem,
     OutputTooLargeError,
+    SandboxConflictError,
     SandboxError,
     SandboxSpecRejectedError,
 )
@@ -61,6 +62,7 @@ class ContainerCommand(ExecHandle):
         command: AgentCommand,
         *,
         timeout_seconds: float,
+        deadline_in: float | None = None,
         pty: bool,
         memory_limit: int,
         log: logging.Logger | logging.LoggerAdapter,
@@ -90,7 +92,10 @@ class ContainerCommand(ExecHandle):
         self._feeder: asyncio.Task[None] | None = None
         self._intake = asyncio.create_task(self._take_in())
         self._deadline_task: asyncio.Task[None] | None = None
-        self._deadline = asyncio.get_running_loop().call_later(timeout_seconds, self._on_deadline)
+        #: another connection (a second server) attached the command: it runs on there, never stopped from here
+        self._taken_over = False
+        self._deadline = asyncio.get_running_loop().call_later(
+            timeout_seconds if deadline_in is None else deadline_in, self._on_deadline)
         self._output = self._iterate()
 
     @property
@@ -109,7 +114,12 @@ class ContainerCommand(ExecHandle):
                 await self._cut_output()
             self._status = (await self._cmd.wait()).returncode
         except AgentError as e:
-            self._failure = SandboxError(f"the command's exit status could not be read: {e}")
+            if e.code == "EBUSY":  # DETACHED: another connection took the command
+                self._taken_over = True
+                self._failure = SandboxConflictError(
+                    "another server attached to this command: it runs on there (attach to it there)")
+            else:
+                self._failure = SandboxError(f"the command's exit status could not be read: {e}")
         except asyncio.CancelledError:
             self._failure = SandboxError("the command's exit status could not be read: its session was destroyed")
         finally:

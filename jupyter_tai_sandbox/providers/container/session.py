@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from ...agent import AgentClient, AgentError
+from ...agent import AgentClient, AgentCommand, AgentError
 from ...contract import (
     ExecHandle,
     ExecRequest,
     ExecResult,
+    HeldCommand,
     SandboxError,
     SandboxIsolation,
     SandboxNotFoundError,
@@ -253,7 +255,7 @@ class ContainerSession(SandboxSession):
         ids = await self.user_ids()
         try:
             agent_command = await client.start(request.argv, env=env, cwd=cwd, pty=pty, rows=rows, cols=cols,
-                                               timeout=backstop, **_as(ids))
+                                               timeout=backstop, label=request.label, **_as(ids))
         except AgentError as e:
             # a program that cannot start is the request's fault, named as the local provider names it
             # (never an invented exit status such as a shell's 127); the cwd was found just above
@@ -269,14 +271,18 @@ class ContainerSession(SandboxSession):
         except asyncio.CancelledError:
             raise
         try:
-            command = ContainerCommand(
-                agent_command, timeout_seconds=request.timeout_seconds, pty=pty,
-                memory_limit=self._site.memory_limit, log=self._site.log,
-                on_done=lambda c: self._site.commands.discard(self._id, c),
-            )
+            return self._track(agent_command, timeout_seconds=request.timeout_seconds, pty=pty)
         except BaseException:
             in_background(agent_command.kill())
             raise
+
+    def _track(self, agent_command: AgentCommand, *, timeout_seconds: float, deadline_in: float | None = None,
+               pty: bool) -> ContainerCommand:
+        command = ContainerCommand(
+            agent_command, timeout_seconds=timeout_seconds, deadline_in=deadline_in, pty=pty,
+            memory_limit=self._site.memory_limit, log=self._site.log,
+            on_done=lambda c: self._site.commands.discard(self._id, c),
+        )
         self._site.commands.add(self._id, command)
         return command
 
@@ -290,6 +296,42 @@ class ContainerSession(SandboxSession):
 
     async def start(self, request: ExecRequest) -> ExecHandle:
         return await self._start(request, pty=request.pty)
+
+    # --------------------------------------------- commands a server left
+
+    holds_commands = True
+
+    async def held_commands(self) -> list[HeldCommand]:
+        try:
+            listed = await (await self._client()).list()
+        except AgentError as e:
+            raise SandboxError(f"listing session {self._id}'s commands: {e}") from None
+        return [_held(entry) for entry in listed if entry.get("pid")]  # pid 0: a TCP connection, no command
+
+    async def attach_command(self, command_id: str, offsets: Mapping[str, int] | None = None) -> ExecHandle:
+        client = await self._client()
+        number = int(command_id) if command_id.isdigit() else 0
+        found = next((c for c in await self.held_commands() if c.id == command_id), None)
+        if found is None or not number:
+            return await super().attach_command(command_id, offsets)
+        offsets = offsets or {}
+        try:
+            agent_command = await client.attach(number, stdout=offsets.get("stdout", 0),
+                                                stderr=offsets.get("stderr", 0))
+        except AgentError as e:
+            if e.code == "ESRCH":
+                return await super().attach_command(command_id, offsets)
+            raise SandboxError(f"attaching to command {command_id} of session {self._id}: {e}") from None
+        # the agent's deadline is the server's plus the backstop margin (see _start)
+        timeout, left = _BACKSTOP_UNKNOWN, None
+        if found.deadline is not None:
+            end = found.deadline - 2 * KILL_LIMIT_SECONDS
+            timeout, left = max(0.001, end - found.started), max(0.001, end - time.time())
+        try:
+            return self._track(agent_command, timeout_seconds=timeout, deadline_in=left, pty=found.pty)
+        except BaseException:
+            in_background(agent_command.release())
+            raise
 
     # ---------------------------------------------------------------- paths
 
@@ -363,6 +405,19 @@ class ContainerSession(SandboxSession):
         with contextlib.suppress(Exception):
             await self._channel.close()
         await self._site.teardown(self, remove_workspace)
+
+
+#: the deadline of an attached command that has none of its own (the agent ends it at its backstop)
+_BACKSTOP_UNKNOWN = 365 * 86400.0
+
+
+def _held(entry: Mapping[str, Any]) -> HeldCommand:
+    return HeldCommand(
+        id=str(entry["id"]), label=entry.get("label") or None, pty=bool(entry.get("pty")),
+        running=bool(entry.get("running")), attached=bool(entry.get("attached")),
+        started=float(entry.get("started", 0.0)), deadline=entry.get("deadline") or None,
+        offsets={stream: (int(span[0]), int(span[1])) for stream, span in (entry.get("output") or {}).items()},
+    )
 
 
 async def _ready(value: T) -> T:
