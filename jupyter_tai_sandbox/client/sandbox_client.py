@@ -456,14 +456,20 @@ class SandboxClient:
         finally:
             remote.disconnect()
 
-    async def attach(self, session_id: str, exec_id: str, offset: int = 0) -> RemoteExec:
-        """Attach to a running interactive command (after a disconnect, from another process...).
+    async def attach(
+        self, session_id: str, exec_id: str, offset: int = 0, offsets: dict[str, int] | None = None,
+    ) -> RemoteExec:
+        """Attach to a running interactive command (after a disconnect, a server restart, from another process...).
 
         The output replays what the server's ring still holds from ``offset`` (``RemoteExec.offset``
-        says where it really starts), then goes live.
+        says where it really starts), then goes live. ``offsets`` (a previous ``RemoteExec.offsets``: the
+        next byte of each stream) resumes each stream exactly where it was, whatever order the two came in.
         """
         connection = await self._exec_socket(session_id)
-        await connection.write_message(json.dumps({"type": "attach", "exec_id": exec_id, "offset": offset}))
+        request: dict[str, Any] = {"type": "attach", "exec_id": exec_id, "offset": offset}
+        if offsets is not None:
+            request["offsets"] = offsets
+        await connection.write_message(json.dumps(request))
         remote = RemoteExec(connection)
         await remote._wait_started()
         return remote
@@ -532,6 +538,8 @@ class RemoteExec:
         #: the command's exec id (to attach again later) and the output offset its stream starts at
         self.exec_id: str | None = None
         self.offset = 0
+        #: the next byte of each stream (what the output gave so far): attach again with it to resume exactly
+        self.offsets = {"stdout": 0, "stderr": 0}
         #: requests the server refused while the command ran on (e.g. a write after the exit)
         self.rejected: list[SandboxError] = []
         self.output: AsyncIterator[OutputItem] = self._iterate()
@@ -557,6 +565,7 @@ class RemoteExec:
             raise error_from_json(data)
         self.exec_id = data.get("exec_id")
         self.offset = int(data.get("offset", 0))
+        self.offsets.update({name: int(at) for name, at in (data.get("offsets") or {}).items()})
 
     async def _iterate(self) -> AsyncIterator[OutputItem]:
         while True:
@@ -565,7 +574,9 @@ class RemoteExec:
                 # the connection ended (the server went away): no status was read, none is made up
                 raise SandboxUnavailableError("the exec websocket closed without an exit message")
             if isinstance(message, bytes):
-                yield OutputChunk(_STREAMS[message[0]], message[1:])  # type: ignore[arg-type]
+                stream = _STREAMS[message[0]]
+                self.offsets[stream] += len(message) - 1
+                yield OutputChunk(stream, message[1:])  # type: ignore[arg-type]
                 continue
             data = json.loads(message)
             if data.get("type") == "rejected":

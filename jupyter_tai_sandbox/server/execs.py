@@ -75,43 +75,56 @@ class LiveCommandPolicy:
 class OutputRing:
     """A command's most recent output, ``limit`` bytes at most, with absolute offsets.
 
-    Offsets count both streams together from the command's start. The oldest output goes
-    first; a chunk larger than the whole ring keeps its tail. Reading does not consume: every
-    reader (a reattach, each poll) reads from its own offset. (The provider's
+    Offsets count both streams together from the command's start; each piece also knows its offset in
+    its own stream, so a reader may resume each stream where it left it (exact whatever the interleaving:
+    after a restart the order of the two streams is the session's replay, not the first server's). The
+    oldest output goes first; a chunk larger than the whole ring keeps its tail. Reading does not consume:
+    every reader (a reattach, each poll) reads from its own offset. (The provider's
     :class:`~jupyter_tai_sandbox.spool.OutputSpool` before it is a queue its one reader drains.)
     """
 
-    def __init__(self, limit: int, start: int = 0) -> None:
+    def __init__(self, limit: int, start: int = 0, stream_starts: dict[str, int] | None = None) -> None:
         self.limit = limit
-        self._chunks: collections.deque[tuple[int, str, bytes]] = collections.deque()  # (offset, stream, data)
+        #: (offset, stream, offset in the stream, data)
+        self._chunks: collections.deque[tuple[int, str, int, bytes]] = collections.deque()
         self._held = 0
         self.end = start
+        #: each stream's next offset
+        self.stream_ends = dict.fromkeys(STREAMS, 0) | (stream_starts or {})
 
     @property
     def start(self) -> int:
         """The oldest offset the ring still holds."""
         return self._chunks[0][0] if self._chunks else self.end
 
+    def stream_start(self, stream: str) -> int:
+        """The oldest offset of ``stream`` the ring still holds."""
+        return next((at for _, name, at, _ in self._chunks if name == stream), self.stream_ends[stream])
+
     def append(self, stream: str, data: bytes) -> None:
-        self._chunks.append((self.end, stream, data))
+        self._chunks.append((self.end, stream, self.stream_ends[stream], data))
         self.end += len(data)
+        self.stream_ends[stream] += len(data)
         self._held += len(data)
         while self._held > self.limit and len(self._chunks) > 1:
-            self._held -= len(self._chunks.popleft()[2])
+            self._held -= len(self._chunks.popleft()[3])
         if self._held > self.limit:  # one chunk larger than the ring: keep its tail
-            offset, chunk_stream, chunk = self._chunks.popleft()
+            offset, chunk_stream, at, chunk = self._chunks.popleft()
             keep = chunk[-self.limit :] if self.limit else b""
             self._held = len(keep)
             if keep:
-                self._chunks.append((offset + len(chunk) - len(keep), chunk_stream, keep))
+                cut = len(chunk) - len(keep)
+                self._chunks.append((offset + cut, chunk_stream, at + cut, keep))
 
-    def since(self, offset: int) -> Iterator[tuple[int, str, bytes]]:
-        """``(offset, stream, data)`` pieces from ``offset`` (or the oldest held) to the end."""
+    def since(self, offset: int, streams: dict[str, int] | None = None) -> Iterator[tuple[int, str, bytes]]:
+        """``(offset, stream, data)`` pieces from ``offset`` (or the oldest held) to the end; with ``streams``,
+        each stream from its own offset there instead."""
         first = max(offset, self.start)
-        for start, stream, data in self._chunks:
-            if start + len(data) <= first:
+        for start, stream, at, data in self._chunks:
+            skip = (streams.get(stream, 0) - at) if streams is not None else (first - start)
+            if skip >= len(data):
                 continue
-            yield (first, stream, data[first - start :]) if start < first else (start, stream, data)
+            yield (start + skip, stream, data[skip:]) if skip > 0 else (start, stream, data)
 
 
 @dataclass(frozen=True)
@@ -179,8 +192,8 @@ class LiveCommand:
     """One command of the registry: its ring, its end, whoever is attached or polling."""
 
     def __init__(
-        self, handle: ExecHandle, ticket: Ticket, *, registry: LiveCommands, first_offset: int = 0,
-        adopted: bool = False,
+        self, handle: ExecHandle, ticket: Ticket, *, registry: LiveCommands,
+        stream_starts: dict[str, int] | None = None, adopted: bool = False,
     ) -> None:
         self.id = ticket.id
         self.handle = handle
@@ -191,7 +204,8 @@ class LiveCommand:
         self.door = door = ticket.door
         self.started_at = ticket.started_at
         self.deadline = ticket.deadline
-        self.ring = OutputRing(registry.policy.buffer_bytes, first_offset)
+        starts = stream_starts or {}
+        self.ring = OutputRing(registry.policy.buffer_bytes, sum(starts.values()), starts)
         self.exit_code: int | None = None
         #: why the command ended without an exit, or the reason a kill gave (what a poll reports)
         self.error: dict[str, Any] | None = None
@@ -347,10 +361,13 @@ class LiveCommand:
 
     # ---------------------------------------------------------- push face
 
-    async def attach(self, listener: Listener, offset: int = 0) -> int:
+    async def attach(self, listener: Listener, offset: int = 0, streams: dict[str, int] | None = None) -> int:
         """Replay from ``offset`` (what the ring still holds) then go live; returns the first offset sent.
 
-        A listener attached already is replaced (its socket is told and closed by its handler).
+        ``streams``: the next offset of each stream the client had (it counts them from the frames' stream
+        ids); then each stream resumes exactly there, whatever order the two came in (after a server
+        restart the order is the session's replay). A listener attached already is replaced (its socket is
+        told and closed by its handler).
         """
         if self.forgotten:
             raise SandboxNotFoundError(f"command {self.id} has ended and was forgotten")
@@ -363,12 +380,18 @@ class LiveCommand:
                         {"type": "detached", "message": "another client attached to this command"}
                     )
             first = max(offset, self.start_offset)
-            frames = [listener.send_output(STREAM_IDS[stream], piece) for _, stream, piece in self.ring.since(first)]
+            frames = [
+                listener.send_output(STREAM_IDS[stream], piece) for _, stream, piece in self.ring.since(first, streams)
+            ]
         for frame in frames:
             await frame
         if self.final is not None and self._listener is listener:
             await self._push_final(listener)
         return first
+
+    def resume_points(self, streams: dict[str, int]) -> dict[str, int]:
+        """Where each stream's replay starts for a client that had ``streams``."""
+        return {name: max(streams.get(name, 0), self.ring.stream_start(name)) for name in STREAMS}
 
     def detach(self, listener: Listener) -> None:
         """The listener's socket closed: the command runs on, unwatched, for the grace time."""
@@ -635,14 +658,14 @@ class LiveCommands:
                 ticket = Ticket.from_label(command.label, session.id)
                 if ticket is None or ticket.id in self._commands or (command.attached and ticket.id != take_over):
                     continue
-                offsets = {stream: span[0] for stream, span in command.offsets.items()}
+                offsets = {stream: span[0] for stream, span in command.offsets.items() if stream in STREAMS}
                 try:
                     handle = await session.attach_command(command.id, offsets)
                 except SandboxError as e:
                     self.log.warning("jupyter_tai_sandbox: adopting %s of %s failed: %s", ticket.id, session.id, e)
                     continue
                 self._commands[ticket.id] = LiveCommand(
-                    handle, ticket, registry=self, first_offset=sum(offsets.values()), adopted=True,
+                    handle, ticket, registry=self, stream_starts=offsets, adopted=True,
                 )
                 self.log.info("jupyter_tai_sandbox: adopted live command %s of %s (%s) from a previous server",
                               ticket.id, session.id, ticket.owner)

@@ -45,7 +45,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketP
 
 from ..contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
 from ..errors import error_body, error_status
-from .execs import LiveCommand
+from .execs import STREAM_IDS, LiveCommand
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
@@ -157,15 +157,24 @@ class ExecWebSocketHandler(
         await live.attach(self, 0)
 
     async def _attach(self, message: dict[str, Any]) -> None:
-        exec_id, offset = message.get("exec_id"), message.get("offset", 0)
+        exec_id, offset, streams = message.get("exec_id"), message.get("offset", 0), message.get("offsets")
         if not isinstance(exec_id, str):
             raise SandboxRequestError("attach needs exec_id: the id 'started' gave", field="exec_id")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        if not _is_offset(offset):
             raise SandboxRequestError("offset: a whole number of bytes >= 0", field="offset")
+        if streams is not None and not (
+            isinstance(streams, dict) and set(streams) <= set(STREAM_IDS) and all(map(_is_offset, streams.values()))
+        ):
+            raise SandboxRequestError(
+                'offsets: the next byte of each stream, e.g. {"stdout": 120, "stderr": 8}', field="offsets"
+            )
         live = await self.sandbox_app.execs.find(exec_id, await self.caller(), self.session)
         self.live = live
-        await self._send({"type": "attached", "exec_id": live.id, "offset": max(offset, live.start_offset)})
-        await live.attach(self, offset)
+        reply: dict[str, Any] = {"type": "attached", "exec_id": live.id, "offset": max(offset, live.start_offset)}
+        if streams is not None:
+            reply["offsets"] = live.resume_points(streams)
+        await self._send(reply)
+        await live.attach(self, offset, streams)
 
     async def _stdin(self, data: bytes) -> None:
         if self.live is None:
@@ -223,3 +232,7 @@ class ExecWebSocketHandler(
         self._ended = True
         if self.live is not None:
             self.live.detach(self)
+
+
+def _is_offset(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

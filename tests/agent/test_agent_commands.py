@@ -306,6 +306,27 @@ def test_commands_survive_the_connection_and_resume_from_an_offset(session):
     run(go())
 
 
+def test_a_commands_label_and_deadline_are_listed_back_and_an_oversized_label_is_refused(session):
+    async def go():
+        client = await session.client()
+        try:
+            label = '{"exec": "exe-1", "note": "' + "é" * 100 + '"}'
+            cmd = await client.start(["sleep", "30"], timeout=20, label=label)
+            plain = await client.start(["true"])
+            listed = {c["id"]: c for c in await client.list()}
+            assert listed[cmd.id]["label"] == label
+            assert abs(listed[cmd.id]["deadline"] - (listed[cmd.id]["started"] + 20)) < 0.01
+            assert "label" not in listed[plain.id] and "deadline" not in listed[plain.id]
+            with pytest.raises(AgentError) as refused:
+                await client.start(["true"], label="x" * 4097)
+            assert refused.value.code == "EINVAL"
+            await cmd.kill()
+        finally:
+            await client.close()
+
+    run(go())
+
+
 def test_a_resume_older_than_the_ring_says_exactly_what_was_lost(session):
     async def go():
         client = await session.client()

@@ -208,3 +208,45 @@ def test_a_sandboxed_kernels_session_outlives_a_killed_server_stays_listed_and_c
     assert status == 200 and "ipykernel" in ps["stdout"], ps  # the kernel runs on
     assert second.call("DELETE", f"sessions/{sid}")[0] == 204
     assert second.call("GET", f"sessions/{sid}")[0] == 404
+
+
+def test_the_python_client_resumes_both_streams_exactly_across_a_restart_by_their_own_offsets(docker_servers):
+    from jupyter_tai_sandbox.client import SandboxClient
+
+    both = ["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i; echo $i >&2; sleep 0.005; done"]
+    first = docker_servers()
+    _, session = first.call("POST", "sessions", {"ttl_seconds": 600})
+    sid = session["id"]
+    got = {"stdout": bytearray(), "stderr": bytearray()}
+
+    async def read(remote, lines: int) -> None:
+        async with asyncio.timeout(60):
+            async for item in remote.output:
+                got[item.stream] += item.data
+                if min(_lines(got["stdout"]), _lines(got["stderr"])) >= lines:
+                    return
+
+    async def before() -> tuple[str, dict[str, int]]:
+        client = SandboxClient(first.url, first.token)
+        remote = await client.exec_start(sid, both, timeout_seconds=240)
+        await read(remote, 40)
+        return remote.exec_id, dict(remote.offsets)
+
+    exec_id, offsets = asyncio.run(before())
+    assert offsets == {name: len(data) for name, data in got.items()}
+    first.kill9()
+    second = docker_servers()
+
+    async def after() -> dict[str, int]:
+        client = SandboxClient(second.url, second.token)
+        remote = await client.attach(sid, exec_id, offsets=offsets)
+        resumed = dict(remote.offsets)
+        await read(remote, 200)
+        await remote.kill()
+        return resumed
+
+    assert asyncio.run(after()) == offsets  # the replay starts where each stream was left
+    for name, data in got.items():
+        numbers = [int(n) for n in bytes(data).decode().split()[:-1]]
+        assert numbers == list(range(1, len(numbers) + 1)), f"{name} skipped or repeated bytes across the restart"
+        assert len(numbers) >= 190

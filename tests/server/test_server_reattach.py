@@ -173,3 +173,34 @@ async def test_the_client_attaches_from_where_it_left(jp_fetch, jp_serverapp, jp
                 rest += item.data
         assert seen + rest == b"".join(b"%d\n" % i for i in range(1, 41)) and last == ExitItem(0)
         await client.destroy(sid)
+
+
+def test_the_ring_resumes_each_stream_at_its_own_offset_and_keeps_what_it_still_holds():
+    from jupyter_tai_sandbox.server.execs import OutputRing
+
+    ring = OutputRing(10, start=4, stream_starts={"stdout": 3, "stderr": 1})  # a restart's ring: 3 + 1 before it
+    for stream, data in [("stdout", b"abc"), ("stderr", b"XY"), ("stdout", b"de"), ("stderr", b"Z")]:
+        ring.append(stream, data)
+    assert (ring.start, ring.end, ring.stream_ends) == (4, 12, {"stdout": 8, "stderr": 4})
+
+    def pieces(offset=0, streams=None):
+        return [(stream, data) for _, stream, data in ring.since(offset, streams)]
+
+    # by the combined offset: the ring's order
+    assert pieces(6) == [("stdout", b"c"), ("stderr", b"XY"), ("stdout", b"de"), ("stderr", b"Z")]
+    # by each stream's own offset: exactly the rest of each, wherever the other stream's bytes fell
+    assert pieces(streams={"stdout": 5, "stderr": 3}) == [("stdout", b"c"), ("stdout", b"de"), ("stderr", b"Z")]
+    assert pieces(streams={"stdout": 8, "stderr": 4}) == []
+    ring.append("stdout", b"0123456789")  # a chunk as large as the ring: everything older goes
+    assert (ring.stream_start("stdout"), ring.stream_start("stderr")) == (8, 4)
+    assert pieces(streams={"stdout": 0, "stderr": 0}) == [("stdout", b"0123456789")]
+    assert pieces(streams={"stdout": 15, "stderr": 0}) == [("stdout", b"789")]
+
+
+async def test_an_attach_with_bad_stream_offsets_is_refused_naming_the_field(jp_fetch, jp_ws_fetch):
+    sid = await new_session(jp_fetch)
+    for offsets in ({"stdin": 0}, {"stdout": -1}, {"stdout": True}, [0, 0]):
+        ws = await jp_ws_fetch("api", "sandbox", "sessions", sid, "exec", "ws")
+        await ws.write_message(json.dumps({"type": "attach", "exec_id": "exe-0", "offsets": offsets}))
+        answer = json.loads(await ws.read_message())
+        assert (answer["type"], answer["error"], answer.get("field")) == ("error", "SandboxRequestError", "offsets")
