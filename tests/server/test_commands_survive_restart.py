@@ -250,3 +250,39 @@ def test_the_python_client_resumes_both_streams_exactly_across_a_restart_by_thei
         numbers = [int(n) for n in bytes(data).decode().split()[:-1]]
         assert numbers == list(range(1, len(numbers) + 1)), f"{name} skipped or repeated bytes across the restart"
         assert len(numbers) >= 190
+
+
+def test_an_mcp_handle_is_polled_on_after_a_killed_server_from_its_next_offset(docker_servers):
+    from tests.support.mcp import data, mcp_client, mcp_url
+
+    first = docker_servers()
+    _, session = first.call("POST", "sessions", {"ttl_seconds": 600})
+    sid = session["id"]
+    script = "for i in $(seq 1 400); do echo $i; sleep 0.01; done"
+
+    async def poll(server: LiveServer, handle: str, offset: int, text: str, until) -> tuple[int, str, dict]:
+        headers = {"Authorization": f"token {server.token}"}
+        async with mcp_client(mcp_url(server.port, "/"), headers) as client:
+            while True:
+                answer = data(await client.call_tool("session_exec_poll", {
+                    "handle": handle, "offset": offset, "wait_seconds": 5}))
+                assert "skipped_bytes" not in answer, answer
+                text += "".join(o["text"] for o in answer["output"])
+                offset = answer["next_offset"]
+                if until(text, answer):
+                    return offset, text, answer
+
+    async def before() -> tuple[str, int, str]:
+        headers = {"Authorization": f"token {first.token}"}
+        async with mcp_client(mcp_url(first.port, "/"), headers) as client:
+            started = data(await client.call_tool("session_exec_start", {
+                "session_id": sid, "script": script, "timeout_seconds": 120}))
+        offset, text, _ = await poll(first, started["handle"], 0, "", lambda text, _: text.count("\n") >= 30)
+        return started["handle"], offset, text
+
+    handle, offset, text = asyncio.run(before())
+    first.kill9()
+    second = docker_servers()
+    _, text, answer = asyncio.run(poll(second, handle, offset, text, lambda _, a: not a["running"] and not a["more"]))
+    assert answer["exit_code"] == 0, answer
+    assert text == "".join(f"{i}\n" for i in range(1, 401)), "the poll skipped or repeated output across the restart"
