@@ -36,6 +36,7 @@ from .contract import (
     HeldCommand,
     OutputChunk,
     OutputItem,
+    PortConnection,
     Sandbox,
     SandboxIsolation,
     SandboxSession,
@@ -199,6 +200,14 @@ class GatedSession(SandboxSession):
         return self._scrubbed(handle)
 
     # --------------------------------------------------- the rest, as is
+
+    @property  # type: ignore[override]
+    def opens_ports(self) -> bool:
+        return self.session.opens_ports
+
+    async def open_port(self, port: int, host: str = "127.0.0.1") -> PortConnection:
+        """A byte transport, like :func:`start_transport`'s: never scrubbed (a replacement would corrupt it)."""
+        return await self.session.open_port(port, host)
 
     async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
         await self.session.put_file(path, data)

@@ -384,6 +384,7 @@ class AgentClient:
             return await self._answer(fut)
         finally:
             self._pending.pop((kind, id_), None)
+            fut.add_done_callback(_quiet)  # an answer nobody waits for any more (a cancelled call) is dropped
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Bytes from the agent (push mode); a protocol error closes the connection."""

@@ -52,6 +52,7 @@ from .errors import (
 )
 from .interfaces import (
     ExecHandle,
+    PortConnection,
     Sandbox,
     SandboxSession,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "OutputItem",
     "OutputStream",
     "OutputTooLargeError",
+    "PortConnection",
     "Sandbox",
     "SandboxCapacityError",
     "SandboxConflictError",

@@ -58,6 +58,27 @@ class ExecHandle(abc.ABC):
         raise SandboxError("this command has no terminal to resize: start it with pty=True")
 
 
+class PortConnection(abc.ABC):
+    """A TCP connection to a port inside a session (:meth:`SandboxSession.open_port`), as a byte stream."""
+
+    @abc.abstractmethod
+    async def read(self) -> bytes | None:
+        """The next bytes the peer sent; None once it closed its side. ConnectionResetError when the
+        connection broke."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send bytes (waits while the peer does not read them). ConnectionResetError when it broke."""
+
+    @abc.abstractmethod
+    async def close_write(self) -> None:
+        """Half-close: the peer reads an end of stream, and may still send. Idempotent."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close both ways and free what the connection holds. Idempotent, never raises."""
+
+
 class SandboxSession(abc.ABC):
     """One live session: a workspace, exec and file transfer, until destroyed or reaped."""
 
@@ -173,6 +194,15 @@ class SandboxSession(abc.ABC):
         """Take over a held command (from whichever connection read it before), its output resumed at
         ``offsets`` per stream (0: the oldest held). SandboxNotFoundError when the session holds none such."""
         raise SandboxNotFoundError(f"session {self.id} holds no command {command_id!r}")
+
+    #: whether :meth:`open_port` reaches ports inside the session (works with network ``none`` too)
+    opens_ports: bool = False
+
+    async def open_port(self, port: int, host: str = "127.0.0.1") -> PortConnection:
+        """A TCP connection to ``host:port`` as seen from inside the session (its own network). Refused:
+        ConnectionRefusedError. The default cannot: a consumer forwards ports some other way (the kernel
+        tunnel's relay runs over exec)."""
+        raise SandboxError(f"session {self.id}'s provider cannot open its ports")
 
     async def usage(self) -> dict[str, Any]:
         """What the session uses now, as far as the provider can tell (see :data:`USAGE_FIELDS`).

@@ -14,8 +14,10 @@ kernelspec install`` writes one). For each kernel start:
    only admins see its session. Its consumer label is ``kernel:<kernel id>`` (so the panel
    can tell kernels apart). A refused spec fails the start at once with the policy's
    message and status (a quota: 429);
-2. a :class:`~jupyter_tai_sandbox.kernels.tunnel.Tunnel` relay starts in the session and five
-   host listeners on 127.0.0.1 forward to the kernel's ZMQ ports in the session; the
+2. five host listeners on 127.0.0.1 forward to the kernel's ZMQ ports in the session: through
+   the session itself where it opens its own ports (a container's agent dials them inside:
+   :class:`~jupyter_tai_sandbox.kernels.ports.SessionPorts`), else through a
+   :class:`~jupyter_tai_sandbox.kernels.tunnel.Tunnel` relay started in the session; the
    connection info the kernel manager (and every client) sees points at the listeners;
 3. the connection file, with the in-session ports and ip 127.0.0.1, is written into the
    workspace (``.tai-kernel/kernel-<id>.json``, mode 0600 in a 0700 folder, as Jupyter
@@ -88,6 +90,7 @@ from ..contract import (
     for_door,
 )
 from .loop import on_kernel_loop, stop_watching, watch_client
+from .ports import SessionPorts
 from .start_errors import SandboxKernelError, start_error
 from .tunnel import Tunnel, TunnelError
 
@@ -216,7 +219,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     )
 
     session: SandboxSession | None = None
-    tunnel: Tunnel | None = None
+    tunnel: Tunnel | SessionPorts | None = None
     _handle: Any = None
     _watch: asyncio.Task[None] | None = None
     _exit_code: int | None = None
@@ -375,7 +378,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             argv[0] = python
         life = spec.ttl_seconds  # within the operator's command ceiling (_life): the gate refuses past it
 
-        self.tunnel = tunnel = await Tunnel.start(session, python=python, timeout_seconds=life)
+        # a session that opens its own ports (a container's agent) needs no relay in it
+        self.tunnel = tunnel = (
+            SessionPorts(session) if session.opens_ports
+            else await Tunnel.start(session, python=python, timeout_seconds=life)
+        )
         # host listeners first (they hold their ports), then the in-session ports, distinct from them
         previous = self._listen_ports or {}
         listen: dict[str, int] = {}

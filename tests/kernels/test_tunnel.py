@@ -300,3 +300,72 @@ def test_tunnel_on_docker_with_network_none():
     finally:
         assert leftovers(client) == []
         client.close()
+
+
+def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no_relay():
+    """On the agent the session opens its ports itself (SessionPorts): nothing runs in it for the forwarding."""
+    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.kernels.ports import SessionPorts
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+    from tests.support.docker import RUN_LABEL, docker_client, leftovers
+
+    client = docker_client()
+    try:
+        client.images.get(PYTHON_IMAGE)
+    except Exception:
+        pytest.skip(f"{PYTHON_IMAGE} is missing: build it with `jupyter tai-sandbox build-image --python`")
+
+    async def main() -> None:
+        sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0)
+        session = await sandbox.create(SessionSpec(network="none", consumer="ports-test"))
+        try:
+            assert session.opens_ports
+            server, inner = await start_server(session, "python3")
+            ports = SessionPorts(session)
+            port = (await ports.forward(inner)).port
+            payloads = [os.urandom(100 + i * 997) for i in range(32)]
+            assert await asyncio.gather(*(talk(port, b"echo", p) for p in payloads)) == payloads
+            assert (await talk(port, b"sink", b"x" * 1000)).split()[1] == b"1000"  # answered after our EOF
+            await check_big_both_ways(port)
+            # a connection whose reader never reads stalls only itself
+            slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
+            slow_writer.write(b"flood\n")
+            await asyncio.sleep(1.0)
+            for i in range(10):
+                assert await talk(port, b"echo", b"ping %d" % i) == b"ping %d" % i
+            assert len(slow_reader._buffer) <= 8 << 20
+            slow_writer.close()
+            # nothing listens: the client's connection ends at once (no wait asked)
+            closed = (await ports.forward(1)).port
+            reader, writer = await asyncio.open_connection("127.0.0.1", closed)
+            with contextlib.suppress(ConnectionError):
+                assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+            # a kernel still binding: the connect is tried again within connect_wait
+            late = (await ports.forward(inner + 1 if inner < 65535 else inner - 1, connect_wait=5)).port
+            waiting = asyncio.ensure_future(talk(late, b"echo", b"late"))
+            await asyncio.sleep(0.5)
+            await session.exec(["python3", "-c", f"""
+import socket, os
+s = socket.socket(); s.bind(("127.0.0.1", {inner + 1 if inner < 65535 else inner - 1})); s.listen(1)
+c, _ = s.accept(); c.recv(5); data = b""
+while chunk := c.recv(100): data += chunk
+c.sendall(data); c.close()
+"""], timeout_seconds=30)
+            assert await asyncio.wait_for(waiting, 10) == b"late"
+            await server.kill()
+            await ports.close()
+            # every connection was given back to the agent (it holds at most 64 commands and connections)
+            agent = await session._client()
+            assert [c for c in await agent.list() if c["argv"][0] == "tcp"] == []
+            with pytest.raises(TunnelError):
+                await ports.forward(inner)
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    try:
+        run(main())
+    finally:
+        assert leftovers(client) == []
+        client.close()

@@ -22,6 +22,7 @@ from ...contract import (
     ExecRequest,
     ExecResult,
     HeldCommand,
+    PortConnection,
     SandboxError,
     SandboxIsolation,
     SandboxNotFoundError,
@@ -333,6 +334,21 @@ class ContainerSession(SandboxSession):
             in_background(agent_command.release())
             raise
 
+    # ---------------------------------------------------------------- ports
+
+    opens_ports = True
+
+    async def open_port(self, port: int, host: str = "127.0.0.1") -> PortConnection:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise SandboxRequestError(f"port: a TCP port number, not {port!r}", field="port")
+        client = await self._client()
+        try:
+            return AgentPort(await client.connect_tcp(port, host))
+        except AgentError as e:
+            if e.code == "ECONNREFUSED":
+                raise ConnectionRefusedError(f"nothing listens on {host}:{port} in session {self._id}") from None
+            raise SandboxError(f"connecting to {host}:{port} in session {self._id}: {e}") from None
+
     # ---------------------------------------------------------------- paths
 
     def resolve(self, path: str) -> str:
@@ -405,6 +421,41 @@ class ContainerSession(SandboxSession):
         with contextlib.suppress(Exception):
             await self._channel.close()
         await self._site.teardown(self, remove_workspace)
+
+
+class AgentPort(PortConnection):
+    """A TCP connection the agent made inside the session, carried like a command without a process."""
+
+    def __init__(self, command: AgentCommand) -> None:
+        self._cmd = command
+        self._closed = False
+
+    async def read(self) -> bytes | None:
+        try:
+            item = await self._cmd.read()
+        except AgentError as e:
+            raise ConnectionResetError(str(e)) from None
+        return None if item is None else item[1]
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._cmd.write(data)
+        except AgentError as e:
+            raise ConnectionResetError(str(e)) from None
+
+    async def close_write(self) -> None:
+        with contextlib.suppress(AgentError):
+            await self._cmd.close_stdin()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(AgentError):
+            if not self._cmd.ended:
+                await self._cmd.kill()
+        with contextlib.suppress(AgentError):
+            await self._cmd.release()  # the agent holds at most 64 commands and connections
 
 
 #: the deadline of an attached command that has none of its own (the agent ends it at its backstop)

@@ -1,0 +1,141 @@
+"""Port forwarding through the session itself: host listeners whose connections the session opens.
+
+Where a session opens its own ports (:attr:`~jupyter_tai_sandbox.contract.SandboxSession.opens_ports`:
+a container session's agent dials them inside the container, network ``none`` included), a kernel's
+ports need no relay in the session: each connection accepted on a host listener becomes one
+:meth:`~jupyter_tai_sandbox.contract.SandboxSession.open_port` connection, bytes pumped both ways with
+the connection's own flow control (a peer that does not read stalls only its connection), half-closes
+passed on. Nothing in the session speaks for the forwarder, so session code has no frames to forge.
+
+:class:`SessionPorts` has the face of the relay's :class:`~jupyter_tai_sandbox.kernels.tunnel.Tunnel`
+(``forward``, ``closed``, ``exit_reason``, ``close``), so the provisioner takes whichever the session allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ..contract import PortConnection, SandboxError, SandboxNotFoundError, SandboxSession
+from .tunnel import Forward, TunnelError
+
+#: the most bytes read from a host socket at once
+READ_CHUNK = 256 << 10
+#: the pause between two tries of a refused connect (a kernel still binding its ports)
+RETRY_SECONDS = 0.05
+
+log = logging.getLogger(__name__)
+
+
+class SessionPorts:
+    """Host listeners forwarding to ports inside one session, each connection opened by the session."""
+
+    def __init__(self, session: SandboxSession) -> None:
+        self.session = session
+        self.closed = asyncio.Event()
+        self.exit_reason: str | None = None
+        self._forwards: list[Forward] = []
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def forward(
+        self, remote_port: int, *, host: str = "127.0.0.1", port: int = 0, connect_wait: float = 0.0
+    ) -> Forward:
+        """Listen on ``host:port`` (0: an ephemeral port) and forward each connection to ``remote_port``.
+
+        ``connect_wait``: seconds a refused connect is tried again (a kernel still starting: its client's
+        first bytes wait in the host socket meanwhile); 0 closes the client's connection at once.
+        """
+        if self.closed.is_set():
+            raise TunnelError(f"the forwarding is closed: {self.exit_reason}")
+        if not 0 < remote_port < 65536:
+            raise ValueError(f"remote_port must be a TCP port number, not {remote_port!r}")
+
+        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if self.closed.is_set():
+                writer.transport.abort()
+                return
+            pump = asyncio.ensure_future(self._carry(remote_port, connect_wait, reader, writer))
+            self._pumps.add(pump)
+            pump.add_done_callback(self._pumps.discard)
+
+        server = await asyncio.start_server(accepted, host, port)
+        forward = Forward(remote_port, host, server.sockets[0].getsockname()[1], server, connect_wait)
+        self._forwards.append(forward)
+        return forward
+
+    @property
+    def connections(self) -> int:
+        return len(self._pumps)
+
+    async def _open(self, remote_port: int, connect_wait: float) -> PortConnection | None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + connect_wait
+        while True:
+            try:
+                return await self.session.open_port(remote_port)
+            except ConnectionRefusedError:
+                if loop.time() >= give_up:
+                    return None
+                await asyncio.sleep(RETRY_SECONDS)
+            except SandboxNotFoundError as e:
+                self._end(f"the session is gone: {e}")
+                return None
+            except SandboxError as e:
+                log.debug("forwarding to port %d: %s", remote_port, e)
+                return None
+
+    async def _carry(
+        self, remote_port: int, connect_wait: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        connection = await self._open(remote_port, connect_wait)
+        if connection is None:
+            writer.transport.abort()
+            return
+        upstream = asyncio.ensure_future(_host_to_session(reader, connection))
+        downstream = asyncio.ensure_future(_session_to_host(connection, writer))
+        try:
+            done, _ = await asyncio.wait({upstream, downstream}, return_when=asyncio.FIRST_EXCEPTION)
+            if any(not t.cancelled() and t.exception() is not None for t in done):
+                writer.transport.abort()  # a broken side: the other goes too (a reset, as the kernel would see)
+            else:
+                await asyncio.gather(upstream, downstream, return_exceptions=True)
+        finally:
+            for task in (upstream, downstream):
+                task.cancel()
+            await connection.close()
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def _end(self, reason: str) -> None:
+        if self.closed.is_set():
+            return
+        self.exit_reason = reason
+        self.closed.set()
+        for forward in self._forwards:
+            forward.close()
+        for pump in list(self._pumps):
+            pump.cancel()
+
+    async def close(self) -> None:
+        """Close the listeners and every connection. Idempotent."""
+        self._end("the forwarding was closed")
+        if self._pumps:
+            await asyncio.wait(list(self._pumps), timeout=5.0)
+        for forward in self._forwards:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(forward.server.wait_closed(), 1.0)
+
+
+async def _host_to_session(reader: asyncio.StreamReader, connection: PortConnection) -> None:
+    while data := await reader.read(READ_CHUNK):
+        await connection.write(data)
+    await connection.close_write()
+
+
+async def _session_to_host(connection: PortConnection, writer: asyncio.StreamWriter) -> None:
+    while (data := await connection.read()) is not None:
+        writer.write(data)
+        await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
