@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import platform
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -324,6 +325,7 @@ class DockerSandbox(ContainerSandbox):
             transfer_idle_seconds=self.transfer_idle_seconds,
             answer_within=self.engine_timeout_seconds,
         )
+        #: the engine's architecture (which agent binary its containers run), once asked
         self._arch: str | None = None
         self._agent_volumes = AgentVolumes(self._engine)
         self._pool = WarmPool(
@@ -342,9 +344,6 @@ class DockerSandbox(ContainerSandbox):
     async def _connect(self) -> None:
         if not self._engine.connected:
             await self._engine.connect()
-            if self.session_agent:
-                info = await self._engine.blocking(lambda: self._engine.api.info())
-                self._arch = str(info.get("Architecture") or "") or None
             await self._choose_default_image()
             self._pool.fill_soon()
         elif not self._image_chosen:
@@ -415,15 +414,16 @@ class DockerSandbox(ContainerSandbox):
                 return await self._engine.create_container(image, self._options(spec, name, labels, volume_labels, network))
             if user is None:
                 user = await self._session_user(image)
+            arch = await self._engine_arch()
             for attempt in (1, 2):
-                volume = await self._agent_volumes.volume_for(self._arch, image)
+                volume = await self._agent_volumes.volume_for(arch, image)
                 options = self._options(spec, name, labels, volume_labels, network, agent_volume=volume, user=user)
                 try:
                     return await self._engine.create_container(image, options)
                 except EngineRefusedError as e:
                     if attempt == 2 or not is_missing_agent(e):
                         raise
-                    self._agent_volumes.forget(self._arch, image)  # removed behind our back: the engine made an empty one
+                    self._agent_volumes.forget(arch, image)  # removed behind our back: the engine made an empty one
             raise AssertionError("unreachable")
         except MissingImageError:
             raise self._missing_image(image) from None
@@ -431,6 +431,13 @@ class DockerSandbox(ContainerSandbox):
             if e.status is not None and 400 <= e.status < 500 and e.status != 409:
                 raise rejected(f"the Docker engine refused the session: {e.detail}") from None
             raise
+
+    async def _engine_arch(self) -> str:
+        """The engine's ``Architecture``, asked at the first agent create (whoever connected the engine)."""
+        if self._arch is None:
+            info = await self._engine.blocking(lambda: self._engine.api.info())
+            self._arch = str(info.get("Architecture") or "") or platform.machine()
+        return self._arch
 
     async def _session_user(self, image: str) -> str:
         """Who an agent session's commands run as: ``user``, else the image's USER ('' = root)."""

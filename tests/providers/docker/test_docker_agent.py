@@ -168,11 +168,13 @@ def test_the_agent_volume_is_shared_by_deployments_and_old_builds_go_once_unused
         first = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=f"{RUN_ID}-agent-a")
         second = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=f"{RUN_ID}-agent-b")
         try:
+            await second.check_available()  # its engine is connected by the status check, not by a create
             sessions = [await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
                         for sandbox in (first, second)]
             mounts = [{m["Destination"]: m for m in client.api.inspect_container(s.container_id)["Mounts"]}["/.tai"]
                       for s in sessions]
             assert mounts[0]["Name"] == mounts[1]["Name"] and not mounts[0]["RW"]
+            assert mounts[0]["Name"].startswith(f"{AGENT_VOLUME_PREFIX}{client.info()['Architecture']}-")
             labels = client.api.inspect_volume(mounts[0]["Name"])["Labels"]
             assert set(labels) == {LABEL_AGENT_BUILD}  # no deployment's: every deployment's leftover check passes
             client.api.create_volume(old, labels={LABEL_AGENT_BUILD: "000000000000"})
