@@ -820,8 +820,8 @@ class DockerSandbox(ContainerSandbox):
     async def close(self) -> None:
         commands = [*self._commands.all(), *self._agent_site.commands.all()]
         await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
-        channels = list(self._agent_site.channels.values())
-        self._agent_site.channels.clear()
+        channels = [known.channel for known in self._agent_site.containers.values()]
+        self._agent_site.containers.clear()
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         await self._pool.close()
         if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)

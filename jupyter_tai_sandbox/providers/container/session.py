@@ -109,21 +109,31 @@ class ContainerSite:
     #: an answer (or a write) the agent has not given in this long asks whether its container still runs,
     #: bounded by the engine's own timeout (the provider's engine_timeout_seconds)
     answer_within: float = 2.0
-    #: each container's session user as (uid, gid), once read from its image (see users.resolve_user)
-    user_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: each container's agent channel: every session object of one container (a get() per request) shares
-    #: one connection, rather than an engine exec each that lives as long as the container
-    channels: dict[str, AgentChannel] = field(default_factory=dict)
+    #: what the site knows of each container its sessions use (see KnownContainer)
+    containers: dict[str, KnownContainer] = field(default_factory=dict)
 
-    def channel(self, container_id: str, make: Callable[[], AgentChannel]) -> AgentChannel:
-        """The container's channel, made on first use (and again once closed)."""
-        found = self.channels.get(container_id)
-        if found is None or found.closed:
-            if len(self.channels) >= MAX_KNOWN_CONTAINERS:  # containers another server removed: forget the idle ones
-                for key in [k for k, c in self.channels.items() if c.idle or c.closed]:
-                    del self.channels[key]
-            found = self.channels[container_id] = make()
+    def known(self, container_id: str, make_channel: Callable[[], AgentChannel]) -> KnownContainer:
+        """The container's record, made on first use (its channel made again once closed)."""
+        found = self.containers.get(container_id)
+        if found is None:
+            if len(self.containers) >= MAX_KNOWN_CONTAINERS:  # containers another server removed: forget the idle ones
+                for key in [k for k, c in self.containers.items() if c.channel.idle or c.channel.closed]:
+                    del self.containers[key]
+            found = self.containers[container_id] = KnownContainer(make_channel())
+        elif found.channel.closed:
+            found.channel = make_channel()
         return found
+
+
+@dataclass
+class KnownContainer:
+    """One container as its site knows it: the agent channel every session object of it shares (a get() per
+    request), rather than an engine exec each that lives as long as the container, and its session user."""
+
+    channel: AgentChannel
+    #: the session user as (uid, gid), once read from the image (see users.resolve_user); None: root
+    user_ids: tuple[int, int] | None = None
+    users_read: bool = False
 
 
 class ContainerSession(SandboxSession):
@@ -153,9 +163,10 @@ class ContainerSession(SandboxSession):
         #: every command's base environment (the container's own: the agent passes none of its own on);
         #: None until read from the container
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
-        self._channel = site.channel(container_id, lambda: AgentChannel(
+        self._known = site.known(container_id, lambda: AgentChannel(
             lambda: site.open_agent(container_id), session_id=session_id, still_there=self._container_runs,
             answer_within=site.answer_within))
+        self._channel = self._known.channel
         self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds,
                                     user=self.user_ids)
 
@@ -203,22 +214,22 @@ class ContainerSession(SandboxSession):
         agent's own root); a SandboxError when the image does not know the user."""
         if not self._user:
             return None
-        ids = self._site.user_ids.get(self._container)
-        if ids is None:
-            ids = await resolve_user(self._user, self._read_image_file)
-            if len(self._site.user_ids) >= MAX_KNOWN_CONTAINERS:
-                self._site.user_ids.clear()
-            self._site.user_ids[self._container] = ids
-        return ids
+        if not self._known.users_read:
+            self._known.user_ids = await resolve_user(self._user, self._image_file_reader(await self._client()))
+            self._known.users_read = True
+        return self._known.user_ids
 
-    async def _read_image_file(self, path: str) -> bytes | None:
-        try:
-            # the first MiB only: the image (or root session code) may make the file as large as it likes
-            return (await (await self._client()).read_chunk("/", path, 0, USER_FILE_LIMIT))[1]
-        except AgentError as e:
-            if e.code in ("ENOENT", "ENOTDIR"):
-                return None
-            raise SandboxError(f"reading /{path} in session {self._id}: {e}") from None
+    def _image_file_reader(self, client: AgentClient) -> Callable[[str], Awaitable[bytes | None]]:
+        async def read(path: str) -> bytes | None:
+            try:
+                # the first MiB only: the image (or root session code) may make the file as large as it likes
+                return (await client.read_chunk("/", path, 0, USER_FILE_LIMIT))[1]
+            except AgentError as e:
+                if e.code in ("ENOENT", "ENOTDIR"):
+                    return None
+                raise SandboxError(f"reading /{path} in session {self._id}: {e}") from None
+
+        return read
 
     async def _container_runs(self) -> bool:
         """False once the container is gone or stopped (its agent with it)."""
@@ -360,8 +371,10 @@ class ContainerSession(SandboxSession):
         async def look() -> str:
             client = await (self._site.open_agent_elsewhere or self._site.open_agent)(self._container)
             try:
-                files = WorkspaceFiles(lambda: _ready(client), self._site.workspace,
-                                       user=lambda: _ready(self._site.user_ids.get(self._container)))
+                known = self._known
+                ids = known.user_ids if known.users_read or not self._user else await resolve_user(
+                    self._user, self._image_file_reader(client))
+                files = WorkspaceFiles(lambda: _ready(client), self._site.workspace, user=lambda: _ready(ids))
                 return await files.resolve(path)
             finally:
                 await client.close()
@@ -416,8 +429,7 @@ class ContainerSession(SandboxSession):
             return
         self._destroyed = True
         self._site.commands.abandon(self._id)
-        self._site.user_ids.pop(self._container, None)
-        self._site.channels.pop(self._container, None)
+        self._site.containers.pop(self._container, None)
         with contextlib.suppress(Exception):
             await self._channel.close()
         await self._site.teardown(self, remove_workspace)
