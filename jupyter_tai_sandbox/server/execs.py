@@ -638,13 +638,16 @@ class LiveCommands:
 
     # ------------------------------------------- commands a session held for us
 
-    async def adopt(self, session: SandboxSession, *, take_over: str | None = None) -> None:
+    async def adopt(
+        self, session: SandboxSession, *, take_over: str | None = None, caller: Caller | None = None,
+    ) -> None:
         """Add the live commands a session holds (:attr:`SandboxSession.holds_commands`) that a previous
         server started (a restart) and nobody reads now: each under its own id, owner and deadline, its
         output resumed at the oldest byte the session holds, unwatched (the grace applies from now).
 
-        ``take_over``: that command's id is adopted even when another server reads it (a client asked for
-        it here): that server's clients are told it left (``detached``), and it runs on here.
+        ``take_over``: that command's id is adopted even when another server reads it (``caller``, its owner
+        or an admin, asked for it here): that server's clients are told it left (``detached``), and it runs
+        on here.
         """
         if not session.holds_commands:
             return
@@ -656,8 +659,13 @@ class LiveCommands:
                 return
             for command in held:
                 ticket = Ticket.from_label(command.label, session.id)
-                if ticket is None or ticket.id in self._commands or (command.attached and ticket.id != take_over):
+                if ticket is None or ticket.id in self._commands:
                     continue
+                if command.attached and not (
+                    ticket.id == take_over and caller is not None
+                    and (ticket.owner == caller.name or caller.manages_all)
+                ):
+                    continue  # another server reads it: only its owner (or an admin) may take it over
                 offsets = {stream: span[0] for stream, span in command.offsets.items() if stream in STREAMS}
                 try:
                     handle = await session.attach_command(command.id, offsets)
@@ -698,7 +706,7 @@ class LiveCommands:
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(self._adopted), ADOPT_WAIT_SECONDS)
             if session is not None and isinstance(command_id, str):
-                await self.adopt(session, take_over=command_id)
+                await self.adopt(session, take_over=command_id, caller=caller)
         return self.get(command_id, caller, session.id if session is not None else None)
 
     async def listed(self, session: SandboxSession, caller: Caller) -> list[dict[str, Any]]:

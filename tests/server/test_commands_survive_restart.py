@@ -14,6 +14,7 @@ import secrets
 
 import pytest
 
+from jupyter_tai_sandbox.contract import SandboxNotFoundError
 from tests.support import DEPLOYMENT
 from tests.support.live_server import LiveServer, sandbox_server, wait_for
 
@@ -286,3 +287,51 @@ def test_an_mcp_handle_is_polled_on_after_a_killed_server_from_its_next_offset(d
     _, text, answer = asyncio.run(poll(second, handle, offset, text, lambda _, a: not a["running"] and not a["more"]))
     assert answer["exit_code"] == 0, answer
     assert text == "".join(f"{i}\n" for i in range(1, 401)), "the poll skipped or repeated output across the restart"
+
+
+def test_only_a_commands_owner_or_an_admin_takes_it_over_from_the_server_that_reads_it():
+    """Two servers in one process (each its provider, so each its own agent connection) over one docker
+    session: bob, who may use the session but did not start the command, finds nothing, and the command
+    stays with the server that reads it; an admin takes it over."""
+    from jupyter_tai_sandbox.contract import ExecRequest, SessionSpec
+    from jupyter_tai_sandbox.gate import GatedSandbox
+    from jupyter_tai_sandbox.policy import SandboxPolicy
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+    from jupyter_tai_sandbox.server.execs import LiveCommandPolicy, LiveCommands
+    from jupyter_tai_sandbox.sessions import Caller
+    from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
+
+    docker_client().close()
+
+    async def main() -> None:
+        gate, other = (GatedSandbox(DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, pool_size=0),
+                                    SandboxPolicy()) for _ in range(2))
+        session = await gate.create(SessionSpec(consumer="restart-test", network="none"))
+        seen_there = await other.get(session.id)
+        first, second = LiveCommands(LiveCommandPolicy()), LiveCommands(LiveCommandPolicy())
+        try:
+            request = ExecRequest(("sleep", "60"), 60)
+            ticket = first.ticket("alice", session.id, request, "websocket")
+            command = first.add(await session.start(ticket.labelled(request)), ticket)
+            for caller in (Caller("bob"), Caller("bob", frozenset({"read"}))):
+                with pytest.raises(SandboxNotFoundError):
+                    await second.find(command.id, caller, seen_there)
+            assert command.running and not command.taken_over
+            [held] = [c for c in await session.held_commands() if c.label]
+            assert held.attached  # still read by the first registry
+            taken = await second.find(command.id, Caller("carol", frozenset({"read", "write"})), seen_there)
+            assert taken.running and taken.owner == "alice"
+            for _ in range(100):
+                if command.final is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert command.taken_over and command.final == {"type": "detached", "message": command.error["message"]}
+            await taken.kill()
+        finally:
+            await first.close()
+            await second.close()
+            await session.destroy()
+            await gate.close()
+            await other.close()
+
+    asyncio.run(main())
