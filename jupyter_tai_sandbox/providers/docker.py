@@ -83,6 +83,7 @@ from ._docker_networks import (
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
 from .container import ContainerSite
+from .container.command import in_background
 from .container.sandbox import (
     ContainerSandbox,
     how_to_get,
@@ -455,7 +456,12 @@ class DockerSandbox(ContainerSandbox):
         network = self.pool_network
         async with self._networks.hold(network):
             await self._ensure_network(network, "pool")
-            return await self._start_container(self._limited(SessionSpec()), name, labels, volume_labels, network)
+            container_id = await self._start_container(self._limited(SessionSpec()), name, labels, volume_labels, network)
+        if self.session_agent:
+            # its agent connection and environment are ready before a claim: the first command goes at once
+            with contextlib.suppress(SandboxError):
+                await self._agent_site.warm(container_id)
+        return container_id
 
     async def _claim_pooled(self, container_id: str, session_id: str, labels: Mapping[str, str], spec: SessionSpec) -> str | None:
         """Move a pooled container to the owner's egress network and make it the session's; its record,
@@ -465,7 +471,6 @@ class DockerSandbox(ContainerSandbox):
             try:
                 await self._ensure_network(network, "egress")
                 await self._engine.network_connect(container_id, network)
-                await self._engine.network_disconnect(container_id, self.pool_network)
             except SandboxError as e:
                 self._pool.discard(container_id)
                 with contextlib.suppress(SandboxError):
@@ -478,7 +483,20 @@ class DockerSandbox(ContainerSandbox):
             if record is None:
                 with contextlib.suppress(SandboxError):
                     await self._drop_network(network)
-            return record
+                return None
+        # off the holding network after the claim (a slow engine call the session need not wait for): it is
+        # internal, with no host address and no traffic between its containers, so meanwhile it reaches nothing
+        in_background(self._leave_pool_network(container_id))
+        return record
+
+    async def _leave_pool_network(self, container_id: str) -> None:
+        try:
+            await self._engine.network_disconnect(container_id, self.pool_network)
+        except SandboxNotFoundError:
+            pass  # the session already ended
+        except SandboxError as e:
+            self.log.warning("sandbox-docker: %s stays on the pool's network (it reaches nothing there): %s",
+                             container_id[:12], e)
 
     def _poolable(self, spec: SessionSpec) -> bool:
         """A spec a pooled container can serve: the default one (its limits in force), env aside."""

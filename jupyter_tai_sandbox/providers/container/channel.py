@@ -37,7 +37,8 @@ class AgentChannel:
         self._answer_within = answer_within
         #: whether the session's container still runs (asked by a client whose write waits: AgentClient.still_there)
         self._still_there = still_there
-        self._session_id = session_id
+        #: the session this channel serves, as its errors name it (a pooled container's is set at its claim)
+        self.session_id = session_id
         self._limit = limit
         self._client: AgentClient | None = None
         self._lock = asyncio.Lock()
@@ -58,7 +59,7 @@ class AgentChannel:
             return client
         async with self._lock:
             if self._closed:
-                raise SandboxNotFoundError(f"session {self._session_id} is gone")
+                raise SandboxNotFoundError(f"session {self.session_id} is gone")
             if self._client is not None and not self._client.lost:
                 return self._client
             old, self._client = self._client, None
@@ -70,10 +71,10 @@ class AgentChannel:
                 self._client.answer_within = self._answer_within
             except asyncio.TimeoutError:
                 raise SandboxError(
-                    f"the agent of session {self._session_id} did not answer within {self._limit:g} s"
+                    f"the agent of session {self.session_id} did not answer within {self._limit:g} s"
                 ) from None
             except AgentError as e:
-                raise SandboxError(f"the agent of session {self._session_id} cannot be reached: {e}") from None
+                raise SandboxError(f"the agent of session {self.session_id} cannot be reached: {e}") from None
             return self._client
 
     async def close(self) -> None:

@@ -112,17 +112,36 @@ class ContainerSite:
     #: what the site knows of each container its sessions use (see KnownContainer)
     containers: dict[str, KnownContainer] = field(default_factory=dict)
 
-    def known(self, container_id: str, make_channel: Callable[[], AgentChannel]) -> KnownContainer:
+    def known(self, container_id: str, session_id: str) -> KnownContainer:
         """The container's record, made on first use (its channel made again once closed)."""
         found = self.containers.get(container_id)
         if found is None:
             if len(self.containers) >= MAX_KNOWN_CONTAINERS:  # containers another server removed: forget the idle ones
                 for key in [k for k, c in self.containers.items() if c.channel.idle or c.channel.closed]:
                     del self.containers[key]
-            found = self.containers[container_id] = KnownContainer(make_channel())
+            found = self.containers[container_id] = KnownContainer(self._channel_to(container_id, session_id))
         elif found.channel.closed:
-            found.channel = make_channel()
+            found.channel = self._channel_to(container_id, session_id)
+        found.channel.session_id = session_id
         return found
+
+    def _channel_to(self, container_id: str, session_id: str) -> AgentChannel:
+        return AgentChannel(lambda: self.open_agent(container_id), session_id=session_id,
+                            still_there=lambda: container_runs(self, container_id), answer_within=self.answer_within)
+
+    async def warm(self, container_id: str) -> None:
+        """Open a container's agent connection and read its environment before any session is made in it (a
+        pooled container): its first command then goes at once."""
+        known = self.known(container_id, f"pooled {container_id[:12]}")
+        await known.channel.client()
+        if self.container_env is not None and known.env is None:
+            known.env = dict(await self.container_env(container_id))
+
+    def forget(self, container_id: str) -> None:
+        """The container is gone: close its channel."""
+        known = self.containers.pop(container_id, None)
+        if known is not None:
+            in_background(known.channel.close())
 
 
 @dataclass
@@ -134,6 +153,22 @@ class KnownContainer:
     #: the session user as (uid, gid), once read from the image (see users.resolve_user); None: root
     user_ids: tuple[int, int] | None = None
     users_read: bool = False
+    #: the container's own environment, once read
+    env: dict[str, str] | None = None
+
+
+async def container_runs(site: ContainerSite, container_id: str) -> bool:
+    """False once the container is gone or stopped (its agent with it)."""
+    try:
+        record = await site.inspect(container_id)
+    except SandboxNotFoundError:
+        return False
+    except SandboxUnavailableError:
+        raise  # the engine carrying the agent's stream does not answer: the call fails, bounded
+    except SandboxError:
+        return True  # no sign the agent is gone
+    state = record.get("State") if isinstance(record, dict) else None
+    return not isinstance(state, dict) or bool(state.get("Running", True))
 
 
 class ContainerSession(SandboxSession):
@@ -163,9 +198,7 @@ class ContainerSession(SandboxSession):
         #: every command's base environment (the container's own: the agent passes none of its own on);
         #: None until read from the container
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
-        self._known = site.known(container_id, lambda: AgentChannel(
-            lambda: site.open_agent(container_id), session_id=session_id, still_there=self._container_runs,
-            answer_within=site.answer_within))
+        self._known = site.known(container_id, session_id)
         self._channel = self._known.channel
         self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds,
                                     user=self.user_ids)
@@ -205,7 +238,10 @@ class ContainerSession(SandboxSession):
 
     async def _command_env(self) -> dict[str, str]:
         if self._env is None:
-            found = await self._site.container_env(self._container) if self._site.container_env else {}
+            found = self._known.env
+            if found is None:
+                found = dict(await self._site.container_env(self._container)) if self._site.container_env else {}
+                self._known.env = found
             self._env = self._base_env(found)
         return self._env
 
@@ -230,19 +266,6 @@ class ContainerSession(SandboxSession):
                 raise SandboxError(f"reading /{path} in session {self._id}: {e}") from None
 
         return read
-
-    async def _container_runs(self) -> bool:
-        """False once the container is gone or stopped (its agent with it)."""
-        try:
-            record = await self._site.inspect(self._container)
-        except SandboxNotFoundError:
-            return False
-        except SandboxUnavailableError:
-            raise  # the engine carrying the agent's stream does not answer: the call fails, bounded
-        except SandboxError:
-            return True  # no sign the agent is gone
-        state = record.get("State") if isinstance(record, dict) else None
-        return not isinstance(state, dict) or bool(state.get("Running", True))
 
     async def _client(self) -> AgentClient:
         self._check_live()
