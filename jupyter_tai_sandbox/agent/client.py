@@ -554,6 +554,9 @@ class AgentClient:
             raise AgentError("ESRCH", f"no command {id_}", "attach")
         cmd = AgentCommand(self, id_, pty=info["pty"], window=window, offsets=(stdout, stderr),
                            tcp=info["argv"][0] == "tcp" and info["pid"] == 0)
+        previous = self._commands.get(id_)
+        if previous is not None:  # this connection reads it already: that reader is told, as another connection's
+            previous._fail(AgentError("EBUSY", "another attach took this command", "attach"))
         self._commands[id_] = cmd
         try:
             reply = await self._call("attach", id_, p.encode_json(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .base import SuiteBase
 from .deadlines import DeadlineChecks, StopChecks
 from .execution import ExecChecks
+from .held import HeldCommandChecks
 from .scale import ScaleChecks
 from .sessions import LifecycleChecks, WorkspaceChecks
 from .terminals import PtyChecks
@@ -25,6 +26,7 @@ class ConformanceSuite(
     PtyChecks,
     StopChecks,
     ScaleChecks,
+    HeldCommandChecks,
 ):
     """The checks, run one after another; each failure is recorded, not raised."""
 

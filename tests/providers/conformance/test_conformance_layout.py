@@ -47,6 +47,7 @@ CHECKS_BEFORE_THE_SPLIT = [
     "unread_command_stalls_no_other",  # added with the session agent (issue 27)
     "absent_program_is_a_typed_error",
     "cut_upload_leaves_nothing_partial",
+    "held_commands_are_listed_and_resumed_exactly",  # commands that outlive their server (issue 27)
 ]
 
 #: Every public name the single module had (what tests, benchmarks, testing.py and the README use).
