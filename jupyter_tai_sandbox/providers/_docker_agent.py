@@ -26,16 +26,22 @@ from typing import Any
 
 from ..agent import AgentClient, agent_binary
 from ..agent.client import AGENT_DIR, AGENT_PATH
-from ..agent.transport import open_docker_api
+from ..agent.transport import open_docker_api, open_docker_streams
 from ..contract import SandboxError
 from ._docker_names import LABEL, WORKSPACE
 from ._docker_session import USAGE_DU_SECONDS, container_usage
-from .container import ContainerSession
+from ._docker_stream import start_exec
+from .container import CommandRegistry, ContainerSession, ContainerSite
 from .docker_engine import DockerEngine
 
 #: on an agent volume: the agent build it holds (the first 12 hex digits of its tar's sha256)
 LABEL_AGENT_BUILD = f"{LABEL}.agent-build"
 AGENT_VOLUME_PREFIX = "tai-agent-"
+
+
+#: what the agent of a session with a user needs beyond a session's capabilities (to become the user for each
+#: command and to signal its processes; a command loses them all as it becomes a user other than root)
+AGENT_USER_CAPABILITIES = ("SETUID", "SETGID", "KILL")
 
 
 @functools.lru_cache(maxsize=4)
@@ -107,11 +113,51 @@ class AgentVolumes:
                     await self._engine.remove_volume(volume["Name"])
 
 
+def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *, answer_within: float) -> ContainerSite:
+    """The container site of ``provider``'s agent sessions on ``engine`` (docker's one engine, a swarm node's)."""
+
+    async def container_env(container_id: str) -> dict[str, str]:
+        """The container's environment (its image's and the create's), every agent command's base."""
+        attrs = await engine.inspect_container(container_id, what="inspect a session")
+        return dict(item.split("=", 1) for item in attrs["Config"].get("Env") or () if "=" in item)
+
+    return ContainerSite(
+        kind=provider.kind,
+        isolation=provider.max_isolation,
+        open_agent=engine.open_agent,
+        inspect=lambda container_id: engine.inspect_container(container_id, what="inspect a session"),
+        teardown=provider._teardown,
+        log=provider.log,
+        memory_limit=provider.output_memory_limit,
+        commands=commands,
+        retime=provider._retime,
+        workspace=WORKSPACE,
+        container_env=container_env,
+        open_agent_elsewhere=open_agent_on_any_loop(engine),
+        transfer_idle_seconds=provider.transfer_idle_seconds,
+        answer_within=answer_within,
+    )
+
+
 def open_agent_on_any_loop(engine: DockerEngine):
-    """An opener for a loop other than the server's (a synchronous resolve): the SDK in a thread."""
+    """An opener for a loop other than the server's (a synchronous resolve): the exec made by the SDK in a
+    thread, its stream opened on the calling loop (the engine's address is no loop's; over TLS too, where
+    the SDK's own hijacked socket is an SSL socket asyncio cannot take)."""
 
     async def open_(container_id: str) -> AgentClient:
-        return await open_docker_api(engine.api, container_id)
+        address = engine.address
+        if address is None:  # the engine never connected: the SDK's socket (a unix or plain tcp engine)
+            return await open_docker_api(engine.api, container_id)
+        api = engine.api
+        exec_id = (await asyncio.to_thread(
+            api.exec_create, container_id, [AGENT_PATH, "connect"], stdin=True, stdout=True, stderr=True, tty=False,
+        ))["Id"]
+        reader, writer = await start_exec(address, str(api._version), exec_id, False)
+        try:
+            return await open_docker_streams(reader, writer)
+        except BaseException:
+            writer.close()
+            raise
 
     return open_
 

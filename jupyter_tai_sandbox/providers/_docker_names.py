@@ -22,6 +22,10 @@ WORKSPACE = "/workspace"
 LABEL = "jupyter-tai-sandbox"
 #: on a session container (or a pooled session's record volume): the session id
 LABEL_SESSION = f"{LABEL}.session"
+#: on a container (or service) whose session runs on the session agent
+LABEL_AGENT = f"{LABEL}.agent"
+#: on an agent session: the user its commands and file operations run as (``user``, else the image's USER)
+LABEL_USER = f"{LABEL}.user"
 LABEL_CONSUMER = f"{LABEL}.consumer"
 #: the principal a session, or a persistent workspace volume, belongs to
 LABEL_OWNER = f"{LABEL}.owner"

@@ -9,6 +9,7 @@ that runs the task; the session also knows its service and node. The
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -20,9 +21,11 @@ from ..contract import (
     SessionInfo,
     SessionSpec,
 )
+from ._docker_agent import AgentVolumes, DockerAgentSession
 from ._docker_names import LABEL, Deployment
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
 from ._swarm_engine import SwarmEngine, TlsMaterial
+from .container import ContainerSite
 
 #: on a service: the swarm provider made it; on a workspace record: the node that holds the volume
 LABEL_NODE = f"{LABEL}.node"
@@ -51,7 +54,8 @@ class Placement:
 
 
 class NodeEngines:
-    """One engine (and session site) per node address, made on first use; closed together."""
+    """One engine per node address, with its session sites (the sh wrappers' and the agent's) and its agent
+    volumes, made on first use; closed together."""
 
     def __init__(
         self,
@@ -59,26 +63,56 @@ class NodeEngines:
         tls: TlsMaterial | None,
         timeout: float,
         site: Callable[[SwarmEngine], SessionSite],
+        agent_site: Callable[[SwarmEngine], ContainerSite],
         scope: Mapping[str, str],
     ) -> None:
         self._tls = tls
         self._scope = dict(scope)
         self._timeout = timeout
         self._make_site = site
+        self._make_agent_site = agent_site
+        self._engines: dict[str, SwarmEngine] = {}
         self._sites: dict[str, SessionSite] = {}
+        self._agent_sites: dict[str, ContainerSite] = {}
+        self._agent_volumes: dict[str, AgentVolumes] = {}
+
+    async def engine(self, address: str) -> SwarmEngine:
+        engine = self._engines.get(address)
+        if engine is None:
+            engine = self._engines[address] = SwarmEngine(
+                address, tls=self._tls, timeout=self._timeout, scope=self._scope)
+        await engine.connect()
+        return engine
 
     async def site(self, address: str) -> SessionSite:
+        engine = await self.engine(address)
         site = self._sites.get(address)
         if site is None:
-            engine = SwarmEngine(address, tls=self._tls, timeout=self._timeout, scope=self._scope)
             site = self._sites[address] = self._make_site(engine)
-        await site.engine.connect()
         return site
 
+    async def agent_site(self, address: str) -> ContainerSite:
+        engine = await self.engine(address)
+        site = self._agent_sites.get(address)
+        if site is None:
+            site = self._agent_sites[address] = self._make_agent_site(engine)
+        return site
+
+    async def agent_volume(self, address: str, arch: str, image: str) -> str:
+        """The node's agent volume for ``arch``, filled (through a container of ``image``) on first use."""
+        engine = await self.engine(address)
+        volumes = self._agent_volumes.setdefault(address, AgentVolumes(engine))
+        return await volumes.volume_for(arch, image)
+
     async def close(self) -> None:
-        sites, self._sites = list(self._sites.values()), {}
-        for site in sites:
-            await site.engine.close()
+        agent_sites, self._agent_sites = list(self._agent_sites.values()), {}
+        for site in agent_sites:
+            channels = [known.channel for known in site.containers.values()]
+            site.containers.clear()
+            await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+        engines, self._engines, self._sites = list(self._engines.values()), {}, {}
+        for engine in engines:
+            await engine.close()
 
 
 class SwarmSession(DockerSession):
@@ -121,6 +155,35 @@ class SwarmSession(DockerSession):
         return self._info()
 
 
+class SwarmAgentSession(DockerAgentSession):
+    """One session on its agent: a service, its task's container, and the node engine that runs it."""
+
+    def __init__(self, *args: Any, service_id: str, placement: Placement, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.service_id = service_id
+        self.placement = placement
+
+    @property
+    def node_id(self) -> str:
+        return self.placement.node_id
+
+    @property
+    def engine(self) -> SwarmEngine:
+        return self._engine  # type: ignore[return-value]
+
+    async def info(self) -> SessionInfo:
+        self._check_live()
+        try:
+            await self._engine.inspect_container(self.container_id, what="inspect a session")
+        except SandboxNotFoundError:
+            raise SandboxNotFoundError(f"no swarm sandbox session {self.id!r} (its container is gone)") from None
+        except SandboxUnavailableError as e:
+            raise SandboxUnavailableError(
+                f"session {self.id} runs on node {self.placement.hostname}, whose engine cannot be reached: {e}"
+            ) from None
+        return self._info()
+
+
 def placement_of(task: dict[str, Any], node: dict[str, Any] | None, engine_label: str) -> Placement:
     status = task.get("Status") or {}
     container = (status.get("ContainerStatus") or {}).get("ContainerID") or None
@@ -146,6 +209,7 @@ __all__ = [
     "CommandRegistry",
     "NodeEngines",
     "Placement",
+    "SwarmAgentSession",
     "SwarmSession",
     "placement_of",
     "record_name",

@@ -40,16 +40,18 @@ from ..contract import (
 )
 from ._common import new_session_id
 from ._docker_agent import (
+    AGENT_USER_CAPABILITIES,
     AgentVolumes,
     DockerAgentSession,
+    agent_site,
     is_missing_agent,
-    open_agent_on_any_loop,
     with_agent,
 )
 from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
 from ._docker_disk import scratch_tmpfs, workspace_driver
 from ._docker_names import (
     LABEL,
+    LABEL_AGENT,
     LABEL_CONSUMER,
     LABEL_CREATED,
     LABEL_DEPLOYMENT,
@@ -61,6 +63,7 @@ from ._docker_names import (
     LABEL_SESSION,
     LABEL_SPEC,
     LABEL_TTL,
+    LABEL_USER,
     LABEL_WORKSPACE,
     POOLED_ENV_FILE,
     RECORD_PREFIX,
@@ -82,7 +85,6 @@ from ._docker_networks import (
 )
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import CommandRegistry, DockerSession, SessionSite
-from .container import ContainerSite
 from .container.command import in_background
 from .container.sandbox import (
     ContainerSandbox,
@@ -124,12 +126,6 @@ __all__ = [
 
 #: a TTL record whose session is not found is removed by a reap once it is this old
 STRAY_TTL_GRACE_SECONDS = 60.0
-#: on a container whose session runs on the session agent
-LABEL_AGENT = f"{LABEL}.agent"
-#: on an agent session: the user its commands and file operations run as (``user``, else the image's USER)
-LABEL_USER = f"{LABEL}.user"
-#: what the agent of a session with a user needs beyond a session's capabilities
-AGENT_USER_CAPABILITIES = ("SETUID", "SETGID", "KILL")
 
 
 def _expiries(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -309,23 +305,7 @@ class DockerSandbox(ContainerSandbox):
             transfer_idle_seconds=self.transfer_idle_seconds,
             retime=self._retime,
         )
-        engine = self._engine
-        self._agent_site = ContainerSite(
-            kind=self.kind,
-            isolation=self.max_isolation,
-            open_agent=engine.open_agent,
-            inspect=lambda container_id: engine.inspect_container(container_id, what="inspect a session"),
-            teardown=self._teardown,  # type: ignore[arg-type]
-            log=self.log,
-            memory_limit=self.output_memory_limit,
-            commands=CommandRegistry(),
-            retime=self._retime,  # type: ignore[arg-type]
-            workspace=WORKSPACE,
-            container_env=self._container_env,
-            open_agent_elsewhere=open_agent_on_any_loop(engine),
-            transfer_idle_seconds=self.transfer_idle_seconds,
-            answer_within=self.engine_timeout_seconds,
-        )
+        self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds)
         #: the engine's architecture (which agent binary its containers run), once asked
         self._arch: str | None = None
         self._agent_volumes = AgentVolumes(self._engine)
@@ -658,11 +638,6 @@ class DockerSandbox(ContainerSandbox):
         known = None if env is None else dict(item.split("=", 1) for item in env if "=" in item)
         return DockerAgentSession(self._agent_site, container_id, session_id, spec, created, expires,
                                   env=known, engine=self._engine, record=record, extra_env=exec_env, user=user)
-
-    async def _container_env(self, container_id: str) -> dict[str, str]:
-        """The container's environment (its image's and the create's), every agent command's base."""
-        attrs = await self._engine.inspect_container(container_id, what="inspect a session")
-        return dict(item.split("=", 1) for item in attrs["Config"].get("Env") or () if "=" in item)
 
     def _session_from(
         self,

@@ -662,6 +662,12 @@ class DockerEngine:
             start_exec(self._address, str(self._api._version), exec_id, tty), self.timeout, "start a command"
         )
 
+    @property
+    def address(self) -> EngineAddress | None:
+        """Where the engine's exec streams are opened (no event loop's: any loop may use it); None until
+        connected."""
+        return self._address
+
     async def open_agent(self, container_id: str) -> AgentClient:
         """A new connection to the container's session agent: one exec of its ``connect`` relay."""
         exec_id = await self.exec_create(container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False)

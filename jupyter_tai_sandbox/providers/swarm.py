@@ -2,9 +2,10 @@
 
 The swarm manager schedules; the provider never picks a node itself (but for a
 persistent workspace, which pins its session to the node holding its volume).
-Commands and files go to the engine of the node that runs the task, through
-the docker provider's own session and command classes, so every guarantee of
-sandbox-docker holds unchanged.
+Commands and files go to the session agent of the task's container, over the
+engine of the node that runs it, through the container base's session and
+command classes (or, with ``session_agent=False``, the docker provider's sh
+wrappers), so every guarantee of sandbox-docker holds unchanged.
 
 ``_swarm_engine``   :class:`SwarmEngine`: a DockerEngine with TLS exec streams and the manager's API
 ``_swarm_session``  :class:`SwarmSession`, the node engines, where a task runs
@@ -22,6 +23,7 @@ from typing import Any
 
 from traitlets import Bool, Float, List, TraitError, Unicode
 
+from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..contract import (
     SandboxConflictError,
     SandboxError,
@@ -33,18 +35,22 @@ from ..contract import (
     SessionSpec,
 )
 from ._common import new_session_id
+from ._docker_agent import AGENT_USER_CAPABILITIES, agent_site
 from ._docker_disk import SCRATCH
 from ._docker_names import (
+    LABEL_AGENT,
     LABEL_CREATED,
     LABEL_EXPIRES,
     LABEL_NETWORK,
     LABEL_OWNER,
     LABEL_SESSION,
+    LABEL_USER,
     LABEL_WORKSPACE,
     WORKSPACE,
     is_session_id,
     session_labels,
 )
+from ._docker_networks import capacity_error, check_pool, free_subnet, taken_subnets
 from ._docker_session import CommandRegistry, SessionSite
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from ._swarm_session import (
@@ -52,12 +58,13 @@ from ._swarm_session import (
     STARTING_STATES,
     NodeEngines,
     Placement,
+    SwarmAgentSession,
     SwarmSession,
     placement_of,
     record_name,
 )
+from .container import ContainerSite
 from .container.sandbox import ContainerSandbox, spec_from_labels
-from .docker import DockerSandbox
 from .docker_engine import EngineRefusedError, docker_sdk
 
 __all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
@@ -70,12 +77,14 @@ def _reject(message: str) -> SandboxSpecRejectedError:
     return SandboxSpecRejectedError(message)
 
 
-class SwarmSandbox(DockerSandbox):
+class SwarmSandbox(ContainerSandbox):
     """sandbox-swarm: each session is a one-replica Docker Swarm service, its commands run on its node.
 
     **Sessions.** A session is a service ``tai-<session id>`` (one replica,
     restart condition ``none``, endpoint mode ``dnsrr``) whose task runs the
-    session image under the engine's init over a long ``sleep``, with the
+    session agent as PID 1 from the read-only agent volume (filled on every
+    ready node first; with ``session_agent=False``, the engine's init over a
+    long ``sleep``), with the
     docker provider's labels on the service and its container. The manager
     (``base_url``) places it: ``constraints`` and ``spread`` preferences,
     resource limits from the spec (or ``default_cpu``/``default_memory_mb``,
@@ -85,8 +94,9 @@ class SwarmSandbox(DockerSandbox):
     **Exec and files** go to the engine of the task's node, its address taken
     from the node label ``engine_label`` (``unix://`` or ``tcp://``; TLS with
     ``tls_ca``/``tls_cert``/``tls_key``, the same material as the manager),
-    with the docker provider's session and command code: the wrapper-held
-    process group, the 5 s kill, deadlines, the spool, confined file transfer.
+    through the session's agent (or the docker provider's sh wrappers): the
+    held process group, the 5 s kill, deadlines, the spool, confined file transfer,
+    commands that outlive the server, kernels' ports dialled inside.
 
     **Networks.** ``egress``: the node's default bridge. ``internal``: an
     internal, attachable overlay network per owner (``internal_network`` plus
@@ -171,23 +181,25 @@ class SwarmSandbox(DockerSandbox):
     ).tag(config=True)
 
     session_agent = Bool(
-        False,
-        help="""Swarm sessions run their commands under the sh wrappers; the session agent is not on swarm yet
-        (True is refused).""",
+        True,
+        help="""Run each session's commands, file transfers and path look-ups through the session agent, as
+        DockerSandbox.session_agent does: the provider fills the read-only agent volume on every node (one per
+        node, architecture and agent build) before a session's task can land there. False: the sh wrappers.""",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
-        # the container base's traits and policy, not DockerSandbox's single engine or warm pool
-        ContainerSandbox.__init__(self, **kwargs)
-        if self.session_agent:
-            raise TraitError(f"{type(self).__name__}.session_agent=True: the session agent is not on swarm yet")
+        super().__init__(**kwargs)
+        try:
+            check_pool(self.network_pool, self.network_prefix)
+        except ValueError as e:
+            raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user
         self._commands = CommandRegistry()
-        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for, scope=self.scope.labels)
-        if self.pool_size:
-            self.log.warning("sandbox-swarm: pool_size is ignored (no warm pool on a swarm)")
+        self._agent_commands = CommandRegistry()
+        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for,
+                                  agent_site=self._agent_site_for, scope=self.scope.labels)
 
     @property
     def manager(self) -> SwarmEngine:
@@ -206,14 +218,65 @@ class SwarmSandbox(DockerSandbox):
             retime=self._retime,  # type: ignore[arg-type]
         )
 
+    def _agent_site_for(self, engine: SwarmEngine) -> ContainerSite:
+        engine.share.per_principal = self.engine_threads_per_user
+        return agent_site(self, engine, self._agent_commands, answer_within=self.node_timeout)
+
     async def _connect(self) -> None:
         await self._engine.connect()
+
+    def _pick_subnet(self, networks: list[dict[str, Any]]) -> str:
+        """A free subnet of network_pool, given every network on the swarm; SandboxCapacityError when none."""
+        found = free_subnet(self.network_pool, self.network_prefix, taken_subnets(networks))
+        if found is None:
+            raise capacity_error(type(self).__name__, self.network_pool, self.network_prefix)
+        return found
+
+    # ------------------------------------------------------------ the agent
+
+    async def _agent_volume(self, image: str) -> tuple[str, str]:
+        """``(volume, arch)``: the agent volume filled on every ready node that names its engine (a task may
+        land on any of them). A swarm of several architectures runs sessions on the manager's (the first
+        node listed that answers)'s, pinned by a constraint."""
+        by_arch: dict[str, list[str]] = {}
+        for node in await self.manager.nodes():
+            address = ((node.get("Spec") or {}).get("Labels") or {}).get(self.engine_label)
+            if not address or (node.get("Status") or {}).get("State") != "ready":
+                continue
+            arch = str(((node.get("Description") or {}).get("Platform") or {}).get("Architecture") or "x86_64")
+            by_arch.setdefault(arch, []).append(address)
+        if not by_arch:
+            raise SandboxUnavailableError(
+                f"no ready swarm node names its engine ({self.engine_label} label): no session can run"
+            )
+        arch = next(iter(by_arch))
+        names = set()
+        for address in by_arch[arch]:
+            try:
+                names.add(await self._nodes.agent_volume(address, arch, image))
+            except SandboxUnavailableError as e:  # that node's engine does not answer: its tasks fail loudly
+                self.log.warning("sandbox-swarm: the agent volume could not be filled on %s: %s", address, e)
+        if not names:
+            raise SandboxUnavailableError("the agent volume could not be filled on any swarm node")
+        return names.pop(), arch
+
+    async def _session_user(self, image: str) -> str:
+        """Who an agent session's commands run as: ``user``, else the image's USER as the manager's engine
+        knows it ('' = root)."""
+        if self.user:
+            return self.user
+        try:
+            return await self.manager.image_user(image)
+        except SandboxError:
+            return ""  # the manager does not hold the image: its USER is read in the session at the create
 
     # ------------------------------------------------------------ services
 
     def _task_template(
-        self, spec: SessionSpec, labels: Mapping[str, str], network: str | None, pin: str | None
+        self, spec: SessionSpec, labels: Mapping[str, str], network: str | None, pin: str | None,
+        agent: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
+        """The service's task; with ``agent`` (its volume and architecture) it runs the agent as PID 1."""
         types = docker_sdk().types
         session_id = labels[LABEL_SESSION]
         ceiling = self.disk_limit_mb if self.disk_limit_mb > 0 else None
@@ -233,18 +296,25 @@ class SwarmSandbox(DockerSandbox):
             size = ceiling << 20 if ceiling else None
             mounts.append(types.Mount(SCRATCH, None, type="tmpfs", tmpfs_mode=0o1777, tmpfs_size=size))
         env = {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env}
+        command, user, init, cap_add = ["sleep", "2147483647"], self.user or None, True, list(self.cap_add)
+        if agent is not None:
+            volume, _ = agent
+            mounts.append(types.Mount(AGENT_DIR, volume, type="volume", read_only=True))
+            command, user, init = [AGENT_PATH, "serve"], "0:0", False
+            if labels.get(LABEL_USER):  # the agent becomes the session user for each command (see DockerSandbox)
+                cap_add = sorted({*cap_add, *AGENT_USER_CAPABILITIES})
         container = types.ContainerSpec(
             self._image_of(spec),
-            command=["sleep", "2147483647"],
+            command=command,
             env=[f"{k}={v}" for k, v in env.items()],
             workdir=WORKSPACE,
-            user=self.user or None,
+            user=user,
             labels=dict(labels),
             mounts=mounts,
-            init=True,
+            init=init,
             read_only=read_only or None,
             cap_drop=list(self.cap_drop) or None,
-            cap_add=list(self.cap_add) or None,
+            cap_add=cap_add or None,
         )
         fraction = min(max(self.reserve_fraction, 0.0), 1.0)
         resources = types.Resources(
@@ -256,6 +326,8 @@ class SwarmSandbox(DockerSandbox):
         if self.pids_limit > 0:
             resources.setdefault("Limits", {})["Pids"] = self.pids_limit
         constraints = [*self.constraints, *([f"node.id=={pin}"] if pin else [])]
+        if agent is not None:
+            constraints.append(f"node.platform.arch=={agent[1]}")
         placement = types.Placement(
             constraints=constraints or None,
             preferences=[("spread", label) for label in self.spread] or None,
@@ -366,18 +438,32 @@ class SwarmSandbox(DockerSandbox):
         await self._connect()
         for _ in range(3):
             session = await self._create(spec, image)
+            if isinstance(session, SwarmAgentSession):
+                try:
+                    await session.user_ids()  # an image that does not know the user fails the create
+                except BaseException:
+                    with contextlib.suppress(SandboxError):
+                        await session.destroy()
+                    raise
             if session is not None:
                 return session
         raise SandboxConflictError(f"workspace {spec.workspace_key!r} is being made by another session meanwhile")
 
-    async def _create(self, spec: SessionSpec, image: str) -> SwarmSession | None:
+    async def _create(self, spec: SessionSpec, image: str) -> SwarmSession | SwarmAgentSession | None:
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
+        agent = None
+        if self.session_agent:
+            agent = await self._agent_volume(image)
+            labels[LABEL_AGENT] = "1"
+            user = await self._session_user(image)
+            if user:
+                labels[LABEL_USER] = user
         pin = await self._pin(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
-        template = self._task_template(spec, labels, network, pin)
+        template = self._task_template(spec, labels, network, pin, agent)
         if network is not None:
             async with self._networks.hold(network):
                 await self.manager.ensure_overlay(
@@ -386,17 +472,13 @@ class SwarmSandbox(DockerSandbox):
                 service_id = await self._create_service(template, session_id, labels, network)
         else:
             service_id = await self._create_service(template, session_id, labels, None)
-        session: SwarmSession | None = None
+        session: SwarmSession | SwarmAgentSession | None = None
         try:
             task = await self._wait_running(service_id, image)
             placement = await self._placement(task)
-            site = await self._site(placement)
-            session = SwarmSession(
-                site, str(placement.container_id), session_id, spec, now, expires,
-                service_id=service_id, placement=placement,
-            )
+            session = await self._session_on(placement, session_id, spec, now, expires, service_id, labels)
             if spec.network == "none":
-                await site.engine.network_disconnect(session.container_id, "bridge")
+                await session.engine.network_disconnect(session.container_id, "bridge")
             if spec.durability == "persistent" and pin is None and not await self._keep_record(spec, placement.node_id):
                 await self._teardown(session, False)
                 return None  # another session put this new workspace on another node first: go there
@@ -440,10 +522,24 @@ class SwarmSandbox(DockerSandbox):
             raise SandboxNotFoundError(
                 f"session {session_id} ended: its task is {placement.task_state} ({placement.task_error or 'no error'})"
             )
-        site = await self._site(placement)  # a node down or gone raises
-        return SwarmSession(
-            site, str(placement.container_id), session_id, spec, created, expires,
-            service_id=service["ID"], placement=placement,
+        labels = (service.get("Spec") or {}).get("Labels") or {}
+        # a node down or gone raises
+        return await self._session_on(placement, session_id, spec, created, expires, service["ID"], labels)
+
+    async def _session_on(
+        self, placement: Placement, session_id: str, spec: SessionSpec, created: float, expires: float,
+        service_id: str, labels: Mapping[str, str],
+    ) -> SwarmSession | SwarmAgentSession:
+        """The session of a running task, on its node's engine: on its agent, or under the sh wrappers."""
+        site = await self._site(placement)
+        if labels.get(LABEL_AGENT) != "1":
+            return SwarmSession(site, str(placement.container_id), session_id, spec, created, expires,
+                                service_id=service_id, placement=placement)
+        assert placement.address is not None  # _site checked it
+        return SwarmAgentSession(
+            await self._nodes.agent_site(placement.address), str(placement.container_id), session_id, spec,
+            created, expires, engine=site.engine, user=labels.get(LABEL_USER, ""), service_id=service_id,
+            placement=placement,
         )
 
     async def get(self, session_id: str) -> SandboxSession:
@@ -497,6 +593,7 @@ class SwarmSandbox(DockerSandbox):
                 # its node is down or its task is gone: remove what the manager holds
                 await self._remove(service["ID"], None, self._network_of(spec))
                 self._commands.abandon(session_id)
+                self._agent_commands.abandon(session_id)
             else:
                 try:
                     await session.destroy(remove_workspace=False)
@@ -515,7 +612,9 @@ class SwarmSandbox(DockerSandbox):
                 async with self._networks.hold(network["Name"]):
                     await self.manager.drop_overlay(network["Name"])
 
-    async def _remove(self, service_id: str, session: SwarmSession | None, network: str | None) -> None:
+    async def _remove(
+        self, service_id: str, session: SwarmSession | SwarmAgentSession | None, network: str | None,
+    ) -> None:
         """Remove a service, its container now when its node answers (its agent would, later), and the
         owner's overlay network when it was the last to use it."""
         await self.manager.remove_service(service_id)
@@ -544,12 +643,17 @@ class SwarmSandbox(DockerSandbox):
                 return True
         return False
 
-    async def _retime(self, session: SwarmSession, expires_at: float) -> None:  # type: ignore[override]
+    async def _retime(  # type: ignore[override]
+        self, session: SwarmSession | SwarmAgentSession, expires_at: float,
+    ) -> None:
         """A service's labels can change (its task keeps running): the new end goes in its expires label."""
         await self.manager.set_service_labels(session.service_id, {LABEL_EXPIRES: repr(float(expires_at))})
 
-    async def _teardown(self, session: SwarmSession, remove_workspace: bool) -> None:  # type: ignore[override]
+    async def _teardown(  # type: ignore[override]
+        self, session: SwarmSession | SwarmAgentSession, remove_workspace: bool,
+    ) -> None:
         self._commands.abandon(session.id)
+        self._agent_commands.abandon(session.id)
         spec = session.spec
         await self._remove(session.service_id, session, self._network_of(spec))
         if remove_workspace and spec.durability == "persistent":
@@ -567,6 +671,7 @@ class SwarmSandbox(DockerSandbox):
         self.log.debug("sandbox-swarm: destroyed %s", session.id)
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.kill() for c in self._commands.all()), return_exceptions=True)
+        commands = [*self._commands.all(), *self._agent_commands.all()]
+        await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
         await self._nodes.close()
         await self._engine.close()

@@ -71,12 +71,6 @@ class TestSwarmConformance(SandboxConformance):
     def make_sandbox(self, tmp_path):
         return swarm_sandbox()
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "swarm starts commands under docker's sh wrapper: an absent program is the shell's exit 127 there "
-        "(tests/providers/conformance/test_conformance_docker.py)"))
-    def test_absent_program_is_a_typed_error(self, sandbox, tmp_path):
-        self.run_conformance_check("absent_program_is_a_typed_error", sandbox, tmp_path)
-
 
 def test_host_networking_untouched():
     """The swarm's docker_gwbridge, bridges and iptables rules live in the engines' namespaces only."""
@@ -145,6 +139,29 @@ def test_unix_engines_and_resources():
                 assert resources["Limits"]["NanoCPUs"] == 500_000_000
                 assert resources["Limits"]["Pids"] == 1024
                 assert resources["Reservations"]["MemoryBytes"] == 32 << 20
+            finally:
+                await session.destroy()
+        finally:
+            await sandbox.close()
+
+    run(main())
+
+
+def test_the_sh_wrappers_still_serve_a_swarm_without_the_agent():
+    """session_agent=False: the task runs the engine's init over sleep, and commands go through the wrappers."""
+
+    async def main():
+        sandbox = swarm_sandbox(session_agent=False)
+        try:
+            session = await sandbox.create(SessionSpec(network="none"))
+            try:
+                assert not session.holds_commands
+                result = await session.exec(["sh", "-c", "echo $((6 * 7)); cat /proc/1/cmdline | tr '\\0' ' '"],
+                                            timeout_seconds=30)
+                assert result.exit_code == 0 and result.stdout.split()[0] == b"42", result
+                assert b"/.tai/agent" not in result.stdout  # no agent in the container
+                await session.put_file("x.txt", b"hello")
+                assert await session.get_file("x.txt") == b"hello"
             finally:
                 await session.destroy()
         finally:
