@@ -34,13 +34,8 @@ class HeldCommandChecks(SuiteBase):
             return
         label = f'{{"check": "{self.tag}"}}'
         first = await session.start(ExecRequest(("sh", "-c", _SCRIPT), self.t(120), label=label))
-        got: dict[str, bytes] = {"stdout": b"", "stderr": b""}
         items = aiter(first.output)
-        async with asyncio.timeout(self.t(30)):
-            while got != {"stdout": b"a", "stderr": b"B"}:
-                item = await anext(items)
-                if isinstance(item, OutputChunk):
-                    got[item.stream] += item.data
+        await self._read_until(items, {"stdout": b"a", "stderr": b"B"}, "the first reader")
         [held] = [c for c in await session.held_commands() if c.label == label]
         expect(held.running and held.attached and not held.pty, f"the held command is listed as {held}")
         expect(held.offsets.get("stdout") == (0, 1) and held.offsets.get("stderr") == (0, 1),
@@ -58,15 +53,8 @@ class HeldCommandChecks(SuiteBase):
                 else:
                     raise CheckFailed("the first reader's output ended without saying another reader took over")
             await second.write(b"go\n")
-            resumed = {"stdout": b"", "stderr": b""}
             again = aiter(second.output)
-            async with asyncio.timeout(self.t(30)):
-                while resumed != {"stdout": b"c", "stderr": b"B"}:
-                    item = await anext(again)
-                    if isinstance(item, OutputChunk):
-                        resumed[item.stream] += item.data
-                    else:
-                        raise CheckFailed(f"the resumed command ended early ({item}) after {resumed}")
+            await self._read_until(again, {"stdout": b"c", "stderr": b"B"}, "the resumed command")
             await first.kill()  # the first reader's kill stops nothing now
             result = await session.exec(["sh", "-c", "echo alive"], timeout_seconds=self.t(30))
             expect(result.stdout == b"alive\n", "the session stopped answering after the takeover")
@@ -79,6 +67,17 @@ class HeldCommandChecks(SuiteBase):
         await asyncio.sleep(self.t(0.5))
         left = [c for c in await session.held_commands() if c.label == label]
         expect(not left or not left[0].running, "the resumed command still runs after its kill")
+
+
+    async def _read_until(self, items: AsyncIterator[Any], want: dict[str, bytes], who: str) -> None:
+        """Read ``items`` until each stream gave exactly ``want``'s bytes."""
+        got = dict.fromkeys(want, b"")
+        async with asyncio.timeout(self.t(30)):
+            while got != want:
+                item = await anext(items)
+                if not isinstance(item, OutputChunk):
+                    raise CheckFailed(f"{who}'s output ended ({item}) after {got}, not {want}")
+                got[item.stream] = got.get(item.stream, b"") + item.data
 
 
 async def _ends(output: AsyncIterator[Any]) -> list[ExitItem]:

@@ -19,7 +19,6 @@ from ..contract import (
     SandboxNotFoundError,
     SandboxUnavailableError,
     SessionInfo,
-    SessionSpec,
 )
 from ._docker_agent import AgentVolumes, DockerAgentSession
 from ._docker_names import LABEL, Deployment
@@ -115,22 +114,19 @@ class NodeEngines:
             await engine.close()
 
 
-class SwarmSession(DockerSession):
-    """One session: a service, its task's container, and the node engine that runs it."""
+class OnANode:
+    """What a swarm session adds to its container session: its service, and where its task runs."""
 
-    def __init__(
-        self,
-        site: SessionSite,
-        container_id: str,
-        session_id: str,
-        spec: SessionSpec,
-        created_at: float,
-        expires_at: float,
-        *,
-        service_id: str,
-        placement: Placement,
-    ) -> None:
-        super().__init__(site, container_id, session_id, spec, created_at, expires_at)
+    service_id: str
+    placement: Placement
+    _engine: Any
+    # of the container session it is mixed into
+    id: str
+    container_id: str
+    _check_live: Callable[[], None]
+    _info: Callable[[], SessionInfo]
+
+    def _place(self, service_id: str, placement: Placement) -> None:
         self.service_id = service_id
         self.placement = placement
 
@@ -140,36 +136,7 @@ class SwarmSession(DockerSession):
 
     @property
     def engine(self) -> SwarmEngine:
-        return self._engine  # type: ignore[return-value]
-
-    async def info(self) -> SessionInfo:
-        self._check_live()
-        try:
-            await self._engine.inspect_container(self._container, what="inspect a session")
-        except SandboxNotFoundError:
-            raise SandboxNotFoundError(f"no swarm sandbox session {self._id!r} (its container is gone)") from None
-        except SandboxUnavailableError as e:
-            raise SandboxUnavailableError(
-                f"session {self._id} runs on node {self.placement.hostname}, whose engine cannot be reached: {e}"
-            ) from None
-        return self._info()
-
-
-class SwarmAgentSession(DockerAgentSession):
-    """One session on its agent: a service, its task's container, and the node engine that runs it."""
-
-    def __init__(self, *args: Any, service_id: str, placement: Placement, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.service_id = service_id
-        self.placement = placement
-
-    @property
-    def node_id(self) -> str:
-        return self.placement.node_id
-
-    @property
-    def engine(self) -> SwarmEngine:
-        return self._engine  # type: ignore[return-value]
+        return self._engine
 
     async def info(self) -> SessionInfo:
         self._check_live()
@@ -182,6 +149,22 @@ class SwarmAgentSession(DockerAgentSession):
                 f"session {self.id} runs on node {self.placement.hostname}, whose engine cannot be reached: {e}"
             ) from None
         return self._info()
+
+
+class SwarmSession(OnANode, DockerSession):
+    """One session under the sh wrappers: a service, its task's container, and the node engine that runs it."""
+
+    def __init__(self, *args: Any, service_id: str, placement: Placement, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._place(service_id, placement)
+
+
+class SwarmAgentSession(OnANode, DockerAgentSession):
+    """One session on its agent: a service, its task's container, and the node engine that runs it."""
+
+    def __init__(self, *args: Any, service_id: str, placement: Placement, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._place(service_id, placement)
 
 
 def placement_of(task: dict[str, Any], node: dict[str, Any] | None, engine_label: str) -> Placement:

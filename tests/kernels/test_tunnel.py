@@ -272,53 +272,51 @@ def test_a_connection_to_a_closed_port_is_reset(tmp_path):
 # ---------------------------------------------------------------- docker
 
 
-def test_tunnel_on_docker_with_network_none():
-    from jupyter_tai_sandbox.image import PYTHON_IMAGE
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-    from tests.support.docker import RUN_LABEL, docker_client, leftovers
+@pytest.fixture
+def python_engine():
+    """The engine, with the Python image (skipped without it; a failure in CI); nothing of the test left on it."""
+    from tests.support.docker import leftovers, python_image
 
-    client = docker_client()
+    client = python_image()
+    yield client
     try:
-        client.images.get(PYTHON_IMAGE)
-    except Exception:
-        pytest.skip(f"{PYTHON_IMAGE} is missing: build it with `jupyter tai-sandbox build-image --python`")
-
-    async def main() -> None:
-        sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0)
-        session = await sandbox.create(SessionSpec(network="none", consumer="tunnel-test"))
-        try:
-            async with tunnel_to_server(session, "python3") as (_, port):
-                payloads = [os.urandom(100 + i) for i in range(16)]
-                assert await asyncio.gather(*(talk(port, b"echo", p) for p in payloads)) == payloads
-                await check_big_both_ways(port)
-        finally:
-            await session.destroy()
-            await sandbox.close()
-
-    try:
-        run(main())
-    finally:
         assert leftovers(client) == []
+    finally:
         client.close()
 
 
-def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no_relay():
-    """On the agent the session opens its ports itself (SessionPorts): nothing runs in it for the forwarding."""
+@contextlib.asynccontextmanager
+async def python_docker_session():
+    """A docker session of the Python image with network none."""
     from jupyter_tai_sandbox.image import PYTHON_IMAGE
-    from jupyter_tai_sandbox.kernels.ports import SessionPorts
     from jupyter_tai_sandbox.providers.docker import DockerSandbox
-    from tests.support.docker import RUN_LABEL, docker_client, leftovers
+    from tests.support.docker import RUN_LABEL
 
-    client = docker_client()
+    sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0)
+    session = await sandbox.create(SessionSpec(network="none", consumer="tunnel-test"))
     try:
-        client.images.get(PYTHON_IMAGE)
-    except Exception:
-        pytest.skip(f"{PYTHON_IMAGE} is missing: build it with `jupyter tai-sandbox build-image --python`")
+        yield session
+    finally:
+        await session.destroy()
+        await sandbox.close()
+
+
+def test_tunnel_on_docker_with_network_none(python_engine):
+    async def main() -> None:
+        async with python_docker_session() as session, tunnel_to_server(session, "python3") as (_, port):
+            payloads = [os.urandom(100 + i) for i in range(16)]
+            assert await asyncio.gather(*(talk(port, b"echo", p) for p in payloads)) == payloads
+            await check_big_both_ways(port)
+
+    run(main())
+
+
+def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no_relay(python_engine):
+    """On the agent the session opens its ports itself (SessionPorts): nothing runs in it for the forwarding."""
+    from jupyter_tai_sandbox.kernels.ports import SessionPorts
 
     async def main() -> None:
-        sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0)
-        session = await sandbox.create(SessionSpec(network="none", consumer="ports-test"))
-        try:
+        async with python_docker_session() as session:
             assert session.opens_ports
             server, inner = await start_server(session, "python3")
             ports = SessionPorts(session)
@@ -360,12 +358,5 @@ c.sendall(data); c.close()
             assert [c for c in await agent.list() if c["argv"][0] == "tcp"] == []
             with pytest.raises(TunnelError):
                 await ports.forward(inner)
-        finally:
-            await session.destroy()
-            await sandbox.close()
 
-    try:
-        run(main())
-    finally:
-        assert leftovers(client) == []
-        client.close()
+    run(main())
