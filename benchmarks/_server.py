@@ -48,6 +48,8 @@ class JupyterServer:
             f"--ServerApp.root_dir={self._home}",
             "--ServerApp.jpserver_extensions={'jupyter_tai_sandbox': True}",
             "--ServerApp.log_level=WARN",
+            # the concurrency row holds 32 sessions of one user at once (the default cap is 20)
+            "--SandboxPolicy.max_sessions_per_user=64",
         ]  # fmt: skip
         if os.geteuid() == 0:
             command.append("--allow-root")
