@@ -674,3 +674,8 @@ class AgentClient:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        pump = getattr(self, "pump", None)  # the task feeding this client, when it has one (open_docker_streams)
+        if pump is not None and not pump.done():
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump

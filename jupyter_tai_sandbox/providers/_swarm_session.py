@@ -10,12 +10,14 @@ that runs the task; the session also knows its service and node. The
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..contract import (
+    SandboxError,
     SandboxNotFoundError,
     SandboxUnavailableError,
     SessionInfo,
@@ -102,6 +104,12 @@ class NodeEngines:
         engine = await self.engine(address)
         volumes = self._agent_volumes.setdefault(address, AgentVolumes(engine))
         return await volumes.volume_for(arch, image)
+
+    async def reap_agent_volumes(self) -> None:
+        """On every node this provider filled: other builds' agent volumes no container uses."""
+        for volumes in list(self._agent_volumes.values()):
+            with contextlib.suppress(SandboxError):
+                await volumes.reap()
 
     async def close(self) -> None:
         agent_sites, self._agent_sites = list(self._agent_sites.values()), {}

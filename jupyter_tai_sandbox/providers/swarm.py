@@ -601,6 +601,7 @@ class SwarmSandbox(ContainerSandbox):
                     continue
             reaped.append(session_id)
         await self._drop_idle_networks()
+        await self._nodes.reap_agent_volumes()
         if reaped:
             self.log.info("sandbox-swarm: reaped %s", ", ".join(reaped))
         return reaped
