@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
+	"sync"
 	"syscall"
 )
 
@@ -55,6 +57,7 @@ func serve() {
 	if err != nil {
 		fatal("listen: %v", err)
 	}
+	reserveThreads(serveThreads)
 	a := newAgent()
 	go a.acceptLoop(ln)
 	for s := range sigs {
@@ -66,6 +69,33 @@ func serve() {
 			os.Exit(0)
 		}
 	}
+}
+
+// The OS threads each process makes at its start, while the container has pids to spare. The Go runtime
+// keeps idle threads for reuse, and a thread it cannot create is fatal: a command that takes every pid the
+// container may have (a fork bomb under pids_limit) must not then kill the relay, or PID 1, the moment one
+// more blocking call needs a thread.
+const (
+	serveThreads   = 16
+	connectThreads = 6
+)
+
+// reserveThreads makes n OS threads now and leaves them idle in the runtime's pool: each of n goroutines
+// holds a thread of its own (LockOSThread) until all are running, then lets it go.
+func reserveThreads(n int) {
+	var locked sync.WaitGroup
+	release := make(chan struct{})
+	locked.Add(n)
+	for i := 0; i < n; i++ {
+		go func() {
+			runtime.LockOSThread()
+			locked.Done()
+			<-release
+			runtime.UnlockOSThread()
+		}()
+	}
+	locked.Wait()
+	close(release)
 }
 
 func fatal(format string, args ...any) {
@@ -88,6 +118,7 @@ func connect() int {
 		fmt.Fprintln(os.Stderr, "tai-agent connect: refusing the listener:", err)
 		return 77
 	}
+	reserveThreads(connectThreads)
 	growPipe(os.Stdin, pipeSize) // the exec stream's pipes: more bytes per wake-up of the relay and the engine
 	growPipe(os.Stdout, pipeSize)
 	done := make(chan struct{}, 2)
