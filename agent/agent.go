@@ -592,6 +592,9 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		sys.Pgid = holder
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
+	if err == nil {
+		victimFirst(pid)
+	}
 	own := pid
 	if leaderW != nil {
 		_ = leaderW.Close()

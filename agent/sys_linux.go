@@ -361,6 +361,7 @@ func ptyLead() int {
 		}
 	}()
 	syscall.CloseOnExec(3)
+	victimFirst(os.Getpid()) // the command inherits it at the fork
 	pid, err := syscall.ForkExec(os.Args[2], os.Args[3:], &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{0, 1, 2}})
 	if err != nil {
 		errno, _ := err.(syscall.Errno)
@@ -382,4 +383,20 @@ func ptyLead() int {
 		return 128 + int(ws.Signal())
 	}
 	return ws.ExitStatus()
+}
+
+// commandOOMScore is every command's oom_score_adj: a memory-capped session out of memory loses a command,
+// never the agent or a connection's relay (both keep the container's 0). Raising it needs no privilege.
+const commandOOMScore = "500"
+
+// victimFirst makes process pid the OOM killer's first choice over the agent (best effort: a process that is
+// already gone, or a kernel without the file, changes nothing). Its children inherit it.
+// (os.WriteFile's O_CREAT|O_TRUNC is refused on this proc file: a plain write-only open.)
+func victimFirst(pid int) {
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	_, _ = f.Write([]byte(commandOOMScore))
+	_ = f.Close()
 }

@@ -444,3 +444,20 @@ def test_commands_and_folders_get_a_containers_usual_umask(session):
             await client.close()
 
     run(go())
+
+
+def test_commands_are_the_oom_killers_first_choice_and_the_agent_is_not(session):
+    """A memory-capped session out of memory loses a command, never its agent or a relay (oom_score_adj)."""
+
+    async def go():
+        client = await session.client()
+        try:
+            script = "cat /proc/self/oom_score_adj /proc/1/oom_score_adj"
+            out, _, status = await (await client.start(["sh", "-c", script])).collect()
+            assert status.code == 0 and out.split() == [b"500", b"0"], out
+            out, _, _ = await (await client.start(["sh", "-c", "cat /proc/self/oom_score_adj"], pty=True)).collect()
+            assert out.split() == [b"500"], out  # through the terminal leader too
+        finally:
+            await client.close()
+
+    run(go())
