@@ -1,8 +1,10 @@
 """Build the minimal session image offline, from Debian's ``busybox-static``.
 
-The image is the contract's floor: ``sh`` and the busybox applets (``setsid``,
-``mkfifo``, ``mv``, ``rm``, ``cat``, ``kill``, ``readlink``, ``ls``, a
-fractional ``sleep`` ...), ``/proc``, a writable ``/tmp`` and ``/workspace``.
+The provider needs nothing from an image (the session agent comes on its own
+read-only volume); this one gives session commands and the conformance suite
+``sh`` and the busybox applets (``setsid``, ``mkfifo``, ``mv``, ``rm``,
+``cat``, ``kill``, ``readlink``, ``ls``, a fractional ``sleep`` ...), and
+``/workspace``.
 No registry is needed: the root filesystem is written as a tar stream in memory
 and handed to the engine's image import (about 2 MB, well under a second).
 
@@ -130,9 +132,8 @@ def build_minimal_image(name: str = DEFAULT_IMAGE, base_url: str | None = None) 
 PYTHON_IMAGE = "jupyter-tai-sandbox/python:latest"
 DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-#: debootstrap's own --include: what the tunnel's relay needs (python3 only) and the docker provider's
-#: wrapper (sh from dash; setsid from util-linux; kill from procps; mkfifo, mv, rm, cat, readlink, ls, sleep
-#: from coreutils). debootstrap resolves dependencies shallowly, so the kernel's packages come after, with apt.
+#: debootstrap's own --include: python3, and procps (ps and kill for people at a terminal). debootstrap
+#: resolves dependencies shallowly, so the kernel's packages come after, with apt.
 BASE_PACKAGES = ("python3", "procps")
 #: installed with apt-get in the new root: what a kernel needs
 PYTHON_PACKAGES = ("python3-ipykernel",)

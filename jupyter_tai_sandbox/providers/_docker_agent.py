@@ -1,4 +1,4 @@
-"""The session agent on a Docker engine: its injection into a container, its channel, and the session.
+"""The session agent on a Docker engine: its injection into a container, and its channel.
 
 A container started for the agent runs ``/.tai/agent serve`` as PID 1 (it reaps what commands leave
 behind, so the engine's init is not needed). ``/.tai`` is a named volume mounted **read-only**, one per
@@ -8,9 +8,7 @@ cannot change the program the server's next ``connect`` runs: the file is on a r
 ``/.tai`` is a mount point (EBUSY on a rename or removal), and mounting needs CAP_SYS_ADMIN, which
 sessions never get. The agent listens on an abstract socket, so there is no socket file to remove either.
 The image needs nothing: no shell, no ``/tmp``. The channel is one exec of ``/.tai/agent connect`` whose
-hijacked stream, demultiplexed, carries the protocol (``agent/PROTOCOL.md``). The session is the container
-base's :class:`~jupyter_tai_sandbox.providers.container.ContainerSession` plus what a Docker engine adds:
-its resource figures and a pooled session's record.
+hijacked stream, demultiplexed, carries the protocol (``agent/PROTOCOL.md``).
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..agent.transport import open_docker_api, open_docker_streams
 from ..contract import SandboxError
 from ._docker_names import LABEL, WORKSPACE
-from ._docker_session import USAGE_DU_SECONDS, container_usage
 from ._docker_stream import start_exec
-from .container import CommandRegistry, ContainerSession, ContainerSite
+from .container import CommandRegistry, ContainerSite
 from .docker_engine import DockerEngine
 
 #: on an agent volume: the agent build it holds (the first 12 hex digits of its tar's sha256)
@@ -160,36 +157,3 @@ def open_agent_on_any_loop(engine: DockerEngine):
             raise
 
     return open_
-
-
-class DockerAgentSession(ContainerSession):
-    """A docker session whose commands and files go through its agent."""
-
-    def __init__(self, *args: Any, engine: DockerEngine, record: str | None = None,
-                 extra_env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._engine = engine
-        #: the record volume of a session started in a pooled container (None otherwise)
-        self._record = record
-        #: environment given to every command (a pooled container was started without the spec's env)
-        self._extra_env = dict(extra_env or {})
-
-    async def _command_env(self) -> dict[str, str]:
-        return {**await super()._command_env(), **self._extra_env}
-
-    @property
-    def record(self) -> str | None:
-        return self._record
-
-    async def usage(self) -> dict[str, Any]:
-        """CPU and memory from one engine stats sample, the workspace's disk from ``du`` (both bounded)."""
-        self._check_live()
-        return await container_usage(self._engine, self._container, self._id, self._disk())
-
-    async def _disk(self) -> int | str:
-        result = await self.exec(["du", "-sk", WORKSPACE], timeout_seconds=USAGE_DU_SECONDS)
-        try:
-            return int(result.stdout.split()[0]) * 1024 if result.exit_code == 0 else (
-                f"no disk figure: du exited with status {result.exit_code}")
-        except (IndexError, ValueError):
-            return "no disk figure: du gave no size"

@@ -49,8 +49,6 @@ RECORD_PREFIX = "tai-rec-"
 TTL_PREFIX = "tai-ttl-"
 VOLUME_PREFIX = "tai-sbx-"
 CONTAINER_PREFIX = "tai-"
-#: where a pooled session's spec env is kept inside its container, for a restarted server
-POOLED_ENV_FILE = "/tmp/.tai-sbx-env.json"
 SESSION_ID = re.compile(r"^sbx-[0-9a-f]{16}$")
 
 

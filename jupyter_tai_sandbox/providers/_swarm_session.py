@@ -1,10 +1,10 @@
 """A swarm session: a docker session whose container is the task of a one-replica service.
 
-Commands and files run exactly as the docker provider runs them
-(:class:`~._docker_session.DockerSession`), against the engine of the node
-that runs the task; the session also knows its service and node. The
+Commands and files go to the task container's agent exactly as the docker
+provider's do (:class:`~._docker_session.DockerSession`), over the engine of
+the node that runs the task; the session also knows its service and node. The
 :class:`NodeEngines` registry keeps one :class:`~._swarm_engine.SwarmEngine`
-(and one :class:`~._docker_session.SessionSite`) per node address.
+(with its agent site and agent volumes) per node address.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +22,9 @@ from ..contract import (
     SandboxUnavailableError,
     SessionInfo,
 )
-from ._docker_agent import AgentVolumes, DockerAgentSession
+from ._docker_agent import AgentVolumes
 from ._docker_names import LABEL, Deployment
-from ._docker_session import CommandRegistry, DockerSession, SessionSite
+from ._docker_session import DockerSession
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from .container import ContainerSite
 
@@ -55,25 +55,21 @@ class Placement:
 
 
 class NodeEngines:
-    """One engine per node address, with its session sites (the sh wrappers' and the agent's) and its agent
-    volumes, made on first use; closed together."""
+    """One engine per node address, with its agent site and agent volumes, made on first use; closed together."""
 
     def __init__(
         self,
         *,
         tls: TlsMaterial | None,
         timeout: float,
-        site: Callable[[SwarmEngine], SessionSite],
         agent_site: Callable[[SwarmEngine], ContainerSite],
         scope: Mapping[str, str],
     ) -> None:
         self._tls = tls
         self._scope = dict(scope)
         self._timeout = timeout
-        self._make_site = site
         self._make_agent_site = agent_site
         self._engines: dict[str, SwarmEngine] = {}
-        self._sites: dict[str, SessionSite] = {}
         self._agent_sites: dict[str, ContainerSite] = {}
         self._agent_volumes: dict[str, AgentVolumes] = {}
 
@@ -84,13 +80,6 @@ class NodeEngines:
                 address, tls=self._tls, timeout=self._timeout, scope=self._scope)
         await engine.connect()
         return engine
-
-    async def site(self, address: str) -> SessionSite:
-        engine = await self.engine(address)
-        site = self._sites.get(address)
-        if site is None:
-            site = self._sites[address] = self._make_site(engine)
-        return site
 
     async def agent_site(self, address: str) -> ContainerSite:
         engine = await self.engine(address)
@@ -117,24 +106,16 @@ class NodeEngines:
             channels = [known.channel for known in site.containers.values()]
             site.containers.clear()
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-        engines, self._engines, self._sites = list(self._engines.values()), {}, {}
+        engines, self._engines = list(self._engines.values()), {}
         for engine in engines:
             await engine.close()
 
 
-class OnANode:
-    """What a swarm session adds to its container session: its service, and where its task runs."""
+class SwarmSession(DockerSession):
+    """One session: a service, its task's container, and the node engine that runs it."""
 
-    service_id: str
-    placement: Placement
-    _engine: Any
-    # of the container session it is mixed into
-    id: str
-    container_id: str
-    _check_live: Callable[[], None]
-    _info: Callable[[], SessionInfo]
-
-    def _place(self, service_id: str, placement: Placement) -> None:
+    def __init__(self, *args: Any, service_id: str, placement: Placement, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.service_id = service_id
         self.placement = placement
 
@@ -144,7 +125,7 @@ class OnANode:
 
     @property
     def engine(self) -> SwarmEngine:
-        return self._engine
+        return self._engine  # type: ignore[return-value]
 
     async def info(self) -> SessionInfo:
         self._check_live()
@@ -157,22 +138,6 @@ class OnANode:
                 f"session {self.id} runs on node {self.placement.hostname}, whose engine cannot be reached: {e}"
             ) from None
         return self._info()
-
-
-class SwarmSession(OnANode, DockerSession):
-    """One session under the sh wrappers: a service, its task's container, and the node engine that runs it."""
-
-    def __init__(self, *args: Any, service_id: str, placement: Placement, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._place(service_id, placement)
-
-
-class SwarmAgentSession(OnANode, DockerAgentSession):
-    """One session on its agent: a service, its task's container, and the node engine that runs it."""
-
-    def __init__(self, *args: Any, service_id: str, placement: Placement, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._place(service_id, placement)
 
 
 def placement_of(task: dict[str, Any], node: dict[str, Any] | None, engine_label: str) -> Placement:
@@ -192,15 +157,11 @@ def placement_of(task: dict[str, Any], node: dict[str, Any] | None, engine_label
     )
 
 
-Teardown = Callable[[DockerSession, bool], Awaitable[None]]
-
 __all__ = [
     "LABEL_NODE",
     "STARTING_STATES",
-    "CommandRegistry",
     "NodeEngines",
     "Placement",
-    "SwarmAgentSession",
     "SwarmSession",
     "placement_of",
     "record_name",

@@ -4,11 +4,9 @@ The provider is split along its seams (no module imports one above it):
 
 ``docker_engine``     :class:`DockerEngine`, every call to the engine (reused by other providers)
 ``_docker_stream``    an exec's attached stream over asyncio (the engine's hijacked HTTP)
-``_docker_scripts``   the ``sh`` wrapper and stop scripts run in a container
 ``_docker_archive``   tar archives in and out (small files of the provider's own)
-``_docker_transfer``  workspace file downloads and uploads, through commands
-``_docker_command``   :class:`DockerCommand`, one command and its stop
-``_docker_session``   :class:`DockerSession`, exec and files of one container
+``_docker_agent``     the session agent: its read-only volume, its place as PID 1, its channel
+``_docker_session``   :class:`DockerSession`, the container base's session plus the engine's figures
 ``_docker_pool``      :class:`WarmPool`, pre-started containers and their session records
 ``_docker_names``     labels, prefixes and paths on the engine
 ``_docker_networks``  session networks: their subnets, locks and host firewall
@@ -25,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode
+from traitlets import Enum, Float, Integer, TraitError, Unicode
 
 from ..contract import (
     SandboxCapacityError,
@@ -42,12 +40,10 @@ from ._common import new_session_id
 from ._docker_agent import (
     AGENT_USER_CAPABILITIES,
     AgentVolumes,
-    DockerAgentSession,
     agent_site,
     is_missing_agent,
     with_agent,
 )
-from ._docker_command import KILL_LIMIT_SECONDS, DockerCommand
 from ._docker_disk import scratch_tmpfs, workspace_driver
 from ._docker_names import (
     LABEL,
@@ -65,7 +61,6 @@ from ._docker_names import (
     LABEL_TTL,
     LABEL_USER,
     LABEL_WORKSPACE,
-    POOLED_ENV_FILE,
     RECORD_PREFIX,
     TTL_PREFIX,
     VOLUME_PREFIX,
@@ -84,7 +79,8 @@ from ._docker_networks import (
     taken_subnets,
 )
 from ._docker_pool import PooledSession, WarmPool
-from ._docker_session import CommandRegistry, DockerSession, SessionSite
+from ._docker_session import DockerSession
+from .container import KILL_LIMIT_SECONDS, CommandRegistry
 from .container.command import in_background
 from .container.sandbox import (
     ContainerSandbox,
@@ -111,13 +107,11 @@ __all__ = [
     "LABEL_SPEC",
     "LABEL_TTL",
     "LABEL_WORKSPACE",
-    "POOLED_ENV_FILE",
     "RECORD_PREFIX",
     "TTL_PREFIX",
     "VOLUME_PREFIX",
     "WORKSPACE",
     "Deployment",
-    "DockerCommand",
     "DockerEngine",
     "DockerSandbox",
     "DockerSession",
@@ -161,8 +155,10 @@ class DockerSandbox(ContainerSandbox):
     server, or servers set up to share on purpose); others on the engine are
     invisible to each other.
 
-    **Sessions.** A session is a container running the engine's init (``init``)
-    as PID 1 -- it reaps what commands leave behind -- over a long ``sleep``.
+    **Sessions.** A session is a container running the session agent as PID 1
+    (``_docker_agent``): it runs the session's commands, file transfers and path
+    look-ups, and reaps what commands leave behind. The image needs nothing
+    (no shell, no ``/tmp``): the agent is a static program on a read-only volume.
     Its labels (``jupyter-tai-sandbox.session``, ``.deployment``, ``.consumer``,
     ``.owner``, ``.created``, ``.expires``, ``.spec`` with env *names* only) let
     any DockerSandbox of the deployment -- a restarted server included -- find,
@@ -206,13 +202,12 @@ class DockerSandbox(ContainerSandbox):
     firewall rules keep sessions from the host and 169.254.0.0/16
     (``egress_firewall``, see ``_docker_networks``).
 
-    **Commands** run under a small ``sh`` wrapper that holds the command's
-    process group while it runs or a process it started still holds its
-    output; every stop kills that group and the command's own process, with a
-    fixed limit of 5 s (see ``_docker_command`` and ``_docker_scripts``; a pty
-    command works the same way on its terminal's session). Output is read
-    continuously into a spool, so a finished command's output survives the
-    engine closing its stream about 2 s after the exit however late it is read.
+    **Commands** are the agent's (``agent/PROTOCOL.md``): it holds each command's
+    process group while it runs or a process it started still holds its output;
+    every stop kills that group and the command's own process, with a fixed limit
+    of 5 s (a pty command works the same way on its terminal's session). The agent
+    keeps each command and a bounded ring of its output, so a command outlives
+    the server that started it (see the container base).
 
     **TTL changes.** Container labels cannot change, so a session's new end
     (:meth:`DockerSession.set_expiry`) is a small record on the engine: an empty
@@ -228,8 +223,8 @@ class DockerSandbox(ContainerSandbox):
     started ahead and handed out at create (see ``_docker_pool``).
 
     **Transport.** Blocking SDK calls run in the engine object's worker threads
-    (``docker_engine``); exec streams are asyncio connections (``_docker_stream``),
-    one reader task per command, no thread per exec.
+    (``docker_engine``); each session's agent channel is one exec stream over an
+    asyncio connection (``_docker_stream``), no thread per command.
     """
 
     kind = "docker"
@@ -253,15 +248,6 @@ class DockerSandbox(ContainerSandbox):
         metadata service). 'auto': set them when the server can (it runs as root, iptables is installed,
         the engine is a unix:// socket whose bridges are in the server's network namespace), else warn
         once; 'require': refuse egress and internal sessions when it cannot; 'off': none.""",
-    ).tag(config=True)
-
-    session_agent = Bool(
-        True,
-        help="""Run each session's commands, file transfers and path look-ups through the session agent: a
-        small static program the provider mounts read-only in the container and runs as its PID 1
-        (agent/PROTOCOL.md), reached over one connection per session. The image then needs nothing (no
-        shell, no /tmp). False: commands run under sh wrappers (one engine exec each), and the image must
-        provide what `image` lists. Both modes pass the same conformance checks.""",
     ).tag(config=True)
 
     pool_size = Integer(
@@ -293,18 +279,6 @@ class DockerSandbox(ContainerSandbox):
         except ValueError as e:
             raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
         self._firewall = HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log)
-        self._commands = CommandRegistry()
-        self._site = SessionSite(
-            engine=self._engine,
-            kind=self.kind,
-            isolation=self.max_isolation,
-            memory_limit=self.output_memory_limit,
-            log=self.log,
-            commands=self._commands,
-            teardown=self._teardown,
-            transfer_idle_seconds=self.transfer_idle_seconds,
-            retime=self._retime,
-        )
         self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds)
         #: the engine's architecture (which agent binary its containers run), once asked
         self._arch: str | None = None
@@ -334,7 +308,7 @@ class DockerSandbox(ContainerSandbox):
 
     def _options(
         self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str], network: str | None,
-        agent_volume: str | None = None, user: str = "",
+        agent_volume: str, user: str = "",
     ) -> dict[str, Any]:
         """The SDK's container options for ``spec`` (its limits already in force)."""
         types = docker_sdk().types
@@ -345,14 +319,10 @@ class DockerSandbox(ContainerSandbox):
             driver = workspace_driver(ceiling) if ceiling else None
             mount = types.Mount(WORKSPACE, None, type="volume", labels=dict(volume_labels), driver_config=driver)
         options: dict[str, Any] = {
-            "entrypoint": ["sleep", "2147483647"],
-            "command": [],
             "name": name,
             "labels": dict(labels),
             "environment": {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env},
             "working_dir": WORKSPACE,
-            "user": self.user or None,
-            "init": True,
             "mounts": [mount],
             "cap_drop": list(self.cap_drop) or None,
             "cap_add": list(self.cap_add) or None,
@@ -373,14 +343,13 @@ class DockerSandbox(ContainerSandbox):
         if ceiling or self.read_only_rootfs:
             options["read_only"] = True
             options["tmpfs"] = scratch_tmpfs(ceiling)
-        if agent_volume is not None:
-            # the agent is root; commands and file operations run as the session user (LABEL_USER), which
-            # needs the capabilities to become that user and to signal its processes: a command loses them
-            # all as it becomes a user other than root
-            options = {**with_agent(options, agent_volume), "user": "0:0"}
-            if user:
-                options["cap_add"] = sorted({*(options.get("cap_add") or ()), *AGENT_USER_CAPABILITIES})
-            options["labels"][LABEL_AGENT] = "1"
+        # the agent is root; commands and file operations run as the session user (LABEL_USER), which
+        # needs the capabilities to become that user and to signal its processes: a command loses them
+        # all as it becomes a user other than root
+        options = {**with_agent(options, agent_volume), "user": "0:0"}
+        if user:
+            options["cap_add"] = sorted({*(options.get("cap_add") or ()), *AGENT_USER_CAPABILITIES})
+        options["labels"][LABEL_AGENT] = "1"
         return options
 
     async def _start_container(
@@ -388,11 +357,9 @@ class DockerSandbox(ContainerSandbox):
         network: str | None = None, *, user: str | None = None,
     ) -> str:
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections.
-        ``user``: an agent session's user (None: this provider's, else the image's)."""
+        ``user``: the session's user (None: this provider's, else the image's)."""
         image = self._image_of(spec)
         try:
-            if not self.session_agent:
-                return await self._engine.create_container(image, self._options(spec, name, labels, volume_labels, network))
             if user is None:
                 user = await self._session_user(image)
             arch = await self._engine_arch()
@@ -414,14 +381,14 @@ class DockerSandbox(ContainerSandbox):
             raise
 
     async def _engine_arch(self) -> str:
-        """The engine's ``Architecture``, asked at the first agent create (whoever connected the engine)."""
+        """The engine's ``Architecture``, asked at the first create (whoever connected the engine)."""
         if self._arch is None:
             info = await self._engine.blocking(lambda: self._engine.api.info())
             self._arch = str(info.get("Architecture") or "") or platform.machine()
         return self._arch
 
     async def _session_user(self, image: str) -> str:
-        """Who an agent session's commands run as: ``user``, else the image's USER ('' = root)."""
+        """Who a session's commands run as: ``user``, else the image's USER ('' = root)."""
         try:
             return self.user or await self._engine.image_user(image)
         except MissingImageError:
@@ -437,10 +404,9 @@ class DockerSandbox(ContainerSandbox):
         async with self._networks.hold(network):
             await self._ensure_network(network, "pool")
             container_id = await self._start_container(self._limited(SessionSpec()), name, labels, volume_labels, network)
-        if self.session_agent:
-            # its agent connection and environment are ready before a claim: the first command goes at once
-            with contextlib.suppress(SandboxError):
-                await self._agent_site.warm(container_id)
+        # its agent connection and environment are ready before a claim: the first command goes at once
+        with contextlib.suppress(SandboxError):
+            await self._agent_site.warm(container_id)
         return container_id
 
     async def _claim_pooled(self, container_id: str, session_id: str, labels: Mapping[str, str], spec: SessionSpec) -> str | None:
@@ -584,23 +550,21 @@ class DockerSandbox(ContainerSandbox):
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
-        if self.session_agent:
-            labels[LABEL_AGENT] = "1"
-            user = await self._session_user(self._image_of(spec))
-            if user:
-                labels[LABEL_USER] = user
+        labels[LABEL_AGENT] = "1"
+        user = await self._session_user(self._image_of(spec))
+        if user:
+            labels[LABEL_USER] = user
         session = await self._create(spec, session_id, labels, now, expires)
-        if isinstance(session, DockerAgentSession):
-            try:
-                await session.user_ids()  # an image that does not know the user fails the create, as the sh path's
-            except BaseException:
-                with contextlib.suppress(SandboxError):
-                    await session.destroy()
-                raise
+        try:
+            await session.user_ids()  # an image that does not know the user fails the create
+        except BaseException:
+            with contextlib.suppress(SandboxError):
+                await session.destroy()
+            raise
         return session
 
     async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
-                      expires: float) -> DockerSession | DockerAgentSession:
+                      expires: float) -> DockerSession:
         if self._poolable(spec):
             container_id = self._pool.take()
             if container_id is not None:
@@ -608,7 +572,7 @@ class DockerSandbox(ContainerSandbox):
                 if record is not None:
                     self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, container_id[:12])
                     return self._session(container_id, session_id, spec, now, expires, record=record, exec_env=spec.env,
-                                         agent=self.session_agent, user=labels.get(LABEL_USER, ""))
+                                         user=labels.get(LABEL_USER, ""))
         if spec.durability == "persistent":
             await self._workspace(spec)
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
@@ -625,18 +589,15 @@ class DockerSandbox(ContainerSandbox):
         else:
             container_id = await self._start_container(spec, *names, user=labels.get(LABEL_USER, ""))
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
-        return self._session(container_id, session_id, spec, now, expires, agent=self.session_agent,
-                             user=labels.get(LABEL_USER, ""))
+        return self._session(container_id, session_id, spec, now, expires, user=labels.get(LABEL_USER, ""))
 
     def _session(self, container_id: str, session_id: str, spec: SessionSpec, created: float, expires: float, *,
                  record: str | None = None, exec_env: Mapping[str, str] | None = None,
-                 env: Sequence[str] | None = None, agent: bool = False, user: str = "") -> DockerSession | DockerAgentSession:
-        """A session of a container: on its agent, or under the sh wrappers (a container made without one)."""
-        if not agent:
-            return DockerSession(self._site, container_id, session_id, spec, created, expires, record=record,
-                                 exec_env=exec_env)
+                 env: Sequence[str] | None = None, user: str = "") -> DockerSession:
+        """A session of a container. One made by an older version without the agent is still listed, reaped
+        and destroyed; its commands fail with the typed error of an agent that does not answer."""
         known = None if env is None else dict(item.split("=", 1) for item in env if "=" in item)
-        return DockerAgentSession(self._agent_site, container_id, session_id, spec, created, expires,
+        return DockerSession(self._agent_site, container_id, session_id, spec, created, expires,
                                   env=known, engine=self._engine, record=record, extra_env=exec_env, user=user)
 
     def _session_from(
@@ -652,7 +613,7 @@ class DockerSandbox(ContainerSandbox):
         return self._session(
             container_id, labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]), float(labels[LABEL_EXPIRES]),
             record=record, exec_env=spec.env if pooled else None, env=None if pooled else env,
-            agent=labels.get(LABEL_AGENT) == "1", user=labels.get(LABEL_USER, ""),
+            user=labels.get(LABEL_USER, ""),
         )
 
     def _session_from_pooled(self, pooled: PooledSession) -> DockerSession:
@@ -783,7 +744,6 @@ class DockerSandbox(ContainerSandbox):
                 await self._engine.remove_volume(volume["Name"])
 
     def _abandon(self, session_id: str) -> None:
-        self._commands.abandon(session_id)
         self._agent_site.commands.abandon(session_id)
 
     async def _teardown(self, session: DockerSession, remove_workspace: bool) -> None:
@@ -811,8 +771,7 @@ class DockerSandbox(ContainerSandbox):
         self.log.debug("sandbox-docker: destroyed %s", session.id)
 
     async def close(self) -> None:
-        commands = [*self._commands.all(), *self._agent_site.commands.all()]
-        await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
+        await asyncio.gather(*(c.kill() for c in self._agent_site.commands.all()), return_exceptions=True)
         channels = [known.channel for known in self._agent_site.containers.values()]
         self._agent_site.containers.clear()
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)

@@ -20,7 +20,7 @@ It owns:
   resize, a helper command run to its end), the path stat (the engine's
   ``HEAD /containers/{id}/archive``, reached through the SDK's private
   ``api._url``) and small archives in and out (workspace files travel through
-  commands instead: see ``_docker_transfer``);
+  the session agent instead);
 * the deployment scope (``scope``, labels): put on every container, volume
   and network it creates, added to every label query, and checked on what it
   inspects by name or id, so a provider never sees another deployment's things;

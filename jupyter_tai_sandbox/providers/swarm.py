@@ -4,8 +4,7 @@ The swarm manager schedules; the provider never picks a node itself (but for a
 persistent workspace, which pins its session to the node holding its volume).
 Commands and files go to the session agent of the task's container, over the
 engine of the node that runs it, through the container base's session and
-command classes (or, with ``session_agent=False``, the docker provider's sh
-wrappers), so every guarantee of sandbox-docker holds unchanged.
+command classes, so every guarantee of sandbox-docker holds unchanged.
 
 ``_swarm_engine``   :class:`SwarmEngine`: a DockerEngine with TLS exec streams and the manager's API
 ``_swarm_session``  :class:`SwarmSession`, the node engines, where a task runs
@@ -21,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from traitlets import Bool, Float, List, TraitError, Unicode
+from traitlets import Float, List, TraitError, Unicode
 
 from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..contract import (
@@ -51,19 +50,17 @@ from ._docker_names import (
     session_labels,
 )
 from ._docker_networks import capacity_error, check_pool, free_subnet, taken_subnets
-from ._docker_session import CommandRegistry, SessionSite
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from ._swarm_session import (
     LABEL_NODE,
     STARTING_STATES,
     NodeEngines,
     Placement,
-    SwarmAgentSession,
     SwarmSession,
     placement_of,
     record_name,
 )
-from .container import ContainerSite
+from .container import CommandRegistry, ContainerSite
 from .container.sandbox import ContainerSandbox, spec_from_labels
 from .docker_engine import EngineRefusedError, docker_sdk
 
@@ -83,9 +80,7 @@ class SwarmSandbox(ContainerSandbox):
     **Sessions.** A session is a service ``tai-<session id>`` (one replica,
     restart condition ``none``, endpoint mode ``dnsrr``) whose task runs the
     session agent as PID 1 from the read-only agent volume (filled on every
-    ready node first; with ``session_agent=False``, the engine's init over a
-    long ``sleep``), with the
-    docker provider's labels on the service and its container. The manager
+    ready node first), with the docker provider's labels on the service and its container. The manager
     (``base_url``) places it: ``constraints`` and ``spread`` preferences,
     resource limits from the spec (or ``default_cpu``/``default_memory_mb``,
     bounded by ``max_cpu``/``max_memory_mb``) and reservations of
@@ -94,7 +89,7 @@ class SwarmSandbox(ContainerSandbox):
     **Exec and files** go to the engine of the task's node, its address taken
     from the node label ``engine_label`` (``unix://`` or ``tcp://``; TLS with
     ``tls_ca``/``tls_cert``/``tls_key``, the same material as the manager),
-    through the session's agent (or the docker provider's sh wrappers): the
+    through the session's agent: the
     held process group, the 5 s kill, deadlines, the spool, confined file transfer,
     commands that outlive the server, kernels' ports dialled inside.
 
@@ -180,13 +175,6 @@ class SwarmSandbox(ContainerSandbox):
         10.0, help="Longest a call to a node's engine may wait for it (a frozen node answers no later)."
     ).tag(config=True)
 
-    session_agent = Bool(
-        True,
-        help="""Run each session's commands, file transfers and path look-ups through the session agent, as
-        DockerSandbox.session_agent does: the provider fills the read-only agent volume on every node (one per
-        node, architecture and agent build) before a session's task can land there. False: the sh wrappers.""",
-    ).tag(config=True)
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         try:
@@ -197,30 +185,16 @@ class SwarmSandbox(ContainerSandbox):
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user
         self._commands = CommandRegistry()
-        self._agent_commands = CommandRegistry()
-        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, site=self._site_for,
-                                  agent_site=self._agent_site_for, scope=self.scope.labels)
+        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, agent_site=self._agent_site_for,
+                                  scope=self.scope.labels)
 
     @property
     def manager(self) -> SwarmEngine:
         return self._engine  # type: ignore[return-value]
 
-    def _site_for(self, engine: SwarmEngine) -> SessionSite:
-        engine.share.per_principal = self.engine_threads_per_user
-        return SessionSite(
-            engine=engine,
-            kind=self.kind,
-            isolation=self.max_isolation,
-            memory_limit=self.output_memory_limit,
-            log=self.log,
-            commands=self._commands,
-            teardown=self._teardown,  # type: ignore[arg-type]
-            retime=self._retime,  # type: ignore[arg-type]
-        )
-
     def _agent_site_for(self, engine: SwarmEngine) -> ContainerSite:
         engine.share.per_principal = self.engine_threads_per_user
-        return agent_site(self, engine, self._agent_commands, answer_within=self.node_timeout)
+        return agent_site(self, engine, self._commands, answer_within=self.node_timeout)
 
     async def _connect(self) -> None:
         await self._engine.connect()
@@ -261,7 +235,7 @@ class SwarmSandbox(ContainerSandbox):
         return names.pop(), arch
 
     async def _session_user(self, image: str) -> str:
-        """Who an agent session's commands run as: ``user``, else the image's USER as the manager's engine
+        """Who a session's commands run as: ``user``, else the image's USER as the manager's engine
         knows it ('' = root)."""
         if self.user:
             return self.user
@@ -274,9 +248,9 @@ class SwarmSandbox(ContainerSandbox):
 
     def _task_template(
         self, spec: SessionSpec, labels: Mapping[str, str], network: str | None, pin: str | None,
-        agent: tuple[str, str] | None = None,
+        agent: tuple[str, str],
     ) -> dict[str, Any]:
-        """The service's task; with ``agent`` (its volume and architecture) it runs the agent as PID 1."""
+        """The service's task: the agent as PID 1, from ``agent`` (its volume and architecture)."""
         types = docker_sdk().types
         session_id = labels[LABEL_SESSION]
         ceiling = self.disk_limit_mb if self.disk_limit_mb > 0 else None
@@ -296,22 +270,20 @@ class SwarmSandbox(ContainerSandbox):
             size = ceiling << 20 if ceiling else None
             mounts.append(types.Mount(SCRATCH, None, type="tmpfs", tmpfs_mode=0o1777, tmpfs_size=size))
         env = {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env}
-        command, user, init, cap_add = ["sleep", "2147483647"], self.user or None, True, list(self.cap_add)
-        if agent is not None:
-            volume, _ = agent
-            mounts.append(types.Mount(AGENT_DIR, volume, type="volume", read_only=True))
-            command, user, init = [AGENT_PATH, "serve"], "0:0", False
-            if labels.get(LABEL_USER):  # the agent becomes the session user for each command (see DockerSandbox)
-                cap_add = sorted({*cap_add, *AGENT_USER_CAPABILITIES})
+        volume, arch = agent
+        mounts.append(types.Mount(AGENT_DIR, volume, type="volume", read_only=True))
+        cap_add = list(self.cap_add)
+        if labels.get(LABEL_USER):  # the agent becomes the session user for each command (see DockerSandbox)
+            cap_add = sorted({*cap_add, *AGENT_USER_CAPABILITIES})
         container = types.ContainerSpec(
             self._image_of(spec),
-            command=command,
+            command=[AGENT_PATH, "serve"],
             env=[f"{k}={v}" for k, v in env.items()],
             workdir=WORKSPACE,
-            user=user,
+            user="0:0",
             labels=dict(labels),
             mounts=mounts,
-            init=init,
+            init=False,
             read_only=read_only or None,
             cap_drop=list(self.cap_drop) or None,
             cap_add=cap_add or None,
@@ -325,9 +297,7 @@ class SwarmSandbox(ContainerSandbox):
         )
         if self.pids_limit > 0:
             resources.setdefault("Limits", {})["Pids"] = self.pids_limit
-        constraints = [*self.constraints, *([f"node.id=={pin}"] if pin else [])]
-        if agent is not None:
-            constraints.append(f"node.platform.arch=={agent[1]}")
+        constraints = [*self.constraints, *([f"node.id=={pin}"] if pin else []), f"node.platform.arch=={arch}"]
         placement = types.Placement(
             constraints=constraints or None,
             preferences=[("spread", label) for label in self.spread] or None,
@@ -370,7 +340,8 @@ class SwarmSandbox(ContainerSandbox):
         node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
         return placement_of(task, node, self.engine_label)
 
-    async def _site(self, placement: Placement) -> SessionSite:
+    async def _node_address(self, placement: Placement) -> str:
+        """The engine address of the node a task runs on (SandboxUnavailableError when it cannot be reached)."""
         if placement.state not in ("ready",):
             raise SandboxUnavailableError(
                 f"node {placement.hostname} is {placement.state}: its sessions cannot be reached"
@@ -380,7 +351,7 @@ class SwarmSandbox(ContainerSandbox):
                 f"node {placement.hostname} has no {self.engine_label} label naming its engine: "
                 f"docker node update --label-add {self.engine_label}=tcp://HOST:2376 {placement.node_id}"
             )
-        return await self._nodes.site(placement.address)
+        return placement.address
 
     # --------------------------------------------------- persistent workspaces
 
@@ -438,29 +409,26 @@ class SwarmSandbox(ContainerSandbox):
         await self._connect()
         for _ in range(3):
             session = await self._create(spec, image)
-            if isinstance(session, SwarmAgentSession):
+            if session is not None:
                 try:
                     await session.user_ids()  # an image that does not know the user fails the create
                 except BaseException:
                     with contextlib.suppress(SandboxError):
                         await session.destroy()
                     raise
-            if session is not None:
                 return session
         raise SandboxConflictError(f"workspace {spec.workspace_key!r} is being made by another session meanwhile")
 
-    async def _create(self, spec: SessionSpec, image: str) -> SwarmSession | SwarmAgentSession | None:
+    async def _create(self, spec: SessionSpec, image: str) -> SwarmSession | None:
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
-        agent = None
-        if self.session_agent:
-            agent = await self._agent_volume(image)
-            labels[LABEL_AGENT] = "1"
-            user = await self._session_user(image)
-            if user:
-                labels[LABEL_USER] = user
+        agent = await self._agent_volume(image)
+        labels[LABEL_AGENT] = "1"
+        user = await self._session_user(image)
+        if user:
+            labels[LABEL_USER] = user
         pin = await self._pin(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
         template = self._task_template(spec, labels, network, pin, agent)
@@ -472,7 +440,7 @@ class SwarmSandbox(ContainerSandbox):
                 service_id = await self._create_service(template, session_id, labels, network)
         else:
             service_id = await self._create_service(template, session_id, labels, None)
-        session: SwarmSession | SwarmAgentSession | None = None
+        session: SwarmSession | None = None
         try:
             task = await self._wait_running(service_id, image)
             placement = await self._placement(task)
@@ -529,16 +497,12 @@ class SwarmSandbox(ContainerSandbox):
     async def _session_on(
         self, placement: Placement, session_id: str, spec: SessionSpec, created: float, expires: float,
         service_id: str, labels: Mapping[str, str],
-    ) -> SwarmSession | SwarmAgentSession:
-        """The session of a running task, on its node's engine: on its agent, or under the sh wrappers."""
-        site = await self._site(placement)
-        if labels.get(LABEL_AGENT) != "1":
-            return SwarmSession(site, str(placement.container_id), session_id, spec, created, expires,
-                                service_id=service_id, placement=placement)
-        assert placement.address is not None  # _site checked it
-        return SwarmAgentSession(
-            await self._nodes.agent_site(placement.address), str(placement.container_id), session_id, spec,
-            created, expires, engine=site.engine, user=labels.get(LABEL_USER, ""), service_id=service_id,
+    ) -> SwarmSession:
+        """The session of a running task, on its node's engine."""
+        address = await self._node_address(placement)
+        return SwarmSession(
+            await self._nodes.agent_site(address), str(placement.container_id), session_id, spec, created, expires,
+            engine=await self._nodes.engine(address), user=labels.get(LABEL_USER, ""), service_id=service_id,
             placement=placement,
         )
 
@@ -593,7 +557,6 @@ class SwarmSandbox(ContainerSandbox):
                 # its node is down or its task is gone: remove what the manager holds
                 await self._remove(service["ID"], None, self._network_of(spec))
                 self._commands.abandon(session_id)
-                self._agent_commands.abandon(session_id)
             else:
                 try:
                     await session.destroy(remove_workspace=False)
@@ -614,7 +577,7 @@ class SwarmSandbox(ContainerSandbox):
                     await self.manager.drop_overlay(network["Name"])
 
     async def _remove(
-        self, service_id: str, session: SwarmSession | SwarmAgentSession | None, network: str | None,
+        self, service_id: str, session: SwarmSession | None, network: str | None,
     ) -> None:
         """Remove a service, its container now when its node answers (its agent would, later), and the
         owner's overlay network when it was the last to use it."""
@@ -645,16 +608,15 @@ class SwarmSandbox(ContainerSandbox):
         return False
 
     async def _retime(  # type: ignore[override]
-        self, session: SwarmSession | SwarmAgentSession, expires_at: float,
+        self, session: SwarmSession, expires_at: float,
     ) -> None:
         """A service's labels can change (its task keeps running): the new end goes in its expires label."""
         await self.manager.set_service_labels(session.service_id, {LABEL_EXPIRES: repr(float(expires_at))})
 
     async def _teardown(  # type: ignore[override]
-        self, session: SwarmSession | SwarmAgentSession, remove_workspace: bool,
+        self, session: SwarmSession, remove_workspace: bool,
     ) -> None:
         self._commands.abandon(session.id)
-        self._agent_commands.abandon(session.id)
         spec = session.spec
         await self._remove(session.service_id, session, self._network_of(spec))
         if remove_workspace and spec.durability == "persistent":
@@ -672,7 +634,6 @@ class SwarmSandbox(ContainerSandbox):
         self.log.debug("sandbox-swarm: destroyed %s", session.id)
 
     async def close(self) -> None:
-        commands = [*self._commands.all(), *self._agent_commands.all()]
-        await asyncio.gather(*(c.kill() for c in commands), return_exceptions=True)
+        await asyncio.gather(*(c.kill() for c in self._commands.all()), return_exceptions=True)
         await self._nodes.close()
         await self._engine.close()

@@ -108,10 +108,8 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help=f"""Session image when a spec names none. Empty (the default): the package's Python image
         {PYTHON_IMAGE} when the engine has it (`jupyter tai-sandbox build-image --python`), else the
         minimal image {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`), chosen when the provider first
-        reaches the engine (restart the server after building the Python image). On the session agent (docker's
-        default) an image needs nothing; under the sh wrappers (swarm, or docker's session_agent=False) it must
-        provide sh, setsid, mkfifo, mv, rm, cat, kill, readlink, ls and a fractional sleep, /proc and a
-        writable /tmp.""",
+        reaches the engine (restart the server after building the Python image). The image needs nothing
+        of its own (no shell, no /tmp): the session agent runs the commands.""",
     ).tag(config=True)
 
     allowed_images = List(
@@ -185,9 +183,8 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         60.0,
         help="""A file download or upload that moves no data for this many seconds is aborted (a client
         that stops reading or sending, or an engine that stops answering): the transfer fails with
-        TransferIdleError, an upload leaves the target as it was, and under the sh wrappers the
-        transfer's command in the session is stopped. Transfers hold no engine lock and no worker
-        thread meanwhile.""",
+        TransferIdleError and an upload leaves the target as it was. Transfers hold no engine lock and
+        no worker thread meanwhile.""",
     ).tag(config=True)
 
     engine_timeout_seconds = Float(

@@ -1,5 +1,5 @@
-"""The docker provider under its sh wrappers (``session_agent=False``; the agent, the default, is
-test_conformance_docker_agent.py) through the conformance suite's pytest face: one test per check.
+"""The docker provider through the conformance suite's pytest face, one test per check, with the warm pool
+off and on.
 
 Skipped when no engine answers, unless CI is set (see tests/support/docker.py): then it fails.
 """
@@ -26,13 +26,7 @@ class TestDockerConformance(SandboxConformance):
     image = TEST_IMAGE
 
     def make_sandbox(self, tmp_path):
-        return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=False)
-
-    @pytest.mark.xfail(strict=True, reason=(
-        "the sh wrapper starts the program with the shell's exec, so an absent program is the shell's exit 127, "
-        "known only after the start; on the session agent (session_agent=True) it is the typed error"))
-    def test_absent_program_is_a_typed_error(self, sandbox, tmp_path):
-        self.run_conformance_check("absent_program_is_a_typed_error", sandbox, tmp_path)
+        return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
 
 
 # a unit of its own (it runs beside the plain class on another worker), checked on its own worker
@@ -41,7 +35,7 @@ class TestDockerWarmPoolConformance(TestDockerConformance):
     """Sessions handed out from a warm pool of started containers."""
 
     def make_sandbox(self, tmp_path):
-        return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, pool_size=2, session_agent=False)
+        return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, pool_size=2)
 
     @pytest.fixture(scope="class", autouse=True)
     def nothing_is_left_after_the_class(self, engine):

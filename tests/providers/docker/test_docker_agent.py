@@ -48,7 +48,7 @@ def bare_image(client):
 
 def test_an_image_without_a_shell_or_tmp_serves_a_session(client, bare_image):
     async def main() -> None:
-        sandbox = DockerSandbox(image=bare_image, extra_labels=RUN_LABEL, session_agent=True)
+        sandbox = DockerSandbox(image=bare_image, extra_labels=RUN_LABEL)
         session = await sandbox.create(SessionSpec(image=bare_image, consumer="docker-tests", network="none"))
         try:
             await session.put_file("dir/hello.txt", b"hello")
@@ -71,7 +71,7 @@ def test_an_image_without_a_shell_or_tmp_serves_a_session(client, bare_image):
 @contextlib.asynccontextmanager
 async def agent_session(**traits):
     """A session on the agent of a provider with ``traits``, destroyed with its provider after."""
-    sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, **traits)
+    sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
     session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
     try:
         yield session
@@ -307,7 +307,7 @@ def test_a_session_user_named_is_read_from_the_image_and_one_it_lacks_fails_the_
         async with agent_session(user="nobody") as session:
             result = await session.exec(["id", "-u"], timeout_seconds=30)
             assert result.stdout == b"65534\n"
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, session_agent=True, user="nosuchuser")
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, user="nosuchuser")
         try:
             with pytest.raises(SandboxError, match="no user 'nosuchuser'"):
                 await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
@@ -324,7 +324,7 @@ def test_the_images_user_is_the_session_user_when_none_is_configured(client):
     client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)
     try:
         async def main() -> None:
-            sandbox = DockerSandbox(image=tag, extra_labels=RUN_LABEL, session_agent=True)
+            sandbox = DockerSandbox(image=tag, extra_labels=RUN_LABEL)
             session = await sandbox.create(SessionSpec(image=tag, consumer="docker-tests", network="none"))
             try:
                 result = await session.exec(["sh", "-c", "id -u; id -g"], timeout_seconds=30)

@@ -1,8 +1,6 @@
-"""Docker file transfers and output caps against a real engine (issue 14, points 2, 5, 8), on the session
-agent (the default) unless a test says otherwise.
+"""Docker file transfers and output caps against a real engine (issue 14, points 2, 5, 8).
 
-Downloads and uploads hold no engine lock and no worker thread (under the sh wrappers they run as commands
-in the session): a stalled consumer delays nobody and is aborted after the idle limit;
+Downloads and uploads hold no engine lock and no worker thread: a stalled consumer delays nobody and is aborted after the idle limit;
 uploads are confined inside the container in the same step as the write, so a
 folder swapped for a symlink never redirects one; one-shot output and unread
 spilled output are capped with a typed error.
@@ -24,7 +22,7 @@ from jupyter_tai_sandbox.contract import (
     SessionSpec,
 )
 from jupyter_tai_sandbox.errors import OutputTooLargeError
-from jupyter_tai_sandbox.providers._docker_transfer import TransferIdleError
+from jupyter_tai_sandbox.providers.container import TransferIdleError
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.spool import OutputSpool
 from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
@@ -145,29 +143,26 @@ def test_eight_stalled_downloads_leave_other_sessions_and_creation_alone(client)
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("agent", [True, False], ids=["agent", "sh"])
-def test_a_stalled_download_is_aborted_after_the_idle_limit(client, agent):
-    """Under the sh wrappers a download is a command in the session, stopped with the transfer; on the agent
-    it is reads the reader asks for, so nothing runs in the session meanwhile."""
+def test_a_stalled_download_is_aborted_after_the_idle_limit(client):
+    """A download is reads the reader asks for, so nothing runs in the session meanwhile."""
 
     async def main() -> None:
-        sandbox = provider(transfer_idle_seconds=2, session_agent=agent)
+        sandbox = provider(transfer_idle_seconds=2)
         session = await sandbox.create(spec())
         try:
             await make_big(session)
             chunks = session.iter_file("big.bin", 1 << 16)
             await anext(chunks)
-            # the transfer's command is there while it runs (on the agent: none at all)
-            assert (await procs(session, "big.bin") == []) is agent
+            # no command in the session reads the file for the transfer
+            assert await procs(session, "big.bin") == []
             await asyncio.sleep(4)
             with pytest.raises(TransferIdleError, match="transfer_idle_seconds"):
                 async for _ in chunks:
                     pass
-            # its command in the session was stopped (its wrappers and the command name the file),
-            # and the stop ended too (every helper names /tmp/.tai-sbx-<token>)
+            # nothing in the session names the file, nor a helper of ours
             assert await left_after(session, "big.bin") == []
             assert await left_after(session, "tai-sbx") == []
-            # a consumer that leaves early stops the command too
+            # a consumer that leaves early leaves nothing either
             chunks = session.iter_file("big.bin", 1 << 16)
             await anext(chunks)
             await chunks.aclose()

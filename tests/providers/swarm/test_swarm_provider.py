@@ -147,29 +147,6 @@ def test_unix_engines_and_resources():
     run(main())
 
 
-def test_the_sh_wrappers_still_serve_a_swarm_without_the_agent():
-    """session_agent=False: the task runs the engine's init over sleep, and commands go through the wrappers."""
-
-    async def main():
-        sandbox = swarm_sandbox(session_agent=False)
-        try:
-            session = await sandbox.create(SessionSpec(network="none"))
-            try:
-                assert not session.holds_commands
-                result = await session.exec(["sh", "-c", "echo $((6 * 7)); cat /proc/1/cmdline | tr '\\0' ' '"],
-                                            timeout_seconds=30)
-                assert result.exit_code == 0 and result.stdout.split()[0] == b"42", result
-                assert b"/.tai/agent" not in result.stdout  # no agent in the container
-                await session.put_file("x.txt", b"hello")
-                assert await session.get_file("x.txt") == b"hello"
-            finally:
-                await session.destroy()
-        finally:
-            await sandbox.close()
-
-    run(main())
-
-
 def test_networks_across_nodes():
     """internal: one overlay per owner across nodes, no route out, other owners unreachable; none: loopback only."""
 
