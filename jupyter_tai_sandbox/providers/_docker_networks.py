@@ -30,10 +30,15 @@ import ipaddress
 import os
 import random
 import shutil
-from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ..contract import SandboxCapacityError, SandboxUnavailableError
+from ..contract import SandboxCapacityError, SandboxError, SandboxUnavailableError
+from ._docker_names import LABEL_CREATED, LABEL_NETWORK
+
+if TYPE_CHECKING:
+    from .docker_engine import DockerEngine
 
 #: the default range session subnets come from (outside Docker's default pools 172.17-31.0.0/16 and 192.168.0.0/16)
 DEFAULT_NETWORK_POOL = "10.201.0.0/16"
@@ -272,3 +277,63 @@ class HostFirewall:
                     rule = [w.strip('"') for w in words[1:]]
                     await self._run(tool, "-D", *rule)
                     self._walled.discard(bridge)
+
+
+class SessionBridges:
+    """A docker provider's session networks on its engine: each owner's egress and internal bridges and the
+    pool's holding bridge, made on demand with a subnet of their own and their firewall rules, and removed
+    when idle. Callers hold the network's lock (:class:`NetworkLocks`) around :meth:`ensure` and :meth:`drop`."""
+
+    def __init__(self, engine: DockerEngine, *, locks: NetworkLocks, firewall: HostFirewall,
+                 labels: Mapping[str, str], pick_subnet: Callable[[list[dict[str, Any]]], str]) -> None:
+        self._engine = engine
+        self._locks = locks
+        self.firewall = firewall
+        self._labels = dict(labels)
+        self._pick_subnet = pick_subnet
+
+    async def ensure(self, network: str, kind: str) -> None:
+        """Make ``network`` (kind egress, internal or pool) unless it exists, with a subnet of its own, and
+        its host firewall rules."""
+        async with self._locks.allocating:
+            await self._engine.ensure_network(
+                network,
+                labels={**self._labels, LABEL_NETWORK: kind, LABEL_CREATED: repr(time.time())},
+                options=bridge_options(kind, network),
+                internal=kind != "egress",
+                subnet=self._pick_subnet,
+            )
+        await self.firewall.protect(network)
+
+    async def drop(self, network: str, *, leaving: Sequence[str] = ()) -> bool:
+        """Remove ``network`` (and its firewall rules) when no container but those ``leaving`` (just
+        removed) is on it. True when it is gone."""
+        if not await self._engine.drop_network_if_idle(network, leaving=leaving):
+            return False
+        await self.firewall.release(network)
+        return True
+
+    async def drop_if_idle(self, network: str) -> bool:
+        """:meth:`drop` under the network's lock, errors aside."""
+        async with self._locks.hold(network):
+            with contextlib.suppress(SandboxError):
+                return await self.drop(network)
+        return False
+
+    async def reclaim(self, summaries: Sequence[Mapping[str, Any]], now: float) -> None:
+        """Networks no session is on (left by a crash between a network's making and its session's start,
+        or by a teardown that failed midway) older than a grace go, with firewall rules whose bridge is gone.
+        ``summaries``: the engine's listing of the provider's containers."""
+        in_use = {
+            name for summary in summaries for name in ((summary.get("NetworkSettings") or {}).get("Networks") or {})
+        }
+        live = set()
+        for network in await self._engine.networks(LABEL_NETWORK):
+            name = str(network.get("Name"))
+            try:
+                made = float((network.get("Labels") or {}).get(LABEL_CREATED, "0"))
+            except ValueError:
+                made = 0.0
+            if name in in_use or now - made < REAP_GRACE_SECONDS or not await self.drop_if_idle(name):
+                live.add(name)
+        await self.firewall.sweep(live)

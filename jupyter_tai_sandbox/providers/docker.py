@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traitlets import Enum, Float, Integer, TraitError, Unicode
+from traitlets import Enum, Float, Integer, Unicode
 
 from ..contract import (
     SandboxCapacityError,
@@ -52,7 +52,6 @@ from ._docker_names import (
     LABEL_CREATED,
     LABEL_DEPLOYMENT,
     LABEL_EXPIRES,
-    LABEL_NETWORK,
     LABEL_OWNER,
     LABEL_POOL,
     LABEL_RECORD,
@@ -69,17 +68,10 @@ from ._docker_names import (
     is_session_id,
     session_labels,
 )
-from ._docker_networks import (
-    REAP_GRACE_SECONDS,
-    HostFirewall,
-    bridge_options,
-    capacity_error,
-    check_pool,
-    free_subnet,
-    taken_subnets,
-)
+from ._docker_networks import HostFirewall, SessionBridges
 from ._docker_pool import PooledSession, WarmPool
 from ._docker_session import DockerSession
+from ._docker_ttl import TtlRecords, expiries, retimed
 from .container import KILL_LIMIT_SECONDS, CommandRegistry
 from .container.command import in_background
 from .container.sandbox import (
@@ -116,31 +108,6 @@ __all__ = [
     "DockerSandbox",
     "DockerSession",
 ]
-
-
-#: a TTL record whose session is not found is removed by a reap once it is this old
-STRAY_TTL_GRACE_SECONDS = 60.0
-
-
-def _expiries(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Session id -> the end its newest TTL record gives."""
-    newest: dict[str, tuple[str, float]] = {}
-    for volume in records:
-        labels = volume.get("Labels") or {}
-        name, session_id = str(volume.get("Name", "")), labels.get(LABEL_TTL)
-        try:
-            expires = float(labels[LABEL_EXPIRES])
-        except (KeyError, ValueError):
-            continue
-        if session_id and name > newest.get(session_id, ("", 0.0))[0]:
-            newest[session_id] = (name, expires)
-    return {session_id: expires for session_id, (_, expires) in newest.items()}
-
-
-def _retimed(session: DockerSession, expiries: Mapping[str, float]) -> DockerSession:
-    """The session with the end its newest TTL record gives (the labels' otherwise)."""
-    session.expires_at = expiries.get(session.id, session.expires_at)
-    return session
 
 
 class DockerSandbox(ContainerSandbox):
@@ -209,15 +176,9 @@ class DockerSandbox(ContainerSandbox):
     keeps each command and a bounded ring of its output, so a command outlives
     the server that started it (see the container base).
 
-    **TTL changes.** Container labels cannot change, so a session's new end
-    (:meth:`DockerSession.set_expiry`) is a small record on the engine: an empty
-    volume ``tai-ttl-<session id>-<stamp>`` labelled ``jupyter-tai-sandbox.ttl``
-    (the session id) and ``.expires``. The newest record of a session wins; a
-    change makes its record before removing the older ones, so a reader never
-    finds none. get(), list() and reap() read the records in the same round of
-    engine calls they already make (one volume listing, a few milliseconds), so
-    any DockerSandbox on the engine, a restarted server included, honours them.
-    Records go with their session; a reap removes those whose session is gone.
+    **TTL changes.** Container labels cannot change, so a session's new end is
+    a small record volume on the engine (``_docker_ttl``), read by get(), list()
+    and reap() in the round of engine calls they already make.
 
     **Warm pool.** With ``pool_size`` > 0, containers for the default spec are
     started ahead and handed out at create (see ``_docker_pool``).
@@ -274,11 +235,11 @@ class DockerSandbox(ContainerSandbox):
             scope=self.scope.labels,
         )
         self._engine.share.per_principal = self.engine_threads_per_user
-        try:
-            check_pool(self.network_pool, self.network_prefix)
-        except ValueError as e:
-            raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
-        self._firewall = HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log)
+        self._bridges = SessionBridges(
+            self._engine, locks=self._networks, labels=self.own_labels, pick_subnet=self._pick_subnet,
+            firewall=HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log),
+        )
+        self._ttls = TtlRecords(self._engine, self.own_labels)
         self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds)
         #: the engine's architecture (which agent binary its containers run), once asked
         self._arch: str | None = None
@@ -402,7 +363,7 @@ class DockerSandbox(ContainerSandbox):
         it to its session owner's egress network."""
         network = self.pool_network
         async with self._networks.hold(network):
-            await self._ensure_network(network, "pool")
+            await self._bridges.ensure(network, "pool")
             container_id = await self._start_container(self._limited(SessionSpec()), name, labels, volume_labels, network)
         # its agent connection and environment are ready before a claim: the first command goes at once
         with contextlib.suppress(SandboxError):
@@ -415,12 +376,12 @@ class DockerSandbox(ContainerSandbox):
         network = str(self._network_of(spec))
         async with self._networks.hold(network):
             try:
-                await self._ensure_network(network, "egress")
+                await self._bridges.ensure(network, "egress")
                 await self._engine.network_connect(container_id, network)
             except SandboxError as e:
                 self._pool.discard(container_id)
                 with contextlib.suppress(SandboxError):
-                    await self._drop_network(network)
+                    await self._bridges.drop(network)
                 if isinstance(e, SandboxCapacityError):
                     raise
                 self.log.warning("sandbox-docker: a pooled container could not join %s: %s", network, e)
@@ -428,7 +389,7 @@ class DockerSandbox(ContainerSandbox):
             record = await self._pool.claim(container_id, session_id, labels, spec.env)
             if record is None:
                 with contextlib.suppress(SandboxError):
-                    await self._drop_network(network)
+                    await self._bridges.drop(network)
                 return None
         # off the holding network after the claim (a slow engine call the session need not wait for): it is
         # internal, with no host address and no traffic between its containers, so meanwhile it reaches nothing
@@ -467,34 +428,6 @@ class DockerSandbox(ContainerSandbox):
         """The network pooled containers wait on: internal, no host address, reaching nothing."""
         return f"{self.egress_network}-pool-{self.scope.tag}"
 
-    def _pick_subnet(self, networks: list[dict[str, Any]]) -> str:
-        """A free subnet of network_pool, given every network on the engine; SandboxCapacityError when none."""
-        found = free_subnet(self.network_pool, self.network_prefix, taken_subnets(networks))
-        if found is None:
-            raise capacity_error(type(self).__name__, self.network_pool, self.network_prefix)
-        return found
-
-    async def _ensure_network(self, network: str, kind: str) -> None:
-        """Make the session network ``network`` (kind egress, internal or pool) unless it exists, with a
-        subnet of its own, and its host firewall rules; the caller holds its lock."""
-        async with self._networks.allocating:
-            await self._engine.ensure_network(
-                network,
-                labels={**self.own_labels, LABEL_NETWORK: kind, LABEL_CREATED: repr(time.time())},
-                options=bridge_options(kind, network),
-                internal=kind != "egress",
-                subnet=self._pick_subnet,
-            )
-        await self._firewall.protect(network)
-
-    async def _drop_network(self, network: str, *, leaving: Sequence[str] = ()) -> bool:
-        """Remove ``network`` (and its firewall rules) when no container but those ``leaving`` (just
-        removed) is on it; the caller holds its lock. True when it is gone."""
-        if not await self._engine.drop_network_if_idle(network, leaving=leaving):
-            return False
-        await self._firewall.release(network)
-        return True
-
     async def _drop_pooled_networks(self, records: Sequence[Mapping[str, Any]]) -> None:
         """The owner networks of pooled sessions a pool reap may just have removed (it removes their
         containers, not through a teardown), and the pool's holding network, when idle."""
@@ -503,37 +436,8 @@ class DockerSandbox(ContainerSandbox):
             with contextlib.suppress(KeyError, ValueError, SandboxError):
                 networks.add(str(self._network_of(self._session_from_pooled(self._pool.from_record(volume, {})).spec)))
         for network in networks - {"None"}:
-            if network == self.pool_network and self._pool.ready_count():
-                continue
-            async with self._networks.hold(network):
-                with contextlib.suppress(SandboxError):
-                    await self._drop_network(network)
-
-    async def _reclaim_networks(self, summaries: Sequence[Mapping[str, Any]], now: float) -> None:
-        """Networks no session is on (left by a crash between a network's making and its session's
-        start, or by a teardown that failed midway) older than a grace go, with firewall rules whose
-        bridge is gone."""
-        in_use = {
-            name for summary in summaries for name in ((summary.get("NetworkSettings") or {}).get("Networks") or {})
-        }
-        networks = await self._engine.networks(LABEL_NETWORK)
-        live = set()
-        for network in networks:
-            name = str(network.get("Name"))
-            try:
-                made = float((network.get("Labels") or {}).get(LABEL_CREATED, "0"))
-            except ValueError:
-                made = 0.0
-            if name in in_use or now - made < REAP_GRACE_SECONDS:
-                live.add(name)
-                continue
-            gone = False
-            async with self._networks.hold(name):
-                with contextlib.suppress(SandboxError):
-                    gone = await self._drop_network(name)
-            if not gone:
-                live.add(name)
-        await self._firewall.sweep(live)
+            if network != self.pool_network or not self._pool.ready_count():
+                await self._bridges.drop_if_idle(network)
 
     # -------------------------------------------------------------- sessions
 
@@ -579,12 +483,12 @@ class DockerSandbox(ContainerSandbox):
         network = self._network_of(spec)
         if network is not None:
             async with self._networks.hold(network):
-                await self._ensure_network(network, spec.network)
+                await self._bridges.ensure(network, spec.network)
                 try:
                     container_id = await self._start_container(spec, *names, network, user=labels.get(LABEL_USER, ""))
                 except BaseException:
                     with contextlib.suppress(SandboxError):
-                        await self._drop_network(network)
+                        await self._bridges.drop(network)
                     raise
         else:
             container_id = await self._start_container(spec, *names, user=labels.get(LABEL_USER, ""))
@@ -632,8 +536,8 @@ class DockerSandbox(ContainerSandbox):
         if not is_session_id(session_id):
             raise session_gone(session_id)
         await self._connect()
-        session, records = await asyncio.gather(self._find(session_id), self._ttl_records(session_id))
-        return _retimed(session, _expiries(records))
+        session, records = await asyncio.gather(self._find(session_id), self._ttls.of(session_id))
+        return retimed(session, expiries(records))
 
     async def _find(self, session_id: str) -> DockerSession:
         if self._pool.knows(session_id):
@@ -654,21 +558,21 @@ class DockerSandbox(ContainerSandbox):
         await self._connect()
         summaries, records, pooled, ttls = await asyncio.gather(
             self._engine.containers(LABEL_SESSION), self._pool.records(), self._pool.containers(),
-            self._ttl_records(),
+            self._ttls.of(),
         )
-        ttls = _expiries(ttls)
+        ttls = expiries(ttls)
         alive = {c["Id"] for c in pooled}
         infos = []
         for summary in summaries:
             try:
-                infos.append(_retimed(self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls)._info())
+                infos.append(retimed(self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls)._info())
             except (KeyError, ValueError, SandboxError):
                 continue
         for volume in records:
             if (volume.get("Labels") or {}).get(LABEL_RECORD) not in alive:
                 continue  # its container is gone: the reap removes the record
             try:
-                infos.append(_retimed(self._session_from_pooled(self._pool.from_record(volume, {})), ttls)._info())
+                infos.append(retimed(self._session_from_pooled(self._pool.from_record(volume, {})), ttls)._info())
             except (KeyError, ValueError, SandboxError):
                 continue
         return sorted(infos, key=lambda i: i.created_at)
@@ -678,13 +582,13 @@ class DockerSandbox(ContainerSandbox):
         now = time.time()
         reaped = []
         summaries, records, pooled_records = await asyncio.gather(
-            self._engine.containers(LABEL_SESSION), self._ttl_records(), self._pool.records()
+            self._engine.containers(LABEL_SESSION), self._ttls.of(), self._pool.records()
         )
-        ttls = _expiries(records)
+        ttls = expiries(records)
         for summary in summaries:
             labels = summary.get("Labels") or {}
             try:
-                session = _retimed(self._session_from(summary["Id"], labels, None), ttls)
+                session = retimed(self._session_from(summary["Id"], labels, None), ttls)
                 # expired, or dead: its container stopped (an engine restart stops it) and runs nothing again
                 expired = session.expires_at <= now or summary.get("State") in ("exited", "dead")
             except (KeyError, ValueError, SandboxError):
@@ -700,8 +604,8 @@ class DockerSandbox(ContainerSandbox):
         live = {
             str((found.get("Labels") or {}).get(LABEL_SESSION)) for found in [*summaries, *pooled_records]
         } - set(reaped)
-        await self._drop_stray_ttl_records(records, live, now)
-        await self._reclaim_networks(summaries, now)
+        await self._ttls.drop_strays(records, live, now)
+        await self._bridges.reclaim(summaries, now)
         await self._agent_volumes.reap()
         if reaped:
             self.log.info("sandbox-docker: reaped %s", ", ".join(reaped))
@@ -709,39 +613,8 @@ class DockerSandbox(ContainerSandbox):
 
     # ------------------------------------------------------------------ TTL
 
-    async def _ttl_records(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        """TTL record volumes: of one session, or of all."""
-        return await self._engine.volumes(f"{LABEL_TTL}={session_id}" if session_id else LABEL_TTL)
-
     async def _retime(self, session: DockerSession, expires_at: float) -> None:
-        """Record a session's new end: a new TTL record first, then the older ones go."""
-        name = f"{TTL_PREFIX}{session.id}-{time.time_ns():020d}"
-        await self._engine.create_volume(
-            name, {**self.own_labels, LABEL_TTL: session.id, LABEL_EXPIRES: repr(float(expires_at))}
-        )
-        for volume in await self._ttl_records(session.id):
-            if volume.get("Name", "") < name:
-                with contextlib.suppress(EngineRefusedError):
-                    await self._engine.remove_volume(volume["Name"])
-
-    async def _drop_ttl_records(self, session_id: str) -> None:
-        for volume in await self._ttl_records(session_id):
-            with contextlib.suppress(EngineRefusedError):
-                await self._engine.remove_volume(volume["Name"])
-
-    async def _drop_stray_ttl_records(self, ttls: list[dict[str, Any]], live: set[str], now: float) -> None:
-        """TTL records whose session is gone (its container removed behind our back, or a teardown
-        that failed midway); a minute's grace covers a session made after the listing."""
-        for volume in ttls:
-            labels = volume.get("Labels") or {}
-            owner_id = labels.get(LABEL_TTL)
-            if owner_id in live:
-                continue
-            stamp = volume.get("Name", "").rsplit("-", 1)[-1]
-            if stamp.isdigit() and now - int(stamp) / 1e9 < STRAY_TTL_GRACE_SECONDS:
-                continue
-            with contextlib.suppress(EngineRefusedError, SandboxNotFoundError):
-                await self._engine.remove_volume(volume["Name"])
+        await self._ttls.move(session.id, expires_at)
 
     def _abandon(self, session_id: str) -> None:
         self._agent_site.commands.abandon(session_id)
@@ -753,11 +626,11 @@ class DockerSandbox(ContainerSandbox):
         self._pool.forget(session.id)
         spec = session.spec
         await self._engine.remove_container(session.container_id, volume=session.record)
-        await self._drop_ttl_records(session.id)
+        await self._ttls.drop(session.id)
         network = self._network_of(spec)
         if network is not None:
             async with self._networks.hold(network):
-                await self._drop_network(network, leaving=(session.container_id,))
+                await self._bridges.drop(network, leaving=(session.container_id,))
         if remove_workspace and spec.durability == "persistent":
             volume = self.scope.workspace_volume(str(spec.workspace_key))
             try:
@@ -777,7 +650,5 @@ class DockerSandbox(ContainerSandbox):
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         await self._pool.close()
         if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
-            async with self._networks.hold(self.pool_network):
-                with contextlib.suppress(SandboxError):
-                    await self._drop_network(self.pool_network)
+            await self._bridges.drop_if_idle(self.pool_network)
         await self._engine.close()

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from traitlets import Float, List, TraitError, Unicode
+from traitlets import Float, List, Unicode
 
 from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..contract import (
@@ -49,7 +49,6 @@ from ._docker_names import (
     is_session_id,
     session_labels,
 )
-from ._docker_networks import capacity_error, check_pool, free_subnet, taken_subnets
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from ._swarm_session import (
     LABEL_NODE,
@@ -177,10 +176,6 @@ class SwarmSandbox(ContainerSandbox):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        try:
-            check_pool(self.network_pool, self.network_prefix)
-        except ValueError as e:
-            raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user
@@ -198,13 +193,6 @@ class SwarmSandbox(ContainerSandbox):
 
     async def _connect(self) -> None:
         await self._engine.connect()
-
-    def _pick_subnet(self, networks: list[dict[str, Any]]) -> str:
-        """A free subnet of network_pool, given every network on the swarm; SandboxCapacityError when none."""
-        found = free_subnet(self.network_pool, self.network_prefix, taken_subnets(networks))
-        if found is None:
-            raise capacity_error(type(self).__name__, self.network_pool, self.network_prefix)
-        return found
 
     # ------------------------------------------------------------ the agent
 

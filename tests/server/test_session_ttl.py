@@ -84,12 +84,12 @@ def test_docker_ttl_records_are_one_per_session_and_go_with_it(tmp_path, monkeyp
         other = await sandbox.create(SessionSpec(ttl_seconds=60))
         await other.set_expiry(created + 120)
         client.api.remove_container(other.container_id, force=True, v=True)
-        import jupyter_tai_sandbox.providers.docker as docker_module
+        from jupyter_tai_sandbox.providers import _docker_networks, _docker_ttl
 
         # no grace for the stray record, nor for the network the removed container left (the reaper leaves
         # a young network to a server that may be about to join it: past the grace it would reclaim it)
-        monkeypatch.setattr(docker_module, "STRAY_TTL_GRACE_SECONDS", 0.0)
-        monkeypatch.setattr(docker_module, "REAP_GRACE_SECONDS", 0.0)
+        monkeypatch.setattr(_docker_ttl, "STRAY_TTL_GRACE_SECONDS", 0.0)
+        monkeypatch.setattr(_docker_networks, "REAP_GRACE_SECONDS", 0.0)
         await sandbox.reap()
         assert records(other.id) == []
         await sandbox.close()

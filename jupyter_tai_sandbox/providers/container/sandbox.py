@@ -41,7 +41,15 @@ from .._docker_names import (
     check_deployment,
     default_deployment,
 )
-from .._docker_networks import DEFAULT_NETWORK_POOL, DEFAULT_NETWORK_PREFIX, NetworkLocks
+from .._docker_networks import (
+    DEFAULT_NETWORK_POOL,
+    DEFAULT_NETWORK_PREFIX,
+    NetworkLocks,
+    capacity_error,
+    check_pool,
+    free_subnet,
+    taken_subnets,
+)
 from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL
 
 #: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
@@ -258,6 +266,17 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         super().__init__(**kwargs)
         self._status_ping: asyncio.Future[None] | None = None
         self._networks = NetworkLocks()
+        try:
+            check_pool(self.network_pool, self.network_prefix)
+        except ValueError as e:
+            raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
+
+    def _pick_subnet(self, networks: list[dict[str, Any]]) -> str:
+        """A free subnet of network_pool, given every network on the engine; SandboxCapacityError when none."""
+        found = free_subnet(self.network_pool, self.network_prefix, taken_subnets(networks))
+        if found is None:
+            raise capacity_error(type(self).__name__, self.network_pool, self.network_prefix)
+        return found
 
     @default("base_url")
     def _base_url_default(self) -> str:

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.providers import docker as docker_provider
+from jupyter_tai_sandbox.providers import _docker_networks
 from jupyter_tai_sandbox.providers._docker_networks import bridge_name
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, host_listener, leftovers
@@ -193,7 +193,7 @@ def test_egress_session_cannot_reach_the_host_and_its_rules_go_with_the_network(
 
 
 def test_a_network_left_by_a_crash_is_reclaimed_by_the_reaper(client, monkeypatch):
-    monkeypatch.setattr(docker_provider, "REAP_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(_docker_networks, "REAP_GRACE_SECONDS", 0.0)
 
     async def main() -> None:
         sandbox = provider()
@@ -245,7 +245,7 @@ def test_a_network_within_its_grace_is_left_to_its_creator(client, monkeypatch):
             client.api.remove_container(session.container_id, force=True, v=True)
             await sandbox.reap()
             assert client.networks.list(names=[name])  # maybe another server's, about to be joined
-            monkeypatch.setattr(docker_provider, "REAP_GRACE_SECONDS", 0.0)
+            monkeypatch.setattr(_docker_networks, "REAP_GRACE_SECONDS", 0.0)
             await sandbox.reap()
             assert not client.networks.list(names=[name])
         finally:
