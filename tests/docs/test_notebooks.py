@@ -158,15 +158,26 @@ def _binder_requirements() -> list[str]:
 @pytest.mark.timeout(900)
 def test_binder_setup_runs_the_getting_started_notebook(tmp_path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
-    subprocess.run([python, "-m", "pip", "install", "-q", *_binder_requirements()], check=True, env=env)
-    # postBuild runs from the repository root (as repo2docker does), on a copy of the checkout
+    # environment.yml's `pip` is conda-forge's newest: the venv gets the newest from PyPI (this pip installs
+    # it with --python), not the older one ensurepip bundles, whose resolver takes 2.5 times the CPU on
+    # jupyterlab's dependencies. --no-compile: byte-compiling all of them costs more than compiling, on
+    # import, what the server and the kernel load.
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", "pip"],
+                   check=True, env=env)
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-compile", *_binder_requirements()],
+                   check=True, env=env)
+    # postBuild runs from the repository root (as repo2docker does), on a copy of the checkout. The copy keeps
+    # the built panel (jupyter_tai_sandbox/labextension/): its static/style.js is the build's skip-if-exists,
+    # so postBuild's `pip install .` does not run node. jlpm's cache (.yarn, 66 MB) is left out: only a node
+    # build reads it.
     checkout = tmp_path / "repo"
     shutil.copytree(REPO, checkout, ignore=shutil.ignore_patterns(
-        ".git", "node_modules", ".venv", "__pycache__", "*.egg-info", "build", "dist", "artifacts", "results",
+        ".git", "node_modules", ".yarn", ".venv", "__pycache__", "*.egg-info", "build", "dist", "artifacts",
+        "results", ".pytest_cache", ".ruff_cache", ".hypothesis",
     ))
     subprocess.run(["bash", "binder/postBuild"], check=True, cwd=checkout, env=env)
     # the server comes from the venv; provider and isolation come from binder's config only
