@@ -119,7 +119,7 @@ func (a *agent) acceptLoop(ln *net.UnixListener) {
 		}
 		cred, err := unixPeerCred(c)
 		if err == nil {
-			err = trustedPeer(cred)
+			err = trustedClient(cred)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "tai-agent: refused a connection:", err)

@@ -175,6 +175,17 @@ func scanZombieChildren() []int {
 	return out
 }
 
+// trustedClient is the gate on a connection to the agent: a trustedPeer, or a peer outside this pid
+// namespace altogether (SO_PEERCRED's pid is 0 for a process the namespace cannot see). That is a server
+// on the engine's host connecting from the container's network namespace (PROTOCOL.md, "Direct
+// connections"): every process of the session is in this namespace or one below it, so none is ever 0.
+func trustedClient(c *syscall.Ucred) error {
+	if c.Pid == 0 {
+		return nil
+	}
+	return trustedPeer(c)
+}
+
 // trustedPeer is the channel's gate (PROTOCOL.md, "Who may connect"): the process on the other end of the
 // unix socket must have parent pid 0 in this pid namespace (entered from outside: a `docker exec`, or the
 // agent itself as PID 1), be non-dumpable (its /proc/<pid>/exe closed to us: a same-uid process made

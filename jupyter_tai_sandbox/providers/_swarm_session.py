@@ -64,11 +64,13 @@ class NodeEngines:
         timeout: float,
         agent_site: Callable[[SwarmEngine], ContainerSite],
         scope: Mapping[str, str],
+        direct_agent: bool = True,
     ) -> None:
         self._tls = tls
         self._scope = dict(scope)
         self._timeout = timeout
         self._make_agent_site = agent_site
+        self._direct_agent = direct_agent
         self._engines: dict[str, SwarmEngine] = {}
         self._agent_sites: dict[str, ContainerSite] = {}
         self._agent_volumes: dict[str, AgentVolumes] = {}
@@ -78,6 +80,8 @@ class NodeEngines:
         if engine is None:
             engine = self._engines[address] = SwarmEngine(
                 address, tls=self._tls, timeout=self._timeout, scope=self._scope)
+            if not self._direct_agent:
+                engine.direct_agent = False
         await engine.connect()
         return engine
 

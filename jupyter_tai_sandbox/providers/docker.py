@@ -235,6 +235,8 @@ class DockerSandbox(ContainerSandbox):
             scope=self.scope.labels,
         )
         self._engine.share.per_principal = self.engine_threads_per_user
+        if self.agent_transport == "exec":
+            self._engine.direct_agent = False
         self._bridges = SessionBridges(
             self._engine, locks=self._networks, labels=self.own_labels, pick_subnet=self._pick_subnet,
             firewall=HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log),

@@ -40,6 +40,7 @@ import contextlib
 import functools
 import io
 import json
+import os
 import re
 import tarfile
 import threading
@@ -47,8 +48,8 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..agent.client import AGENT_PATH, AgentClient
-from ..agent.transport import open_docker_streams
+from ..agent.client import AGENT_PATH, AgentClient, AgentConnectionLost
+from ..agent.transport import NotReachableHere, open_docker_streams, open_in_netns
 from ..contract import (
     SandboxError,
     SandboxNotFoundError,
@@ -156,6 +157,11 @@ class DockerEngine:
         self.share = FairShare(threads_per_principal, setting="DockerSandbox.engine_threads_per_user")
         #: calls made into the engine so far: blocking ones (each takes a worker thread), exec streams opened
         self.calls = 0
+        #: whether open_agent connects to an agent's socket itself: None tries it (and keeps to the relay after
+        #: a first failure), True once it worked, False never (the relay: one engine exec per connection)
+        self.direct_agent: bool | None = None
+        #: why the direct connection could not be used here (None: it was not refused)
+        self.direct_refusal: str | None = None
 
     # ------------------------------------------------------------ plumbing
 
@@ -669,7 +675,24 @@ class DockerEngine:
         return self._address
 
     async def open_agent(self, container_id: str) -> AgentClient:
-        """A new connection to the container's session agent: one exec of its ``connect`` relay."""
+        """A new connection to the container's session agent: straight to its socket when this process can
+        enter the container's network namespace (root on the engine's host; see ``direct_agent``), else one
+        exec of its ``connect`` relay."""
+        if self.direct_agent is not False and self.base_url.startswith("unix://") and os.geteuid() == 0:
+            attrs = await self.inspect_container(container_id, what="find a session's agent")
+            pid = int((attrs.get("State") or {}).get("Pid") or 0)
+            if pid > 0:
+                try:
+                    client = await open_in_netns(pid, str(attrs["Id"]))
+                except NotReachableHere as e:
+                    if self.direct_agent is None:  # it never worked here: the relay from now on
+                        self.direct_agent = False
+                        self.direct_refusal = str(e)
+                except OSError as e:
+                    raise AgentConnectionLost(f"the session agent's socket: {e}") from None
+                else:
+                    self.direct_agent = True
+                    return client
         exec_id = await self.exec_create(container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False)
         reader, writer = await self.exec_start(exec_id, False)
         try:

@@ -181,7 +181,7 @@ class SwarmSandbox(ContainerSandbox):
         self._engine.share.per_principal = self.engine_threads_per_user
         self._commands = CommandRegistry()
         self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, agent_site=self._agent_site_for,
-                                  scope=self.scope.labels)
+                                  scope=self.scope.labels, direct_agent=self.agent_transport == "auto")
 
     @property
     def manager(self) -> SwarmEngine:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ...contract import (
@@ -185,6 +185,17 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="""User commands run as, 'uid[:gid]' or a name the image knows ('' = the image's USER).
         File uploads and downloads run as that user too (uploaded files belong to it), so they have
         no more rights in the container than the session's own commands.""",
+    ).tag(config=True)
+
+    agent_transport = Enum(
+        ["auto", "exec"],
+        "auto",
+        help="""How the server reaches a session's agent. 'auto': a server running as root on the engine's
+        host (a unix:// engine whose containers' processes it sees) connects to the agent's socket itself,
+        from the container's network namespace: no engine exec and no relay process on the path, so
+        commands start and stream faster; anywhere else, and 'exec', one engine exec of the agent's
+        connect relay per session connection. The agent accepts only a peer from outside the session
+        either way.""",
     ).tag(config=True)
 
     transfer_idle_seconds = Float(

@@ -146,7 +146,7 @@ def test_root_session_code_cannot_replace_the_agent_the_server_connects_through(
     import hashlib
 
     async def main() -> None:
-        async with agent_session() as session:
+        async with agent_session(agent_transport="exec") as session:  # through the relay session code may kill
             result = await session.exec(["sh", "-c", REPLACE_THE_AGENT], timeout_seconds=60)
             assert "ALLOWED" not in result.stdout.decode(), result.stdout.decode()
             expected = hashlib.sha256(agent_binary().read_bytes()).hexdigest()
@@ -155,6 +155,50 @@ def test_root_session_code_cannot_replace_the_agent_the_server_connects_through(
             await asyncio.sleep(1.5)
             again = await session.exec(["id", "-u"], timeout_seconds=30)  # a new connection, to the real agent
             assert (again.exit_code, again.stdout) == (0, b"0\n")
+
+    asyncio.run(main())
+
+
+def test_a_root_server_on_the_engines_host_reaches_the_agent_with_no_engine_exec(client):
+    """agent_transport 'auto' (the default): the server, root on the engine's host, connects to the agent's
+    socket from the container's network namespace, so the container runs no exec at all; 'exec' takes the
+    relay, one exec per connection. Both serve the same commands."""
+
+    async def main() -> None:
+        for transport, execs in (("auto", 0), ("exec", 1)):
+            async with agent_session(agent_transport=transport) as session:
+                result = await session.exec(["sh", "-c", "echo $((6 * 7))"], timeout_seconds=30)
+                assert (result.exit_code, result.stdout) == (0, b"42\n")
+                await session.put_file("x.txt", b"x")
+                attrs = client.api.inspect_container(session.container_id)
+                assert len(attrs["ExecIDs"] or []) == execs, (transport, attrs["ExecIDs"])
+
+    asyncio.run(main())
+
+
+def test_a_direct_connection_believes_only_the_containers_agent(client):
+    """The server's direct connection checks what it enters: a pid whose cgroup is not the session's
+    container is never entered (a pid reused by another container's process), and a listener that is not
+    the container's PID 1 is refused (session code cannot pose as the agent)."""
+    from jupyter_tai_sandbox.agent.transport import NotReachableHere, open_in_netns
+
+    async def main() -> None:
+        async with agent_session() as ours, agent_session() as theirs:
+            handle = await ours.exec_start(["sleep", "300"], timeout_seconds=60)
+            try:
+                top = client.api.top(ours.container_id, ps_args="-eo pid,args")
+                sleeper = next(int(pid) for pid, args in top["Processes"] if args == "sleep 300")
+                with pytest.raises(ConnectionRefusedError, match="not the agent"):
+                    await open_in_netns(sleeper, ours.container_id)
+                their_agent = client.api.inspect_container(theirs.container_id)["State"]["Pid"]
+                with pytest.raises(NotReachableHere, match="not the session's"):
+                    await open_in_netns(their_agent, ours.container_id)
+                ours_agent = client.api.inspect_container(ours.container_id)["State"]["Pid"]
+                direct = await open_in_netns(ours_agent, ours.container_id)
+                assert (await (await direct.start(["true"])).wait()).code == 0
+                await direct.close()
+            finally:
+                await handle.kill()
 
     asyncio.run(main())
 
