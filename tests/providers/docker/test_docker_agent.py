@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
 import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -272,22 +274,28 @@ def test_servers_filling_the_agent_volume_at_once_fill_it_once_and_whole(client)
             client.api.remove_volume(name)
 
 
-def test_every_session_object_of_a_container_shares_one_agent_connection(client):
+@pytest.mark.parametrize("transport", ["auto", "exec"])
+def test_every_session_object_of_a_container_shares_one_agent_connection(client, transport):
     """A server gets a session object per request: they share the container's one connection (one relay in
-    the session), rather than an engine exec each that would live as long as the container."""
+    the session, or one socket straight to the agent), rather than one each that would live as long as the
+    container."""
     relays = r"""n=0; for d in /proc/[0-9]*; do
       [ "${d#/proc/}" != 1 ] && [ "$(cat $d/comm 2>/dev/null)" = agent ] && [ "$(cut -d' ' -f4 $d/stat)" = 0 ] && n=$((n+1))
     done; echo $n"""
 
     async def main() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
+        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, agent_transport=transport)
         session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
         try:
             for _ in range(5):
                 again = await sandbox.get(session.id)
                 assert (await again.exec(["true"], timeout_seconds=30)).exit_code == 0
             count = await session.exec(["sh", "-c", relays], timeout_seconds=30)
-            assert count.stdout == b"1\n"
+            assert count.stdout == (b"1\n" if transport == "exec" else b"0\n")
+            agent = client.api.inspect_container(session.container_id)["State"]["Pid"]
+            fds = Path(f"/proc/{agent}/fd")
+            sockets = [fd for fd in fds.iterdir() if os.readlink(fd).startswith("socket:")]
+            assert len(sockets) == 2, sockets  # the agent's listener and the one connection
         finally:
             await session.destroy()
             await sandbox.close()
