@@ -231,7 +231,7 @@ async def _create_docker(report: Report) -> None:
         client.close()
     _compare(report, "create", "ms", samples, "docker create to first command: raw SDK run+exec")
     p50 = report.rows["docker create to first command: ours, pool on"].median
-    report.target("docker create-to-first-command p50 < 100 ms with the warm pool", p50 < 100, f"{p50:.1f} ms")
+    report.target("docker create-to-first-command p50 <= 20 ms with the warm pool", p50 <= 20, f"{p50:.1f} ms")
 
 
 async def _wait_pool(sandbox: Any, count: int, seconds: float = 30.0) -> None:
@@ -327,7 +327,8 @@ async def _stream_rows(
         samples = await interleaved_throughput(rounds, {baseline: raw, compared: ours})
         _compare(report, "stream", "MiB/s", samples, baseline)
         ratio = report.ratio(compared)
-        report.target(f"{compared} >= 0.8x the raw baseline", ratio >= 0.8, f"{ratio:.2f}x")
+        floor = 1.0 if kind == "docker" else 0.8  # docker: issue 27's target (on the agent, no relay hop)
+        report.target(f"{compared} >= {floor:g}x the raw baseline", ratio >= floor, f"{ratio:.2f}x")
 
 
 def _sdk_stream(client: Any, container_id: str, cmd: list[str], stdin: bytes | None) -> int:
