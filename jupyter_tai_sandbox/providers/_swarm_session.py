@@ -65,12 +65,14 @@ class NodeEngines:
         agent_site: Callable[[SwarmEngine], ContainerSite],
         scope: Mapping[str, str],
         direct_agent: bool = True,
+        log: Any = None,
     ) -> None:
         self._tls = tls
         self._scope = dict(scope)
         self._timeout = timeout
         self._make_agent_site = agent_site
         self._direct_agent = direct_agent
+        self._log = log
         self._engines: dict[str, SwarmEngine] = {}
         self._agent_sites: dict[str, ContainerSite] = {}
         self._agent_volumes: dict[str, AgentVolumes] = {}
@@ -97,6 +99,32 @@ class NodeEngines:
         engine = await self.engine(address)
         volumes = self._agent_volumes.setdefault(address, AgentVolumes(engine))
         return await volumes.volume_for(arch, image)
+
+    async def fill_agent_volumes(self, nodes: list[dict[str, Any]], engine_label: str, image: str) -> tuple[str, str]:
+        """``(volume, arch)``: the agent volume filled on every ready node of ``nodes`` that names its engine in
+        ``engine_label`` (a task may land on any of them). A swarm of several architectures runs sessions on the
+        first listed node's, which the caller pins by a constraint."""
+        by_arch: dict[str, list[str]] = {}
+        for node in nodes:
+            address = ((node.get("Spec") or {}).get("Labels") or {}).get(engine_label)
+            if not address or (node.get("Status") or {}).get("State") != "ready":
+                continue
+            arch = str(((node.get("Description") or {}).get("Platform") or {}).get("Architecture") or "x86_64")
+            by_arch.setdefault(arch, []).append(address)
+        if not by_arch:
+            raise SandboxUnavailableError(
+                f"no ready swarm node names its engine ({engine_label} label): no session can run"
+            )
+        arch = next(iter(by_arch))
+        names = set()
+        for address in by_arch[arch]:
+            try:
+                names.add(await self.agent_volume(address, arch, image))
+            except SandboxUnavailableError as e:  # that node's engine does not answer: its tasks fail loudly
+                self._log.warning("sandbox-swarm: the agent volume could not be filled on %s: %s", address, e)
+        if not names:
+            raise SandboxUnavailableError("the agent volume could not be filled on any swarm node")
+        return names.pop(), arch
 
     async def reap_agent_volumes(self) -> None:
         """On every node this provider filled: other builds' agent volumes no container uses."""

@@ -184,8 +184,10 @@ class DockerSandbox(ContainerSandbox):
     started ahead and handed out at create (see ``_docker_pool``).
 
     **Transport.** Blocking SDK calls run in the engine object's worker threads
-    (``docker_engine``); each session's agent channel is one exec stream over an
-    asyncio connection (``_docker_stream``), no thread per command.
+    (``docker_engine``). Each session's agent channel is one asyncio connection,
+    no thread per command: the agent's socket itself for a root server on the
+    engine's host (``agent_transport``), else an exec stream of its relay
+    (``_docker_stream``).
     """
 
     kind = "docker"

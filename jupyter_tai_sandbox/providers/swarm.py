@@ -7,7 +7,8 @@ engine of the node that runs it, through the container base's session and
 command classes, so every guarantee of sandbox-docker holds unchanged.
 
 ``_swarm_engine``   :class:`SwarmEngine`: a DockerEngine with TLS exec streams and the manager's API
-``_swarm_session``  :class:`SwarmSession`, the node engines, where a task runs
+``_swarm_session``  :class:`SwarmSession`, the node engines (and their agent volumes), where a task runs
+``_swarm_workspaces`` where persistent workspaces live: one record per key on the manager
 ``swarm``           :class:`SwarmSandbox`, the configurable provider (this module)
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -57,8 +57,8 @@ from ._swarm_session import (
     Placement,
     SwarmSession,
     placement_of,
-    record_name,
 )
+from ._swarm_workspaces import WorkspaceRecords
 from .container import CommandRegistry, ContainerSite
 from .container.sandbox import ContainerSandbox, spec_from_labels
 from .docker_engine import EngineRefusedError, docker_sdk
@@ -180,8 +180,9 @@ class SwarmSandbox(ContainerSandbox):
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user
         self._commands = CommandRegistry()
+        self._workspaces = WorkspaceRecords(self._engine, self.scope, self.own_labels, self.log)
         self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, agent_site=self._agent_site_for,
-                                  scope=self.scope.labels, direct_agent=self.agent_transport == "auto")
+                                  scope=self.scope.labels, direct_agent=self.agent_transport == "auto", log=self.log)
 
     @property
     def manager(self) -> SwarmEngine:
@@ -195,32 +196,6 @@ class SwarmSandbox(ContainerSandbox):
         await self._engine.connect()
 
     # ------------------------------------------------------------ the agent
-
-    async def _agent_volume(self, image: str) -> tuple[str, str]:
-        """``(volume, arch)``: the agent volume filled on every ready node that names its engine (a task may
-        land on any of them). A swarm of several architectures runs sessions on the manager's (the first
-        node listed that answers)'s, pinned by a constraint."""
-        by_arch: dict[str, list[str]] = {}
-        for node in await self.manager.nodes():
-            address = ((node.get("Spec") or {}).get("Labels") or {}).get(self.engine_label)
-            if not address or (node.get("Status") or {}).get("State") != "ready":
-                continue
-            arch = str(((node.get("Description") or {}).get("Platform") or {}).get("Architecture") or "x86_64")
-            by_arch.setdefault(arch, []).append(address)
-        if not by_arch:
-            raise SandboxUnavailableError(
-                f"no ready swarm node names its engine ({self.engine_label} label): no session can run"
-            )
-        arch = next(iter(by_arch))
-        names = set()
-        for address in by_arch[arch]:
-            try:
-                names.add(await self._nodes.agent_volume(address, arch, image))
-            except SandboxUnavailableError as e:  # that node's engine does not answer: its tasks fail loudly
-                self.log.warning("sandbox-swarm: the agent volume could not be filled on %s: %s", address, e)
-        if not names:
-            raise SandboxUnavailableError("the agent volume could not be filled on any swarm node")
-        return names.pop(), arch
 
     async def _session_user(self, image: str) -> str:
         """Who a session's commands run as: ``user``, else the image's USER as the manager's engine
@@ -341,51 +316,6 @@ class SwarmSandbox(ContainerSandbox):
             )
         return placement.address
 
-    # --------------------------------------------------- persistent workspaces
-
-    async def _record(self, spec: SessionSpec) -> dict[str, Any] | None:
-        """The record of the spec's workspace (None: a new key); another owner's is no workspace at all."""
-        found = await self.manager.configs(record_name(self.scope, str(spec.workspace_key)))
-        if not found:
-            return None
-        labels = found[0]["Spec"].get("Labels") or {}
-        recorded = labels.get(LABEL_OWNER)
-        if spec.owner is not None and recorded is not None and recorded != spec.owner:
-            raise SandboxNotFoundError(f"no workspace {spec.workspace_key!r}: name a workspace of your own")
-        return found[0]
-
-    async def _pin(self, spec: SessionSpec) -> str | None:
-        """The node a persistent workspace lives on (None: anywhere); its node down is SandboxUnavailableError."""
-        record = await self._record(spec)
-        if record is None:
-            return None
-        node_id = (record["Spec"].get("Labels") or {}).get(LABEL_NODE, "")
-        node = await self.manager.node(node_id)
-        if node is None:
-            # the node left the swarm, and its volume with it: the key starts afresh
-            self.log.warning("sandbox-swarm: workspace %s was on node %s, gone from the swarm", spec.workspace_key, node_id)
-            await self.manager.remove_config(record["ID"])
-            return None
-        state = (node.get("Status") or {}).get("State")
-        if state != "ready":
-            hostname = (node.get("Description") or {}).get("Hostname", node_id)
-            raise SandboxUnavailableError(
-                f"workspace {spec.workspace_key!r} lives on node {hostname}, which is {state}: try again when it is back"
-            )
-        return node_id
-
-    async def _keep_record(self, spec: SessionSpec, node_id: str) -> bool:
-        """Record a new workspace on ``node_id``; False when another session recorded it elsewhere first."""
-        key = str(spec.workspace_key)
-        labels = {**self.own_labels, LABEL_WORKSPACE: key, LABEL_NODE: node_id}
-        if spec.owner is not None:
-            labels[LABEL_OWNER] = spec.owner
-        data = json.dumps({"workspace": key, "node": node_id, "owner": spec.owner}).encode()
-        if await self.manager.create_config(record_name(self.scope, key), data, labels):
-            return True
-        record = await self._record(spec)
-        return record is not None and (record["Spec"].get("Labels") or {}).get(LABEL_NODE) == node_id
-
     # -------------------------------------------------------------- sessions
 
     async def create(self, spec: SessionSpec) -> SandboxSession:
@@ -412,12 +342,12 @@ class SwarmSandbox(ContainerSandbox):
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
-        agent = await self._agent_volume(image)
+        agent = await self._nodes.fill_agent_volumes(await self.manager.nodes(), self.engine_label, image)
         labels[LABEL_AGENT] = "1"
         user = await self._session_user(image)
         if user:
             labels[LABEL_USER] = user
-        pin = await self._pin(spec) if spec.durability == "persistent" else None
+        pin = await self._workspaces.pin(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
         template = self._task_template(spec, labels, network, pin, agent)
         if network is not None:
@@ -435,7 +365,7 @@ class SwarmSandbox(ContainerSandbox):
             session = await self._session_on(placement, session_id, spec, now, expires, service_id, labels)
             if spec.network == "none":
                 await session.engine.network_disconnect(session.container_id, "bridge")
-            if spec.durability == "persistent" and pin is None and not await self._keep_record(spec, placement.node_id):
+            if spec.durability == "persistent" and pin is None and not await self._workspaces.keep(spec, placement.node_id):
                 await self._teardown(session, False)
                 return None  # another session put this new workspace on another node first: go there
         except BaseException:
@@ -617,8 +547,7 @@ class SwarmSandbox(ContainerSandbox):
                         f"workspace {key!r} is in use by another session: destroy that one first"
                     ) from None
                 raise
-            for record in await self.manager.configs(record_name(self.scope, key)):
-                await self.manager.remove_config(record["ID"])
+            await self._workspaces.forget(key)
         self.log.debug("sandbox-swarm: destroyed %s", session.id)
 
     async def close(self) -> None:

@@ -1,0 +1,77 @@
+"""Where a swarm's persistent workspaces live: one record per workspace key on the manager.
+
+A persistent workspace is a volume local to one node. The node holding it is recorded in a swarm config
+(``tai-ws-<hash of deployment and key>``, labelled with the key, node and owner) on the manager, so any
+server finds it, and a session with that key is constrained to that node. A new key goes where the
+scheduler puts the session, and is recorded then; a key whose node left the swarm starts afresh.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..contract import SandboxNotFoundError, SandboxUnavailableError, SessionSpec
+from ._docker_names import LABEL_OWNER, LABEL_WORKSPACE, Deployment
+from ._swarm_engine import SwarmEngine
+from ._swarm_session import LABEL_NODE, record_name
+
+
+class WorkspaceRecords:
+    """The deployment's workspace records on the swarm manager."""
+
+    def __init__(self, manager: SwarmEngine, scope: Deployment, labels: Mapping[str, str], log: Any) -> None:
+        self._manager = manager
+        self._scope = scope
+        self._labels = dict(labels)
+        self._log = log
+
+    async def find(self, spec: SessionSpec) -> dict[str, Any] | None:
+        """The record of the spec's workspace (None: a new key); another owner's is no workspace at all."""
+        found = await self._manager.configs(record_name(self._scope, str(spec.workspace_key)))
+        if not found:
+            return None
+        labels = found[0]["Spec"].get("Labels") or {}
+        recorded = labels.get(LABEL_OWNER)
+        if spec.owner is not None and recorded is not None and recorded != spec.owner:
+            raise SandboxNotFoundError(f"no workspace {spec.workspace_key!r}: name a workspace of your own")
+        return found[0]
+
+    async def pin(self, spec: SessionSpec) -> str | None:
+        """The node a persistent workspace lives on (None: anywhere); its node down is SandboxUnavailableError."""
+        record = await self.find(spec)
+        if record is None:
+            return None
+        node_id = (record["Spec"].get("Labels") or {}).get(LABEL_NODE, "")
+        node = await self._manager.node(node_id)
+        if node is None:
+            # the node left the swarm, and its volume with it: the key starts afresh
+            self._log.warning("sandbox-swarm: workspace %s was on node %s, gone from the swarm", spec.workspace_key,
+                              node_id)
+            await self._manager.remove_config(record["ID"])
+            return None
+        state = (node.get("Status") or {}).get("State")
+        if state != "ready":
+            hostname = (node.get("Description") or {}).get("Hostname", node_id)
+            raise SandboxUnavailableError(
+                f"workspace {spec.workspace_key!r} lives on node {hostname}, which is {state}: try again when it is back"
+            )
+        return node_id
+
+    async def keep(self, spec: SessionSpec, node_id: str) -> bool:
+        """Record a new workspace on ``node_id``; False when another session recorded it elsewhere first."""
+        key = str(spec.workspace_key)
+        labels = {**self._labels, LABEL_WORKSPACE: key, LABEL_NODE: node_id}
+        if spec.owner is not None:
+            labels[LABEL_OWNER] = spec.owner
+        data = json.dumps({"workspace": key, "node": node_id, "owner": spec.owner}).encode()
+        if await self._manager.create_config(record_name(self._scope, key), data, labels):
+            return True
+        record = await self.find(spec)
+        return record is not None and (record["Spec"].get("Labels") or {}).get(LABEL_NODE) == node_id
+
+    async def forget(self, key: str) -> None:
+        """The record of workspace ``key``, once its volume is removed."""
+        for record in await self._manager.configs(record_name(self._scope, key)):
+            await self._manager.remove_config(record["ID"])
