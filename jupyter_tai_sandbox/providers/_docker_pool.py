@@ -143,6 +143,10 @@ class WarmPool:
         labels = {**self._labels, LABEL_POOL: owner, LABEL_CREATED: repr(now), LABEL_EXPIRES: repr(now + self.idle_seconds)}
         return await self._start(f"tai-pool-{secrets.token_hex(8)}", labels, {**self._labels, LABEL_POOL: owner})
 
+    def holds(self, container_id: str) -> bool:
+        """Whether ``container_id`` waits in this pool, ready."""
+        return any(ready == container_id for ready, _ in self._ready)
+
     def take(self) -> str | None:
         """A fresh pooled container's id, or None when none is ready; schedules a refill."""
         fresh_after = time.time() - (self.idle_seconds - HANDOUT_MARGIN_SECONDS)

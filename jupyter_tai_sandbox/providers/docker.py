@@ -244,6 +244,8 @@ class DockerSandbox(ContainerSandbox):
             firewall=HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log),
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
+        #: the user each ready pooled container was started for (its image's USER, read then)
+        self._pooled_users: dict[str, str] = {}
         self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds)
         #: the engine's architecture (which agent binary its containers run), once asked
         self._arch: str | None = None
@@ -366,9 +368,13 @@ class DockerSandbox(ContainerSandbox):
         """A pooled container waits on the pool's holding network (it reaches nothing); a claim moves
         it to its session owner's egress network."""
         network = self.pool_network
+        spec = self._limited(SessionSpec())
+        user = await self._session_user(self._image_of(spec))
         async with self._networks.hold(network):
             await self._bridges.ensure(network, "pool")
-            container_id = await self._start_container(self._limited(SessionSpec()), name, labels, volume_labels, network)
+            container_id = await self._start_container(spec, name, labels, volume_labels, network, user=user)
+        self._pooled_users = {c: u for c, u in self._pooled_users.items() if self._pool.holds(c)}  # none replaced
+        self._pooled_users[container_id] = user
         # its agent connection and environment are ready before a claim: the first command goes at once
         with contextlib.suppress(SandboxError):
             await self._agent_site.warm(container_id)
@@ -459,10 +465,14 @@ class DockerSandbox(ContainerSandbox):
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
         labels[LABEL_AGENT] = "1"
-        user = await self._session_user(self._image_of(spec))
+        pooled = self._pool.take() if self._poolable(spec) else None
+        if pooled in self._pooled_users:  # its user was read from the image when it was started
+            user = self._pooled_users.pop(pooled)
+        else:
+            user = await self._session_user(self._image_of(spec))
         if user:
             labels[LABEL_USER] = user
-        session = await self._create(spec, session_id, labels, now, expires)
+        session = await self._create(spec, session_id, labels, now, expires, pooled)
         try:
             await session.user_ids()  # an image that does not know the user fails the create
         except BaseException:
@@ -472,15 +482,14 @@ class DockerSandbox(ContainerSandbox):
         return session
 
     async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
-                      expires: float) -> DockerSession:
-        if self._poolable(spec):
-            container_id = self._pool.take()
-            if container_id is not None:
-                record = await self._claim_pooled(container_id, session_id, labels, spec)
-                if record is not None:
-                    self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, container_id[:12])
-                    return self._session(container_id, session_id, spec, now, expires, record=record, exec_env=spec.env,
-                                         user=labels.get(LABEL_USER, ""))
+                      expires: float, pooled: str | None) -> DockerSession:
+        """The session's container: ``pooled`` (taken from the warm pool) when its claim works, else a new one."""
+        if pooled is not None:
+            record = await self._claim_pooled(pooled, session_id, labels, spec)
+            if record is not None:
+                self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, pooled[:12])
+                return self._session(pooled, session_id, spec, now, expires, record=record, exec_env=spec.env,
+                                     user=labels.get(LABEL_USER, ""))
         if spec.durability == "persistent":
             await self._workspace(spec)
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})

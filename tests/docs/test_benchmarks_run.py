@@ -45,7 +45,7 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "agent stdin echo 8 MiB: through the agent",
     ):
         assert rows[name]["baseline"] and rows[name]["ratio"] > 0, rows.get(name)
-    assert len(report["targets"]) == 13  # the agent group's two and the docker group's two among them
+    assert len(report["targets"]) == 12  # the agent group's two and the docker group's one among them
     assert all(isinstance(t["passed"], bool) for t in report["targets"])
     assert "PASS" in done.stdout or "MISS" in done.stdout
     assert (tmp_path / "latest.png").stat().st_size > 10_000
