@@ -79,6 +79,7 @@ from .container.sandbox import (
     how_to_get,
     rejected,
     spec_from_labels,
+    user_checked,
 )
 from .docker_engine import (
     DockerEngine,
@@ -472,14 +473,7 @@ class DockerSandbox(ContainerSandbox):
             user = await self._session_user(self._image_of(spec))
         if user:
             labels[LABEL_USER] = user
-        session = await self._create(spec, session_id, labels, now, expires, pooled)
-        try:
-            await session.user_ids()  # an image that does not know the user fails the create
-        except BaseException:
-            with contextlib.suppress(SandboxError):
-                await session.destroy()
-            raise
-        return session
+        return await user_checked(await self._create(spec, session_id, labels, now, expires, pooled))
 
     async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
                       expires: float, pooled: str | None) -> DockerSession:

@@ -60,7 +60,7 @@ from ._swarm_session import (
 )
 from ._swarm_workspaces import WorkspaceRecords
 from .container import CommandRegistry, ContainerSite
-from .container.sandbox import ContainerSandbox, spec_from_labels
+from .container.sandbox import ContainerSandbox, spec_from_labels, user_checked
 from .docker_engine import EngineRefusedError, docker_sdk
 
 __all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
@@ -328,13 +328,7 @@ class SwarmSandbox(ContainerSandbox):
         for _ in range(3):
             session = await self._create(spec, image)
             if session is not None:
-                try:
-                    await session.user_ids()  # an image that does not know the user fails the create
-                except BaseException:
-                    with contextlib.suppress(SandboxError):
-                        await session.destroy()
-                    raise
-                return session
+                return await user_checked(session)
         raise SandboxConflictError(f"workspace {spec.workspace_key!r} is being made by another session meanwhile")
 
     async def _create(self, spec: SessionSpec, image: str) -> SwarmSession | None:

@@ -11,19 +11,21 @@ sessions; the labels that carry a session's spec are read back by :func:`spec_fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fnmatch
 import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ...contract import (
     Sandbox,
+    SandboxError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
@@ -51,6 +53,11 @@ from .._docker_networks import (
     taken_subnets,
 )
 from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL
+
+if TYPE_CHECKING:
+    from .session import ContainerSession
+
+S = TypeVar("S", bound="ContainerSession")
 
 #: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
 MIN_CPU = 0.01
@@ -398,3 +405,15 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         recorded = (volume.get("Labels") or {}).get(LABEL_OWNER)
         if spec.owner is not None and recorded is not None and recorded != spec.owner:
             raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
+
+
+async def user_checked(session: S) -> S:
+    """A new session once its user is found in its image; a user the image does not know fails the create
+    (the session is destroyed)."""
+    try:
+        await session.user_ids()
+    except BaseException:
+        with contextlib.suppress(SandboxError):
+            await session.destroy()
+        raise
+    return session
