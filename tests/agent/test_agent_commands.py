@@ -452,7 +452,9 @@ def test_commands_are_the_oom_killers_first_choice_and_the_agent_is_not(session)
     async def go():
         client = await session.client()
         try:
-            script = "cat /proc/self/oom_score_adj /proc/1/oom_score_adj"
+            # the agent sets it on the command's own process right after the fork, before its STARTED answer:
+            # read that process's value a moment later (a child forked at once could be made before the write)
+            script = "sleep 0.3; cat /proc/$$/oom_score_adj /proc/1/oom_score_adj"
             out, _, status = await (await client.start(["sh", "-c", script])).collect()
             assert status.code == 0 and out.split() == [b"500", b"0"], out
             out, _, _ = await (await client.start(["sh", "-c", "cat /proc/self/oom_score_adj"], pty=True)).collect()
