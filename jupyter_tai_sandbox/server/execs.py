@@ -40,7 +40,6 @@ from ..contract import (
     ExecHandle,
     ExecRequest,
     ExitItem,
-    HeldCommand,
     SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
@@ -641,7 +640,7 @@ class LiveCommands:
 
     async def adopt(
         self, session: SandboxSession, *, take_over: str | None = None, caller: Caller | None = None,
-    ) -> list[HeldCommand]:
+    ) -> None:
         """Add the live commands a session holds (:attr:`SandboxSession.holds_commands`) that a previous
         server started (a restart) and nobody reads now: each under its own id, owner and deadline, its
         output resumed at the oldest byte the session holds, unwatched (the grace applies from now).
@@ -649,17 +648,15 @@ class LiveCommands:
         ``take_over``: that command's id is adopted even when another server reads it (``caller``, its owner
         or an admin, asked for it here): that server's clients are told it left (``detached``), and it runs
         on here.
-
-        Returns what the session listed (adopted or not), so a caller needs no second listing.
         """
         if not session.holds_commands:
-            return []
+            return
         async with self._adopting.setdefault(session.id, asyncio.Lock()):
             try:
                 held = await session.held_commands()
             except SandboxError as e:
                 self.log.warning("jupyter_tai_sandbox: listing %s's commands failed: %s", session.id, e)
-                return []
+                return
             for command in held:
                 ticket = Ticket.from_label(command.label, session.id)
                 if ticket is None or ticket.id in self._commands:
@@ -680,7 +677,6 @@ class LiveCommands:
                 )
                 self.log.info("jupyter_tai_sandbox: adopted live command %s of %s (%s) from a previous server",
                               ticket.id, session.id, ticket.owner)
-            return held
 
     async def adopt_all(self, sessions: Callable[[], Awaitable[list[SandboxSession]]]) -> None:
         """At the server's start: adopt what every session of the deployment holds (see :meth:`adopt`)."""
@@ -716,20 +712,22 @@ class LiveCommands:
     async def listed(self, session: SandboxSession, caller: Caller) -> list[dict[str, Any]]:
         """The session's commands as the list route shows them: this server's (after adopting what a previous
         one left), then those another live server reads (``"elsewhere": true``; attaching here takes them over)."""
-        held = await self.adopt(session)
+        await self.adopt(session)
         listed = [c.to_json() for c in self.list(session.id, caller)]
-        for command in held:
-            ticket = Ticket.from_label(command.label, session.id)
-            if ticket is None or ticket.id in self._commands:
-                continue  # not a command of ours, or this server's now
-            if not (ticket.owner == caller.name or caller.sees_all):
-                continue
-            listed.append({
-                "id": ticket.id, "session_id": session.id, "argv": list(ticket.argv), "pty": ticket.pty,
-                "started": ticket.started_at, "owner": ticket.owner, "door": ticket.door,
-                "attached": command.attached, "running": command.running,
-                "offset": sum(end for _, end in command.offsets.values()), "elsewhere": True,
-            })
+        if session.holds_commands:
+            with contextlib.suppress(SandboxError):
+                for command in await session.held_commands():
+                    ticket = Ticket.from_label(command.label, session.id)
+                    if ticket is None or ticket.id in self._commands:
+                        continue
+                    if not (ticket.owner == caller.name or caller.sees_all):
+                        continue
+                    listed.append({
+                        "id": ticket.id, "session_id": session.id, "argv": list(ticket.argv), "pty": ticket.pty,
+                        "started": ticket.started_at, "owner": ticket.owner, "door": ticket.door,
+                        "attached": command.attached, "running": command.running,
+                        "offset": sum(end for _, end in command.offsets.values()), "elsewhere": True,
+                    })
         return listed
 
     def drop(self, command: LiveCommand) -> None:
