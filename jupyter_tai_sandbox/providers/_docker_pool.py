@@ -2,14 +2,19 @@
 
 A pooled container is started like a default session's container (the
 provider's image, an anonymous workspace volume, the default limits, no spec
-env) but waits on the deployment's holding network (internal, reaching
-nothing) and carries the pool label instead of a session's, so it is never
-listed as a session; a claim moves it to its session owner's egress network
-(see ``DockerSandbox._claim_pooled``). At hand-out the pool *claims*
-it for the session: the session's identity goes into a *record*, a small
-labelled volume ``tai-rec-<session id>`` that names the container (labels
-cannot change on a running container), and the container is renamed
-``tai-<session id>``. The session's spec env is passed to each exec and kept
+env) and named ``tai-<session id>`` for the session it will serve, but carries
+the pool label instead of a session's, so it is never listed as a session. It
+waits on the deployment's holding network (internal, reaching nothing), and a
+claim moves it to its session owner's egress network (see
+``DockerSandbox._claim_pooled``); or, as an owner's *spare*, on the egress
+network of an owner who took from the pool lately, for that owner's next
+create only (no network to join at the claim: the create is one volume
+away from done). At most one spare per owner and ``size // 2`` in all wait
+this way, so other owners still find containers on the holding network. At
+hand-out the pool *claims* a container for its session: the session's
+identity goes into a *record*, a small labelled volume ``tai-rec-<session
+id>`` that names the container (labels cannot change on a running
+container). The session's spec env is passed to each exec and kept
 on the record volume (a label, :data:`LABEL_POOLED_ENV`) for a restarted
 server: never in the container, whose files the session can write, so no
 server state is read back from anything a session controls (the label is as
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract import SandboxError, SandboxNotFoundError, session_gone
+from ._common import new_session_id
 from ._docker_names import (
     LABEL,
     LABEL_CREATED,
@@ -53,12 +59,15 @@ from .docker_engine import DockerEngine
 HANDOUT_MARGIN_SECONDS = 60.0
 #: pause before a refill starts, so the session just handed out runs its first command undisturbed
 REFILL_DELAY_SECONDS = 0.25
+#: an owner who took from the pool this recently gets a spare on their own network
+SPARE_FOR_SECONDS = 600.0
 
 #: on a pooled session's record volume: the session's spec env, as JSON (the session cannot touch it)
 LABEL_POOLED_ENV = f"{LABEL}.env"
 
-#: starts a default-spec container: (name, container labels, anonymous volume labels) -> container id
-Starter = Callable[[str, dict[str, str], dict[str, str]], Awaitable[str]]
+#: starts a default-spec container: (name, container labels, anonymous volume labels, network: '' for the
+#: holding one) -> (container id, the session user it was started for)
+Starter = Callable[[str, dict[str, str], dict[str, str], str], Awaitable[tuple[str, str]]]
 
 
 def new_owner() -> str:
@@ -82,6 +91,17 @@ def owner_gone(owner: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """A pooled container waiting for its session."""
+
+    container_id: str
+    session_id: str  # the container is named for it
+    created: float
+    user: str  # the session user it was started for (its image's USER, read then)
+    network: str = ""  # an owner's egress network (a spare for that owner), or '' for the holding network
+
+
+@dataclass(frozen=True)
 class PooledSession:
     """A session living in a pooled container, as its record volume tells it."""
 
@@ -93,8 +113,8 @@ class PooledSession:
 
 
 class WarmPool:
-    """Ready container ids, handed out once each and refilled in the background; and the records
-    of the sessions living in pooled containers."""
+    """Ready containers, handed out once each and refilled in the background; and the records of the
+    sessions living in pooled containers."""
 
     def __init__(
         self,
@@ -113,7 +133,11 @@ class WarmPool:
         self._labels = dict(labels)
         self._log = log
         self.owner = new_owner()
-        self._ready: collections.deque[tuple[str, float]] = collections.deque()
+        self._ready: collections.deque[Ready] = collections.deque()
+        #: owner networks that took from the pool -> when they last did (who gets a spare)
+        self._takers: dict[str, float] = {}
+        #: every owner network that took from the pool: kept for a spare, so close() offers each for removal
+        self.kept_networks: set[str] = set()
         self._filler: asyncio.Task[None] | None = None
         self._closing = False
         #: spec env of the pooled sessions this pool handed out (others read it from the container)
@@ -136,29 +160,48 @@ class WarmPool:
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
-    async def create(self, owner: str | None = None) -> str:
-        """Start one pooled container kept by ``owner`` (default: this pool); its id."""
+    async def create(self, owner: str | None = None, network: str = "") -> Ready:
+        """Start one pooled container kept by ``owner`` (default: this pool), on ``network`` (an owner's
+        egress network, or '' for the holding one)."""
         owner = owner or self.owner
         now = time.time()
+        session_id = new_session_id()
         labels = {**self._labels, LABEL_POOL: owner, LABEL_CREATED: repr(now), LABEL_EXPIRES: repr(now + self.idle_seconds)}
-        return await self._start(f"tai-pool-{secrets.token_hex(8)}", labels, {**self._labels, LABEL_POOL: owner})
+        container_id, user = await self._start(f"tai-{session_id}", labels, {**self._labels, LABEL_POOL: owner}, network)
+        return Ready(container_id, session_id, time.time(), user, network)
 
-    def holds(self, container_id: str) -> bool:
-        """Whether ``container_id`` waits in this pool, ready."""
-        return any(ready == container_id for ready, _ in self._ready)
+    def wants(self, network: str) -> bool:
+        """Whether a spare is kept, or about to be started, on the owner network ``network``."""
+        return network in self._takers and self.size >= 2
 
-    def take(self) -> str | None:
-        """A fresh pooled container's id, or None when none is ready; schedules a refill."""
-        fresh_after = time.time() - (self.idle_seconds - HANDOUT_MARGIN_SECONDS)
-        found = None
-        while self._ready:
-            container_id, created = self._ready.popleft()
-            if created >= fresh_after:
-                found = container_id
-                break
-            self._spawn(self._engine.remove_container(container_id))
+    def take(self, network: str) -> Ready | None:
+        """A fresh pooled container for a session on the owner network ``network``: that owner's spare, else
+        one on the holding network (never another owner's spare); None when none is ready. Schedules a
+        refill."""
+        now = time.time()
+        fresh_after = now - (self.idle_seconds - HANDOUT_MARGIN_SECONDS)
+        self._takers = {n: t for n, t in self._takers.items() if t > now - SPARE_FOR_SECONDS}
+        for ready in list(self._ready):
+            if ready.created < fresh_after or (ready.network and ready.network not in self._takers):
+                self._ready.remove(ready)  # stale, or a spare for an owner who stopped coming
+                self._spawn(self._engine.remove_container(ready.container_id))
+        found = next((r for r in self._ready if r.network == network), None) or next(
+            (r for r in self._ready if not r.network), None)
+        if found is not None:
+            self._ready.remove(found)
+        self._takers[network] = now
+        self.kept_networks.add(network)
         self.fill_soon(delay=REFILL_DELAY_SECONDS)
         return found
+
+    def _next_network(self) -> str:
+        """Where the next refill waits: on the network of the latest taker without a spare (at most
+        ``size // 2`` spares), else on the holding network."""
+        spares = {r.network for r in self._ready if r.network}
+        if len(spares) >= self.size // 2:
+            return ""
+        waiting = [n for n in self._takers if n not in spares]
+        return max(waiting, key=self._takers.__getitem__, default="")
 
     def discard(self, container_id: str) -> None:
         """Remove a container taken from the pool that will serve no session (in the background)."""
@@ -174,8 +217,9 @@ class WarmPool:
             await asyncio.sleep(delay)
         failures = 0
         while not self._closing and len(self._ready) < self.size:
+            network = self._next_network()
             try:
-                container_id = await self.create()
+                ready = await self.create(network=network)
             except SandboxError as e:
                 failures += 1
                 self._log.warning("sandbox-docker: the warm pool could not start a container: %s", e)
@@ -184,30 +228,26 @@ class WarmPool:
                 await asyncio.sleep(0.5 * failures)
                 continue
             if self._closing:
-                await self._engine.remove_container(container_id)
+                await self._engine.remove_container(ready.container_id)
                 return
-            self._ready.append((container_id, time.time()))
+            self._ready.append(ready)
 
     # ------------------------------------------------------------- sessions
 
-    async def claim(self, container_id: str, session_id: str, labels: Mapping[str, str], env: Mapping[str, str]) -> str | None:
-        """Make a pooled container the session's (its record volume carries ``labels``, and its
-        name); the record's name, or None when that failed (the container is then removed)."""
-        record = RECORD_PREFIX + session_id
-        record_labels = {**labels, LABEL_RECORD: container_id}
+    async def claim(self, ready: Ready, labels: Mapping[str, str], env: Mapping[str, str]) -> str | None:
+        """Make a pooled container the session's (its record volume carries ``labels``); the record's
+        name, or None when that failed (the container is then removed)."""
+        record = RECORD_PREFIX + ready.session_id
+        record_labels = {**labels, LABEL_RECORD: ready.container_id}
         if env:
             record_labels[LABEL_POOLED_ENV] = json.dumps(dict(env), sort_keys=True)
-        made = await asyncio.gather(
-            self._engine.create_volume(record, record_labels),
-            self._engine.rename(container_id, f"tai-{session_id}"),
-            return_exceptions=True,
-        )
-        failed = [r for r in made if isinstance(r, BaseException)]
-        if failed:
-            self._log.warning("sandbox-docker: a pooled container could not be claimed: %s", failed[0])
-            self._spawn(self._engine.remove_container(container_id, volume=record))
+        try:
+            await self._engine.create_volume(record, record_labels)
+        except SandboxError as e:
+            self._log.warning("sandbox-docker: a pooled container could not be claimed: %s", e)
+            self._spawn(self._engine.remove_container(ready.container_id, volume=record))
             return None
-        self._env[session_id] = dict(env)
+        self._env[ready.session_id] = dict(env)
         return record
 
     def knows(self, session_id: str) -> bool:
@@ -299,7 +339,7 @@ class WarmPool:
         if self._filler is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(self._filler)
-        waiting = [container_id for container_id, _ in self._ready]
+        waiting = [ready.container_id for ready in self._ready]
         self._ready.clear()
         await asyncio.gather(*(self._engine.remove_container(c) for c in waiting), return_exceptions=True)
         await self.settle()

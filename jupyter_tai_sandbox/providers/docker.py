@@ -69,7 +69,7 @@ from ._docker_names import (
     session_labels,
 )
 from ._docker_networks import HostFirewall, SessionBridges
-from ._docker_pool import PooledSession, WarmPool
+from ._docker_pool import PooledSession, Ready, WarmPool
 from ._docker_session import DockerSession
 from ._docker_ttl import TtlRecords, expiries, retimed
 from .container import KILL_LIMIT_SECONDS, CommandRegistry
@@ -245,8 +245,6 @@ class DockerSandbox(ContainerSandbox):
             firewall=HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log),
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
-        #: the user each ready pooled container was started for (its image's USER, read then)
-        self._pooled_users: dict[str, str] = {}
         self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds)
         #: the engine's architecture (which agent binary its containers run), once asked
         self._arch: str | None = None
@@ -365,26 +363,29 @@ class DockerSandbox(ContainerSandbox):
     def _missing_image(self, image: str) -> SandboxError:
         return rejected(f"image {image!r} is not on the Docker engine at {self.base_url}: {how_to_get(image)}")
 
-    async def _start_pooled(self, name: str, labels: dict[str, str], volume_labels: dict[str, str]) -> str:
-        """A pooled container waits on the pool's holding network (it reaches nothing); a claim moves
-        it to its session owner's egress network."""
-        network = self.pool_network
+    async def _start_pooled(self, name: str, labels: dict[str, str], volume_labels: dict[str, str],
+                            network: str) -> tuple[str, str]:
+        """A pooled container waits on the pool's holding network (it reaches nothing), or as an owner's
+        spare on ``network``, that owner's egress network; its id and session user."""
+        kind = "egress" if network else "pool"
+        network = network or self.pool_network
         spec = self._limited(SessionSpec())
         user = await self._session_user(self._image_of(spec))
         async with self._networks.hold(network):
-            await self._bridges.ensure(network, "pool")
+            await self._bridges.ensure(network, kind)
             container_id = await self._start_container(spec, name, labels, volume_labels, network, user=user)
-        self._pooled_users = {c: u for c, u in self._pooled_users.items() if self._pool.holds(c)}  # none replaced
-        self._pooled_users[container_id] = user
         # its agent connection and environment are ready before a claim: the first command goes at once
         with contextlib.suppress(SandboxError):
             await self._agent_site.warm(container_id)
-        return container_id
+        return container_id, user
 
-    async def _claim_pooled(self, container_id: str, session_id: str, labels: Mapping[str, str], spec: SessionSpec) -> str | None:
-        """Move a pooled container to the owner's egress network and make it the session's; its record,
-        or None when that failed (the container is then removed)."""
+    async def _claim_pooled(self, ready: Ready, labels: Mapping[str, str], spec: SessionSpec) -> str | None:
+        """Make a pooled container the session's, moving it to the owner's egress network unless it waits
+        there already; its record, or None when that failed (the container is then removed)."""
         network = str(self._network_of(spec))
+        if ready.network == network:  # the owner's spare
+            return await self._pool.claim(ready, labels, spec.env)
+        container_id = ready.container_id
         async with self._networks.hold(network):
             try:
                 await self._bridges.ensure(network, "egress")
@@ -397,7 +398,7 @@ class DockerSandbox(ContainerSandbox):
                     raise
                 self.log.warning("sandbox-docker: a pooled container could not join %s: %s", network, e)
                 return None
-            record = await self._pool.claim(container_id, session_id, labels, spec.env)
+            record = await self._pool.claim(ready, labels, spec.env)
             if record is None:
                 with contextlib.suppress(SandboxError):
                     await self._bridges.drop(network)
@@ -461,28 +462,26 @@ class DockerSandbox(ContainerSandbox):
         await self._connect()
         if spec.image is None:  # info() says which image the session runs
             spec = dataclasses.replace(spec, image=self.default_image)
-        session_id = new_session_id()
+        pooled = self._pool.take(str(self._network_of(spec))) if self._poolable(spec) else None
+        session_id = pooled.session_id if pooled is not None else new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
         labels[LABEL_AGENT] = "1"
-        pooled = self._pool.take() if self._poolable(spec) else None
-        if pooled in self._pooled_users:  # its user was read from the image when it was started
-            user = self._pooled_users.pop(pooled)
-        else:
-            user = await self._session_user(self._image_of(spec))
+        # a pooled container's user was read from the image when it was started
+        user = pooled.user if pooled is not None else await self._session_user(self._image_of(spec))
         if user:
             labels[LABEL_USER] = user
         return await user_checked(await self._create(spec, session_id, labels, now, expires, pooled))
 
     async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
-                      expires: float, pooled: str | None) -> DockerSession:
+                      expires: float, pooled: Ready | None) -> DockerSession:
         """The session's container: ``pooled`` (taken from the warm pool) when its claim works, else a new one."""
         if pooled is not None:
-            record = await self._claim_pooled(pooled, session_id, labels, spec)
+            record = await self._claim_pooled(pooled, labels, spec)
             if record is not None:
-                self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, pooled[:12])
-                return self._session(pooled, session_id, spec, now, expires, record=record, exec_env=spec.env,
+                self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, pooled.container_id[:12])
+                return self._session(pooled.container_id, session_id, spec, now, expires, record=record, exec_env=spec.env,
                                      user=labels.get(LABEL_USER, ""))
         if spec.durability == "persistent":
             await self._workspace(spec)
@@ -635,7 +634,7 @@ class DockerSandbox(ContainerSandbox):
         await self._engine.remove_container(session.container_id, volume=session.record)
         await self._ttls.drop(session.id)
         network = self._network_of(spec)
-        if network is not None:
+        if network is not None and not self._pool.wants(network):  # else the owner's spare waits on it
             async with self._networks.hold(network):
                 await self._bridges.drop(network, leaving=(session.container_id,))
         if remove_workspace and spec.durability == "persistent":
@@ -656,6 +655,7 @@ class DockerSandbox(ContainerSandbox):
         self._agent_site.containers.clear()
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         await self._pool.close()
-        if self._engine.connected:  # the pool's holding network, when idle (another provider's pool may have used it)
-            await self._bridges.drop_if_idle(self.pool_network)
+        if self._engine.connected:  # the networks the pool waited on, when idle (another provider's may use them)
+            for network in {self.pool_network, *self._pool.kept_networks}:
+                await self._bridges.drop_if_idle(network)
         await self._engine.close()

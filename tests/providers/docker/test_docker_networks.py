@@ -309,6 +309,46 @@ def test_pooled_session_joins_its_owners_egress_network_not_the_pools(client):
         finally:
             await sandbox.close()
 
+
+
+def test_an_owners_spare_waits_on_their_network_and_serves_only_them(client):
+    """After an owner takes from the pool, the refill waits on that owner's egress network (their next
+    create joins no network); another owner never gets it, and close() removes it and its network."""
+
+    async def ready_on(sandbox, network: str) -> str:
+        for _ in range(200):
+            found = [r for r in sandbox._pool._ready if r.network == network]
+            if found:
+                return found[0].container_id
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no spare on {network}")
+
+    async def main() -> None:
+        sandbox = provider(pool_size=2)
+        hana = sandbox.scope.owner_network(sandbox.egress_network, "hana")
+        try:
+            await sandbox._connect()
+            await ready_on(sandbox, "")
+            first = await sandbox.create(SessionSpec(owner="hana"))
+            assert first.record is not None
+            spare = await ready_on(sandbox, hana)
+            await ready_on(sandbox, "")  # the refill: the other waits on the holding network
+            assert list(networks_of(client, spare)) == [hana]  # on hana's network, with no session label
+            await first.destroy()  # hana's last session: her network stays for the spare
+            assert hana in {n.name for n in client.networks.list(names=[hana])}
+            ivan = await sandbox.create(SessionSpec(owner="ivan"))
+            assert ivan.record is not None and ivan.container_id != spare
+            second = await sandbox.create(SessionSpec(owner="hana"))
+            assert second.container_id == spare and second.record is not None
+            assert (await second.exec(["true"], timeout_seconds=10)).exit_code == 0
+            assert list(networks_of(client, spare)) == [hana]
+            await second.destroy()
+            await ivan.destroy()
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
     asyncio.run(main())
     assert leftovers(client) == []
 

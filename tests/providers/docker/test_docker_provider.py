@@ -376,14 +376,18 @@ def test_unclaimed_pooled_containers_of_a_gone_server_are_reaped(client):
         await gone.close()
         later = provider(pool_idle_seconds=3600)
         try:
+            # each is named for the session it would serve: unclaimed, it is no session
             listed = {i.id for i in await later.list()}
-            assert not listed & {f"tai-{c}" for c in (left, stale)}
+            assert not listed & {left.session_id, stale.session_id}
+            for ready in (left, stale):
+                with pytest.raises(SandboxNotFoundError):
+                    await later.get(ready.session_id)
             await later.reap()
             remaining = pooled_ids(client)
-            assert left not in remaining  # its owner is gone
-            assert stale in remaining  # another host's pool, not yet past its idle limit
+            assert left.container_id not in remaining  # its owner is gone
+            assert stale.container_id in remaining  # another host's pool, not yet past its idle limit
         finally:
-            await later.engine.remove_container(stale)
+            await later.engine.remove_container(stale.container_id)
             await later.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
