@@ -1186,10 +1186,19 @@ func (a *agent) reapChildren() {
 		}
 		c.mu.Unlock()
 	}
-	zombies := zombieChildren()
+	a.mu.Lock()
+	known := make(map[int]bool, len(a.byPid)+len(a.holders))
+	for pid := range a.byPid {
+		known[pid] = true
+	}
+	for pid := range a.holders {
+		known[pid] = true
+	}
+	a.mu.Unlock()
+	zombies := zombieChildren(known) // read without a.mu: starts go on meanwhile
 	a.mu.Lock()
 	for _, pid := range zombies {
-		_, leader := a.byPid[pid]
+		_, leader := a.byPid[pid] // a command registered since (a.mu is held across its fork)
 		_, holder := a.holders[pid]
 		if !leader && !holder {
 			reap(pid)

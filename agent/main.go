@@ -58,6 +58,7 @@ func serve() {
 		fatal("listen: %v", err)
 	}
 	reserveThreads(serveThreads)
+	makeHolder()
 	a := newAgent()
 	go a.acceptLoop(ln)
 	for s := range sigs {

@@ -90,7 +90,7 @@ func reap(pid int) {
 
 // statFields returns the fields of /proc/<pid>/stat after the command name: state ppid pgrp session ...
 func statFields(pid int) ([][]byte, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	b, err := readProc("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return nil, err
 	}
@@ -115,19 +115,50 @@ func procStat(pid int) (byte, int, error) {
 	return fields[0][0], ppid, err
 }
 
-// zombieChildren lists this process's zombie children: from each thread's /proc children list when the
-// kernel has one (CONFIG_PROC_CHILDREN), else from a scan of every process.
-func zombieChildren() []int {
+// readProc reads a small /proc file with plain system calls: os.ReadFile would also register the file with
+// the runtime's poller and stat it, several calls more per file, and the agent reads one per thread of its
+// own at every SIGCHLD (a system call is dear in some VMs).
+func readProc(path string) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer syscall.Close(fd)
+	buf := make([]byte, 0, 512)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
+
+// zombieChildren lists this process's zombie children but the “kept“ ones: from each thread's /proc
+// children list when the kernel has one (CONFIG_PROC_CHILDREN), else from a scan of every process.
+func zombieChildren(kept map[int]bool) []int {
 	if kids, ok := childPids(); ok {
 		var out []int
 		for _, pid := range kids {
+			if kept[pid] {
+				continue
+			}
 			if state, _, err := procStat(pid); err == nil && state == 'Z' {
 				out = append(out, pid)
 			}
 		}
 		return out
 	}
-	return scanZombieChildren()
+	return scanZombieChildren(kept)
 }
 
 func childPids() ([]int, bool) {
@@ -137,7 +168,7 @@ func childPids() ([]int, bool) {
 	}
 	var pids []int
 	for _, t := range tasks {
-		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
+		b, err := readProc("/proc/self/task/" + t.Name() + "/children")
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) && t.Name() != strconv.Itoa(os.Getpid()) {
 				continue // a thread that ended meanwhile
@@ -153,7 +184,7 @@ func childPids() ([]int, bool) {
 	return pids, true
 }
 
-func scanZombieChildren() []int {
+func scanZombieChildren(kept map[int]bool) []int {
 	self := os.Getpid()
 	d, err := os.Open("/proc")
 	if err != nil {
@@ -164,7 +195,7 @@ func scanZombieChildren() []int {
 	var out []int
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
-		if err != nil {
+		if err != nil || kept[pid] {
 			continue
 		}
 		state, ppid, err := procStat(pid)
@@ -271,11 +302,15 @@ func growPipe(f *os.File, size int) {
 	})
 }
 
-// startHolder starts a command's group holder: the agent itself in "hold" mode, leading a new process group
-// of the agent's session, which exits at once. Its zombie, kept until the command is let go, holds the group
+// startHolder starts a command's group holder: a program that exits at once (holder_linux.go), leading a
+// new process group of the agent's session. Its zombie, kept until the command is let go, holds the group
 // id: the command joins that group, and a kill of the group reaches whatever the command started in it.
 func startHolder() (int, error) {
-	return syscall.ForkExec("/proc/self/exe", []string{"tai-agent", "hold"}, &syscall.ProcAttr{
+	path, argv := "/proc/self/exe", []string{"tai-agent", "hold"}
+	if holderPath != "" {
+		path, argv = holderPath, []string{"tai-hold"}
+	}
+	return syscall.ForkExec(path, argv, &syscall.ProcAttr{
 		Dir: "/", Env: []string{}, Files: []uintptr{0, 1, 2}, Sys: &syscall.SysProcAttr{Setpgid: true},
 	})
 }
@@ -404,10 +439,10 @@ const commandOOMScore = "500"
 // already gone, or a kernel without the file, changes nothing). Its children inherit it.
 // (os.WriteFile's O_CREAT|O_TRUNC is refused on this proc file: a plain write-only open.)
 func victimFirst(pid int) {
-	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), os.O_WRONLY, 0)
+	fd, err := syscall.Open(fmt.Sprintf("/proc/%d/oom_score_adj", pid), syscall.O_WRONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
-	_, _ = f.Write([]byte(commandOOMScore))
-	_ = f.Close()
+	_, _ = syscall.Write(fd, []byte(commandOOMScore))
+	_ = syscall.Close(fd)
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -151,14 +152,19 @@ class Report:
 
 
 async def _round_robin(
-    rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]], sample: Callable[[Any, float], float]
+    rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]], sample: Callable[[Any, float], float],
+    settle: float = 0.0,
 ) -> dict[str, list[float]]:
-    """Run the variants round-robin after one warm-up each, so drift on the machine hits each alike."""
+    """Run the variants round-robin after one warm-up each, so drift on the machine hits each alike.
+    ``settle``: an untimed pause before each call, so the work one variant leaves behind (an engine's
+    cleanup after an exec) does not land in the next one's time."""
     for once in variants.values():
         await once()
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, once in variants.items():
+            if settle:
+                await asyncio.sleep(settle)
             started = time.perf_counter()
             result = await once()
             samples[name].append(sample(result, time.perf_counter() - started))
@@ -172,6 +178,7 @@ async def interleaved_throughput(
     return await _round_robin(rounds, variants, lambda moved, seconds: moved / (1 << 20) / seconds)
 
 
-async def interleaved(rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]]) -> dict[str, list[float]]:
+async def interleaved(rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]],
+                      settle: float = 0.0) -> dict[str, list[float]]:
     """Milliseconds per call of several variants."""
-    return await _round_robin(rounds, variants, lambda _result, seconds: seconds * 1000)
+    return await _round_robin(rounds, variants, lambda _result, seconds: seconds * 1000, settle)

@@ -139,6 +139,7 @@ async def docker_group(report: Report) -> None:
                 "docker exec: docker CLI": cli,
                 "docker exec: ours": ours,
             },
+            settle=0.05,  # each exec of the engine's leaves it busy for a while after its answer
         )
     finally:
         await session.destroy()

@@ -350,6 +350,9 @@ class AgentClient:
                 raise AgentConnectionLost(f"writing to the session agent failed: {e}") from None
 
     async def _drain(self) -> None:
+        transport = getattr(self._writer, "transport", None)
+        if transport is not None and not transport.is_closing() and not transport.get_write_buffer_size():
+            return  # nothing queued: the write went straight to the socket
         if self.still_there is None:
             await self._writer.drain()
             return
@@ -363,14 +366,19 @@ class AgentClient:
     async def _answer(self, fut: asyncio.Future) -> Any:
         """What ``fut`` (an answer, or a write's drain) comes to; while it waits ``answer_within`` seconds,
         :attr:`still_there` says whether to wait on."""
-        if self.still_there is None:
+        if self.still_there is None or fut.done():
             return await fut
-        while not (await asyncio.wait({fut}, timeout=self.answer_within))[0]:
+        while True:
+            try:
+                async with asyncio.timeout(self.answer_within):
+                    return await asyncio.shield(fut)  # a timeout asks, and leaves fut to its owner
+            except TimeoutError:
+                if fut.done():
+                    return fut.result()
             if not await self.still_there():
                 transport = getattr(self._writer, "transport", None)
                 (transport.abort if transport is not None else self._writer.close)()  # ends the read loop too
                 raise AgentConnectionLost("the session agent is gone: its session has ended")
-        return fut.result()
 
     def _send_nowait(self, data: bytes) -> None:
         if self._lost is None and not self._writer.is_closing():

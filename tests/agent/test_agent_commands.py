@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -224,6 +226,33 @@ def test_a_command_does_not_lead_its_group_so_setsid_runs_it_in_place_and_kill_s
             assert [p for p in _processes(session) if p[1] == "Z"] == []
         finally:
             await client.close()
+
+    run(go())
+
+
+def test_the_group_holder_is_a_sealed_exit_program_nobody_can_rewrite(session):
+    """The holder leading each command's group (agent/holder_linux.go) is a tiny program in a sealed memfd,
+    not the agent binary: the group's leader is that program's zombie, and even root on the host cannot
+    write into the memfd the agent (root) execs it from."""
+
+    async def go():
+        client = await session.client()
+        try:
+            cmd = await client.start(["sh", "-c", "read -r _ _ _ _ pgid _ </proc/self/stat; cat /proc/$pgid/comm"])
+            _, data = await cmd.read()
+            assert (await cmd.wait()).code == 0
+        finally:
+            await client.close()
+        agent_pid = session.api.api.inspect_container(session.container.id)["State"]["Pid"]
+        fds = Path(f"/proc/{agent_pid}/fd")
+        (memfd,) = [fd for fd in fds.iterdir() if os.readlink(fd).startswith("/memfd:tai-hold")]
+        assert data.strip() == memfd.name.encode()  # exec'd as /proc/self/fd/N: its comm is N
+        program = memfd.read_bytes()
+        assert program[:4] == b"\x7fELF" and len(program) < 256
+        with pytest.raises(PermissionError), open(memfd, "r+b") as f:
+            f.write(b"\0" * 4)
+            f.flush()
+        assert memfd.read_bytes() == program
 
     run(go())
 
