@@ -528,6 +528,76 @@ async def peer_group(report: Report) -> None:
     )
 
 
+# ---------------------------------------------------------------------- kernel
+
+KERNEL_PLAIN = "kernel: plain ipykernel on the host"
+KERNEL_SAME_IMAGE = "kernel: the image's ipykernel, plain docker (host network)"
+KERNEL_SANDBOXED = "kernel: sandboxed on docker (network none)"
+
+
+async def kernel_group(report: Report) -> None:
+    """Issue 27's kernel targets (benchmarks/kernel_bench.py has more rows): a sandboxed kernel on docker
+    next to a plain local ipykernel and to the image's own ipykernel run in a plain container (the same
+    kernel software without the sandbox: Debian's ipykernel 6 without orjson is slower than a current one
+    with it, before any sandboxing), round-robin: ``1+1`` round trips and a cell printing 64 MiB."""
+    import kernel_bench as kb
+
+    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.policy import SandboxPolicy
+
+    prefix = Path(tempfile.mkdtemp(prefix="tai-bench-kernels-"))
+    jupyter_path = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
+    kb.kernelspecs.install("bench-sbx-none", prefix=str(prefix), network="auto")
+    provider = _docker_sandbox(PYTHON_IMAGE)
+    plain, sandboxed = kb.Target(KERNEL_PLAIN, "python3"), kb.Target(
+        KERNEL_SANDBOXED, "bench-sbx-none", provider, SandboxPolicy(isolation="container"))
+    started = []
+    try:
+        async with kb.image_kernel(PYTHON_IMAGE) as same_image:
+            for target in (plain, sandboxed):
+                started.append(await kb.started(target))
+            clients = {KERNEL_PLAIN: started[0][1], KERNEL_SAME_IMAGE: same_image, KERNEL_SANDBOXED: started[1][1]}
+            sandboxed.install()
+
+            def trip(kc: Any) -> Callable[[], Awaitable[float]]:
+                return lambda: kb.time_execute(kc, "1+1")
+
+            def printed(kc: Any) -> Callable[[], Awaitable[int]]:
+                async def once() -> int:
+                    await kb.time_execute(kc, kb.PRINT_CELL)
+                    return kb.PRINT_BYTES
+                return once
+
+            trips = await interleaved(report.rounds(100), {f"{k} 1+1": trip(kc) for k, kc in clients.items()})
+            prints = await interleaved_throughput(report.rounds(4) if not report.quick else 2,
+                                                  {f"{k} print 64 MiB": printed(kc) for k, kc in clients.items()})
+    finally:
+        for km, kc in started:
+            with contextlib.suppress(Exception):
+                await kb.stop(km, kc)
+        await provider.close()
+        shutil.rmtree(prefix, ignore_errors=True)
+        if jupyter_path is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = jupyter_path
+    for samples, unit, suffix in ((trips, "ms", "1+1"), (prints, "MiB/s", "print 64 MiB")):
+        base = f"{KERNEL_PLAIN} {suffix}"
+        report.add(Row("kernel", base, unit, samples.pop(base)))
+        for name, values in samples.items():
+            report.add(Row("kernel", name, unit, values, baseline=base))
+    trip_ratio = report.ratio(f"{KERNEL_SANDBOXED} 1+1")
+    report.target("sandboxed kernel on docker: 1+1 <= 1.2x a plain kernel", trip_ratio <= 1.2, f"{trip_ratio:.2f}x")
+    sandboxed_mib = report.rows[f"{KERNEL_SANDBOXED} print 64 MiB"].median
+    same_mib = report.rows[f"{KERNEL_SAME_IMAGE} print 64 MiB"].median
+    ratio = sandboxed_mib / same_mib
+    report.target(
+        "sandboxed kernel on docker: 64 MiB printed >= 0.7x a plain kernel (of the same image)", ratio >= 0.7,
+        f"{ratio:.2f}x; {report.ratio(f'{KERNEL_SANDBOXED} print 64 MiB'):.2f}x the host's own ipykernel",
+    )
+
+
 # ---------------------------------------------------------------------- agent
 
 
@@ -554,4 +624,5 @@ GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
     "server": server_group,
     "peer": peer_group,
     "agent": agent_group,
+    "kernel": kernel_group,
 }

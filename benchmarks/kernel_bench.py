@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,41 @@ async def started(target: Target) -> tuple[AsyncKernelManager, Any]:
 async def stop(km: AsyncKernelManager, kc: Any) -> None:
     kc.stop_channels()
     await km.shutdown_kernel(now=False)
+
+
+@contextlib.asynccontextmanager
+async def image_kernel(image: str = PYTHON_IMAGE) -> AsyncIterator[Any]:
+    """A client of the image's own ipykernel run in a plain container on the host's network (``docker run
+    --network host``, no sandbox, no forwarding): the same kernel software as a sandboxed kernel, so the
+    two differ only by the sandbox's path. The container is removed on the way out."""
+    from jupyter_client.asynchronous import AsyncKernelClient
+    from jupyter_client.connect import write_connection_file
+
+    folder = Path(tempfile.mkdtemp(prefix="tai-kernel-bench-conn-"))
+    folder.chmod(0o755)
+    path, _ = write_connection_file(str(folder / "kernel.json"), ip="127.0.0.1")
+    os.chmod(path, 0o644)
+    run = await asyncio.create_subprocess_exec(
+        "docker", "run", "-d", "--rm", "--network", "host", "--label", "jupyter-tai-sandbox.bench=1",
+        "-v", f"{folder}:/kernel", "--entrypoint", "python3", image, "-m", "ipykernel_launcher",
+        "-f", "/kernel/kernel.json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await run.communicate()
+    if run.returncode != 0:
+        raise RuntimeError(f"docker run {image}: {err.decode(errors='replace').strip()}")
+    container = out.decode().strip()
+    kc = AsyncKernelClient()
+    kc.load_connection_file(path)
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=120)
+        yield kc
+    finally:
+        kc.stop_channels()
+        gone = await asyncio.create_subprocess_exec("docker", "rm", "-f", container, stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        await gone.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def time_start(target: Target) -> float:
