@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -356,6 +357,7 @@ async def server_group(report: Report) -> None:
         await _server_exec(report, client)
         await _server_stream(report, client)
         await _server_concurrency(report, client, server)
+    await _server_exec_docker(report)
 
 
 async def _server_exec(report: Report, client: Any) -> None:
@@ -376,6 +378,36 @@ async def _server_exec(report: Report, client: Any) -> None:
     added = report.rows["local exec true: REST"].median - report.rows["local exec true: direct Python API"].median
     report.rows["local exec true: REST"].extra["added_ms"] = added
     report.target("REST exec adds <= 2 ms over the direct API (local)", added <= 2.0, f"+{added:.2f} ms")
+
+
+async def _server_exec_docker(report: Report) -> None:
+    """A one-shot over REST on docker next to the direct Python API on docker (issue 27's target)."""
+    image = _image(report)
+    labels = json.dumps(BENCH_LABEL)
+    args = (f"--DockerSandbox.image={image}", f"--DockerSandbox.extra_labels={labels}")
+    with JupyterServer(provider="docker", isolation="container", args=args) as server:
+        client = _client(server.url, server.token)
+        info = await client.create(ttl_seconds=600)
+        sandbox = _docker_sandbox(image)
+        session = await sandbox.create(SessionSpec(image=image))
+        try:
+
+            async def rest() -> None:
+                assert (await client.exec(info["id"], TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
+
+            async def direct() -> None:
+                assert (await session.exec(TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
+
+            base, compared = "docker exec sh -c ':': direct Python API", "docker exec sh -c ':': REST"
+            samples = await interleaved(report.rounds(100), {base: direct, compared: rest})
+        finally:
+            await client.destroy(info["id"])
+            await session.destroy()
+            await sandbox.close()
+    _compare(report, "server", "ms", samples, base)
+    added = report.rows[compared].median - report.rows[base].median
+    report.rows[compared].extra["added_ms"] = added
+    report.target("REST exec on docker adds <= 3 ms over the direct API", added <= 3.0, f"+{added:.2f} ms")
 
 
 async def _server_stream(report: Report, client: Any) -> None:

@@ -23,8 +23,11 @@ def _free_port() -> int:
 class JupyterServer:
     """``with JupyterServer(provider="local") as server:`` -- ``server.url``, ``server.token``, ``server.rss_mib()``."""
 
-    def __init__(self, provider: str = "local", startup_seconds: float = 60.0) -> None:
+    def __init__(self, provider: str = "local", startup_seconds: float = 60.0, *, isolation: str = "none",
+                 args: tuple[str, ...] = ()) -> None:
         self.provider = provider
+        self.isolation = isolation
+        self.args = args
         self.startup_seconds = startup_seconds
         self.token = secrets.token_hex(16)
         self.port = _free_port()
@@ -36,7 +39,7 @@ class JupyterServer:
         env = {
             **os.environ,
             "TAI_MCP_SANDBOX": self.provider,
-            "TAI_MCP_SANDBOX_ISOLATION": "none",
+            "TAI_MCP_SANDBOX_ISOLATION": self.isolation,
             "SANDBOX_LOCAL_ROOT": os.path.join(self._home, "sandboxes"),
             "JUPYTER_RUNTIME_DIR": os.path.join(self._home, "runtime"),
             "JUPYTER_CONFIG_DIR": os.path.join(self._home, "config"),
@@ -50,6 +53,7 @@ class JupyterServer:
             "--ServerApp.log_level=WARN",
             # the concurrency row holds 32 sessions of one user at once (the default cap is 20)
             "--SandboxPolicy.max_sessions_per_user=64",
+            *self.args,
         ]  # fmt: skip
         if os.geteuid() == 0:
             command.append("--allow-root")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..contract import SandboxNotFoundError
 from ._docker_names import LABEL_EXPIRES, LABEL_TTL, TTL_PREFIX
@@ -26,7 +26,9 @@ STRAY_TTL_GRACE_SECONDS = 60.0
 
 
 class _Timed(Protocol):
-    id: str
+    @property
+    def id(self) -> str: ...
+
     expires_at: float
 
 
@@ -45,7 +47,10 @@ def expiries(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return {session_id: expires for session_id, (_, expires) in newest.items()}
 
 
-def retimed(session: _Timed, ends: Mapping[str, float]) -> Any:
+T = TypeVar("T", bound=_Timed)
+
+
+def retimed(session: T, ends: Mapping[str, float]) -> T:
     """The session with the end its newest TTL record gives (the labels' otherwise)."""
     session.expires_at = ends.get(session.id, session.expires_at)
     return session

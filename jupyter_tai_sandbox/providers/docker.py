@@ -549,14 +549,27 @@ class DockerSandbox(ContainerSandbox):
 
     async def _find(self, session_id: str) -> DockerSession:
         if self._pool.knows(session_id):
-            return await self._get_pooled(session_id)
-        found = await self._engine.containers(f"{LABEL_SESSION}={session_id}", what="find a session")
-        if not found:
-            return await self._get_pooled(session_id)
+            session = await self._get_pooled(session_id)
+        else:
+            session = await self._find_container(session_id)
+        session.seen_alive()  # just inspected: an info() right after need not ask the engine again
+        return session
+
+    async def _find_container(self, session_id: str) -> DockerSession:
+        """The session's container: the one named for it (one engine call), else the one labelled for it (an
+        older version's, or a renamed one), else a pooled one's record."""
         try:
-            attrs = await self._engine.inspect_container(found[0]["Id"], what="inspect a session")
+            attrs = await self._engine.inspect_container(f"tai-{session_id}", what="find a session")
         except SandboxNotFoundError:
-            raise session_gone(session_id) from None
+            attrs = {}
+        if ((attrs.get("Config") or {}).get("Labels") or {}).get(LABEL_SESSION) != session_id:
+            found = await self._engine.containers(f"{LABEL_SESSION}={session_id}", what="find a session")
+            if not found:
+                return await self._get_pooled(session_id)
+            try:
+                attrs = await self._engine.inspect_container(found[0]["Id"], what="inspect a session")
+            except SandboxNotFoundError:
+                raise session_gone(session_id) from None
         try:
             return self._session_from(attrs["Id"], attrs["Config"].get("Labels") or {}, attrs["Config"].get("Env"))
         except (KeyError, ValueError, SandboxError) as e:
