@@ -171,8 +171,10 @@ class WarmPool:
         return Ready(container_id, session_id, time.time(), user, network)
 
     def wants(self, network: str) -> bool:
-        """Whether a spare is kept, or about to be started, on the owner network ``network``."""
-        return network in self._takers and self.size >= 2
+        """Whether a spare waits, or is the next refill, on the owner network ``network`` (so the network
+        stays when its owner's last session ends)."""
+        return any(r.network == network for r in self._ready) or (
+            len(self._ready) < self.size and self._next_network() == network != "")
 
     def take(self, network: str) -> Ready | None:
         """A fresh pooled container for a session on the owner network ``network``: that owner's spare, else

@@ -47,7 +47,7 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "kernel: sandboxed on docker (network none) print 64 MiB",
     ):
         assert rows[name]["baseline"] and rows[name]["ratio"] > 0, rows.get(name)
-    assert len(report["targets"]) == 14  # the agent group's two, the docker group's one and the kernel group's two among them
+    assert len(report["targets"]) == 15  # the agent group's two, the docker group's one, the server group's four and the kernel group's two among them
     assert all(isinstance(t["passed"], bool) for t in report["targets"])
     assert "PASS" in done.stdout or "MISS" in done.stdout
     assert (tmp_path / "latest.png").stat().st_size > 10_000
