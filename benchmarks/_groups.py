@@ -570,11 +570,24 @@ KERNEL_SANDBOXED = "kernel: sandboxed on docker (network none)"
 async def _kernel_started(report: Report, kb: Any, target: Any) -> tuple[Any, Any]:
     """A started kernel of ``target``; one that dies before it answers is started once more, and the
     report says so (a smoke run beside a loaded test suite saw one die once)."""
-    try:
-        return await kb.started(target)
-    except RuntimeError as e:
-        report.note(f"the kernel '{target.label}' died before it answered ({e}); it was started again")
-        return await kb.started(target)
+    from jupyter_client.manager import AsyncKernelManager
+
+    for attempt in (1, 2):
+        target.install()
+        km = AsyncKernelManager(kernel_name=target.kernel)
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=120)
+            return km, kc
+        except RuntimeError as e:
+            with contextlib.suppress(Exception):
+                await kb.stop(km, kc)
+            if attempt == 2:
+                raise RuntimeError(f"the kernel '{target.label}': {e}") from None
+            report.note(f"the kernel '{target.label}' died before it answered ({e}); it was started again")
+    raise AssertionError("unreachable")
 
 
 async def kernel_group(report: Report) -> None:
