@@ -549,11 +549,8 @@ class DockerSandbox(ContainerSandbox):
 
     async def _find(self, session_id: str) -> DockerSession:
         if self._pool.knows(session_id):
-            session = await self._get_pooled(session_id)
-        else:
-            session = await self._find_container(session_id)
-        session.seen_alive()  # just inspected: an info() right after need not ask the engine again
-        return session
+            return await self._get_pooled(session_id)
+        return await self._find_container(session_id)
 
     async def _find_container(self, session_id: str) -> DockerSession:
         """The session's container: the one named for it (one engine call), else the one labelled for it (an

@@ -47,8 +47,6 @@ WORKSPACE = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: how long the synchronous resolve() may take
 RESOLVE_LIMIT_SECONDS = 10.0
-#: how long after a get() found the container an info() trusts that without asking the engine
-SEEN_FRESH_SECONDS = 1.0
 #: the containers a site remembers users and channels of before it forgets (all users; the idle channels)
 MAX_KNOWN_CONTAINERS = 4096
 #: the most of /etc/passwd or /etc/group read to find a session user
@@ -197,8 +195,6 @@ class ContainerSession(SandboxSession):
         self.created_at = created_at
         self.expires_at = expires_at
         self._destroyed = False
-        #: when the provider last found the container (time.monotonic; see seen_alive)
-        self._seen_at = -SEEN_FRESH_SECONDS
         #: every command's base environment (the container's own: the agent passes none of its own on);
         #: None until read from the container
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
@@ -227,17 +223,11 @@ class ContainerSession(SandboxSession):
 
     async def info(self) -> SessionInfo:
         self._check_live()
-        if time.monotonic() - self._seen_at > SEEN_FRESH_SECONDS:
-            try:
-                await self._site.inspect(self._container)
-            except SandboxNotFoundError:
-                raise session_gone(self._id) from None
+        try:
+            await self._site.inspect(self._container)
+        except SandboxNotFoundError:
+            raise session_gone(self._id) from None
         return self._info()
-
-    def seen_alive(self) -> None:
-        """The provider found the container just now (a get): an info() within ``SEEN_FRESH_SECONDS`` need
-        not ask the engine again (a server's request does get then info, then its work)."""
-        self._seen_at = time.monotonic()
 
     def _check_live(self) -> None:
         if self._destroyed:
