@@ -155,6 +155,9 @@ class GatedSession(SandboxSession):
     async def info(self) -> SessionInfo:
         return await self.session.info()
 
+    def known_info(self) -> SessionInfo | None:
+        return self.session.known_info()
+
     # ------------------------------------------------------- exec, gated
 
     async def run(self, request: ExecRequest) -> GatedExecResult:

@@ -241,7 +241,7 @@ class SessionRegistry:
             raise session_gone(session_id)
         act_for(caller.name)  # the provider's work for this request counts against the caller's share
         session = await self.access.require().get(session_id)
-        info = await session.info()
+        info = session.known_info() or await session.info()  # get() just found it: its owner is all we need
         if info.owner == caller.name or (caller.manages_all if manage else caller.sees_all):
             return session
         raise session_gone(session_id)

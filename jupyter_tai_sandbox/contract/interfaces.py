@@ -89,6 +89,12 @@ class SandboxSession(abc.ABC):
     @abc.abstractmethod
     async def info(self) -> SessionInfo: ...
 
+    def known_info(self) -> SessionInfo | None:
+        """The session's info as the provider read it when it found the session, without asking again
+        (None: only :meth:`info` knows). Its owner and spec never change; its end may have moved since.
+        For a check of who may use a session just found, not for whether it still exists."""
+        return None
+
     async def exec(
         self,
         argv: Sequence[str],

@@ -229,6 +229,9 @@ class ContainerSession(SandboxSession):
             raise session_gone(self._id) from None
         return self._info()
 
+    def known_info(self) -> SessionInfo | None:
+        return None if self._destroyed else self._info()
+
     def _check_live(self) -> None:
         if self._destroyed:
             raise SandboxNotFoundError(f"session {self._id} was destroyed")
