@@ -250,10 +250,12 @@ async def stream_group(report: Report) -> None:
     await _stream_docker(report)
 
 
-def _stdout_argv(report: Report) -> list[str]:
-    # 1 MiB writes: busybox's head (the minimal image's) writes 4 KiB at a time and is then the bottleneck of
-    # both sides, so the rows would time the producer, not the stream (its ~60 bytes of stderr are noise)
-    return ["dd", "if=/dev/zero", "bs=1048576", f"count={report.stdout_mib}"]
+def _stdout_argv(report: Report, kind: str = "local") -> list[str]:
+    if kind == "docker":
+        # 1 MiB writes: busybox's head (the minimal image's) writes 4 KiB at a time and is then the bottleneck
+        # of both sides, so the rows would time the producer, not the stream (dd's ~60 bytes of stderr are noise)
+        return ["dd", "if=/dev/zero", "bs=1048576", f"count={report.stdout_mib}"]
+    return ["head", "-c", str(report.stdout_mib << 20), "/dev/zero"]  # GNU head on the host: large writes
 
 
 def _stdin_payload(report: Report) -> bytes:
@@ -293,7 +295,7 @@ async def _stream_docker(report: Report) -> None:
     try:
 
         async def raw_out() -> int:
-            return await asyncio.to_thread(_sdk_stream, client, session.container_id, _stdout_argv(report), None)
+            return await asyncio.to_thread(_sdk_stream, client, session.container_id, _stdout_argv(report, "docker"), None)
 
         async def raw_in() -> int:
             return await asyncio.to_thread(_sdk_stream, client, session.container_id, ["cat"], payload)
@@ -318,7 +320,7 @@ async def _stream_rows(
     payload = _stdin_payload(report)
 
     async def ours_out() -> int:
-        return await drain(await session.exec_start(_stdout_argv(report), timeout_seconds=120))
+        return await drain(await session.exec_start(_stdout_argv(report, kind), timeout_seconds=120))
 
     async def ours_in() -> int:
         return len((await session.exec(["cat"], stdin=payload, timeout_seconds=120)).stdout)
