@@ -95,7 +95,7 @@ async def image_kernel(image: str = PYTHON_IMAGE) -> AsyncIterator[Any]:
     kc.load_connection_file(path)
     kc.start_channels()
     try:
-        await kc.wait_for_ready(timeout=120)
+        await _answered(kc, container)
         yield kc
     finally:
         kc.stop_channels()
@@ -103,6 +103,34 @@ async def image_kernel(image: str = PYTHON_IMAGE) -> AsyncIterator[Any]:
                                                     stderr=asyncio.subprocess.DEVNULL)
         await gone.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _answered(kc: Any, container: str, seconds: float = 120.0) -> None:
+    """Wait for the kernel's first kernel_info reply. Not ``wait_for_ready``: without a kernel manager it
+    takes a heartbeat not yet beating for a dead kernel, and a kernel still starting on a loaded machine
+    has none yet. Only a container that stopped is a dead kernel here."""
+    from queue import Empty
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        kc.kernel_info()
+        try:
+            msg = await kc.shell_channel.get_msg(timeout=1)
+        except Empty:
+            probe = await asyncio.create_subprocess_exec(
+                "docker", "inspect", "-f", "{{.State.Running}}", container,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+            out, _ = await probe.communicate()
+            if out.strip() != b"true":
+                raise RuntimeError(f"the image's kernel (container {container[:12]}) stopped before it answered") from None
+            continue
+        if msg["msg_type"] == "kernel_info_reply":
+            while True:  # what the starting kernel published meanwhile is not the first cell's
+                try:
+                    await kc.iopub_channel.get_msg(timeout=0.2)
+                except Empty:
+                    return
+    raise RuntimeError(f"the image's kernel did not answer within {seconds:g} s")
 
 
 async def time_start(target: Target) -> float:
