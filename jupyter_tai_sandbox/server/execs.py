@@ -193,7 +193,7 @@ class LiveCommand:
 
     def __init__(
         self, handle: ExecHandle, ticket: Ticket, *, registry: LiveCommands,
-        stream_starts: dict[str, int] | None = None, adopted: bool = False,
+        stream_starts: dict[str, int] | None = None, adopted: bool = False, listener: Listener | None = None,
     ) -> None:
         self.id = ticket.id
         self.handle = handle
@@ -220,7 +220,8 @@ class LiveCommand:
         self.taken_over = False
         self._registry = registry
         self._counted = dict.fromkeys(STREAMS, 0)
-        self._listener: Listener | None = None
+        #: attached from the start (before the pump's first turn), it is sent every byte from offset 0
+        self._listener: Listener | None = listener
         self._in_flight: Awaitable[None] | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -631,8 +632,10 @@ class LiveCommands:
             pty=request.pty, door=door, started_at=now, deadline=now + request.timeout_seconds,
         )
 
-    def add(self, handle: ExecHandle, ticket: Ticket) -> LiveCommand:
-        command = LiveCommand(handle, ticket, registry=self)
+    def add(self, handle: ExecHandle, ticket: Ticket, *, listener: Listener | None = None) -> LiveCommand:
+        """A command just started. ``listener``: its reader from the first byte (the websocket that started it);
+        attached later, it would get only what the ring still held."""
+        command = LiveCommand(handle, ticket, registry=self, listener=listener)
         self._commands[command.id] = command
         return command
 

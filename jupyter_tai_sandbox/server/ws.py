@@ -147,14 +147,16 @@ class ExecWebSocketHandler(
             # the gated session applies the timeout ceiling and scrubs the output; one that holds its commands
             # keeps the ticket, so a restarted server finds the command under the same id
             handle = await self.session.start(ticket.labelled(request))
-            live = execs.add(handle, ticket)
+            # this socket reads it from its first byte: attached later (after the "started" flush), a command
+            # that wrote more than the output ring holds meanwhile would lose its head
+            live = execs.add(handle, ticket, listener=None if self._ended else self)
         self.live = live
         if self._ended:
             # the socket closed while the command started: nobody has its id, nobody can attach
             await live.handle.kill()
             return
+        # written at once, before the command's pump first runs, so it comes before any output frame
         await self._send({"type": "started", "exec_id": live.id})
-        await live.attach(self, 0)
 
     async def _attach(self, message: dict[str, Any]) -> None:
         exec_id, offset, streams = message.get("exec_id"), message.get("offset", 0), message.get("offsets")
