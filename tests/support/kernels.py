@@ -4,6 +4,7 @@ run through nbclient and what they check in it, and a local session for the tunn
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import time
 from pathlib import Path
@@ -67,6 +68,17 @@ def install_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str, na
     return name
 
 
+async def drain_iopub(kc: Any, quiet_seconds: float = 0.3) -> int:
+    """Take what waits in the client's IOPub queue until it stays quiet ``quiet_seconds``; how many."""
+    taken = 0
+    while True:
+        try:
+            await kc.get_iopub_msg(timeout=quiet_seconds)
+        except queue.Empty:
+            return taken
+        taken += 1
+
+
 async def run_notebook(kernel_name: str, *, restart_check: Any = None) -> dict[str, Any]:
     """Run notebook() cell by cell, then restart the kernel and run one more cell; return what was seen."""
     nb = notebook()
@@ -93,6 +105,10 @@ async def run_notebook(kernel_name: str, *, restart_check: Any = None) -> dict[s
                 seen["sleep_cell_seconds"] = time.monotonic() - t0
         seen["cells"] = list(nb.cells)
         await client.km.restart_kernel()
+        # the old kernel's last messages (its shutdown_reply and status) wait in the client's IOPub queue:
+        # wait_for_ready takes any IOPub message as the new kernel's IOPub being connected, so a stale one
+        # would let the next cell run before it is, and its output go unseen (jupyter_server nudges for this)
+        await drain_iopub(client.kc)
         await client.kc.wait_for_ready(timeout=90)
         seen["second_session"] = provisioner.session.id
         if restart_check is not None:
