@@ -9,7 +9,6 @@ The checks themselves live in mixins of their own theme; :mod:`.suite` assembles
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 from collections.abc import Awaitable
@@ -35,6 +34,9 @@ FULL_STRENGTH = {"big_stdin_bytes": 16 << 20, "big_output_bytes": 4 << 20}
 MAX_CERTIFYING_TIMEOUT_SCALE = 2.0
 #: How an entry of a run that certifies nothing starts.
 NOT_A_CERTIFICATION = "not a certification"
+#: the longest the suite's closing destroy of one session may take (at most a check's limit): a provider whose
+#: destroy waits on a command it cannot stop is reported, not waited for
+CLEANUP_DESTROY_SECONDS = 30.0
 
 
 class CheckFailed(Exception):
@@ -197,7 +199,12 @@ class SuiteBase:
         return self.failures
 
     async def cleanup(self) -> None:
+        limit = min(self.check_timeout, CLEANUP_DESTROY_SECONDS) * self.scale
         for session in self.created:
-            with contextlib.suppress(SandboxError):
-                await session.destroy(remove_workspace=True)
+            try:
+                await asyncio.wait_for(session.destroy(remove_workspace=True), limit)
+            except asyncio.TimeoutError:
+                self.failures.append(f"cleanup: destroying session {session.id} took longer than {limit:g}s")
+            except SandboxError:
+                pass
         self.created.clear()

@@ -54,9 +54,10 @@ def leaked_groups():
     KillSparesTheGroup.leaked_groups.clear()
 
 
-#: each check waits on a group that never stops (up to a minute): one unit each, so they wait side by side
+#: each check waits on a group that never stops (its limit, then the suite's bounded closing destroy): one unit
+#: each, so they wait side by side
 KILL_CHECKS = [
-    pytest.param(check, says, marks=[pytest.mark.xdist_group(f"catches-faults-{check}"), pytest.mark.slow(60)])
+    pytest.param(check, says, marks=[pytest.mark.xdist_group(f"catches-faults-{check}"), pytest.mark.slow(30)])
     for check, says in (
         ("group_stopped_after_exit", "still running"),
         ("deadline_kills_unread_command", "still running"),
@@ -70,7 +71,8 @@ def test_suite_reports_a_kill_that_leaves_the_group_running(tmp_path, leaked_gro
     sandbox = provider(tmp_path, command_class=KillSparesTheGroup)
     # the check waits on a group that never stops: a short check limit reports it sooner
     failures = asyncio.run(run_sandbox_conformance(sandbox, only=[check], check_timeout=15))
-    assert failed_checks(failures) == {check}, failures
+    # a command the broken kill left running holds up the suite's closing destroy too: reported, not waited for
+    assert failed_checks(failures) - {"cleanup"} == {check}, failures
     assert says in failures[0], failures
 
 
