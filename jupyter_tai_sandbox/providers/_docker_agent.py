@@ -19,7 +19,7 @@ import functools
 import hashlib
 import io
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..agent import AgentClient, agent_binary
@@ -110,7 +110,8 @@ class AgentVolumes:
                     await self._engine.remove_volume(volume["Name"])
 
 
-def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *, answer_within: float) -> ContainerSite:
+def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *, answer_within: float,
+               current_end: Callable[[str], Awaitable[float | None]] | None = None) -> ContainerSite:
     """The container site of ``provider``'s agent sessions on ``engine`` (docker's one engine, a swarm node's)."""
 
     async def container_env(container_id: str) -> dict[str, str]:
@@ -133,6 +134,7 @@ def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *
         open_agent_elsewhere=open_agent_on_any_loop(engine),
         transfer_idle_seconds=provider.transfer_idle_seconds,
         answer_within=answer_within,
+        current_end=current_end,
     )
 
 

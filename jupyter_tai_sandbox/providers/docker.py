@@ -247,7 +247,8 @@ class DockerSandbox(ContainerSandbox):
             firewall=HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log),
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
-        self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds)
+        self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds,
+                                      current_end=self._current_end)
         #: the engine's architecture (which agent binary its containers run), once asked
         self._arch: str | None = None
         self._agent_volumes = AgentVolumes(self._engine)
@@ -474,7 +475,7 @@ class DockerSandbox(ContainerSandbox):
         user = pooled.user if pooled is not None else await self._session_user(self._image_of(spec))
         if user:
             labels[LABEL_USER] = user
-        return await user_checked(await self._create(spec, session_id, labels, now, expires, pooled))
+        return self._agent_site.remember(await user_checked(await self._create(spec, session_id, labels, now, expires, pooled)))
 
     async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
                       expires: float, pooled: Ready | None) -> DockerSession:
@@ -541,11 +542,19 @@ class DockerSandbox(ContainerSandbox):
             raise SandboxNotFoundError(f"session record {pooled.record} is unreadable: {e}") from None
 
     async def get(self, session_id: str) -> SandboxSession:
+        """The session: the one found here before while its agent connection is open (no engine call; see
+        ContainerSite.vouched), else as the engine has it."""
         if not is_session_id(session_id):
             raise session_gone(session_id)
+        vouched = self._agent_site.vouched(session_id)
+        if vouched is not None:
+            return vouched
         await self._connect()
         session, records = await asyncio.gather(self._find(session_id), self._ttls.of(session_id))
-        return retimed(session, expiries(records))
+        return self._agent_site.remember(retimed(session, expiries(records)))
+
+    async def _current_end(self, session_id: str) -> float | None:
+        return expiries(await self._ttls.of(session_id)).get(session_id)
 
     async def _find(self, session_id: str) -> DockerSession:
         if self._pool.knows(session_id):

@@ -676,9 +676,11 @@ class DockerEngine:
 
     async def open_agent(self, container_id: str) -> AgentClient:
         """A new connection to the container's session agent: straight to its socket when this process can
-        enter the container's network namespace (root on the engine's host; see ``direct_agent``), else one
-        exec of its ``connect`` relay."""
-        if self.direct_agent is not False and self.base_url.startswith("unix://") and os.geteuid() == 0:
+        enter the container's network namespace (root on the engine's host, whatever the engine's address:
+        a local engine reached over TCP, as a swarm node can be, too; see ``direct_agent``), else one exec of
+        its ``connect`` relay. Another host's engine fails the cgroup check on its first container (its
+        process id names no such container here): the relay from then on."""
+        if self.direct_agent is not False and os.geteuid() == 0:
             attrs = await self.inspect_container(container_id, what="find a session's agent")
             pid = int((attrs.get("State") or {}).get("Pid") or 0)
             if pid > 0:

@@ -198,7 +198,7 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         ["auto", "exec"],
         "auto",
         help="""How the server reaches a session's agent. 'auto': a server running as root on the engine's
-        host (a unix:// engine whose containers' processes it sees) connects to the agent's socket itself,
+        host (an engine whose containers' processes it sees, over unix:// or TCP) connects to the agent's socket itself,
         from the container's network namespace: no engine exec and no relay process on the path, so
         commands start and stream faster; anywhere else, and 'exec', one engine exec of the agent's
         connect relay per session connection. The agent accepts only a peer from outside the session

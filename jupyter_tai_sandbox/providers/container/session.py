@@ -59,6 +59,7 @@ class _Abandonable(Protocol):
 
 C = TypeVar("C", bound=_Abandonable)
 T = TypeVar("T")
+S = TypeVar("S", bound="ContainerSession")
 
 
 class CommandRegistry(Generic[C]):
@@ -111,6 +112,10 @@ class ContainerSite:
     answer_within: float = 2.0
     #: what the site knows of each container its sessions use (see KnownContainer)
     containers: dict[str, KnownContainer] = field(default_factory=dict)
+    #: the container of each session found or made here (see vouched)
+    session_containers: dict[str, str] = field(default_factory=dict)
+    #: the session's current end as its provider records it (None: its labels' end stands); None: no records
+    current_end: Callable[[str], Awaitable[float | None]] | None = None
 
     def known(self, container_id: str, session_id: str) -> KnownContainer:
         """The container's record, made on first use (its channel made again once closed)."""
@@ -119,11 +124,30 @@ class ContainerSite:
             if len(self.containers) >= MAX_KNOWN_CONTAINERS:  # containers another server removed: forget the idle ones
                 for key in [k for k, c in self.containers.items() if c.channel.idle or c.channel.closed]:
                     del self.containers[key]
+                self.session_containers = {s: c for s, c in self.session_containers.items() if c in self.containers}
             found = self.containers[container_id] = KnownContainer(self._channel_to(container_id, session_id))
         elif found.channel.closed:
             found.channel = self._channel_to(container_id, session_id)
         found.channel.session_id = session_id
         return found
+
+    def remember(self, session: S) -> S:
+        """``session``, found or just made by its provider, for :meth:`vouched` to give again."""
+        self.known(session.container_id, session.id).session = session
+        self.session_containers[session.id] = session.container_id
+        return session
+
+    def vouched(self, session_id: str) -> ContainerSession | None:
+        """The session :meth:`remember` was given, while its agent connection is open (None otherwise): the
+        agent is its container's PID 1, so an open connection is the container running, and finding the
+        session needs no engine call. A connection that ended, a destroy on this server (which closes it)
+        or the container's removal by anyone (which ends it) sends the next look-up to the engine."""
+        container_id = self.session_containers.get(session_id)
+        known = self.containers.get(container_id) if container_id is not None else None
+        session = known.session if known is not None else None
+        if session is None or session.destroyed or not session.agent_connected:
+            return None
+        return session
 
     def _channel_to(self, container_id: str, session_id: str) -> AgentChannel:
         return AgentChannel(lambda: self.open_agent(container_id), session_id=session_id,
@@ -155,6 +179,8 @@ class KnownContainer:
     users_read: bool = False
     #: the container's own environment, once read
     env: dict[str, str] | None = None
+    #: the session last found or made in this container here (see ContainerSite.vouched)
+    session: ContainerSession | None = None
 
 
 async def container_runs(site: ContainerSite, container_id: str) -> bool:
@@ -215,6 +241,11 @@ class ContainerSession(SandboxSession):
     def destroyed(self) -> bool:
         return self._destroyed
 
+    @property
+    def agent_connected(self) -> bool:
+        """This session's agent connection is open (it ends when the agent, the container's PID 1, does)."""
+        return self._channel is self._known.channel and not (self._channel.closed or self._channel.idle)
+
     def _info(self) -> SessionInfo:
         return SessionInfo(
             id=self._id, kind=self._site.kind, spec=self.spec, isolation=self._site.isolation,
@@ -222,9 +253,17 @@ class ContainerSession(SandboxSession):
         )
 
     async def info(self) -> SessionInfo:
+        """The session as the engine has it now: its container there, its end as last recorded (another
+        server of the deployment may have moved it since this object was made)."""
         self._check_live()
+        current_end = self._site.current_end
         try:
-            await self._site.inspect(self._container)
+            if current_end is None:
+                await self._site.inspect(self._container)
+            else:
+                _, end = await asyncio.gather(self._site.inspect(self._container), current_end(self._id))
+                if end is not None:
+                    self.expires_at = end
         except SandboxNotFoundError:
             raise session_gone(self._id) from None
         return self._info()

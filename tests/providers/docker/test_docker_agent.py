@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_tai_sandbox.agent import agent_binary
-from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
+from jupyter_tai_sandbox.contract import SandboxError, SandboxNotFoundError, SessionSpec
 from jupyter_tai_sandbox.providers.container import TransferIdleError
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from tests.support.docker import RUN_ID, RUN_LABEL, TEST_IMAGE, docker_client, leftovers
@@ -299,6 +299,47 @@ def test_every_session_object_of_a_container_shares_one_agent_connection(client,
         finally:
             await session.destroy()
             await sandbox.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("transport", ["auto", "exec"])
+def test_a_session_is_found_again_with_no_engine_call_while_its_agent_answers(client, transport):
+    """A request's look-up of a session this server found before needs no engine call while the session's agent
+    connection is open (the agent is the container's PID 1). What another server of the deployment does shows:
+    info() gives the end it moved, and once it destroys the session the next look-up here is a 404."""
+
+    async def main() -> None:
+        here = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, agent_transport=transport)
+        there = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, agent_transport=transport)
+        session = await here.create(SessionSpec(consumer="docker-tests", network="none", ttl_seconds=600))
+        try:
+            assert (await session.exec(["true"], timeout_seconds=30)).exit_code == 0
+            calls = here._engine.calls
+            for _ in range(3):
+                again = await here.get(session.id)
+                assert (await again.exec(["echo", "x"], timeout_seconds=30)).stdout == b"x\n"
+            assert here._engine.calls == calls, "a look-up or a command asked the engine"
+
+            moved = (await there.get(session.id)).expires_at + 900
+            await (await there.get(session.id)).set_expiry(moved)
+            assert (await (await here.get(session.id)).info()).expires_at == moved
+
+            await (await there.get(session.id)).destroy()
+            async def gone() -> None:
+                while True:
+                    try:
+                        await here.get(session.id)
+                    except SandboxNotFoundError:
+                        return
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(gone(), 10)
+        finally:
+            with contextlib.suppress(SandboxError):
+                await session.destroy()
+            await here.close()
+            await there.close()
 
     asyncio.run(main())
 

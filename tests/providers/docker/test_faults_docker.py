@@ -140,7 +140,8 @@ def test_yes_nobody_reads_keeps_memory_bounded_and_the_spill_within_its_cap(clie
 @pytest.mark.parametrize("transport", ["exec", "auto"])
 def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, transport):
     """Every call is bounded while the engine is frozen. Through the relay ('exec') a session's calls need the
-    engine and fail; over the direct connection ('auto') they need only the agent, and go on working."""
+    engine and fail; over the direct connection ('auto') they need only the agent, and go on working. Finding a
+    session this provider holds an open agent connection to needs no engine on either; any other look-up does."""
 
     async def main() -> None:
         sandbox = fault_provider(engine_timeout_seconds=2, engine_slow_timeout_seconds=3, transfer_idle_seconds=3,
@@ -155,6 +156,7 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
             outcomes = await asyncio.gather(
                 timed(sandbox.list(), 15),
                 timed(sandbox.get(session.id), 15),
+                timed(sandbox.get("sbx-" + "0" * 16), 15),  # one it never saw
                 timed(session.exec(["echo", "x"], timeout_seconds=5), 15),
                 timed(session.get_file("kept.txt"), 15),
                 timed(session.put_file("new.txt", b"new"), 15),
@@ -168,7 +170,10 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
         try:
             for index, (took, result) in enumerate(outcomes):
                 assert took < 6, (took, result)
-                if transport == "auto" and index in (2, 3, 4):  # exec, get_file, put_file: the agent's alone
+                if index == 1:  # vouched for by its open agent connection
+                    assert result is not None and not isinstance(result, BaseException), result
+                    assert result.id == session.id
+                elif transport == "auto" and index in (3, 4, 5):  # exec, get_file, put_file: the agent's alone
                     assert not isinstance(result, BaseException), result
                 else:
                     assert isinstance(result, SandboxUnavailableError), result

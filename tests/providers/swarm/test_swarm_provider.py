@@ -67,10 +67,12 @@ def run(coro):
 
 
 class TestSwarmConformance(SandboxConformance):
-    """Every conformance check, sessions wherever the manager puts them, commands over TLS on their nodes."""
+    """Every conformance check, sessions wherever the manager puts them, commands over TLS on their nodes,
+    through the agent's relay (one engine exec per session connection): what a server off the nodes' hosts
+    uses. The direct connection to the agent is the docker class's (the same code on any engine)."""
 
     def make_sandbox(self, tmp_path):
-        return swarm_sandbox()
+        return swarm_sandbox(agent_transport="exec")
 
 
 def test_host_networking_untouched():
@@ -233,14 +235,18 @@ def test_persistent_workspace_pinned_to_its_node():
     run(main())
 
 
-def test_losing_a_workers_engine():
-    """Node 3's engine dies mid-command: its sessions answer SandboxUnavailableError within a bound,
-    node 2's session goes on, and once node 3 is back the reaper removes what it lost."""
+@pytest.mark.parametrize("transport", ["exec", "auto"])
+def test_losing_a_workers_engine(transport):
+    """Node 3's engine dies mid-command (its containers keep running). Through the relay ('exec') its sessions
+    answer SandboxUnavailableError within a bound. Over the direct connection ('auto': a root server on the
+    nodes' host, whose containers ran no engine exec) they need only their agents and go on until the engine
+    comes back and stops their containers; then their calls fail typed. Either way node 2's session goes on,
+    look-ups through the manager say the node is down, and once it is back the reaper removes what it lost."""
     bound = 15.0
 
     async def main():
         on2 = swarm_sandbox(constraints=["node.labels.tai.node==2"])
-        on3 = swarm_sandbox(constraints=["node.labels.tai.node==3"])
+        on3 = swarm_sandbox(constraints=["node.labels.tai.node==3"], agent_transport=transport)
         sandbox = swarm_sandbox()
         try:
             safe = await on2.create(SessionSpec(ttl_seconds=600))
@@ -248,23 +254,34 @@ def test_losing_a_workers_engine():
             handle = await doomed.exec_start(["sh", "-c", "echo started; sleep 100"], timeout_seconds=120)
             first = await handle.output.__anext__()
             assert first.data == b"started\n"
+            node3 = docker.DockerClient(base_url=node_socket(3), timeout=30)
+            try:
+                execs = node3.api.inspect_container(doomed.container_id)["ExecIDs"] or []
+            finally:
+                node3.close()
+            assert len(execs) == (0 if transport == "auto" else 1), execs
 
-            started = time.monotonic()
-            script("kill-node", "3")
             # the running command's output ends with a typed error, not a hang
             async def read_to_end() -> None:
                 async for item in handle.output:
                     assert not isinstance(item, ExitItem)
 
-            with pytest.raises(SandboxError):
-                await asyncio.wait_for(read_to_end(), bound)
-            with pytest.raises(SandboxUnavailableError):
-                await asyncio.wait_for(doomed.exec(["echo"], timeout_seconds=10), bound)
+            started = time.monotonic()
+            script("kill-node", "3")
+            if transport == "exec":
+                with pytest.raises(SandboxError):
+                    await asyncio.wait_for(read_to_end(), bound)
+                with pytest.raises(SandboxUnavailableError):
+                    await asyncio.wait_for(doomed.exec(["echo"], timeout_seconds=10), bound)
+            else:  # the agent alone serves the session meanwhile
+                still = await asyncio.wait_for(doomed.exec(["echo", "still"], timeout_seconds=10), bound)
+                assert still.stdout == b"still\n"
             with pytest.raises((SandboxUnavailableError, SandboxNotFoundError)):
                 await asyncio.wait_for(sandbox.get(doomed.id), bound)
             assert time.monotonic() - started < 3 * bound
-            with contextlib.suppress(SandboxError):  # a kill never hangs on a lost engine
-                await asyncio.wait_for(handle.kill(), 10)
+            if transport == "exec":
+                with contextlib.suppress(SandboxError):  # a kill never hangs on a lost engine
+                    await asyncio.wait_for(handle.kill(), 10)
             # another node's session is unaffected
             assert (await safe.exec(["echo", "fine"], timeout_seconds=30)).stdout == b"fine\n"
             # once the manager sees the node down, get() says so without trying its engine
@@ -280,7 +297,12 @@ def test_losing_a_workers_engine():
                 await asyncio.wait_for(sandbox.get(doomed.id), bound)
             assert doomed.id not in await sandbox.reap()  # a node that may return: not reaped yet
             script("start-node", "3")
-            # back: the engine stopped what it ran before; the reaper removes the lost service
+            if transport == "auto":  # the engine's restart stops what it ran before: the agent's calls end typed
+                with pytest.raises(SandboxError):
+                    await asyncio.wait_for(read_to_end(), 4 * bound)
+                with pytest.raises(SandboxError):
+                    await asyncio.wait_for(doomed.exec(["echo"], timeout_seconds=10), bound)
+            # back: the reaper removes the lost service
             give_up = time.monotonic() + 90
             while doomed.id not in await sandbox.reap():
                 assert time.monotonic() < give_up, "the reaper did not remove the lost session"
