@@ -166,6 +166,8 @@ class ContainerSite:
         known = self.containers.pop(container_id, None)
         if known is not None:
             in_background(known.channel.close())
+            if known.session is not None:
+                self.session_containers.pop(known.session.id, None)
 
 
 @dataclass
@@ -495,6 +497,7 @@ class ContainerSession(SandboxSession):
         self._destroyed = True
         self._site.commands.abandon(self._id)
         self._site.containers.pop(self._container, None)
+        self._site.session_containers.pop(self._id, None)
         with contextlib.suppress(Exception):
             await self._channel.close()
         await self._site.teardown(self, remove_workspace)
