@@ -88,7 +88,13 @@ class SessionPorts:
     async def _carry(
         self, remote_port: int, connect_wait: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        connection = await self._open(remote_port, connect_wait)
+        try:
+            connection = await self._open(remote_port, connect_wait)
+        except BaseException:
+            # closed while still dialling (a kernel restart's teardown): a connection left open here would
+            # hold its client, which waits for the peer's greeting (ZeroMQ: 30 s) before it dials again
+            writer.transport.abort()
+            raise
         if connection is None:
             writer.transport.abort()
             return

@@ -360,3 +360,23 @@ c.sendall(data); c.close()
                 await ports.forward(inner)
 
     run(main())
+
+
+def test_closing_a_docker_sessions_ports_ends_a_connection_still_dialling(python_engine):
+    """A connection accepted while nothing listens in the session yet (a kernel restarting) is ended when the
+    forwarding closes, not left open: a ZeroMQ client on it waits 30 s for the peer's greeting before it dials
+    again, so every other kernel restart took 30 s to be ready."""
+    from jupyter_tai_sandbox.kernels.ports import SessionPorts
+
+    async def main() -> None:
+        async with python_docker_session() as session:
+            ports = SessionPorts(session)
+            port = (await ports.forward(1, connect_wait=60)).port
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            await asyncio.sleep(0.5)  # the forwarding is dialling port 1, again and again
+            await ports.close()
+            with contextlib.suppress(ConnectionError):
+                assert await asyncio.wait_for(reader.read(), 5) == b""
+            writer.close()
+
+    run(main())
