@@ -67,6 +67,15 @@ __all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
 
 #: how often a starting task is looked at
 _POLL_SECONDS = 0.05
+#: while a task is starting, its node's engine is asked this often, and the manager again after this long
+_NODE_POLL_SECONDS = 0.01
+_NODE_WATCH_SECONDS = 0.5
+
+
+def _running(task: dict[str, Any], container_id: str) -> dict[str, Any]:
+    """``task`` as running ``container_id``: what its node's engine said before the manager heard it."""
+    status = {**(task.get("Status") or {}), "State": "running", "ContainerStatus": {"ContainerID": container_id}}
+    return {**task, "Status": status}
 
 
 def _reject(message: str) -> SandboxSpecRejectedError:
@@ -273,11 +282,14 @@ class SwarmSandbox(ContainerSandbox):
             networks=[{"Target": network}] if network else None,
         )
 
-    async def _wait_running(self, service_id: str, image: str) -> dict[str, Any]:
-        """The service's task once it runs; a task that ends first, or no start in time, raises."""
+    async def _wait_running(self, service_id: str, image: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """``(task, node)``: the service's task once it runs, with its node once read; a task that ends first,
+        or no start in time, raises. Once the task is on a node, that node's engine is asked too: its container
+        runs about 50-100 ms before the manager hears so from the node."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.start_timeout
         waiting = "no task yet"
+        node: dict[str, Any] | None = None
         while loop.time() < give_up:
             tasks = await self.manager.tasks(service_id)
             if tasks:
@@ -285,7 +297,18 @@ class SwarmSandbox(ContainerSandbox):
                 status = task.get("Status") or {}
                 state, error = status.get("State", ""), status.get("Err", "")
                 if state == "running" and (status.get("ContainerStatus") or {}).get("ContainerID"):
-                    return task
+                    return task, node
+                if state == "starting" and task.get("NodeID"):
+                    # the node starts the container: its engine is asked closely, the manager again in a while
+                    if node is None or node.get("ID") != task["NodeID"]:
+                        node = await self.manager.node(task["NodeID"])
+                    ask_manager_at = min(give_up, loop.time() + _NODE_WATCH_SECONDS)
+                    while loop.time() < ask_manager_at:
+                        container_id = await self._running_on_node(task, node)
+                        if container_id is not None:
+                            return _running(task, container_id), node
+                        await asyncio.sleep(_NODE_POLL_SECONDS)
+                    continue
                 if state not in STARTING_STATES and state != "running":
                     if "no such image" in error.lower() or ("not found" in error.lower() and image in error):
                         raise _reject(
@@ -299,8 +322,22 @@ class SwarmSandbox(ContainerSandbox):
             f"the swarm did not start the session within {self.start_timeout:g} s ({waiting})"
         )
 
-    async def _placement(self, task: dict[str, Any]) -> Placement:
-        node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
+    async def _running_on_node(self, task: dict[str, Any], node: dict[str, Any] | None) -> str | None:
+        """The id of the task's container once its node's engine runs it (None: not yet, or the node cannot be
+        asked; the manager's word is waited for then)."""
+        address = ((node or {}).get("Spec") or {}).get("Labels", {}).get(self.engine_label)
+        if not address or ((node or {}).get("Status") or {}).get("State") != "ready":
+            return None
+        try:
+            engine = await self._nodes.engine(address)
+            found = await engine.containers(f"com.docker.swarm.task.id={task['ID']}", what="find a task's container")
+        except SandboxError:
+            return None
+        return next((str(c["Id"]) for c in found if c.get("State") == "running"), None)
+
+    async def _placement(self, task: dict[str, Any], node: dict[str, Any] | None = None) -> Placement:
+        if node is None or node.get("ID") != task.get("NodeID"):
+            node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
         return placement_of(task, node, self.engine_label)
 
     async def _node_address(self, placement: Placement) -> str:
@@ -354,8 +391,8 @@ class SwarmSandbox(ContainerSandbox):
             service_id = await self._create_service(template, session_id, labels, None)
         session: SwarmSession | None = None
         try:
-            task = await self._wait_running(service_id, image)
-            placement = await self._placement(task)
+            task, node = await self._wait_running(service_id, image)
+            placement = await self._placement(task, node)
             session = await self._session_on(placement, session_id, spec, now, expires, service_id, labels)
             if spec.network == "none":
                 await session.engine.network_disconnect(session.container_id, "bridge")
@@ -397,7 +434,13 @@ class SwarmSandbox(ContainerSandbox):
         tasks = await self.manager.tasks(service["ID"])
         if not tasks:
             raise SandboxNotFoundError(f"session {session_id} has no task")
-        placement = await self._placement(tasks[0])
+        task = tasks[0]
+        node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
+        if (task.get("Status") or {}).get("State") == "starting":  # its node may run it already (_wait_running)
+            container_id = await self._running_on_node(task, node)
+            if container_id is not None:
+                task = _running(task, container_id)
+        placement = await self._placement(task, node)
         if placement.task_state != "running" and placement.state in ("ready", "removed"):
             raise SandboxNotFoundError(
                 f"session {session_id} ended: its task is {placement.task_state} ({placement.task_error or 'no error'})"
