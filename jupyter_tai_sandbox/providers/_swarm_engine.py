@@ -152,13 +152,18 @@ class SwarmEngine(DockerEngine):
         docker = docker_sdk()
 
         def update() -> None:
+            # the stored spec goes back as it is, but for its labels: the SDK's update_service (even with
+            # fetch_current_spec) fills defaults into the task template (StopGracePeriod, DNSConfig), and a
+            # changed template makes the manager replace the task: a new container, the session's state lost
+            api = self._api
             for attempt in range(5):
-                current = self._api.inspect_service(service_id)
-                labels = {**((current.get("Spec") or {}).get("Labels") or {}), **changes}
+                current = api.inspect_service(service_id)
+                spec = dict(current.get("Spec") or {})
+                spec["Labels"] = {**(spec.get("Labels") or {}), **changes}
                 try:
-                    self._api.update_service(
-                        service_id, current["Version"]["Index"], labels=labels, fetch_current_spec=True
-                    )
+                    response = api._post_json(api._url("/services/{0}/update", service_id), data=spec,
+                                              params={"version": current["Version"]["Index"]})
+                    api._raise_for_status(response)
                     return
                 except docker.errors.APIError as e:
                     if attempt == 4 or "out of sequence" not in str(e):
