@@ -26,7 +26,7 @@ from ._docker_agent import AgentVolumes
 from ._docker_names import LABEL, Deployment
 from ._docker_session import DockerSession
 from ._swarm_engine import SwarmEngine, TlsMaterial
-from .container import ContainerSite
+from .container import ContainerSession, ContainerSite
 
 #: on a service: the swarm provider made it; on a workspace record: the node that holds the volume
 LABEL_NODE = f"{LABEL}.node"
@@ -126,6 +126,15 @@ class NodeEngines:
             raise SandboxUnavailableError("the agent volume could not be filled on any swarm node")
         return names.pop(), arch
 
+    def vouched(self, session_id: str) -> ContainerSession | None:
+        """The session found or made here before on any node, while its agent connection is open
+        (ContainerSite.vouched); None otherwise."""
+        for site in self._agent_sites.values():
+            found = site.vouched(session_id)
+            if found is not None:
+                return found
+        return None
+
     async def reap_agent_volumes(self) -> None:
         """On every node this provider filled: other builds' agent volumes no container uses."""
         for volumes in list(self._agent_volumes.values()):
@@ -160,9 +169,17 @@ class SwarmSession(DockerSession):
         return self._engine  # type: ignore[return-value]
 
     async def info(self) -> SessionInfo:
+        """The container on its node, and the end as the service's labels say now."""
         self._check_live()
+        current_end = self._site.current_end
         try:
-            await self._engine.inspect_container(self.container_id, what="inspect a session")
+            if current_end is None:
+                await self._engine.inspect_container(self.container_id, what="inspect a session")
+            else:
+                _, end = await asyncio.gather(
+                    self._engine.inspect_container(self.container_id, what="inspect a session"), current_end(self._id))
+                if end is not None:
+                    self.expires_at = end
         except SandboxNotFoundError:
             raise SandboxNotFoundError(f"no swarm sandbox session {self.id!r} (its container is gone)") from None
         except SandboxUnavailableError as e:

@@ -199,7 +199,15 @@ class SwarmSandbox(ContainerSandbox):
 
     def _agent_site_for(self, engine: SwarmEngine) -> ContainerSite:
         engine.share.per_principal = self.engine_threads_per_user
-        return agent_site(self, engine, self._commands, answer_within=self.node_timeout)
+        return agent_site(self, engine, self._commands, answer_within=self.node_timeout, current_end=self._current_end)
+
+    async def _current_end(self, session_id: str) -> float | None:
+        """The session's end as its service's labels say now (another server may have moved it)."""
+        found = await self.manager.services(f"{LABEL_SESSION}={session_id}")
+        try:
+            return self._spec_from(found[0])[3] if found else None
+        except (KeyError, ValueError, SandboxError):
+            return None
 
     async def _connect(self) -> None:
         await self._engine.connect()
@@ -455,15 +463,19 @@ class SwarmSandbox(ContainerSandbox):
     ) -> SwarmSession:
         """The session of a running task, on its node's engine."""
         address = await self._node_address(placement)
-        return SwarmSession(
-            await self._nodes.agent_site(address), str(placement.container_id), session_id, spec, created, expires,
+        site = await self._nodes.agent_site(address)
+        return site.remember(SwarmSession(
+            site, str(placement.container_id), session_id, spec, created, expires,
             engine=await self._nodes.engine(address), user=labels.get(LABEL_USER, ""), service_id=service_id,
             placement=placement,
-        )
+        ))
 
     async def get(self, session_id: str) -> SandboxSession:
         if not is_session_id(session_id):
             raise SandboxNotFoundError(f"no swarm sandbox session {session_id!r}")
+        vouched = self._nodes.vouched(session_id)  # found here before, its agent connection open: no engine call
+        if vouched is not None:
+            return vouched
         await self._connect()
         found = await self.manager.services(f"{LABEL_SESSION}={session_id}")
         if not found:

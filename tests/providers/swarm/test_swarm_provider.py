@@ -92,6 +92,49 @@ def test_host_networking_untouched():
         assert "docker_gwbridge" in links
 
 
+def test_a_session_found_before_is_found_again_with_no_engine_call_while_its_agent_answers():
+    """As on docker: a request's look-up of a session this server found or made needs neither the manager nor the
+    node while its agent connection is open; info() gives the end another server moved (a change of the
+    service's labels that leaves its task running), and once that server destroys the session the next
+    look-up here is a 404."""
+
+    async def main():
+        here, there = swarm_sandbox(), swarm_sandbox()
+        try:
+            session = await here.create(SessionSpec(ttl_seconds=600))
+            assert (await session.exec(["true"], timeout_seconds=30)).exit_code == 0
+            engines = (here.manager, session.engine)
+            calls = [engine.calls for engine in engines]
+            for _ in range(3):
+                again = await here.get(session.id)
+                assert (await again.exec(["echo", "x"], timeout_seconds=30)).stdout == b"x\n"
+            assert [engine.calls for engine in engines] == calls, "a look-up or a command asked an engine"
+
+            await session.put_file("kept.txt", b"kept")
+            moved = (await there.get(session.id)).expires_at + 900
+            await (await there.get(session.id)).set_expiry(moved)
+            assert (await (await here.get(session.id)).info()).expires_at == moved
+            # a new end changes the service's labels only: its task (the container, its files) is not replaced
+            await asyncio.sleep(2)
+            assert len(await here.manager.tasks(session.service_id)) == 1
+            assert await (await there.get(session.id)).get_file("kept.txt") == b"kept"
+
+            await (await there.get(session.id)).destroy()
+            give_up = time.monotonic() + 15
+            while True:
+                try:
+                    await here.get(session.id)
+                except SandboxNotFoundError:
+                    break
+                assert time.monotonic() < give_up, "the destroyed session is still found here"
+                await asyncio.sleep(0.05)
+        finally:
+            for provider in (here, there):
+                await provider.close()
+
+    run(main())
+
+
 def test_sessions_spread_over_nodes():
     async def main():
         sandbox = swarm_sandbox()
