@@ -333,7 +333,7 @@ class SwarmSandbox(ContainerSandbox):
     async def _running_on_node(self, task: dict[str, Any], node: dict[str, Any] | None) -> str | None:
         """The id of the task's container once its node's engine runs it (None: not yet, or the node cannot be
         asked; the manager's word is waited for then)."""
-        address = ((node or {}).get("Spec") or {}).get("Labels", {}).get(self.engine_label)
+        address = (((node or {}).get("Spec") or {}).get("Labels") or {}).get(self.engine_label)
         if not address or ((node or {}).get("Status") or {}).get("State") != "ready":
             return None
         try:
