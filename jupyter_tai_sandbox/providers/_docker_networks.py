@@ -50,6 +50,8 @@ REAP_GRACE_SECONDS = 60.0
 LINK_LOCAL = "169.254.0.0/16"
 #: prefix of the Linux bridge interfaces the provider names (15 characters at most)
 BRIDGE_PREFIX = "tai"
+#: the engine's bridge interfaces a session bridge never forwards to: its default one, its unnamed ones, ours
+ENGINE_BRIDGES = ("docker0", "br-+", f"{BRIDGE_PREFIX}+")
 
 #: bridge driver options, by the network's kind (egress, internal, pool)
 NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
@@ -149,8 +151,9 @@ class NetworkLocks:
 
 class HostFirewall:
     """iptables rules on the engine's host that keep sessions on the provider's bridges from the
-    host itself (INPUT from the bridge: any address of the host, the gateway's among them) and from
-    the link-local range with the cloud metadata service (forwarded traffic from the bridge).
+    host itself (INPUT from the bridge: any address of the host, the gateway's among them), from
+    the link-local range with the cloud metadata service (forwarded traffic from the bridge), and from
+    the engine's other bridges even while the engine rewrites its own isolation rules (FORWARD).
 
     ``mode``: "auto" sets them when the server can (root, iptables, a ``unix://`` engine whose bridge
     interfaces this process sees: the same host and network namespace), "require" refuses session
@@ -204,6 +207,14 @@ class HostFirewall:
                 str(self._iptables),
                 [await self._forward_chain(), "-i", bridge, "-d", LINK_LOCAL, *tag, "-j", "DROP"],
             ),
+        ]
+        # the engine's own bridge-to-bridge isolation hangs on the jumps at the top of FORWARD, which the engine
+        # deletes and inserts again at every network create or remove (another deployment's too): for that
+        # moment its per-bridge "-i bridge ! -o bridge -j ACCEPT" lets a session reach docker0 and the other
+        # bridges. These rules sit in FORWARD itself, which the engine leaves alone.
+        rules += [
+            (str(self._iptables), ["FORWARD", "-i", bridge, "-o", other, *tag, "-j", "DROP"])
+            for other in ENGINE_BRIDGES
         ]
         if self._ip6tables:
             rules.append((self._ip6tables, ["INPUT", "-i", bridge, *tag, "-j", "DROP"]))
@@ -261,7 +272,7 @@ class HostFirewall:
         if self._why_not is not None:
             return
         keep = {bridge_name(n) for n in live}
-        chains = [(str(self._iptables), "INPUT"), (str(self._iptables), await self._forward_chain())]
+        chains = [(str(self._iptables), chain) for chain in {"INPUT", "FORWARD", await self._forward_chain()}]
         if self._ip6tables:
             chains.append((self._ip6tables, "INPUT"))
         for tool, chain in chains:

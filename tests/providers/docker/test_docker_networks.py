@@ -113,6 +113,14 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
                 assert (
                     address in ipaddress.ip_network(sandbox.network_pool) and names[name]["IPPrefixLen"] == 26
                 )
+            # the isolation does not hang on the engine's own jumps alone (it deletes and inserts them again at
+            # every network create or remove): FORWARD itself drops each session bridge's traffic to the others
+            forward = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout
+            for names in nets.values():
+                bridge = _docker_networks.bridge_name(next(iter(names)))
+                for other in _docker_networks.ENGINE_BRIDGES:
+                    assert any(f"-i {bridge} -o {other} " in rule and rule.endswith("-j DROP")
+                               for rule in forward.splitlines()), (bridge, other, forward)
             # egress keeps its route out
             routes = (await alice.exec(["cat", "/proc/net/route"], timeout_seconds=10)).stdout
             assert any(line.split()[1:2] == [b"00000000"] for line in routes.splitlines()[1:]), routes
