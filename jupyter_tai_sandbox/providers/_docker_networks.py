@@ -50,8 +50,9 @@ REAP_GRACE_SECONDS = 60.0
 LINK_LOCAL = "169.254.0.0/16"
 #: prefix of the Linux bridge interfaces the provider names (15 characters at most)
 BRIDGE_PREFIX = "tai"
-#: the engine's bridge interfaces a session bridge never forwards to: its default one, its unnamed ones, ours
-ENGINE_BRIDGES = ("docker0", "br-+", f"{BRIDGE_PREFIX}+")
+#: the engine's bridge interfaces a session bridge never forwards to: its default one and its unnamed ones. (Not
+#: ``tai+``: that would match the bridge itself, whose own sessions talk on an internal network.)
+ENGINE_BRIDGES = ("docker0", "br-+")
 
 #: bridge driver options, by the network's kind (egress, internal, pool)
 NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
