@@ -29,6 +29,7 @@ import hashlib
 import ipaddress
 import os
 import random
+import shlex
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -50,9 +51,11 @@ REAP_GRACE_SECONDS = 60.0
 LINK_LOCAL = "169.254.0.0/16"
 #: prefix of the Linux bridge interfaces the provider names (15 characters at most)
 BRIDGE_PREFIX = "tai"
-#: the engine's bridge interfaces a session bridge never forwards to: its default one and its unnamed ones. (Not
-#: ``tai+``: that would match the bridge itself, whose own sessions talk on an internal network.)
-ENGINE_BRIDGES = ("docker0", "br-+")
+#: the bridge interfaces a session bridge never forwards to: the engine's default and unnamed ones, and the
+#: provider's (any deployment's; the bridge's own traffic is returned to the engine's rules before these)
+OTHER_BRIDGES = ("docker0", "br-+", f"{BRIDGE_PREFIX}+")
+#: prefix of the iptables chain of one session bridge's forwarded traffic
+CHAIN_PREFIX = "TAI-SBX-"
 
 #: bridge driver options, by the network's kind (egress, internal, pool)
 NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
@@ -62,6 +65,11 @@ NO_HOST_ADDRESS = {"com.docker.network.bridge.inhibit_ipv4": "true"}
 def bridge_name(network: str) -> str:
     """The Linux interface of the bridge of network ``network``: ``tai`` and 12 hex digits."""
     return BRIDGE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:12]
+
+
+def chain_name(bridge: str) -> str:
+    """The iptables chain of session bridge ``bridge``'s forwarded traffic: ``TAI-SBX-`` and its hex digits."""
+    return CHAIN_PREFIX + bridge[len(BRIDGE_PREFIX):]
 
 
 def bridge_options(kind: str, network: str) -> dict[str, str]:
@@ -151,10 +159,17 @@ class NetworkLocks:
 
 
 class HostFirewall:
-    """iptables rules on the engine's host that keep sessions on the provider's bridges from the
-    host itself (INPUT from the bridge: any address of the host, the gateway's among them), from
-    the link-local range with the cloud metadata service (forwarded traffic from the bridge), and from
-    the engine's other bridges even while the engine rewrites its own isolation rules (FORWARD).
+    """iptables rules on the engine's host that keep sessions on the provider's bridges from the host
+    itself (INPUT from the bridge: any address of the host, the gateway's among them), and forwarded traffic
+    of a bridge (a chain of its own, ``TAI-SBX-<hex>``, jumped to from FORWARD for traffic in or out of it)
+    from the link-local range with the cloud metadata service and from every other bridge: the engine's,
+    another deployment's, another owner's.
+
+    The engine's own bridge-to-bridge isolation hangs on the jumps at the top of FORWARD, which it deletes
+    and inserts again at every network create or remove (any deployment's): for that moment its per-bridge
+    ``-i bridge ! -o bridge -j ACCEPT`` lets one bridge reach all the others. Our jumps sit in FORWARD itself,
+    above the bridge's own rules, and the engine leaves them alone. The chain returns its bridge's own
+    traffic and the replies to its connections to the engine's rules, which decide them as before.
 
     ``mode``: "auto" sets them when the server can (root, iptables, a ``unix://`` engine whose bridge
     interfaces this process sees: the same host and network namespace), "require" refuses session
@@ -170,7 +185,6 @@ class HostFirewall:
         self._why_not = self._unavailable(base_url)
         self._warned = False
         self._walled: set[str] = set()
-        self._forward: str | None = None
 
     def _unavailable(self, base_url: str) -> str | None:
         if self.mode == "off":
@@ -187,39 +201,38 @@ class HostFirewall:
     def active(self) -> bool:
         return self._why_not is None
 
-    async def _run(self, tool: str, *args: str) -> tuple[int, str]:
+    async def _run(self, tool: str, *args: str, feed: bytes | None = None) -> tuple[int, str]:
         process = await asyncio.create_subprocess_exec(
-            tool, "-w", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            tool, "-w", *args,
+            stdin=asyncio.subprocess.PIPE if feed is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await process.communicate()
+        out, _ = await process.communicate(feed)
         return int(process.returncode or 0), out.decode(errors="replace")
 
-    async def _forward_chain(self) -> str:
-        if self._forward is None:
-            status, _ = await self._run(str(self._iptables), "-n", "-L", "DOCKER-USER")
-            self._forward = "DOCKER-USER" if status == 0 else "FORWARD"
-        return self._forward
-
-    async def _rules(self, bridge: str) -> list[tuple[str, list[str]]]:
+    def _chain_rules(self, bridge: str) -> list[list[str]]:
+        """The rules of ``bridge``'s FORWARD chain, in order."""
         tag = ["-m", "comment", "--comment", self.comment]
-        rules = [
-            (str(self._iptables), ["INPUT", "-i", bridge, *tag, "-j", "DROP"]),
-            (
-                str(self._iptables),
-                [await self._forward_chain(), "-i", bridge, "-d", LINK_LOCAL, *tag, "-j", "DROP"],
-            ),
+        return [
+            ["-i", bridge, "-o", bridge, *tag, "-j", "RETURN"],
+            ["-i", bridge, "-d", LINK_LOCAL, *tag, "-j", "DROP"],
+            *(["-i", bridge, "-o", other, *tag, "-j", "DROP"] for other in OTHER_BRIDGES),
+            ["-o", bridge, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", *tag, "-j", "RETURN"],
+            ["-o", bridge, *tag, "-j", "DROP"],
         ]
-        # the engine's own bridge-to-bridge isolation hangs on the jumps at the top of FORWARD, which the engine
-        # deletes and inserts again at every network create or remove (another deployment's too): for that
-        # moment its per-bridge "-i bridge ! -o bridge -j ACCEPT" lets a session reach docker0 and the other
-        # bridges. These rules sit in FORWARD itself, which the engine leaves alone.
-        rules += [
-            (str(self._iptables), ["FORWARD", "-i", bridge, "-o", other, *tag, "-j", "DROP"])
-            for other in ENGINE_BRIDGES
+
+    def _jumps(self, bridge: str) -> list[tuple[str, list[str]]]:
+        """The rules that send ``bridge``'s traffic to its chain, and keep it from the host."""
+        tag = ["-m", "comment", "--comment", self.comment]
+        chain = chain_name(bridge)
+        jumps = [
+            (str(self._iptables), ["FORWARD", "-i", bridge, *tag, "-j", chain]),
+            (str(self._iptables), ["FORWARD", "-o", bridge, *tag, "-j", chain]),
+            (str(self._iptables), ["INPUT", "-i", bridge, *tag, "-j", "DROP"]),
         ]
         if self._ip6tables:
-            rules.append((self._ip6tables, ["INPUT", "-i", bridge, *tag, "-j", "DROP"]))
-        return rules
+            jumps.append((self._ip6tables, ["INPUT", "-i", bridge, *tag, "-j", "DROP"]))
+        return jumps
 
     def _refuse(self, why: str) -> None:
         if self.mode == "require":
@@ -247,7 +260,17 @@ class HostFirewall:
         if not os.path.exists(f"/sys/class/net/{bridge}"):
             self._refuse(f"bridge {bridge} is not in this process's network namespace")
             return
-        for tool, rule in await self._rules(bridge):
+        # the chain is declared (made, or emptied) and filled in one commit: a second server protecting the
+        # same bridge at once never leaves its rules interleaved out of order
+        chain = chain_name(bridge)
+        script = ["*filter", f":{chain} - [0:0]", *(shlex.join(["-A", chain, *r]) for r in self._chain_rules(bridge))]
+        status, out = await self._run(
+            f"{self._iptables}-restore", "--noflush", feed="\n".join([*script, "COMMIT", ""]).encode()
+        )
+        if status != 0:
+            self._refuse(f"iptables-restore refused the chain {chain}: {out.strip()[:200]}")
+            return
+        for tool, rule in self._jumps(bridge):
             status, _ = await self._run(tool, "-C", *rule)
             if status != 0:
                 status, out = await self._run(tool, "-I", *rule)
@@ -262,33 +285,42 @@ class HostFirewall:
         self._walled.discard(bridge)
         if self._why_not is not None:
             return
-        for tool, rule in await self._rules(bridge):
+        for tool, rule in self._jumps(bridge):
             for _ in range(4):  # duplicates, should two servers have added them at once
                 status, _ = await self._run(tool, "-D", *rule)
                 if status != 0:
                     break
+        await self._drop_chain(chain_name(bridge))
+
+    async def _drop_chain(self, chain: str) -> None:
+        await self._run(str(self._iptables), "-F", chain)
+        await self._run(str(self._iptables), "-X", chain)
 
     async def sweep(self, live: set[str]) -> None:
-        """Remove this deployment's rules whose bridge is none of the networks ``live``."""
+        """Remove this deployment's rules and chains whose bridge is none of the networks ``live``."""
         if self._why_not is not None:
             return
         keep = {bridge_name(n) for n in live}
-        chains = [(str(self._iptables), chain) for chain in {"INPUT", "FORWARD", await self._forward_chain()}]
-        if self._ip6tables:
-            chains.append((self._ip6tables, "INPUT"))
-        for tool, chain in chains:
-            status, out = await self._run(tool, "-S", chain)
+        tools = [str(self._iptables), *([self._ip6tables] if self._ip6tables else [])]
+        for tool in tools:
+            status, out = await self._run(tool, "-S")
             if status != 0:
                 continue
+            gone_chains = set()
             for line in out.splitlines():
                 words = line.split()
-                if self.comment not in line or words[:1] != ["-A"] or "-i" not in words:
+                if self.comment not in line or words[:1] != ["-A"]:
                     continue
-                bridge = words[words.index("-i") + 1]
-                if bridge.startswith(BRIDGE_PREFIX) and bridge not in keep:
-                    rule = [w.strip('"') for w in words[1:]]
-                    await self._run(tool, "-D", *rule)
-                    self._walled.discard(bridge)
+                bridge = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-i", "-o")), "")
+                if not bridge.startswith(BRIDGE_PREFIX) or bridge in keep:
+                    continue
+                self._walled.discard(bridge)
+                if words[1] == chain_name(bridge):
+                    gone_chains.add(words[1])
+                else:
+                    await self._run(tool, "-D", *[w.strip('"') for w in words[1:]])
+            for chain in gone_chains:  # after the jumps to them are gone
+                await self._drop_chain(chain)
 
 
 class SessionBridges:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_tai_sandbox.image import DEFAULT_IMAGE, PYTHON_IMAGE, build_minimal_image
+from jupyter_tai_sandbox.providers._docker_networks import BRIDGE_PREFIX, CHAIN_PREFIX
 from jupyter_tai_sandbox.providers.docker import LABEL
 from tests.support import PART, RUN_ID, RUN_PREFIX
 
@@ -132,24 +133,32 @@ def remove_deployment(client, deployment: str) -> None:
 
 
 def firewall_rules() -> set[str]:
-    """The host firewall rules the docker provider tags (``tai-sbx:<deployment tag>``), as ``-S`` prints
-    them (empty when iptables is missing or not ours to read)."""
+    """The host firewall rules the docker provider tags (``tai-sbx:<deployment tag>``) and the chains it makes
+    (``TAI-SBX-<hex>``), as ``-S`` prints them (empty when iptables is missing or not ours to read)."""
     rules: set[str] = set()
     for tool in ("iptables", "ip6tables"):
         exe = shutil.which(tool)
         if exe is None:
             continue
         listed = subprocess.run([exe, "-w", "-S"], capture_output=True, text=True, check=False)
-        rules |= {f"{tool} {line}" for line in listed.stdout.splitlines() if "tai-sbx:" in line}
+        rules |= {
+            f"{tool} {line}" for line in listed.stdout.splitlines()
+            if "tai-sbx:" in line or line.startswith(f"-N {CHAIN_PREFIX}")
+        }
     return rules
 
 
 def stale_firewall_rules(before: set[str]) -> list[str]:
-    """Tagged rules made since ``before`` whose bridge is gone: a network was removed, its rules were not."""
+    """Tagged rules and chains made since ``before`` whose bridge is gone: a network was removed, its rules
+    were not."""
 
     def bridge_gone(rule: str) -> bool:
         words = rule.split()
-        return "-i" in words and not Path("/sys/class/net", words[words.index("-i") + 1]).exists()
+        if words[1] == "-N":
+            bridge = BRIDGE_PREFIX + words[2].removeprefix(CHAIN_PREFIX)
+        else:
+            bridge = next((words[i + 1] for i, word in enumerate(words[:-1]) if word in ("-i", "-o")), "")
+        return bool(bridge) and not Path("/sys/class/net", bridge).exists()
 
     return sorted(rule for rule in firewall_rules() - before if bridge_gone(rule))
 

@@ -8,14 +8,24 @@ import contextlib
 import ipaddress
 import os
 import subprocess
+import threading
 
 import pytest
 
 from jupyter_tai_sandbox.contract import SessionSpec
+from jupyter_tai_sandbox.image import PYTHON_IMAGE
 from jupyter_tai_sandbox.providers import _docker_networks
 from jupyter_tai_sandbox.providers._docker_networks import bridge_name
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, host_listener, leftovers
+from tests.support import RUN_PREFIX
+from tests.support.docker import (
+    RUN_LABEL,
+    TEST_IMAGE,
+    docker_client,
+    host_listener,
+    leftovers,
+    python_image,
+)
 from tests.support.server import call, server_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(55)]
@@ -64,10 +74,8 @@ async def reach(session, address: str, port: int = 7070) -> bytes:
 
 
 def firewall_rules() -> str:
-    out = ""
-    for tool, chain in (("iptables", "INPUT"), ("iptables", "DOCKER-USER"), ("ip6tables", "INPUT")):
-        out += subprocess.run([tool, "-w", "-S", chain], capture_output=True, text=True).stdout
-    return out
+    return "".join(subprocess.run([tool, "-w", "-S"], capture_output=True, text=True).stdout
+                   for tool in ("iptables", "ip6tables"))
 
 
 def firewall_dump() -> str:
@@ -114,13 +122,20 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
                     address in ipaddress.ip_network(sandbox.network_pool) and names[name]["IPPrefixLen"] == 26
                 )
             # the isolation does not hang on the engine's own jumps alone (it deletes and inserts them again at
-            # every network create or remove): FORWARD itself drops each session bridge's traffic to the others
-            forward = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout
+            # every network create or remove): FORWARD itself sends each session bridge's traffic to a chain
+            # that returns its own and drops the rest
+            rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout.splitlines()
             for names in nets.values():
                 bridge = _docker_networks.bridge_name(next(iter(names)))
-                for other in _docker_networks.ENGINE_BRIDGES:
-                    assert any(f"-i {bridge} -o {other} " in rule and rule.endswith("-j DROP")
-                               for rule in forward.splitlines()), (bridge, other, forward)
+                chain = _docker_networks.chain_name(bridge)
+                for way in ("-i", "-o"):
+                    assert any(r.startswith(f"-A FORWARD {way} {bridge} ") and r.endswith(f"-j {chain}")
+                               for r in rules), (bridge, way, rules)
+                own = [r.split(" -m ")[0] + " " + r.split()[-1] for r in rules if r.startswith(f"-A {chain} ")]
+                assert own[0] == f"-A {chain} -i {bridge} -o {bridge} RETURN", own
+                for other in _docker_networks.OTHER_BRIDGES:
+                    assert f"-A {chain} -i {bridge} -o {other} DROP" in own, own
+                assert own[-1] == f"-A {chain} -o {bridge} DROP", own
             # egress keeps its route out
             routes = (await alice.exec(["cat", "/proc/net/route"], timeout_seconds=10)).stdout
             assert any(line.split()[1:2] == [b"00000000"] for line in routes.splitlines()[1:]), routes
@@ -140,6 +155,90 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
                 assert not client.networks.list(names=list(names)), names  # the idle owner networks are gone
         finally:
             for session in made:  # a failed check leaves nothing for the next test to trip on
+                with contextlib.suppress(Exception):
+                    await session.destroy()
+            await sandbox.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        foreign.remove(force=True)
+    assert leftovers(client) == []
+
+
+#: a UDP counter: how many datagrams reached port 7071 in its first ``argv[1]`` seconds
+UDP_COUNTER = """import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 7071)); s.settimeout(0.5)
+end, n = time.time() + float(sys.argv[1]), 0
+while time.time() < end:
+    try: s.recv(64); n += 1
+    except OSError: pass
+print(n)"""
+#: a UDP flood: datagrams to ``argv[2]``:7071 for ``argv[1]`` seconds, then how many were sent
+UDP_FLOOD = """import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+end, n = time.time() + float(sys.argv[1]), 0
+while time.time() < end:
+    s.sendto(b"x", (sys.argv[2], 7071)); n += 1
+print(n)"""
+
+
+def test_another_owners_bridge_stays_unreachable_while_the_engine_rewrites_its_rules(client):
+    """Every network create or remove on the engine (any deployment's) makes it delete and insert again the jumps
+    its bridge-to-bridge isolation hangs on. Under that churn a flood of datagrams from bob's egress session
+    reached alice's (about 270,000 of 9.9 million in 20 s before the per-bridge chains) and a foreign
+    container on the default bridge: none may."""
+    python_image().close()  # there, or a skip (a failure in CI)
+    image = PYTHON_IMAGE
+    foreign = client.containers.run(
+        image, ["python3", "-c", UDP_COUNTER, "14"], entrypoint=[], detach=True, labels=RUN_LABEL,
+        network_mode="bridge",
+    )
+    stop = threading.Event()
+
+    def churn() -> None:
+        churner = docker_client()
+        try:
+            turn = 0
+            while not stop.is_set():
+                churner.networks.create(f"{RUN_PREFIX}churn-{turn % 3}", labels=RUN_LABEL).remove()
+                turn += 1
+        finally:
+            churner.close()
+
+    async def main() -> None:
+        sandbox = DockerSandbox(image=image, extra_labels=RUN_LABEL)
+        made = []
+        try:
+            alice = await sandbox.create(SessionSpec(image=image, consumer="network-tests", owner="alice"))
+            made.append(alice)
+            bob = await sandbox.create(SessionSpec(image=image, consumer="network-tests", owner="bob"))
+            made.append(bob)
+            counter = await alice.exec_start(["python3", "-c", UDP_COUNTER, "12"], timeout_seconds=60)
+            await asyncio.sleep(1)
+            foreign.reload()
+            churner = threading.Thread(target=churn)
+            churner.start()
+            try:
+                floods = await asyncio.gather(
+                    bob.exec(["python3", "-c", UDP_FLOOD, "8", address_of(client, alice.container_id)],
+                             timeout_seconds=60),
+                    bob.exec(["python3", "-c", UDP_FLOOD, "8", foreign.attrs["NetworkSettings"]["IPAddress"]],
+                             timeout_seconds=60),
+                )
+            finally:
+                stop.set()
+                await asyncio.to_thread(churner.join)
+            sent = [int(flood.stdout) for flood in floods]
+            assert min(sent) > 50_000, sent  # the probe had the power to see a lapse
+            got = b""
+            async for item in counter.output:
+                got += getattr(item, "data", b"")
+            assert got.strip() == b"0", (got, sent, firewall_dump())
+            foreign.wait(timeout=30)
+            assert foreign.logs().strip() == b"0", (foreign.logs(), sent, firewall_dump())
+        finally:
+            for session in made:
                 with contextlib.suppress(Exception):
                     await session.destroy()
             await sandbox.close()
@@ -193,7 +292,9 @@ def test_egress_session_cannot_reach_the_host_and_its_rules_go_with_the_network(
                     got = await reach(session, address, port)
                     assert b"pong" not in got and b"rc=0" not in got, (address, got)
                 await session.destroy()
-                assert f"-i {bridge}" not in firewall_rules()
+                rules = firewall_rules()
+                assert f"-i {bridge}" not in rules and f"-o {bridge}" not in rules, rules
+                assert _docker_networks.chain_name(bridge) not in rules, rules
         finally:
             await sandbox.close()
 
@@ -217,7 +318,7 @@ def test_a_network_left_by_a_crash_is_reclaimed_by_the_reaper(client, monkeypatc
             await sandbox.reap()
             assert not any(client.networks.list(names=[n]) for n in names), names
             rules = firewall_rules()
-            assert not any(f"-i {bridge_name(n)}" in rules for n in names), rules
+            assert not any(bridge_name(n) in rules for n in names), rules
         finally:
             await sandbox.close()
 
