@@ -10,7 +10,7 @@ command there), and the reader gets what was kept, then the end.
 
 A spool is a queue: what its one reader takes is gone from it. The server's
 replay window over a live command's output (attach from an offset, poll since
-one) is the other buffer, :class:`jupyter_tai_sandbox.execs.OutputRing`, fed from
+one) is the other buffer, :class:`jupyter_tai_sandbox.server.output_ring.OutputRing`, fed from
 the spool's reader.
 """
 

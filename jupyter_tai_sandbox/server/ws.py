@@ -45,8 +45,8 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketP
 
 from ..contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
 from ..errors import error_body, error_status
-from .execs import STREAM_IDS, LiveCommand
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
+from .live_command import STREAM_IDS, LiveCommand
 
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
 _BINARY_FINAL = 0x82
