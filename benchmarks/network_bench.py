@@ -25,35 +25,34 @@ import contextlib
 import json
 import statistics
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
 from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.providers._docker_containers import ContainerStarts
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 
 LABEL = {"jupyter-tai-sandbox.bench": "networks"}
 POOL = "10.217.0.0/16"
 
 
-class DefaultBridgeSandbox(DockerSandbox):
-    """The provider as it was before per-owner egress bridges: egress sessions on the default bridge."""
-
-    def _network_of(self, spec: SessionSpec) -> str | None:
-        return super()._network_of(spec) if spec.network == "internal" else None
-
-    def _options(
-        self,
-        spec: SessionSpec,
-        name: str,
-        labels: Mapping[str, str],
-        volume_labels: Mapping[str, str],
-        network: str | None,
-    ) -> dict[str, Any]:
-        options = super()._options(spec, name, labels, volume_labels, network)
+class DefaultBridgeStarts(ContainerStarts):
+    def options(self, spec: SessionSpec, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        options = super().options(spec, *args, **kwargs)
         if spec.network == "egress":
             options["network_mode"] = "bridge"
         return options
+
+
+class DefaultBridgeSandbox(DockerSandbox):
+    """The provider as it was before per-owner egress bridges: egress sessions on the default bridge."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._starts = DefaultBridgeStarts(self, self._engine)
+
+    def _network_of(self, spec: SessionSpec) -> str | None:
+        return super()._network_of(spec) if spec.network == "internal" else None
 
 
 def p95(values: list[float]) -> float:

@@ -9,12 +9,13 @@ started in a pooled container, its record volume and the spec's environment give
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
-from ._docker_names import WORKSPACE
+from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, LABEL_USER, WORKSPACE
 from .container import ContainerSession
+from .container.sandbox import spec_from_labels
 from .docker_engine import DockerEngine
 
 
@@ -97,3 +98,16 @@ class DockerSession(ContainerSession):
                 f"no disk figure: du exited with status {result.exit_code}")
         except (IndexError, ValueError):
             return "no disk figure: du gave no size"
+
+
+def session_of(site: Any, engine: DockerEngine, container_id: str, labels: Mapping[str, str],
+               env: Sequence[str] | None, *, record: str | None = None, pooled: bool = False) -> DockerSession:
+    """The session of a container, from its labels and ``env``: the container's own environment, or for a
+    pooled one (``record`` names its record volume) the spec env from the record, which then goes to every
+    exec. One made by an older version without the agent is still listed, reaped and destroyed; its
+    commands fail with the typed error of an agent that does not answer."""
+    spec = spec_from_labels(labels, env)
+    known = None if pooled or env is None else dict(item.split("=", 1) for item in env if "=" in item)
+    return DockerSession(site, container_id, labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]),
+                         float(labels[LABEL_EXPIRES]), env=known, engine=engine, record=record,
+                         extra_env=spec.env if pooled else None, user=labels.get(LABEL_USER, ""))

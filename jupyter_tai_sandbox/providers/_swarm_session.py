@@ -171,22 +171,14 @@ class SwarmSession(DockerSession):
     async def info(self) -> SessionInfo:
         """The container on its node, and the end as the service's labels say now."""
         self._check_live()
-        current_end = self._site.current_end
         try:
-            if current_end is None:
-                await self._engine.inspect_container(self.container_id, what="inspect a session")
-            else:
-                _, end = await asyncio.gather(
-                    self._engine.inspect_container(self.container_id, what="inspect a session"), current_end(self._id))
-                if end is not None:
-                    self.expires_at = end
+            return await super().info()
         except SandboxNotFoundError:
             raise SandboxNotFoundError(f"no swarm sandbox session {self.id!r} (its container is gone)") from None
         except SandboxUnavailableError as e:
             raise SandboxUnavailableError(
                 f"session {self.id} runs on node {self.placement.hostname}, whose engine cannot be reached: {e}"
             ) from None
-        return self._info()
 
 
 def placement_of(task: dict[str, Any], node: dict[str, Any] | None, engine_label: str) -> Placement:

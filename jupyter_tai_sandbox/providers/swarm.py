@@ -8,6 +8,7 @@ command classes, so every guarantee of sandbox-docker holds unchanged.
 
 ``_swarm_engine``   :class:`SwarmEngine`: a DockerEngine with TLS exec streams and the manager's API
 ``_swarm_session``  :class:`SwarmSession`, the node engines (and their agent volumes), where a task runs
+``_swarm_tasks``    a session's task template, and the watch for it to run on a node
 ``_swarm_workspaces`` where persistent workspaces live: one record per key on the manager
 ``swarm``           :class:`SwarmSandbox`, the configurable provider (this module)
 """
@@ -22,32 +23,25 @@ from typing import Any
 
 from traitlets import Float, List, Unicode
 
-from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..contract import (
     SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
     SandboxSession,
-    SandboxSpecRejectedError,
     SandboxUnavailableError,
     SessionInfo,
     SessionSpec,
 )
 from ._common import new_session_id
-from ._docker_agent import AGENT_USER_CAPABILITIES, agent_site
-from ._docker_disk import SCRATCH
+from ._docker_agent import agent_site
 from ._docker_names import (
-    LABEL_AGENT,
     LABEL_CREATED,
     LABEL_EXPIRES,
     LABEL_NETWORK,
-    LABEL_OWNER,
     LABEL_SESSION,
     LABEL_USER,
-    LABEL_WORKSPACE,
     WORKSPACE,
     is_session_id,
-    session_labels,
 )
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from ._swarm_session import (
@@ -56,84 +50,28 @@ from ._swarm_session import (
     NodeEngines,
     Placement,
     SwarmSession,
-    placement_of,
 )
+from ._swarm_tasks import TaskWatch, running, task_template
 from ._swarm_workspaces import WorkspaceRecords
 from .container import CommandRegistry, ContainerSite
-from .container.sandbox import ContainerSandbox, spec_from_labels, user_checked
-from .docker_engine import EngineRefusedError, docker_sdk
+from .container.sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
+from .docker_engine import EngineRefusedError
 
 __all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
-
-#: how often a starting task is looked at
-_POLL_SECONDS = 0.05
-#: while a task is starting, its node's engine is asked this often, and the manager again after this long
-_NODE_POLL_SECONDS = 0.01
-_NODE_WATCH_SECONDS = 0.5
-
-
-def _running(task: dict[str, Any], container_id: str) -> dict[str, Any]:
-    """``task`` as running ``container_id``: what its node's engine said before the manager heard it."""
-    status = {**(task.get("Status") or {}), "State": "running", "ContainerStatus": {"ContainerID": container_id}}
-    return {**task, "Status": status}
-
-
-def _reject(message: str) -> SandboxSpecRejectedError:
-    return SandboxSpecRejectedError(message)
-
 
 class SwarmSandbox(ContainerSandbox):
     """sandbox-swarm: each session is a one-replica Docker Swarm service, its commands run on its node.
 
-    **Sessions.** A session is a service ``tai-<session id>`` (one replica,
-    restart condition ``none``, endpoint mode ``dnsrr``) whose task runs the
-    session agent as PID 1 from the read-only agent volume (filled on every
-    ready node first), with the docker provider's labels on the service and its container. The manager
-    (``base_url``) places it: ``constraints`` and ``spread`` preferences,
-    resource limits from the spec (or ``default_cpu``/``default_memory_mb``,
-    bounded by ``max_cpu``/``max_memory_mb``) and reservations of
-    ``reserve_fraction`` of them. A create returns once the task runs.
-
-    **Exec and files** go to the engine of the task's node, its address taken
-    from the node label ``engine_label`` (``unix://`` or ``tcp://``; TLS with
-    ``tls_ca``/``tls_cert``/``tls_key``, the same material as the manager),
-    through the session's agent: the
-    held process group, the 5 s kill, deadlines, the spool, confined file transfer,
-    commands that outlive the server, kernels' ports dialled inside.
-
-    **Networks.** ``egress``: the node's default bridge. ``internal``: an
-    internal, attachable overlay network per owner (``internal_network`` plus
-    a hash of the owner), spanning nodes, no route out, with a subnet the
-    provider picks from ``network_pool`` (``network_prefix`` long, never the
-    swarm's default pool); removed with its last session. Egress sessions of
-    different owners share the node's default bridge (no per-owner egress
-    network on a swarm yet). ``none``: the task starts on the default bridge (Swarm in API 1.41
-    cannot start a task without a network) and is disconnected from it on its
-    node before the session is handed out, so commands only ever see loopback.
-
-    **Deployments** work as on the docker provider: the deployment's label is on
-    every service, container, volume, network and record, and on every query of
-    the manager and the nodes.
-
-    **Persistent workspaces** are volumes ``tai-sbx-<deployment tag>-<key>`` local
-    to a node. The node holding one is recorded in a swarm config
-    (``tai-ws-<hash of deployment and key>``,
-    labelled with the key, node and owner) on the manager, so any server finds
-    it; a session with that key is constrained to that node. A new key goes
-    where the scheduler puts the session, and is recorded then.
-
-    **Node loss.** A session whose node is down answers SandboxUnavailableError
-    (its engine cannot be reached, or the manager reports the node down); other
-    nodes' sessions are untouched. ``reap`` removes services whose task has
-    ended (a node that came back kills what it ran) or whose node left the swarm.
-
-    **Images** are not pulled: each node must hold the session image (``.ci/swarm``
-    loads it with ``docker save | docker load``); run the engines with
-    ``DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1`` so a task never tries a registry.
-
-    Not available on a Swarm service (API 1.41): ``no_new_privileges`` (the
-    default ``cap_drop=ALL`` still leaves a setuid program no capability), and
-    the warm pool (``pool_size`` is ignored).
+    The manager (``base_url``) places a session's service ``tai-<session id>`` (restart condition none,
+    ``constraints``, ``spread``, reservations of ``reserve_fraction`` of its limits); its task runs the
+    session agent as PID 1 from the read-only agent volume, filled on every ready node first. Commands and
+    files go to that agent over the engine of the task's node (node label ``engine_label``; TLS with
+    ``tls_*``), through the container base, so every guarantee of sandbox-docker holds. Deployments work as
+    on docker. ``egress`` is the node's default bridge, ``internal`` an overlay per owner, ``none`` a task
+    disconnected before it is handed out. A persistent workspace is a volume on one node, recorded on the
+    manager, and pins its sessions there. A node that is down makes its sessions answer
+    SandboxUnavailableError and leaves the others alone. Not on a service (API 1.41): ``no_new_privileges``
+    and the warm pool. README's "Running on a cluster (Docker Swarm)" says it all at length.
     """
 
     kind = "swarm"
@@ -192,6 +130,8 @@ class SwarmSandbox(ContainerSandbox):
         self._workspaces = WorkspaceRecords(self._engine, self.scope, self.own_labels, self.log)
         self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, agent_site=self._agent_site_for,
                                   scope=self.scope.labels, direct_agent=self.agent_transport == "auto", log=self.log)
+        self._tasks = TaskWatch(self._engine, self._nodes, engine_label=self.engine_label,
+                                start_timeout=self.start_timeout)
 
     @property
     def manager(self) -> SwarmEngine:
@@ -226,150 +166,11 @@ class SwarmSandbox(ContainerSandbox):
 
     # ------------------------------------------------------------ services
 
-    def _task_template(
-        self, spec: SessionSpec, labels: Mapping[str, str], network: str | None, pin: str | None,
-        agent: tuple[str, str],
-    ) -> dict[str, Any]:
-        """The service's task: the agent as PID 1, from ``agent`` (its volume and architecture)."""
-        types = docker_sdk().types
-        session_id = labels[LABEL_SESSION]
-        ceiling = self.disk_limit_mb if self.disk_limit_mb > 0 else None
-        if spec.durability == "persistent":
-            key = str(spec.workspace_key)
-            volume_labels = {**self.own_labels, LABEL_WORKSPACE: key}
-            if spec.owner is not None:
-                volume_labels[LABEL_OWNER] = spec.owner
-            mounts = [types.Mount(WORKSPACE, self.scope.workspace_volume(key), type="volume", labels=volume_labels)]
-        else:
-            # a plain anonymous volume: one with driver options is made by the node as a volume of its own,
-            # which the node then leaves behind when the task goes (so the workspace is not capped on swarm)
-            workspace_labels = {**self.own_labels, LABEL_SESSION: session_id}
-            mounts = [types.Mount(WORKSPACE, None, type="volume", labels=workspace_labels)]
-        read_only = bool(ceiling or self.read_only_rootfs)
-        if read_only:
-            size = ceiling << 20 if ceiling else None
-            mounts.append(types.Mount(SCRATCH, None, type="tmpfs", tmpfs_mode=0o1777, tmpfs_size=size))
-        env = {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env}
-        volume, arch = agent
-        mounts.append(types.Mount(AGENT_DIR, volume, type="volume", read_only=True))
-        cap_add = list(self.cap_add)
-        if labels.get(LABEL_USER):  # the agent becomes the session user for each command (see DockerSandbox)
-            cap_add = sorted({*cap_add, *AGENT_USER_CAPABILITIES})
-        container = types.ContainerSpec(
-            self._image_of(spec),
-            command=[AGENT_PATH, "serve"],
-            env=[f"{k}={v}" for k, v in env.items()],
-            workdir=WORKSPACE,
-            user="0:0",
-            labels=dict(labels),
-            mounts=mounts,
-            init=False,
-            read_only=read_only or None,
-            cap_drop=list(self.cap_drop) or None,
-            cap_add=cap_add or None,
-        )
-        fraction = min(max(self.reserve_fraction, 0.0), 1.0)
-        resources = types.Resources(
-            cpu_limit=int(spec.cpu * 1e9) if spec.cpu else None,
-            mem_limit=spec.memory_mb << 20 if spec.memory_mb else None,
-            cpu_reservation=int(spec.cpu * 1e9 * fraction) if spec.cpu and fraction else None,
-            mem_reservation=int((spec.memory_mb << 20) * fraction) if spec.memory_mb and fraction else None,
-        )
-        if self.pids_limit > 0:
-            resources.setdefault("Limits", {})["Pids"] = self.pids_limit
-        constraints = [*self.constraints, *([f"node.id=={pin}"] if pin else []), f"node.platform.arch=={arch}"]
-        placement = types.Placement(
-            constraints=constraints or None,
-            preferences=[("spread", label) for label in self.spread] or None,
-        )
-        return types.TaskTemplate(
-            container,
-            resources=resources,
-            restart_policy=types.RestartPolicy(condition="none"),
-            placement=placement,
-            networks=[{"Target": network}] if network else None,
-        )
-
-    async def _wait_running(self, service_id: str, image: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """``(task, node)``: the service's task once it runs, with its node once read; a task that ends first,
-        or no start in time, raises. Once the task is on a node, that node's engine is asked too: its container
-        runs about 50-100 ms before the manager hears so from the node."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.start_timeout
-        waiting = "no task yet"
-        node: dict[str, Any] | None = None
-        while loop.time() < give_up:
-            tasks = await self.manager.tasks(service_id)
-            if tasks:
-                task = tasks[0]
-                status = task.get("Status") or {}
-                state, error = status.get("State", ""), status.get("Err", "")
-                if state == "running" and (status.get("ContainerStatus") or {}).get("ContainerID"):
-                    return task, node
-                if state == "starting" and task.get("NodeID"):
-                    # the node starts the container: its engine is asked closely, the manager again in a while
-                    if node is None or node.get("ID") != task["NodeID"]:
-                        node = await self.manager.node(task["NodeID"])
-                    ask_manager_at = min(give_up, loop.time() + _NODE_WATCH_SECONDS)
-                    while loop.time() < ask_manager_at:
-                        container_id = await self._running_on_node(task, node)
-                        if container_id is not None:
-                            return _running(task, container_id), node
-                        await asyncio.sleep(_NODE_POLL_SECONDS)
-                    continue
-                if state not in STARTING_STATES and state != "running":
-                    if "no such image" in error.lower() or ("not found" in error.lower() and image in error):
-                        raise _reject(
-                            f"image {image!r} is not on the swarm node that took the session: load it on every "
-                            f"node (docker save {image} | docker -H NODE load) ({error})"
-                        )
-                    raise SandboxError(f"the session's task did not start: {state}: {error}")
-                waiting = f"{state}: {error}" if error else state
-            await asyncio.sleep(_POLL_SECONDS)
-        raise SandboxUnavailableError(
-            f"the swarm did not start the session within {self.start_timeout:g} s ({waiting})"
-        )
-
-    async def _running_on_node(self, task: dict[str, Any], node: dict[str, Any] | None) -> str | None:
-        """The id of the task's container once its node's engine runs it (None: not yet, or the node cannot be
-        asked; the manager's word is waited for then)."""
-        address = (((node or {}).get("Spec") or {}).get("Labels") or {}).get(self.engine_label)
-        if not address or ((node or {}).get("Status") or {}).get("State") != "ready":
-            return None
-        try:
-            engine = await self._nodes.engine(address)
-            found = await engine.containers(f"com.docker.swarm.task.id={task['ID']}", what="find a task's container")
-        except SandboxError:
-            return None
-        return next((str(c["Id"]) for c in found if c.get("State") == "running"), None)
-
-    async def _placement(self, task: dict[str, Any], node: dict[str, Any] | None = None) -> Placement:
-        if node is None or node.get("ID") != task.get("NodeID"):
-            node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
-        return placement_of(task, node, self.engine_label)
-
-    async def _node_address(self, placement: Placement) -> str:
-        """The engine address of the node a task runs on (SandboxUnavailableError when it cannot be reached)."""
-        if placement.state not in ("ready",):
-            raise SandboxUnavailableError(
-                f"node {placement.hostname} is {placement.state}: its sessions cannot be reached"
-            )
-        if not placement.address:
-            raise SandboxUnavailableError(
-                f"node {placement.hostname} has no {self.engine_label} label naming its engine: "
-                f"docker node update --label-add {self.engine_label}=tcp://HOST:2376 {placement.node_id}"
-            )
-        return placement.address
-
     # -------------------------------------------------------------- sessions
 
     async def create(self, spec: SessionSpec) -> SandboxSession:
-        if not isinstance(spec, SessionSpec):
-            raise SandboxSpecRejectedError("create() needs a SessionSpec")
-        self.check_spec(spec)
-        spec = self._limited(spec)
+        spec = await self._prepared(spec)
         image = self._image_of(spec)
-        await self._connect()
         for _ in range(3):
             session = await self._create(spec, image)
             if session is not None:
@@ -380,15 +181,12 @@ class SwarmSandbox(ContainerSandbox):
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
-        labels = session_labels(session_id, spec, now, expires, self.own_labels)
         agent = await self._nodes.fill_agent_volumes(await self.manager.nodes(), self.engine_label, image)
-        labels[LABEL_AGENT] = "1"
-        user = await self._session_user(image)
-        if user:
-            labels[LABEL_USER] = user
+        labels = self._new_labels(session_id, spec, now, expires, await self._session_user(image))
         pin = await self._workspaces.pin(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
-        template = self._task_template(spec, labels, network, pin, agent)
+        template = task_template(self, spec, labels, network, pin, agent, constraints=self.constraints, spread=self.spread,
+                                 reserve_fraction=self.reserve_fraction)
         if network is not None:
             async with self._networks.hold(network):
                 await self.manager.ensure_overlay(
@@ -399,8 +197,8 @@ class SwarmSandbox(ContainerSandbox):
             service_id = await self._create_service(template, session_id, labels, None)
         session: SwarmSession | None = None
         try:
-            task, node = await self._wait_running(service_id, image)
-            placement = await self._placement(task, node)
+            task, node = await self._tasks.wait_running(service_id, image)
+            placement = await self._tasks.placement(task, node)
             session = await self._session_on(placement, session_id, spec, now, expires, service_id, labels)
             if spec.network == "none":
                 await session.engine.network_disconnect(session.container_id, "bridge")
@@ -424,7 +222,7 @@ class SwarmSandbox(ContainerSandbox):
                 with contextlib.suppress(SandboxError):
                     await self.manager.drop_overlay(network)
             if e.status is not None and 400 <= e.status < 500 and e.status != 409:
-                raise _reject(f"the swarm manager refused the session: {e.detail}") from None
+                raise rejected(f"the swarm manager refused the session: {e.detail}") from None
             raise
 
     def _spec_from(self, service: dict[str, Any]) -> tuple[str, SessionSpec, float, float]:
@@ -444,11 +242,11 @@ class SwarmSandbox(ContainerSandbox):
             raise SandboxNotFoundError(f"session {session_id} has no task")
         task = tasks[0]
         node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
-        if (task.get("Status") or {}).get("State") == "starting":  # its node may run it already (_wait_running)
-            container_id = await self._running_on_node(task, node)
+        if (task.get("Status") or {}).get("State") == "starting":  # its node may run it already (TaskWatch.wait_running)
+            container_id = await self._tasks.running_on_node(task, node)
             if container_id is not None:
-                task = _running(task, container_id)
-        placement = await self._placement(task, node)
+                task = running(task, container_id)
+        placement = await self._tasks.placement(task, node)
         if placement.task_state != "running" and placement.state in ("ready", "removed"):
             raise SandboxNotFoundError(
                 f"session {session_id} ended: its task is {placement.task_state} ({placement.task_error or 'no error'})"
@@ -462,7 +260,7 @@ class SwarmSandbox(ContainerSandbox):
         service_id: str, labels: Mapping[str, str],
     ) -> SwarmSession:
         """The session of a running task, on its node's engine."""
-        address = await self._node_address(placement)
+        address = self._tasks.node_address(placement)
         site = await self._nodes.agent_site(address)
         return site.remember(SwarmSession(
             site, str(placement.container_id), session_id, spec, created, expires,
@@ -509,7 +307,7 @@ class SwarmSandbox(ContainerSandbox):
             except (KeyError, ValueError, SandboxError):
                 continue
             tasks = await self.manager.tasks(service["ID"])
-            placement = await self._placement(tasks[0]) if tasks else None
+            placement = await self._tasks.placement(tasks[0]) if tasks else None
             lost = placement is not None and (
                 placement.state == "removed"
                 or (placement.task_state not in STARTING_STATES and placement.task_state != "running")
@@ -588,14 +386,7 @@ class SwarmSandbox(ContainerSandbox):
         await self._remove(session.service_id, session, self._network_of(spec))
         if remove_workspace and spec.durability == "persistent":
             key = str(spec.workspace_key)
-            try:
-                await session.engine.remove_volume(self.scope.workspace_volume(key))
-            except EngineRefusedError as e:
-                if e.status == 409:
-                    raise SandboxConflictError(
-                        f"workspace {key!r} is in use by another session: destroy that one first"
-                    ) from None
-                raise
+            await self._remove_workspace(session.engine, key)
             await self._workspaces.forget(key)
         self.log.debug("sandbox-swarm: destroyed %s", session.id)
 

@@ -25,6 +25,7 @@ from traitlets.config import LoggingConfigurable
 
 from ...contract import (
     Sandbox,
+    SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
@@ -36,12 +37,15 @@ from ...spool import DEFAULT_MEMORY_LIMIT
 from .._common import ProviderMeta
 from .._docker_names import (
     DEPLOYMENT_ENV,
+    LABEL_AGENT,
     LABEL_OWNER,
     LABEL_SPEC,
+    LABEL_USER,
     LABEL_WORKSPACE,
     Deployment,
     check_deployment,
     default_deployment,
+    session_labels,
 )
 from .._docker_networks import (
     DEFAULT_NETWORK_POOL,
@@ -52,7 +56,7 @@ from .._docker_networks import (
     free_subnet,
     taken_subnets,
 )
-from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL
+from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
 
 if TYPE_CHECKING:
     from .session import ContainerSession
@@ -406,6 +410,40 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if spec.owner is not None and recorded is not None and recorded != spec.owner:
             raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
 
+
+    async def _connect(self) -> None:
+        """Reach the engine (once) and choose the default image."""
+        raise NotImplementedError
+
+    async def _prepared(self, spec: SessionSpec) -> SessionSpec:
+        """``spec`` as a create runs it: checked, its limits in force, its image named (info() says which
+        image a session runs), once the engine is reached."""
+        if not isinstance(spec, SessionSpec):
+            raise SandboxSpecRejectedError("create() needs a SessionSpec")
+        self.check_spec(spec)
+        spec = self._limited(spec)
+        self._image_of(spec)
+        await self._connect()
+        return spec if spec.image is not None else dataclasses.replace(spec, image=self.default_image)
+
+    def _new_labels(self, session_id: str, spec: SessionSpec, now: float, expires: float, user: str) -> dict[str, str]:
+        """A new session's labels: its spec, times and scope, the agent's mark, and its user when not root."""
+        labels = session_labels(session_id, spec, now, expires, self.own_labels)
+        labels[LABEL_AGENT] = "1"
+        if user:
+            labels[LABEL_USER] = user
+        return labels
+
+    async def _remove_workspace(self, engine: DockerEngine, key: str) -> None:
+        """Remove persistent workspace ``key``'s volume on ``engine``; one a session still uses is a conflict."""
+        try:
+            await engine.remove_volume(self.scope.workspace_volume(key))
+        except EngineRefusedError as e:
+            if e.status == 409:
+                raise SandboxConflictError(
+                    f"workspace {key!r} is in use by another session: destroy that one first"
+                ) from None
+            raise
 
 async def user_checked(session: S) -> S:
     """A new session once its user is found in its image; a user the image does not know fails the create
