@@ -3,11 +3,7 @@
 The server's typed errors come back as the same exception classes
 (``SandboxNotFoundError``, ``SandboxExecTimeoutError`` with its byte counts, ...).
 
-Finding the server: explicit ``url``/``token``, else ``TAI_SANDBOX_URL`` /
-``TAI_SANDBOX_TOKEN`` (set for kernels started by a server running the
-extension), else the first running Jupyter server that jupyter_server lists:
-the one started first (see ``running_servers``), with a ``SeveralServersWarning``
-naming it when more than one runs.
+Finding the server: explicit ``url``/``token``, else ``discover_server`` (see ``discovery``).
 
 Use it as an async context manager (or call ``await client.aclose()``)::
 
@@ -26,49 +22,31 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from tornado.httpclient import HTTPClientError, HTTPRequest
-from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
+from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from ..contract import (
     ExecResult,
-    ExitItem,
-    OutputChunk,
-    OutputItem,
     SandboxError,
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
 from ..errors import error_from_json
+from .discovery import SeveralServersWarning, discover_server, running_servers
 from .http_connections import BodyProducer, HTTPConnections, StreamingCallback
+from .remote_exec import STDIN_FRAME_BYTES, RemoteExec, _written
 
-_STREAMS = {1: "stdout", 2: "stderr"}
 #: dot segments travel percent-encoded, so nothing between here and the server resolves them
 _DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
-#: largest stdin frame sent over the exec websocket (the server's message limit is 10 MiB)
-STDIN_FRAME_BYTES = 1 << 20
 #: how long a cancelled exec_start waits for the server's answer to its start before it stops the command
 _ABANDON_SECONDS = 10.0
-
-
-async def _written(sending: Any) -> None:
-    """Wait for a websocket write without ever cancelling it.
-
-    Cancelling tornado's write (as cancelling a task awaiting it does) cancels the stream's own
-    future, which tornado then reports to the event loop; so the write is shielded, and its
-    outcome is always retrieved, even when nobody waits for it any more.
-    """
-    sending = asyncio.ensure_future(sending)
-    sending.add_done_callback(lambda done: done.cancelled() or done.exception())
-    await asyncio.shield(sending)
 
 
 def error_from_body(status: int, body: bytes) -> SandboxError:
@@ -80,63 +58,6 @@ def error_from_body(status: int, body: bytes) -> SandboxError:
     except (ValueError, KeyError, TypeError):
         return SandboxError(f"HTTP {status}: {body[:200].decode(errors='replace')}")
     return error_from_json(data, fallback=f"HTTP {status}: {message}")
-
-
-class SeveralServersWarning(UserWarning):
-    """More than one Jupyter server runs and none was named: the message says which is used."""
-
-
-def running_servers() -> list[dict[str, Any]]:
-    """The running Jupyter servers jupyter_server lists, the one started first first.
-
-    Started first means the oldest server info file (``jpserver-<pid>.json`` in the
-    runtime folder, written once when a server starts); ties go to the smaller pid.
-    """
-    try:
-        from jupyter_core.paths import jupyter_runtime_dir
-        from jupyter_server.serverapp import list_running_servers
-    except ImportError:  # pragma: no cover - jupyter_server is a dependency
-        return []
-    runtime = jupyter_runtime_dir()
-
-    def started(server: dict[str, Any]) -> tuple[float, int]:
-        pid = int(server.get("pid") or 0)
-        try:
-            when = os.stat(os.path.join(runtime, f"jpserver-{pid}.json")).st_mtime
-        except OSError:
-            when = float("inf")
-        return when, pid
-
-    return sorted(list_running_servers(runtime), key=started)
-
-
-def discover_server() -> tuple[str, str]:
-    """(base url, token) of the server to talk to; SandboxUnavailableError when none is found.
-
-    ``TAI_SANDBOX_URL`` (and ``TAI_SANDBOX_TOKEN``) when set, else the running Jupyter
-    server started first (``running_servers``), deterministically: with several running,
-    a ``SeveralServersWarning`` names the one chosen and how to pick another.
-    """
-    url = os.environ.get("TAI_SANDBOX_URL")
-    if url:
-        return url, os.environ.get("TAI_SANDBOX_TOKEN", "")
-    servers = running_servers()
-    if servers:
-        chosen = servers[0]
-        if len(servers) > 1:
-            others = ", ".join(s["url"] for s in servers[1:])
-            warnings.warn(
-                f"{len(servers)} Jupyter servers are running; using the one started first, {chosen['url']} "
-                f"(pid {chosen.get('pid')}), not {others}: set TAI_SANDBOX_URL (and TAI_SANDBOX_TOKEN) "
-                "or pass url= to choose",
-                SeveralServersWarning,
-                stacklevel=2,
-            )
-        return chosen["url"], chosen.get("token", "")
-    raise SandboxUnavailableError(
-        "no Jupyter server found: set TAI_SANDBOX_URL (and TAI_SANDBOX_TOKEN), or start "
-        "`jupyter server` with the jupyter_tai_sandbox extension (TAI_MCP_SANDBOX names the provider)"
-    )
 
 
 class SandboxClient:
@@ -529,90 +450,12 @@ class SandboxClient:
         await self.aclose()
 
 
-class RemoteExec:
-    """The websocket side of an interactive command, shaped like ``ExecHandle``."""
-
-    def __init__(self, connection: WebSocketClientConnection) -> None:
-        self._ws = connection
-        self._ended = False
-        #: the command's exec id (to attach again later) and the output offset its stream starts at
-        self.exec_id: str | None = None
-        self.offset = 0
-        #: the next byte of each stream (what the output gave so far): attach again with it to resume exactly
-        self.offsets = {"stdout": 0, "stderr": 0}
-        #: requests the server refused while the command ran on (e.g. a write after the exit)
-        self.rejected: list[SandboxError] = []
-        self.output: AsyncIterator[OutputItem] = self._iterate()
-        self._start_reply: asyncio.Future[None] | None = None
-
-    async def _wait_started(self) -> None:
-        # the read runs as a task of its own that a cancelled start does not cancel: a cancel landing just as
-        # the answer arrived would drop it, and the abandoning start could not learn the id to stop it by
-        if self._start_reply is None:
-            self._start_reply = asyncio.ensure_future(self._read_start_reply())
-            self._start_reply.add_done_callback(lambda t: t.cancelled() or t.exception())
-        await asyncio.shield(self._start_reply)
-
-    async def _read_start_reply(self) -> None:
-        message = await self._ws.read_message()
-        if message is None:
-            raise SandboxError("the exec websocket closed before the command started")
-        if isinstance(message, bytes):
-            raise SandboxError("the exec websocket sent output before saying the command started")
-        data = json.loads(message)
-        if data.get("type") not in ("started", "attached"):
-            self._ws.close()
-            raise error_from_json(data)
-        self.exec_id = data.get("exec_id")
-        self.offset = int(data.get("offset", 0))
-        self.offsets.update({name: int(at) for name, at in (data.get("offsets") or {}).items()})
-
-    async def _iterate(self) -> AsyncIterator[OutputItem]:
-        while True:
-            message = await self._ws.read_message()
-            if message is None:
-                # the connection ended (the server went away): no status was read, none is made up
-                raise SandboxUnavailableError("the exec websocket closed without an exit message")
-            if isinstance(message, bytes):
-                stream = _STREAMS[message[0]]
-                self.offsets[stream] += len(message) - 1
-                yield OutputChunk(stream, message[1:])  # type: ignore[arg-type]
-                continue
-            data = json.loads(message)
-            if data.get("type") == "rejected":
-                self.rejected.append(error_from_json(data))
-                continue
-            if data.get("type") == "detached":
-                self._ended = True
-                self._ws.close()
-                raise SandboxError(f"detached: {data.get('message', 'another client attached')}")
-            self._ended = True
-            self._ws.close()
-            if data.get("type") == "exit":
-                yield ExitItem(int(data["exit_code"]))
-                return
-            raise error_from_json(data)
-
-    async def _send(self, message: str | bytes) -> None:
-        try:
-            await _written(self._ws.write_message(message, binary=isinstance(message, bytes)))
-        except WebSocketClosedError:
-            raise SandboxError("the command has ended: its websocket is closed") from None
-
-    async def write(self, data: bytes) -> None:
-        await self._send(bytes(data))
-
-    async def close_stdin(self) -> None:
-        await self._send(json.dumps({"type": "close_stdin"}))
-
-    async def kill(self) -> None:
-        if not self._ended:
-            with contextlib.suppress(SandboxError):
-                await self._send(json.dumps({"type": "kill"}))
-
-    async def resize(self, rows: int, cols: int) -> None:
-        await self._send(json.dumps({"type": "resize", "rows": rows, "cols": cols}))
-
-    def disconnect(self) -> None:
-        """Drop the connection: the command runs on for the server's detach grace time (attach to keep it)."""
-        self._ws.close()
+__all__ = [
+    "STDIN_FRAME_BYTES",
+    "RemoteExec",
+    "SandboxClient",
+    "SeveralServersWarning",
+    "discover_server",
+    "error_from_body",
+    "running_servers",
+]

@@ -3,6 +3,7 @@
 The provider is split along its seams (no module imports one above it):
 
 ``docker_engine``         :class:`DockerEngine`, every call to the engine in bounded worker threads
+``_docker_engine_*``      its calls by what they touch: calls (the base), volumes, networks, execs
 ``_docker_stream``        an exec's attached stream over asyncio (the engine's hijacked HTTP)
 ``_docker_archive``       tar archives in and out (small files of the provider's own)
 ``_docker_agent``         the session agent: its read-only volume, its place as PID 1, its channel

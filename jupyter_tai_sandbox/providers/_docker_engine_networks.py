@@ -1,0 +1,124 @@
+"""EngineNetworks: the network calls of a :class:`~.docker_engine.DockerEngine`.
+
+The deployment's bridge networks: made unless they exist (on a subnet no other
+network holds), listed, joined and left, and removed once no container is on them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from ._docker_engine_calls import EngineCalls, EngineRefusedError, docker_sdk, readable
+
+#: how long a network's removal waits for the endpoints of containers just removed to go
+LEAVING_WAIT_SECONDS = 10.0  # 3 s was not enough for a loaded engine (an egress network left in two -n 4 runs)
+
+
+class EngineNetworks(EngineCalls):
+    """The network calls of one engine (a mixin of :class:`~.docker_engine.DockerEngine`)."""
+
+    # ------------------------------------------------------------ networks
+
+    async def ensure_network(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        options: Mapping[str, str],
+        internal: bool,
+        subnet: Callable[[list[dict[str, Any]]], str],
+    ) -> None:
+        """Create the bridge network ``name`` unless it exists. ``subnet`` picks its IPv4 subnet from
+        the engine's networks (every network, so it overlaps none; it raises when none is free); a
+        subnet a concurrent creator took meanwhile is picked again."""
+
+        docker = docker_sdk()
+
+        def ensure() -> None:
+            client = self._client
+            for _ in range(8):
+                found = [n for n in client.api.networks(names=[name]) if n.get("Name") == name]
+                if found:
+                    if not self.in_scope(found[0].get("Labels")):
+                        raise EngineRefusedError(
+                            f"network {name} belongs to another deployment on this engine", status=409, detail="taken"
+                        )
+                    return
+                ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet(client.api.networks()))])
+                try:
+                    client.api.create_network(
+                        name, driver="bridge", internal=internal, check_duplicate=True, options=dict(options),
+                        ipam=ipam, labels=self.scoped_labels(labels),
+                    )
+                    return
+                except docker.errors.APIError as e:
+                    if e.status_code == 409:  # another provider on this engine made it meanwhile
+                        continue
+                    if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
+                        raise
+            raise EngineRefusedError(
+                f"network {name}: every subnet picked was taken meanwhile", status=409, detail="subnet race"
+            )
+
+        await self._slow_call(f"create network {name}", ensure)
+
+    async def networks(self, label: str) -> list[dict[str, Any]]:
+        """The deployment's networks carrying ``label``."""
+        found = await self._call("list networks", "networks", filters={"label": self.label_filter(label)})
+        return list(found or [])
+
+    async def network_connect(self, container_id: str, network: str) -> None:
+        await self._slow_call(f"connect a container to {network}", "connect_container_to_network", container_id, network)
+
+    async def network_disconnect(self, container_id: str, network: str) -> None:
+        await self._call(f"disconnect a container from {network}", "disconnect_container_from_network", container_id, network)
+
+    async def drop_network_if_idle(self, name: str, *, leaving: Collection[str] = ()) -> bool:
+        """Remove network ``name`` when no container is on it; True when it is gone.
+
+        ``leaving`` are containers just removed: the engine can list their endpoints (and refuse the
+        removal for them) for a moment after a container is gone, so they are waited out, for at most
+        ``LEAVING_WAIT_SECONDS``, instead of being taken for users of the network (which left the
+        network behind until the reaper's grace). So is the endpoint of any container that no longer
+        exists: another session's, removed just before, whose own removal gave up on this caller's
+        container (each saw the other's endpoint and left the network to the other)."""
+        docker = docker_sdk()
+
+        def gone(container_id: str) -> bool:
+            if any(container_id.startswith(g) or g.startswith(container_id) for g in leaving):
+                return True
+            try:
+                self._client.api.inspect_container(container_id)
+            except docker.errors.NotFound:
+                return True
+            return False
+
+        def still_leaving(on: Collection[str]) -> bool:
+            return bool(on) and all(gone(c) for c in on)
+
+        def drop() -> bool:
+            deadline = time.monotonic() + LEAVING_WAIT_SECONDS
+            for network in self._client.networks.list(names=[name]):
+                if network.name != name or not self.in_scope(network.attrs.get("Labels")):
+                    continue
+                while True:
+                    network.reload()
+                    on = list(network.attrs.get("Containers") or {})
+                    if not on:
+                        try:
+                            network.remove()
+                            break
+                        except docker.errors.NotFound:
+                            break
+                        except docker.errors.APIError:
+                            pass  # an endpoint still going, or a container joined meanwhile: look again
+                    elif not still_leaving(on):
+                        return False
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.05)
+            return True
+
+        return await self._slow_call(f"remove network {name}", drop)
