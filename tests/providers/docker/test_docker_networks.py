@@ -326,6 +326,29 @@ def test_a_network_left_by_a_crash_is_reclaimed_by_the_reaper(client, monkeypatc
     assert leftovers(client) == []
 
 
+@firewall
+def test_the_reaper_removes_the_rules_and_chain_of_a_bridge_removed_behind_its_back(client):
+    async def main() -> None:
+        sandbox = provider()
+        try:
+            session = await sandbox.create(spec("gina"))
+            (name,) = networks_of(client, session.container_id)
+            bridge = bridge_name(name)
+            chain = _docker_networks.chain_name(bridge)
+            assert f"-N {chain}" in firewall_rules()
+            client.api.remove_container(session.container_id, force=True, v=True)
+            client.api.remove_network(name)  # the server died between the two, or someone else removed it
+            assert f"-N {chain}" in firewall_rules()
+            await sandbox.reap()
+            rules = firewall_rules()
+            assert bridge not in rules and chain not in rules, rules
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
 def test_sessions_of_one_owner_destroyed_together_take_their_network_with_them(client):
     """Each destroy may still see the other containers' endpoints (the engine lists them for a moment
     after a removal); the last one out must not take those for users and leave the network behind."""
