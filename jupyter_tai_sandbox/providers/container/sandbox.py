@@ -410,9 +410,8 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if spec.owner is not None and recorded is not None and recorded != spec.owner:
             raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
 
-
     async def _connect(self) -> None:
-        """Reach the engine (once) and choose the default image."""
+        """Reach the engine (once); a provider may choose its default image there (docker does)."""
         raise NotImplementedError
 
     async def _prepared(self, spec: SessionSpec) -> SessionSpec:
