@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -101,7 +102,8 @@ type command struct {
 
 type conn struct {
 	a      *agent
-	c      *net.UnixConn
+	c      io.ReadWriteCloser // a unix socket connection, or a VM's virtio-serial port (vm_linux.go)
+	port   *port              // a VM's port (vm_linux.go): serve reads it, not c
 	wmu    sync.Mutex
 	closed bool
 	files  *fileState
@@ -126,12 +128,16 @@ func (a *agent) acceptLoop(ln *net.UnixListener) {
 			_ = c.Close()
 			continue
 		}
-		cn := &conn{a: a, c: c, files: newFileState()}
-		a.connMu.Lock()
-		a.conns[cn] = struct{}{}
-		a.connMu.Unlock()
-		go cn.serve()
+		go a.newConn(c).serve()
 	}
+}
+
+func (a *agent) newConn(c io.ReadWriteCloser) *conn {
+	cn := &conn{a: a, c: c, files: newFileState()}
+	a.connMu.Lock()
+	a.conns[cn] = struct{}{}
+	a.connMu.Unlock()
+	return cn
 }
 
 func (cn *conn) write(typ byte, id uint32, parts ...[]byte) error {
@@ -146,7 +152,12 @@ func (cn *conn) write(typ byte, id uint32, parts ...[]byte) error {
 	if cn.closed {
 		return net.ErrClosed
 	}
-	_, err := bufs.WriteTo(cn.c)
+	var err error
+	if _, ok := cn.c.(net.Conn); ok {
+		_, err = bufs.WriteTo(cn.c)
+	} else { // a port has no writev: one write per frame, not one per part
+		_, err = cn.c.Write(bytes.Join(bufs, nil))
+	}
 	if err != nil {
 		cn.closed = true
 		_ = cn.c.Close()
@@ -164,14 +175,16 @@ func (cn *conn) fail(id uint32, op, code, msg string) {
 }
 
 func (cn *conn) close() {
+	_ = cn.c.Close() // first: a write blocked in it (a port whose host has gone) returns and lets go of wmu
 	cn.wmu.Lock()
 	cn.closed = true
 	cn.wmu.Unlock()
-	_ = cn.c.Close()
 }
 
-// serve reads the client's frames; a malformed one ends the connection (the commands live on).
-func (cn *conn) serve() {
+// serve reads the client's frames; a malformed one ends the connection (the commands live on). It reports
+// whether the client's side ended it (its stream ended; on a port, a new host's HELLO came) rather than the
+// agent, for a protocol error.
+func (cn *conn) serve() (peerEnded bool) {
 	defer func() {
 		cn.close()
 		cn.files.abortAll() // an upload not committed leaves nothing behind
@@ -181,40 +194,59 @@ func (cn *conn) serve() {
 		cn.a.connMu.Unlock()
 	}()
 	hello := false
-	r := bufio.NewReaderSize(cn.c, 64<<10) // small frames (credits, control) cost no syscall each
+	var r *bufio.Reader
+	if cn.port != nil {
+		r = cn.port.in
+	} else {
+		r = bufio.NewReaderSize(cn.c, 64<<10) // small frames (credits, control) cost no syscall each
+	}
 	for {
+		if cn.port != nil && cn.port.next(hello) {
+			return true
+		}
 		f, err := readFrame(r)
 		if err != nil {
+			if cn.port != nil && errors.Is(err, errNewHost) {
+				return true // a port's host left inside a frame, and a new one has come
+			}
 			if errors.Is(err, errFrameTooLarge) || !isEOF(err) {
 				cn.fail(0, "read", "EPROTO", err.Error())
+				return false
 			}
-			return
+			return true
 		}
 		if !hello {
 			if f.typ != tHello {
 				cn.fail(0, "hello", "EPROTO", "the first frame must be HELLO")
-				return
+				return false
 			}
 			var h struct {
-				Version int `json:"version"`
+				Version int    `json:"version"`
+				Nonce   string `json:"nonce"`
 			}
 			if json.Unmarshal(f.payload, &h) != nil || h.Version != ProtocolVersion {
 				cn.fail(0, "hello", "EPROTONOSUPPORT", fmt.Sprintf("agent speaks protocol %d", ProtocolVersion))
-				return
+				return false
 			}
 			hello = true
-			_ = cn.writeJSON(tHelloReply, 0, map[string]any{
+			reply := map[string]any{
 				"version": ProtocolVersion, "max_frame": maxFrameBody, "max_commands": maxCommands,
 				"ring": ringSize, "stdin_window": stdinWindow, "pid": os.Getpid(),
-			})
+			}
+			if h.Nonce != "" && len(h.Nonce) <= maxNonce {
+				reply["nonce"] = h.Nonce // lets a port's client tell its reply from a former connection's bytes
+			}
+			_ = cn.writeJSON(tHelloReply, 0, reply)
 			continue
 		}
 		if err := cn.handle(f); err != nil {
 			cn.fail(f.id, "frame", "EPROTO", err.Error())
-			return
+			return false
 		}
 	}
 }
+
+const maxNonce = 64
 
 func isEOF(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||

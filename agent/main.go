@@ -25,7 +25,9 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "serve":
-		serve()
+		serve(nil)
+	case "vm": // PID 1 of a microVM (vm_linux.go)
+		vm()
 	case "connect":
 		os.Exit(connect())
 	case "hold": // a command's group holder (startHolder): its zombie is what holds the group
@@ -40,11 +42,12 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: tai-agent serve | connect | version")
+	fmt.Fprintln(os.Stderr, "usage: tai-agent serve | vm | connect | version")
 	os.Exit(64)
 }
 
-func serve() {
+// serve runs the agent on its abstract socket, and with also on whatever else also serves (a VM's port).
+func serve(also func(*agent)) {
 	// every catchable signal comes to this channel, so the Go runtime never dies of one (a same-uid command may
 	// signal PID 1 only where a handler is installed) and the commands still start with default dispositions
 	sigs := make(chan os.Signal, 64)
@@ -61,6 +64,9 @@ func serve() {
 	makeHolder()
 	a := newAgent()
 	go a.acceptLoop(ln)
+	if also != nil {
+		go also(a)
+	}
 	for s := range sigs {
 		switch s {
 		case syscall.SIGCHLD:

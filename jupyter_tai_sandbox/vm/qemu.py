@@ -1,0 +1,260 @@
+"""Boot a guest (guest.py) as a QEMU microVM and speak to its agent over a virtio-serial port.
+
+The port's host side is a unix socket QEMU listens on (``agent.sock`` in the VM's work folder): a connection
+to it is a connection to the agent (PROTOCOL.md's framing, as over a container's exec stream). QEMU takes one
+client at a time; one that connects while another is connected waits until that one leaves.
+
+The machine is ``microvm`` with its PIT, PIC and RTC: without the PIT, TCG boots of this kernel hung in 4 of
+5 tries here. The cloud kernel finds the virtio-mmio devices through microvm's ACPI tables. Under TCG the
+guest's TSC is the host's, so the host's TSC rate goes on the kernel command line (``tsc_early_khz``): the
+kernel's own calibration against the emulated PIT fails now and then on a busy host, and the boot then hangs
+calibrating its delay loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import functools
+import json
+import mmap
+import os
+import platform
+import secrets
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..agent import protocol as p
+from ..agent.client import AgentClient
+from ..agent.errors import AgentConnectionLost, AgentError
+from .guest import Guest
+
+QEMU = "qemu-system-x86_64"
+MACHINE = "microvm,pit=on,pic=on,rtc=on"
+BOOT_TIMEOUT = 60.0  # seconds from QEMU's start to the agent's answer (a TCG boot takes about 2.5 here)
+BOOT_ATTEMPT = 15.0  # one try at the handshake before the guest has ever answered (it may still be booting)
+#: one try once it has: an answer takes milliseconds, but a HELLO sent while the agent is still inside a frame
+#: a former client cut short is taken as that frame's bytes, and only the next try is seen as a new host's
+RETRY_ATTEMPT = 2.0
+
+
+class VmError(RuntimeError):
+    """QEMU did not start, or its guest's agent did not answer."""
+
+
+@functools.cache
+def host_tsc_khz() -> int | None:
+    """The host's TSC rate in kHz (measured against the monotonic clock over 3 x 20 ms), or None where it
+    cannot be (not x86_64, a TSC that is not constant, no executable memory for the one instruction)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    if " constant_tsc" not in flags:
+        return None
+    try:
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, AttributeError):
+        return None
+    page.write(bytes.fromhex("0f31" "48c1e220" "4809d0" "c3"))  # rdtsc; shl rdx, 32; or rax, rdx; ret
+    code = ctypes.c_char.from_buffer(page)
+    rdtsc = ctypes.CFUNCTYPE(ctypes.c_uint64)(ctypes.addressof(code))
+    rates = []
+    for _ in range(3):
+        t0, c0 = time.perf_counter_ns(), rdtsc()
+        time.sleep(0.02)
+        c1, t1 = rdtsc(), time.perf_counter_ns()
+        rates.append((c1 - c0) * 1e6 / (t1 - t0))
+    del rdtsc, code
+    page.close()
+    return round(statistics.median(rates))
+
+
+def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: int = 1, qemu: str = QEMU,
+              verbose: bool = False) -> list[str]:
+    cmdline = guest.cmdline
+    if verbose:  # the boot's every step on the console (a probe that must say where a boot stopped)
+        cmdline = " ".join(word for word in cmdline.split(" ") if word != "quiet")
+    khz = host_tsc_khz() if accel == "tcg" else None
+    if khz:
+        before, dashes, after = cmdline.partition(" -- ")
+        cmdline = f"{before} tsc_early_khz={khz}{dashes}{after}"
+    return [
+        qemu, "-M", MACHINE, "-accel", accel, "-cpu", "max", "-smp", str(cpus), "-m", str(memory_mb),
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        "-kernel", str(guest.kernel), "-initrd", str(guest.initrd), "-append", cmdline,
+        "-serial", f"file:{workdir / 'console.log'}",
+        "-device", "virtio-serial-device",
+        "-chardev", f"socket,id=tai,path={workdir / 'agent.sock'},server=on,wait=off",
+        "-device", "virtserialport,chardev=tai,name=tai",
+    ]
+
+
+@dataclass
+class BootedVm:
+    """A running microVM: its QEMU process and work folder (the port's socket, the console's log)."""
+
+    process: asyncio.subprocess.Process
+    workdir: Path
+    accel: str
+    argv: list[str]
+    started: float = field(default_factory=time.monotonic)
+    remove_workdir: bool = True
+    answered: bool = False  # its agent has answered a handshake
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "agent.sock"
+
+    @property
+    def console_log(self) -> Path:
+        return self.workdir / "console.log"
+
+    def console_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.console_log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        try:
+            qemu = (self.workdir / "qemu.log").read_text(errors="replace").strip()
+        except OSError:
+            qemu = ""
+        tail = "\n".join(text.splitlines()[-lines:]) if text.strip() else "(nothing on the guest's console)"
+        return f"{tail}\n[qemu] {qemu}" if qemu else tail
+
+    async def connect(self, timeout: float = BOOT_TIMEOUT, *, attempt: float | None = None) -> AgentClient:
+        """A connection to the guest's agent, once it answers the handshake: tried again (each try bounded
+        by ``attempt`` seconds, by default BOOT_ATTEMPT, then RETRY_ATTEMPT once the agent has answered) until
+        ``timeout``. Raises VmError with the console's tail when QEMU ends or the time is up."""
+        deadline = time.monotonic() + timeout
+        exited = asyncio.ensure_future(self.process.wait())
+        opening: asyncio.Future[AgentClient] | None = None
+        last: BaseException | None = None
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if exited.done():
+                    raise VmError(f"QEMU exited ({self.process.returncode}) before its agent answered:\n"
+                                  f"{self.console_tail()}")
+                if left <= 0:
+                    raise VmError(f"the guest's agent did not answer within {timeout:.0f} s ({last!r}):\n"
+                                  f"{self.console_tail()}")
+                bound = attempt or (RETRY_ATTEMPT if self.answered else BOOT_ATTEMPT)
+                opening = asyncio.ensure_future(self._open(min(left, bound)))
+                await asyncio.wait([opening, exited], return_when=asyncio.FIRST_COMPLETED)
+                if not opening.done():  # QEMU ended: the next turn says so
+                    opening.cancel()
+                    await asyncio.wait([opening])
+                    continue
+                try:
+                    client = opening.result()
+                    self.answered = True
+                    return client
+                except (OSError, TimeoutError, AgentError) as e:  # no socket yet, or a try that timed out
+                    last = e
+                    await asyncio.sleep(0.1)  # a host away for a moment is seen gone: the next try starts clean
+        finally:
+            exited.cancel()
+            if opening is not None and not opening.done():  # connect itself was cancelled
+                opening.cancel()
+
+    async def _open(self, within: float) -> AgentClient:
+        reader, writer = await asyncio.open_unix_connection(str(self.socket), limit=2 * p.MAX_FRAME_BODY)
+        try:
+            async with asyncio.timeout(within):
+                info = await port_hello(reader, writer)
+        except BaseException:
+            writer.close()
+            raise
+        client = AgentClient(reader, writer)
+        client.info = info
+        client.window = min(client.window, info.get("ring") or client.window)  # as AgentClient.open_client
+        return client
+
+    async def close(self) -> None:
+        """Kill QEMU (the guest and all it runs go with it) and remove the work folder."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
+        if self.remove_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_REPLY = bytes([p.HELLO_REPLY, 0, 0, 0, 0]) + b"{"  # a HELLO reply's type, id 0 and the start of its JSON
+_MAX_REPLY = 4096
+
+
+async def port_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
+    """The handshake over a VM's port. The port carries no connections of its own, so what a former
+    connection had in flight may come first (its output, cut anywhere): HELLO carries a nonce, the agent
+    echoes it, and everything before the reply that holds it is skipped."""
+    nonce = secrets.token_hex(16)
+    writer.write(p.encode_json(p.HELLO, 0, {"version": p.PROTOCOL_VERSION, "nonce": nonce}))
+    await writer.drain()
+    buf = bytearray()
+    while data := await reader.read(1 << 20):
+        buf += data
+        info, used = _find_reply(buf, nonce)
+        if info is not None:
+            if used != len(buf):  # the agent sends nothing unasked after its reply
+                raise AgentConnectionLost("bytes after the session agent's HELLO reply")
+            return info
+        del buf[:used]
+    raise AgentConnectionLost("the VM's port closed before the session agent answered")
+
+
+def _find_reply(buf: bytearray, nonce: str) -> tuple[dict[str, Any] | None, int]:
+    """``(reply, its end)`` when ``buf`` holds the HELLO reply with ``nonce``, else ``(None, bytes that cannot
+    begin it)``."""
+    keep = max(0, len(buf) - len(_REPLY) - 3)
+    i = buf.find(_REPLY, 4)
+    while i >= 0:
+        length = int.from_bytes(buf[i - 4 : i], "big")  # counts type, id and the JSON
+        if 5 < length <= _MAX_REPLY:
+            if i + length > len(buf):
+                keep = min(keep, i - 4)
+            else:
+                with contextlib.suppress(ValueError):
+                    info = json.loads(buf[i + 5 : i + length])
+                    if isinstance(info, dict) and info.get("nonce") == nonce:
+                        return info, i + length
+        i = buf.find(_REPLY, i + 1)
+    return None, keep
+
+
+async def boot(guest: Guest, *, memory_mb: int = 256, accel: str = "tcg", workdir: Path | str | None = None,
+               cpus: int = 1, qemu: str = QEMU, verbose: bool = False) -> BootedVm:
+    """Start QEMU on ``guest``; :meth:`BootedVm.connect` waits for its agent. ``workdir`` (made when absent,
+    removed by :meth:`BootedVm.close`) holds the port's socket: keep its path short (a unix socket's path is
+    at most 107 bytes). ``accel`` is used as given: "kvm" where KVM does not work fails, it never falls back.
+    ``verbose`` leaves the kernel's messages on (``console.log``)."""
+    if workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="tai-vm-"))
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if len(str(workdir / "agent.sock")) > 107:
+        raise VmError(f"the work folder's path is too long for a unix socket: {workdir}")
+    argv = qemu_argv(guest, workdir, memory_mb=memory_mb, accel=accel, cpus=cpus, qemu=qemu, verbose=verbose)
+    if shutil.which(argv[0]) is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise VmError(f"{argv[0]} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
+    log = os.open(workdir / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    finally:
+        os.close(log)
+    return BootedVm(process, workdir, accel, argv)
