@@ -20,8 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
-from traitlets.config import LoggingConfigurable
+from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default
 
 from ...contract import (
     Sandbox,
@@ -36,15 +35,11 @@ from ...image import DEFAULT_IMAGE, PYTHON_IMAGE
 from ...spool import DEFAULT_MEMORY_LIMIT
 from .._common import ProviderMeta
 from .._docker_names import (
-    DEPLOYMENT_ENV,
     LABEL_AGENT,
     LABEL_OWNER,
     LABEL_SPEC,
     LABEL_USER,
     LABEL_WORKSPACE,
-    Deployment,
-    check_deployment,
-    default_deployment,
     session_labels,
 )
 from .._docker_networks import (
@@ -56,6 +51,7 @@ from .._docker_networks import (
     free_subnet,
     taken_subnets,
 )
+from .._provider_settings import DeploymentSettings, LimitSettings, rejected
 from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
 
 if TYPE_CHECKING:
@@ -63,9 +59,6 @@ if TYPE_CHECKING:
 
 S = TypeVar("S", bound="ContainerSession")
 
-#: the engine's smallest limits (it refuses less memory; it takes a smaller NanoCpus but then hardly runs)
-MIN_CPU = 0.01
-MIN_MEMORY_MB = 6
 #: a Docker image reference: [registry[:port]/]name[/name...][:tag][@digest], or an image id
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE_REF = re.compile(
@@ -73,10 +66,6 @@ _IMAGE_REF = re.compile(
     r"(?:@sha256:[0-9a-f]{64})?$"
     r"|^(?:sha256:)?[0-9a-f]{12,64}$"
 )
-
-
-def rejected(message: str) -> SandboxSpecRejectedError:
-    return SandboxSpecRejectedError(message)
 
 
 def normal_image(ref: str) -> str:
@@ -115,7 +104,7 @@ def spec_from_labels(labels: Mapping[str, str], env: Sequence[str] | None) -> Se
     return SessionSpec.from_json(public)
 
 
-class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
+class ContainerSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
     """A container provider's settings and policy (see the module's docstring)."""
 
     max_isolation = "container"
@@ -157,22 +146,6 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     pids_limit = Integer(
         1024, help="Most processes a session container may hold at once (0: the engine's default, unlimited)."
-    ).tag(config=True)
-
-    default_cpu = Float(
-        1.0, help="CPUs a session gets when its spec names none (0: no limit)."
-    ).tag(config=True)
-
-    max_cpu = Float(
-        2.0, help="Most CPUs a spec may ask for; more is rejected (0: no maximum but the engine's)."
-    ).tag(config=True)
-
-    default_memory_mb = Integer(
-        1024, help="Memory (MiB) a session gets when its spec names none (0: no limit)."
-    ).tag(config=True)
-
-    max_memory_mb = Integer(
-        4096, help="Most memory (MiB) a spec may ask for; more is rejected (0: no maximum)."
     ).tag(config=True)
 
     read_only_rootfs = Bool(
@@ -267,23 +240,6 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
     ).tag(config=True)
 
-    extra_labels = Dict(
-        value_trait=Unicode(),
-        help="""Extra labels put on every session container and volume this provider makes (decoration:
-        what a provider sees is set by `deployment`, not by these).""",
-    ).tag(config=True)
-
-    deployment = Unicode(
-        help=f"""The deployment this provider works in (${DEPLOYMENT_ENV}): a label on every container,
-        volume, network and record it makes, and a filter on every engine query, so two deployments on one
-        engine never see, reap or touch each other's sessions, workspaces or networks, and admin rights
-        stop at the deployment. Default: 'user@host:config dir' of the server (the JupyterHub user when
-        JUPYTERHUB_USER is set, else the OS user; Jupyter's config dir), which a restarted server finds
-        again. Servers that should share sessions (several processes of one service) name the same
-        deployment explicitly.""",
-    ).tag(config=True)
-
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._status_ping: asyncio.Future[None] | None = None
@@ -303,27 +259,6 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     @default("base_url")
     def _base_url_default(self) -> str:
         return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-
-    @default("deployment")
-    def _deployment_default(self) -> str:
-        return os.environ.get(DEPLOYMENT_ENV, "").strip() or default_deployment()
-
-    @validate("deployment")
-    def _check_deployment(self, proposal: Any) -> str:
-        try:
-            return check_deployment(proposal["value"])
-        except ValueError as e:
-            raise TraitError(f"{type(self).__name__}.deployment: {e}") from None
-
-    @property
-    def scope(self) -> Deployment:
-        """The deployment this provider works in."""
-        return Deployment(self.deployment)
-
-    @property
-    def own_labels(self) -> dict[str, str]:
-        """The labels on everything this provider makes: ``extra_labels`` and the deployment's."""
-        return {**self.extra_labels, **self.scope.labels}
 
     async def check_available(self) -> None:
         """The engine answers a ping within STATUS_PING_SECONDS, or SandboxUnavailableError saying it cannot be
@@ -365,30 +300,6 @@ class ContainerSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         wanted = normal_image(image)
         configured = [self.image] if self.image else [DEFAULT_IMAGE, PYTHON_IMAGE]
         return any(fnmatch.fnmatchcase(wanted, normal_image(p)) for p in [*configured, *self.allowed_images])
-
-    def _limited(self, spec: SessionSpec) -> SessionSpec:
-        """The spec with the operator's cpu and memory limits in force; out-of-range asks are rejected."""
-        max_cpu, max_mem = self.max_cpu, self.max_memory_mb
-        if spec.cpu is not None:
-            if spec.cpu < MIN_CPU:
-                raise rejected(f"cpu: {spec.cpu:g} is under the Docker engine's minimum of {MIN_CPU:g} CPU")
-            if max_cpu > 0 and spec.cpu > max_cpu:
-                raise rejected(f"cpu: {spec.cpu:g} is over the operator's maximum of {max_cpu:g} CPUs ({type(self).__name__}.max_cpu)")
-        if spec.memory_mb is not None:
-            if spec.memory_mb < MIN_MEMORY_MB:
-                raise rejected(f"memory_mb: {spec.memory_mb} is under the Docker engine's minimum of {MIN_MEMORY_MB} MiB")
-            if max_mem > 0 and spec.memory_mb > max_mem:
-                raise rejected(
-                    f"memory_mb: {spec.memory_mb} is over the operator's maximum of {max_mem} MiB ({type(self).__name__}.max_memory_mb)"
-                )
-        cpu, memory = spec.cpu, spec.memory_mb
-        if cpu is None and self.default_cpu > 0:
-            cpu = min(self.default_cpu, max_cpu) if max_cpu > 0 else self.default_cpu
-        if memory is None and self.default_memory_mb > 0:
-            memory = min(self.default_memory_mb, max_mem) if max_mem > 0 else self.default_memory_mb
-        if (cpu, memory) == (spec.cpu, spec.memory_mb):
-            return spec
-        return dataclasses.replace(spec, cpu=cpu, memory_mb=memory)
 
     def _image_of(self, spec: SessionSpec) -> str:
         image = spec.image or self.default_image
