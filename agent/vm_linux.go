@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -16,11 +17,13 @@ import (
 
 // `tai-agent vm` is the agent as PID 1 of a microVM: the kernel runs it from the initramfs as /init, with "vm"
 // after "--" on its command line (the kernel passes what follows "--" to init as its arguments). It makes the
-// mounts a session needs, loads the initramfs's kernel modules, finds the virtio-serial port named "tai" and
-// then is the agent of `serve`, serving its protocol over that port as well as on the abstract socket.
+// mounts a session needs, loads the initramfs's kernel modules, finds the virtio-serial ports named "tai",
+// "tai1", ... (`tai-agent vm N`: N of them, 1 by default) and then is the agent of `serve`, serving its
+// protocol over each port (one host connection at a time on each) as well as on the abstract socket.
 
 const (
-	portName    = "tai"
+	portName    = "tai" // the first port; the others are "tai1", "tai2", ...
+	maxPorts    = 16
 	moduleOrder = "/lib/modules/load.order" // one module path a line, each after the modules it needs
 	portWait    = 30 * time.Second
 	// how often a port with no host is asked again: it reports POLLHUP without waiting while none is there
@@ -60,11 +63,32 @@ func vm() {
 		fmt.Fprintln(os.Stderr, "tai-agent: vm: lo:", err)
 	}
 	loadModules(moduleOrder)
-	port, err := findPort(portName, portWait)
-	if err != nil {
-		fatal("vm: %v", err)
+	count := 1
+	if len(os.Args) > 2 {
+		n, err := strconv.Atoi(os.Args[2])
+		if err != nil || n < 1 || n > maxPorts {
+			fatal("vm: the number of ports must be 1 to %d, not %q", maxPorts, os.Args[2])
+		}
+		count = n
 	}
-	serve(func(a *agent) { a.servePort(port) })
+	ports := make([]string, count)
+	for i := range ports {
+		name := portName
+		if i > 0 {
+			name = portName + strconv.Itoa(i)
+		}
+		port, err := findPort(name, portWait)
+		if err != nil {
+			fatal("vm: %v", err)
+		}
+		ports[i] = port
+	}
+	serve(func(a *agent) {
+		for _, port := range ports[1:] {
+			go a.servePort(port)
+		}
+		a.servePort(ports[0])
+	})
 }
 
 // loopbackUp sets lo up; the kernel gives it 127.0.0.1 and ::1 then.

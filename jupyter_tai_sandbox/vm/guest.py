@@ -36,14 +36,15 @@ BUSYBOX_PACKAGE = "busybox-static"
 #: the modules the guest loads (each with what it depends on, first): virtio over MMIO and the serial port
 #: the agent speaks on; block, rng, net, virtiofs and overlay for what comes next
 MODULES = ("virtio", "virtio_ring", "virtio_mmio", "virtio_console", "virtio_blk", "virtio_rng", "failover",
-           "net_failover", "virtio_net", "fuse", "virtiofs", "overlay")
+           "net_failover", "virtio_net", "fuse", "virtiofs", "overlay", "ext4")
+#: the applets linked when the package's busybox cannot list its own here (every one it has, otherwise)
 APPLETS = ("sh", "sleep", "cat", "head", "echo", "true", "false", "ls", "kill", "ps", "yes", "wc", "id", "env",
            "uname", "mkdir", "rm", "seq", "tail", "grep")
 #: ``-- vm``: the kernel gives init what follows ``--`` as its arguments. panic=-1 with QEMU's -no-reboot
 #: makes an agent that dies (the kernel panics when PID 1 exits) end QEMU instead of leaving it hung.
 CMDLINE = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init -- vm"
 #: what this module makes of the same packages; a change here makes a new cache key
-RECIPE = 1
+RECIPE = 2
 CACHE_ENV = "TAI_SANDBOX_VM_CACHE"
 
 
@@ -189,12 +190,13 @@ def _build(work: Path, out: Path, key: str, packages: dict[str, dict[str, str]],
     busybox = roots["busybox"] / "bin" / "busybox"
     if not busybox.is_file():
         raise GuestBuildError(f"{BUSYBOX_PACKAGE} holds no bin/busybox")
+    applets = _applets(busybox)
     with (out / "initrd.img").open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-        _initramfs(gz, agent, busybox, release, modules)
+        _initramfs(gz, agent, busybox, release, modules, applets)
     record.update({
         "kernel": "vmlinuz", "initrd": "initrd.img", "kernel_release": release,
         "modules": [f"/lib/modules/{release}/{rel}" for rel, _ in modules],
-        "busybox_applets": list(APPLETS),
+        "busybox_applets": applets,
         "sha256": {"vmlinuz": _sha256(out / "vmlinuz"), "initrd.img": _sha256(out / "initrd.img")},
     })
     (out / "guest.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -290,17 +292,33 @@ class _Cpio:
         self._entry(0, "TRAILER!!!", 0)
 
 
-def _initramfs(out: BinaryIO, agent: Path, busybox: Path, release: str, modules: list[tuple[str, bytes]]) -> None:
+def _applets(busybox: Path) -> list[str]:
+    """The applets' paths (``bin/sh``, ``usr/bin/head``, ...): all the package's busybox has where it runs
+    here, else APPLETS in ``bin``."""
+    try:
+        done = subprocess.run([str(busybox), "--list-full"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        done = None
+    listed = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done and done.returncode == 0 else []
+    names = {path.rsplit("/", 1)[-1] for path in listed}
+    if not listed or not set(APPLETS) <= names:
+        return [f"bin/{applet}" for applet in APPLETS]
+    return [path for path in listed if path != "bin/busybox"]
+
+
+def _initramfs(out: BinaryIO, agent: Path, busybox: Path, release: str, modules: list[tuple[str, bytes]],
+               applets: list[str]) -> None:
     cpio = _Cpio(out)
-    for d in ("dev", "proc", "sys", "tmp", "run", "root", "etc", "bin", "lib", "lib/modules", f"lib/modules/{release}"):
+    for d in ("dev", "proc", "sys", "tmp", "run", "root", "etc", "bin", "sbin", "usr", "usr/bin", "usr/sbin",
+              "workspace", "lib", "lib/modules", f"lib/modules/{release}"):
         cpio.dir(d, 0o1777 if d == "tmp" else 0o700 if d == "root" else 0o755)
     cpio.add("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1))  # init's stdio, before the agent mounts devtmpfs
     cpio.file("init", agent.read_bytes(), 0o755)
     cpio.file("bin/busybox", busybox.read_bytes(), 0o755)
-    for applet in APPLETS:
-        cpio.symlink(f"bin/{applet}", "busybox")
-    cpio.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
-    cpio.file("etc/group", b"root:x:0:\n")
+    for path in applets:
+        cpio.symlink(path, "/bin/busybox")
+    cpio.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+    cpio.file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
     made = {f"lib/modules/{release}"}
     for rel, data in modules:
         parts = Path(rel).parts[:-1]

@@ -27,6 +27,7 @@ import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,18 @@ def host_tsc_khz() -> int | None:
     return round(statistics.median(rates))
 
 
+def port_socket(workdir: Path, index: int = 0) -> Path:
+    """The host side of the guest's agent port ``index`` (0: ``tai``, then ``tai1``, ...)."""
+    return workdir / ("agent.sock" if index == 0 else f"agent{index}.sock")
+
+
 def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: int = 1, qemu: str = QEMU,
-              verbose: bool = False) -> list[str]:
+              verbose: bool = False, ports: int = 1, extra: list[str] | None = None) -> list[str]:
+    """QEMU's command line. ``ports``: how many agent ports the guest gets (each takes one host connection at
+    a time); ``extra``: more of QEMU's options (disks, a network)."""
     cmdline = guest.cmdline
+    if ports > 1:
+        cmdline = f"{cmdline} {ports}"
     if verbose:  # the boot's every step on the console (a probe that must say where a boot stopped)
         cmdline = " ".join(word for word in cmdline.split(" ") if word != "quiet")
     khz = host_tsc_khz() if accel == "tcg" else None
@@ -94,8 +104,11 @@ def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: 
         "-kernel", str(guest.kernel), "-initrd", str(guest.initrd), "-append", cmdline,
         "-serial", f"file:{workdir / 'console.log'}",
         "-device", "virtio-serial-device",
-        "-chardev", f"socket,id=tai,path={workdir / 'agent.sock'},server=on,wait=off",
-        "-device", "virtserialport,chardev=tai,name=tai",
+        *[arg for i in range(ports) for arg in (
+            "-chardev", f"socket,id=tai{i},path={port_socket(workdir, i)},server=on,wait=off",
+            "-device", f"virtserialport,chardev=tai{i},name={'tai' if i == 0 else f'tai{i}'}",
+        )],
+        *(extra or []),
     ]
 
 
@@ -168,17 +181,7 @@ class BootedVm:
                 opening.cancel()
 
     async def _open(self, within: float) -> AgentClient:
-        reader, writer = await asyncio.open_unix_connection(str(self.socket), limit=2 * p.MAX_FRAME_BODY)
-        try:
-            async with asyncio.timeout(within):
-                info = await port_hello(reader, writer)
-        except BaseException:
-            writer.close()
-            raise
-        client = AgentClient(reader, writer)
-        client.info = info
-        client.window = min(client.window, info.get("ring") or client.window)  # as AgentClient.open_client
-        return client
+        return await open_port_once(self.socket, within)
 
     async def close(self) -> None:
         """Kill QEMU (the guest and all it runs go with it) and remove the work folder."""
@@ -188,6 +191,59 @@ class BootedVm:
         await self.process.wait()
         if self.remove_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def open_port_once(socket: Path, within: float, *, on_close: Callable[[], None] | None = None) -> AgentClient:
+    """One try at a connection to the agent over the port whose host side is ``socket``, its handshake bounded
+    by ``within`` seconds. ``on_close`` runs once the connection is closed."""
+    reader, writer = await asyncio.open_unix_connection(str(socket), limit=2 * p.MAX_FRAME_BODY)
+    try:
+        async with asyncio.timeout(within):
+            info = await port_hello(reader, writer)
+    except BaseException:
+        writer.close()
+        raise
+    client = AgentClient(reader, _ClosingWriter(writer, on_close) if on_close else writer)
+    client.info = info
+    client.window = min(client.window, info.get("ring") or client.window)  # as AgentClient.open_client
+    return client
+
+
+async def open_port(socket: Path, *, timeout: float, attempt: float = RETRY_ATTEMPT,
+                    running: Callable[[], bool] | None = None, on_close: Callable[[], None] | None = None) -> AgentClient:
+    """A connection to the agent over a port of a running guest, tried again (each try bounded by ``attempt``)
+    until ``timeout``; VmError once ``running()`` says QEMU is gone or the time is up."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        if running is not None and not running():
+            raise VmError("QEMU is not running")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise VmError(f"the guest's agent did not answer within {timeout:.0f} s ({last!r})")
+        try:
+            return await open_port_once(socket, min(left, attempt), on_close=on_close)
+        except (OSError, TimeoutError, AgentError) as e:
+            last = e
+            await asyncio.sleep(0.1)  # a host away for a moment is seen gone: the next try starts clean
+
+
+class _ClosingWriter:
+    """A stream writer that runs ``on_close`` once, when it is closed."""
+
+    def __init__(self, writer: asyncio.StreamWriter, on_close: Callable[[], None]) -> None:
+        self._writer, self._on_close = writer, on_close
+
+    def close(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            on_close, self._on_close = self._on_close, None
+            if on_close is not None:
+                on_close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
 
 
 _REPLY = bytes([p.HELLO_REPLY, 0, 0, 0, 0]) + b"{"  # a HELLO reply's type, id 0 and the start of its JSON
@@ -230,6 +286,24 @@ def _find_reply(buf: bytearray, nonce: str) -> tuple[dict[str, Any] | None, int]
                         return info, i + length
         i = buf.find(_REPLY, i + 1)
     return None, keep
+
+
+async def start_detached(argv: list[str], workdir: Path) -> int:
+    """Start QEMU with ``argv`` as a daemon of its own (it outlives the server: a restarted server finds it by
+    its pid file), once it has set its devices up; its pid. VmError with QEMU's words when it refuses."""
+    pidfile = workdir / "qemu.pid"
+    log = os.open(workdir / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv, "-daemonize", "-pidfile", str(pidfile), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True)
+    finally:
+        os.close(log)
+    code = await process.wait()
+    if code != 0:
+        said = (workdir / "qemu.log").read_text(errors="replace").strip()
+        raise VmError(f"QEMU refused to start ({code}): {said[-2000:]}")
+    return int(pidfile.read_text().strip())
 
 
 async def boot(guest: Guest, *, memory_mb: int = 256, accel: str = "tcg", workdir: Path | str | None = None,
