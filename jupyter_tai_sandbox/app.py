@@ -82,8 +82,9 @@ def _provider_classes() -> list[type]:
 
         classes += [DockerSandbox, SwarmSandbox]
     from .providers.remote import RemoteSandbox
+    from .providers.vm import VmSandbox
 
-    classes.append(RemoteSandbox)
+    classes += [RemoteSandbox, VmSandbox]
     with contextlib.suppress(ImportError):  # the mcp extra
         from .mcp_door.door import SandboxMCP
 
@@ -107,8 +108,8 @@ class SandboxApp(ExtensionApp):
         help="""The sandbox provider (TAI_MCP_SANDBOX, the sandbox_module setting): 'off' (default),
         'local' (host subprocesses, no isolation), 'docker' (one container per session), 'swarm' (one
         Docker Swarm service per session, see SwarmSandbox), 'remote' (the sessions of another server
-        running this extension, see RemoteSandbox), or 'module:Class' naming an external Sandbox
-        provider class.""",
+        running this extension, see RemoteSandbox), 'vm' (one QEMU microVM per session, see VmSandbox),
+        or 'module:Class' naming an external Sandbox provider class.""",
     ).tag(config=True)
 
     reap_interval = Float(

@@ -33,6 +33,7 @@ BUILTIN_PROVIDERS = {
     "docker": "jupyter_tai_sandbox.providers.docker:DockerSandbox",
     "swarm": "jupyter_tai_sandbox.providers.swarm:SwarmSandbox",
     "remote": "jupyter_tai_sandbox.providers.remote:RemoteSandbox",
+    "vm": "jupyter_tai_sandbox.providers.vm:VmSandbox",
 }
 OFF_VALUES = {"", "off", "none"}
 #: the values SandboxApp.provider (TAI_MCP_SANDBOX) takes, for help texts and hints

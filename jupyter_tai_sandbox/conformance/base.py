@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from ..contract import (
+    NETWORK_ORDER,
     ExecHandle,
     ExitItem,
     OutputChunk,
@@ -119,7 +120,11 @@ class SuiteBase:
         return seconds * self.scale
 
     def spec(self, **changes: Any) -> SessionSpec:
-        return SessionSpec(image=self.image, consumer=f"conformance-{self.tag}", **changes)
+        """A spec of this run; on a provider without the default network (egress), the most open one it has."""
+        changes.setdefault("consumer", f"conformance-{self.tag}")
+        if "network" not in changes and SessionSpec.network not in self.sandbox.networks:
+            changes["network"] = max(self.sandbox.networks, key=NETWORK_ORDER.index)
+        return SessionSpec(image=self.image, **changes)
 
     async def session(self, **changes: Any) -> SandboxSession:
         session = await self.sandbox.create(self.spec(**changes))

@@ -13,7 +13,6 @@ from ..contract import (
     SandboxError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
-    SessionSpec,
     isolation_rank,
 )
 from .base import CheckFailed, SuiteBase, expect, expect_raises
@@ -159,7 +158,7 @@ class WorkspaceChecks(SuiteBase):
 
     async def check_consumer_label(self) -> None:
         consumer = f"conformance-label-{self.tag}"
-        session = await self.sandbox.create(SessionSpec(image=self.image, consumer=consumer))
+        session = await self.sandbox.create(self.spec(consumer=consumer))
         self.created.append(session)
         expect((await session.info()).consumer == consumer, "info() lost the consumer label")
         listed = {i.id: i for i in await self.sandbox.list()}

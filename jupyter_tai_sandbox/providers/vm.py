@@ -1,0 +1,309 @@
+"""sandbox-vm: each session is one QEMU microVM with the session agent as its PID 1.
+
+The guest (``jupyter_tai_sandbox.vm``: Debian's cloud kernel, an initramfs of the agent and busybox, built
+offline) boots under KVM, or under TCG (emulation) only when the operator asks for it: ``accel = "tcg"``
+runs a separate guest kernel, not a hardened boundary, and the provider says so. Commands, files and ports
+run on the container base's engine-neutral session over the agent's virtio-serial ports
+(``_vm_machines``); the machines live in folders on this host, so sessions outlive the server and any
+server of the deployment finds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+import time
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from traitlets import Enum, Float, Integer, TraitError, Unicode, default
+
+from ..contract import (
+    ExecRequest,
+    Sandbox,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSession,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+    SessionInfo,
+    SessionSpec,
+    session_gone,
+)
+from ..vm.guest import Guest, GuestBuildError, build_guest
+from ..vm.probe import TCG_NOTE, probe
+from ..vm.qemu import BOOT_TIMEOUT, QEMU, qemu_argv
+from ._common import ProviderMeta, new_session_id
+from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
+from ._provider_settings import DeploymentSettings, LimitSettings, rejected
+from ._vm_machines import PORTS, Machines
+from .container import CommandRegistry
+from .container.sandbox import spec_from_labels
+from .container.session import ContainerSession, ContainerSite
+
+#: the image name of the package's own guest (the only one this version runs)
+VM_IMAGE = "jupyter-tai-sandbox/vm-guest"
+WORKSPACE = "/workspace"
+#: how long the flush of a persistent workspace before its VM is killed may take
+SYNC_SECONDS = 5.0
+
+
+class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
+    """sandbox-vm: one QEMU microVM per session (see the module's docstring; README's "The vm provider")."""
+
+    kind = "vm"
+    max_isolation = "vm"
+    networks = frozenset({"none"})
+    supports_limits = True
+    min_cpu = 1.0
+    min_memory_mb = 128
+    limits_floor = "the vm provider"
+
+    accel = Enum(
+        ["kvm", "tcg"],
+        "kvm",
+        help=f"""How guests run. 'kvm' (the default): hardware virtualisation, a real boundary; sessions are
+        refused (503) on a host where a KVM boot of the guest does not work (`python -m
+        jupyter_tai_sandbox.vm probe` says why), never run emulated instead. 'tcg': QEMU's emulation, for
+        hosts without KVM, by the operator's choice only: {TCG_NOTE}, and several times slower.""",
+    ).tag(config=True)
+
+    state_dir = Unicode(
+        help="""Folder of the sessions' machines and persistent workspaces (one folder per deployment).
+        Default: Jupyter's data dir + /tai-sandbox/vm. Keep it short: the agent's sockets live in it.""",
+    ).tag(config=True)
+
+    default_cpu = Float(1.0, help="vCPUs a session gets when its spec names none (whole vCPUs).").tag(config=True)
+    max_cpu = Float(2.0, help="Most vCPUs a spec may ask for; more is rejected.").tag(config=True)
+    default_memory_mb = Integer(
+        256, help="Guest memory (MiB) when a spec names none: a hard cap (the guest has no more)."
+    ).tag(config=True)
+    max_memory_mb = Integer(2048, help="Most guest memory (MiB) a spec may ask for; more is rejected.").tag(config=True)
+
+    disk_limit_mb = Integer(
+        1024,
+        help="""Size (MiB) of a session's workspace: the ephemeral one is a tmpfs in the guest (its files are
+        guest memory), a persistent one an ext4 disk image of this size on the host (sparse).""",
+    ).tag(config=True)
+
+    boot_timeout_seconds = Float(
+        BOOT_TIMEOUT, help="Longest a create waits for a new guest's agent to answer."
+    ).tag(config=True)
+
+    @default("state_dir")
+    def _state_dir_default(self) -> str:
+        return os.path.join(jupyter_data_dir(), "tai-sandbox", "vm")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        try:
+            self._machines = Machines(self.state_dir, self.scope.tag)
+        except ValueError as e:
+            raise TraitError(f"{type(self).__name__}.state_dir: {e}") from None
+        self._guest: asyncio.Future[Guest] | None = None
+        self._accel_checked = False
+        self._site = ContainerSite(
+            kind="vm", isolation="vm", open_agent=self._machines.open_agent, inspect=self._inspect,
+            teardown=self._teardown, log=self.log, commands=CommandRegistry(), retime=self._retime,
+            workspace=WORKSPACE, current_end=self._current_end, answer_within=2.0,
+        )
+
+    # -------------------------------------------------------------- policy
+
+    def image_allowed(self, image: str | None) -> bool:
+        return image in (None, VM_IMAGE)
+
+    def _limited(self, spec: SessionSpec) -> SessionSpec:
+        spec = super()._limited(spec)
+        if spec.cpu is not None and spec.cpu != math.floor(spec.cpu):
+            raise rejected(f"cpu: {spec.cpu:g}: the vm provider gives whole vCPUs")
+        return spec
+
+    async def _prepared(self, spec: SessionSpec) -> SessionSpec:
+        if not isinstance(spec, SessionSpec):
+            raise SandboxSpecRejectedError("create() needs a SessionSpec")
+        self.check_spec(spec)
+        if spec.image not in (None, VM_IMAGE):
+            raise rejected(f"image: the vm provider runs its own guest only ({VM_IMAGE}), not {spec.image[:100]!r}")
+        spec = self._limited(spec)
+        return dataclasses.replace(spec, image=VM_IMAGE)
+
+    async def check_available(self) -> None:
+        if shutil.which(QEMU) is None:
+            raise SandboxUnavailableError(f"{QEMU} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
+        if self.accel == "kvm":
+            await self._kvm_works()
+
+    async def _kvm_works(self) -> None:
+        if self._accel_checked:
+            return
+        found = await probe(await self._the_guest())
+        if not found["kvm"]["works"]:
+            raise SandboxUnavailableError(
+                f"KVM does not work on this host, so the vm provider runs no session: {found['kvm']['reason'][:500]}. "
+                f"An operator may choose emulation with VmSandbox.accel = 'tcg' ({TCG_NOTE})")
+        self._accel_checked = True
+
+    async def _the_guest(self) -> Guest:
+        if self._guest is None or (self._guest.done() and self._guest.exception() is not None):
+            self._guest = asyncio.ensure_future(asyncio.to_thread(build_guest))
+        try:
+            return await asyncio.shield(self._guest)
+        except (GuestBuildError, OSError) as e:
+            raise SandboxUnavailableError(f"the vm guest cannot be built: {e} (.ci/vm-up)") from None
+
+    # ------------------------------------------------------------ sessions
+
+    async def create(self, spec: SessionSpec) -> SandboxSession:
+        spec = await self._prepared(spec)
+        if shutil.which(QEMU) is None:
+            raise SandboxUnavailableError(f"{QEMU} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
+        if self.accel == "kvm":
+            await self._kvm_works()
+        guest = await self._the_guest()
+        session_id = new_session_id()
+        now = time.time()
+        expires = now + spec.ttl_seconds
+        labels = session_labels(session_id, spec, now, expires, self.own_labels)
+        folder = self._machines.folder(session_id)
+        folder.mkdir(parents=True, mode=0o700)
+        try:
+            extra: list[str] = []
+            if spec.durability == "persistent":
+                image = await self._workspace_image(spec)
+                extra = ["-drive", f"file={image},if=none,id=ws,format=raw,discard=unmap",
+                         "-device", "virtio-blk-device,drive=ws"]
+            self._machines.write(session_id, {"labels": labels, "env": dict(spec.env), "expires_at": expires})
+            argv = qemu_argv(guest, folder, memory_mb=int(spec.memory_mb or self.default_memory_mb),
+                             accel=self.accel, cpus=int(spec.cpu or 1), ports=PORTS, extra=extra)
+            await self._machines.start(session_id, argv)
+            # the boot's wait: its connection ends at a frame boundary, so the session's own opens at once
+            await (await self._machines.open_agent(session_id, timeout=self.boot_timeout_seconds, booting=True)).close()
+            session = self._session(session_id, labels, spec.env, expires)
+            await self._mount_workspace(session, spec)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._machines.stop(session_id)
+            raise
+        self.log.debug("sandbox-vm: created %s (%s)", session_id, self.accel)
+        return self._site.remember(session)
+
+    async def _workspace_image(self, spec: SessionSpec) -> Any:
+        key = str(spec.workspace_key)
+        found = self._machines.workspace_record(key)
+        if found is not None and spec.owner is not None and found.get("owner") not in (None, spec.owner):
+            raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
+        return await self._machines.ensure_workspace(
+            key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb)
+
+    async def _mount_workspace(self, session: VmSession, spec: SessionSpec) -> None:
+        if spec.durability == "persistent":
+            argv = ["mount", "-t", "ext4", "-o", "noatime", "/dev/vda", WORKSPACE]
+        else:
+            argv = ["mount", "-t", "tmpfs", "-o", f"size={self.disk_limit_mb}m,mode=0755", "tmpfs", WORKSPACE]
+        result = await session.run(ExecRequest(argv=argv, timeout_seconds=30))
+        if result.exit_code != 0:
+            raise SandboxError(f"mounting the session's workspace failed: {result.stderr.decode(errors='replace')}")
+
+    def _session(self, session_id: str, labels: dict[str, str], env: dict[str, str], expires: float) -> VmSession:
+        spec = spec_from_labels(labels, [f"{k}={v}" for k, v in env.items()])
+        return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires, env=env)
+
+    def _found(self, session_id: str) -> VmSession | None:
+        """The session as its record has it; None when it has no record of this deployment."""
+        record = self._machines.read(session_id)
+        if record is None:
+            return None
+        labels = record.get("labels") or {}
+        if not self.scope.owns(labels) or labels.get(LABEL_SESSION) != session_id:
+            return None
+        try:
+            expires = float(record.get("expires_at") or labels[LABEL_EXPIRES])
+            return self._session(session_id, labels, dict(record.get("env") or {}), expires)
+        except (KeyError, ValueError, SandboxError):
+            return None
+
+    async def get(self, session_id: str) -> SandboxSession:
+        if not is_session_id(session_id):
+            raise session_gone(session_id)
+        vouched = self._site.vouched(session_id)
+        if vouched is not None:
+            return vouched
+        session = self._found(session_id)
+        if session is None or not self._machines.running(session_id):
+            raise session_gone(session_id)
+        return self._site.remember(session)
+
+    async def list(self) -> list[SessionInfo]:
+        infos = []
+        for session_id in self._machines.ids():
+            session = self._found(session_id)
+            if session is not None:
+                infos.append(session._info())
+        return sorted(infos, key=lambda i: i.created_at)
+
+    async def reap(self) -> list[str]:
+        now = time.time()
+        reaped = []
+        for session_id in self._machines.ids():
+            session = self._found(session_id)
+            if session is None:
+                made = self._machines.made_at(session_id)
+                if made is not None and now - made > 2 * self.boot_timeout_seconds and not self._machines.running(session_id):
+                    await self._machines.stop(session_id)  # a create that died before its record
+                continue
+            if session.expires_at <= now or not self._machines.running(session_id):
+                with contextlib.suppress(SandboxNotFoundError):
+                    await session.destroy(remove_workspace=False)
+                    reaped.append(session_id)
+        if reaped:
+            self.log.info("sandbox-vm: reaped %s", ", ".join(reaped))
+        return reaped
+
+    # ------------------------------------------------------------ the site
+
+    async def _inspect(self, session_id: str) -> dict[str, Any]:
+        if self._machines.read(session_id) is None:
+            raise SandboxNotFoundError(f"session {session_id} is gone")
+        return {"State": {"Running": self._machines.running(session_id)}}
+
+    async def _current_end(self, session_id: str) -> float | None:
+        record = self._machines.read(session_id)
+        return None if record is None else record.get("expires_at")
+
+    async def _retime(self, session: ContainerSession, expires_at: float) -> None:
+        record = self._machines.read(session.id)
+        if record is None:
+            raise session_gone(session.id)
+        record["expires_at"] = expires_at
+        self._machines.write(session.id, record)
+
+    async def _teardown(self, session: ContainerSession, remove_workspace: bool) -> None:
+        self._site.commands.abandon(session.id)
+        if session.spec.durability == "persistent" and self._machines.running(session.id):
+            # the guest's page cache goes with QEMU: what the workspace holds is written out first
+            with contextlib.suppress(Exception):
+                client = await asyncio.wait_for(self._machines.open_agent(session.id, timeout=2.0), SYNC_SECONDS)
+                try:
+                    command = await client.start(["sync"], env={"PATH": "/bin:/usr/bin:/sbin:/usr/sbin"}, cwd="/")
+                    await asyncio.wait_for(command.collect(), SYNC_SECONDS)
+                finally:
+                    await client.close()
+        await self._machines.stop(session.id)
+        if remove_workspace and session.spec.durability == "persistent":
+            self._machines.remove_workspace(str(session.spec.workspace_key))
+        self.log.debug("sandbox-vm: destroyed %s", session.id)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.kill() for c in self._site.commands.all()), return_exceptions=True)
+        channels = [known.channel for known in self._site.containers.values()]
+        self._site.containers.clear()
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+
+class VmSession(ContainerSession):
+    """A vm session: the container base's session over the guest's agent (``container_id`` is the session id)."""

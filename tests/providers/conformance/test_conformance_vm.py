@@ -1,0 +1,50 @@
+"""The vm provider through the conformance suite's pytest face, one test per check, under TCG (this host has
+no hardware KVM: see tests/vm). Needs QEMU and the guest (.ci/vm-up): without them the checks skip, and with
+``CI=true`` they fail instead."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jupyter_tai_sandbox.providers.vm import VmSandbox
+from jupyter_tai_sandbox.testing import SandboxConformance
+from jupyter_tai_sandbox.vm.qemu import QEMU
+from tests.support.docker import in_ci
+
+pytestmark = [pytest.mark.slow(150)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def qemu():
+    if shutil.which(QEMU) is None:
+        message = f"the vm provider needs {QEMU} and its guest (bash .ci/vm-up)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def vm_sandbox(tmp_path: Path) -> VmSandbox:
+    """A provider of the check's own: its state in a short folder (the agent's sockets live there)."""
+    state = Path("/tmp") / f"tai-vm-{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]}"
+    return VmSandbox(accel="tcg", state_dir=str(state), deployment=f"conformance:{tmp_path}")
+
+
+class TestVmConformance(SandboxConformance):
+    def make_sandbox(self, tmp_path):
+        return vm_sandbox(tmp_path)
+
+    @pytest.fixture(autouse=True)
+    def nothing_is_left(self, tmp_path):
+        """After every check: no session of the check's provider is listed, and its folder holds none."""
+        yield
+        sandbox = vm_sandbox(tmp_path)
+        try:
+            assert asyncio.run(sandbox.list()) == []
+            assert sandbox._machines.ids() == []
+        finally:
+            shutil.rmtree(Path(sandbox.state_dir), ignore_errors=True)
