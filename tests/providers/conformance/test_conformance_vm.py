@@ -16,7 +16,7 @@ from jupyter_tai_sandbox.testing import SandboxConformance
 from jupyter_tai_sandbox.vm.qemu import QEMU
 from tests.support.docker import in_ci
 
-pytestmark = [pytest.mark.slow(150)]
+pytestmark = [pytest.mark.slow(220)]
 
 
 @pytest.fixture(scope="module", autouse=True)
