@@ -221,8 +221,10 @@ func (cn *conn) serve() (peerEnded bool) {
 				return false
 			}
 			var h struct {
-				Version int    `json:"version"`
-				Nonce   string `json:"nonce"`
+				Version int     `json:"version"`
+				Nonce   string  `json:"nonce"`
+				Time    float64 `json:"time"`
+				Seed    string  `json:"seed"`
 			}
 			if json.Unmarshal(f.payload, &h) != nil || h.Version != ProtocolVersion {
 				cn.fail(0, "hello", "EPROTONOSUPPORT", fmt.Sprintf("agent speaks protocol %d", ProtocolVersion))
@@ -235,6 +237,10 @@ func (cn *conn) serve() (peerEnded bool) {
 			}
 			if h.Nonce != "" && len(h.Nonce) <= maxNonce {
 				reply["nonce"] = h.Nonce // lets a port's client tell its reply from a former connection's bytes
+			}
+			if cn.port != nil && (h.Time != 0 || h.Seed != "") {
+				// a VM's host: the guest may be a restored snapshot, with the snapshot's clock and RNG state
+				reply["refreshed"] = refreshGuest(h.Time, h.Seed)
 			}
 			_ = cn.writeJSON(tHelloReply, 0, reply)
 			continue

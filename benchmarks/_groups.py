@@ -673,6 +673,12 @@ async def agent_group(report: Report) -> None:
         report.target(f"agent {name} >= {agent_stream.TARGET:.1f}x the raw SDK exec stream", passed, f"{ratio:.2f}x")
 
 
+async def vm_group(report: Report) -> None:
+    from _vm_group import vm_rows
+
+    await vm_rows(report, _docker_sandbox, _image, _compare)
+
+
 GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
     "local": local_group,
     "docker": docker_group,
@@ -682,4 +688,5 @@ GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
     "peer": peer_group,
     "agent": agent_group,
     "kernel": kernel_group,
+    "vm": vm_group,
 }

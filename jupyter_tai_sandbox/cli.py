@@ -320,7 +320,7 @@ def _add_preset_commands(commands: Any) -> None:
     run.add_argument(
         "--provider",
         default=None,
-        help="""local, docker, swarm, remote or module:Class (default: SandboxApp.provider from the Jupyter config, else
+        help="""local, docker, swarm, remote, vm or module:Class (default: SandboxApp.provider from the Jupyter config, else
         TAI_MCP_SANDBOX); the policy is the server's: Jupyter config files, then TAI_MCP_SANDBOX_*""",
     )
     run.add_argument(

@@ -116,9 +116,9 @@ class Machines:
                     "the persistent workspace is in use by another live session: destroy that one first") from None
             raise SandboxUnavailableError(f"the session's VM did not start: {e}") from None
 
-    async def stop(self, session_id: str) -> None:
+    async def stop(self, session_id: str, *, keep_folder: bool = False) -> None:
         """Kill the session's QEMU (its guest and all it runs go with it), wait until it is gone, and remove the
-        session's folder. Gone already is not an error."""
+        session's folder (unless ``keep_folder``). Gone already is not an error."""
         pid = self.pid(session_id)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -127,7 +127,8 @@ class Machines:
             # an exiting process's cmdline reads empty before its files (the disk image's locks) are let go
             while not _exited(pid) and time.monotonic() < give_up:
                 await asyncio.sleep(0.02)
-        await asyncio.to_thread(shutil.rmtree, self.folder(session_id), True)
+        if not keep_folder:
+            await asyncio.to_thread(shutil.rmtree, self.folder(session_id), True)
 
     # ------------------------------------------------------------- agent ports
 

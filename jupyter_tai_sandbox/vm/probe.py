@@ -58,7 +58,7 @@ async def _try(guest: Guest, accel: str, timeout: float, *, verbose: bool = Fals
 async def probe(guest: Guest | None = None, *, fresh: bool = False, qemu: str = QEMU) -> dict[str, Any]:
     """``{"host", "kvm": {"works", "reason"|"seconds"}, "emulated": {...}, "lines": [...]}``, from the cache
     unless ``fresh``."""
-    key = host_key(qemu)
+    key = await asyncio.to_thread(host_key, qemu)  # runs QEMU for its version
     path = cache_dir() / f"probe-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
     if not fresh:
         try:

@@ -253,9 +253,12 @@ _MAX_REPLY = 4096
 async def port_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
     """The handshake over a VM's port. The port carries no connections of its own, so what a former
     connection had in flight may come first (its output, cut anywhere): HELLO carries a nonce, the agent
-    echoes it, and everything before the reply that holds it is skipped."""
+    echoes it, and everything before the reply that holds it is skipped. It also carries the host's clock
+    and a random seed, which the guest takes (a guest restored from a snapshot has the snapshot's)."""
     nonce = secrets.token_hex(16)
-    writer.write(p.encode_json(p.HELLO, 0, {"version": p.PROTOCOL_VERSION, "nonce": nonce}))
+    # the time and a seed make a guest restored from a snapshot its own (its clock and RNG are the snapshot's)
+    hello = {"version": p.PROTOCOL_VERSION, "nonce": nonce, "time": time.time(), "seed": secrets.token_hex(32)}
+    writer.write(p.encode_json(p.HELLO, 0, hello))
     await writer.drain()
     buf = bytearray()
     while data := await reader.read(1 << 20):

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_tai_sandbox.sandboxes import PROVIDER_CHOICES
 from tests.support.lab import (
     BROWSER_MARKS,
     DISPLAY_NAME,
@@ -98,7 +99,7 @@ def test_kernel_start_error_shows_its_fix(lab_process: LabProcess, page: Any) ->
     data_dir = lab_process.base / "data"
     install_kernelspec(data_dir)
     lab = lab_process.start("lcoal", extra_env={"JUPYTER_DATA_DIR": str(data_dir)})
-    fix = "off, local, docker, swarm, remote or module:Class"
+    fix = PROVIDER_CHOICES  # every built-in name, as the error words them
 
     # the kernels route answers the error's own status (503: the provider cannot run) ...
     code, body = jupyter_post(lab, "kernels", {"name": KERNEL_NAME})

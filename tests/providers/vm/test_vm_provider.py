@@ -1,0 +1,245 @@
+"""The vm provider's own behaviour beyond the conformance suite: KVM or a refusal saying why, sessions that
+outlive their server, the deployment scope, the persistent workspace's lock, hard caps, the reaper.
+
+Real QEMU microVMs under TCG (this host has no hardware KVM); without QEMU and the guest the tests skip,
+and with ``CI=true`` they fail instead (bash .ci/vm-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jupyter_tai_sandbox.contract import (
+    ExecRequest,
+    OutputChunk,
+    SandboxConflictError,
+    SandboxNotFoundError,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+    SessionSpec,
+)
+from jupyter_tai_sandbox.providers.vm import VM_IMAGE, VmSandbox
+from jupyter_tai_sandbox.vm.probe import probe
+from jupyter_tai_sandbox.vm.qemu import QEMU
+from tests.support.docker import in_ci
+
+pytestmark = [pytest.mark.slow(60), pytest.mark.timeout(180)]
+
+NONE = {"network": "none"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def qemu() -> None:
+    if shutil.which(QEMU) is None:
+        message = f"the vm provider needs {QEMU} and its guest (bash .ci/vm-up)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[str]:
+    """A short folder of the test's own (the agent's sockets live in it); nothing of it runs afterwards."""
+    path = tempfile.mkdtemp(prefix="tai-vmt-", dir="/tmp")
+    yield path
+    for pidfile in Path(path).glob("*/sessions/*/qemu.pid"):
+        leftover = int(pidfile.read_text())
+        if f"{pidfile.parent}/agent.sock".encode() in Path(f"/proc/{leftover}/cmdline").read_bytes():
+            os.kill(leftover, signal.SIGKILL)
+            pytest.fail(f"a VM of the test was left running: {pidfile.parent.name}")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def provider(state_dir: str, deployment: str = "vm-tests", **traits) -> VmSandbox:
+    return VmSandbox(accel="tcg", state_dir=state_dir, deployment=deployment, **traits)
+
+
+async def server_died(sandbox: VmSandbox) -> None:
+    """What a killed server leaves: its agent connections cut, nothing stopped (a closing server kills its
+    commands; a dying one cannot)."""
+    for known in list(sandbox._site.containers.values()):
+        await known.channel.close()
+
+
+async def stdout_of(session, *argv: str) -> str:
+    result = await session.exec(list(argv), timeout_seconds=30)
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.decode()
+
+
+def test_kvm_runs_a_session_or_is_refused_saying_why_never_emulated(state_dir):
+    """accel='kvm' on a host where a KVM boot fails (this one: PVM) refuses every create with the probe's
+    reason and the opt-in; where KVM works, the session runs."""
+
+    async def main():
+        sandbox = VmSandbox(accel="kvm", state_dir=state_dir, deployment="vm-tests")
+        kvm = (await probe())["kvm"]
+        try:
+            if kvm["works"]:
+                session = await sandbox.create(SessionSpec(**NONE))
+                assert (await session.info()).isolation == "vm"
+                await session.destroy()
+            else:
+                with pytest.raises(SandboxUnavailableError) as refused:
+                    await sandbox.create(SessionSpec(**NONE))
+                assert "KVM does not work" in str(refused.value) and "accel = 'tcg'" in str(refused.value)
+                with pytest.raises(SandboxUnavailableError):
+                    await sandbox.check_available()
+                assert sandbox._machines.ids() == []  # nothing was started emulated instead
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_what_the_provider_cannot_honour_is_rejected_before_anything_starts(state_dir):
+    async def main():
+        sandbox = provider(state_dir)
+        for spec in (SessionSpec(network="egress"), SessionSpec(network="internal"), SessionSpec(cpu=1.5, **NONE),
+                     SessionSpec(memory_mb=64, **NONE), SessionSpec(image="python:3.11", **NONE),
+                     SessionSpec(cpu=3.0, **NONE)):
+            with pytest.raises(SandboxSpecRejectedError):
+                await sandbox.create(spec)
+        assert sandbox._machines.ids() == []
+        assert sandbox.image_allowed(VM_IMAGE) and not sandbox.image_allowed("python:3.11")
+
+    asyncio.run(main())
+
+
+def test_a_session_gets_the_vcpus_and_memory_its_spec_asks_for_and_no_more(state_dir):
+    async def main():
+        sandbox = provider(state_dir)
+        session = await sandbox.create(SessionSpec(cpu=2.0, memory_mb=192, **NONE))
+        try:
+            assert (await stdout_of(session, "nproc")).strip() == "2"
+            total_kib = int((await stdout_of(session, "sh", "-c", "grep MemTotal /proc/meminfo")).split()[1])
+            assert 100 * 1024 < total_kib <= 192 * 1024
+            assert (await session.info()).spec.memory_mb == 192
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_server_finds_its_session_and_resumes_a_running_command_exactly(state_dir):
+    """The VM outlives the provider that made it; a new provider of the same deployment lists and gets the
+    session and attaches to its command where the first one stopped reading: nothing skipped or repeated."""
+
+    async def main():
+        first = provider(state_dir)
+        session = await first.create(SessionSpec(ttl_seconds=600, **NONE))
+        handle = await session.start(ExecRequest(
+            argv=["sh", "-c", "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; sleep 0.05; done"],
+            timeout_seconds=60, label="counting"))
+        seen = b""
+        async for item in handle.output:
+            if isinstance(item, OutputChunk):
+                seen += item.data
+            if seen.count(b"\n") >= 5:
+                break
+        await server_died(first)  # its VM and the command run on
+
+        second = provider(state_dir)
+        assert [i.id for i in await second.list()] == [session.id]
+        found = await second.get(session.id)
+        held = [c for c in await found.held_commands() if c.label == "counting"]
+        assert len(held) == 1 and held[0].running
+        resumed = await found.attach_command(held[0].id, {"stdout": len(seen)})
+        async for item in resumed.output:
+            if isinstance(item, OutputChunk):
+                seen += item.data
+        assert seen.decode().split() == [str(i) for i in range(1, 61)]
+        await found.destroy()
+        assert await second.list() == []
+        with pytest.raises(SandboxNotFoundError):
+            await second.get(session.id)
+        await second.close()
+
+    asyncio.run(main())
+
+
+def test_another_deployment_on_the_same_state_dir_sees_none_of_the_sessions(state_dir):
+    async def main():
+        ours, theirs = provider(state_dir), provider(state_dir, deployment="someone-else")
+        session = await ours.create(SessionSpec(**NONE))
+        try:
+            assert await theirs.list() == []
+            with pytest.raises(SandboxNotFoundError):
+                await theirs.get(session.id)
+            assert await theirs.reap() == []
+            assert [i.id for i in await ours.list()] == [session.id]
+        finally:
+            await session.destroy()
+            await ours.close()
+
+    asyncio.run(main())
+
+
+def test_a_persistent_workspace_holds_one_live_session_and_outlives_it(state_dir):
+    async def main():
+        sandbox = provider(state_dir)
+        spec = SessionSpec(durability="persistent", workspace_key="notes", owner="alice", **NONE)
+        session = await sandbox.create(spec)
+        try:
+            await session.put_file("kept.txt", b"still here")
+            with pytest.raises(SandboxConflictError):
+                await sandbox.create(spec)
+            with pytest.raises(SandboxNotFoundError):  # another owner's key is not theirs to name
+                await sandbox.create(SessionSpec(durability="persistent", workspace_key="notes", owner="bob", **NONE))
+        finally:
+            await session.destroy()
+        again = await sandbox.create(spec)
+        try:
+            assert await again.get_file("kept.txt") == b"still here"
+        finally:
+            await again.destroy(remove_workspace=True)
+        assert not sandbox._machines.workspace_image("notes").exists()
+        await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_the_reaper_removes_a_session_whose_vm_died_and_one_past_its_end(state_dir):
+    async def main():
+        sandbox = provider(state_dir)
+        died = await sandbox.create(SessionSpec(**NONE))
+        ended = await sandbox.create(SessionSpec(ttl_seconds=1, **NONE))
+        os.kill(sandbox._machines.pid(died.id), signal.SIGKILL)
+        await asyncio.sleep(1.2)
+        assert sorted(await sandbox.reap()) == sorted([died.id, ended.id])
+        assert sandbox._machines.ids() == [] and await sandbox.list() == []
+        await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_sessions_restored_from_one_golden_snapshot_have_the_hosts_clock_and_rngs_of_their_own(state_dir):
+    """Clones of one snapshot: the guest clock is the host's (not the snapshot's), and their kernels' RNGs were
+    seeded apart at the first handshake (the same state would give the same bytes)."""
+
+    async def main():
+        sandbox = provider(state_dir)
+        first, second = await sandbox.create(SessionSpec(**NONE)), await sandbox.create(SessionSpec(**NONE))
+        try:
+            script = "date +%s; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
+            outs = [(await stdout_of(s, "sh", "-c", script)).split() for s in (first, second)]
+            for clock, _ in outs:
+                assert abs(int(clock) - time.time()) < 5
+            assert outs[0][1] != outs[1][1] and len(outs[0][1]) == 64
+            assert sandbox._machines.folder(first.id).joinpath("qmp.sock").exists()
+        finally:
+            await first.destroy()
+            await second.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
