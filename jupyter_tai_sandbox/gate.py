@@ -91,6 +91,10 @@ class GatedSandbox(Sandbox):
     def supports_limits(self) -> bool:
         return self.provider.supports_limits
 
+    @property  # type: ignore[override]
+    def isolation_note(self) -> str | None:
+        return getattr(self.provider, "isolation_note", None)
+
     def admit(self, request: ExecRequest, *, one_shot: bool) -> ExecRequest:
         """``request`` as the provider runs it: over the timeout ceiling is refused (never clamped); a
         one-shot gets the output limit (the lower of its own and the gate's)."""

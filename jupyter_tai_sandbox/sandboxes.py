@@ -249,6 +249,8 @@ def describe(gate: GatedSandbox | None, failure: str | None, *, show_credentials
         info["max_isolation"] = gate.max_isolation
         info["networks"] = sorted(gate.networks)
         info["supports_limits"] = gate.supports_limits
+        if gate.isolation_note:
+            info["isolation_note"] = gate.isolation_note
         limits = provider_limits(gate.provider) if gate.supports_limits else {}
         if limits:
             info["limits"] = limits

@@ -230,6 +230,9 @@ class Sandbox(abc.ABC):
     networks: frozenset[str] = frozenset({"egress"})
     #: whether cpu / memory_mb caps can be enforced
     supports_limits: bool = False
+    #: the provider's own words where its isolation is weaker than its level says (a vm provider under
+    #: emulation); None: none. The status route and the panel show them.
+    isolation_note: str | None = None
 
     def check_spec(self, spec: SessionSpec) -> None:
         """Reject (loudly) a spec this provider cannot honour; never downgrade it."""

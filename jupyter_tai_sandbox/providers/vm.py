@@ -36,7 +36,7 @@ from ..contract import (
     session_gone,
 )
 from ..vm.guest import Guest, GuestBuildError, build_guest
-from ..vm.probe import TCG_NOTE, probe
+from ..vm.probe import TCG_NOTE, cached_probe, probe
 from ..vm.qemu import BOOT_TIMEOUT, QEMU, VmError, qemu_argv
 from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
@@ -105,6 +105,10 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         BOOT_TIMEOUT, help="Longest a create waits for a new guest's agent to answer."
     ).tag(config=True)
 
+    @property  # type: ignore[override]
+    def isolation_note(self) -> str | None:
+        return f"emulated: {TCG_NOTE}" if self.accel == "tcg" else None
+
     @default("state_dir")
     def _state_dir_default(self) -> str:
         return os.path.join(jupyter_data_dir(), "tai-sandbox", "vm")
@@ -117,6 +121,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             raise TraitError(f"{type(self).__name__}.state_dir: {e}") from None
         self._guest: asyncio.Future[Guest] | None = None
         self._accel_checked = False
+        self._probing: asyncio.Future[None] | None = None
         self._site = ContainerSite(
             kind="vm", isolation="vm", open_agent=self._machines.open_agent, inspect=self._inspect,
             teardown=self._teardown, log=self.log, commands=CommandRegistry(), retime=self._retime,
@@ -144,10 +149,18 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         return dataclasses.replace(spec, image=VM_IMAGE)
 
     async def check_available(self) -> None:
+        """QEMU is there, and with accel 'kvm' the probe has not found KVM failing here (status stays fast: a
+        probe not yet run is started for the next ask, not waited for)."""
         if shutil.which(QEMU) is None:
             raise SandboxUnavailableError(f"{QEMU} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
-        if self.accel == "kvm":
-            await self._kvm_works()
+        if self.accel == "kvm" and not self._accel_checked:
+            found = await cached_probe()
+            if found is None:
+                if self._probing is None or self._probing.done():
+                    self._probing = asyncio.ensure_future(self._kvm_works())
+                    self._probing.add_done_callback(lambda t: t.cancelled() or t.exception())
+            elif not found["kvm"]["works"]:
+                await self._kvm_works()  # raises, saying why
 
     async def _kvm_works(self) -> None:
         if self._accel_checked:

@@ -16,6 +16,7 @@ import platform
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from .guest import Guest, build_guest, cache_dir
@@ -55,16 +56,28 @@ async def _try(guest: Guest, accel: str, timeout: float, *, verbose: bool = Fals
         await vm.close()
 
 
+def _cache_file(key: dict[str, Any]) -> Path:
+    return cache_dir() / f"probe-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+
+
+async def cached_probe(qemu: str = QEMU) -> dict[str, Any] | None:
+    """The probe's kept result for this host; None when it has not run here."""
+    key = await asyncio.to_thread(host_key, qemu)  # runs QEMU for its version
+    try:
+        return json.loads(_cache_file(key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 async def probe(guest: Guest | None = None, *, fresh: bool = False, qemu: str = QEMU) -> dict[str, Any]:
     """``{"host", "kvm": {"works", "reason"|"seconds"}, "emulated": {...}, "lines": [...]}``, from the cache
     unless ``fresh``."""
-    key = await asyncio.to_thread(host_key, qemu)  # runs QEMU for its version
-    path = cache_dir() / f"probe-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
     if not fresh:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
+        found = await cached_probe(qemu)
+        if found is not None:
+            return found
+    key = await asyncio.to_thread(host_key, qemu)
+    path = _cache_file(key)
     result: dict[str, Any] = {"host": key, "probed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if key["qemu"] is None:
         missing = {"works": False, "reason": f"{qemu} is missing: install Debian's qemu-system-x86 (.ci/vm-up)"}

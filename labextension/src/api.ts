@@ -35,6 +35,8 @@ export interface IStatus {
   kind: string;
   message?: string;
   max_isolation?: Isolation;
+  /** the provider's own words where its isolation is weaker than its level says (a vm under emulation) */
+  isolation_note?: string;
   networks?: Network[];
   supports_limits?: boolean;
   limits?: ILimits;

@@ -222,12 +222,18 @@ export function createBlockedReason(status: IStatus | null | undefined): string 
   return null;
 }
 
-/** The no-isolation warning when the sessions of this provider run on the host (local), else null. */
+/**
+ * The isolation warning where a user decides: no isolation at all (local), or the provider's own note
+ * on an isolation weaker than its level says (a vm under emulation), else null.
+ */
 export function isolationWarning(status: IStatus | null | undefined): string | null {
   if (!status || status.kind === 'off' || createBlockedReason(status)) {
     return null;
   }
-  return status.max_isolation === 'none' ? NO_ISOLATION : null;
+  if (status.max_isolation === 'none') {
+    return NO_ISOLATION;
+  }
+  return status.isolation_note ? `Isolation: ${status.isolation_note}.` : null;
 }
 
 const ISOLATION_ORDER = ['none', 'container', 'vm'];

@@ -61,6 +61,17 @@ describe('New session before the click', () => {
     expect(isolationWarning({ ...LOCAL, policy: policy('container') })).toBeNull();
   });
 
+  it("says a vm provider's isolation is emulated in the provider's own words", () => {
+    const vm: IStatus = {
+      ...DOCKER,
+      kind: 'vm',
+      max_isolation: 'vm',
+      isolation_note: 'emulated: a separate guest kernel, not a hardened boundary'
+    };
+    expect(isolationWarning(vm)).toBe('Isolation: emulated: a separate guest kernel, not a hardened boundary.');
+    expect(isolationWarning({ ...vm, isolation_note: undefined })).toBeNull();
+  });
+
   it("shows the operator's cpu/memory defaults and maxima, not 'no limit'", () => {
     const hints = limitHints(DOCKER);
     expect(hints.cpu.placeholder).toBe('default 1 CPU');

@@ -1,0 +1,48 @@
+"""The status route of a server on the vm provider: it says plainly when its guests are emulated."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+from jupyter_tai_sandbox.vm.qemu import QEMU
+from tests.support.docker import in_ci
+from tests.support.server import call, server_config
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    if shutil.which(QEMU) is None:
+        message = f"the vm provider needs {QEMU} (bash .ci/vm-up)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    state = tempfile.mkdtemp(prefix="tai-vms-", dir="/tmp")
+    yield server_config("vm", tmp_path / "sandboxes", VmSandbox={"accel": "tcg", "state_dir": state})
+    shutil.rmtree(state, ignore_errors=True)
+
+
+async def test_status_of_emulated_guests_says_they_are_not_a_hardened_boundary(jp_fetch):
+    status, body = await call(jp_fetch, "status")
+    assert status == 200, body
+    assert body["kind"] == "vm" and body["max_isolation"] == "vm" and body["networks"] == ["none"]
+    assert body["isolation_note"] == "emulated: a separate guest kernel, not a hardened boundary"
+    assert body["limits"]["default_memory_mb"] == 256
+
+
+async def test_a_vm_session_over_rest_runs_commands_and_files_and_is_deleted(jp_fetch):
+    status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60, "network": "none"})
+    assert status == 201, info
+    assert (info["kind"], info["isolation"], info["image"]) == ("vm", "vm", "jupyter-tai-sandbox/vm-guest")
+    sid = info["id"]
+    status, result = await call(jp_fetch, "sessions", sid, "exec", method="POST", body={
+        "argv": ["sh", "-c", "cat; uname -s; echo err >&2; exit 3"], "stdin": "hello ", "timeout_seconds": 30})
+    assert status == 200 and (result["exit_code"], result["stdout"], result["stderr"]) == (3, "hello Linux\n", "err\n")
+    status, refused = await call(jp_fetch, "sessions", method="POST", body={"network": "egress"})
+    assert status == 400 and refused["error"] == "SandboxSpecRejectedError", refused
+    status, _ = await call(jp_fetch, "sessions", sid, method="DELETE")
+    assert status == 204
+    status, body = await call(jp_fetch, "sessions", sid)
+    assert status == 404 and body["error"] == "SandboxNotFoundError"
