@@ -32,6 +32,7 @@ from .contract.errors import (
     SandboxRequestError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
+    SandboxUnsupportedError,
 )
 
 # ------------------------------------------------------------ server errors
@@ -191,6 +192,7 @@ __all__ = [
     "SandboxRequestError",
     "SandboxSpecRejectedError",
     "SandboxUnavailableError",
+    "SandboxUnsupportedError",
     "ToolAccessDeniedError",
     "ToolInputError",
     "UploadTooLargeError",

@@ -249,6 +249,16 @@ class GatedSession(SandboxSession):
     async def set_expiry(self, expires_at: float) -> SessionInfo:
         return await self.session.set_expiry(expires_at)
 
+    @property  # type: ignore[override]
+    def pausable(self) -> bool:
+        return self.session.pausable
+
+    async def pause(self) -> SessionInfo:
+        return await self.session.pause()
+
+    async def resume(self) -> SessionInfo:
+        return await self.session.resume()
+
     async def usage(self) -> dict[str, Any]:
         return await self.session.usage()
 

@@ -168,6 +168,16 @@ class SandboxClient:
         maximum); the session's new info."""
         return await self._request("PATCH", "sessions", session_id, body={"ttl_seconds": ttl_seconds})
 
+    async def pause(self, session_id: str) -> dict[str, Any]:
+        """Freeze every process of the session where it is (its info, ``paused`` true); exec and file calls
+        then answer SandboxConflictError until :meth:`resume`. SandboxUnsupportedError where the provider
+        cannot."""
+        return await self._request("POST", "sessions", session_id, "pause")
+
+    async def resume(self, session_id: str) -> dict[str, Any]:
+        """Let a paused session run on from where it was (its info)."""
+        return await self._request("POST", "sessions", session_id, "resume")
+
     async def destroy(self, session_id: str, remove_workspace: bool = False) -> None:
         await self._request(
             "DELETE", "sessions", session_id, params={"remove_workspace": "1" if remove_workspace else "0"}

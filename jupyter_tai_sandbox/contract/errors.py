@@ -89,7 +89,20 @@ class SandboxRequestError(SandboxSpecRejectedError):
 
 
 class SandboxConflictError(SandboxError):
-    """The request conflicts with the present state (a workspace in use, a name or path taken)."""
+    """The request conflicts with the present state (a workspace in use, a name or path taken, a paused
+    session asked to run something)."""
+
+
+class SandboxUnsupportedError(SandboxSpecRejectedError):
+    """The session's provider does not offer this optional operation (``operation``: pause, resume, ...)."""
+
+    def __init__(self, message: str, *, operation: str = "") -> None:
+        super().__init__(message, details={"operation": operation})
+        self.operation = operation
+
+    @classmethod
+    def _from_json_fields(cls, message: str, data: Mapping[str, Any]) -> SandboxUnsupportedError:
+        return cls(message, operation=str(data.get("operation") or ""))
 
 
 class SandboxForbiddenError(SandboxError):
@@ -250,4 +263,5 @@ __all__ = [
     "SandboxRequestError",
     "SandboxSpecRejectedError",
     "SandboxUnavailableError",
+    "SandboxUnsupportedError",
 ]

@@ -13,7 +13,13 @@ import abc
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from .errors import SandboxError, SandboxNotFoundError, SandboxSpecRejectedError, isolation_floor_refusal
+from .errors import (
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSpecRejectedError,
+    SandboxUnsupportedError,
+    isolation_floor_refusal,
+)
 from .values import (
     ExecRequest,
     ExecResult,
@@ -200,6 +206,23 @@ class SandboxSession(abc.ABC):
         """Take over a held command (from whichever connection read it before), its output resumed at
         ``offsets`` per stream (0: the oldest held). SandboxNotFoundError when the session holds none such."""
         raise SandboxNotFoundError(f"session {self.id} holds no command {command_id!r}")
+
+    #: whether :meth:`pause` and :meth:`resume` work on this session
+    pausable: bool = False
+
+    async def pause(self) -> SessionInfo:
+        """Freeze every process of the session where it is: a paused session runs nothing and answers
+        exec and file calls with SandboxConflictError until :meth:`resume`; its commands stay held, its TTL
+        still runs (the reaper destroys a paused session past its end), and it stays paused across a
+        server restart. Pausing a paused session is a no-op. SandboxUnsupportedError where the provider
+        cannot (``pausable`` False)."""
+        raise SandboxUnsupportedError(
+            f"session {self.id}'s provider cannot pause a session", operation="pause")
+
+    async def resume(self) -> SessionInfo:
+        """Let a paused session run on from where it was (a running one: a no-op)."""
+        raise SandboxUnsupportedError(
+            f"session {self.id}'s provider cannot resume a session", operation="resume")
 
     #: whether :meth:`open_port` reaches ports inside the session (works with network ``none`` too)
     opens_ports: bool = False

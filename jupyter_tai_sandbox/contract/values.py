@@ -176,6 +176,8 @@ class SessionInfo:
     workspace: str
     created_at: float
     expires_at: float
+    #: every process of the session is frozen where it was (SandboxSession.pause); its TTL still runs
+    paused: bool = False
 
     @property
     def consumer(self) -> str:
@@ -215,6 +217,7 @@ class SessionInfo:
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "seconds_left": self.seconds_left(),
+            "paused": self.paused,
             "spec": self.spec.to_public_json(),
         }
 

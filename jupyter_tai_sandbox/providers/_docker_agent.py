@@ -111,7 +111,8 @@ class AgentVolumes:
 
 
 def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *, answer_within: float,
-               current_end: Callable[[str], Awaitable[float | None]] | None = None) -> ContainerSite:
+               current_end: Callable[[str], Awaitable[float | None]] | None = None,
+               set_paused: Callable[[Any, bool], Awaitable[None]] | None = None) -> ContainerSite:
     """The container site of ``provider``'s agent sessions on ``engine`` (docker's one engine, a swarm node's)."""
 
     async def container_env(container_id: str) -> dict[str, str]:
@@ -135,6 +136,7 @@ def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *
         transfer_idle_seconds=provider.transfer_idle_seconds,
         answer_within=answer_within,
         current_end=current_end,
+        set_paused=set_paused,
     )
 
 

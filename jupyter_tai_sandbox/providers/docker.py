@@ -165,7 +165,7 @@ class DockerSandbox(ContainerSandbox):
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
         self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds,
-                                      current_end=self._current_end)
+                                      current_end=self._current_end, set_paused=self._set_paused)
         self._starts = ContainerStarts(self, self._engine)
         self._pool = WarmPool(
             self._engine,
@@ -327,6 +327,7 @@ class DockerSandbox(ContainerSandbox):
                 attrs = await self._engine.inspect_container(found[0]["Id"], what="inspect a session")
             except SandboxNotFoundError:
                 raise session_gone(session_id) from None
+        self._agent_site.note_state(attrs["Id"], attrs)
         try:
             return self._session_from(attrs["Id"], attrs["Config"].get("Labels") or {}, attrs["Config"].get("Env"))
         except (KeyError, ValueError, SandboxError) as e:
@@ -342,6 +343,7 @@ class DockerSandbox(ContainerSandbox):
         alive = {c["Id"] for c in pooled}
         infos = []
         for summary in summaries:
+            self._agent_site.note_state(summary["Id"], {"State": {"Paused": summary.get("State") == "paused"}})
             try:
                 infos.append(retimed(self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls)._info())
             except (KeyError, ValueError, SandboxError):
@@ -393,6 +395,10 @@ class DockerSandbox(ContainerSandbox):
 
     async def _retime(self, session: DockerSession, expires_at: float) -> None:
         await self._ttls.move(session.id, expires_at)
+
+    async def _set_paused(self, session: DockerSession, paused: bool) -> None:
+        """The engine's freeze (the cgroup freezer) or thaw of the session's container."""
+        await self._engine.set_paused(session.container_id, paused)
 
     def _abandon(self, session_id: str) -> None:
         self._agent_site.commands.abandon(session_id)

@@ -125,6 +125,19 @@ class DockerEngine(EngineExecs, EngineNetworks, EngineVolumes):
     async def rename(self, container_id: str, name: str) -> None:
         await self._call("name a container", "rename", container_id, name)
 
+    async def set_paused(self, container_id: str, paused: bool) -> None:
+        """Freeze every process of a container (the cgroup freezer) or thaw them; already so is fine."""
+        docker = docker_sdk()
+
+        def change() -> None:
+            try:
+                (self._client.api.pause if paused else self._client.api.unpause)(container_id)
+            except docker.errors.APIError as e:
+                if e.status_code != 409:  # "is already paused", "is not paused"
+                    raise
+
+        await self._call("pause a container" if paused else "resume a container", change)
+
     async def remove_container(self, container_id: str, *, volume: str | None = None) -> None:
         """Remove a container with its anonymous volumes (and the named ``volume``); missing ones are fine."""
         docker = docker_sdk()

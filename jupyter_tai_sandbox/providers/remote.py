@@ -102,6 +102,7 @@ def session_info(
             workspace=str(data["workspace"]),
             created_at=float(data["created_at"]),
             expires_at=float(data["expires_at"]),
+            paused=bool(data.get("paused")),
         )
     except (KeyError, TypeError, ValueError, SandboxError) as e:
         raise SandboxError(f"the remote sandbox server sent a session this provider cannot read: {e}") from None
@@ -135,6 +136,17 @@ class RemoteSession(SandboxSession):
         """The remote's PATCH: its own limits (its SandboxPolicy.max_ttl_seconds) apply, refused as 400."""
         ttl = expires_at - self._info.created_at
         self._info = session_info(await self._client.extend(self._id, ttl), self._env, self._sandbox.own_consumer)
+        return self._info
+
+    #: the remote's own provider decides (it answers SandboxUnsupportedError where it cannot)
+    pausable = True
+
+    async def pause(self) -> SessionInfo:
+        self._info = session_info(await self._client.pause(self._id), self._env, self._sandbox.own_consumer)
+        return self._info
+
+    async def resume(self) -> SessionInfo:
+        self._info = session_info(await self._client.resume(self._id), self._env, self._sandbox.own_consumer)
         return self._info
 
     # ---------------------------------------------------------------- exec

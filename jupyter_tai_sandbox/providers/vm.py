@@ -38,7 +38,7 @@ from ..contract import (
 from ..vm.guest import Guest, GuestBuildError, build_guest
 from ..vm.probe import TCG_NOTE, cached_probe, probe
 from ..vm.qemu import BOOT_TIMEOUT, QEMU, VmError, qemu_argv
-from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
+from ..vm.snapshot import Qmp, ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
 from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
 from ._provider_settings import DeploymentSettings, LimitSettings, rejected
@@ -125,7 +125,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         self._site = ContainerSite(
             kind="vm", isolation="vm", open_agent=self._machines.open_agent, inspect=self._inspect,
             teardown=self._teardown, log=self.log, commands=CommandRegistry(), retime=self._retime,
-            workspace=WORKSPACE, current_end=self._current_end, answer_within=2.0,
+            workspace=WORKSPACE, current_end=self._current_end, answer_within=2.0, set_paused=self._set_paused,
         )
 
     # -------------------------------------------------------------- policy
@@ -278,9 +278,11 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             return None
         try:
             expires = float(record.get("expires_at") or labels[LABEL_EXPIRES])
-            return self._session(session_id, labels, dict(record.get("env") or {}), expires)
+            session = self._session(session_id, labels, dict(record.get("env") or {}), expires)
         except (KeyError, ValueError, SandboxError):
             return None
+        self._site.note_state(session_id, _state(record, running=True))
+        return session
 
     async def get(self, session_id: str) -> SandboxSession:
         if not is_session_id(session_id):
@@ -322,9 +324,33 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     # ------------------------------------------------------------ the site
 
     async def _inspect(self, session_id: str) -> dict[str, Any]:
-        if self._machines.read(session_id) is None:
+        record = self._machines.read(session_id)
+        if record is None:
             raise SandboxNotFoundError(f"session {session_id} is gone")
-        return {"State": {"Running": self._machines.running(session_id)}}
+        return _state(record, running=self._machines.running(session_id))
+
+    async def _set_paused(self, session: ContainerSession, paused: bool) -> None:
+        """QMP ``stop`` or ``cont`` (QEMU, the guest's memory and its commands stay as they are), recorded so a
+        restarted server knows; a resumed guest takes the host's clock at once (a stopped one's fell behind)."""
+        record = self._machines.read(session.id)
+        if record is None or not self._machines.running(session.id):
+            raise session_gone(session.id)
+        await self._qmp(session.id, "stop" if paused else "cont")
+        record["paused"] = paused
+        self._machines.write(session.id, record)
+        if not paused:
+            with contextlib.suppress(SandboxError):
+                await (await self._machines.open_agent(session.id, timeout=RESTORE_SECONDS)).close()
+
+    async def _qmp(self, session_id: str, command: str) -> None:
+        try:
+            control = await Qmp.connect(self._machines.folder(session_id) / "qmp.sock", timeout=5.0)
+        except VmError as e:
+            raise SandboxUnavailableError(f"session {session_id}'s QEMU does not answer: {e}") from None
+        try:
+            await asyncio.wait_for(control.command(command), 5.0)
+        finally:
+            control.close()
 
     async def _current_end(self, session_id: str) -> float | None:
         record = self._machines.read(session_id)
@@ -340,6 +366,9 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     async def _teardown(self, session: ContainerSession, remove_workspace: bool) -> None:
         self._site.commands.abandon(session.id)
         if session.spec.durability == "persistent" and self._machines.running(session.id):
+            if (self._machines.read(session.id) or {}).get("paused"):
+                with contextlib.suppress(SandboxError, VmError, OSError, asyncio.TimeoutError):
+                    await self._qmp(session.id, "cont")  # its flush needs it running
             # the guest's page cache goes with QEMU: what the workspace holds is written out first
             with contextlib.suppress(Exception):
                 client = await asyncio.wait_for(self._machines.open_agent(session.id, timeout=2.0), SYNC_SECONDS)
@@ -358,6 +387,11 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         channels = [known.channel for known in self._site.containers.values()]
         self._site.containers.clear()
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+
+def _state(record: dict[str, Any], *, running: bool) -> dict[str, Any]:
+    """A machine's record as the container base reads an inspect."""
+    return {"State": {"Running": running, "Paused": bool(record.get("paused"))}}
 
 
 class VmSession(ContainerSession):

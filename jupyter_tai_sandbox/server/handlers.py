@@ -124,6 +124,18 @@ class SessionHandler(SandboxAPIHandler):
         self.finish()
 
 
+class SessionStateHandler(SandboxAPIHandler):
+    """``POST .../pause`` and ``.../resume``: freeze a session's processes, or let them run on."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, session_id: str, action: str) -> None:
+        session = await self.get_session(session_id, manage=True)
+        info = await (session.pause() if action == "pause" else session.resume())
+        self.touch()
+        self.write_json(info.to_json())
+
+
 class ExecHandler(SandboxAPIHandler):
     """One-shot exec; the answer is streamed, so the output is held once (as the gate gave it).
 
@@ -389,6 +401,7 @@ rest_handlers = [
     (r"/api/sandbox/status", StatusHandler),
     (r"/api/sandbox/sessions", SessionsHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}", SessionHandler),
+    (rf"/api/sandbox/sessions/{SESSION_ID}/(?P<action>pause|resume)", SessionStateHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/exec", ExecHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/execs", ExecsHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/execs/(?P<exec_id>[^/]+)", LiveExecHandler),

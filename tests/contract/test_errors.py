@@ -18,6 +18,7 @@ from jupyter_tai_sandbox.contract.errors import (
     SandboxNotFoundError,
     SandboxRequestError,
     SandboxSpecRejectedError,
+    SandboxUnsupportedError,
 )
 from jupyter_tai_sandbox.errors import (
     ERROR_CLASSES,
@@ -44,6 +45,7 @@ SAMPLES: dict[type[SandboxError], list[SandboxError]] = {
     ],
     ToolInputError: [ToolInputError("text", "is required"), ToolInputError("", "must be an object")],
     PresetInvalidError: [PresetInvalidError("two problems", problems=["a", "b"]), PresetInvalidError("one")],
+    SandboxUnsupportedError: [SandboxUnsupportedError("cannot pause", operation="pause"), SandboxUnsupportedError("x")],
 }
 
 

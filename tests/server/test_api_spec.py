@@ -123,6 +123,9 @@ class TestErrorBodies:
                         body={"argv": ["true"], "timeout_seconds": 1, "env": {"1BAD": "x"}})
         assert body["field"] == "env"
         body = await do(jp_fetch, "/sessions", "post", "sessions", expect=400, body={"ttl_seconds": 10**400})
+        # 400 naming an operation the provider lacks (local cannot pause)
+        body = await do(jp_fetch, "/sessions/{session_id}/{action}", "post", "sessions", sid, "pause", expect=400)
+        assert (body["error"], body["operation"]) == ("SandboxUnsupportedError", "pause")
         # 403: another consumer without admin write
         body = await do(jp_fetch, "/sessions", "post", "sessions", expect=403, body={"consumer": "someone-else"})
         assert body["error"] == "SandboxForbiddenError"

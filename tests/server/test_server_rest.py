@@ -267,3 +267,21 @@ async def test_non_utf8_exec_body_is_400(jp_fetch):
 async def test_errors_never_leak_a_traceback(jp_fetch):
     _status, body = await call(jp_fetch, "sessions", method="POST", raw=b"{")
     assert set(body) == {"error", "message"} and "Traceback" not in json.dumps(body)
+
+
+async def test_pause_and_resume_over_rest_or_a_typed_refusal_naming_the_operation(jp_fetch, provider):
+    sid = await new_session(jp_fetch)
+    status, body = await call(jp_fetch, "sessions", sid, "pause", method="POST")
+    if provider == "local":  # the local provider cannot freeze host processes as a unit
+        assert status == 400 and body["error"] == "SandboxUnsupportedError" and body["operation"] == "pause", body
+    else:
+        assert status == 200 and body["paused"] is True, body
+        status, refused = await run(jp_fetch, sid, ["true"])
+        assert status == 409 and refused["error"] == "SandboxConflictError", refused
+        status, again = await call(jp_fetch, "sessions", sid)
+        assert status == 200 and again["paused"] is True
+        status, body = await call(jp_fetch, "sessions", sid, "resume", method="POST")
+        assert status == 200 and body["paused"] is False, body
+        status, result = await run(jp_fetch, sid, ["echo", "on"])
+        assert status == 200 and result["stdout"] == "on\n"
+    await call(jp_fetch, "sessions", sid, method="DELETE")

@@ -23,6 +23,7 @@ from ...contract import (
     ExecResult,
     HeldCommand,
     PortConnection,
+    SandboxConflictError,
     SandboxError,
     SandboxIsolation,
     SandboxNotFoundError,
@@ -116,6 +117,10 @@ class ContainerSite:
     session_containers: dict[str, str] = field(default_factory=dict)
     #: the session's current end as its provider records it (None: its labels' end stands); None: no records
     current_end: Callable[[str], Awaitable[float | None]] | None = None
+    #: freezes or thaws a session's container: (session, paused); None: the provider cannot
+    set_paused: Callable[[ContainerSession, bool], Awaitable[None]] | None = None
+    #: the containers known paused here (by this server, or as the engine or a record said when found)
+    paused: set[str] = field(default_factory=set)
 
     def known(self, container_id: str, session_id: str) -> KnownContainer:
         """The container's record, made on first use (its channel made again once closed)."""
@@ -148,6 +153,20 @@ class ContainerSite:
         if session is None or session.destroyed or not session.agent_connected:
             return None
         return session
+
+    def note_state(self, container_id: str, record: Any) -> None:
+        """What an inspect says of the container's pause (another server may have paused or resumed it)."""
+        state = record.get("State") if isinstance(record, dict) else None
+        if isinstance(state, dict) and "Paused" in state:
+            if state["Paused"]:
+                self.paused.add(container_id)
+            else:
+                self.paused.discard(container_id)
+
+    def session_of(self, container_id: str) -> str:
+        """The id of the session in a container, as known here (else the container's own id)."""
+        known = self.containers.get(container_id)
+        return known.channel.session_id if known is not None else container_id
 
     def _channel_to(self, container_id: str, session_id: str) -> AgentChannel:
         return AgentChannel(lambda: self.open_agent(container_id), session_id=session_id,
@@ -196,7 +215,14 @@ async def container_runs(site: ContainerSite, container_id: str) -> bool:
     except SandboxError:
         return True  # no sign the agent is gone
     state = record.get("State") if isinstance(record, dict) else None
+    site.note_state(container_id, record)
+    if container_id in site.paused:  # its agent answers nothing until it is resumed
+        raise paused_error(site.session_of(container_id))
     return not isinstance(state, dict) or bool(state.get("Running", True))
+
+
+def paused_error(session_id: str) -> SandboxConflictError:
+    return SandboxConflictError(f"session {session_id} is paused: resume it first")
 
 
 class ContainerSession(SandboxSession):
@@ -252,6 +278,7 @@ class ContainerSession(SandboxSession):
         return SessionInfo(
             id=self._id, kind=self._site.kind, spec=self.spec, isolation=self._site.isolation,
             workspace=self._site.workspace, created_at=self.created_at, expires_at=self.expires_at,
+            paused=self._container in self._site.paused,
         )
 
     async def info(self) -> SessionInfo:
@@ -261,13 +288,14 @@ class ContainerSession(SandboxSession):
         current_end = self._site.current_end
         try:
             if current_end is None:
-                await self._site.inspect(self._container)
+                record = await self._site.inspect(self._container)
             else:
-                _, end = await asyncio.gather(self._site.inspect(self._container), current_end(self._id))
+                record, end = await asyncio.gather(self._site.inspect(self._container), current_end(self._id))
                 if end is not None:
                     self.expires_at = end
         except SandboxNotFoundError:
             raise session_gone(self._id) from None
+        self._site.note_state(self._container, record)
         return self._info()
 
     def known_info(self) -> SessionInfo | None:
@@ -313,6 +341,8 @@ class ContainerSession(SandboxSession):
 
     async def _client(self) -> AgentClient:
         self._check_live()
+        if self._container in self._site.paused:
+            raise paused_error(self._id)
         try:
             return await self._channel.client()
         except SandboxError:
@@ -491,6 +521,29 @@ class ContainerSession(SandboxSession):
         self.expires_at = expires_at
         return self._info()
 
+    # ---------------------------------------------------------- pause, resume
+
+    @property
+    def pausable(self) -> bool:  # type: ignore[override]
+        return self._site.set_paused is not None
+
+    async def pause(self) -> SessionInfo:
+        return await self._set_paused(True)
+
+    async def resume(self) -> SessionInfo:
+        return await self._set_paused(False)
+
+    async def _set_paused(self, paused: bool) -> SessionInfo:
+        self._check_live()
+        if self._site.set_paused is None:
+            return await (super().pause() if paused else super().resume())
+        await self._site.set_paused(self, paused)
+        if paused:
+            self._site.paused.add(self._container)
+        else:
+            self._site.paused.discard(self._container)
+        return self._info()
+
     async def destroy(self, remove_workspace: bool = False) -> None:
         if self._destroyed:
             return
@@ -498,6 +551,7 @@ class ContainerSession(SandboxSession):
         self._site.commands.abandon(self._id)
         self._site.containers.pop(self._container, None)
         self._site.session_containers.pop(self._id, None)
+        self._site.paused.discard(self._container)
         with contextlib.suppress(Exception):
             await self._channel.close()
         await self._site.teardown(self, remove_workspace)

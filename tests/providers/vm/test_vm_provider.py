@@ -243,3 +243,48 @@ def test_sessions_restored_from_one_golden_snapshot_have_the_hosts_clock_and_rng
             await sandbox.close()
 
     asyncio.run(main())
+
+
+def test_a_paused_session_survives_a_server_restart_and_its_count_goes_on_where_it_stopped(state_dir):
+    """pause freezes the guest (QMP stop): nothing runs, exec is a conflict; a new server finds it paused,
+    resumes it, and the counting command continues from the number it had reached."""
+
+    async def main():
+        first = provider(state_dir)
+        session = await first.create(SessionSpec(ttl_seconds=600, **NONE))
+        handle = await session.start(ExecRequest(
+            argv=["sh", "-c", "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i; sleep 0.05; done"],
+            timeout_seconds=120, label="counting"))
+        seen = b""
+        async for item in handle.output:
+            if isinstance(item, OutputChunk):
+                seen += item.data
+            if seen.count(b"\n") >= 3:
+                break
+        info = await session.pause()
+        assert info.paused and session.pausable
+        with pytest.raises(SandboxConflictError):
+            await session.exec(["true"], timeout_seconds=10)
+        await server_died(first)
+
+        second = provider(state_dir)
+        [listed] = await second.list()
+        assert listed.paused
+        found = await second.get(session.id)
+        assert (await found.info()).paused
+        with pytest.raises(SandboxConflictError):
+            await found.list_files(".")
+        await asyncio.sleep(1.0)  # paused: the count does not move
+        assert not (await found.resume()).paused
+        held = [c for c in await found.held_commands() if c.label == "counting"]
+        assert held and held[0].offsets["stdout"][1] < len(b"".join(b"%d\n" % i for i in range(1, 41)))
+        resumed = await found.attach_command(held[0].id, {"stdout": len(seen)})
+        async for item in resumed.output:
+            if isinstance(item, OutputChunk):
+                seen += item.data
+        assert seen.decode().split() == [str(i) for i in range(1, 41)]
+        assert (await stdout_of(found, "echo", "running")).strip() == "running"
+        await found.destroy()
+        await second.close()
+
+    asyncio.run(main())
