@@ -95,6 +95,10 @@ class GatedSandbox(Sandbox):
     def isolation_note(self) -> str | None:
         return getattr(self.provider, "isolation_note", None)
 
+    @property  # type: ignore[override]
+    def pausable(self) -> bool:
+        return bool(getattr(self.provider, "pausable", False))
+
     def admit(self, request: ExecRequest, *, one_shot: bool) -> ExecRequest:
         """``request`` as the provider runs it: over the timeout ceiling is refused (never clamped); a
         one-shot gets the output limit (the lower of its own and the gate's)."""

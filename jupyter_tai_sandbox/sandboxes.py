@@ -251,6 +251,7 @@ def describe(gate: GatedSandbox | None, failure: str | None, *, show_credentials
         info["supports_limits"] = gate.supports_limits
         if gate.isolation_note:
             info["isolation_note"] = gate.isolation_note
+        info["pausable"] = gate.pausable
         limits = provider_limits(gate.provider) if gate.supports_limits else {}
         if limits:
             info["limits"] = limits

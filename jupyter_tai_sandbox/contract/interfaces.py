@@ -256,6 +256,8 @@ class Sandbox(abc.ABC):
     #: the provider's own words where its isolation is weaker than its level says (a vm provider under
     #: emulation); None: none. The status route and the panel show them.
     isolation_note: str | None = None
+    #: whether its sessions can be paused and resumed (SandboxSession.pause)
+    pausable: bool = False
 
     def check_spec(self, spec: SessionSpec) -> None:
         """Reject (loudly) a spec this provider cannot honour; never downgrade it."""

@@ -1,4 +1,5 @@
-"""``%sandbox SUBCOMMAND``: the line magics (status, sessions, new, use, rm, extend, put, get, connect).
+"""``%sandbox SUBCOMMAND``: the line magics (status, sessions, new, use, rm, extend, pause, resume, put, get,
+connect).
 
 :class:`LineSubcommands` stands on :class:`~.named_sessions.NamedSessions` (the sessions by
 name and the client); :class:`~.magic.SandboxMagics` stands on it and adds the cell magic.
@@ -30,7 +31,7 @@ from .options import (
     workspace_path,
 )
 
-SUBCOMMAND_NAMES = ("status", "sessions", "new", "use", "rm", "extend", "put", "get", "connect")
+SUBCOMMAND_NAMES = ("status", "sessions", "new", "use", "rm", "extend", "pause", "resume", "put", "get", "connect")
 SUBCOMMANDS = """\
 line magics:
   %sandbox status                     the server, its provider and policy, the current session
@@ -42,6 +43,9 @@ line magics:
   %sandbox rm NAME [--workspace]      destroy a session (--workspace: also its persistent workspace)
   %sandbox extend NAME DURATION       add DURATION (90, 90s, 30m, 1h) to the session's TTL, within
                                       the operator's maximum
+  %sandbox pause NAME                 freeze every process of the session where it is (its TTL
+                                      still runs; cells in it are refused until resume)
+  %sandbox resume NAME                let a paused session run on from where it was
   %sandbox put LOCAL [REMOTE]         upload a kernel-side file into the session's workspace
   %sandbox get REMOTE [LOCAL]         download a workspace file next to the kernel
   %sandbox connect URL [--token T]    talk to another Jupyter server's sandbox API
@@ -79,7 +83,8 @@ class LineSubcommands(NamedSessions):
             close = difflib.get_close_matches(name, SUBCOMMAND_NAMES, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise SandboxMagicError(
-                f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, put, get or connect "
+                f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, pause, resume, put, get "
+                "or connect "
                 "(or a %%sandbox cell); %sandbox? shows usage"
             )
         handler(rest)
@@ -216,6 +221,31 @@ class LineSubcommands(NamedSessions):
         info = self._run(extend())
         ttl = info["expires_at"] - info["created_at"]
         print(f"session {args.name!r} now ends in {info['seconds_left']:.0f} s (TTL {ttl:.0f} s from its start)")
+
+    def _do_pause(self, argv: list[str]) -> None:
+        self._pause_or_resume("pause", argv)
+
+    def _do_resume(self, argv: list[str]) -> None:
+        self._pause_or_resume("resume", argv)
+
+    def _pause_or_resume(self, action: str, argv: list[str]) -> None:
+        args = parse(subparser(action, ("name", {"metavar": "NAME"})), argv)
+        with self._lock:
+            known = self._sessions.get(args.name)
+        session_id = known.id if known is not None else args.name
+
+        async def change() -> dict[str, Any]:
+            client = await self._get_client()
+            try:
+                return await (client.pause(session_id) if action == "pause" else client.resume(session_id))
+            except SandboxNotFoundError:
+                raise SandboxMagicError(
+                    f"no session named {args.name!r} in this kernel, nor a server session with that id"
+                ) from None
+
+        info = self._run(change())
+        print(f"session {args.name!r} is " + ("paused: `%sandbox resume` lets it run on" if info["paused"]
+                                              else "running"))
 
     def _do_put(self, argv: list[str]) -> None:
         parser = subparser("put", ("local", {"metavar": "LOCAL"}), ("remote", {"metavar": "REMOTE", "nargs": "?"}))

@@ -230,6 +230,21 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
         destructive=True,
     ),
     ToolSpec(
+        "session_pause",
+        "Freeze every process of a session where it is (its TTL still runs; commands and file calls are "
+        "refused until session_resume). Not every provider can: the error then names the operation.",
+        {"type": "object", "additionalProperties": False, "required": ["session_id"],
+         "properties": {"session_id": _SESSION_ID}},
+        action="write",
+    ),
+    ToolSpec(
+        "session_resume",
+        "Let a paused session run on from where it was.",
+        {"type": "object", "additionalProperties": False, "required": ["session_id"],
+         "properties": {"session_id": _SESSION_ID}},
+        action="write",
+    ),
+    ToolSpec(
         "session_status",
         "One session's info (with session_id), or all your live sessions and the sandbox provider's status.",
         {"type": "object", "additionalProperties": False, "properties": {"session_id": _SESSION_ID}},
@@ -496,6 +511,14 @@ class DoorTools:
         await self.app.execs.kill_session(session.id)
         await self.app.registry.destroy(session, remove_workspace=data["remove_workspace"])
         return {"session_id": session.id, "destroyed": True}
+
+    async def _session_pause(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        session = await self._session(request, data, manage=True)
+        return dict((await session.pause()).to_json())
+
+    async def _session_resume(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        session = await self._session(request, data, manage=True)
+        return dict((await session.resume()).to_json())
 
     async def _session_status(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         if "session_id" in data:

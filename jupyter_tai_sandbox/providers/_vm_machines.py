@@ -177,10 +177,10 @@ class Machines:
         image = self.workspace_image(key)
         if image.exists():
             return image
-        self.workspaces.mkdir(parents=True, exist_ok=True)
+        self.workspaces.mkdir(parents=True, exist_ok=True, mode=0o700)  # a workspace is its owner's only
         tmp = image.with_name(f".{image.name}.{os.getpid()}.{id(record)}")
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as f:
                 f.truncate(size_mb << 20)
             done = await asyncio.create_subprocess_exec(
                 "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "root_owner=0:0", str(tmp),

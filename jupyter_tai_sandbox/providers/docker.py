@@ -112,6 +112,7 @@ class DockerSandbox(ContainerSandbox):
     max_isolation = "container"
     networks = frozenset({"egress", "internal", "none"})
     supports_limits = True
+    pausable = True
 
     egress_network = Unicode(
         "tai-sbx-egress",

@@ -250,6 +250,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     max_isolation: SandboxIsolation = ISOLATION_ORDER[-1]  # type: ignore[assignment]
     networks = frozenset(NETWORK_ORDER)
     supports_limits = True
+    pausable = True
     session_class: type[RemoteSession] = RemoteSession
 
     url = Unicode(
@@ -378,6 +379,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if isolation not in ISOLATION_ORDER:
             raise SandboxUnavailableError(f"the remote reports an unknown isolation {isolation!r}")
         self.kind, self.max_isolation, self.networks, self.supports_limits = kind, isolation, networks, limits
+        self.pausable = bool(status.get("pausable", True))  # an older remote says nothing: it decides
         principal = status.get("principal")
         #: who the token is to the remote (its sessions' owner)
         self.principal = principal if isinstance(principal, str) and principal else None

@@ -63,6 +63,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     max_isolation = "vm"
     networks = frozenset({"none"})
     supports_limits = True
+    pausable = True
     min_cpu = 1.0
     min_memory_mb = 128
     limits_floor = "the vm provider"

@@ -37,6 +37,8 @@ export interface IStatus {
   max_isolation?: Isolation;
   /** the provider's own words where its isolation is weaker than its level says (a vm under emulation) */
   isolation_note?: string;
+  /** its sessions can be paused and resumed */
+  pausable?: boolean;
   networks?: Network[];
   supports_limits?: boolean;
   limits?: ILimits;
@@ -71,6 +73,8 @@ export interface ISessionInfo {
   created_at: number;
   expires_at: number;
   seconds_left: number;
+  /** every process of the session is frozen (its TTL still runs) */
+  paused?: boolean;
   spec: Record<string, unknown>;
   owner?: string;
   /** Only in GET sessions/{id}: what the session uses now, as far as the provider can tell. */
@@ -143,6 +147,15 @@ export class SandboxClient {
   }
 
   /** PATCH sessions/{id}: the session now ends `ttlSeconds` after its creation (400 over the maximum). */
+  /** Freeze every process of the session (`pause`), or let it run on (`resume`); the session's info. */
+  setPaused(id: string, paused: boolean): Promise<ISessionInfo> {
+    return requestAPI<ISessionInfo>(
+      `${this._session(id)}/${paused ? 'pause' : 'resume'}`,
+      { method: 'POST' },
+      this.serverSettings
+    );
+  }
+
   setTtl(id: string, ttlSeconds: number): Promise<ISessionInfo> {
     return requestAPI<ISessionInfo>(
       this._session(id),

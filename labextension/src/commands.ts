@@ -17,6 +17,8 @@ export namespace CommandIDs {
   export const openFiles = 'tai-sandbox:open-files';
   export const destroy = 'tai-sandbox:destroy';
   export const extendTtl = 'tai-sandbox:extend-ttl';
+  export const pause = 'tai-sandbox:pause';
+  export const resume = 'tai-sandbox:resume';
   export const showPanel = 'tai-sandbox:show-panel';
 }
 
@@ -49,7 +51,7 @@ function addOnSessionCommand<T>(
   });
 }
 
-/** New, Destroy and Extend: the session actions of the sessions plugin. */
+/** New, Destroy, Extend, Pause and Resume: the session actions of the sessions plugin. */
 export function addSessionCommands(
   commands: CommandRegistry,
   sessions: ISandboxSessions,
@@ -75,7 +77,27 @@ export function addSessionCommands(
     none: false,
     run: id => sessions.extendTtl(id)
   });
-  addToPalette(palette, [CommandIDs.newSession, CommandIDs.destroy, CommandIDs.extendTtl]);
+  addOnSessionCommand(commands, sessions, CommandIDs.pause, {
+    label: 'Pause Sandbox Session',
+    caption: 'Freeze every process of a sandbox session where it is (its time still runs)',
+    verb: 'pause',
+    none: false,
+    run: id => sessions.setPaused(id, true)
+  });
+  addOnSessionCommand(commands, sessions, CommandIDs.resume, {
+    label: 'Resume Sandbox Session',
+    caption: 'Let a paused sandbox session run on from where it was',
+    verb: 'resume',
+    none: false,
+    run: id => sessions.setPaused(id, false)
+  });
+  addToPalette(palette, [
+    CommandIDs.newSession,
+    CommandIDs.destroy,
+    CommandIDs.extendTtl,
+    CommandIDs.pause,
+    CommandIDs.resume
+  ]);
 }
 
 /** Show the Sandbox panel; with `id`, also scroll to that session and mark it. */

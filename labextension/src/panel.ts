@@ -41,6 +41,8 @@ export namespace SandboxPanel {
     destroy(id: string): void;
     /** Add EXTEND_SECONDS to the session's TTL (PATCH); resolves once answered. */
     extendTtl(id: string): Promise<void>;
+    /** Pause or resume the session; resolves once answered. */
+    setPaused(id: string, paused: boolean): Promise<void>;
     /** Open a document of the server (the notebook a kernel serves). */
     openDocument(path: string): void;
   }
@@ -170,7 +172,8 @@ export class SandboxPanel extends SidePanel {
     const warning = ok ? isolationWarning(state.status) : null;
     this._notice.hidden = !blocked && !warning;
     this._notice.textContent = blocked ? `New session is off: ${blocked}` : (warning ?? '');
-    this._notice.dataset.kind = blocked ? 'blocked' : warning ? 'no-isolation' : '';
+    const warned = state.status?.max_isolation === 'none' ? 'no-isolation' : 'isolation-note';
+    this._notice.dataset.kind = blocked ? 'blocked' : warning ? warned : '';
     this._setNewButton(ok && !blocked, blocked ? `New session is off: ${blocked}` : NEW_TOOLTIP);
 
     const seen = new Set<string>();
@@ -290,7 +293,16 @@ export class SandboxPanel extends SidePanel {
       this._actions.destroy(session.id)
     );
     destroy.classList.add('jp-mod-warn', 'jp-TaiSandbox-destroy');
-    actions.append(terminal, files, destroy);
+    const pause = button('Pause', PAUSE_TOOLTIP, () => {
+      const current = this._model.find(session.id) ?? session;
+      pause.disabled = true;
+      void this._actions.setPaused(session.id, !current.paused).finally(() => {
+        pause.disabled = false;
+        this._fillPause(pause, this._model.find(session.id) ?? session, this._model.state);
+      });
+    });
+    pause.classList.add('jp-TaiSandbox-pause');
+    actions.append(terminal, files, pause, destroy);
 
     item.append(id, kernelLine, details, usage, timeRow, actions);
     return item;
@@ -335,6 +347,15 @@ export class SandboxPanel extends SidePanel {
       state
     );
     this._fillExtend(item.querySelector('.jp-TaiSandbox-extend') as HTMLButtonElement, session, state);
+    this._fillPause(item.querySelector('.jp-TaiSandbox-pause') as HTMLButtonElement, session, state);
+    item.classList.toggle('jp-mod-paused', !!session.paused);
+  }
+
+  /** Pause or Resume as the session is; hidden where the provider cannot pause. */
+  private _fillPause(pause: HTMLButtonElement, session: ISessionInfo, state: IPanelState): void {
+    pause.hidden = !state.status?.pausable;
+    pause.textContent = session.paused ? 'Resume' : 'Pause';
+    pause.title = session.paused ? RESUME_TOOLTIP : PAUSE_TOOLTIP;
   }
 
   /** "+30 min" is off, saying why, when the TTL it would ask for is over the operator's maximum. */
@@ -401,6 +422,8 @@ export class SandboxPanel extends SidePanel {
 
 const NEW_TOOLTIP = 'Create a sandbox session';
 const EXTEND_TOOLTIP = `Reap this session ${EXTEND_SECONDS / 60} minutes later`;
+const PAUSE_TOOLTIP = 'Freeze every process of this session where it is (its time still runs)';
+const RESUME_TOOLTIP = 'Let this paused session run on from where it was';
 
 function timeLeftText(session: ISessionInfo, state: IPanelState): string {
   const left = secondsLeft(session, state.fetchedAt, Date.now());

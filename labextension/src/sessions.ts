@@ -240,6 +240,26 @@ export class SandboxSessions implements ISandboxSessions {
     this._destroyed.emit(id);
   }
 
+  async setPaused(id: string, paused: boolean): Promise<boolean> {
+    try {
+      const updated = await this.client.setPaused(id, paused);
+      this.clearError();
+      this.model.updateLocally(updated);
+      Notification.success(
+        paused
+          ? `Sandbox session ${id} is paused: nothing in it runs until you resume it (its time still runs).`
+          : `Sandbox session ${id} runs again.`,
+        { autoClose: 3000 }
+      );
+      return true;
+    } catch (error) {
+      this.reportError(`Could not ${paused ? 'pause' : 'resume'} session ${id}:`, describeError(error));
+      return false;
+    } finally {
+      void this.model.refreshSoon();
+    }
+  }
+
   async extendTtl(id: string): Promise<boolean> {
     const info = await this.fetchSession(id, 'extend the session');
     if (!info) {

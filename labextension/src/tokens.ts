@@ -48,6 +48,8 @@ export interface ISandboxSessions {
   destroyNow(id: string): Promise<void>;
   /** "+30 min": the current TTL plus EXTEND_SECONDS; a refusal is shown whole. */
   extendTtl(id: string): Promise<boolean>;
+  /** Pause (freeze every process) or resume a session; a refusal is shown whole. */
+  setPaused(id: string, paused: boolean): Promise<boolean>;
 }
 
 export const ISandboxSessions = new Token<ISandboxSessions>(

@@ -45,9 +45,13 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "agent stdin echo 8 MiB: through the agent",
         "kernel: sandboxed on docker (network none) 1+1",
         "kernel: sandboxed on docker (network none) print 64 MiB",
+        *(name for name in rows if name.startswith(("vm create to first command: restored", "vm one-shot"))),
     ):
         assert rows[name]["baseline"] and rows[name]["ratio"] > 0, rows.get(name)
-    assert len(report["targets"]) == 15  # the agent group's two, the docker group's one, the server group's four and the kernel group's two among them
+    assert sum(name.startswith(("vm create to first command: restored", "vm one-shot")) for name in rows) == 2
+    # the agent group's two, the docker group's one, the server group's four, the kernel group's two and the vm
+    # group's one among them
+    assert len(report["targets"]) == 16
     assert all(isinstance(t["passed"], bool) for t in report["targets"])
     assert "PASS" in done.stdout or "MISS" in done.stdout
     assert (tmp_path / "latest.png").stat().st_size > 10_000

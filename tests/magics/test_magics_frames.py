@@ -1,4 +1,5 @@
-"""DataFrames across the %%sandbox handoff (Parquet, and the fallbacks), and `%sandbox extend`, in a real kernel."""
+"""DataFrames across the %%sandbox handoff (Parquet, and the fallbacks), and `%sandbox extend` and `pause`, in a
+real kernel."""
 
 from __future__ import annotations
 
@@ -93,5 +94,9 @@ def test_extend_adds_to_the_ttl(kernel, server):
     run = kernel.run("%sandbox extend longer soon")
     assert "a duration is seconds" in run.error_line()
     run = kernel.run("%sandbox extend nobody 1h")
+    assert "no session named 'nobody'" in run.error_line()
+    run = kernel.run("%sandbox pause longer")  # the local provider cannot: the typed refusal, in its words
+    assert "cannot pause a session" in run.error_line(), run.error_line()
+    run = kernel.run("%sandbox pause nobody")
     assert "no session named 'nobody'" in run.error_line()
     kernel.ok("%sandbox rm longer")

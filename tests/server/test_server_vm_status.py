@@ -7,18 +7,13 @@ import tempfile
 
 import pytest
 
-from jupyter_tai_sandbox.vm.qemu import QEMU
-from tests.support.docker import in_ci
 from tests.support.server import call, server_config
+from tests.support.vm import need_qemu
 
 
 @pytest.fixture
 def jp_server_config(tmp_path):
-    if shutil.which(QEMU) is None:
-        message = f"the vm provider needs {QEMU} (bash .ci/vm-up)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+    need_qemu()
     state = tempfile.mkdtemp(prefix="tai-vms-", dir="/tmp")
     yield server_config("vm", tmp_path / "sandboxes", VmSandbox={"accel": "tcg", "state_dir": state})
     shutil.rmtree(state, ignore_errors=True)

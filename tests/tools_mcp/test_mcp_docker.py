@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.mcp import data, mcp_client, mcp_url
+from tests.support.mcp import data, mcp_client, mcp_url, refusal
 from tests.support.server import server_config
 
 pytestmark = [pytest.mark.docker]
@@ -37,5 +37,11 @@ async def test_a_docker_session_over_mcp(jp_serverapp, http_server, jp_http_port
                 if not answer["running"] and not answer["more"]:
                     break
             assert (text, answer["exit_code"]) == ("a\nb\n", 0)
+            assert data(await client.call_tool("session_pause", {"session_id": sid}))["paused"] is True
+            refused = refusal(await client.call_tool("session_exec", {"session_id": sid, "argv": ["true"]}))
+            assert refused["error"] == "SandboxConflictError" and "paused" in refused["message"]
+            assert data(await client.call_tool("session_resume", {"session_id": sid}))["paused"] is False
+            ran = data(await client.call_tool("session_exec", {"session_id": sid, "argv": ["cat", "in.txt"]}))
+            assert ran["stdout"] == "inside\n"
         finally:
             data(await client.call_tool("session_destroy", {"session_id": sid}))

@@ -32,6 +32,9 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
         extendTtl: async id => {
           await commands.execute(CommandIDs.extendTtl, { id });
         },
+        setPaused: async (id, paused) => {
+          await commands.execute(paused ? CommandIDs.pause : CommandIDs.resume, { id });
+        },
         openDocument: path => void commands.execute('docmanager:open', { path })
       }
     });

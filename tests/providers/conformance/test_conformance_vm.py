@@ -13,19 +13,14 @@ import pytest
 
 from jupyter_tai_sandbox.providers.vm import VmSandbox
 from jupyter_tai_sandbox.testing import SandboxConformance
-from jupyter_tai_sandbox.vm.qemu import QEMU
-from tests.support.docker import in_ci
+from tests.support.vm import need_qemu
 
 pytestmark = [pytest.mark.slow(220)]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def qemu():
-    if shutil.which(QEMU) is None:
-        message = f"the vm provider needs {QEMU} and its guest (bash .ci/vm-up)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+    need_qemu()
 
 
 def vm_sandbox(tmp_path: Path) -> VmSandbox:

@@ -29,8 +29,7 @@ from jupyter_tai_sandbox.contract import (
 )
 from jupyter_tai_sandbox.providers.vm import VM_IMAGE, VmSandbox
 from jupyter_tai_sandbox.vm.probe import probe
-from jupyter_tai_sandbox.vm.qemu import QEMU
-from tests.support.docker import in_ci
+from tests.support.vm import need_qemu
 
 pytestmark = [pytest.mark.slow(60), pytest.mark.timeout(180)]
 
@@ -39,11 +38,7 @@ NONE = {"network": "none"}
 
 @pytest.fixture(scope="module", autouse=True)
 def qemu() -> None:
-    if shutil.which(QEMU) is None:
-        message = f"the vm provider needs {QEMU} and its guest (bash .ci/vm-up)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+    need_qemu()
 
 
 @pytest.fixture
