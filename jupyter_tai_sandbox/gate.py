@@ -99,6 +99,10 @@ class GatedSandbox(Sandbox):
     def pausable(self) -> bool:
         return bool(getattr(self.provider, "pausable", False))
 
+    @property  # type: ignore[override]
+    def forkable(self) -> bool:
+        return bool(getattr(self.provider, "forkable", False))
+
     def admit(self, request: ExecRequest, *, one_shot: bool) -> ExecRequest:
         """``request`` as the provider runs it: over the timeout ceiling is refused (never clamped); a
         one-shot gets the output limit (the lower of its own and the gate's)."""
@@ -262,6 +266,15 @@ class GatedSession(SandboxSession):
 
     async def resume(self) -> SessionInfo:
         return await self.session.resume()
+
+    @property  # type: ignore[override]
+    def forkable(self) -> bool:
+        return self.session.forkable
+
+    async def fork(self) -> GatedSession:
+        """The copy, behind the gate; the policy in force now must still admit the source's spec."""
+        self.gate.policy.apply((await self.session.info()).spec)
+        return GatedSession(await self.session.fork(), self.gate)
 
     async def usage(self) -> dict[str, Any]:
         return await self.session.usage()

@@ -252,6 +252,7 @@ def describe(gate: GatedSandbox | None, failure: str | None, *, show_credentials
         if gate.isolation_note:
             info["isolation_note"] = gate.isolation_note
         info["pausable"] = gate.pausable
+        info["forkable"] = gate.forkable
         limits = provider_limits(gate.provider) if gate.supports_limits else {}
         if limits:
             info["limits"] = limits

@@ -26,7 +26,7 @@ import functools
 import getpass
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +166,26 @@ class SessionRegistry:
         any other against the session quota.
         """
         sandbox = self.access.require()
+
+        def check_image() -> None:
+            if caller is not None and not caller.manages_all and spec.image is not None \
+                    and not sandbox.image_allowed(spec.image):
+                raise SandboxForbiddenError(
+                    f"image {spec.image!r} is not on the operator's allow-list "
+                    "(DockerSandbox.allowed_images); leave image unset for the default"
+                )
+
+        return await self._made(spec, caller, lambda: sandbox.create(spec), check_image)
+
+    async def fork(self, source: SandboxSession, caller: Caller | None = None) -> SandboxSession:
+        """Fork ``source`` (a session the caller may manage) through the gate: the copy is a new session of the
+        same owner, counted against the same quota as a create, reserved the same way."""
+        spec = (await source.info()).spec
+        return await self._made(spec, caller, source.fork)
+
+    async def _made(self, spec: SessionSpec, caller: Caller | None, make: Callable[[], Awaitable[SandboxSession]],
+                    check: Callable[[], None] | None = None) -> SandboxSession:
+        """A new session of ``spec`` by ``make``, within its owner's quota (see :meth:`create`)."""
         owner = spec.owner or (caller.name if caller is not None else None)
         if caller is not None:
             act_for(caller.name)  # the provider's work from here on counts against the caller's share
@@ -176,12 +196,9 @@ class SessionRegistry:
         try:
             if caller is not None and slot is not None:
                 await self._check_quota(slot)
-                if not caller.manages_all and spec.image is not None and not sandbox.image_allowed(spec.image):
-                    raise SandboxForbiddenError(
-                        f"image {spec.image!r} is not on the operator's allow-list "
-                        "(DockerSandbox.allowed_images); leave image unset for the default"
-                    )
-            session = await sandbox.create(spec)
+                if check is not None:
+                    check()
+            session = await make()
             self.ids.add(session.id)
             return session
         finally:

@@ -178,6 +178,11 @@ class SandboxClient:
         """Let a paused session run on from where it was (its info)."""
         return await self._request("POST", "sessions", session_id, "resume")
 
+    async def fork(self, session_id: str) -> dict[str, Any]:
+        """A new session of yours started from this one's state now (the new session's info); what the copy
+        keeps is the provider's to say (vm: memory and processes). SandboxUnsupportedError where it cannot."""
+        return await self._request("POST", "sessions", session_id, "fork")
+
     async def destroy(self, session_id: str, remove_workspace: bool = False) -> None:
         await self._request(
             "DELETE", "sessions", session_id, params={"remove_workspace": "1" if remove_workspace else "0"}

@@ -224,6 +224,18 @@ class SandboxSession(abc.ABC):
         raise SandboxUnsupportedError(
             f"session {self.id}'s provider cannot resume a session", operation="resume")
 
+    #: whether :meth:`fork` works on this session
+    forkable: bool = False
+
+    async def fork(self) -> SandboxSession:
+        """A new session of the same owner and spec (its own id, its TTL counted from now), started from this
+        one's state at this moment: what the copy keeps is the provider's to say (a vm: memory and every
+        process). Both then run on apart. Consumers fork through the gate (:class:`GatedSession`), which
+        counts the copy against its owner's quota like a create. SandboxUnsupportedError where the provider
+        cannot (``forkable`` False)."""
+        raise SandboxUnsupportedError(
+            f"session {self.id}'s provider cannot fork a session", operation="fork")
+
     #: whether :meth:`open_port` reaches ports inside the session (works with network ``none`` too)
     opens_ports: bool = False
 
@@ -258,6 +270,8 @@ class Sandbox(abc.ABC):
     isolation_note: str | None = None
     #: whether its sessions can be paused and resumed (SandboxSession.pause)
     pausable: bool = False
+    #: whether its sessions can be forked (SandboxSession.fork)
+    forkable: bool = False
 
     def check_spec(self, spec: SessionSpec) -> None:
         """Reject (loudly) a spec this provider cannot honour; never downgrade it."""

@@ -1,5 +1,5 @@
-"""``%sandbox SUBCOMMAND``: the line magics (status, sessions, new, use, rm, extend, pause, resume, put, get,
-connect).
+"""``%sandbox SUBCOMMAND``: the line magics (status, sessions, new, use, rm, extend, pause, resume, fork, put,
+get, connect).
 
 :class:`LineSubcommands` stands on :class:`~.named_sessions.NamedSessions` (the sessions by
 name and the client); :class:`~.magic.SandboxMagics` stands on it and adds the cell magic.
@@ -17,7 +17,7 @@ from typing import Any
 
 from ..client import SandboxClient
 from ..contract import SandboxNotFoundError, SandboxUnavailableError
-from .named_sessions import NamedSessions
+from .named_sessions import NamedSession, NamedSessions
 from .options import (
     SandboxMagicError,
     add_session_options,
@@ -31,7 +31,9 @@ from .options import (
     workspace_path,
 )
 
-SUBCOMMAND_NAMES = ("status", "sessions", "new", "use", "rm", "extend", "pause", "resume", "put", "get", "connect")
+SUBCOMMAND_NAMES = (
+    "status", "sessions", "new", "use", "rm", "extend", "pause", "resume", "fork", "put", "get", "connect",
+)
 SUBCOMMANDS = """\
 line magics:
   %sandbox status                     the server, its provider and policy, the current session
@@ -46,6 +48,8 @@ line magics:
   %sandbox pause NAME                 freeze every process of the session where it is (its TTL
                                       still runs; cells in it are refused until resume)
   %sandbox resume NAME                let a paused session run on from where it was
+  %sandbox fork NAME NEW              start NEW from NAME's state now (vm: memory and processes)
+                                      and make it current; the two then run on apart
   %sandbox put LOCAL [REMOTE]         upload a kernel-side file into the session's workspace
   %sandbox get REMOTE [LOCAL]         download a workspace file next to the kernel
   %sandbox connect URL [--token T]    talk to another Jupyter server's sandbox API
@@ -83,8 +87,8 @@ class LineSubcommands(NamedSessions):
             close = difflib.get_close_matches(name, SUBCOMMAND_NAMES, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise SandboxMagicError(
-                f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, pause, resume, put, get "
-                "or connect "
+                f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, pause, resume, fork, "
+                "put, get or connect "
                 "(or a %%sandbox cell); %sandbox? shows usage"
             )
         handler(rest)
@@ -246,6 +250,33 @@ class LineSubcommands(NamedSessions):
         info = self._run(change())
         print(f"session {args.name!r} is " + ("paused: `%sandbox resume` lets it run on" if info["paused"]
                                               else "running"))
+
+    def _do_fork(self, argv: list[str]) -> None:
+        args = parse(subparser("fork", ("name", {"metavar": "NAME"}), ("new", {"metavar": "NEW"})), argv)
+        with self._lock:
+            known = self._sessions.get(args.name)
+            if args.new in self._sessions:
+                raise SandboxMagicError(f"session {args.new!r} already exists: name the fork otherwise")
+        session_id = known.id if known is not None else args.name
+
+        async def fork() -> NamedSession:
+            client = await self._get_client()
+            try:
+                info = await client.fork(session_id)
+            except SandboxNotFoundError:
+                raise SandboxMagicError(
+                    f"no session named {args.name!r} in this kernel, nor a server session with that id"
+                ) from None
+            options = dict(known.options) if known is not None else {}
+            made = NamedSession(args.new, info["id"], options, info.get("workspace", ""), info.get("kind", ""),
+                                options.get("timeout"), image=info.get("image"))
+            with self._lock:
+                self._sessions[args.new] = made
+            return made
+
+        made = self._run(fork())
+        self._current = args.new
+        print(f"session {args.new!r} forked from {args.name!r} (id {made.id}); cells now run in it")
 
     def _do_put(self, argv: list[str]) -> None:
         parser = subparser("put", ("local", {"metavar": "LOCAL"}), ("remote", {"metavar": "REMOTE", "nargs": "?"}))

@@ -149,6 +149,12 @@ class RemoteSession(SandboxSession):
         self._info = session_info(await self._client.resume(self._id), self._env, self._sandbox.own_consumer)
         return self._info
 
+    forkable = True
+
+    async def fork(self) -> SandboxSession:
+        data = await self._client.fork(self._id)
+        return self._sandbox.session_class(self._sandbox, session_info(data, self._env, self._sandbox.own_consumer))
+
     # ---------------------------------------------------------------- exec
 
     async def start(self, request: ExecRequest) -> ExecHandle:
@@ -251,6 +257,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     networks = frozenset(NETWORK_ORDER)
     supports_limits = True
     pausable = True
+    forkable = True
     session_class: type[RemoteSession] = RemoteSession
 
     url = Unicode(
@@ -380,6 +387,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             raise SandboxUnavailableError(f"the remote reports an unknown isolation {isolation!r}")
         self.kind, self.max_isolation, self.networks, self.supports_limits = kind, isolation, networks, limits
         self.pausable = bool(status.get("pausable", True))  # an older remote says nothing: it decides
+        self.forkable = bool(status.get("forkable", True))
         principal = status.get("principal")
         #: who the token is to the remote (its sessions' owner)
         self.principal = principal if isinstance(principal, str) and principal else None

@@ -31,6 +31,7 @@ from ..contract import (
     SandboxSession,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
+    SandboxUnsupportedError,
     SessionInfo,
     SessionSpec,
     session_gone,
@@ -38,10 +39,11 @@ from ..contract import (
 from ..vm.guest import Guest, GuestBuildError, build_guest
 from ..vm.probe import TCG_NOTE, cached_probe, probe
 from ..vm.qemu import BOOT_TIMEOUT, QEMU, VmError, qemu_argv
-from ..vm.snapshot import Qmp, ensure_golden, qmp_args, restore, restore_args
+from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
 from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
 from ._provider_settings import DeploymentSettings, LimitSettings, rejected
+from ._vm_control import copy_argv, qmp, run_loaded, save
 from ._vm_machines import PORTS, Machines
 from .container import CommandRegistry
 from .container.sandbox import spec_from_labels
@@ -64,6 +66,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     networks = frozenset({"none"})
     supports_limits = True
     pausable = True
+    forkable = True
     min_cpu = 1.0
     min_memory_mb = 128
     limits_floor = "the vm provider"
@@ -127,6 +130,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             kind="vm", isolation="vm", open_agent=self._machines.open_agent, inspect=self._inspect,
             teardown=self._teardown, log=self.log, commands=CommandRegistry(), retime=self._retime,
             workspace=WORKSPACE, current_end=self._current_end, answer_within=2.0, set_paused=self._set_paused,
+            fork=self._fork,
         )
 
     # -------------------------------------------------------------- policy
@@ -202,12 +206,14 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                 image = await self._workspace_image(spec)
                 extra = ["-drive", f"file={image},if=none,id=ws,format=raw,discard=unmap",
                          "-device", "virtio-blk-device,drive=ws"]
-            self._machines.write(session_id, {"labels": labels, "env": dict(spec.env), "expires_at": expires})
             shape = {"accel": self.accel, "memory_mb": int(spec.memory_mb or self.default_memory_mb),
                      "cpus": int(spec.cpu or 1), "ports": PORTS}
+            record = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape}
+            self._machines.write(session_id, record)
             argv = qemu_argv(guest, folder, extra=extra, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
-            await self._start_guest(session_id, argv, golden, shape["memory_mb"])
+            if await self._start_guest(session_id, argv, golden, shape["memory_mb"]):
+                self._machines.write(session_id, {**record, "golden": str(golden)})  # a fork maps it too
             session = self._session(session_id, labels, spec.env, expires)
             await self._mount_workspace(session, spec)
         except BaseException:
@@ -228,16 +234,16 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             self.log.warning("sandbox-vm: no golden snapshot for %s, booting: %s", shape, e)
             return None
 
-    async def _start_guest(self, session_id: str, argv: list[str], golden: Path | None, memory_mb: int) -> None:
+    async def _start_guest(self, session_id: str, argv: list[str], golden: Path | None, memory_mb: int) -> bool:
         """Start the session's QEMU, restoring ``golden`` when given, and wait for its agent; a golden that does
-        not restore (a QEMU that changed under it) is dropped and the guest boots."""
+        not restore (a QEMU that changed under it) is dropped and the guest boots. Whether it was restored."""
         qmp = self._machines.folder(session_id) / "qmp.sock"
         if golden is not None:
             try:
                 await self._machines.start(session_id, argv + restore_args(golden, memory_mb, qmp))
                 await asyncio.wait_for(restore(golden, qmp), RESTORE_SECONDS)
                 await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()
-                return
+                return True
             except (SandboxError, VmError, OSError, asyncio.TimeoutError) as e:
                 self.log.warning("sandbox-vm: %s did not restore, dropping it and booting: %s", golden.name, e)
                 await self._machines.stop(session_id, keep_folder=True)
@@ -247,6 +253,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         await self._machines.start(session_id, argv + qmp_args(qmp))
         # the boot's wait: its connection ends at a frame boundary, so the session's own opens at once
         await (await self._machines.open_agent(session_id, timeout=self.boot_timeout_seconds, booting=True)).close()
+        return False
 
     async def _workspace_image(self, spec: SessionSpec) -> Any:
         key = str(spec.workspace_key)
@@ -336,22 +343,45 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         record = self._machines.read(session.id)
         if record is None or not self._machines.running(session.id):
             raise session_gone(session.id)
-        await self._qmp(session.id, "stop" if paused else "cont")
+        await qmp(self._machines.folder(session.id), "stop" if paused else "cont")
         record["paused"] = paused
         self._machines.write(session.id, record)
         if not paused:
             with contextlib.suppress(SandboxError):
                 await (await self._machines.open_agent(session.id, timeout=RESTORE_SECONDS)).close()
 
-    async def _qmp(self, session_id: str, command: str) -> None:
+    async def _fork(self, source: ContainerSession) -> ContainerSession:
+        """A new session of the source's owner and spec whose guest is a copy of the source's now (memory, every
+        process, the ephemeral workspace); made its own at its first handshake (clock, RNG seed)."""
+        if source.spec.durability == "persistent":
+            raise SandboxUnsupportedError(
+                "a persistent workspace has one live session at a time: fork an ephemeral session", operation="fork")
+        record = self._machines.read(source.id)
+        if record is None or "shape" not in record or not self._machines.running(source.id):
+            raise session_gone(source.id)
+        guest = await self._the_guest()
+        session_id = new_session_id()
+        now = time.time()
+        expires = now + source.spec.ttl_seconds
+        labels = session_labels(session_id, source.spec, now, expires, self.own_labels)
+        folder = self._machines.folder(session_id)
+        folder.mkdir(parents=True, mode=0o700)
+        state = folder / "fork.state"
         try:
-            control = await Qmp.connect(self._machines.folder(session_id) / "qmp.sock", timeout=5.0)
-        except VmError as e:
-            raise SandboxUnavailableError(f"session {session_id}'s QEMU does not answer: {e}") from None
-        try:
-            await asyncio.wait_for(control.command(command), 5.0)
+            self._machines.write(session_id, {**record, "labels": labels, "expires_at": expires, "paused": False})
+            await save(self._machines.folder(source.id), state)
+            await self._machines.start(session_id, copy_argv(guest, folder, record, state))
+            await run_loaded(self._machines, session_id)
+            await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()  # clock and seed
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._machines.stop(session_id)
+            raise
         finally:
-            control.close()
+            with contextlib.suppress(OSError):
+                state.unlink()
+        self.log.debug("sandbox-vm: forked %s from %s", session_id, source.id)
+        return self._site.remember(self._session(session_id, labels, dict(record.get("env") or {}), expires))
 
     async def _current_end(self, session_id: str) -> float | None:
         record = self._machines.read(session_id)
@@ -369,7 +399,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         if session.spec.durability == "persistent" and self._machines.running(session.id):
             if (self._machines.read(session.id) or {}).get("paused"):
                 with contextlib.suppress(SandboxError, VmError, OSError, asyncio.TimeoutError):
-                    await self._qmp(session.id, "cont")  # its flush needs it running
+                    await qmp(self._machines.folder(session.id), "cont")  # its flush needs it running
             # the guest's page cache goes with QEMU: what the workspace holds is written out first
             with contextlib.suppress(Exception):
                 client = await asyncio.wait_for(self._machines.open_agent(session.id, timeout=2.0), SYNC_SECONDS)

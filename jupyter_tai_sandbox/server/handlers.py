@@ -136,6 +136,20 @@ class SessionStateHandler(SandboxAPIHandler):
         self.write_json(info.to_json())
 
 
+class ForkHandler(SandboxAPIHandler):
+    """``POST .../fork``: a new session of the caller's, started from this one's state now."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, session_id: str) -> None:
+        caller = await self.caller()
+        source = await self.get_session(session_id, manage=True)
+        fork = await self.sessions.fork(source, caller)
+        self.touch()
+        self.set_header("Location", self.request.path.rsplit("/", 2)[0] + "/" + fork.id)
+        self.write_json((await fork.info()).to_json(), status=201)
+
+
 class ExecHandler(SandboxAPIHandler):
     """One-shot exec; the answer is streamed, so the output is held once (as the gate gave it).
 
@@ -402,6 +416,7 @@ rest_handlers = [
     (r"/api/sandbox/sessions", SessionsHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}", SessionHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/(?P<action>pause|resume)", SessionStateHandler),
+    (rf"/api/sandbox/sessions/{SESSION_ID}/fork", ForkHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/exec", ExecHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/execs", ExecsHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/execs/(?P<exec_id>[^/]+)", LiveExecHandler),

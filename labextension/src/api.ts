@@ -39,6 +39,8 @@ export interface IStatus {
   isolation_note?: string;
   /** its sessions can be paused and resumed */
   pausable?: boolean;
+  /** its sessions can be forked */
+  forkable?: boolean;
   networks?: Network[];
   supports_limits?: boolean;
   limits?: ILimits;
@@ -154,6 +156,11 @@ export class SandboxClient {
       { method: 'POST' },
       this.serverSettings
     );
+  }
+
+  /** A new session started from this one's state now (the new session's info). */
+  fork(id: string): Promise<ISessionInfo> {
+    return requestAPI<ISessionInfo>(`${this._session(id)}/fork`, { method: 'POST' }, this.serverSettings);
   }
 
   setTtl(id: string, ttlSeconds: number): Promise<ISessionInfo> {

@@ -19,6 +19,7 @@ export namespace CommandIDs {
   export const extendTtl = 'tai-sandbox:extend-ttl';
   export const pause = 'tai-sandbox:pause';
   export const resume = 'tai-sandbox:resume';
+  export const fork = 'tai-sandbox:fork';
   export const showPanel = 'tai-sandbox:show-panel';
 }
 
@@ -51,7 +52,7 @@ function addOnSessionCommand<T>(
   });
 }
 
-/** New, Destroy, Extend, Pause and Resume: the session actions of the sessions plugin. */
+/** New, Destroy, Extend, Pause, Resume and Fork: the session actions of the sessions plugin. */
 export function addSessionCommands(
   commands: CommandRegistry,
   sessions: ISandboxSessions,
@@ -91,12 +92,20 @@ export function addSessionCommands(
     none: false,
     run: id => sessions.setPaused(id, false)
   });
+  addOnSessionCommand(commands, sessions, CommandIDs.fork, {
+    label: 'Fork Sandbox Session',
+    caption: "Start a new sandbox session from a session's state now",
+    verb: 'fork',
+    none: null,
+    run: id => sessions.fork(id)
+  });
   addToPalette(palette, [
     CommandIDs.newSession,
     CommandIDs.destroy,
     CommandIDs.extendTtl,
     CommandIDs.pause,
-    CommandIDs.resume
+    CommandIDs.resume,
+    CommandIDs.fork
   ]);
 }
 

@@ -43,6 +43,8 @@ export namespace SandboxPanel {
     extendTtl(id: string): Promise<void>;
     /** Pause or resume the session; resolves once answered. */
     setPaused(id: string, paused: boolean): Promise<void>;
+    /** Fork the session; resolves once answered. */
+    fork(id: string): Promise<void>;
     /** Open a document of the server (the notebook a kernel serves). */
     openDocument(path: string): void;
   }
@@ -302,7 +304,14 @@ export class SandboxPanel extends SidePanel {
       });
     });
     pause.classList.add('jp-TaiSandbox-pause');
-    actions.append(terminal, files, pause, destroy);
+    const fork = button('Fork', FORK_TOOLTIP, () => {
+      fork.disabled = true;
+      void this._actions.fork(session.id).finally(() => {
+        fork.disabled = false;
+      });
+    });
+    fork.classList.add('jp-TaiSandbox-fork');
+    actions.append(terminal, files, pause, fork, destroy);
 
     item.append(id, kernelLine, details, usage, timeRow, actions);
     return item;
@@ -348,6 +357,7 @@ export class SandboxPanel extends SidePanel {
     );
     this._fillExtend(item.querySelector('.jp-TaiSandbox-extend') as HTMLButtonElement, session, state);
     this._fillPause(item.querySelector('.jp-TaiSandbox-pause') as HTMLButtonElement, session, state);
+    (item.querySelector('.jp-TaiSandbox-fork') as HTMLButtonElement).hidden = !state.status?.forkable;
     item.classList.toggle('jp-mod-paused', !!session.paused);
   }
 
@@ -424,6 +434,7 @@ const NEW_TOOLTIP = 'Create a sandbox session';
 const EXTEND_TOOLTIP = `Reap this session ${EXTEND_SECONDS / 60} minutes later`;
 const PAUSE_TOOLTIP = 'Freeze every process of this session where it is (its time still runs)';
 const RESUME_TOOLTIP = 'Let this paused session run on from where it was';
+const FORK_TOOLTIP = "Start a new session from this one's state now (the two then run on apart)";
 
 function timeLeftText(session: ISessionInfo, state: IPanelState): string {
   const left = secondsLeft(session, state.fetchedAt, Date.now());

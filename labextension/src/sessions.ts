@@ -260,6 +260,22 @@ export class SandboxSessions implements ISandboxSessions {
     }
   }
 
+  async fork(id: string): Promise<ISessionInfo | null> {
+    try {
+      const made = await this.client.fork(id);
+      this.clearError();
+      Notification.success(`Sandbox session ${made.id} forked from ${id}: the two now run on apart.`, {
+        autoClose: 3000
+      });
+      return made;
+    } catch (error) {
+      this.reportError(`Could not fork session ${id}:`, describeError(error));
+      return null;
+    } finally {
+      void this.model.refreshSoon();
+    }
+  }
+
   async extendTtl(id: string): Promise<boolean> {
     const info = await this.fetchSession(id, 'extend the session');
     if (!info) {

@@ -50,6 +50,8 @@ export interface ISandboxSessions {
   extendTtl(id: string): Promise<boolean>;
   /** Pause (freeze every process) or resume a session; a refusal is shown whole. */
   setPaused(id: string, paused: boolean): Promise<boolean>;
+  /** A new session from this one's state now (null when refused; the refusal is shown whole). */
+  fork(id: string): Promise<ISessionInfo | null>;
 }
 
 export const ISandboxSessions = new Token<ISandboxSessions>(

@@ -99,4 +99,6 @@ def test_extend_adds_to_the_ttl(kernel, server):
     assert "cannot pause a session" in run.error_line(), run.error_line()
     run = kernel.run("%sandbox pause nobody")
     assert "no session named 'nobody'" in run.error_line()
+    run = kernel.run("%sandbox fork longer copy")
+    assert "cannot fork a session" in run.error_line(), run.error_line()
     kernel.ok("%sandbox rm longer")

@@ -1,5 +1,6 @@
 """The panel on the vm provider, in a real browser against a live ``jupyter lab``: it says the guests are
-emulated, and a session's Pause button freezes it and Resume lets it run on (issue 28's panel door)."""
+emulated, a session's Pause button freezes it and Resume lets it run on, and Fork starts a copy (issue 28's
+panel door)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.support.vm import need_qemu
 pytestmark = [*BROWSER_MARKS, pytest.mark.slow(40)]
 
 
-def test_a_vm_session_is_paused_and_resumed_from_the_panel(lab_process: LabProcess, page: Any) -> None:
+def test_a_vm_session_is_paused_resumed_and_forked_from_the_panel(lab_process: LabProcess, page: Any) -> None:
     from playwright.sync_api import expect
 
     need_qemu()
@@ -47,6 +48,14 @@ def test_a_vm_session_is_paused_and_resumed_from_the_panel(lab_process: LabProce
         assert lab.api("GET", f"sessions/{info['id']}?usage=0")[1]["paused"] is False
         code, ran = lab.api("POST", f"sessions/{info['id']}/exec", {"argv": ["echo", "on"], "timeout_seconds": 30})
         assert code == 200 and ran["stdout"] == "on\n", ran
-        assert lab.api("DELETE", f"sessions/{info['id']}")[0] == 204
+
+        # Fork: a second session appears in the panel, started from the first one's state
+        item.locator(".jp-TaiSandbox-fork").click()
+        expect(panel.locator(".jp-TaiSandbox-session")).to_have_count(2, timeout=30_000)
+        sessions = lab.api("GET", "sessions")[1]["sessions"]
+        [fork] = [s for s in sessions if s["id"] != info["id"]]
+        shot(page, "vm-session-forked")
+        for session_id in (info["id"], fork["id"]):
+            assert lab.api("DELETE", f"sessions/{session_id}")[0] == 204
     finally:
         shutil.rmtree(state, ignore_errors=True)

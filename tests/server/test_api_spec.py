@@ -126,6 +126,8 @@ class TestErrorBodies:
         # 400 naming an operation the provider lacks (local cannot pause)
         body = await do(jp_fetch, "/sessions/{session_id}/{action}", "post", "sessions", sid, "pause", expect=400)
         assert (body["error"], body["operation"]) == ("SandboxUnsupportedError", "pause")
+        body = await do(jp_fetch, "/sessions/{session_id}/fork", "post", "sessions", sid, "fork", expect=400)
+        assert (body["error"], body["operation"]) == ("SandboxUnsupportedError", "fork")
         # 403: another consumer without admin write
         body = await do(jp_fetch, "/sessions", "post", "sessions", expect=403, body={"consumer": "someone-else"})
         assert body["error"] == "SandboxForbiddenError"

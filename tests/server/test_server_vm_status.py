@@ -1,4 +1,5 @@
-"""The status route of a server on the vm provider: it says plainly when its guests are emulated."""
+"""A server on the vm provider: its status says plainly when its guests are emulated; sessions, exec and fork
+over REST."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.support.vm import need_qemu
 def jp_server_config(tmp_path):
     need_qemu()
     state = tempfile.mkdtemp(prefix="tai-vms-", dir="/tmp")
-    yield server_config("vm", tmp_path / "sandboxes", VmSandbox={"accel": "tcg", "state_dir": state})
+    yield server_config("vm", tmp_path / "sandboxes", VmSandbox={"accel": "tcg", "state_dir": state},
+                        SandboxPolicy={"isolation": "none", "max_sessions_per_user": 2})
     shutil.rmtree(state, ignore_errors=True)
 
 
@@ -41,3 +43,21 @@ async def test_a_vm_session_over_rest_runs_commands_and_files_and_is_deleted(jp_
     assert status == 204
     status, body = await call(jp_fetch, "sessions", sid)
     assert status == 404 and body["error"] == "SandboxNotFoundError"
+
+
+async def test_a_fork_over_rest_is_a_new_session_of_the_owner_within_the_quota(jp_fetch, jp_serverapp):
+    status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 300, "network": "none"})
+    assert status == 201, info
+    sid = info["id"]
+    status, _ = await call(jp_fetch, "sessions", sid, "files", "note.txt", method="PUT", raw=b"from the source")
+    assert status == 201
+    status, fork = await call(jp_fetch, "sessions", sid, "fork", method="POST")
+    assert status == 201 and fork["id"] != sid and fork["owner"] == info["owner"], fork
+    assert (fork["network"], fork["spec"]["ttl_seconds"]) == ("none", 300)
+    status, body = await call(jp_fetch, "sessions", fork["id"], "files", "note.txt")
+    assert (status, body) == (200, b"from the source")
+    # the owner's quota (2 here) counts the fork like a create: a third session is refused
+    status, refused = await call(jp_fetch, "sessions", sid, "fork", method="POST")
+    assert status == 429 and refused["error"] == "SandboxQuotaError", refused
+    for session_id in (sid, fork["id"]):
+        assert (await call(jp_fetch, "sessions", session_id, method="DELETE"))[0] == 204

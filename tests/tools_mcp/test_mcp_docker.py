@@ -41,6 +41,8 @@ async def test_a_docker_session_over_mcp(jp_serverapp, http_server, jp_http_port
             refused = refusal(await client.call_tool("session_exec", {"session_id": sid, "argv": ["true"]}))
             assert refused["error"] == "SandboxConflictError" and "paused" in refused["message"]
             assert data(await client.call_tool("session_resume", {"session_id": sid}))["paused"] is False
+            unsupported = refusal(await client.call_tool("session_fork", {"session_id": sid}))  # not on docker yet
+            assert (unsupported["error"], unsupported["operation"]) == ("SandboxUnsupportedError", "fork")
             ran = data(await client.call_tool("session_exec", {"session_id": sid, "argv": ["cat", "in.txt"]}))
             assert ran["stdout"] == "inside\n"
         finally:

@@ -28,7 +28,7 @@ from tests.support.server import sandbox_app, server_config
 SESSION_TOOLS = {
     "session_create", "session_exec", "session_exec_start", "session_exec_poll", "session_exec_kill",
     "session_read_file", "session_write_file", "session_list_files", "session_destroy", "session_status",
-    "session_pause", "session_resume",
+    "session_pause", "session_resume", "session_fork",
 }
 
 

@@ -121,6 +121,8 @@ class ContainerSite:
     set_paused: Callable[[ContainerSession, bool], Awaitable[None]] | None = None
     #: the containers known paused here (by this server, or as the engine or a record said when found)
     paused: set[str] = field(default_factory=set)
+    #: a new session started from a session's state now; None: the provider cannot
+    fork: Callable[[ContainerSession], Awaitable[ContainerSession]] | None = None
 
     def known(self, container_id: str, session_id: str) -> KnownContainer:
         """The container's record, made on first use (its channel made again once closed)."""
@@ -543,6 +545,16 @@ class ContainerSession(SandboxSession):
         else:
             self._site.paused.discard(self._container)
         return self._info()
+
+    @property
+    def forkable(self) -> bool:  # type: ignore[override]
+        return self._site.fork is not None
+
+    async def fork(self) -> SandboxSession:
+        self._check_live()
+        if self._site.fork is None:
+            return await super().fork()
+        return await self._site.fork(self)
 
     async def destroy(self, remove_workspace: bool = False) -> None:
         if self._destroyed:

@@ -35,6 +35,9 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
         setPaused: async (id, paused) => {
           await commands.execute(paused ? CommandIDs.pause : CommandIDs.resume, { id });
         },
+        fork: async id => {
+          await commands.execute(CommandIDs.fork, { id });
+        },
         openDocument: path => void commands.execute('docmanager:open', { path })
       }
     });

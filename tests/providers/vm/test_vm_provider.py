@@ -283,3 +283,43 @@ def test_a_paused_session_survives_a_server_restart_and_its_count_goes_on_where_
         await second.close()
 
     asyncio.run(main())
+
+
+def test_a_fork_starts_from_the_sources_state_and_the_two_diverge(state_dir):
+    """fork copies the guest now: the workspace's files and a running counter are in both; afterwards what one
+    writes the other never sees, both counters go on, and the copy has its own clock and RNG."""
+
+    async def main():
+        sandbox = provider(state_dir)
+        source = await sandbox.create(SessionSpec(ttl_seconds=600, **NONE))
+        forked = None
+        try:
+            await source.put_file("before.txt", b"shared past")
+            await source.start(ExecRequest(
+                argv=["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > n.tmp; mv n.tmp n; sleep 0.05; done"],
+                timeout_seconds=120))
+            await asyncio.sleep(0.5)
+            forked = await source.fork()
+            assert forked.id != source.id and source.forkable
+            info = await forked.info()
+            assert (info.spec.network, info.spec.ttl_seconds, info.paused) == ("none", 600, False)
+            assert await forked.get_file("before.txt") == b"shared past"
+            await source.put_file("after.txt", b"source only")
+            await forked.put_file("after.txt", b"fork only")
+            assert await source.get_file("after.txt") == b"source only"
+            assert await forked.get_file("after.txt") == b"fork only"
+            counts = [int(await s.get_file("n")) for s in (source, forked)]
+            await asyncio.sleep(0.5)
+            for session, before in zip((source, forked), counts, strict=True):  # both run on
+                assert int(await session.get_file("n")) > before
+            script = "date +%s; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
+            outs = [(await stdout_of(s, "sh", "-c", script)).split() for s in (source, forked)]
+            assert abs(int(outs[1][0]) - time.time()) < 5 and outs[0][1] != outs[1][1]
+            assert sorted(i.id for i in await sandbox.list()) == sorted([source.id, forked.id])
+        finally:
+            if forked is not None:
+                await forked.destroy()
+            await source.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
