@@ -73,7 +73,7 @@ def copy_argv(guest: Guest, folder: Path, record: dict[str, Any], state: Path) -
     """The command line of a VM that loads ``state``, saved from the session ``record`` describes: the same
     machine, its memory on the same golden file when the source's was."""
     shape = record["shape"]
-    argv = qemu_argv(guest, folder, **shape)
+    argv = qemu_argv(guest, folder, console=False, **shape)
     if record.get("golden"):
         argv += memory_args(Path(record["golden"]).with_suffix(".ram"), shape["memory_mb"], shared=False)
     return [*argv, *qmp_args(folder / "qmp.sock"), "-incoming", f"exec:cat {state}"]

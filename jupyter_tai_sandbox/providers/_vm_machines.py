@@ -4,7 +4,8 @@
 
     <state_dir>/<deployment tag>/
         sessions/<session id>/    session.json (the record: labels, env, end), qemu.pid, agent*.sock (the
-                                  host side of the agent's ports), agent*.lock, console.log, qemu.log
+                                  host side of the agent's ports), agent*.lock, qemu.log (no console: a
+                                  session's guest console goes nowhere)
         workspaces/<hash>.img     a persistent workspace (an ext4 disk image), <hash>.json its key and owner
 
 QEMU runs as a daemon of its own, so a session outlives the server that made it; any server of the

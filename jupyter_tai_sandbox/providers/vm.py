@@ -208,14 +208,15 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                          "-device", "virtio-blk-device,drive=ws"]
             shape = {"accel": self.accel, "memory_mb": int(spec.memory_mb or self.default_memory_mb),
                      "cpus": int(spec.cpu or 1), "ports": PORTS}
-            record = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape}
-            self._machines.write(session_id, record)
-            argv = qemu_argv(guest, folder, extra=extra, **shape)
+            record: dict[str, Any] = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape}
+            self._machines.write(session_id, {**record, "starting": True})  # the reaper leaves it be meanwhile
+            argv = qemu_argv(guest, folder, extra=extra, console=False, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
             if await self._start_guest(session_id, argv, golden, shape["memory_mb"]):
-                self._machines.write(session_id, {**record, "golden": str(golden)})  # a fork maps it too
+                record["golden"] = str(golden)  # a fork maps it too
             session = self._session(session_id, labels, spec.env, expires)
             await self._mount_workspace(session, spec)
+            self._machines.write(session_id, record)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._machines.stop(session_id)
@@ -245,6 +246,8 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                 await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()
                 return True
             except (SandboxError, VmError, OSError, asyncio.TimeoutError) as e:
+                if not self._machines.folder(session_id).is_dir():
+                    raise session_gone(session_id) from None  # destroyed meanwhile: not the golden's fault
                 self.log.warning("sandbox-vm: %s did not restore, dropping it and booting: %s", golden.name, e)
                 await self._machines.stop(session_id, keep_folder=True)
                 for suffix in (".state", ".ram"):
@@ -316,11 +319,14 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         reaped = []
         for session_id in self._machines.ids():
             session = self._found(session_id)
+            made = self._machines.made_at(session_id)
+            being_made = made is not None and now - made < 2 * self.boot_timeout_seconds
             if session is None:
-                made = self._machines.made_at(session_id)
-                if made is not None and now - made > 2 * self.boot_timeout_seconds and not self._machines.running(session_id):
+                if not being_made and not self._machines.running(session_id):
                     await self._machines.stop(session_id)  # a create that died before its record
                 continue
+            if being_made and (self._machines.read(session_id) or {}).get("starting"):
+                continue  # a create or fork under way (here or on another server): its QEMU may not run yet
             if session.expires_at <= now or not self._machines.running(session_id):
                 with contextlib.suppress(SandboxNotFoundError):
                     await session.destroy(remove_workspace=False)
@@ -368,11 +374,13 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         folder.mkdir(parents=True, mode=0o700)
         state = folder / "fork.state"
         try:
-            self._machines.write(session_id, {**record, "labels": labels, "expires_at": expires, "paused": False})
+            copy = {**record, "labels": labels, "expires_at": expires, "paused": False}
+            self._machines.write(session_id, {**copy, "starting": True})
             await save(self._machines.folder(source.id), state)
             await self._machines.start(session_id, copy_argv(guest, folder, record, state))
             await run_loaded(self._machines, session_id)
             await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()  # clock and seed
+            self._machines.write(session_id, copy)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._machines.stop(session_id)

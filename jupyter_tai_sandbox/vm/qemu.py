@@ -86,9 +86,11 @@ def port_socket(workdir: Path, index: int = 0) -> Path:
 
 
 def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: int = 1, qemu: str = QEMU,
-              verbose: bool = False, ports: int = 1, extra: list[str] | None = None) -> list[str]:
+              verbose: bool = False, ports: int = 1, extra: list[str] | None = None, console: bool = True) -> list[str]:
     """QEMU's command line. ``ports``: how many agent ports the guest gets (each takes one host connection at
-    a time); ``extra``: more of QEMU's options (disks, a network)."""
+    a time); ``extra``: more of QEMU's options (disks, a network); ``console``: the guest's serial console to
+    ``console.log`` (a boot's diagnosis), else nowhere: a session's guest runs code of anyone's, which could
+    write the console without end, so a session's console goes nowhere."""
     cmdline = guest.cmdline
     if ports > 1:
         cmdline = f"{cmdline} {ports}"
@@ -102,7 +104,7 @@ def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: 
         qemu, "-M", MACHINE, "-accel", accel, "-cpu", "max", "-smp", str(cpus), "-m", str(memory_mb),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-kernel", str(guest.kernel), "-initrd", str(guest.initrd), "-append", cmdline,
-        "-serial", f"file:{workdir / 'console.log'}",
+        "-serial", f"file:{workdir / 'console.log'}" if console else "null",
         "-device", "virtio-serial-device",
         *[arg for i in range(ports) for arg in (
             "-chardev", f"socket,id=tai{i},path={port_socket(workdir, i)},server=on,wait=off",

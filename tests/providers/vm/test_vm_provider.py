@@ -119,6 +119,10 @@ def test_a_session_gets_the_vcpus_and_memory_its_spec_asks_for_and_no_more(state
             total_kib = int((await stdout_of(session, "sh", "-c", "grep MemTotal /proc/meminfo")).split()[1])
             assert 100 * 1024 < total_kib <= 192 * 1024
             assert (await session.info()).spec.memory_mb == 192
+            # the guest's console goes nowhere on the host: session code cannot fill the host's disk through it
+            await stdout_of(session, "sh", "-c", "head -c 300000 /dev/zero > /dev/console")
+            folder = sandbox._machines.folder(session.id)
+            assert sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) < 50_000
         finally:
             await session.destroy()
             await sandbox.close()
@@ -321,5 +325,39 @@ def test_a_fork_starts_from_the_sources_state_and_the_two_diverge(state_dir):
                 await forked.destroy()
             await source.destroy()
             await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_a_reaper_running_beside_creates_and_forks_takes_none_of_them(state_dir):
+    """Another server's reaper, passing every 20 ms, meets sessions whose QEMU does not run yet (a create, a
+    cold boot, a fork under way): it leaves them be."""
+
+    async def main():
+        sandbox, other_server = provider(state_dir), provider(state_dir)
+        done = asyncio.Event()
+        reaped: list[str] = []
+
+        async def reaping() -> None:
+            while not done.is_set():
+                reaped.extend(await other_server.reap())
+                await asyncio.sleep(0.02)
+
+        reaper = asyncio.ensure_future(reaping())
+        sessions = []
+        try:
+            sessions.append(await sandbox.create(SessionSpec(**NONE)))
+            sessions.append(await sandbox.create(SessionSpec(durability="persistent", workspace_key="not-reaped",
+                                                             **NONE)))  # a cold boot: seconds without a guest
+            sessions.append(await sessions[0].fork())
+            for session in sessions:
+                assert (await session.exec(["true"], timeout_seconds=30)).exit_code == 0
+        finally:
+            done.set()
+            await reaper
+            for session in sessions:
+                await session.destroy(remove_workspace=True)
+            await sandbox.close()
+        assert reaped == []
 
     asyncio.run(main())
