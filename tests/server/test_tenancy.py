@@ -53,6 +53,9 @@ async def test_another_users_session_answers_404_on_every_route(jp_fetch, jp_ws_
         ("POST", ("exec",), exec_body),
         ("GET", ("files", ""), None),
         ("PUT", ("files", "planted.txt"), None),
+        ("POST", ("pause",), None),
+        ("POST", ("resume",), None),
+        ("POST", ("fork",), None),
         ("DELETE", (), None),
     ):
         status, answer = await call(jp_fetch, "sessions", sid, *parts, method=method, body=body,
