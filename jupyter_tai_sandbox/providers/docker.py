@@ -421,10 +421,7 @@ class DockerSandbox(ContainerSandbox):
         self.log.debug("sandbox-docker: destroyed %s", session.id)
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.kill() for c in self._agent_site.commands.all()), return_exceptions=True)
-        channels = [known.channel for known in self._agent_site.containers.values()]
-        self._agent_site.containers.clear()
-        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+        await self._agent_site.close()
         await self._pool.close()
         if self._engine.connected:
             await self._pool_networks.close()

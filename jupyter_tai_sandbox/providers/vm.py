@@ -156,8 +156,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     async def check_available(self) -> None:
         """QEMU is there, and with accel 'kvm' the probe has not found KVM failing here (status stays fast: a
         probe not yet run is started for the next ask, not waited for)."""
-        if shutil.which(QEMU) is None:
-            raise SandboxUnavailableError(f"{QEMU} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
+        _need_qemu()
         if self.accel == "kvm" and not self._accel_checked:
             found = await cached_probe()
             if found is None:
@@ -189,8 +188,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
 
     async def create(self, spec: SessionSpec) -> SandboxSession:
         spec = await self._prepared(spec)
-        if shutil.which(QEMU) is None:
-            raise SandboxUnavailableError(f"{QEMU} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
+        _need_qemu()
         if self.accel == "kvm":
             await self._kvm_works()
         guest = await self._the_guest()
@@ -199,7 +197,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         expires = now + spec.ttl_seconds
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
         folder = self._machines.folder(session_id)
-        folder.mkdir(parents=True, mode=0o700)
+        self._make_folder(folder)
         try:
             extra: list[str] = []
             if spec.durability == "persistent":
@@ -223,6 +221,12 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             raise
         self.log.debug("sandbox-vm: created %s (%s)", session_id, self.accel)
         return self._site.remember(session)
+
+    def _make_folder(self, folder: Path) -> None:
+        try:
+            folder.mkdir(parents=True, mode=0o700)
+        except OSError as e:
+            raise SandboxUnavailableError(f"VmSandbox.state_dir cannot hold a session's folder: {e}") from None
 
     async def _golden(self, guest: Guest, shape: dict[str, Any]) -> Path | None:
         """The golden snapshot of ``shape`` (made now if need be); None when snapshots are off or it cannot be
@@ -371,7 +375,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         expires = now + source.spec.ttl_seconds
         labels = session_labels(session_id, source.spec, now, expires, self.own_labels)
         folder = self._machines.folder(session_id)
-        folder.mkdir(parents=True, mode=0o700)
+        self._make_folder(folder)
         state = folder / "fork.state"
         try:
             copy = {**record, "labels": labels, "expires_at": expires, "paused": False}
@@ -422,10 +426,12 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         self.log.debug("sandbox-vm: destroyed %s", session.id)
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.kill() for c in self._site.commands.all()), return_exceptions=True)
-        channels = [known.channel for known in self._site.containers.values()]
-        self._site.containers.clear()
-        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+        await self._site.close()
+
+
+def _need_qemu() -> None:
+    if shutil.which(QEMU) is None:
+        raise SandboxUnavailableError(f"{QEMU} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
 
 
 def _state(record: dict[str, Any], *, running: bool) -> dict[str, Any]:

@@ -182,6 +182,14 @@ class ContainerSite:
         if self.container_env is not None and known.env is None:
             known.env = dict(await self.container_env(container_id))
 
+    async def close(self) -> None:
+        """The server goes: its commands here are killed and every agent connection closed (the containers and
+        what else they run stay)."""
+        await asyncio.gather(*(c.kill() for c in self.commands.all()), return_exceptions=True)
+        channels = [known.channel for known in self.containers.values()]
+        self.containers.clear()
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
     def forget(self, container_id: str) -> None:
         """The container is gone: close its channel."""
         known = self.containers.pop(container_id, None)
