@@ -15,6 +15,7 @@ from .execution import ExecChecks
 from .held import HeldCommandChecks
 from .scale import ScaleChecks
 from .sessions import LifecycleChecks, WorkspaceChecks
+from .snapshots import SnapshotChecks
 from .terminals import PtyChecks
 
 
@@ -27,6 +28,7 @@ class ConformanceSuite(
     StopChecks,
     ScaleChecks,
     HeldCommandChecks,
+    SnapshotChecks,
 ):
     """The checks, run one after another; each failure is recorded, not raised."""
 

@@ -112,7 +112,8 @@ class AgentVolumes:
 
 def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *, answer_within: float,
                current_end: Callable[[str], Awaitable[float | None]] | None = None,
-               set_paused: Callable[[Any, bool], Awaitable[None]] | None = None) -> ContainerSite:
+               set_paused: Callable[[Any, bool], Awaitable[None]] | None = None,
+               fork: Callable[[Any], Awaitable[Any]] | None = None) -> ContainerSite:
     """The container site of ``provider``'s agent sessions on ``engine`` (docker's one engine, a swarm node's)."""
 
     async def container_env(container_id: str) -> dict[str, str]:
@@ -137,6 +138,7 @@ def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *
         answer_within=answer_within,
         current_end=current_end,
         set_paused=set_paused,
+        fork=fork,
     )
 
 

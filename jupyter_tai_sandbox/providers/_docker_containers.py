@@ -76,11 +76,12 @@ class ContainerStarts:
 
     async def start(
         self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str],
-        network: str | None = None, *, user: str | None = None,
+        network: str | None = None, *, user: str | None = None, image: str | None = None,
     ) -> str:
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections.
-        ``user``: the session's user (None: the provider's, else the image's)."""
-        image = self._sandbox._image_of(spec)
+        ``user``: the session's user (None: the provider's, else the image's); ``image``: another than the
+        spec's (a fork's)."""
+        image = image or self._sandbox._image_of(spec)
         try:
             if user is None:
                 user = await self.session_user(image)

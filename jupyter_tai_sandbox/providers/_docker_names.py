@@ -45,6 +45,8 @@ LABEL_RECORD = f"{LABEL}.record"
 LABEL_DEPLOYMENT = f"{LABEL}.deployment"
 #: on a TTL record volume: the id of the session whose end it moves (see DockerSandbox.set_expiry)
 LABEL_TTL = f"{LABEL}.ttl"
+#: on a fork's image (and so on its container): the id of the fork session it belongs to (see _docker_forks)
+LABEL_FORK = f"{LABEL}.fork"
 RECORD_PREFIX = "tai-rec-"
 TTL_PREFIX = "tai-ttl-"
 VOLUME_PREFIX = "tai-sbx-"

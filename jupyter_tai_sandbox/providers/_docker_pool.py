@@ -273,8 +273,10 @@ class WarmPool:
         return await self._engine.volumes(LABEL_RECORD)
 
     async def containers(self) -> list[dict[str, Any]]:
-        """Every pooled container on the engine, claimed or not."""
-        return await self._engine.containers(LABEL_POOL, what="list pooled containers")
+        """Every pooled container on the engine, claimed or not (a fork of a pooled session runs an image
+        committed from its container, whose labels it inherits: a session label says it is no pooled one)."""
+        found = await self._engine.containers(LABEL_POOL, what="list pooled containers")
+        return [c for c in found if LABEL_SESSION not in (c.get("Labels") or {})]
 
     @staticmethod
     def from_record(volume: Mapping[str, Any], env: Mapping[str, str]) -> PooledSession:

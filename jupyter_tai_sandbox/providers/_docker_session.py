@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
-from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, LABEL_USER, WORKSPACE
+from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_FORK, LABEL_SESSION, LABEL_USER, WORKSPACE
 from .container import ContainerSession
 from .container.sandbox import spec_from_labels
 from .docker_engine import DockerEngine
@@ -71,9 +71,11 @@ class DockerSession(ContainerSession):
     the engine's resource figures and a pooled session's record."""
 
     def __init__(self, *args: Any, engine: DockerEngine, record: str | None = None,
-                 extra_env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+                 extra_env: Mapping[str, str] | None = None, own_image: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._engine = engine
+        #: whether the session's container runs an image committed for it (a fork's, see _docker_forks)
+        self.own_image = own_image
         #: the record volume of a session started in a pooled container (None otherwise)
         self._record = record
         #: environment given to every command (a pooled container was started without the spec's env)
@@ -110,4 +112,5 @@ def session_of(site: Any, engine: DockerEngine, container_id: str, labels: Mappi
     known = None if pooled or env is None else dict(item.split("=", 1) for item in env if "=" in item)
     return DockerSession(site, container_id, labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]),
                          float(labels[LABEL_EXPIRES]), env=known, engine=engine, record=record,
-                         extra_env=spec.env if pooled else None, user=labels.get(LABEL_USER, ""))
+                         extra_env=spec.env if pooled else None, user=labels.get(LABEL_USER, ""),
+                         own_image=labels.get(LABEL_FORK) == labels[LABEL_SESSION])

@@ -11,6 +11,7 @@ The provider is split along its seams (no module imports one above it):
 ``_docker_disk``          the disk ceiling: tmpfs workspace and scratch
 ``_docker_session``       :class:`DockerSession`, the container base's session plus the engine's figures
 ``_docker_ttl``           a session's moved end, as a record volume (labels cannot change)
+``_docker_forks``         a fork's frozen source, its committed image, and those images' removal
 ``_docker_pool``          :class:`WarmPool`, pre-started containers and their session records
 ``_docker_pool_networks`` where pooled containers wait, and a claim's move to the owner's network
 ``_docker_names``         labels, prefixes and paths on the engine
@@ -32,6 +33,7 @@ from ..contract import (
     SandboxError,
     SandboxNotFoundError,
     SandboxSession,
+    SandboxUnsupportedError,
     SessionInfo,
     SessionSpec,
     session_gone,
@@ -41,6 +43,7 @@ from ._docker_agent import (
     agent_site,
 )
 from ._docker_containers import ContainerStarts
+from ._docker_forks import ForkImages
 from ._docker_names import (
     LABEL,
     LABEL_CONSUMER,
@@ -113,6 +116,7 @@ class DockerSandbox(ContainerSandbox):
     networks = frozenset({"egress", "internal", "none"})
     supports_limits = True
     pausable = True
+    forkable = True
 
     egress_network = Unicode(
         "tai-sbx-egress",
@@ -166,7 +170,8 @@ class DockerSandbox(ContainerSandbox):
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
         self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds,
-                                      current_end=self._current_end, set_paused=self._set_paused)
+                                      current_end=self._current_end, set_paused=self._set_paused, fork=self._fork)
+        self._forks = ForkImages(self._engine, self.own_labels, self._agent_site.paused)
         self._starts = ContainerStarts(self, self._engine)
         self._pool = WarmPool(
             self._engine,
@@ -250,8 +255,10 @@ class DockerSandbox(ContainerSandbox):
         return self._agent_site.remember(await user_checked(await self._create(spec, session_id, labels, now, expires, pooled)))
 
     async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
-                      expires: float, pooled: Ready | None) -> DockerSession:
-        """The session's container: ``pooled`` (taken from the warm pool) when its claim works, else a new one."""
+                      expires: float, pooled: Ready | None, image: str | None = None,
+                      own_image: bool = False) -> DockerSession:
+        """The session's container: ``pooled`` (taken from the warm pool) when its claim works, else a new one
+        (of ``image``: a fork's, committed for it when ``own_image``; else the spec's)."""
         if pooled is not None:
             record = await self._pool_networks.claim(pooled, labels, spec.env, str(self._network_of(spec)))
             if record is not None:
@@ -266,16 +273,39 @@ class DockerSandbox(ContainerSandbox):
             async with self._networks.hold(network):
                 await self._bridges.ensure(network, spec.network)
                 try:
-                    container_id = await self._starts.start(spec, *names, network, user=labels.get(LABEL_USER, ""))
+                    container_id = await self._starts.start(spec, *names, network, user=labels.get(LABEL_USER, ""),
+                                                            image=image)
                 except BaseException:
                     with contextlib.suppress(SandboxError):
                         await self._bridges.drop(network)
                     raise
         else:
-            container_id = await self._starts.start(spec, *names, user=labels.get(LABEL_USER, ""))
+            container_id = await self._starts.start(spec, *names, user=labels.get(LABEL_USER, ""), image=image)
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
         return DockerSession(self._agent_site, container_id, session_id, spec, now, expires, engine=self._engine,
-                             user=labels.get(LABEL_USER, ""))
+                             user=labels.get(LABEL_USER, ""), own_image=own_image)
+
+    async def _fork(self, source: DockerSession) -> DockerSession:  # type: ignore[override]
+        """A new session of the source's owner and spec holding its files now (see _docker_forks: the workspace,
+        and the root filesystem's changes where it is writable; not /tmp, memory or processes)."""
+        spec = source.spec
+        if spec.durability == "persistent":
+            raise SandboxUnsupportedError(
+                "a persistent workspace has one live session at a time: fork an ephemeral session", operation="fork")
+        session_id = new_session_id()
+        now = time.time()
+        expires = now + spec.ttl_seconds
+        labels = self._new_labels(session_id, spec, now, expires, source.user)
+        async with self._forks.frozen(source.container_id, session_id) as (image, committed):
+            session = await self._create(spec, session_id, labels, now, expires, None, image=image, own_image=committed)
+            try:
+                await self._engine.copy_folder(source.container_id, session.container_id, WORKSPACE)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self._teardown(session, False)
+                raise
+        self.log.debug("sandbox-docker: forked %s from %s", session_id, source.id)
+        return self._agent_site.remember(await user_checked(session))
 
     def _session_from(self, container_id: str, labels: Mapping[str, str], env: Sequence[str] | None, *,
                       record: str | None = None, pooled: bool = False) -> DockerSession:
@@ -386,6 +416,7 @@ class DockerSandbox(ContainerSandbox):
             str((found.get("Labels") or {}).get(LABEL_SESSION)) for found in [*summaries, *pooled_records]
         } - set(reaped)
         await self._ttls.drop_strays(records, live, now)
+        await self._forks.reap(live, now)
         await self._bridges.reclaim(summaries, now)
         await self._starts.agent_volumes.reap()
         if reaped:
@@ -411,6 +442,8 @@ class DockerSandbox(ContainerSandbox):
         self._pool.forget(session.id)
         spec = session.spec
         await self._engine.remove_container(session.container_id, volume=session.record)
+        if session.own_image:
+            await self._forks.drop(session.id)
         await self._ttls.drop(session.id)
         network = self._network_of(spec)
         if network is not None and not self._pool.wants(network):  # else the owner's spare waits on it

@@ -13,6 +13,8 @@ It is one class composed of mixins, one module a family of calls (no module impo
 ``_docker_engine_networks``  :class:`EngineNetworks`: networks
 ``_docker_engine_execs``     :class:`EngineExecs`: execs, the session agent's connection, the path stat,
                              small archives in and out
+``_docker_engine_images``    :class:`EngineImages`: a container committed, the deployment's images, a
+                             folder copied between containers (a fork's)
 ``docker_engine``            :class:`DockerEngine`: those composed, with the calls on containers
                              (create-and-start, list, stats, rename, remove) (this module)
 
@@ -40,12 +42,13 @@ from ._docker_engine_calls import (
     readable,
 )
 from ._docker_engine_execs import READ_FILE_LIMIT, RUN_OUTPUT_LIMIT, EngineExecs
+from ._docker_engine_images import EngineImages
 from ._docker_engine_networks import LEAVING_WAIT_SECONDS, EngineNetworks
 from ._docker_engine_volumes import EngineVolumes
 from ._docker_stream import EngineRefusal
 
 
-class DockerEngine(EngineExecs, EngineNetworks, EngineVolumes):
+class DockerEngine(EngineExecs, EngineImages, EngineNetworks, EngineVolumes):
     """One Docker engine, reached at ``base_url``; every method is a coroutine unless noted."""
 
     # ---------------------------------------------------------- containers
@@ -133,7 +136,8 @@ class DockerEngine(EngineExecs, EngineNetworks, EngineVolumes):
             try:
                 (self._client.api.pause if paused else self._client.api.unpause)(container_id)
             except docker.errors.APIError as e:
-                if e.status_code != 409:  # "is already paused", "is not paused"
+                # "is already paused" (409), "is not paused" (409 on newer engines, 500 on 20.10)
+                if e.status_code != 409 and "is not paused" not in str(e.explanation or ""):
                     raise
 
         await self._call("pause a container" if paused else "resume a container", change)

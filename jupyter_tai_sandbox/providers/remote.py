@@ -138,8 +138,11 @@ class RemoteSession(SandboxSession):
         self._info = session_info(await self._client.extend(self._id, ttl), self._env, self._sandbox.own_consumer)
         return self._info
 
-    #: the remote's own provider decides (it answers SandboxUnsupportedError where it cannot)
-    pausable = True
+    @property
+    def pausable(self) -> bool:  # type: ignore[override]
+        """As the remote's status says (an older remote says nothing: it decides, answering
+        SandboxUnsupportedError where it cannot)."""
+        return self._sandbox.pausable
 
     async def pause(self) -> SessionInfo:
         self._info = session_info(await self._client.pause(self._id), self._env, self._sandbox.own_consumer)
@@ -149,7 +152,9 @@ class RemoteSession(SandboxSession):
         self._info = session_info(await self._client.resume(self._id), self._env, self._sandbox.own_consumer)
         return self._info
 
-    forkable = True
+    @property
+    def forkable(self) -> bool:  # type: ignore[override]
+        return self._sandbox.forkable
 
     async def fork(self) -> SandboxSession:
         data = await self._client.fork(self._id)

@@ -67,6 +67,7 @@ def leftovers(client) -> list[str]:
     mine = {"label": f"{key}={value}"}
     found = [f"container {c.name}" for c in client.containers.list(all=True, filters=mine)]
     found += [f"volume {v.name}" for v in client.volumes.list(filters=mine)]
+    found += [f"image {', '.join(i.tags) or i.id}" for i in client.images.list(filters=mine)]
     ours = {"label": f"{LABEL}.deployment={os.environ['TAI_SANDBOX_DEPLOYMENT']}"}
     for network in client.networks.list(filters=ours):
         network.reload()
@@ -76,8 +77,9 @@ def leftovers(client) -> list[str]:
 
 
 def run_leftovers(client) -> list[str]:
-    """What any part of this whole run (every worker, the serial group) left on the engine: containers and
-    volumes with its run label, and containers, volumes and networks of its deployments. Empty at the end."""
+    """What any part of this whole run (every worker, the serial group) left on the engine: containers,
+    volumes and images (forks') with its run label, and containers, volumes, images and networks of its
+    deployments. Empty at the end."""
     key = f"{LABEL}.test-run"
     deployment = f"{LABEL}.deployment"
 
@@ -91,6 +93,8 @@ def run_leftovers(client) -> list[str]:
     found = [f"container {c['Names'][0].lstrip('/')}" for c in containers.values() if ours(c.get("Labels"))]
     volumes = {v.name: v for flt in (key, deployment) for v in client.volumes.list(filters={"label": flt})}
     found += [f"volume {name}" for name, v in volumes.items() if ours(v.attrs.get("Labels"))]
+    images = {i.id: i for flt in (key, deployment) for i in client.images.list(filters={"label": flt})}
+    found += [f"image {', '.join(i.tags) or i.id}" for i in images.values() if ours(i.labels)]
     for network in client.networks.list(filters={"label": deployment}):
         labels = network.attrs.get("Labels") or {}
         if ours(labels):
@@ -127,6 +131,9 @@ def remove_deployment(client, deployment: str) -> None:
     for volume in client.volumes.list(filters=mine):
         with contextlib.suppress(NotFound):
             volume.remove(force=True)
+    for image in sorted(client.images.list(filters=mine), key=lambda i: i.attrs.get("Created", ""), reverse=True):
+        with contextlib.suppress(NotFound):  # forks' images, the latest first (an image under another waits)
+            client.images.remove(image.id, force=True)
     for network in client.networks.list(filters=mine):
         with contextlib.suppress(NotFound):
             network.remove()

@@ -41,8 +41,12 @@ async def test_a_docker_session_over_mcp(jp_serverapp, http_server, jp_http_port
             refused = refusal(await client.call_tool("session_exec", {"session_id": sid, "argv": ["true"]}))
             assert refused["error"] == "SandboxConflictError" and "paused" in refused["message"]
             assert data(await client.call_tool("session_resume", {"session_id": sid}))["paused"] is False
-            unsupported = refusal(await client.call_tool("session_fork", {"session_id": sid}))  # not on docker yet
-            assert (unsupported["error"], unsupported["operation"]) == ("SandboxUnsupportedError", "fork")
+            fork = data(await client.call_tool("session_fork", {"session_id": sid}))["id"]
+            try:  # a docker fork keeps the workspace's files
+                ran = data(await client.call_tool("session_exec", {"session_id": fork, "argv": ["cat", "in.txt"]}))
+                assert (ran["exit_code"], ran["stdout"]) == (0, "inside\n") and fork != sid
+            finally:
+                data(await client.call_tool("session_destroy", {"session_id": fork}))
             ran = data(await client.call_tool("session_exec", {"session_id": sid, "argv": ["cat", "in.txt"]}))
             assert ran["stdout"] == "inside\n"
         finally:

@@ -276,6 +276,11 @@ class ContainerSession(SandboxSession):
         return self._container
 
     @property
+    def user(self) -> str:
+        """Who the session's commands run as ('' = root)."""
+        return self._user
+
+    @property
     def destroyed(self) -> bool:
         return self._destroyed
 

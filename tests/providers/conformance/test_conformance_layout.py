@@ -48,6 +48,8 @@ CHECKS_BEFORE_THE_SPLIT = [
     "absent_program_is_a_typed_error",
     "cut_upload_leaves_nothing_partial",
     "held_commands_are_listed_and_resumed_exactly",  # commands that outlive their server (issue 27)
+    "pause_freezes_and_resume_runs_on",  # the optional capabilities (issue 28)
+    "fork_copies_the_session_or_is_refused",
 ]
 
 #: Every public name the single module had (what tests, benchmarks, testing.py and the README use).
