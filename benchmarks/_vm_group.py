@@ -1,6 +1,6 @@
 """The vm group: QEMU microVM sessions (under the accel this host allows: TCG here) next to docker sessions,
 same run, round-robin: create to first command (restored from the golden snapshot, and booted cold), a
-one-shot round trip and stdout throughput."""
+one-shot round trip, stdout throughput, pause + resume, and fork to the copy's first command."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ async def vm_rows(report: Report, docker_sandbox: Callable[..., Any], image_of: 
         guest = await restored.create(SessionSpec(**none))
         try:
             await _exec_rows(report, accel, compare, ours, guest)
+            await _snapshot_rows(report, accel, compare, ours, guest)
         finally:
             await guest.destroy()
             await ours.destroy()
@@ -105,3 +106,37 @@ async def _exec_rows(report: Report, accel: str, compare: Compare, docker_sessio
     })
     compare(report, "vm", "MiB/s", samples, f"docker stdout {mib} MiB (same run)")
 
+
+
+async def _snapshot_rows(report: Report, accel: str, compare: Compare, docker_session: Any, vm_session: Any) -> None:
+    """pause + resume until a command runs again; fork until the copy's first command (its destroy untimed)."""
+
+    async def pause_resume(session: Any) -> None:
+        await session.pause()
+        await session.resume()
+        assert (await session.exec(["sh", "-c", ":"], timeout_seconds=30)).exit_code == 0
+
+    base = "docker pause + resume + a command (same run)"
+    samples = await interleaved(report.rounds(10), {
+        base: lambda: pause_resume(docker_session),
+        f"vm pause + resume + a command ({accel})": lambda: pause_resume(vm_session),
+    }, settle=0.05)
+    compare(report, "vm", "ms", samples, base)
+
+    async def fork(session: Any) -> float:
+        started = time.perf_counter()
+        copy = await session.fork()
+        try:
+            assert (await copy.exec(["sh", "-c", ":"], timeout_seconds=60)).exit_code == 0
+            return (time.perf_counter() - started) * 1000
+        finally:
+            await copy.destroy()
+
+    base = "docker fork to the copy's first command (same run)"
+    variants = {base: lambda: fork(docker_session), f"vm fork to the copy's first command ({accel})": lambda: fork(vm_session)}
+    samples = {name: [] for name in variants}
+    for _ in range(report.rounds(5)):
+        for name, once in variants.items():
+            samples[name].append(await once())
+            await asyncio.sleep(0.2)
+    compare(report, "vm", "ms", samples, base)

@@ -15,13 +15,14 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode, default
+from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode, default, validate
 
 from ..contract import (
     ExecRequest,
@@ -105,9 +106,25 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         restored guest takes the host's clock and a fresh RNG seed at once. Persistent sessions always boot.""",
     ).tag(config=True)
 
+    user = Unicode(
+        "1000:1000",
+        help="""Who commands and file operations run as in the guest, 'uid' or 'uid:gid' (the guest has no user
+        names): the workspace belongs to them. The agent (PID 1) stays root and out of their reach: it cannot
+        be signalled, traced or read, and its channel's devices are root's. '' runs them as the guest's root,
+        which can reach the agent and forge its answers: for trusted code only. A session keeps the user it
+        was made with.""",
+    ).tag(config=True)
+
     boot_timeout_seconds = Float(
         BOOT_TIMEOUT, help="Longest a create waits for a new guest's agent to answer."
     ).tag(config=True)
+
+    @validate("user")
+    def _valid_user(self, proposal: Any) -> str:
+        value = str(proposal["value"]).strip()
+        if value and not re.fullmatch(r"\d{1,9}(:\d{1,9})?", value):
+            raise TraitError(f"VmSandbox.user must be 'uid' or 'uid:gid' (numbers) or '', not {value!r}")
+        return value
 
     @property  # type: ignore[override]
     def isolation_note(self) -> str | None:
@@ -206,14 +223,15 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                          "-device", "virtio-blk-device,drive=ws"]
             shape = {"accel": self.accel, "memory_mb": int(spec.memory_mb or self.default_memory_mb),
                      "cpus": int(spec.cpu or 1), "ports": PORTS}
-            record: dict[str, Any] = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape}
+            record: dict[str, Any] = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape,
+                                      "user": self.user}
             self._machines.write(session_id, {**record, "starting": True})  # the reaper leaves it be meanwhile
             argv = qemu_argv(guest, folder, extra=extra, console=False, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
             if await self._start_guest(session_id, argv, golden, shape["memory_mb"]):
                 record["golden"] = str(golden)  # a fork maps it too
-            session = self._session(session_id, labels, spec.env, expires)
-            await self._mount_workspace(session, spec)
+            await self._mount_workspace(self._session(session_id, labels, spec.env, expires), spec, self.user)
+            session = self._session(session_id, labels, spec.env, expires, self.user)
             self._machines.write(session_id, record)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -270,18 +288,24 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         return await self._machines.ensure_workspace(
             key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb)
 
-    async def _mount_workspace(self, session: VmSession, spec: SessionSpec) -> None:
+    async def _mount_workspace(self, session: VmSession, spec: SessionSpec, user: str) -> None:
+        """Mount the workspace, by the guest's root (``session``'s user), for ``user``."""
+        uid, _, gid = user.partition(":")
+        owner = f"{uid or 0}:{gid or uid or 0}"
         if spec.durability == "persistent":
-            argv = ["mount", "-t", "ext4", "-o", "noatime", "/dev/vda", WORKSPACE]
+            script = f"mount -t ext4 -o noatime /dev/vda {WORKSPACE} && chown {owner} {WORKSPACE}"
         else:
-            argv = ["mount", "-t", "tmpfs", "-o", f"size={self.disk_limit_mb}m,mode=0755", "tmpfs", WORKSPACE]
-        result = await session.run(ExecRequest(argv=argv, timeout_seconds=30))
+            script = (f"mount -t tmpfs -o size={self.disk_limit_mb}m,mode=0755,uid={owner.split(':')[0]},"
+                      f"gid={owner.split(':')[1]} tmpfs {WORKSPACE}")
+        result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=30))
         if result.exit_code != 0:
             raise SandboxError(f"mounting the session's workspace failed: {result.stderr.decode(errors='replace')}")
 
-    def _session(self, session_id: str, labels: dict[str, str], env: dict[str, str], expires: float) -> VmSession:
+    def _session(self, session_id: str, labels: dict[str, str], env: dict[str, str], expires: float,
+                 user: str = "") -> VmSession:
         spec = spec_from_labels(labels, [f"{k}={v}" for k, v in env.items()])
-        return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires, env=env)
+        return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires, env=env,
+                         user=user)
 
     def _found(self, session_id: str) -> VmSession | None:
         """The session as its record has it; None when it has no record of this deployment."""
@@ -293,7 +317,8 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             return None
         try:
             expires = float(record.get("expires_at") or labels[LABEL_EXPIRES])
-            session = self._session(session_id, labels, dict(record.get("env") or {}), expires)
+            session = self._session(session_id, labels, dict(record.get("env") or {}), expires,
+                                    str(record.get("user") or ""))
         except (KeyError, ValueError, SandboxError):
             return None
         self._site.note_state(session_id, _state(record, running=True))
@@ -393,7 +418,8 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             with contextlib.suppress(OSError):
                 state.unlink()
         self.log.debug("sandbox-vm: forked %s from %s", session_id, source.id)
-        return self._site.remember(self._session(session_id, labels, dict(record.get("env") or {}), expires))
+        return self._site.remember(self._session(session_id, labels, dict(record.get("env") or {}), expires,
+                                                 str(record.get("user") or "")))
 
     async def _current_end(self, session_id: str) -> float | None:
         record = self._machines.read(session_id)

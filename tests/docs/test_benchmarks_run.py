@@ -15,6 +15,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow(91)]
 RUN = REPO / "benchmarks" / "run.py"
 
 
+#: the vm group's rows measured against docker's in the same run
+VM_ROWS = ("vm create to first command: restored", "vm one-shot", "vm pause + resume", "vm fork")
+
+
 @pytest.mark.timeout(600)
 def test_one_command_measures_every_group_against_its_baseline(tmp_path):
     docker_client()  # skips without an engine (fails in CI)
@@ -45,10 +49,10 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "agent stdin echo 8 MiB: through the agent",
         "kernel: sandboxed on docker (network none) 1+1",
         "kernel: sandboxed on docker (network none) print 64 MiB",
-        *(name for name in rows if name.startswith(("vm create to first command: restored", "vm one-shot"))),
+        *(name for name in rows if name.startswith(VM_ROWS)),
     ):
         assert rows[name]["baseline"] and rows[name]["ratio"] > 0, rows.get(name)
-    assert sum(name.startswith(("vm create to first command: restored", "vm one-shot")) for name in rows) == 2
+    assert sum(name.startswith(VM_ROWS) for name in rows) == len(VM_ROWS)
     # the agent group's two, the docker group's one, the server group's four, the kernel group's two and the vm
     # group's one among them
     assert len(report["targets"]) == 16

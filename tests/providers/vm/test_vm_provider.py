@@ -112,7 +112,7 @@ def test_what_the_provider_cannot_honour_is_rejected_before_anything_starts(stat
 
 def test_a_session_gets_the_vcpus_and_memory_its_spec_asks_for_and_no_more(state_dir):
     async def main():
-        sandbox = provider(state_dir)
+        sandbox = provider(state_dir, user="")  # the guest's root: the one who can write the console
         session = await sandbox.create(SessionSpec(cpu=2.0, memory_mb=192, **NONE))
         try:
             assert (await stdout_of(session, "nproc")).strip() == "2"
@@ -359,5 +359,35 @@ def test_a_reaper_running_beside_creates_and_forks_takes_none_of_them(state_dir)
                 await session.destroy(remove_workspace=True)
             await sandbox.close()
         assert reaped == []
+
+    asyncio.run(main())
+
+
+def test_commands_run_as_an_unprivileged_guest_user_who_cannot_reach_the_agent(state_dir):
+    """The default user (1000:1000) owns the workspace and what it uploads, and cannot signal, trace or read
+    the agent (PID 1) nor open its channel's devices; a session keeps its user when the setting changes."""
+
+    async def main():
+        sandbox, other_server = provider(state_dir), provider(state_dir)
+        session = await sandbox.create(SessionSpec(ttl_seconds=600, **NONE))
+        try:
+            assert (await stdout_of(session, "id", "-u")).strip() == "1000"
+            await session.put_file("up.txt", b"mine")
+            assert (await stdout_of(session, "stat", "-c", "%u:%g", ".", "up.txt")).split() == ["1000:1000"] * 2
+            for attempt in ("kill -9 1", "cat /proc/1/environ", "ls /proc/1/fd", "cat /proc/1/mem",
+                            "cat /dev/vport0p1", "echo forged > /dev/vport0p2"):
+                result = await session.exec(["sh", "-c", attempt], timeout_seconds=20)
+                assert result.exit_code != 0, (attempt, result.stdout)
+            assert (await stdout_of(session, "echo", "alive")).strip() == "alive"  # the agent is untouched
+
+            sandbox.user = ""  # a later create would run as root; this session stays as it was made
+            again = await other_server.get(session.id)
+            assert (await stdout_of(again, "id", "-u")).strip() == "1000"
+            with pytest.raises(Exception, match="uid"):
+                VmSandbox(user="nobody")
+        finally:
+            await session.destroy()
+            await sandbox.close()
+            await other_server.close()
 
     asyncio.run(main())
