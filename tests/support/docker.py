@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_tai_sandbox.image import DEFAULT_IMAGE, PYTHON_IMAGE, build_minimal_image
+from jupyter_tai_sandbox.providers._docker_names import LABEL_FORK
 from jupyter_tai_sandbox.providers._docker_networks import BRIDGE_PREFIX, CHAIN_PREFIX
 from jupyter_tai_sandbox.providers.docker import LABEL
 from tests.support import PART, RUN_ID, RUN_PREFIX
@@ -62,12 +63,14 @@ RUN_LABEL = {f"{LABEL}.test-run": f"{RUN_ID}-{PART}"}
 
 
 def leftovers(client) -> list[str]:
-    """Containers and volumes this test run made, and idle networks of its deployment, that still exist."""
+    """Containers, volumes and forks' images this test run made, and idle networks of its deployment, that
+    still exist."""
     (key, value), = RUN_LABEL.items()
     mine = {"label": f"{key}={value}"}
     found = [f"container {c.name}" for c in client.containers.list(all=True, filters=mine)]
     found += [f"volume {v.name}" for v in client.volumes.list(filters=mine)]
-    found += [f"image {', '.join(i.tags) or i.id}" for i in client.images.list(filters=mine)]
+    forks = {"label": [mine["label"], LABEL_FORK]}  # the provider's own images (a test may build others)
+    found += [f"image {', '.join(i.tags) or i.id}" for i in client.images.list(filters=forks)]
     ours = {"label": f"{LABEL}.deployment={os.environ['TAI_SANDBOX_DEPLOYMENT']}"}
     for network in client.networks.list(filters=ours):
         network.reload()
@@ -93,7 +96,7 @@ def run_leftovers(client) -> list[str]:
     found = [f"container {c['Names'][0].lstrip('/')}" for c in containers.values() if ours(c.get("Labels"))]
     volumes = {v.name: v for flt in (key, deployment) for v in client.volumes.list(filters={"label": flt})}
     found += [f"volume {name}" for name, v in volumes.items() if ours(v.attrs.get("Labels"))]
-    images = {i.id: i for flt in (key, deployment) for i in client.images.list(filters={"label": flt})}
+    images = {i.id: i for flt in (key, deployment) for i in client.images.list(filters={"label": [flt, LABEL_FORK]})}
     found += [f"image {', '.join(i.tags) or i.id}" for i in images.values() if ours(i.labels)]
     for network in client.networks.list(filters={"label": deployment}):
         labels = network.attrs.get("Labels") or {}
