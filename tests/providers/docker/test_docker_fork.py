@@ -27,6 +27,14 @@ def provider(**settings) -> DockerSandbox:
     return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **settings)
 
 
+async def ended(sandbox: DockerSandbox, *sessions) -> None:
+    """Destroy the sessions that were made (forks before their sources), then close the provider."""
+    for session in reversed(sessions):
+        if session is not None:
+            await session.destroy()
+    await sandbox.close()
+
+
 async def out(session, script: str) -> str:
     result = await session.exec(["sh", "-c", script], timeout_seconds=20)
     assert result.exit_code == 0, result.stderr
@@ -73,10 +81,7 @@ def test_a_fork_keeps_the_workspace_not_the_processes_and_the_two_diverge(client
             assert sorted(i.id for i in await sandbox.list()) == sorted([source.id, forked.id])
             await loop.kill()
         finally:
-            if forked is not None:
-                await forked.destroy()
-            await source.destroy()
-            await sandbox.close()
+            await ended(sandbox, source, forked)
 
     asyncio.run(main())
 
@@ -112,10 +117,7 @@ def test_a_writable_roots_changes_are_committed_and_each_forks_image_goes_when_n
             await second.destroy()
             assert fork_images() == []
         finally:
-            for session in (second, first, source):
-                if session is not None:
-                    await session.destroy()
-            await sandbox.close()
+            await ended(sandbox, source, first, second)
 
     asyncio.run(main())
 
@@ -133,10 +135,7 @@ def test_a_paused_source_forks_and_stays_paused(client):
             assert client.containers.get(source.container_id).attrs["State"]["Paused"]
             assert await forked.get_file("note") == b"written before the pause"
         finally:
-            if forked is not None:
-                await forked.destroy()
-            await source.destroy()
-            await sandbox.close()
+            await ended(sandbox, source, forked)
 
     asyncio.run(main())
 
@@ -154,9 +153,7 @@ def test_two_forks_at_once_leave_the_source_running(client):
             assert not client.containers.get(source.container_id).attrs["State"]["Paused"]
             assert (await source.exec(["true"], timeout_seconds=10)).exit_code == 0
         finally:
-            for session in [*forks, source]:
-                await session.destroy()
-            await sandbox.close()
+            await ended(sandbox, source, *forks)
 
     asyncio.run(main())
 
@@ -204,9 +201,6 @@ def test_a_fork_of_a_pooled_session_is_a_session_not_a_pooled_container(client):
             assert sorted(i.id for i in await sandbox.list()) == sorted([source.id, forked.id])
             assert await forked.get_file("kept") == b"yes"
         finally:
-            for session in (forked, source):
-                if session is not None:
-                    await session.destroy()
-            await sandbox.close()
+            await ended(sandbox, source, forked)
 
     asyncio.run(main())
