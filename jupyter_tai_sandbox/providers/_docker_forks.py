@@ -29,26 +29,36 @@ FORK_IMAGE_GRACE_SECONDS = 600.0
 class ForkImages:
     """Freezes a source for its fork, commits it when its root is writable, and removes fork images."""
 
-    def __init__(self, engine: DockerEngine, labels: Mapping[str, str], paused: Collection[str]) -> None:
+    def __init__(self, engine: DockerEngine, labels: Mapping[str, str], paused: set[str]) -> None:
         self._engine = engine
         self._labels = dict(labels)
-        #: containers this server's users paused (a fork leaves them paused)
+        #: the containers this server knows paused (its site's): a fork leaves it as a user left it
         self._paused = paused
         #: per source container: its lock and how many forks want it
         self._freezing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        #: per container a fork holds frozen: whether it stays paused when the fork ends (a user's word)
+        self._stays_paused: dict[str, bool] = {}
+
+    def defer(self, container_id: str, paused: bool) -> bool:
+        """A user's pause (True) or resume of ``container_id``: while a fork holds it frozen, kept for the
+        fork's end (True: nothing else to do now)."""
+        if container_id not in self._stays_paused:
+            return False
+        self._stays_paused[container_id] = paused
+        return True
 
     @contextlib.asynccontextmanager
     async def frozen(self, container_id: str, fork_id: str) -> AsyncIterator[tuple[str, bool]]:
         """Hold ``container_id`` frozen; yield the image the fork ``fork_id`` starts from and whether it was
-        committed for it (it is when the container's root is writable). Thawed at the end unless it was paused before or meanwhile by a user;
-        a committed image is removed if the fork fails."""
+        committed for it (it is when the container's root is writable). Thawed at the end unless it was paused
+        before, or a user paused it meanwhile; a committed image is removed if the fork fails."""
         lock, wanting = self._freezing.setdefault(container_id, (asyncio.Lock(), [0]))
         wanting[0] += 1
         try:
             async with lock:  # two forks of one source: the second must not take the first's freeze for a user's
                 attrs = await self._engine.inspect_container(container_id, what="inspect a session")
-                was_paused = bool((attrs.get("State") or {}).get("Paused"))
-                if not was_paused:
+                self._stays_paused[container_id] = bool((attrs.get("State") or {}).get("Paused"))
+                if not self._stays_paused[container_id]:
                     await self._engine.set_paused(container_id, True)
                 try:
                     committed = not (attrs.get("HostConfig") or {}).get("ReadonlyRootfs")
@@ -61,8 +71,12 @@ class ForkImages:
                                 await self.drop(fork_id)
                         raise
                 finally:
-                    if not was_paused and container_id not in self._paused:
+                    if self._stays_paused.pop(container_id):
+                        self._paused.add(container_id)
+                    else:
                         await self._engine.set_paused(container_id, False)
+                        # a call that waited on the frozen agent may have seen it paused meanwhile
+                        self._paused.discard(container_id)
         finally:
             wanting[0] -= 1
             if not wanting[0]:

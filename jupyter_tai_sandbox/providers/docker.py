@@ -429,8 +429,10 @@ class DockerSandbox(ContainerSandbox):
         await self._ttls.move(session.id, expires_at)
 
     async def _set_paused(self, session: DockerSession, paused: bool) -> None:
-        """The engine's freeze (the cgroup freezer) or thaw of the session's container."""
-        await self._engine.set_paused(session.container_id, paused)
+        """The engine's freeze (the cgroup freezer) or thaw of the session's container (one a fork holds frozen:
+        at the fork's end)."""
+        if not self._forks.defer(session.container_id, paused):
+            await self._engine.set_paused(session.container_id, paused)
 
     def _abandon(self, session_id: str) -> None:
         self._agent_site.commands.abandon(session_id)

@@ -7,7 +7,11 @@ import asyncio
 
 import pytest
 
-from jupyter_tai_sandbox.contract import ExecRequest, SandboxUnsupportedError, SessionSpec
+from jupyter_tai_sandbox.contract import (
+    ExecRequest,
+    SandboxUnsupportedError,
+    SessionSpec,
+)
 from jupyter_tai_sandbox.providers._docker_forks import FORK_REPOSITORY
 from jupyter_tai_sandbox.providers.docker import LABEL_POOL, DockerSandbox
 from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
@@ -202,5 +206,36 @@ def test_a_fork_of_a_pooled_session_is_a_session_not_a_pooled_container(client):
             assert await forked.get_file("kept") == b"yes"
         finally:
             await ended(sandbox, source, forked)
+
+    asyncio.run(main())
+
+
+def test_calls_during_a_fork_wait_for_it_and_a_users_pause_meanwhile_is_kept(client):
+    """A command asked for while a fork holds its source frozen waits for the thaw (and runs); a user's pause
+    asked for meanwhile is not undone by the fork's thaw."""
+
+    async def main():
+        sandbox = provider()
+        source = await sandbox.create(SessionSpec(image=TEST_IMAGE, consumer="docker-fork"))
+        forks = []
+        try:
+            await out(source, "head -c 200000000 /dev/zero > big")  # a copy of a fraction of a second
+
+            async def meanwhile(action):
+                await asyncio.sleep(0.1)
+                return await action()
+
+            fork, ran = await asyncio.gather(source.fork(), meanwhile(lambda: source.exec(["true"], timeout_seconds=30)))
+            forks.append(fork)
+            assert ran.exit_code == 0 and not (await source.info()).paused
+
+            fork, _ = await asyncio.gather(source.fork(), meanwhile(source.pause))
+            forks.append(fork)
+            assert (await source.info()).paused
+            assert client.containers.get(source.container_id).attrs["State"]["Paused"]
+            await source.resume()
+            assert (await source.exec(["true"], timeout_seconds=10)).exit_code == 0
+        finally:
+            await ended(sandbox, source, *forks)
 
     asyncio.run(main())
