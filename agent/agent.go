@@ -423,6 +423,7 @@ type startRequest struct {
 	Uid       *uint32  `json:"uid"`        // run as this uid (gid defaults to it), no supplementary groups
 	Gid       *uint32  `json:"gid"`
 	Label     string   `json:"label"` // the client's own note on the command, kept and listed back
+	Root      string   `json:"root"`  // chroot the command here (absolute); its program and cwd are looked up there
 }
 
 // maxLabel bounds a START's label: what a client needs to find its command again, not storage.
@@ -467,8 +468,10 @@ func errnoName(err error) string {
 	return "EIO"
 }
 
-// lookPath finds argv[0] on the command's own PATH (the agent's environment is not the command's).
-func lookPath(name string, env []string) (string, error) {
+// lookPath finds argv[0] on the command's own PATH (the agent's environment is not the command's), under the
+// folder root the command will be chrooted into ("" or "/": the agent's own root); the path is as the command
+// sees it.
+func lookPath(name string, env []string, root string) (string, error) {
 	if strings.Contains(name, "/") {
 		return name, nil
 	}
@@ -485,7 +488,7 @@ func lookPath(name string, env []string) (string, error) {
 		}
 		p := dir + "/" + name
 		var st syscall.Stat_t
-		if syscall.Stat(p, &st) != nil || st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		if syscall.Stat(strings.TrimSuffix(root, "/")+p, &st) != nil || st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			continue
 		}
 		if st.Mode&0o111 == 0 {
@@ -517,7 +520,11 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	if cwd == "" {
 		cwd = "/"
 	}
-	path, err := lookPath(req.Argv[0], env)
+	if req.Root != "" && !strings.HasPrefix(req.Root, "/") {
+		cn.fail(id, "start", "EINVAL", "root must be an absolute path")
+		return
+	}
+	path, err := lookPath(req.Argv[0], env, req.Root)
 	if err != nil {
 		cn.fail(id, "start", errnoName(err), fmt.Sprintf("%s: %v", req.Argv[0], err))
 		return
@@ -573,7 +580,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 	c.eofSent = make([]bool, len(c.streams))
 	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
 	c.credit = min(req.Window, maxCredit)
-	sys := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: req.credential()}
+	sys := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: req.credential(), Chroot: req.Root}
 	argv := req.Argv
 	var leaderPid, leaderW *os.File // with pty: where the terminal's leader tells the command's pid
 	if req.Pty {
@@ -599,7 +606,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		// a group led by a holder, not by the command: a command that is no group's leader may call setsid()
 		// itself (setsid(1) then runs it in place instead of forking a copy outside the group), and a kill
 		// still reaches its own process by pid
-		sys = &syscall.SysProcAttr{Setpgid: true, Credential: req.credential()}
+		sys = &syscall.SysProcAttr{Setpgid: true, Credential: req.credential(), Chroot: req.Root}
 	}
 	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files, Sys: sys}
 

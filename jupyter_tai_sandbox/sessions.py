@@ -172,7 +172,7 @@ class SessionRegistry:
                     and not sandbox.image_allowed(spec.image):
                 raise SandboxForbiddenError(
                     f"image {spec.image!r} is not on the operator's allow-list "
-                    "(DockerSandbox.allowed_images); leave image unset for the default"
+                    "(DockerSandbox.allowed_images, VmSandbox.images); leave image unset for the default"
                 )
 
         return await self._made(spec, caller, lambda: sandbox.create(spec), check_image)

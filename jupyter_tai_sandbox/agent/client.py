@@ -243,10 +243,11 @@ class AgentClient:
     async def start(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                     pty: bool = False, rows: int = 24, cols: int = 80, timeout: float | None = None,
                     window: int | None = None, uid: int | None = None, gid: int | None = None,
-                    label: str | None = None) -> AgentCommand:
+                    label: str | None = None, root: str | None = None) -> AgentCommand:
         """Start a command; an absent program raises AgentError with code ``ENOENT``. ``uid``/``gid`` run it as
         that user and group (``gid`` defaults to ``uid``) with no supplementary groups. ``label`` (at most
-        4096 bytes) is kept with the command and listed back: how a later client knows it for its own."""
+        4096 bytes) is kept with the command and listed back: how a later client knows it for its own. ``root``:
+        a folder of the agent's the command is chrooted into (its program and ``cwd`` are looked up there)."""
         window = window or self.window
         req: dict[str, Any] = {"argv": list(argv), "pty": pty, "window": window}
         if label is not None:
@@ -259,6 +260,8 @@ class AgentClient:
             req["env"] = [f"{k}={v}" for k, v in env.items()]
         if cwd is not None:
             req["cwd"] = cwd
+        if root is not None:
+            req["root"] = root
         if pty:
             req["rows"], req["cols"] = rows, cols
         if timeout is not None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..contract import SandboxNotFoundError
-from ._docker_engine_calls import EngineCalls, EngineRefusedError
+from ._docker_engine_calls import EngineCalls, EngineRefusedError, MissingImageError
 
 #: a folder copy between two containers gives up after this many seconds (a tmpfs workspace of a few GiB
 #: copies in seconds on one engine)
@@ -31,6 +31,14 @@ class EngineImages(EngineCalls):
             conf={"Labels": self.scoped_labels(labels)}, pause=False,
         )
         return str(made["Id"])
+
+    async def inspect_image(self, name: str) -> dict[str, Any]:
+        """Any image's description (a session's image belongs to no deployment); MissingImageError when the
+        engine lacks it."""
+        try:
+            return dict(await self._call(f"inspect image {name}", "inspect_image", name))
+        except SandboxNotFoundError:
+            raise MissingImageError(f"image {name!r} is not on the Docker engine at {self.base_url}", image=name) from None
 
     async def image(self, image_id: str) -> dict[str, Any] | None:
         """The image's description, or None when there is none in the deployment."""

@@ -5,7 +5,8 @@ offline) boots under KVM, or under TCG (emulation) only when the operator asks f
 runs a separate guest kernel, not a hardened boundary, and the provider says so. Commands, files and ports
 run on the container base's engine-neutral session over the agent's virtio-serial ports
 (``_vm_machines``); the machines live in folders on this host, so sessions outlive the server and any
-server of the deployment finds them.
+server of the deployment finds them. A session of a listed docker image runs its commands chrooted into
+that image's files (``vm.rootdisk``: a read-only disk per image id, a tmpfs overlay per session).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
 from ..contract import (
     ExecRequest,
@@ -40,6 +41,7 @@ from ..contract import (
 from ..vm.guest import Guest, GuestBuildError, build_guest
 from ..vm.probe import TCG_NOTE, cached_probe, probe
 from ..vm.qemu import BOOT_TIMEOUT, QEMU, VmError, qemu_argv
+from ..vm.rootdisk import ROOT_DIR, ensure_root_disk, setup_script
 from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
 from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
@@ -49,8 +51,9 @@ from ._vm_machines import PORTS, Machines
 from .container import CommandRegistry
 from .container.sandbox import spec_from_labels
 from .container.session import ContainerSession, ContainerSite
+from .docker_engine import DockerEngine, MissingImageError
 
-#: the image name of the package's own guest (the only one this version runs)
+#: the image name of the package's own guest (busybox, nothing else): a session of no image runs it
 VM_IMAGE = "jupyter-tai-sandbox/vm-guest"
 WORKSPACE = "/workspace"
 #: how long a restored guest's agent may take to answer before the golden is taken for broken
@@ -106,6 +109,20 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         restored guest takes the host's clock and a fresh RNG seed at once. Persistent sessions always boot.""",
     ).tag(config=True)
 
+    images = List(
+        Unicode(),
+        help="""Docker images a session may name (exactly as listed): each becomes the session's root, its
+        files on a read-only disk made once per image id from the engine at image_engine_url (README "The vm
+        provider": a minute or so for a large image, the first time), under a writable tmpfs, the workspace
+        bound in; commands get the image's env. A session that names no image runs the package's own guest
+        (busybox).""",
+    ).tag(config=True)
+
+    image_engine_url = Unicode(
+        "unix:///var/run/docker.sock",
+        help="The Docker engine the images' files are read from (only when a root disk is made).",
+    ).tag(config=True)
+
     user = Unicode(
         "1000:1000",
         help="""Who commands and file operations run as in the guest, 'uid' or 'uid:gid' (the guest has no user
@@ -141,6 +158,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         except ValueError as e:
             raise TraitError(f"{type(self).__name__}.state_dir: {e}") from None
         self._guest: asyncio.Future[Guest] | None = None
+        self._image_engine: DockerEngine | None = None
         self._accel_checked = False
         self._probing: asyncio.Future[None] | None = None
         self._site = ContainerSite(
@@ -153,7 +171,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     # -------------------------------------------------------------- policy
 
     def image_allowed(self, image: str | None) -> bool:
-        return image in (None, VM_IMAGE)
+        return image in (None, VM_IMAGE) or image in self.images
 
     def _limited(self, spec: SessionSpec) -> SessionSpec:
         spec = super()._limited(spec)
@@ -165,10 +183,11 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
         self.check_spec(spec)
-        if spec.image not in (None, VM_IMAGE):
-            raise rejected(f"image: the vm provider runs its own guest only ({VM_IMAGE}), not {spec.image[:100]!r}")
+        if not self.image_allowed(spec.image):
+            raise rejected(f"image: {spec.image[:100]!r} is not one of the vm provider's images ({VM_IMAGE}, or "
+                           "one in VmSandbox.images)")
         spec = self._limited(spec)
-        return dataclasses.replace(spec, image=VM_IMAGE)
+        return dataclasses.replace(spec, image=spec.image or VM_IMAGE)
 
     async def check_available(self) -> None:
         """QEMU is there, and with accel 'kvm' the probe has not found KVM failing here (status stays fast: a
@@ -220,18 +239,23 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
             if spec.durability == "persistent":
                 image = await self._workspace_image(spec)
                 extra = ["-drive", f"file={image},if=none,id=ws,format=raw,discard=unmap",
-                         "-device", "virtio-blk-device,drive=ws"]
+                         "-device", "virtio-blk-device,drive=ws,serial=tai-ws"]
             shape = {"accel": self.accel, "memory_mb": int(spec.memory_mb or self.default_memory_mb),
                      "cpus": int(spec.cpu or 1), "ports": PORTS}
             record: dict[str, Any] = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape,
                                       "user": self.user}
+            if spec.image != VM_IMAGE:
+                disk = await self._root_disk(str(spec.image))
+                shape["root"] = str(disk.path)
+                record["image_env"] = disk.env
             self._machines.write(session_id, {**record, "starting": True})  # the reaper leaves it be meanwhile
             argv = qemu_argv(guest, folder, extra=extra, console=False, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
             if await self._start_guest(session_id, argv, golden, shape["memory_mb"]):
                 record["golden"] = str(golden)  # a fork maps it too
-            await self._mount_workspace(self._session(session_id, labels, spec.env, expires), spec, self.user)
-            session = self._session(session_id, labels, spec.env, expires, self.user)
+            await self._mount_workspace(self._session(session_id, labels, spec.env, expires), spec, self.user,
+                                        rooted="root" in shape)
+            session = self._session(session_id, labels, spec.env, expires, self.user, record.get("image_env"))
             self._machines.write(session_id, record)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -288,24 +312,41 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         return await self._machines.ensure_workspace(
             key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb)
 
-    async def _mount_workspace(self, session: VmSession, spec: SessionSpec, user: str) -> None:
-        """Mount the workspace, by the guest's root (``session``'s user), for ``user``."""
+    async def _mount_workspace(self, session: VmSession, spec: SessionSpec, user: str, *, rooted: bool) -> None:
+        """Mount the workspace, by the guest's root (``session``'s user), for ``user``; with ``rooted``, make the
+        session image's root too (vm/rootdisk.py)."""
         uid, _, gid = user.partition(":")
-        owner = f"{uid or 0}:{gid or uid or 0}"
+        uid, gid = uid or "0", gid or uid or "0"
         if spec.durability == "persistent":
-            script = f"mount -t ext4 -o noatime /dev/vda {WORKSPACE} && chown {owner} {WORKSPACE}"
+            script = (f"for d in /sys/block/vd*; do [ \"$(cat $d/serial 2>/dev/null)\" = tai-ws ] && dev=/dev/${{d##*/}}; "
+                      f"done; mount -t ext4 -o noatime $dev {WORKSPACE} && chown {uid}:{gid} {WORKSPACE}")
         else:
-            script = (f"mount -t tmpfs -o size={self.disk_limit_mb}m,mode=0755,uid={owner.split(':')[0]},"
-                      f"gid={owner.split(':')[1]} tmpfs {WORKSPACE}")
+            script = f"mount -t tmpfs -o size={self.disk_limit_mb}m,mode=0755,uid={uid},gid={gid} tmpfs {WORKSPACE}"
+        if rooted:
+            script = f"{script}\n{setup_script(WORKSPACE, self.disk_limit_mb)}"
         result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=30))
         if result.exit_code != 0:
             raise SandboxError(f"mounting the session's workspace failed: {result.stderr.decode(errors='replace')}")
 
     def _session(self, session_id: str, labels: dict[str, str], env: dict[str, str], expires: float,
-                 user: str = "") -> VmSession:
+                 user: str = "", image_env: dict[str, str] | None = None) -> VmSession:
+        """A session object; ``image_env`` (a session image's env) makes it one whose commands are chrooted into
+        the image's root."""
         spec = spec_from_labels(labels, [f"{k}={v}" for k, v in env.items()])
-        return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires, env=env,
-                         user=user)
+        if image_env is None:
+            return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires,
+                             env=env, user=user)
+        return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires,
+                         env={**image_env, "HOME": WORKSPACE, **env}, user=user, root=ROOT_DIR)
+
+    async def _root_disk(self, image: str) -> Any:
+        if self._image_engine is None:
+            self._image_engine = DockerEngine(self.image_engine_url, scope=self.scope.labels)
+        try:
+            return await ensure_root_disk(self._image_engine, image, log=self.log)
+        except MissingImageError:
+            raise rejected(f"image {image!r} is not on the Docker engine at {self.image_engine_url}: build or "
+                           "pull it there first") from None
 
     def _found(self, session_id: str) -> VmSession | None:
         """The session as its record has it; None when it has no record of this deployment."""
@@ -318,7 +359,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         try:
             expires = float(record.get("expires_at") or labels[LABEL_EXPIRES])
             session = self._session(session_id, labels, dict(record.get("env") or {}), expires,
-                                    str(record.get("user") or ""))
+                                    str(record.get("user") or ""), record.get("image_env"))
         except (KeyError, ValueError, SandboxError):
             return None
         self._site.note_state(session_id, _state(record, running=True))
@@ -419,7 +460,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                 state.unlink()
         self.log.debug("sandbox-vm: forked %s from %s", session_id, source.id)
         return self._site.remember(self._session(session_id, labels, dict(record.get("env") or {}), expires,
-                                                 str(record.get("user") or "")))
+                                                 str(record.get("user") or ""), record.get("image_env")))
 
     async def _current_end(self, session_id: str) -> float | None:
         record = self._machines.read(session_id)
@@ -453,6 +494,8 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
 
     async def close(self) -> None:
         await self._site.close()
+        if self._image_engine is not None:
+            await self._image_engine.close()
 
 
 def _need_qemu() -> None:

@@ -86,9 +86,11 @@ def port_socket(workdir: Path, index: int = 0) -> Path:
 
 
 def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: int = 1, qemu: str = QEMU,
-              verbose: bool = False, ports: int = 1, extra: list[str] | None = None, console: bool = True) -> list[str]:
+              verbose: bool = False, ports: int = 1, extra: list[str] | None = None, console: bool = True,
+              root: str | None = None) -> list[str]:
     """QEMU's command line. ``ports``: how many agent ports the guest gets (each takes one host connection at
-    a time); ``extra``: more of QEMU's options (disks, a network); ``console``: the guest's serial console to
+    a time); ``extra``: more of QEMU's options (disks, a network); ``root``: a read-only disk image of a
+    session image's files (serial ``tai-root``, see vm/rootdisk.py); ``console``: the guest's serial console to
     ``console.log`` (a boot's diagnosis), else nowhere: a session's guest runs code of anyone's, which could
     write the console without end, so a session's console goes nowhere."""
     cmdline = guest.cmdline
@@ -110,6 +112,8 @@ def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: 
             "-chardev", f"socket,id=tai{i},path={port_socket(workdir, i)},server=on,wait=off",
             "-device", f"virtserialport,chardev=tai{i},name={'tai' if i == 0 else f'tai{i}'}",
         )],
+        *(["-drive", f"file={root},if=none,id=root,format=raw,readonly=on",
+            "-device", "virtio-blk-device,drive=root,serial=tai-root"] if root else []),
         *(extra or []),
     ]
 

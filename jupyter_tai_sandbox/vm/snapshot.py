@@ -46,9 +46,11 @@ def _qemu_tag(qemu: str = QEMU) -> str:
     return hashlib.sha256(said.encode()).hexdigest()[:8]
 
 
-def golden_path(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int) -> Path:
-    """The golden's name without suffix (its files: ``.ram``, ``.state``; ``.lock`` while it is made)."""
-    return guest.path / f"golden-{_qemu_tag()}-{accel}-m{memory_mb}-c{cpus}-p{ports}"
+def golden_path(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int, root: str | None = None) -> Path:
+    """The golden's name without suffix (its files: ``.ram``, ``.state``; ``.lock`` while it is made); one per
+    root disk too (a restore must find the disk the golden was saved with)."""
+    disk = f"-r{hashlib.sha256(root.encode()).hexdigest()[:12]}" if root else ""
+    return guest.path / f"golden-{_qemu_tag()}-{accel}-m{memory_mb}-c{cpus}-p{ports}{disk}"
 
 
 def memory_args(ram: Path, memory_mb: int, *, shared: bool) -> list[str]:
@@ -123,9 +125,11 @@ class Qmp:
         self._writer.close()
 
 
-async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int) -> Path:
+async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int,
+                        root: str | None = None) -> Path:
     """The golden of this shape, made now when there is none (one maker at a time, across processes)."""
-    path = await asyncio.to_thread(golden_path, guest, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports)
+    path = await asyncio.to_thread(golden_path, guest, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
+                                   root=root)
     if path.with_suffix(".state").exists():
         return path
     lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -140,18 +144,19 @@ async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, 
                     raise VmError(f"another process has been making {path.name} for {GOLDEN_TIMEOUT:.0f} s") from None
                 await asyncio.sleep(POLL_SECONDS * 4)
         if not path.with_suffix(".state").exists():
-            await asyncio.wait_for(_make(guest, path, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports),
-                                   GOLDEN_TIMEOUT)
+            await asyncio.wait_for(_make(guest, path, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
+                                         root=root), GOLDEN_TIMEOUT)
         return path
     finally:
         os.close(lock)
 
 
-async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: int, ports: int) -> None:
+async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: int, ports: int,
+                root: str | None) -> None:
     work = Path(tempfile.mkdtemp(prefix="tai-golden-"))
     ram, state = path.with_suffix(".ram"), path.with_suffix(".state")
     tmp_ram, tmp_state = (p.with_name(f".{p.name}.{os.getpid()}") for p in (ram, state))
-    argv = qemu_argv(guest, work, memory_mb=memory_mb, accel=accel, cpus=cpus, ports=ports)
+    argv = qemu_argv(guest, work, memory_mb=memory_mb, accel=accel, cpus=cpus, ports=ports, root=root)
     argv += [*memory_args(tmp_ram, memory_mb, shared=True), *qmp_args(work / "qmp.sock")]
     if shutil.which(argv[0]) is None:
         raise VmError(f"{argv[0]} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")

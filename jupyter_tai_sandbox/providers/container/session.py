@@ -249,10 +249,13 @@ class ContainerSession(SandboxSession):
         *,
         env: Mapping[str, str] | None = None,
         user: str = "",
+        root: str = "",
     ) -> None:
         self._site = site
         #: who commands and file operations run as ('uid[:gid]' or names, as Docker reads them); '' = the agent's root
         self._user = user
+        #: the folder of the agent's that commands are chrooted into ('' = the agent's own root)
+        self._root = root
         self._container = container_id
         self._id = session_id
         self.spec = spec
@@ -379,7 +382,8 @@ class ContainerSession(SandboxSession):
         ids = await self.user_ids()
         try:
             agent_command = await client.start(request.argv, env=env, cwd=cwd, pty=pty, rows=rows, cols=cols,
-                                               timeout=backstop, label=request.label, **_as(ids))
+                                               timeout=backstop, label=request.label, root=self._root or None,
+                                               **_as(ids))
         except AgentError as e:
             # a program that cannot start is the request's fault, named as the local provider names it
             # (never an invented exit status such as a shell's 127); the cwd was found just above
