@@ -1,0 +1,57 @@
+"""The vm provider's sessions of a docker image (commands chrooted into its files over an overlay) through the
+conformance checks that a changed root could break: terminals, stops, held commands, files, an absent
+program. The whole suite runs on the guest's own root (test_conformance_vm.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jupyter_tai_sandbox.conformance import check_names
+from jupyter_tai_sandbox.testing import SandboxConformance
+from tests.providers.conformance.test_conformance_vm import vm_sandbox
+from tests.support.docker import TEST_IMAGE, docker_client
+from tests.support.vm import need_qemu
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow(90)]
+
+#: the checks this class runs (the rest: a root is no part of them)
+ROOTED_CHECKS = {
+    "lifecycle", "streams_and_status", "interactive_seam", "kill_past_deadline", "group_stopped_after_exit",
+    "file_transfer", "workspace_paths", "pty_window_and_resize", "pty_ctrl_c", "commands_start_with_default_signals",
+    "pty_stop_ends_the_terminal_session", "setsid_command_is_stopped", "absent_program_is_a_typed_error",
+    "held_commands_are_listed_and_resumed_exactly", "fork_copies_the_session_or_is_refused",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def qemu_and_image():
+    need_qemu()
+    docker_client().close()  # the image's files come from the engine
+
+
+class TestVmImageConformance(SandboxConformance):
+    image = TEST_IMAGE
+
+    def make_sandbox(self, tmp_path):
+        sandbox = vm_sandbox(tmp_path)
+        sandbox.images = [TEST_IMAGE]
+        return sandbox
+
+    @pytest.fixture(autouse=True)
+    def nothing_is_left(self, tmp_path):
+        yield
+        sandbox = vm_sandbox(tmp_path)
+        try:
+            assert asyncio.run(sandbox.list()) == []
+            assert sandbox._machines.ids() == []
+        finally:
+            shutil.rmtree(Path(sandbox.state_dir), ignore_errors=True)
+
+
+for _name in check_names():
+    if _name not in ROOTED_CHECKS:
+        setattr(TestVmImageConformance, f"test_{_name}", None)
