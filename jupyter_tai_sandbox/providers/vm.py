@@ -41,7 +41,7 @@ from ..contract import (
 from ..vm.guest import Guest, GuestBuildError, build_guest
 from ..vm.probe import TCG_NOTE, cached_probe, probe
 from ..vm.qemu import BOOT_TIMEOUT, QEMU, VmError, qemu_argv
-from ..vm.rootdisk import ROOT_DIR, ensure_root_disk, setup_script
+from ..vm.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
 from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
 from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
@@ -121,6 +121,12 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     image_engine_url = Unicode(
         "unix:///var/run/docker.sock",
         help="The Docker engine the images' files are read from (only when a root disk is made).",
+    ).tag(config=True)
+
+    root_disk_idle_hours = Float(
+        168.0,
+        help="""The reap removes a docker image's root disk (and its golden snapshots) that no create has used for
+        this long and no QEMU on the host has open; the next session of the image makes it again. 0: never.""",
     ).tag(config=True)
 
     user = Unicode(
@@ -403,6 +409,9 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                     reaped.append(session_id)
         if reaped:
             self.log.info("sandbox-vm: reaped %s", ", ".join(reaped))
+        if self.root_disk_idle_hours > 0:
+            for disk in await asyncio.to_thread(remove_unused, self.root_disk_idle_hours * 3600):
+                self.log.info("sandbox-vm: removed the root disk %s (unused)", disk.name)
         return reaped
 
     # ------------------------------------------------------------ the site

@@ -6,7 +6,7 @@ in the vm cache (``roots/<image id>.img``, with ``.json``: the image's name, env
 session of the image, on any server of the host, attaches the same file read-only (QEMU's
 ``readonly=on``); the guest lays a tmpfs over it (an overlay) and the session's commands are chrooted into
 that, the workspace bound in (:func:`setup_script`). A new image id (a rebuilt or re-pulled tag) makes a new
-disk; old ones stay until removed by hand (each file's mtime says when a create last used it).
+disk; :func:`remove_unused` removes the disks no create has used for a while and no QEMU of the host has open.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -131,3 +133,40 @@ def _make(api: Any, image_id: str, target: Path, labels: dict[str, str]) -> None
         with contextlib.suppress(Exception):
             api.remove_container(container, force=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def remove_unused(idle_seconds: float, now: float | None = None) -> list[Path]:
+    """Remove the root disks no create has used for ``idle_seconds`` and no QEMU on this host has open (any
+    deployment's), with the golden snapshots saved with them; the removed disks. Blocking (it reads /proc)."""
+    now = time.time() if now is None else now
+    idle = []
+    for disk in roots_dir().glob("*.img"):
+        with contextlib.suppress(OSError):
+            if now - disk.stat().st_mtime >= idle_seconds:
+                idle.append(disk)
+    if not idle:
+        return []
+    in_use = _attached()
+    removed = []
+    for disk in idle:
+        if str(disk) in in_use:
+            continue
+        saved_with = hashlib.sha256(str(disk).encode()).hexdigest()[:12]
+        for made in [*cache_dir().glob(f"*/golden-*-r{saved_with}.*"), disk.with_suffix(".json"), disk]:
+            with contextlib.suppress(FileNotFoundError):
+                made.unlink()
+        removed.append(disk)
+    return removed
+
+
+_ROOT_DRIVE = re.compile(rb"file=([^,\x00]+),if=none,id=root,")
+
+
+def _attached() -> set[str]:
+    """The root disks the command lines of this host's processes name (QEMU's ``-drive ...,id=root``)."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                found.update(m.decode() for m in _ROOT_DRIVE.findall(Path(entry.path, "cmdline").read_bytes()))
+    return found

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import os
 import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -131,6 +134,32 @@ def test_an_image_not_listed_or_not_on_the_engine_is_refused(image, state_dir):
                 await sandbox.create(SessionSpec(image="tai-sbx-test/absent:nowhere", **NONE))
             assert await sandbox.list() == []
         finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
+def test_the_reap_removes_a_root_disk_left_unused_not_one_a_vm_has_open(image, state_dir):
+    async def main():
+        sandbox = VmSandbox(accel="tcg", state_dir=state_dir, deployment="vm-image-tests", images=[image],
+                            root_disk_idle_hours=1)
+        session = await sandbox.create(SessionSpec(image=image, **NONE))
+        try:
+            disk = Path(sandbox._machines.read(session.id)["shape"]["root"])
+            saved_with = hashlib.sha256(str(disk).encode()).hexdigest()[:12]
+            assert list(cache_dir().glob(f"*/golden-*-r{saved_with}.state"))
+            long_ago = time.time() - 2 * 3600
+            os.utime(disk, (long_ago, long_ago))
+            await sandbox.reap()
+            assert disk.exists()  # its VM has it open
+            await session.destroy()
+            await sandbox.reap()
+            assert not disk.exists() and not list(cache_dir().glob(f"*/golden-*-r{saved_with}.*"))
+            again = await sandbox.create(SessionSpec(image=image, **NONE))  # made anew
+            assert (await out(again, "cat /etc/marker")).strip() == "from the image"
+            await again.destroy()
+        finally:
+            await session.destroy()
             await sandbox.close()
 
     asyncio.run(main())
