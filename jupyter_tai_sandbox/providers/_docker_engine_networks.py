@@ -33,36 +33,34 @@ class EngineNetworks(EngineCalls):
         """Create the bridge network ``name`` unless it exists. ``subnet`` picks its IPv4 subnet from
         the engine's networks (every network, so it overlaps none; it raises when none is free); a
         subnet a concurrent creator took meanwhile is picked again."""
+        await self._slow_call(f"create network {name}", self._ensure_network, name, labels, subnet, "engine",
+                              driver="bridge", internal=internal, options=dict(options))
 
+    def _ensure_network(self, name: str, labels: Mapping[str, str], subnet: Callable[[list[dict[str, Any]]], str],
+                        where: str, **create: Any) -> None:
+        """(Blocking.) Create the network ``name`` (the engine's ``create`` options) unless it exists, on a subnet
+        ``subnet`` picks from every network of the engine; a name another creator took meanwhile is found, a
+        subnet taken meanwhile picked again. ``where``: the engine as an error names it ("this swarm")."""
         docker = docker_sdk()
-
-        def ensure() -> None:
-            client = self._client
-            for _ in range(8):
-                found = [n for n in client.api.networks(names=[name]) if n.get("Name") == name]
-                if found:
-                    if not self.in_scope(found[0].get("Labels")):
-                        raise EngineRefusedError(
-                            f"network {name} belongs to another deployment on this engine", status=409, detail="taken"
-                        )
-                    return
-                ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet(client.api.networks()))])
-                try:
-                    client.api.create_network(
-                        name, driver="bridge", internal=internal, check_duplicate=True, options=dict(options),
-                        ipam=ipam, labels=self.scoped_labels(labels),
-                    )
-                    return
-                except docker.errors.APIError as e:
-                    if e.status_code == 409:  # another provider on this engine made it meanwhile
-                        continue
-                    if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
-                        raise
-            raise EngineRefusedError(
-                f"network {name}: every subnet picked was taken meanwhile", status=409, detail="subnet race"
-            )
-
-        await self._slow_call(f"create network {name}", ensure)
+        api = self._api
+        for _ in range(8):
+            found = [n for n in api.networks(names=[name]) if n.get("Name") == name]
+            if found:
+                if not self.in_scope(found[0].get("Labels")):
+                    raise EngineRefusedError(
+                        f"network {name} belongs to another deployment on this {where}", status=409, detail="taken")
+                return
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet(api.networks()))])
+            try:
+                api.create_network(name, check_duplicate=True, ipam=ipam, labels=self.scoped_labels(labels), **create)
+                return
+            except docker.errors.APIError as e:
+                if e.status_code == 409:  # another provider on this engine made it meanwhile
+                    continue
+                if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
+                    raise
+        raise EngineRefusedError(f"network {name}: every subnet picked was taken meanwhile", status=409,
+                                 detail="subnet race")
 
     async def networks(self, label: str) -> list[dict[str, Any]]:
         """The deployment's networks carrying ``label``."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..contract import SandboxNotFoundError, SandboxUnavailableError
 from ._docker_stream import READ_SIZE, EngineAddress
-from .docker_engine import DEFAULT_TIMEOUT, DockerEngine, EngineRefusedError, docker_sdk, readable
+from .docker_engine import DEFAULT_TIMEOUT, DockerEngine, EngineRefusedError, docker_sdk
 
 
 class TlsMaterial:
@@ -199,35 +199,8 @@ class SwarmEngine(DockerEngine):
     ) -> None:
         """Create the internal, attachable overlay network ``name`` unless it exists; ``subnet`` picks
         its IPv4 subnet from the manager's networks (see DockerEngine.ensure_network)."""
-        docker = docker_sdk()
-
-        def ensure() -> None:
-            api = self._api
-            for _ in range(8):
-                found = [n for n in api.networks(names=[name]) if n.get("Name") == name]
-                if found:
-                    if not self.in_scope(found[0].get("Labels")):
-                        raise EngineRefusedError(
-                            f"network {name} belongs to another deployment on this swarm", status=409, detail="taken"
-                        )
-                    return
-                ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet(api.networks()))])
-                try:
-                    api.create_network(
-                        name, driver="overlay", internal=True, attachable=True, check_duplicate=True,
-                        ipam=ipam, labels=self.scoped_labels(labels),
-                    )
-                    return
-                except docker.errors.APIError as e:
-                    if e.status_code == 409:
-                        continue
-                    if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
-                        raise
-            raise EngineRefusedError(
-                f"network {name}: every subnet picked was taken meanwhile", status=409, detail="subnet race"
-            )
-
-        await self._call(f"create network {name}", ensure)
+        await self._call(f"create network {name}", self._ensure_network, name, labels, subnet, "swarm",
+                         driver="overlay", internal=True, attachable=True)
 
     async def overlays(self, label: str) -> list[dict[str, Any]]:
         """The deployment's overlay networks carrying ``label``."""

@@ -13,7 +13,12 @@ from tests.support.docker import in_ci
 def need_qemu() -> None:
     """Skip (fail with ``CI=true``) where QEMU is missing."""
     if shutil.which(QEMU) is None:
-        message = f"the vm provider needs {QEMU} and its guest (bash .ci/vm-up)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{QEMU} (Debian's qemu-system-x86) and its guest")
+
+
+def missing(what: str) -> None:
+    """Skip, saying the vm tests need ``what`` (fail with ``CI=true``: CI installs it all)."""
+    message = f"the vm tests need {what} (bash .ci/vm-up)"
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)

@@ -8,7 +8,6 @@ with ``CI=true`` they fail instead.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,17 +17,10 @@ import pytest
 from jupyter_tai_sandbox.agent import AgentBinaryMissing, AgentClient, AgentError
 from jupyter_tai_sandbox.agent import protocol as p
 from jupyter_tai_sandbox.vm import BootedVm, Guest, GuestBuildError, boot, build_guest
-from jupyter_tai_sandbox.vm.qemu import QEMU, RETRY_ATTEMPT
-from tests.support.docker import in_ci
+from jupyter_tai_sandbox.vm.qemu import RETRY_ATTEMPT
+from tests.support.vm import missing, need_qemu
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow(30)]
-
-
-def _missing(what: str) -> None:
-    message = f"the vm tests need {what} (bash .ci/vm-up)"
-    if in_ci():
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @dataclass
@@ -48,12 +40,11 @@ class Vm:
 
 @pytest.fixture(scope="module")
 def vm() -> Iterator[Vm]:
-    if shutil.which(QEMU) is None:
-        _missing(f"{QEMU} (Debian's qemu-system-x86)")
+    need_qemu()
     try:
         guest = build_guest()
     except (GuestBuildError, AgentBinaryMissing) as e:
-        _missing(f"a guest: {e}")
+        missing(f"a guest: {e}")
     loop = asyncio.new_event_loop()
     started = time.monotonic()
     booted = loop.run_until_complete(boot(guest))
