@@ -1,6 +1,7 @@
 """The vm group: QEMU microVM sessions (under the accel this host allows: TCG here) next to docker sessions,
-same run, round-robin: create to first command (restored from the golden snapshot, and booted cold), a
-one-shot round trip, stdout throughput, pause + resume, and fork to the copy's first command."""
+same run, round-robin: create to first command (restored from the golden snapshot, with the docker image as
+its root too, and booted cold), a one-shot round trip, stdout throughput, pause + resume, and fork to the
+copy's first command."""
 
 from __future__ import annotations
 
@@ -35,12 +36,17 @@ async def vm_rows(report: Report, docker_sandbox: Callable[..., Any], image_of: 
     docker = docker_sandbox(image)
     restored = VmSandbox(accel=accel, state_dir=state, deployment="bench-vm")
     cold = VmSandbox(accel=accel, state_dir=state, deployment="bench-vm", golden_snapshots=False)
+    rooted = VmSandbox(accel=accel, state_dir=state, deployment="bench-vm", images=[image])
     none = {"network": "none"}
     try:
         await (await restored.create(SessionSpec(**none))).destroy()  # makes the golden snapshot, untimed
+        # the image's root disk and its golden, untimed
+        await (await rooted.create(SessionSpec(image=image, **none))).destroy()
         await _create_rows(report, accel, compare, {
             "docker create to first command (same run)": lambda: _first_command(docker, SessionSpec(image=image)),
             f"vm create to first command: restored ({accel})": lambda: _first_command(restored, SessionSpec(**none)),
+            f"vm create to first command: restored, the docker image as its root ({accel})":
+                lambda: _first_command(rooted, SessionSpec(image=image, **none)),
             f"vm create to first command: booted ({accel})": lambda: _first_command(cold, SessionSpec(**none)),
         })
         ours = await docker.create(SessionSpec(image=image))
@@ -52,7 +58,7 @@ async def vm_rows(report: Report, docker_sandbox: Callable[..., Any], image_of: 
             await guest.destroy()
             await ours.destroy()
     finally:
-        for sandbox in (docker, restored, cold):
+        for sandbox in (docker, restored, rooted, cold):
             await sandbox.close()
         shutil.rmtree(state, ignore_errors=True)
 
