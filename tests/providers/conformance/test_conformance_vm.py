@@ -29,9 +29,8 @@ def vm_sandbox(tmp_path: Path) -> VmSandbox:
     return VmSandbox(accel="tcg", state_dir=str(state), deployment=f"conformance:{tmp_path}")
 
 
-class TestVmConformance(SandboxConformance):
-    def make_sandbox(self, tmp_path):
-        return vm_sandbox(tmp_path)
+class NothingLeftOfTheCheck:
+    """A vm conformance class's own check after each check."""
 
     @pytest.fixture(autouse=True)
     def nothing_is_left(self, tmp_path):
@@ -43,3 +42,8 @@ class TestVmConformance(SandboxConformance):
             assert sandbox._machines.ids() == []
         finally:
             shutil.rmtree(Path(sandbox.state_dir), ignore_errors=True)
+
+
+class TestVmConformance(NothingLeftOfTheCheck, SandboxConformance):
+    def make_sandbox(self, tmp_path):
+        return vm_sandbox(tmp_path)

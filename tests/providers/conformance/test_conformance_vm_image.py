@@ -4,15 +4,11 @@ program. The whole suite runs on the guest's own root (test_conformance_vm.py)."
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-from pathlib import Path
-
 import pytest
 
 from jupyter_tai_sandbox.conformance import check_names
 from jupyter_tai_sandbox.testing import SandboxConformance
-from tests.providers.conformance.test_conformance_vm import vm_sandbox
+from tests.providers.conformance.test_conformance_vm import NothingLeftOfTheCheck, vm_sandbox
 from tests.support.docker import TEST_IMAGE, docker_client
 from tests.support.vm import need_qemu
 
@@ -33,23 +29,13 @@ def qemu_and_image():
     docker_client().close()  # the image's files come from the engine
 
 
-class TestVmImageConformance(SandboxConformance):
+class TestVmImageConformance(NothingLeftOfTheCheck, SandboxConformance):
     image = TEST_IMAGE
 
     def make_sandbox(self, tmp_path):
         sandbox = vm_sandbox(tmp_path)
         sandbox.images = [TEST_IMAGE]
         return sandbox
-
-    @pytest.fixture(autouse=True)
-    def nothing_is_left(self, tmp_path):
-        yield
-        sandbox = vm_sandbox(tmp_path)
-        try:
-            assert asyncio.run(sandbox.list()) == []
-            assert sandbox._machines.ids() == []
-        finally:
-            shutil.rmtree(Path(sandbox.state_dir), ignore_errors=True)
 
 
 for _name in check_names():
