@@ -325,9 +325,10 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         uid, gid = uid or "0", gid or uid or "0"
         if spec.durability == "persistent":
             script = (f"for d in /sys/block/vd*; do [ \"$(cat $d/serial 2>/dev/null)\" = tai-ws ] && dev=/dev/${{d##*/}}; "
-                      f"done; mount -t ext4 -o noatime $dev {WORKSPACE} && chown {uid}:{gid} {WORKSPACE}")
+                      f"done; mount -t ext4 -o noatime,nosuid,nodev $dev {WORKSPACE} && chown {uid}:{gid} {WORKSPACE}")
         else:
-            script = f"mount -t tmpfs -o size={self.disk_limit_mb}m,mode=0755,uid={uid},gid={gid} tmpfs {WORKSPACE}"
+            script = (f"mount -t tmpfs -o size={self.disk_limit_mb}m,mode=0755,uid={uid},gid={gid},nosuid,nodev tmpfs "
+                      f"{WORKSPACE}")
         if rooted:
             script = f"{script}\n{setup_script(WORKSPACE, self.disk_limit_mb)}"
         result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=30))

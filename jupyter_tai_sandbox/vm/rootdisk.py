@@ -52,16 +52,19 @@ def roots_dir() -> Path:
 
 def setup_script(workspace: str, overlay_mb: int) -> str:
     """The guest's root's shell script (busybox) that makes the session's root: the disk whose serial is
-    ``tai-root`` read-only, a tmpfs of ``overlay_mb`` over it, the workspace bound in, /proc, /sys, /dev, /tmp."""
+    ``tai-root`` read-only, a tmpfs of ``overlay_mb`` over it, the workspace bound in, /proc, /sys, /dev, /tmp.
+    The image's files count no setuid bit and open no device node (``nosuid,nodev``): an image could carry a
+    setuid program or a node of the agent's channel, and the session's user must not become root nor reach
+    the agent through it."""
     return f"""set -e
 dev=
 for d in /sys/block/vd*; do [ "$(cat $d/serial 2>/dev/null)" = tai-root ] && dev=/dev/${{d##*/}}; done
 [ -n "$dev" ] || {{ echo "no root disk attached" >&2; exit 1; }}
 mkdir -p {IMAGE_DIR} {OVERLAY_DIR} {ROOT_DIR}
-mount -t ext4 -o ro,noatime "$dev" {IMAGE_DIR}
+mount -t ext4 -o ro,noatime,nosuid,nodev "$dev" {IMAGE_DIR}
 mount -t tmpfs -o size={overlay_mb}m,mode=0755 tmpfs {OVERLAY_DIR}
 mkdir -p {OVERLAY_DIR}/upper {OVERLAY_DIR}/work
-mount -t overlay -o lowerdir={IMAGE_DIR},upperdir={OVERLAY_DIR}/upper,workdir={OVERLAY_DIR}/work overlay {ROOT_DIR}
+mount -t overlay -o nosuid,nodev,lowerdir={IMAGE_DIR},upperdir={OVERLAY_DIR}/upper,workdir={OVERLAY_DIR}/work overlay {ROOT_DIR}
 for d in {workspace} /proc /sys /dev /tmp; do mkdir -p {ROOT_DIR}$d; done
 mount -o bind {workspace} {ROOT_DIR}{workspace}
 mount -t proc -o nosuid,nodev,noexec proc {ROOT_DIR}/proc

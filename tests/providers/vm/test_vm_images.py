@@ -52,6 +52,9 @@ def image() -> Iterator[str]:
         info = tarfile.TarInfo("etc/marker")
         info.size, info.mode = len(marker), 0o644
         dst.addfile(info, io.BytesIO(marker))
+        node = tarfile.TarInfo("opt/null")  # a hostile image's device node, open to all (here: /dev/null's)
+        node.type, node.devmajor, node.devminor, node.mode = tarfile.CHRTYPE, 1, 3, 0o666
+        dst.addfile(node)
     (key, value), = RUN_LABEL.items()
     tag = f"tai-sbx-test/vm-root:{RUN_ID}".lower()
     subprocess.run(["docker", "import", "--change", f"LABEL {key}={value}", "--change", "ENV IMAGE_SAYS=hello",
@@ -96,6 +99,12 @@ def test_a_session_of_an_image_runs_in_its_files_with_its_env_and_keeps_its_writ
                 "from", "the", "image", "hello", "/workspace", "1000"]
             with pytest.raises(SandboxRequestError, match="no such program"):
                 await first.exec(["python3", "-V"], timeout_seconds=30)  # not in this image
+            # the image's files open no device node and honour no setuid bit; nor does the workspace
+            assert (await first.exec(["sh", "-c", "echo x > /opt/null"], timeout_seconds=30)).exit_code != 0
+            mounts = await out(first, "cat /proc/mounts")
+            for where in ("/", "/workspace"):  # as the chrooted command sees them
+                line = next(m for m in mounts.splitlines() if m.split()[1] == where)
+                assert {"nosuid", "nodev"} <= set(line.split()[3].split(",")), line
             await first.put_file("in.txt", b"uploaded")
             assert await out(first, "cat /workspace/in.txt") == "uploaded"
             await out(first, "echo overlay > /tmp/kept && mkdir -p /tmp/d")  # the session's own layer
