@@ -57,10 +57,10 @@ class ForkImages:
         try:
             async with lock:  # two forks of one source: the second must not take the first's freeze for a user's
                 attrs = await self._engine.inspect_container(container_id, what="inspect a session")
-                self._stays_paused[container_id] = bool((attrs.get("State") or {}).get("Paused"))
-                if not self._stays_paused[container_id]:
-                    await self._engine.set_paused(container_id, True)
+                was_paused = self._stays_paused[container_id] = bool((attrs.get("State") or {}).get("Paused"))
                 try:
+                    if not was_paused:
+                        await self._engine.set_paused(container_id, True)
                     committed = not (attrs.get("HostConfig") or {}).get("ReadonlyRootfs")
                     image = await self._commit(container_id, fork_id) if committed else str(attrs["Image"])
                     try:
@@ -72,6 +72,7 @@ class ForkImages:
                         raise
                 finally:
                     if self._stays_paused.pop(container_id):
+                        await self._engine.set_paused(container_id, True)  # a no-op unless the freeze failed
                         self._paused.add(container_id)
                     else:
                         await self._engine.set_paused(container_id, False)
