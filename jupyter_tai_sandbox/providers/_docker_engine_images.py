@@ -7,11 +7,13 @@ one worker thread, streamed: nothing is held whole).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from ..contract import SandboxNotFoundError
 from ._docker_engine_calls import EngineCalls, EngineRefusedError, MissingImageError
+
+T = TypeVar("T")
 
 #: a folder copy between two containers gives up after this many seconds (a tmpfs workspace of a few GiB
 #: copies in seconds on one engine)
@@ -64,6 +66,11 @@ class EngineImages(EngineCalls):
                 raise
             return False
         return True
+
+    async def run_long(self, what: str, within: float, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking function of the caller's that calls the engine (:attr:`api`) for a long while, such as an
+        image's export, in a worker thread, its errors typed, bounded by ``within`` seconds."""
+        return await self._call_within(within, what, fn, *args)
 
     async def copy_folder(self, source: str, target: str, folder: str) -> None:
         """Copy what ``folder`` of container ``source`` holds (files, modes, owners, links) into the same folder

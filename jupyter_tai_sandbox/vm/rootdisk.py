@@ -87,8 +87,8 @@ async def ensure_root_disk(engine: Any, image: str, *, log: Any = None) -> RootD
         if log is not None:
             log.info("sandbox-vm: making the root disk of image %s (once per image id)", image)
         started = time.monotonic()
-        await asyncio.wait_for(engine.blocking(_make_locked, engine.api, found["Id"], target,
-                                               engine.scoped_labels({})), BUILD_SECONDS)
+        await engine.run_long(f"make the root disk of {image}", BUILD_SECONDS, _make_locked, engine.api, found["Id"],
+                              target, engine.scoped_labels({}))
         if log is not None:
             log.info("sandbox-vm: made the root disk of %s in %.1f s", image, time.monotonic() - started)
     with contextlib.suppress(OSError):
