@@ -172,3 +172,23 @@ def test_the_reap_removes_a_root_disk_left_unused_not_one_a_vm_has_open(image, s
             await sandbox.close()
 
     asyncio.run(main())
+
+
+def test_a_persistent_workspace_in_an_image_session_is_found_beside_the_root_disk(image, state_dir):
+    """Two disks attached (the image's root, the workspace): each is found by its serial, not its order."""
+
+    async def main():
+        sandbox = VmSandbox(accel="tcg", state_dir=state_dir, deployment="vm-image-tests", images=[image])
+        spec = {"durability": "persistent", "workspace_key": f"kept-{RUN_ID}", **NONE}
+        try:
+            first = await sandbox.create(SessionSpec(image=image, **spec))
+            await out(first, "echo kept > f")
+            assert (await out(first, "cat /etc/marker")).strip() == "from the image"
+            await first.destroy()
+            again = await sandbox.create(SessionSpec(**spec))  # the package's own guest, the same workspace
+            assert (await out(again, "cat f")).strip() == "kept"
+            await again.destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
