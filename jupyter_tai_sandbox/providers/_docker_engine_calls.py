@@ -277,13 +277,17 @@ class EngineCalls:
             return False
         return True
 
-    async def image_user(self, name: str) -> str:
-        """The image's USER ('' when it names none); MissingImageError when the engine lacks it."""
+    async def inspect_image(self, name: str) -> dict[str, Any]:
+        """Any image's description (a session's image belongs to no deployment); MissingImageError when the
+        engine lacks it."""
         try:
-            found = await self._call(f"inspect image {name}", "inspect_image", name)
+            return dict(await self._call(f"inspect image {name}", "inspect_image", name))
         except SandboxNotFoundError:
             raise MissingImageError(f"image {name!r} is not on the Docker engine at {self.base_url}", image=name) from None
-        return str((found.get("Config") or {}).get("User") or "")
+
+    async def image_user(self, name: str) -> str:
+        """The image's USER ('' when it names none); MissingImageError when the engine lacks it."""
+        return str(((await self.inspect_image(name)).get("Config") or {}).get("User") or "")
 
     async def ping(self) -> None:
         """Answer when the engine does (within ``timeout``); SandboxUnavailableError when it cannot be reached."""

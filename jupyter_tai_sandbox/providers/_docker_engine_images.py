@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..contract import SandboxNotFoundError
-from ._docker_engine_calls import EngineCalls, EngineRefusedError, MissingImageError
+from ._docker_engine_calls import EngineCalls, EngineRefusedError
 
 T = TypeVar("T")
 
@@ -33,14 +33,6 @@ class EngineImages(EngineCalls):
             conf={"Labels": self.scoped_labels(labels)}, pause=False,
         )
         return str(made["Id"])
-
-    async def inspect_image(self, name: str) -> dict[str, Any]:
-        """Any image's description (a session's image belongs to no deployment); MissingImageError when the
-        engine lacks it."""
-        try:
-            return dict(await self._call(f"inspect image {name}", "inspect_image", name))
-        except SandboxNotFoundError:
-            raise MissingImageError(f"image {name!r} is not on the Docker engine at {self.base_url}", image=name) from None
 
     async def image(self, image_id: str) -> dict[str, Any] | None:
         """The image's description, or None when there is none in the deployment."""

@@ -340,11 +340,10 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         """A session object; ``image_env`` (a session image's env) makes it one whose commands are chrooted into
         the image's root."""
         spec = spec_from_labels(labels, [f"{k}={v}" for k, v in env.items()])
-        if image_env is None:
-            return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires,
-                             env=env, user=user)
+        rooted = image_env is not None
         return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires,
-                         env={**image_env, "HOME": WORKSPACE, **env}, user=user, root=ROOT_DIR)
+                         env={**image_env, "HOME": WORKSPACE, **env} if rooted else env, user=user,
+                         root=ROOT_DIR if rooted else "")
 
     async def _root_disk(self, image: str) -> Any:
         if self._image_engine is None:
