@@ -1,6 +1,6 @@
 """The vm group: QEMU microVM sessions (under the accel this host allows: TCG here) next to docker sessions,
 same run, round-robin: create to first command (restored from the golden snapshot, with the docker image as
-its root too, and booted cold), a one-shot round trip, stdout throughput, pause + resume, and fork to the
+its root too, on an egress bridge as docker's, and booted cold), a one-shot round trip, stdout throughput, pause + resume, and fork to the
 copy's first command."""
 
 from __future__ import annotations
@@ -42,13 +42,18 @@ async def vm_rows(report: Report, docker_sandbox: Callable[..., Any], image_of: 
         await (await restored.create(SessionSpec(**none))).destroy()  # makes the golden snapshot, untimed
         # the image's root disk and its golden, untimed
         await (await rooted.create(SessionSpec(image=image, **none))).destroy()
-        await _create_rows(report, accel, compare, {
+        variants = {
             "docker create to first command (same run)": lambda: _first_command(docker, SessionSpec(image=image)),
             f"vm create to first command: restored ({accel})": lambda: _first_command(restored, SessionSpec(**none)),
             f"vm create to first command: restored, the docker image as its root ({accel})":
                 lambda: _first_command(rooted, SessionSpec(image=image, **none)),
             f"vm create to first command: booted ({accel})": lambda: _first_command(cold, SessionSpec(**none)),
-        })
+        }
+        if "egress" in restored.networks:  # as docker's: on the owner's egress bridge, through a seat
+            await (await restored.create(SessionSpec())).destroy()  # its golden (a network card), untimed
+            variants[f"vm create to first command: restored, egress like docker's ({accel})"] = \
+                lambda: _first_command(restored, SessionSpec())
+        await _create_rows(report, accel, compare, variants)
         ours = await docker.create(SessionSpec(image=image))
         guest = await restored.create(SessionSpec(**none))
         try:

@@ -7,7 +7,7 @@ one worker thread, streamed: nothing is held whole).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..contract import SandboxNotFoundError
@@ -58,6 +58,12 @@ class EngineImages(EngineCalls):
                 raise
             return False
         return True
+
+    async def import_image(self, archive: bytes, *, repository: str, tag: str, changes: Sequence[str]) -> None:
+        """``archive`` (a tar of a root filesystem) as the image ``repository:tag`` (``changes``: Dockerfile
+        instructions such as CMD): an image every deployment on the engine shares, as a built one."""
+        await self._slow_call(f"import image {repository}:{tag}", "import_image_from_data", archive,
+                              repository=repository, tag=tag, changes=list(changes))
 
     async def run_long(self, what: str, within: float, fn: Callable[..., T], *args: Any) -> T:
         """A blocking function of the caller's that calls the engine (:attr:`api`) for a long while, such as an

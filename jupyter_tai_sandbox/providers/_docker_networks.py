@@ -176,8 +176,10 @@ class HostFirewall:
     networks it cannot protect, "off" sets none. Each rule carries the comment ``tai-sbx:<tag>``
     (the deployment's tag), so a reap removes only its own deployment's rules whose bridge is gone."""
 
-    def __init__(self, mode: str, base_url: str, tag: str, log: Any) -> None:
+    def __init__(self, mode: str, base_url: str, tag: str, log: Any,
+                 setting: str = "DockerSandbox.egress_firewall") -> None:
         self.mode = mode
+        self.setting = setting
         self.comment = f"tai-sbx:{tag}"
         self._log = log
         self._iptables = shutil.which("iptables")
@@ -188,7 +190,7 @@ class HostFirewall:
 
     def _unavailable(self, base_url: str) -> str | None:
         if self.mode == "off":
-            return "DockerSandbox.egress_firewall is off"
+            return f"{self.setting} is off"
         if not base_url.startswith("unix://"):
             return f"the engine at {base_url} is not on this host"
         if os.geteuid() != 0:
@@ -238,7 +240,7 @@ class HostFirewall:
         if self.mode == "require":
             raise SandboxUnavailableError(
                 f"session networks cannot be kept from the host and 169.254.0.0/16 ({why}), and "
-                "DockerSandbox.egress_firewall is 'require'"
+                f"{self.setting} is 'require'"
             )
         if not self._warned:
             self._warned = True

@@ -1,5 +1,6 @@
-"""Settings every provider that runs sessions apart from the server shares: its deployment scope and its
-cpu and memory limits (docker and swarm through the container base, and vm)."""
+"""Settings every provider that runs sessions apart from the server shares: its deployment scope, its
+cpu and memory limits (docker and swarm through the container base, and vm), and the session networks'
+(docker, swarm and vm: their owners' networks are the engine's)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ import dataclasses
 import os
 from typing import Any
 
-from traitlets import Dict, Float, Integer, TraitError, Unicode, default, validate
+from traitlets import Dict, Enum, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..contract import SandboxSpecRejectedError, SessionSpec
 from ._docker_names import DEPLOYMENT_ENV, Deployment, check_deployment, default_deployment
+from ._docker_networks import (
+    DEFAULT_NETWORK_POOL,
+    DEFAULT_NETWORK_PREFIX,
+    NetworkLocks,
+    capacity_error,
+    check_pool,
+    free_subnet,
+    taken_subnets,
+)
 
 
 def rejected(message: str) -> SandboxSpecRejectedError:
@@ -107,3 +117,69 @@ class LimitSettings(LoggingConfigurable):
         if (cpu, memory) == (spec.cpu, spec.memory_mb):
             return spec
         return dataclasses.replace(spec, cpu=cpu, memory_mb=memory)
+
+
+class NetworkSettings(LoggingConfigurable):
+    """Where the owners' session networks come from: their names and the range of their subnets; the locks
+    that keep one network's making and removal apart."""
+
+    internal_network = Unicode(
+        "tai-sbx-internal",
+        help="""Base name of the Docker networks (internal: no route out) that network='internal'
+        sessions join: one per owner (this name, '-', a short hash of the owner), made on demand and
+        removed with its last session; sessions without an owner join this name itself.""",
+    ).tag(config=True)
+
+    network_pool = Unicode(
+        DEFAULT_NETWORK_POOL,
+        help="""IPv4 range the subnets of session networks (each owner's egress and internal network, and
+        the warm pool's) are taken from; the provider picks free ones itself (never from the engine's
+        default pools), avoiding every subnet already on the engine. It holds
+        2^(network_prefix - its prefix length) networks (1024 by default: up to 512 owners with both
+        egress and internal sessions); when they are all in use a session create answers 503
+        SandboxCapacityError. Choose a range that no network of the engine's host routes to.""",
+    ).tag(config=True)
+
+    network_prefix = Integer(
+        DEFAULT_NETWORK_PREFIX,
+        help="""Prefix length of one session network's subnet (/26: 64 addresses, room for 61 sessions of one
+        owner on one network mode). Between network_pool's prefix length and 29.""",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._networks = NetworkLocks()
+        try:
+            check_pool(self.network_pool, self.network_prefix)
+        except ValueError as e:
+            raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
+
+    def _pick_subnet(self, networks: list[dict[str, Any]]) -> str:
+        """A free subnet of network_pool, given every network on the engine; SandboxCapacityError when none."""
+        found = free_subnet(self.network_pool, self.network_prefix, taken_subnets(networks))
+        if found is None:
+            raise capacity_error(type(self).__name__, self.network_pool, self.network_prefix)
+        return found
+
+
+class BridgeSettings(NetworkSettings):
+    """Session networks that are bridges of a Docker engine on the server's host (docker, vm): the owners'
+    egress bridges, and the host firewall that keeps their sessions from the host."""
+
+    egress_network = Unicode(
+        "tai-sbx-egress",
+        help="""Base name of the Docker networks that network='egress' sessions join: one bridge per owner
+        (this name, '-', a short hash of deployment and owner) with a route out and inter-container
+        traffic off, made on demand and removed with its last session. The warm pool's containers wait
+        on '<this name>-pool-<deployment tag>', which reaches nothing.""",
+    ).tag(config=True)
+
+    egress_firewall = Enum(
+        ["auto", "require", "off"],
+        "auto",
+        help="""Host firewall rules (iptables) that keep sessions on the provider's bridges from the engine's
+        host (any of its addresses, the bridge gateway's among them) and from 169.254.0.0/16 (the cloud
+        metadata service). 'auto': set them when the server can (it runs as root, iptables is installed,
+        the engine is a unix:// socket whose bridges are in the server's network namespace), else warn
+        once; 'require': refuse egress and internal sessions when it cannot; 'off': none.""",
+    ).tag(config=True)

@@ -14,6 +14,7 @@ from ..vm.guest import Guest
 from ..vm.qemu import VmError, qemu_argv
 from ..vm.snapshot import POLL_SECONDS, Qmp, memory_args, qmp_args
 from ._vm_machines import Machines
+from ._vm_networks import TAP
 
 #: the longest one QMP command may take
 QMP_SECONDS = 5.0
@@ -23,7 +24,7 @@ COPY_SECONDS = 60.0
 COPY_BANDWIDTH = 8 << 30
 
 
-async def qmp(folder: Path, command: str, **arguments: Any) -> Any:
+async def qmp(folder: Path, command: str, /, **arguments: Any) -> Any:
     """One QMP command to the QEMU of the session in ``folder``."""
     control = await _connect(folder)
     try:
@@ -73,20 +74,22 @@ def copy_argv(guest: Guest, folder: Path, record: dict[str, Any], state: Path) -
     """The command line of a VM that loads ``state``, saved from the session ``record`` describes: the same
     machine, its memory on the same golden file when the source's was."""
     shape = record["shape"]
-    argv = qemu_argv(guest, folder, console=False, **shape)
+    argv = qemu_argv(guest, folder, console=False, tap=TAP if shape.get("nic") else None, **shape)
     if record.get("golden"):
         argv += memory_args(Path(record["golden"]).with_suffix(".ram"), shape["memory_mb"], shared=False)
     return [*argv, *qmp_args(folder / "qmp.sock"), "-incoming", f"exec:cat {state}"]
 
 
-async def run_loaded(machines: Machines, session_id: str) -> None:
+async def run_loaded(machines: Machines, session_id: str, *, link: bool = True) -> None:
     """Wait until the session's QEMU has loaded its incoming state, then let the guest run (a state saved from
-    a stopped guest loads stopped)."""
+    a stopped guest loads stopped); without ``link``, its network card's link is down until QMP ``set_link``."""
     control = await _connect(machines.folder(session_id))  # one connection: QEMU takes one client at a time
     try:
         async with asyncio.timeout(COPY_SECONDS):
             while True:
                 status = (await control.command("query-status")).get("status")
+                if status != "inmigrate" and not link:
+                    await control.command("set_link", name="net0", up=False)
                 if status == "running":
                     return
                 if status != "inmigrate":

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from traitlets import Enum, Float, Integer, Unicode
+from traitlets import Float, Integer
 
 from ..contract import (
     SandboxError,
@@ -68,6 +68,7 @@ from ._docker_pool import PooledSession, Ready, WarmPool
 from ._docker_pool_networks import PoolNetworks
 from ._docker_session import DockerSession, session_of
 from ._docker_ttl import TtlRecords, expiries, retimed
+from ._provider_settings import BridgeSettings
 from .container import KILL_LIMIT_SECONDS, CommandRegistry
 from .container.sandbox import (
     ContainerSandbox,
@@ -100,7 +101,7 @@ __all__ = [
 ]
 
 
-class DockerSandbox(ContainerSandbox):
+class DockerSandbox(BridgeSettings, ContainerSandbox):
     """sandbox-docker: each session is one container on a Docker engine, running the session agent as PID 1.
 
     Everything the provider makes carries its deployment's label, and every engine query asks for it
@@ -117,24 +118,6 @@ class DockerSandbox(ContainerSandbox):
     supports_limits = True
     pausable = True
     forkable = True
-
-    egress_network = Unicode(
-        "tai-sbx-egress",
-        help="""Base name of the Docker networks that network='egress' sessions join: one bridge per owner
-        (this name, '-', a short hash of deployment and owner) with a route out and inter-container
-        traffic off, made on demand and removed with its last session. The warm pool's containers wait
-        on '<this name>-pool-<deployment tag>', which reaches nothing.""",
-    ).tag(config=True)
-
-    egress_firewall = Enum(
-        ["auto", "require", "off"],
-        "auto",
-        help="""Host firewall rules (iptables) that keep sessions on the provider's bridges from the engine's
-        host (any of its addresses, the bridge gateway's among them) and from 169.254.0.0/16 (the cloud
-        metadata service). 'auto': set them when the server can (it runs as root, iptables is installed,
-        the engine is a unix:// socket whose bridges are in the server's network namespace), else warn
-        once; 'require': refuse egress and internal sessions when it cannot; 'off': none.""",
-    ).tag(config=True)
 
     pool_size = Integer(
         0,

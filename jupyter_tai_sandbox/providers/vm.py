@@ -6,7 +6,8 @@ runs a separate guest kernel, not a hardened boundary, and the provider says so.
 run on the container base's engine-neutral session over the agent's virtio-serial ports
 (``_vm_machines``); the machines live in folders on this host, so sessions outlive the server and any
 server of the deployment finds them. A session of a listed docker image runs its commands chrooted into
-that image's files (``vm.rootdisk``: a read-only disk per image id, a tmpfs overlay per session).
+that image's files (``vm.rootdisk``: a read-only disk per image id, a tmpfs overlay per session). A session
+on a network sits on its owner's bridge of the Docker engine, as a docker session does (``_vm_networks``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, observe, validate
 
 from ..contract import (
     ExecRequest,
@@ -45,9 +46,11 @@ from ..vm.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_scrip
 from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
 from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
-from ._provider_settings import DeploymentSettings, LimitSettings, rejected
+from ._docker_networks import HostFirewall
+from ._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
 from ._vm_control import copy_argv, qmp, run_loaded, save
 from ._vm_machines import PORTS, Machines
+from ._vm_networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable
 from .container import CommandRegistry
 from .container.sandbox import spec_from_labels
 from .container.session import ContainerSession, ContainerSite
@@ -62,12 +65,11 @@ RESTORE_SECONDS = 20.0
 SYNC_SECONDS = 5.0
 
 
-class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
+class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
     """sandbox-vm: one QEMU microVM per session (see the module's docstring; README's "The vm provider")."""
 
     kind = "vm"
     max_isolation = "vm"
-    networks = frozenset({"none"})
     supports_limits = True
     pausable = True
     forkable = True
@@ -112,16 +114,27 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
     images = List(
         Unicode(),
         help="""Docker images a session may name (exactly as listed): each becomes the session's root, its
-        files on a read-only disk made once per image id from the engine at image_engine_url (README "The vm
+        files on a read-only disk made once per image id from the engine at engine_url (README "The vm
         provider": a minute or so for a large image, the first time), under a writable tmpfs, the workspace
         bound in; commands get the image's env. A session that names no image runs the package's own guest
         (busybox).""",
     ).tag(config=True)
 
-    image_engine_url = Unicode(
+    engine_url = Unicode(
         "unix:///var/run/docker.sock",
-        help="The Docker engine the images' files are read from (only when a root disk is made).",
+        help="""The Docker engine on this host whose bridges sessions on a network sit on (each owner's egress
+        and internal bridge, as a docker session's: network_pool, egress_firewall...), and that the images'
+        files are read from when a root disk is made. Sessions on a network need the server to run as root
+        here (QEMU joins a container's network namespace); otherwise the provider offers network 'none'
+        only.""",
     ).tag(config=True)
+
+    image_engine_url = Unicode(help="Deprecated: the old name of engine_url.").tag(config=True)
+
+    @observe("image_engine_url")
+    def _old_engine_url(self, change: Any) -> None:
+        self.log.warning("VmSandbox.image_engine_url is deprecated: use VmSandbox.engine_url")
+        self.engine_url = change["new"]
 
     root_disk_idle_hours = Float(
         168.0,
@@ -150,6 +163,12 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         return value
 
     @property  # type: ignore[override]
+    def networks(self) -> frozenset[str]:
+        """``none`` always; ``egress`` and ``internal`` where the server can seat sessions on the engine's
+        bridges (``_vm_networks``)."""
+        return frozenset({"none"}) if self._why_no_networks else frozenset({"egress", "internal", "none"})
+
+    @property  # type: ignore[override]
     def isolation_note(self) -> str | None:
         return f"emulated: {TCG_NOTE}" if self.accel == "tcg" else None
 
@@ -164,7 +183,13 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         except ValueError as e:
             raise TraitError(f"{type(self).__name__}.state_dir: {e}") from None
         self._guest: asyncio.Future[Guest] | None = None
-        self._image_engine: DockerEngine | None = None
+        self._engine = DockerEngine(self.engine_url, scope=self.scope.labels)
+        self._why_no_networks = networks_unavailable(self.engine_url)
+        self._seats = VmSeats(
+            self._engine, locks=self._networks, labels=self.own_labels, pick_subnet=self._pick_subnet,
+            firewall=HostFirewall(self.egress_firewall, self.engine_url, self.scope.tag, self.log,
+                                  setting="VmSandbox.egress_firewall"),
+            names={"egress": self.egress_network, "internal": self.internal_network})
         self._accel_checked = False
         self._probing: asyncio.Future[None] | None = None
         self._site = ContainerSite(
@@ -240,6 +265,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
         folder = self._machines.folder(session_id)
         self._make_folder(folder)
+        network = self._network_of(spec)
         try:
             extra: list[str] = []
             if spec.durability == "persistent":
@@ -247,7 +273,7 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                 extra = ["-drive", f"file={image},if=none,id=ws,format=raw,discard=unmap",
                          "-device", "virtio-blk-device,drive=ws,serial=tai-ws"]
             shape = {"accel": self.accel, "memory_mb": int(spec.memory_mb or self.default_memory_mb),
-                     "cpus": int(spec.cpu or 1), "ports": PORTS}
+                     "cpus": int(spec.cpu or 1), "ports": PORTS, "nic": network is not None}
             record: dict[str, Any] = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape,
                                       "user": self.user}
             if spec.image != VM_IMAGE:
@@ -255,17 +281,21 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                 shape["root"] = str(disk.path)
                 record["image_env"] = disk.env
             self._machines.write(session_id, {**record, "starting": True})  # the reaper leaves it be meanwhile
-            argv = qemu_argv(guest, folder, extra=extra, console=False, **shape)
+            seat = None if network is None else await self._seats.seat(session_id, network, spec.network)
+            argv = qemu_argv(guest, folder, extra=extra, console=False, tap=TAP if seat else None, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
-            if await self._start_guest(session_id, argv, golden, shape["memory_mb"]):
+            if await self._start_guest(session_id, (seat.enter if seat else []) + argv, golden, shape["memory_mb"]):
                 record["golden"] = str(golden)  # a fork maps it too
-            await self._mount_workspace(self._session(session_id, labels, spec.env, expires), spec, self.user,
-                                        rooted="root" in shape)
+            await self._set_up_guest(self._session(session_id, labels, spec.env, expires), spec, self.user,
+                                     rooted="root" in shape, seat=seat)
             session = self._session(session_id, labels, spec.env, expires, self.user, record.get("image_env"))
             self._machines.write(session_id, record)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._machines.stop(session_id)
+            if network is not None:
+                with contextlib.suppress(Exception):
+                    await self._seats.leave(session_id, network)
             raise
         self.log.debug("sandbox-vm: created %s (%s)", session_id, self.accel)
         return self._site.remember(session)
@@ -318,9 +348,14 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         return await self._machines.ensure_workspace(
             key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb)
 
-    async def _mount_workspace(self, session: VmSession, spec: SessionSpec, user: str, *, rooted: bool) -> None:
+    def _network_of(self, spec: SessionSpec) -> str | None:
+        """The owner bridge a session of ``spec`` sits on (None: network ``none``)."""
+        return self._seats.network_of(spec, self.scope.owner_network)
+
+    async def _set_up_guest(self, session: VmSession, spec: SessionSpec, user: str, *, rooted: bool,
+                            seat: Seat | None) -> None:
         """Mount the workspace, by the guest's root (``session``'s user), for ``user``; with ``rooted``, make the
-        session image's root too (vm/rootdisk.py)."""
+        session image's root too (vm/rootdisk.py); with a ``seat``, give the guest's card its address."""
         uid, _, gid = user.partition(":")
         uid, gid = uid or "0", gid or uid or "0"
         if spec.durability == "persistent":
@@ -331,9 +366,9 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                       f"{WORKSPACE}")
         if rooted:
             script = f"{script}\n{setup_script(WORKSPACE, self.disk_limit_mb)}"
-        result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=30))
-        if result.exit_code != 0:
-            raise SandboxError(f"mounting the session's workspace failed: {result.stderr.decode(errors='replace')}")
+        if seat is not None:
+            script = f"{script}\n{seat.guest_script(('', ROOT_DIR) if rooted else ('',))}"
+        await _as_guest_root(session, script, "setting up the session's guest")
 
     def _session(self, session_id: str, labels: dict[str, str], env: dict[str, str], expires: float,
                  user: str = "", image_env: dict[str, str] | None = None) -> VmSession:
@@ -346,12 +381,10 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                          root=ROOT_DIR if rooted else "")
 
     async def _root_disk(self, image: str) -> Any:
-        if self._image_engine is None:
-            self._image_engine = DockerEngine(self.image_engine_url, scope=self.scope.labels)
         try:
-            return await ensure_root_disk(self._image_engine, image, log=self.log)
+            return await ensure_root_disk(self._engine, image, log=self.log)
         except MissingImageError:
-            raise rejected(f"image {image!r} is not on the Docker engine at {self.image_engine_url}: build or "
+            raise rejected(f"image {image!r} is not on the Docker engine at {self.engine_url}: build or "
                            "pull it there first") from None
 
     def _found(self, session_id: str) -> VmSession | None:
@@ -392,7 +425,9 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
 
     async def reap(self) -> list[str]:
         now = time.time()
-        reaped = []
+        reaped: list[str] = []
+        seats = await self._seat_summaries()
+        seated = {str((s.get("Labels") or {}).get(LABEL_SEAT)) for s in seats or () if s.get("State") == "running"}
         for session_id in self._machines.ids():
             session = self._found(session_id)
             made = self._machines.made_at(session_id)
@@ -403,16 +438,34 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                 continue
             if being_made and (self._machines.read(session_id) or {}).get("starting"):
                 continue  # a create or fork under way (here or on another server): its QEMU may not run yet
-            if session.expires_at <= now or not self._machines.running(session_id):
+            # a session on a network whose seat is gone (an engine restart stops it) has lost its network (asked
+            # again: a create that ended after the listing made its seat since)
+            unseated = (seats is not None and session.spec.network != "none" and session_id not in seated
+                        and not await self._seats.seated(session_id))
+            if session.expires_at <= now or not self._machines.running(session_id) or unseated:
                 with contextlib.suppress(SandboxNotFoundError):
                     await session.destroy(remove_workspace=False)
                     reaped.append(session_id)
         if reaped:
             self.log.info("sandbox-vm: reaped %s", ", ".join(reaped))
+        if seats is not None:
+            with contextlib.suppress(SandboxError):
+                await self._seats.reap(seats, set(self._machines.ids()), now)
         if self.root_disk_idle_hours > 0:
             for disk in await asyncio.to_thread(remove_unused, self.root_disk_idle_hours * 3600):
                 self.log.info("sandbox-vm: removed the root disk %s (unused)", disk.name)
         return reaped
+
+    async def _seat_summaries(self) -> list[dict[str, Any]] | None:
+        """The deployment's seats on the engine; None when it has none to have (no networks here) or the engine
+        does not answer (then no session is taken for one that lost its seat)."""
+        if self._why_no_networks:
+            return None
+        try:
+            return await self._seats.seats()
+        except SandboxError as e:
+            self.log.debug("sandbox-vm: the reap cannot list the sessions' seats: %s", e)
+            return None
 
     # ------------------------------------------------------------ the site
 
@@ -452,17 +505,27 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
         folder = self._machines.folder(session_id)
         self._make_folder(folder)
         state = folder / "fork.state"
+        network = self._network_of(source.spec)
         try:
             copy = {**record, "labels": labels, "expires_at": expires, "paused": False}
             self._machines.write(session_id, {**copy, "starting": True})
+            seat = None if network is None else await self._seats.seat(session_id, network, source.spec.network)
             await save(self._machines.folder(source.id), state)
-            await self._machines.start(session_id, copy_argv(guest, folder, record, state))
-            await run_loaded(self._machines, session_id)
+            await self._machines.start(session_id, (seat.enter if seat else []) + copy_argv(guest, folder, record, state))
+            # the copy's card has the source's address: it goes on the network once it has its own
+            await run_loaded(self._machines, session_id, link=seat is None)
             await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()  # clock and seed
+            if seat is not None:
+                await _as_guest_root(self._session(session_id, labels, {}, expires), seat.guest_script(
+                    ("", ROOT_DIR) if record.get("image_env") is not None else ("",)), "setting up the fork's network")
+                await qmp(folder, "set_link", name="net0", up=True)
             self._machines.write(session_id, copy)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._machines.stop(session_id)
+            if network is not None:
+                with contextlib.suppress(Exception):
+                    await self._seats.leave(session_id, network)
             raise
         finally:
             with contextlib.suppress(OSError):
@@ -497,14 +560,19 @@ class VmSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMe
                 finally:
                     await client.close()
         await self._machines.stop(session.id)
+        network = self._network_of(session.spec)
+        if network is not None:
+            try:
+                await self._seats.leave(session.id, network)
+            except SandboxError as e:  # the reap removes a seat whose session is gone
+                self.log.warning("sandbox-vm: %s's seat stays until the engine answers: %s", session.id, e)
         if remove_workspace and session.spec.durability == "persistent":
             self._machines.remove_workspace(str(session.spec.workspace_key))
         self.log.debug("sandbox-vm: destroyed %s", session.id)
 
     async def close(self) -> None:
         await self._site.close()
-        if self._image_engine is not None:
-            await self._image_engine.close()
+        await self._engine.close()
 
 
 def _need_qemu() -> None:
@@ -519,3 +587,10 @@ def _state(record: dict[str, Any], *, running: bool) -> dict[str, Any]:
 
 class VmSession(ContainerSession):
     """A vm session: the container base's session over the guest's agent (``container_id`` is the session id)."""
+
+
+async def _as_guest_root(session: VmSession, script: str, what: str) -> None:
+    """Run ``script`` in the guest as ``session``'s user (the guest's root); SandboxError saying ``what`` failed."""
+    result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=30))
+    if result.exit_code != 0:
+        raise SandboxError(f"{what} failed: {result.stderr.decode(errors='replace')[-1000:]}")

@@ -87,10 +87,12 @@ def port_socket(workdir: Path, index: int = 0) -> Path:
 
 def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: int = 1, qemu: str = QEMU,
               verbose: bool = False, ports: int = 1, extra: list[str] | None = None, console: bool = True,
-              root: str | None = None) -> list[str]:
+              root: str | None = None, nic: bool = False, tap: str | None = None) -> list[str]:
     """QEMU's command line. ``ports``: how many agent ports the guest gets (each takes one host connection at
     a time); ``extra``: more of QEMU's options (disks, a network); ``root``: a read-only disk image of a
-    session image's files (serial ``tai-root``, see vm/rootdisk.py); ``console``: the guest's serial console to
+    session image's files (serial ``tai-root``, see vm/rootdisk.py); ``nic``: a network card, on the tap interface
+    ``tap`` of QEMU's network namespace, or with no ``tap`` on a hub port that goes nowhere (a golden snapshot's:
+    a restore may put another backend under the card); ``console``: the guest's serial console to
     ``console.log`` (a boot's diagnosis), else nowhere: a session's guest runs code of anyone's, which could
     write the console without end, so a session's console goes nowhere."""
     cmdline = guest.cmdline
@@ -114,6 +116,8 @@ def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: 
         )],
         *(["-drive", f"file={root},if=none,id=root,format=raw,readonly=on",
             "-device", "virtio-blk-device,drive=root,serial=tai-root"] if root else []),
+        *(["-netdev", f"tap,id=net0,ifname={tap},script=no,downscript=no,vnet_hdr=off" if tap else "hubport,id=net0,hubid=0",
+           "-device", "virtio-net-device,netdev=net0"] if nic else []),
         *(extra or []),
     ]
 

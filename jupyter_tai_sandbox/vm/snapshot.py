@@ -46,11 +46,14 @@ def _qemu_tag(qemu: str = QEMU) -> str:
     return hashlib.sha256(said.encode()).hexdigest()[:8]
 
 
-def golden_path(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int, root: str | None = None) -> Path:
+def golden_path(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int, root: str | None = None,
+                nic: bool = False) -> Path:
     """The golden's name without suffix (its files: ``.ram``, ``.state``; ``.lock`` while it is made); one per
-    root disk too (a restore must find the disk the golden was saved with)."""
+    root disk too (a restore must find the disk the golden was saved with), and with a network card or
+    without (a restore must find the devices the golden was saved with)."""
     disk = f"-r{hashlib.sha256(root.encode()).hexdigest()[:12]}" if root else ""
-    return guest.path / f"golden-{_qemu_tag()}-{accel}-m{memory_mb}-c{cpus}-p{ports}{disk}"
+    card = "-n" if nic else ""
+    return guest.path / f"golden-{_qemu_tag()}-{accel}-m{memory_mb}-c{cpus}-p{ports}{disk}{card}"
 
 
 def memory_args(ram: Path, memory_mb: int, *, shared: bool) -> list[str]:
@@ -107,8 +110,8 @@ class Qmp:
             raise VmError("QEMU closed its control socket")
         return json.loads(line)
 
-    async def command(self, name: str, **arguments: Any) -> Any:
-        message: dict[str, Any] = {"execute": name}
+    async def command(self, execute: str, /, **arguments: Any) -> Any:
+        message: dict[str, Any] = {"execute": execute}
         if arguments:
             message["arguments"] = arguments
         self._writer.write(json.dumps(message).encode() + b"\n")
@@ -118,7 +121,7 @@ class Qmp:
             if "return" in answer:
                 return answer["return"]
             if "error" in answer:
-                raise VmError(f"QMP {name}: {answer['error'].get('desc')}")
+                raise VmError(f"QMP {execute}: {answer['error'].get('desc')}")
             # an event: skipped
 
     def close(self) -> None:
@@ -126,10 +129,10 @@ class Qmp:
 
 
 async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int,
-                        root: str | None = None) -> Path:
+                        root: str | None = None, nic: bool = False) -> Path:
     """The golden of this shape, made now when there is none (one maker at a time, across processes)."""
     path = await asyncio.to_thread(golden_path, guest, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
-                                   root=root)
+                                   root=root, nic=nic)
     if path.with_suffix(".state").exists():
         return path
     lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -145,18 +148,18 @@ async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, 
                 await asyncio.sleep(POLL_SECONDS * 4)
         if not path.with_suffix(".state").exists():
             await asyncio.wait_for(_make(guest, path, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
-                                         root=root), GOLDEN_TIMEOUT)
+                                         root=root, nic=nic), GOLDEN_TIMEOUT)
         return path
     finally:
         os.close(lock)
 
 
 async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: int, ports: int,
-                root: str | None) -> None:
+                root: str | None, nic: bool) -> None:
     work = Path(tempfile.mkdtemp(prefix="tai-golden-"))
     ram, state = path.with_suffix(".ram"), path.with_suffix(".state")
     tmp_ram, tmp_state = (p.with_name(f".{p.name}.{os.getpid()}") for p in (ram, state))
-    argv = qemu_argv(guest, work, memory_mb=memory_mb, accel=accel, cpus=cpus, ports=ports, root=root)
+    argv = qemu_argv(guest, work, memory_mb=memory_mb, accel=accel, cpus=cpus, ports=ports, root=root, nic=nic)
     argv += [*memory_args(tmp_ram, memory_mb, shared=True), *qmp_args(work / "qmp.sock")]
     if shutil.which(argv[0]) is None:
         raise VmError(f"{argv[0]} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default
+from traitlets import Bool, Enum, Float, Integer, List, Unicode, default
 
 from ...contract import (
     Sandbox,
@@ -42,16 +42,7 @@ from .._docker_names import (
     LABEL_WORKSPACE,
     session_labels,
 )
-from .._docker_networks import (
-    DEFAULT_NETWORK_POOL,
-    DEFAULT_NETWORK_PREFIX,
-    NetworkLocks,
-    capacity_error,
-    check_pool,
-    free_subnet,
-    taken_subnets,
-)
-from .._provider_settings import DeploymentSettings, LimitSettings, rejected
+from .._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected
 from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
 
 if TYPE_CHECKING:
@@ -104,7 +95,7 @@ def spec_from_labels(labels: Mapping[str, str], env: Sequence[str] | None) -> Se
     return SessionSpec.from_json(public)
 
 
-class ContainerSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
+class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
     """A container provider's settings and policy (see the module's docstring)."""
 
     max_isolation = "container"
@@ -212,29 +203,6 @@ class ContainerSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=Pro
         0: no per-user cap.""",
     ).tag(config=True)
 
-    internal_network = Unicode(
-        "tai-sbx-internal",
-        help="""Base name of the Docker networks (internal: no route out) that network='internal'
-        sessions join: one per owner (this name, '-', a short hash of the owner), made on demand and
-        removed with its last session; sessions without an owner join this name itself.""",
-    ).tag(config=True)
-
-    network_pool = Unicode(
-        DEFAULT_NETWORK_POOL,
-        help="""IPv4 range the subnets of session networks (each owner's egress and internal network, and
-        the warm pool's) are taken from; the provider picks free ones itself (never from the engine's
-        default pools), avoiding every subnet already on the engine. It holds
-        2^(network_prefix - its prefix length) networks (1024 by default: up to 512 owners with both
-        egress and internal sessions); when they are all in use a session create answers 503
-        SandboxCapacityError. Choose a range that no network of the engine's host routes to.""",
-    ).tag(config=True)
-
-    network_prefix = Integer(
-        DEFAULT_NETWORK_PREFIX,
-        help="""Prefix length of one session network's subnet (/26: 64 addresses, room for 61 sessions of one
-        owner on one network mode). Between network_pool's prefix length and 29.""",
-    ).tag(config=True)
-
     output_memory_limit = Integer(
         DEFAULT_MEMORY_LIMIT,
         help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
@@ -243,18 +211,6 @@ class ContainerSandbox(DeploymentSettings, LimitSettings, Sandbox, metaclass=Pro
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._status_ping: asyncio.Future[None] | None = None
-        self._networks = NetworkLocks()
-        try:
-            check_pool(self.network_pool, self.network_prefix)
-        except ValueError as e:
-            raise TraitError(f"{type(self).__name__}.network_pool/network_prefix: {e}") from None
-
-    def _pick_subnet(self, networks: list[dict[str, Any]]) -> str:
-        """A free subnet of network_pool, given every network on the engine; SandboxCapacityError when none."""
-        found = free_subnet(self.network_pool, self.network_prefix, taken_subnets(networks))
-        if found is None:
-            raise capacity_error(type(self).__name__, self.network_pool, self.network_prefix)
-        return found
 
     @default("base_url")
     def _base_url_default(self) -> str:

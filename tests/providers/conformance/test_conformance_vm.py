@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_tai_sandbox.providers._docker_names import LABEL_DEPLOYMENT
 from jupyter_tai_sandbox.providers.vm import VmSandbox
 from jupyter_tai_sandbox.testing import SandboxConformance
+from tests.support import RUN_PREFIX
+from tests.support.docker import docker_client
 from tests.support.vm import need_qemu
 
-pytestmark = [pytest.mark.slow(220)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow(220)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -26,7 +29,7 @@ def qemu():
 def vm_sandbox(tmp_path: Path) -> VmSandbox:
     """A provider of the check's own: its state in a short folder (the agent's sockets live there)."""
     state = Path("/tmp") / f"tai-vm-{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]}"
-    return VmSandbox(accel="tcg", state_dir=str(state), deployment=f"conformance:{tmp_path}")
+    return VmSandbox(accel="tcg", state_dir=str(state), deployment=f"{RUN_PREFIX}vmconf-{state.name[7:]}")
 
 
 class NothingLeftOfTheCheck:
@@ -34,12 +37,20 @@ class NothingLeftOfTheCheck:
 
     @pytest.fixture(autouse=True)
     def nothing_is_left(self, tmp_path):
-        """After every check: no session of the check's provider is listed, and its folder holds none."""
+        """After every check: no session of the check's provider is listed, its folder holds none, and the
+        engine holds no seat or bridge of its sessions on a network."""
         yield
         sandbox = vm_sandbox(tmp_path)
         try:
             assert asyncio.run(sandbox.list()) == []
             assert sandbox._machines.ids() == []
+            client = docker_client()
+            try:
+                mine = {"label": f"{LABEL_DEPLOYMENT}={sandbox.scope.labels[LABEL_DEPLOYMENT]}"}
+                assert client.containers.list(all=True, filters=mine) == []
+                assert client.networks.list(filters=mine) == []
+            finally:
+                client.close()
         finally:
             shutil.rmtree(Path(sandbox.state_dir), ignore_errors=True)
 

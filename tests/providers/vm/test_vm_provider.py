@@ -98,7 +98,8 @@ def test_kvm_runs_a_session_or_is_refused_saying_why_never_emulated(state_dir):
 
 def test_what_the_provider_cannot_honour_is_rejected_before_anything_starts(state_dir):
     async def main():
-        sandbox = provider(state_dir)
+        sandbox = provider(state_dir, engine_url="tcp://127.0.0.1:9")  # no engine of this host: no bridges
+        assert sandbox.networks == {"none"}
         for spec in (SessionSpec(network="egress"), SessionSpec(network="internal"), SessionSpec(cpu=1.5, **NONE),
                      SessionSpec(memory_mb=64, **NONE), SessionSpec(image="python:3.11", **NONE),
                      SessionSpec(cpu=3.0, **NONE)):
