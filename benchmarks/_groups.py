@@ -659,18 +659,19 @@ async def kernel_group(report: Report) -> None:
 
 
 async def agent_group(report: Report) -> None:
-    """The session agent's channel (engine API exec socket) vs the raw SDK exec stream, same container, same
-    run: stdout 256 MiB and a 64 MiB stdin echo, a smoke run 32 and 8 (benchmarks/agent_stream.py)."""
+    """The session agent's channel over an exec socket (the ``exec`` transport, a fallback) vs the raw SDK exec
+    stream, same container, same run: stdout 256 MiB and a 64 MiB stdin echo, a smoke run 32 and 8
+    (benchmarks/agent_stream.py). Rows, not targets: that channel is itself an exec stream, which bounds it."""
     import agent_stream
 
     out_mib, in_mib = report.stdout_mib, report.stdin_mib
-    samples, results = await asyncio.to_thread(agent_stream.run, _image(report), report.rounds(5), out_mib, in_mib)
+    samples, _ = await asyncio.to_thread(agent_stream.run, _image(report), report.rounds(5), out_mib, in_mib)
     for case, label in (("out", f"stdout {out_mib} MiB"), ("in", f"stdin echo {in_mib} MiB")):
         base = f"agent {label}: raw SDK exec stream"
         report.add(Row("agent", base, "MiB/s", samples[f"{case} raw"]))
         report.add(Row("agent", f"agent {label}: through the agent", "MiB/s", samples[f"{case} agent"], baseline=base))
-    for name, ratio, passed in results:
-        report.target(f"agent {name} >= {agent_stream.TARGET:.1f}x the raw SDK exec stream", passed, f"{ratio:.2f}x")
+    report.note("the agent group is the exec transport (a fallback): its channel is one exec stream, which bounds "
+                "it, so its ratios are its cost, not targets; the streamed-bytes targets are the docker group's")
 
 
 async def vm_group(report: Report) -> None:

@@ -7,8 +7,10 @@ of IMAGE (default the minimal session image) with the agent injected as PID 1; t
   socket, ``open_docker_api``) vs ``exec_create`` + ``exec_start(socket=True)`` demultiplexed by hand;
 - stdin echo: 64 MiB written to ``cat`` and read back, the same two ways.
 
-Prints MiB/s medians and the ratio agent/raw of the medians (and the median of per-round ratios) with PASS/FAIL
-against the target (>= 1.0x). ``run.py --only agent`` runs it as a group.
+Prints MiB/s medians and the ratio agent/raw of the medians (and the median of per-round ratios). This is the
+``agent_transport = "exec"`` path (the fallback where the server cannot reach the agent's socket): its channel
+*is* one exec stream, so the raw stream bounds it and the ratio is its cost, not a target. The targets on
+streamed bytes are the docker group's, through the provider on its default (direct) transport. ``run.py --only agent`` runs it as a group.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from jupyter_tai_sandbox.agent.client import AGENT_PATH
 from jupyter_tai_sandbox.agent.transport import open_docker_api
 
 LABEL = {"jupyter-tai-sandbox.agent-bench": secrets.token_hex(4)}
-TARGET = 1.0
 
 
 def raw_exec(api, container_id: str, cmd: list[str], stdin: bytes | None) -> int:
@@ -128,18 +129,16 @@ async def measure(api, container_id: str, rounds: int, out_bytes: int, payload: 
     return samples
 
 
-def summarize(samples: dict[str, list[float]], out_mib: int, in_mib: int) -> list[tuple[str, float, bool]]:
-    """Print the table; returns (name, ratio, passed) per case."""
+def summarize(samples: dict[str, list[float]], out_mib: int, in_mib: int) -> list[tuple[str, float]]:
+    """Print the table; returns (name, ratio) per case."""
     results = []
     for case, label in (("out", f"stdout {out_mib} MiB"), ("in", f"stdin echo {in_mib} MiB (cat)")):
         raw, ours = samples[f"{case} raw"], samples[f"{case} agent"]
         ratio = statistics.median(ours) / statistics.median(raw)
         per_round = statistics.median(o / r for o, r in zip(ours, raw, strict=True))
-        passed = ratio >= TARGET
         print(f"  {label:28s} raw SDK exec stream {statistics.median(raw):7.1f} MiB/s   agent "
-              f"{statistics.median(ours):7.1f} MiB/s   ratio {ratio:.2f}x (per-round median {per_round:.2f}x)"
-              f"   {'PASS' if passed else 'FAIL'} (target >= {TARGET:.1f}x)")
-        results.append((label, ratio, passed))
+              f"{statistics.median(ours):7.1f} MiB/s   ratio {ratio:.2f}x (per-round median {per_round:.2f}x)")
+        results.append((label, ratio))
     return results
 
 

@@ -1,0 +1,57 @@
+"""The providers: where a session runs. Each is a configurable class on the contract
+(:mod:`jupyter_tai_sandbox.contract`); ``SandboxApp.provider`` picks one. No module imports one above it.
+
+Shared by several::
+
+    _common               session ids, deadline and output errors, path confinement, the provider metaclass
+    _provider_settings    the deployment scope, cpu and memory limits, session networks' names and range
+    _docker_names         labels, prefixes and paths on an engine
+    _docker_networks      owner bridges: their subnets, locks and host firewall (docker and vm)
+    container/            the container base: the engine-neutral session, commands and files over the
+                          session agent, and ContainerSandbox (docker and swarm; vm uses its session)
+
+local (``local``: host subprocesses, no isolation)::
+
+    _posix                process groups, stops, terminals
+    _local_command        one command: its group, output, stdin and deadline; _local_pty on a terminal
+    _local_session        a session: its workspace, exec and file transfer; _local_paths its path errors
+    _local_tenancy        who owns a persistent workspace, and who holds it
+    _shell_files          remove, move and make folders as shell commands in the session
+    local                 LocalSandbox
+
+docker (``docker``: a container per session on a Docker engine)::
+
+    docker_engine         DockerEngine: every engine call in bounded worker threads
+    _docker_engine_*      its calls by what they touch: calls (the base), volumes, networks, execs, images
+    _docker_stream        an exec's attached stream over asyncio (the engine's hijacked HTTP)
+    _docker_archive       tar archives in and out (small files of the provider's own)
+    _docker_agent         the session agent: its read-only volume, its place as PID 1, its channel
+    _docker_containers    a spec's container (limits, disk ceiling, capabilities, workspace) and its start
+    _docker_disk          the disk ceiling: tmpfs workspace and scratch
+    _docker_session       DockerSession, and how a session's container is found
+    _docker_ttl           a session's moved end, as a record volume (labels cannot change)
+    _docker_forks         a fork's frozen source, its committed image, and those images' removal
+    _docker_pool          the warm pool: its settings, pre-started containers and their session records
+    _docker_pool_networks where pooled containers wait, and a claim's move to the owner's network
+    docker                DockerSandbox
+
+swarm (``swarm``: a one-replica service per session on a Docker Swarm)::
+
+    _swarm_engine         SwarmEngine: a DockerEngine with TLS exec streams and the manager's API
+    _swarm_session        SwarmSession, the node engines (and their agent volumes), where a task runs
+    _swarm_tasks          a session's task template, and the watch for it to run on a node
+    _swarm_workspaces     where persistent workspaces live: one record per key on the manager
+    swarm                 SwarmSandbox
+
+vm (``vm``: a QEMU microVM per session; the guest, its snapshots and root disks are :mod:`jupyter_tai_sandbox.vm`)::
+
+    _vm_machines          the machines on this host: a folder, a QEMU and its agent ports per session
+    _vm_control           a running machine's QMP control: pause, resume, and the copy a fork makes
+    _vm_networks          a session's seat on its owner's docker bridge, whose network namespace QEMU joins
+    vm                    VmSandbox
+
+remote (``remote``: a session of another server running this extension)::
+
+    _remote_exec          a command over that server's exec websocket
+    remote                RemoteSandbox
+"""

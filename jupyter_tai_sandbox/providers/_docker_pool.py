@@ -42,6 +42,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from traitlets import Float, Integer
+from traitlets.config import LoggingConfigurable
+
 from ..contract import SandboxError, SandboxNotFoundError, session_gone
 from ._common import new_session_id
 from ._docker_names import (
@@ -88,6 +91,27 @@ def owner_gone(owner: str) -> bool:
     except PermissionError:
         return False
     return False
+
+
+class PoolSettings(LoggingConfigurable):
+    """The warm pool's settings (a docker provider's)."""
+
+    pool_size = Integer(
+        0,
+        help="""Warm pool: how many pre-started containers wait for sessions of the default spec (the
+        default image, ephemeral, egress network, the default cpu/memory limits; any env, which is then
+        given to each command). A create takes one instead of starting a container, and the pool refills
+        in the background. A pooled container serves one session only. With 2 or more, an owner who took
+        from the pool in the last 10 minutes gets a spare waiting on their own egress network (at most
+        pool_size // 2 spares), so their next create joins no network. 0 turns the pool off.""",
+    ).tag(config=True)
+
+    pool_idle_seconds = Float(
+        3600.0,
+        help="""Longest a pooled container waits unclaimed: older ones are replaced, and any provider's
+        reap removes an unclaimed pooled container past this age (at once when its owning process on this
+        host is gone). close() removes the pool's containers.""",
+    ).tag(config=True)
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,22 @@ def session_of(site: Any, engine: DockerEngine, container_id: str, labels: Mappi
                          float(labels[LABEL_EXPIRES]), env=known, engine=engine, record=record,
                          extra_env=spec.env if pooled else None, user=labels.get(LABEL_USER, ""),
                          own_image=labels.get(LABEL_FORK) == labels[LABEL_SESSION])
+
+
+async def find_container(engine: DockerEngine, session_id: str) -> dict[str, Any] | None:
+    """The description of the session's container: the one named for it (one engine call), else the one
+    labelled for it (an older version's, or a renamed one); None when there is none (a pooled session's is
+    found by its record)."""
+    try:
+        attrs = await engine.inspect_container(f"tai-{session_id}", what="find a session")
+    except SandboxNotFoundError:
+        attrs = {}
+    if ((attrs.get("Config") or {}).get("Labels") or {}).get(LABEL_SESSION) == session_id:
+        return attrs
+    found = await engine.containers(f"{LABEL_SESSION}={session_id}", what="find a session")
+    if not found:
+        return None
+    try:
+        return await engine.inspect_container(found[0]["Id"], what="inspect a session")
+    except SandboxNotFoundError:
+        raise session_gone(session_id) from None

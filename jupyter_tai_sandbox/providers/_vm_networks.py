@@ -57,6 +57,8 @@ def networks_unavailable(engine_url: str) -> str | None:
     """Why this server cannot seat vm sessions on the engine at ``engine_url``, or None when it can."""
     if not engine_url.startswith("unix://"):
         return f"the engine at {engine_url} is not on this host"
+    if not os.path.exists(engine_url[len("unix://"):]):
+        return f"no Docker engine at {engine_url}"
     if os.geteuid() != 0:
         return "the server does not run as root"
     missing = [tool for tool in ("nsenter", "ip") if shutil.which(tool) is None]

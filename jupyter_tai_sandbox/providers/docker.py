@@ -1,23 +1,5 @@
-"""sandbox-docker: each session is one container on a Docker engine.
-
-The provider is split along its seams (no module imports one above it):
-
-``docker_engine``         :class:`DockerEngine`, every call to the engine in bounded worker threads
-``_docker_engine_*``      its calls by what they touch: calls (the base), volumes, networks, execs
-``_docker_stream``        an exec's attached stream over asyncio (the engine's hijacked HTTP)
-``_docker_archive``       tar archives in and out (small files of the provider's own)
-``_docker_agent``         the session agent: its read-only volume, its place as PID 1, its channel
-``_docker_containers``    a spec's container (limits, disk ceiling, capabilities, workspace) and its start
-``_docker_disk``          the disk ceiling: tmpfs workspace and scratch
-``_docker_session``       :class:`DockerSession`, the container base's session plus the engine's figures
-``_docker_ttl``           a session's moved end, as a record volume (labels cannot change)
-``_docker_forks``         a fork's frozen source, its committed image, and those images' removal
-``_docker_pool``          :class:`WarmPool`, pre-started containers and their session records
-``_docker_pool_networks`` where pooled containers wait, and a claim's move to the owner's network
-``_docker_names``         labels, prefixes and paths on the engine
-``_docker_networks``      session networks: their subnets, locks and host firewall
-``docker``                :class:`DockerSandbox`, the configurable provider (this module)
-"""
+"""sandbox-docker: each session is one container on a Docker engine (the modules it is made of: the
+provider package's docstring)."""
 
 from __future__ import annotations
 
@@ -26,8 +8,6 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from traitlets import Float, Integer
 
 from ..contract import (
     SandboxError,
@@ -64,9 +44,9 @@ from ._docker_names import (
     is_session_id,
 )
 from ._docker_networks import HostFirewall, SessionBridges
-from ._docker_pool import PooledSession, Ready, WarmPool
+from ._docker_pool import PooledSession, PoolSettings, Ready, WarmPool
 from ._docker_pool_networks import PoolNetworks
-from ._docker_session import DockerSession, session_of
+from ._docker_session import DockerSession, find_container, session_of
 from ._docker_ttl import TtlRecords, expiries, retimed
 from ._provider_settings import BridgeSettings
 from .container import KILL_LIMIT_SECONDS, CommandRegistry
@@ -101,7 +81,7 @@ __all__ = [
 ]
 
 
-class DockerSandbox(BridgeSettings, ContainerSandbox):
+class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     """sandbox-docker: each session is one container on a Docker engine, running the session agent as PID 1.
 
     Everything the provider makes carries its deployment's label, and every engine query asks for it
@@ -109,7 +89,7 @@ class DockerSandbox(BridgeSettings, ContainerSandbox):
     servers that name one deployment share its sessions, others on the engine never see them. A session's
     labels (session, deployment, consumer, owner, created, expires, spec with env *names* only) let any
     server of the deployment find, list and reap it; the env values live only in the container. README's
-    "The docker provider" states the whole behaviour; this module's docstring says where each part lives.
+    "The docker provider" states the whole behaviour; the provider package's docstring says where each part lives.
     """
 
     kind = "docker"
@@ -118,23 +98,6 @@ class DockerSandbox(BridgeSettings, ContainerSandbox):
     supports_limits = True
     pausable = True
     forkable = True
-
-    pool_size = Integer(
-        0,
-        help="""Warm pool: how many pre-started containers wait for sessions of the default spec (the
-        default image, ephemeral, egress network, the default cpu/memory limits; any env, which is then
-        given to each command). A create takes one instead of starting a container, and the pool refills
-        in the background. A pooled container serves one session only. With 2 or more, an owner who took
-        from the pool in the last 10 minutes gets a spare waiting on their own egress network (at most
-        pool_size // 2 spares), so their next create joins no network. 0 turns the pool off.""",
-    ).tag(config=True)
-
-    pool_idle_seconds = Float(
-        3600.0,
-        help="""Longest a pooled container waits unclaimed: older ones are replaced, and any provider's
-        reap removes an unclaimed pooled container past this age (at once when its owning process on this
-        host is gone). close() removes the pool's containers.""",
-    ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -327,20 +290,10 @@ class DockerSandbox(BridgeSettings, ContainerSandbox):
         return await self._find_container(session_id)
 
     async def _find_container(self, session_id: str) -> DockerSession:
-        """The session's container: the one named for it (one engine call), else the one labelled for it (an
-        older version's, or a renamed one), else a pooled one's record."""
-        try:
-            attrs = await self._engine.inspect_container(f"tai-{session_id}", what="find a session")
-        except SandboxNotFoundError:
-            attrs = {}
-        if ((attrs.get("Config") or {}).get("Labels") or {}).get(LABEL_SESSION) != session_id:
-            found = await self._engine.containers(f"{LABEL_SESSION}={session_id}", what="find a session")
-            if not found:
-                return await self._get_pooled(session_id)
-            try:
-                attrs = await self._engine.inspect_container(found[0]["Id"], what="inspect a session")
-            except SandboxNotFoundError:
-                raise session_gone(session_id) from None
+        """The session's container (see find_container), else a pooled one's record."""
+        attrs = await find_container(self._engine, session_id)
+        if attrs is None:
+            return await self._get_pooled(session_id)
         self._agent_site.note_state(attrs["Id"], attrs)
         try:
             return self._session_from(attrs["Id"], attrs["Config"].get("Labels") or {}, attrs["Config"].get("Env"))

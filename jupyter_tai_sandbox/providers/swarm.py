@@ -6,11 +6,7 @@ Commands and files go to the session agent of the task's container, over the
 engine of the node that runs it, through the container base's session and
 command classes, so every guarantee of sandbox-docker holds unchanged.
 
-``_swarm_engine``   :class:`SwarmEngine`: a DockerEngine with TLS exec streams and the manager's API
-``_swarm_session``  :class:`SwarmSession`, the node engines (and their agent volumes), where a task runs
-``_swarm_tasks``    a session's task template, and the watch for it to run on a node
-``_swarm_workspaces`` where persistent workspaces live: one record per key on the manager
-``swarm``           :class:`SwarmSandbox`, the configurable provider (this module)
+Its modules: the provider package's docstring.
 """
 
 from __future__ import annotations

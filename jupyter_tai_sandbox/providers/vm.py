@@ -213,6 +213,9 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
     async def _prepared(self, spec: SessionSpec) -> SessionSpec:
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
+        if spec.network in ("egress", "internal") and self._why_no_networks:
+            raise rejected(f"network: {spec.network!r} needs the server to run as root beside a Docker engine "
+                           f"(VmSandbox.engine_url), and here {self._why_no_networks}: ask for network 'none'")
         self.check_spec(spec)
         if not self.image_allowed(spec.image):
             raise rejected(f"image: {spec.image[:100]!r} is not one of the vm provider's images ({VM_IMAGE}, or "

@@ -100,6 +100,8 @@ def test_what_the_provider_cannot_honour_is_rejected_before_anything_starts(stat
     async def main():
         sandbox = provider(state_dir, engine_url="tcp://127.0.0.1:9")  # no engine of this host: no bridges
         assert sandbox.networks == {"none"}
+        with pytest.raises(SandboxSpecRejectedError, match="not on this host: ask for network 'none'"):
+            await sandbox.create(SessionSpec())  # the default network, egress: refused, saying why
         for spec in (SessionSpec(network="egress"), SessionSpec(network="internal"), SessionSpec(cpu=1.5, **NONE),
                      SessionSpec(memory_mb=64, **NONE), SessionSpec(image="python:3.11", **NONE),
                      SessionSpec(cpu=3.0, **NONE)):
