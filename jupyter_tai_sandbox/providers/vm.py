@@ -63,6 +63,8 @@ WORKSPACE = "/workspace"
 RESTORE_SECONDS = 20.0
 #: how long the flush of a persistent workspace before its VM is killed may take
 SYNC_SECONDS = 5.0
+#: how long a new guest's setup (its workspace, root and network) may take, its agent's answers included
+SETUP_SECONDS = 60.0
 
 
 class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
@@ -593,7 +595,12 @@ class VmSession(ContainerSession):
 
 
 async def _as_guest_root(session: VmSession, script: str, what: str) -> None:
-    """Run ``script`` in the guest as ``session``'s user (the guest's root); SandboxError saying ``what`` failed."""
-    result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=30))
+    """Run ``script`` in the guest as ``session``'s user (the guest's root); SandboxError saying ``what`` failed.
+    Bounded as a whole (its connection's opening too): a guest that does not answer fails the create."""
+    try:
+        async with asyncio.timeout(SETUP_SECONDS):
+            result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=SETUP_SECONDS / 2))
+    except TimeoutError:
+        raise SandboxUnavailableError(f"{what}: the guest's agent did not answer within {SETUP_SECONDS:g} s") from None
     if result.exit_code != 0:
         raise SandboxError(f"{what} failed: {result.stderr.decode(errors='replace')[-1000:]}")

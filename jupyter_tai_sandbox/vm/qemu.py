@@ -206,7 +206,8 @@ class BootedVm:
 async def open_port_once(socket: Path, within: float, *, on_close: Callable[[], None] | None = None) -> AgentClient:
     """One try at a connection to the agent over the port whose host side is ``socket``, its handshake bounded
     by ``within`` seconds. ``on_close`` runs once the connection is closed."""
-    reader, writer = await asyncio.open_unix_connection(str(socket), limit=2 * p.MAX_FRAME_BODY)
+    async with asyncio.timeout(within):  # the connect too: QEMU takes a port's next host only once it let the last go
+        reader, writer = await asyncio.open_unix_connection(str(socket), limit=2 * p.MAX_FRAME_BODY)
     try:
         async with asyncio.timeout(within):
             info = await port_hello(reader, writer)

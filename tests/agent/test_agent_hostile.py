@@ -66,7 +66,8 @@ def test_session_code_cannot_take_or_remove_the_agents_socket(session):
     run(go())
 
 
-KILL_RELAYS = ('for d in /proc/[0-9]*; do p=${d#/proc/}; '
+# it waits for its stdin's end, so its start is answered (through the relay it kills) before it kills
+KILL_RELAYS = ('read -r _; for d in /proc/[0-9]*; do p=${d#/proc/}; '
                '[ "$(cat $d/comm 2>/dev/null)" = agent ] && [ "$p" != 1 ] && kill -9 "$p"; done; echo done')
 
 
@@ -76,6 +77,7 @@ def test_session_code_killing_the_relay_is_loud_and_the_commands_live_on(session
         try:
             sleeper = await client.start(["sleep", "100"])
             killer = await client.start(["sh", "-c", KILL_RELAYS])
+            await killer.close_stdin()
 
             async def until_lost():
                 while True:

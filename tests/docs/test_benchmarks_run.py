@@ -28,12 +28,16 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
     pytest.importorskip("matplotlib", reason="the bench extra: pip install -e '.[bench]'")
     if not os.environ.get("CI"):
         pytest.importorskip("llm_sandbox", reason="the bench extra: pip install -e '.[bench]'")
-    done = subprocess.run(
-        [sys.executable, str(RUN), "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-u", str(RUN), "--quick", "--out", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+    except subprocess.TimeoutExpired as e:  # where it was: the groups print as they go
+        said = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"the benchmarks took over {e.timeout:g} s; their output's tail:\n{said[-3000:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "latest.json").read_text())
     assert not [n for n in report["notes"] if "did not complete" in n], report["notes"]
