@@ -155,7 +155,7 @@ def remove_unused(idle_seconds: float, now: float | None = None) -> list[Path]:
         if str(disk) in in_use:
             continue
         saved_with = hashlib.sha256(str(disk).encode()).hexdigest()[:12]
-        for made in [*cache_dir().glob(f"*/golden-*-r{saved_with}.*"), disk.with_suffix(".json"), disk]:
+        for made in [*cache_dir().glob(f"*/golden*-r{saved_with}*"), disk.with_suffix(".json"), disk]:
             with contextlib.suppress(FileNotFoundError):
                 made.unlink()
         removed.append(disk)

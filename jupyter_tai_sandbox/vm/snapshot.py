@@ -7,7 +7,7 @@ migration stream: devices and the guest's memory; an idle guest's few dirtied pa
 restored guest is made its own at its first handshake: the host's seed goes into its RNG and the host's clock
 becomes its clock (PROTOCOL.md, "Over a VM's port").
 
-Goldens live beside their guest in the cache (``golden-*.ram``/``.state``), made once under a lock file; a golden that
+Goldens live beside their guest in the cache (``golden2-*.ram``/``.state``), made once under a lock file; a golden that
 cannot be made (QEMU refuses to migrate) leaves the creates booting cold.
 """
 
@@ -34,6 +34,10 @@ from .qemu import BOOT_ATTEMPT, BOOT_TIMEOUT, QEMU, VmError, open_port, port_soc
 GOLDEN_TIMEOUT = 120.0
 #: how often a wait for the golden's lock or the save's end looks again
 POLL_SECONDS = 0.05
+#: how long a golden's guest is left after its host has gone, before it is saved
+SETTLE_SECONDS = 0.3
+#: the goldens' format: a golden saved by an older version of how they are made is not restored
+GOLDEN_VERSION = 2
 
 
 @functools.cache
@@ -53,7 +57,7 @@ def golden_path(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: i
     without (a restore must find the devices the golden was saved with)."""
     disk = f"-r{hashlib.sha256(root.encode()).hexdigest()[:12]}" if root else ""
     card = "-n" if nic else ""
-    return guest.path / f"golden-{_qemu_tag()}-{accel}-m{memory_mb}-c{cpus}-p{ports}{disk}{card}"
+    return guest.path / f"golden{GOLDEN_VERSION}-{_qemu_tag()}-{accel}-m{memory_mb}-c{cpus}-p{ports}{disk}{card}"
 
 
 def memory_args(ram: Path, memory_mb: int, *, shared: bool) -> list[str]:
@@ -171,7 +175,13 @@ async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: i
     try:
         client = await open_port(port_socket(work, 0), timeout=BOOT_TIMEOUT, attempt=BOOT_ATTEMPT,
                                  running=lambda: process.returncode is None)
-        await client.close()
+        try:
+            # a round trip: what the agent had of the boot's tries (a HELLO sent while it still started) is
+            # behind it, so the snapshot holds an agent that waits for a host and nothing half-done
+            await asyncio.wait_for(client.ping(), BOOT_TIMEOUT)
+        finally:
+            await client.close()
+        await asyncio.sleep(SETTLE_SECONDS)  # and it has seen this host leave (it looks every 20 ms)
         qmp = await Qmp.connect(work / "qmp.sock")
         try:
             await qmp.command("migrate-set-capabilities",
