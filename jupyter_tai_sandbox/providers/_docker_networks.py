@@ -176,8 +176,7 @@ class HostFirewall:
     networks it cannot protect, "off" sets none. Each rule carries the comment ``tai-sbx:<tag>``
     (the deployment's tag), so a reap removes only its own deployment's rules whose bridge is gone."""
 
-    def __init__(self, mode: str, base_url: str, tag: str, log: Any,
-                 setting: str = "DockerSandbox.egress_firewall") -> None:
+    def __init__(self, mode: str, base_url: str, tag: str, log: Any, *, setting: str) -> None:
         self.mode = mode
         self.setting = setting
         self.comment = f"tai-sbx:{tag}"

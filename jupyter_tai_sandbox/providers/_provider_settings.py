@@ -16,6 +16,7 @@ from ._docker_names import DEPLOYMENT_ENV, Deployment, check_deployment, default
 from ._docker_networks import (
     DEFAULT_NETWORK_POOL,
     DEFAULT_NETWORK_PREFIX,
+    HostFirewall,
     NetworkLocks,
     capacity_error,
     check_pool,
@@ -183,3 +184,15 @@ class BridgeSettings(NetworkSettings):
         the engine is a unix:// socket whose bridges are in the server's network namespace), else warn
         once; 'require': refuse egress and internal sessions when it cannot; 'off': none.""",
     ).tag(config=True)
+
+    def _network_of(self, spec: SessionSpec) -> str | None:
+        """The owner bridge a session of ``spec`` joins (None: network ``none``)."""
+        if spec.network == "none":
+            return None
+        base = self.internal_network if spec.network == "internal" else self.egress_network
+        return self.scope.owner_network(base, spec.owner)  # type: ignore[attr-defined]
+
+    def _host_firewall(self, engine_url: str) -> HostFirewall:
+        """The host firewall of the owners' bridges on the engine at ``engine_url``."""
+        return HostFirewall(self.egress_firewall, engine_url, self.scope.tag, self.log,  # type: ignore[attr-defined]
+                            setting=f"{type(self).__name__}.egress_firewall")

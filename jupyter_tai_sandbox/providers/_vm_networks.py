@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..agent.binary import AgentBinaryMissing, agent_binary
-from ..contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError, SessionSpec
+from ..contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
 from ._docker_names import LABEL
 from ._docker_networks import REAP_GRACE_SECONDS, HostFirewall, NetworkLocks, SessionBridges
 from .docker_engine import DockerEngine
@@ -134,19 +134,12 @@ class VmSeats:
     """A vm provider's seats on its engine, and its owners' bridges they sit on."""
 
     def __init__(self, engine: DockerEngine, *, locks: NetworkLocks, labels: Mapping[str, str],
-                 pick_subnet: Any, firewall: HostFirewall, names: Mapping[str, str]) -> None:
+                 pick_subnet: Any, firewall: HostFirewall) -> None:
         self._engine = engine
         self._locks = locks
         self._labels = dict(labels)
-        self._names = dict(names)  # network mode -> the base name of its owner bridges
         self.bridges = SessionBridges(engine, locks=locks, firewall=firewall, labels=labels, pick_subnet=pick_subnet)
         self._image: str | None = None
-
-    def network_of(self, spec: SessionSpec, owner_network: Any) -> str | None:
-        """The owner bridge a session of ``spec`` sits on (None: network ``none``)."""
-        if spec.network == "none":
-            return None
-        return str(owner_network(self._names[spec.network], spec.owner))
 
     async def seat(self, session_id: str, network: str, kind: str) -> Seat:
         """A seat for the session on ``network`` (made, with its firewall rules, when it is not there)."""
@@ -203,13 +196,17 @@ class VmSeats:
     async def reap(self, summaries: Sequence[Mapping[str, Any]], keep: set[str], now: float) -> None:
         """Remove the seats (of ``summaries``) of sessions not in ``keep`` once past a grace (a create may be
         about to start its QEMU), then the bridges no one sits on."""
+        staying = []
         for summary in summaries:
             session_id = str((summary.get("Labels") or {}).get(LABEL_SEAT))
             if session_id in keep or now - float(summary.get("Created") or 0) < REAP_GRACE_SECONDS:
+                staying.append(summary)
                 continue
-            with contextlib.suppress(SandboxError):
+            try:
                 await self._engine.remove_container(str(summary["Id"]))
-        await self.bridges.reclaim(await self.seats(), now)
+            except SandboxError:
+                staying.append(summary)
+        await self.bridges.reclaim(staying, now)
 
     async def _seat_image(self) -> str:
         """The seat image (the session agent alone), imported into the engine when it is not there."""

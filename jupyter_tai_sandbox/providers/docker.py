@@ -43,7 +43,7 @@ from ._docker_names import (
     Deployment,
     is_session_id,
 )
-from ._docker_networks import HostFirewall, SessionBridges
+from ._docker_networks import SessionBridges
 from ._docker_pool import PooledSession, PoolSettings, Ready, WarmPool
 from ._docker_pool_networks import PoolNetworks
 from ._docker_session import DockerSession, find_container, session_of
@@ -112,7 +112,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             self._engine.direct_agent = False
         self._bridges = SessionBridges(
             self._engine, locks=self._networks, labels=self.own_labels, pick_subnet=self._pick_subnet,
-            firewall=HostFirewall(self.egress_firewall, self.base_url, self.scope.tag, self.log),
+            firewall=self._host_firewall(self.base_url),
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
         self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds,
@@ -167,13 +167,6 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             and spec.network == "egress"
             and (spec.cpu, spec.memory_mb) == (default.cpu, default.memory_mb)
         )
-
-    def _network_of(self, spec: SessionSpec) -> str | None:
-        """The owner network a session of ``spec`` joins (None: no network)."""
-        if spec.network == "none":
-            return None
-        base = self.internal_network if spec.network == "internal" else self.egress_network
-        return self.scope.owner_network(base, spec.owner)
 
     @property
     def pool_network(self) -> str:

@@ -46,7 +46,6 @@ from ..vm.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_scrip
 from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
 from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
-from ._docker_networks import HostFirewall
 from ._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
 from ._vm_control import copy_argv, qmp, run_loaded, save
 from ._vm_machines import PORTS, Machines
@@ -189,9 +188,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         self._why_no_networks = networks_unavailable(self.engine_url)
         self._seats = VmSeats(
             self._engine, locks=self._networks, labels=self.own_labels, pick_subnet=self._pick_subnet,
-            firewall=HostFirewall(self.egress_firewall, self.engine_url, self.scope.tag, self.log,
-                                  setting="VmSandbox.egress_firewall"),
-            names={"egress": self.egress_network, "internal": self.internal_network})
+            firewall=self._host_firewall(self.engine_url))
         self._accel_checked = False
         self._probing: asyncio.Future[None] | None = None
         self._site = ContainerSite(
@@ -352,10 +349,6 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
         return await self._machines.ensure_workspace(
             key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb)
-
-    def _network_of(self, spec: SessionSpec) -> str | None:
-        """The owner bridge a session of ``spec`` sits on (None: network ``none``)."""
-        return self._seats.network_of(spec, self.scope.owner_network)
 
     async def _set_up_guest(self, session: VmSession, spec: SessionSpec, user: str, *, rooted: bool,
                             seat: Seat | None) -> None:
