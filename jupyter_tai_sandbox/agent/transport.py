@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
-import struct
-import threading
-import time
 from typing import Any
 
 from .client import AGENT_PATH, AgentClient, AgentConnectionLost
+from .netns import agent_socket
 
 DOCKER_HEADER = 8
 STDERR_KEPT = 4096
@@ -204,103 +201,13 @@ class SocketProtocol(DockerExecProtocol):
             self._stdout(view[:nbytes])
 
 
-#: the agent's abstract socket (agent/main.go's socketName)
-AGENT_SOCKET = "\0tai-agent"
-_CLONE_NEWNET = 0x40000000
-#: how long a direct connection waits for the agent of a container just started to listen
-LISTEN_WAIT_SECONDS = 3.0
-
-
-class NotReachableHere(OSError):
-    """This process cannot enter the process's network namespace (not root, no setns, another host's
-    process): the caller uses the engine's exec instead."""
-
-
-def _connect_in_netns(pid: int, cgroup_mark: str) -> socket.socket:
-    """In a thread made for this call (a thread's network namespace is its own, and this one ends after):
-    enter ``pid``'s network namespace, connect to the agent's socket there, and check the listener is
-    ``pid`` itself. ``cgroup_mark`` (the container's id) must be in the process's cgroup once its namespace
-    is held, so a pid reused by another container's process is never entered."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        ns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        raise NotReachableHere(e.errno, f"the session's network namespace: {e.strerror}") from None
-    try:
-        try:
-            with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-                cgroup = f.read()
-        except OSError as e:
-            raise NotReachableHere(e.errno, f"the session's cgroup: {e.strerror}") from None
-        if cgroup_mark not in cgroup:
-            raise NotReachableHere(0, f"process {pid} is not the session's (another host's, or it ended)")
-        if libc.setns(ns, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise NotReachableHere(err, f"setns: {os.strerror(err)}")
-    finally:
-        os.close(ns)
-    give_up = time.monotonic() + LISTEN_WAIT_SECONDS
-    while True:  # a container just started: its agent binds the name within milliseconds
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.connect(AGENT_SOCKET)
-            break
-        except ConnectionRefusedError:
-            sock.close()
-            if time.monotonic() > give_up:
-                raise
-            time.sleep(0.01)
-        except BaseException:
-            sock.close()
-            raise
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        listener, _, _ = struct.unpack("3i", creds)
-        if listener != pid:  # only PID 1, the agent, may hold the name: the container ends with it
-            raise ConnectionRefusedError(f"the socket's listener is process {listener}, not the agent ({pid})")
-        return sock
-    except BaseException:
-        sock.close()
-        raise
-
-
 async def open_in_netns(pid: int, cgroup_mark: str, **kw: Any) -> AgentClient:
     """Connect to the agent running as host process ``pid`` straight over its socket, from a thread that
     enters its network namespace: no engine exec and no relay process on the path. Needs root on the
     engine's host (``NotReachableHere`` otherwise)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[socket.socket] = loop.create_future()
-
-    def run() -> None:
-        sock: socket.socket | None = None
-        error: BaseException | None = None
-        try:
-            sock = _connect_in_netns(pid, cgroup_mark)
-        except BaseException as e:
-            error = e
-
-        def hand() -> None:  # on the loop: a caller that gave up meanwhile leaves the socket to be closed
-            if done.done():
-                if sock is not None:
-                    sock.close()
-            elif error is not None:
-                done.set_exception(error)
-            else:
-                done.set_result(sock)  # type: ignore[arg-type]
-
-        try:
-            loop.call_soon_threadsafe(hand)
-        except RuntimeError:  # the loop closed meanwhile
-            if sock is not None:
-                sock.close()
-
-    threading.Thread(target=run, name="tai-agent-netns", daemon=True).start()
-    sock = await done
-    sock.setblocking(False)
+    sock = await agent_socket(pid, cgroup_mark)
     with_buffers(sock)
-    _, proto = await loop.create_connection(SocketProtocol, sock=sock)
+    _, proto = await asyncio.get_running_loop().create_connection(SocketProtocol, sock=sock)
     client = AgentClient(None, proto, **kw)
     proto.set_sink(client)
     return await AgentClient.open_client(client)

@@ -10,6 +10,7 @@ workspace file operations from ``jupyter_tai_sandbox.providers._shell_files.Shel
 from __future__ import annotations
 
 import abc
+import socket
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -83,6 +84,12 @@ class PortConnection(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Close both ways and free what the connection holds. Idempotent, never raises."""
+
+    def take_socket(self) -> socket.socket | None:
+        """The connected socket itself, when the connection is one socket of this process that nothing has
+        read or written yet (a forwarder then joins it to another socket, no byte copied through Python):
+        the caller owns it from then on, and this object only closes. None (the default): read and write."""
+        return None
 
 
 class SandboxSession(abc.ABC):

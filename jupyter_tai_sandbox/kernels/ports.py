@@ -16,8 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+from collections.abc import Coroutine
+from typing import Any
 
 from ..contract import PortConnection, SandboxError, SandboxNotFoundError, SandboxSession
+from . import splice
 from .tunnel import Forward, TunnelError
 
 #: the most bytes read from a host socket at once
@@ -51,18 +55,28 @@ class SessionPorts:
         if not 0 < remote_port < 65536:
             raise ValueError(f"remote_port must be a TCP port number, not {remote_port!r}")
 
-        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            if self.closed.is_set():
-                writer.transport.abort()
-                return
-            pump = asyncio.ensure_future(self._carry(remote_port, connect_wait, reader, writer))
-            self._pumps.add(pump)
-            pump.add_done_callback(self._pumps.discard)
-
-        server = await asyncio.start_server(accepted, host, port)
-        forward = Forward(remote_port, host, server.sockets[0].getsockname()[1], server, connect_wait)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = _Listener(socket.create_server((host, port), family=family))
+        listener.start(self._accept(listener, remote_port, connect_wait))
+        forward = Forward(remote_port, host, listener.sock.getsockname()[1], listener, connect_wait)
         self._forwards.append(forward)
         return forward
+
+    async def _accept(self, listener: _Listener, remote_port: int, connect_wait: float) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.closed.is_set():
+            try:
+                client, _ = await loop.sock_accept(listener.sock)
+            except OSError as e:  # out of descriptors, or the listener closed: this port forwards no more
+                if not self.closed.is_set() and not listener.closing:
+                    log.warning("forwarding to port %d stopped accepting: %s", remote_port, e)
+                return
+            if self.closed.is_set():
+                client.close()
+                return
+            pump = asyncio.ensure_future(self._carry(remote_port, connect_wait, client))
+            self._pumps.add(pump)
+            pump.add_done_callback(self._pumps.discard)
 
     @property
     def connections(self) -> int:
@@ -85,33 +99,25 @@ class SessionPorts:
                 log.debug("forwarding to port %d: %s", remote_port, e)
                 return None
 
-    async def _carry(
-        self, remote_port: int, connect_wait: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _carry(self, remote_port: int, connect_wait: float, client: socket.socket) -> None:
         try:
             connection = await self._open(remote_port, connect_wait)
         except BaseException:
             # closed while still dialling (a kernel restart's teardown): a connection left open here would
             # hold its client, which waits for the peer's greeting (ZeroMQ: 30 s) before it dials again
-            writer.transport.abort()
+            client.close()
             raise
         if connection is None:
-            writer.transport.abort()
+            client.close()
             return
-        upstream = asyncio.ensure_future(_host_to_session(reader, connection))
-        downstream = asyncio.ensure_future(_session_to_host(connection, writer))
         try:
-            done, _ = await asyncio.wait({upstream, downstream}, return_when=asyncio.FIRST_EXCEPTION)
-            if any(not t.cancelled() and t.exception() is not None for t in done):
-                writer.transport.abort()  # a broken side: the other goes too (a reset, as the kernel would see)
-            else:
-                await asyncio.gather(upstream, downstream, return_exceptions=True)
+            inner = connection.take_socket() if splice.available else None
+            if inner is not None:
+                await splice.join(client, inner)
+                return
+            await _pump(client, connection)
         finally:
-            for task in (upstream, downstream):
-                task.cancel()
             await connection.close()
-            with contextlib.suppress(Exception):
-                writer.close()
 
     def _end(self, reason: str) -> None:
         if self.closed.is_set():
@@ -131,6 +137,49 @@ class SessionPorts:
         for forward in self._forwards:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(forward.server.wait_closed(), 1.0)
+
+
+class _Listener:
+    """A host listener's socket and the task accepting on it (what :class:`Forward` closes)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.task: asyncio.Future[None] | None = None
+        self.closing = False
+
+    def start(self, accepting: Coroutine[Any, Any, None]) -> None:
+        self.task = asyncio.ensure_future(accepting)
+        # closed once the task is done: the loop has stopped watching the descriptor by then, so a new
+        # socket given the same number is never unwatched by this one's late clean-up
+        self.task.add_done_callback(lambda _: self.sock.close())
+
+    def close(self) -> None:
+        self.closing = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def wait_closed(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def _pump(client: socket.socket, connection: PortConnection) -> None:
+    """Carry bytes between a host socket and a connection the session gives as a byte stream."""
+    reader, writer = await asyncio.open_connection(sock=client, limit=READ_CHUNK)
+    upstream = asyncio.ensure_future(_host_to_session(reader, connection))
+    downstream = asyncio.ensure_future(_session_to_host(connection, writer))
+    try:
+        done, _ = await asyncio.wait({upstream, downstream}, return_when=asyncio.FIRST_EXCEPTION)
+        if any(not t.cancelled() and t.exception() is not None for t in done):
+            writer.transport.abort()  # a broken side: the other goes too (a reset, as the kernel would see)
+        else:
+            await asyncio.gather(upstream, downstream, return_exceptions=True)
+    finally:
+        for task in (upstream, downstream):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            writer.close()
 
 
 async def _host_to_session(reader: asyncio.StreamReader, connection: PortConnection) -> None:

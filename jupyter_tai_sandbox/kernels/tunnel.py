@@ -55,6 +55,7 @@ import struct
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxRequestError, SandboxSession
 from ..gate import start_transport
@@ -87,6 +88,14 @@ _MAX_PAYLOAD = {HELLO: 4, DATA: MAX_FRAME, CREDIT: 4, EOF: 0, RESET: 1000}
 RELAY_SOURCE = inspect.getsource(relay)
 
 
+class Listening(Protocol):
+    """A host listener as a :class:`Forward` holds it (an ``asyncio.Server``, or a socket and its accept task)."""
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
 @dataclass
 class Forward:
     """One host listener: ``127.0.0.1:port`` on the host reaches ``127.0.0.1:remote_port`` in the session."""
@@ -94,7 +103,7 @@ class Forward:
     remote_port: int
     host: str
     port: int
-    server: asyncio.base_events.Server
+    server: Listening
     connect_wait: float = 0.0
 
     def close(self) -> None:

@@ -139,6 +139,7 @@ def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *
         current_end=current_end,
         set_paused=set_paused,
         fork=fork,
+        connect_port=engine.connect_port,
     )
 
 

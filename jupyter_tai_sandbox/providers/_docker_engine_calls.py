@@ -128,6 +128,8 @@ class EngineCalls:
         self.direct_agent: bool | None = None
         #: why the direct connection could not be used here (None: it was not refused)
         self.direct_refusal: str | None = None
+        #: each container's PID 1 on this host and its full id, as a direct port connection last found them
+        self._pids: dict[str, tuple[int, str]] = {}
 
     # ------------------------------------------------------------ plumbing
 

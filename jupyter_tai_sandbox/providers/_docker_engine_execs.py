@@ -19,12 +19,14 @@ import contextlib
 import io
 import json
 import os
+import socket
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..agent.client import AGENT_PATH, AgentClient, AgentConnectionLost
-from ..agent.transport import NotReachableHere, open_docker_streams, open_in_netns
+from ..agent.netns import NotReachableHere, tcp_socket
+from ..agent.transport import open_docker_streams, open_in_netns
 from ..contract import SandboxError, SandboxUnavailableError
 from ._docker_engine_calls import EngineCalls
 from ._docker_stream import EngineAddress, read_output, start_exec
@@ -94,6 +96,31 @@ class EngineExecs(EngineCalls):
         except BaseException:
             writer.close()
             raise
+
+    async def connect_port(self, container_id: str, host: str, port: int) -> socket.socket:
+        """A TCP connection to ``host`` (an address) and ``port`` as seen from inside the container, made by this
+        process in the container's network namespace, as the direct agent connection is (``agent.netns``): no
+        byte of it passes through the agent. NotReachableHere where the agent is not reached that way: the
+        agent dials then. ConnectionRefusedError: nothing listens there."""
+        if not self.direct_agent:
+            raise NotReachableHere(0, "the session agent is not reached directly here")
+        for fresh in (False, True):
+            known = None if fresh else self._pids.get(container_id)
+            if known is None:
+                attrs = await self.inspect_container(container_id, what="find a session's network")
+                known = int((attrs.get("State") or {}).get("Pid") or 0), str(attrs["Id"])
+                if known[0] <= 0:
+                    raise SandboxError(f"container {container_id[:12]} does not run")
+                if len(self._pids) >= 1024:  # containers removed meanwhile: start over
+                    self._pids.clear()
+                self._pids[container_id] = known
+            try:
+                return await tcp_socket(*known, host, port)
+            except NotReachableHere:
+                self._pids.pop(container_id, None)  # its process ended (a restart): ask the engine again
+                if fresh:
+                    raise
+        raise AssertionError("unreachable")
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         return await self._call("inspect a command", "exec_inspect", exec_id)

@@ -286,13 +286,13 @@ def python_engine():
 
 
 @contextlib.asynccontextmanager
-async def python_docker_session():
+async def python_docker_session(agent_transport: str = "auto"):
     """A docker session of the Python image with network none."""
     from jupyter_tai_sandbox.image import PYTHON_IMAGE
     from jupyter_tai_sandbox.providers.docker import DockerSandbox
     from tests.support.docker import RUN_LABEL
 
-    sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0)
+    sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0, agent_transport=agent_transport)
     session = await sandbox.create(SessionSpec(network="none", consumer="tunnel-test"))
     try:
         yield session
@@ -311,14 +311,25 @@ def test_tunnel_on_docker_with_network_none(python_engine):
     run(main())
 
 
-def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no_relay(python_engine):
-    """On the agent the session opens its ports itself (SessionPorts): nothing runs in it for the forwarding."""
+@pytest.mark.parametrize("agent_transport", ["auto", "exec"])
+def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no_relay(python_engine, agent_transport):
+    """On the agent the session opens its ports itself (SessionPorts): nothing runs in it for the forwarding.
+    A server that reaches the agent's socket (root here) makes each connection itself in the container's
+    network, a socket joined to the host's; through the engine's exec, the agent dials and carries it."""
     from jupyter_tai_sandbox.kernels.ports import SessionPorts
 
     async def main() -> None:
-        async with python_docker_session() as session:
+        async with python_docker_session(agent_transport) as session:
             assert session.opens_ports
             server, inner = await start_server(session, "python3")
+            probe = await session.open_port(inner)
+            try:
+                direct = probe.take_socket()
+                assert (direct is not None) == (agent_transport == "auto" and os.geteuid() == 0)
+                if direct is not None:
+                    direct.close()
+            finally:
+                await probe.close()
             ports = SessionPorts(session)
             port = (await ports.forward(inner)).port
             payloads = [os.urandom(100 + i * 997) for i in range(32)]

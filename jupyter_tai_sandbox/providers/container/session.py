@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import ipaddress
+import socket
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from ...agent import AgentClient, AgentCommand, AgentError
+from ...agent.netns import NotReachableHere
 from ...contract import (
     ExecHandle,
     ExecRequest,
@@ -38,6 +41,7 @@ from .._common import run_to_end
 from .channel import AgentChannel
 from .command import KILL_LIMIT_SECONDS, ContainerCommand, in_background
 from .files import WorkspaceFiles
+from .ports import AgentPort, SocketPort
 from .users import resolve_user
 
 #: A pty command's TERM.
@@ -123,6 +127,9 @@ class ContainerSite:
     paused: set[str] = field(default_factory=set)
     #: a new session started from a session's state now; None: the provider cannot
     fork: Callable[[ContainerSession], Awaitable[ContainerSession]] | None = None
+    #: a TCP connection (container, host address, port) made by this process inside the container's network
+    #: (NotReachableHere where it cannot: the agent dials); None: the agent dials every one
+    connect_port: Callable[[str, str, int], Awaitable[socket.socket]] | None = None
 
     def known(self, container_id: str, session_id: str) -> KnownContainer:
         """The container's record, made on first use (its channel made again once closed)."""
@@ -469,6 +476,15 @@ class ContainerSession(SandboxSession):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise SandboxRequestError(f"port: a TCP port number, not {port!r}", field="port")
         client = await self._client()
+        if self._site.connect_port is not None and _is_address(host):
+            try:
+                return SocketPort(await self._site.connect_port(self._container, host, port))
+            except NotReachableHere:
+                pass  # the agent dials
+            except ConnectionRefusedError:
+                raise ConnectionRefusedError(f"nothing listens on {host}:{port} in session {self._id}") from None
+            except OSError as e:
+                raise SandboxError(f"connecting to {host}:{port} in session {self._id}: {e}") from None
         try:
             return AgentPort(await client.connect_tcp(port, host))
         except AgentError as e:
@@ -586,41 +602,6 @@ class ContainerSession(SandboxSession):
         await self._site.teardown(self, remove_workspace)
 
 
-class AgentPort(PortConnection):
-    """A TCP connection the agent made inside the session, carried like a command without a process."""
-
-    def __init__(self, command: AgentCommand) -> None:
-        self._cmd = command
-        self._closed = False
-
-    async def read(self) -> bytes | None:
-        try:
-            item = await self._cmd.read()
-        except AgentError as e:
-            raise ConnectionResetError(str(e)) from None
-        return None if item is None else item[1]
-
-    async def write(self, data: bytes) -> None:
-        try:
-            await self._cmd.write(data)
-        except AgentError as e:
-            raise ConnectionResetError(str(e)) from None
-
-    async def close_write(self) -> None:
-        with contextlib.suppress(AgentError):
-            await self._cmd.close_stdin()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(AgentError):
-            if not self._cmd.ended:
-                await self._cmd.kill()
-        with contextlib.suppress(AgentError):
-            await self._cmd.release()  # the agent holds at most 64 commands and connections
-
-
 #: the deadline of an attached command that has none of its own (the agent ends it at its backstop)
 _BACKSTOP_UNKNOWN = 365 * 86400.0
 
@@ -640,3 +621,12 @@ async def _ready(value: T) -> T:
 
 def _as(ids: tuple[int, int] | None) -> dict[str, int]:
     return {} if ids is None else {"uid": ids[0], "gid": ids[1]}
+
+
+def _is_address(host: str) -> bool:
+    """An IP address (a name is the agent's to resolve, with the session's own resolver)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

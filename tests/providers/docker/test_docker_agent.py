@@ -182,7 +182,8 @@ def test_a_direct_connection_believes_only_the_containers_agent(client):
     """The server's direct connection checks what it enters: a pid whose cgroup is not the session's
     container is never entered (a pid reused by another container's process), and a listener that is not
     the container's PID 1 is refused (session code cannot pose as the agent)."""
-    from jupyter_tai_sandbox.agent.transport import NotReachableHere, open_in_netns
+    from jupyter_tai_sandbox.agent.netns import NotReachableHere
+    from jupyter_tai_sandbox.agent.transport import open_in_netns
 
     async def main() -> None:
         async with agent_session() as ours, agent_session() as theirs:
