@@ -8,7 +8,8 @@ The machine is ``microvm`` with its PIT, PIC and RTC: without the PIT, TCG boots
 5 tries here. The cloud kernel finds the virtio-mmio devices through microvm's ACPI tables. Under TCG the
 guest's TSC is the host's, so the host's TSC rate goes on the kernel command line (``tsc_early_khz``): the
 kernel's own calibration against the emulated PIT fails now and then on a busy host, and the boot then hangs
-calibrating its delay loop.
+calibrating its delay loop. And ``tsc=reliable``: the kernel's watchdog checks the TSC against jiffies, which
+lag on a busy host, and a TSC it once marks unstable leaves the guest (and a golden saved from it) on jiffies.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from ..agent.errors import AgentConnectionLost, AgentError
 from .guest import Guest
 
 QEMU = "qemu-system-x86_64"
+#: the CPU model of a TCG guest by default: x86-64-v2 without AVX (TCG emulates SSE faster than AVX)
+TCG_CPU = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"
 MACHINE = "microvm,pit=on,pic=on,rtc=on"
 BOOT_TIMEOUT = 60.0  # seconds from QEMU's start to the agent's answer (a TCG boot takes about 2.5 here)
 BOOT_ATTEMPT = 15.0  # one try at the handshake before the guest has ever answered (it may still be booting)
@@ -85,10 +88,10 @@ def port_socket(workdir: Path, index: int = 0) -> Path:
     return workdir / ("agent.sock" if index == 0 else f"agent{index}.sock")
 
 
-def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: int = 1, qemu: str = QEMU,
+def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpu: str = "max", cpus: int = 1, qemu: str = QEMU,
               verbose: bool = False, ports: int = 1, extra: list[str] | None = None, console: bool = True,
               root: str | None = None, nic: bool = False, tap: str | None = None) -> list[str]:
-    """QEMU's command line. ``ports``: how many agent ports the guest gets (each takes one host connection at
+    """QEMU's command line. ``cpu``: the CPU model (a guest saved with one restores only with it); ``ports``: how many agent ports the guest gets (each takes one host connection at
     a time); ``extra``: more of QEMU's options (disks, a network); ``root``: a read-only disk image of a
     session image's files (serial ``tai-root``, see vm/rootdisk.py); ``nic``: a network card, on the tap interface
     ``tap`` of QEMU's network namespace, or with no ``tap`` on a hub port that goes nowhere (a golden snapshot's:
@@ -100,12 +103,15 @@ def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpus: 
         cmdline = f"{cmdline} {ports}"
     if verbose:  # the boot's every step on the console (a probe that must say where a boot stopped)
         cmdline = " ".join(word for word in cmdline.split(" ") if word != "quiet")
-    khz = host_tsc_khz() if accel == "tcg" else None
-    if khz:
+    if accel == "tcg":
+        # TCG's TSC is QEMU's virtual clock: steady, where the jiffies the kernel's watchdog checks it against
+        # lag whenever the vCPU waits for the host (a busy machine), and a TSC marked unstable leaves the guest
+        # on jiffies for good (a golden saved so passes it on to every restore)
+        khz = host_tsc_khz()
         before, dashes, after = cmdline.partition(" -- ")
-        cmdline = f"{before} tsc_early_khz={khz}{dashes}{after}"
+        cmdline = f"{before}{f' tsc_early_khz={khz}' if khz else ''} tsc=reliable{dashes}{after}"
     return [
-        qemu, "-M", MACHINE, "-accel", accel, "-cpu", "max", "-smp", str(cpus), "-m", str(memory_mb),
+        qemu, "-M", MACHINE, "-accel", accel, "-cpu", cpu, "-smp", str(cpus), "-m", str(memory_mb),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-kernel", str(guest.kernel), "-initrd", str(guest.initrd), "-append", cmdline,
         "-serial", f"file:{workdir / 'console.log'}" if console else "null",

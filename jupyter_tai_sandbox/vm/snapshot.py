@@ -7,7 +7,7 @@ migration stream: devices and the guest's memory; an idle guest's few dirtied pa
 restored guest is made its own at its first handshake: the host's seed goes into its RNG and the host's clock
 becomes its clock (PROTOCOL.md, "Over a VM's port").
 
-Goldens live beside their guest in the cache (``golden2-*.ram``/``.state``), made once under a lock file; a golden that
+Goldens live beside their guest in the cache (``golden3-*.ram``/``.state``), made once under a lock file; a golden that
 cannot be made (QEMU refuses to migrate) leaves the creates booting cold.
 """
 
@@ -37,7 +37,7 @@ POLL_SECONDS = 0.05
 #: how long a golden's guest is left after its host has gone, before it is saved
 SETTLE_SECONDS = 0.3
 #: the goldens' format: a golden saved by an older version of how they are made is not restored
-GOLDEN_VERSION = 2
+GOLDEN_VERSION = 3
 
 
 @functools.cache
@@ -51,13 +51,14 @@ def _qemu_tag(qemu: str = QEMU) -> str:
 
 
 def golden_path(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int, root: str | None = None,
-                nic: bool = False) -> Path:
+                nic: bool = False, cpu: str = "max") -> Path:
     """The golden's name without suffix (its files: ``.ram``, ``.state``; ``.lock`` while it is made); one per
-    root disk too (a restore must find the disk the golden was saved with), and with a network card or
+    CPU model, root disk (a restore must find the disk the golden was saved with), and with a network card or
     without (a restore must find the devices the golden was saved with)."""
+    model = "" if cpu == "max" else f"-x{hashlib.sha256(cpu.encode()).hexdigest()[:8]}"
     disk = f"-r{hashlib.sha256(root.encode()).hexdigest()[:12]}" if root else ""
     card = "-n" if nic else ""
-    return guest.path / f"golden{GOLDEN_VERSION}-{_qemu_tag()}-{accel}-m{memory_mb}-c{cpus}-p{ports}{disk}{card}"
+    return guest.path / f"golden{GOLDEN_VERSION}-{_qemu_tag()}-{accel}{model}-m{memory_mb}-c{cpus}-p{ports}{disk}{card}"
 
 
 def memory_args(ram: Path, memory_mb: int, *, shared: bool) -> list[str]:
@@ -133,10 +134,10 @@ class Qmp:
 
 
 async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int,
-                        root: str | None = None, nic: bool = False) -> Path:
+                        root: str | None = None, nic: bool = False, cpu: str = "max") -> Path:
     """The golden of this shape, made now when there is none (one maker at a time, across processes)."""
     path = await asyncio.to_thread(golden_path, guest, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
-                                   root=root, nic=nic)
+                                   root=root, nic=nic, cpu=cpu)
     if path.with_suffix(".state").exists():
         return path
     lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -152,18 +153,18 @@ async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, 
                 await asyncio.sleep(POLL_SECONDS * 4)
         if not path.with_suffix(".state").exists():
             await asyncio.wait_for(_make(guest, path, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
-                                         root=root, nic=nic), GOLDEN_TIMEOUT)
+                                         root=root, nic=nic, cpu=cpu), GOLDEN_TIMEOUT)
         return path
     finally:
         os.close(lock)
 
 
 async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: int, ports: int,
-                root: str | None, nic: bool) -> None:
+                root: str | None, nic: bool, cpu: str) -> None:
     work = Path(tempfile.mkdtemp(prefix="tai-golden-"))
     ram, state = path.with_suffix(".ram"), path.with_suffix(".state")
     tmp_ram, tmp_state = (p.with_name(f".{p.name}.{os.getpid()}") for p in (ram, state))
-    argv = qemu_argv(guest, work, memory_mb=memory_mb, accel=accel, cpus=cpus, ports=ports, root=root, nic=nic)
+    argv = qemu_argv(guest, work, memory_mb=memory_mb, accel=accel, cpu=cpu, cpus=cpus, ports=ports, root=root, nic=nic)
     argv += [*memory_args(tmp_ram, memory_mb, shared=True), *qmp_args(work / "qmp.sock")]
     if shutil.which(argv[0]) is None:
         raise VmError(f"{argv[0]} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")

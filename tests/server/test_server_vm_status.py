@@ -10,12 +10,13 @@ import tempfile
 import pytest
 
 from tests.support.server import call, server_config
-from tests.support.vm import need_qemu
+from tests.support.vm import keep_machine_cache, need_qemu
 
 
 @pytest.fixture
-def jp_server_config(tmp_path):
+def jp_server_config(tmp_path, monkeypatch):
     need_qemu()
+    keep_machine_cache(monkeypatch)
     state = tempfile.mkdtemp(prefix="tai-vms-", dir="/tmp")
     yield server_config("vm", tmp_path / "sandboxes", VmSandbox={"accel": "tcg", "state_dir": state},
                         SandboxPolicy={"isolation": "none", "max_sessions_per_user": 2})

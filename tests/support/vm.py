@@ -6,8 +6,13 @@ import shutil
 
 import pytest
 
+from jupyter_tai_sandbox.vm.guest import CACHE_ENV, cache_dir
 from jupyter_tai_sandbox.vm.qemu import QEMU
 from tests.support.docker import in_ci
+
+#: the machine's guest cache, read before any test moves HOME (pytest-jupyter's servers run with a HOME of
+#: their own, where a guest and its golden snapshots would be made again, test after test)
+MACHINE_CACHE = cache_dir()
 
 
 def need_qemu() -> None:
@@ -22,3 +27,8 @@ def missing(what: str) -> None:
     if in_ci():
         pytest.fail(message)
     pytest.skip(message)
+
+
+def keep_machine_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guests and golden snapshots from the machine's cache, whatever HOME the test gives its server."""
+    monkeypatch.setenv(CACHE_ENV, str(MACHINE_CACHE))

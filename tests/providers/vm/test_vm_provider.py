@@ -113,12 +113,15 @@ def test_what_the_provider_cannot_honour_is_rejected_before_anything_starts(stat
     asyncio.run(main())
 
 
-def test_a_session_gets_the_vcpus_and_memory_its_spec_asks_for_and_no_more(state_dir):
+def test_a_session_gets_the_vcpus_and_memory_its_spec_asks_for_and_no_more_and_the_tcg_cpu_model(state_dir):
     async def main():
         sandbox = provider(state_dir, user="")  # the guest's root: the one who can write the console
         session = await sandbox.create(SessionSpec(cpu=2.0, memory_mb=192, **NONE))
         try:
             assert (await stdout_of(session, "nproc")).strip() == "2"
+            # x86-64-v2 without AVX by default under TCG (VmSandbox.tcg_cpu)
+            flags = set((await stdout_of(session, "sh", "-c", "grep -m1 ^flags /proc/cpuinfo")).split(":")[1].split())
+            assert {"sse4_2", "popcnt", "ssse3"} <= flags and "avx" not in flags and "avx2" not in flags
             total_kib = int((await stdout_of(session, "sh", "-c", "grep MemTotal /proc/meminfo")).split()[1])
             assert 100 * 1024 < total_kib <= 192 * 1024
             assert (await session.info()).spec.memory_mb == 192
