@@ -92,7 +92,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         help="""The CPU model a guest sees under TCG (QEMU's -cpu; under KVM it is always the host's). The
         default, x86-64-v2 without AVX (qemu64 with SSSE3, SSE4.1, SSE4.2 and POPCNT), runs what Debian and
         PyPI's wheels build for, and TCG runs it faster than it emulates AVX: with 'max' (every feature TCG
-        has, AVX2 among them) a command took 30-50% longer here and output streamed at two thirds the
+        has, AVX2 among them) a one-shot took half as long again here and output streamed at 60% of the
         speed, since Go's and glibc's copies take the AVX paths. Set 'max' for software that needs AVX.""",
     ).tag(config=True)
 
