@@ -26,6 +26,9 @@ from .tunnel import Forward, TunnelError
 
 #: the most bytes read from a host socket at once
 READ_CHUNK = 256 << 10
+#: the most connections one forwarding carries at once (as the agent holds at most 64 of a session's); a kernel
+#: keeps five open
+MAX_CONNECTIONS = 64
 #: the pause between two tries of a refused connect (a kernel still binding its ports)
 RETRY_SECONDS = 0.05
 
@@ -74,6 +77,10 @@ class SessionPorts:
             if self.closed.is_set():
                 client.close()
                 return
+            if len(self._pumps) >= MAX_CONNECTIONS:  # anyone on the host may dial the listener: a flood is refused
+                log.debug("forwarding to port %d: %d connections open, one more refused", remote_port, len(self._pumps))
+                client.close()
+                continue
             pump = asyncio.ensure_future(self._carry(remote_port, connect_wait, client))
             self._pumps.add(pump)
             pump.add_done_callback(self._pumps.discard)

@@ -344,6 +344,16 @@ def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no
                 assert await talk(port, b"echo", b"ping %d" % i) == b"ping %d" % i
             assert len(slow_reader._buffer) <= 8 << 20
             slow_writer.close()
+            # anyone on the host may dial a listener: past 64 open connections one more is closed at once
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(64)]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            with contextlib.suppress(ConnectionError):
+                assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+            for _, held_writer in held:
+                held_writer.close()
+            await asyncio.sleep(0.5)
+            assert await talk(port, b"echo", b"again") == b"again"
             # nothing listens: the client's connection ends at once (no wait asked)
             closed = (await ports.forward(1)).port
             reader, writer = await asyncio.open_connection("127.0.0.1", closed)
