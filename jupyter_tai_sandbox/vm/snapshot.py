@@ -36,6 +36,9 @@ GOLDEN_TIMEOUT = 120.0
 POLL_SECONDS = 0.05
 #: how long a golden's guest is left after its host has gone, before it is saved
 SETTLE_SECONDS = 0.3
+#: the CPU time a golden's QEMU may use (a boot and a save take a few seconds of it; an idle guest a tenth of
+#: a CPU): one whose maker was abandoned ends within the hour
+MAKER_CPU_SECONDS = 300
 #: the goldens' format: a golden saved by an older version of how they are made is not restored
 GOLDEN_VERSION = 3
 
@@ -159,6 +162,15 @@ async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, 
         os.close(lock)
 
 
+def _never_outliving_its_maker(argv: list[str]) -> list[str]:
+    """``argv`` (a golden's QEMU, unlike a session's, is only its maker's) killed when the thread that starts
+    it ends (a server that exits mid-create: ``setpriv --pdeathsig``), and once it has used
+    :data:`MAKER_CPU_SECONDS` of CPU (a maker abandoned in a process that lives on: its event loop closed
+    with the create pending, so its clean-up never ran). Both exec, so the process is QEMU itself."""
+    bounded = ["prlimit", f"--cpu={MAKER_CPU_SECONDS}", "--", *argv] if shutil.which("prlimit") else argv
+    return ["setpriv", "--pdeathsig", "KILL", "--", *bounded] if shutil.which("setpriv") else bounded
+
+
 async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: int, ports: int,
                 root: str | None, nic: bool, cpu: str) -> None:
     work = Path(tempfile.mkdtemp(prefix="tai-golden-"))
@@ -168,6 +180,7 @@ async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: i
     argv += [*memory_args(tmp_ram, memory_mb, shared=True), *qmp_args(work / "qmp.sock")]
     if shutil.which(argv[0]) is None:
         raise VmError(f"{argv[0]} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
+    argv = _never_outliving_its_maker(argv)
     log = os.open(work / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)

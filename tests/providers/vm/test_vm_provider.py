@@ -8,9 +8,12 @@ and with ``CI=true`` they fail instead (bash .ci/vm-up).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -397,3 +400,50 @@ def test_commands_run_as_an_unprivileged_guest_user_who_cannot_reach_the_agent(s
             await other_server.close()
 
     asyncio.run(main())
+
+
+MAKER = """
+import asyncio, dataclasses, sys
+from pathlib import Path
+from jupyter_tai_sandbox.vm.guest import Guest, cache_dir
+from jupyter_tai_sandbox.vm.snapshot import ensure_golden
+machine = next(p for p in cache_dir().iterdir() if (p / "guest.json").exists())
+guest = dataclasses.replace(Guest.load(machine), path=Path(sys.argv[1]))
+asyncio.run(ensure_golden(guest, accel="tcg", memory_mb=160, cpus=1, ports=1))
+"""
+
+
+def test_a_golden_snapshots_qemu_dies_with_the_process_making_it(tmp_path):
+    """A golden's QEMU is only its maker's: a server killed while it makes one leaves no QEMU running (a
+    session's QEMU, by design, outlives the server; a golden maker's would run for nothing, for ever)."""
+    maker = subprocess.Popen([sys.executable, "-c", MAKER, str(tmp_path)])
+    qemu, workdir = None, None
+    try:
+        give_up = time.monotonic() + 60
+        while qemu is None and time.monotonic() < give_up:
+            assert maker.poll() is None, "the maker ended before its QEMU started"
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    with contextlib.suppress(OSError):
+                        argv = (entry / "cmdline").read_bytes().split(b"\0")
+                        if argv[0].endswith(b"qemu-system-x86_64") and str(tmp_path).encode() in b" ".join(argv):
+                            qemu = int(entry.name)
+                            workdir = next(Path(a.decode().split("path=")[1].split(",")[0]).parent
+                                           for a in argv if b"agent.sock" in a)
+            time.sleep(0.05)
+        assert qemu is not None, "the maker started no QEMU"
+        maker.kill()
+        maker.wait()
+        give_up = time.monotonic() + 10
+        while Path(f"/proc/{qemu}").exists() and b"qemu" in Path(f"/proc/{qemu}/cmdline").read_bytes():
+            assert time.monotonic() < give_up, "the golden's QEMU outlived its maker"
+            time.sleep(0.05)
+    finally:
+        if maker.poll() is None:
+            maker.kill()
+        if qemu is not None:  # a failure leaves nothing running either
+            with contextlib.suppress(OSError):
+                if b"qemu" in Path(f"/proc/{qemu}/cmdline").read_bytes():
+                    os.kill(qemu, signal.SIGKILL)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)  # the killed maker could not clean up
