@@ -312,6 +312,10 @@ func ppoll(fd int, events int16) int16 {
 // RNDADDENTROPY: adds bytes to the kernel's entropy pool and credits them (needs CAP_SYS_ADMIN: PID 1 has it).
 const rndAddEntropy = 0x40085203
 
+// RNDRESEEDCRNG: reseeds the kernel's CRNG from its pool now. Credited entropy alone is taken only at the
+// CRNG's next scheduled reseed (up to a minute away), and until then clones would give the same bytes.
+const rndReseedCrng = 0x5207
+
 const maxSeed = 512 // hex digits
 
 // refreshGuest makes a guest restored from a snapshot its own: the host's seed goes into the kernel's RNG
@@ -326,6 +330,9 @@ func refreshGuest(unix float64, seedHex string) map[string]any {
 		copy(buf[8:], seed)
 		if f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0); err == nil {
 			_, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), rndAddEntropy, uintptr(unsafe.Pointer(&buf[0])))
+			if e == 0 {
+				_, _, e = syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), rndReseedCrng, 0)
+			}
 			f.Close()
 			done["seed"] = e == 0
 		}
