@@ -3,6 +3,7 @@ import { Dialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { IStatus } from './api';
+import { DURATION_HINT } from './duration';
 import { isolationWarning, limitHints } from './model';
 import { ISessionForm } from './spec';
 
@@ -40,7 +41,7 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
       networks.includes(initial.network) ? initial.network : networks[0],
       networks
     );
-    this._ttl = this._input('ttlSeconds', 'TTL (seconds)', initial.ttlSeconds, '3600');
+    this._ttl = this._input('ttlSeconds', 'TTL', initial.ttlSeconds, '1h', `how long the session lives: ${DURATION_HINT}`);
     this._cpu = this._input('cpu', 'CPUs', initial.cpu, hints.cpu.placeholder, hints.cpu.hint);
     this._memory = this._input(
       'memoryMb',

@@ -33,7 +33,38 @@ export function apiUrl(settings: ServerConnection.ISettings, ...parts: string[])
   return URLExt.join(settings.baseUrl, API_NAMESPACE, ...parts);
 }
 
-/** Turn an error response into a SandboxAPIError with a readable message. */
+/** The words HTTP gives every answer of a status: never the server's reason, only its status. */
+const GENERIC_MESSAGES = new Set([
+  'unhandled error',
+  'unknown http error',
+  'request failed',
+  'internal server error',
+  'bad gateway',
+  'service unavailable',
+  'gateway timeout'
+]);
+
+function generic(text: string, statusText: string): boolean {
+  const t = text
+    .trim()
+    .toLowerCase()
+    .replace(/^\d{3}\s*:?\s*/, '');
+  return !t || t === statusText.trim().toLowerCase() || GENERIC_MESSAGES.has(t);
+}
+
+/** The text of an HTML error page (a proxy's): its title, or its body's words, short. */
+function htmlText(text: string): string {
+  const title = /<title[^>]*>([\s\S]*?)<\/title>/i.exec(text)?.[1];
+  const words = (title ?? text.replace(/<[^>]*>/g, ' ')).replace(/\s+/g, ' ').trim();
+  return words.length > 200 ? `${words.slice(0, 200)}…` : words;
+}
+
+/**
+ * Turn an error response into a SandboxAPIError with a readable message: the
+ * server's own words (`message`, else `reason`, of a JSON body), never a bare
+ * "500 Internal Server Error" when the body says more, and when it says nothing
+ * more, a sentence that points at the server's log.
+ */
 export async function errorFromResponse(response: Response): Promise<SandboxAPIError> {
   let text = '';
   try {
@@ -41,24 +72,39 @@ export async function errorFromResponse(response: Response): Promise<SandboxAPIE
   } catch {
     // no body
   }
+  const status = response.status;
+  const statusText = response.statusText || '';
+  const head = `${status}${statusText ? ` ${statusText}` : ''}`;
+  let body: unknown = null;
   try {
-    const body = JSON.parse(text);
-    if (body && typeof body.message === 'string') {
-      return new SandboxAPIError(
-        response.status,
-        typeof body.error === 'string' ? body.error : 'HTTPError',
-        body.message || `${response.status} ${response.statusText}`
-      );
-    }
+    body = JSON.parse(text);
   } catch {
-    // not JSON: fall through
+    // not JSON: below
   }
-  const reason = response.statusText || 'request failed';
-  return new SandboxAPIError(
-    response.status,
-    'HTTPError',
-    `${response.status} ${reason}${text && text.length < 200 ? `: ${text}` : ''}`
-  );
+  if (body && typeof body === 'object' && !Array.isArray(body)) {
+    const fields = body as { error?: unknown; message?: unknown; reason?: unknown };
+    const error = typeof fields.error === 'string' && fields.error ? fields.error : 'HTTPError';
+    const said = [fields.message, fields.reason]
+      .filter((v): v is string => typeof v === 'string' && !generic(v, statusText))
+      .map(v => v.trim());
+    const unique = said.filter((v, i) => said.indexOf(v) === i);
+    if (unique.length) {
+      return new SandboxAPIError(status, error, unique.join(': '));
+    }
+    if (typeof fields.message === 'string' || typeof fields.reason === 'string') {
+      return new SandboxAPIError(status, error, unexplained(head));
+    }
+  }
+  const page = /<\s*(html|body|title|h1)[\s>]/i.test(text) ? htmlText(text) : text.trim();
+  const extra = page && !generic(page, statusText) && page.length <= 200 ? `: ${page}` : '';
+  return new SandboxAPIError(status, 'HTTPError', extra ? `${head}${extra}` : unexplained(head));
+}
+
+/** What to say of an answer that gives no reason. */
+function unexplained(head: string): string {
+  return head.startsWith('5')
+    ? `the server failed (${head}) without saying why: the Jupyter server's log has the cause.`
+    : `the server refused the request (${head}) without saying why.`;
 }
 
 /**

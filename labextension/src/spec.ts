@@ -3,12 +3,14 @@
  * checked conversion into a SessionSpec, with messages that say what to change.
  */
 import { Durability, ISessionSpec, Network } from './api';
+import { DurationError, parseDuration } from './duration';
 
 export interface ISessionForm {
   image: string;
   durability: Durability;
   workspaceKey: string;
   network: Network;
+  /** The TTL as typed: seconds, or a duration with units (`1h30m`). */
   ttlSeconds: string;
   cpu: string;
   memoryMb: string;
@@ -96,12 +98,14 @@ export function buildSpec(form: ISessionForm): ISessionSpec {
     );
   }
 
-  const ttl = Number(form.ttlSeconds.trim());
-  if (!form.ttlSeconds.trim() || !Number.isFinite(ttl) || ttl <= 0) {
-    throw new SpecFormError(
-      'ttlSeconds',
-      `TTL must be a positive number of seconds, not "${form.ttlSeconds}".`
-    );
+  let ttl: number;
+  try {
+    ttl = parseDuration(form.ttlSeconds, 'TTL');
+  } catch (error) {
+    if (error instanceof DurationError) {
+      throw new SpecFormError('ttlSeconds', error.message);
+    }
+    throw error;
   }
   spec.ttl_seconds = ttl;
 
