@@ -379,6 +379,8 @@ class SandboxApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.stop_cleanly_on_sigint(serverapp)
         self.start_reaper()
+        if self.sandbox is not None:
+            self._provider_check = asyncio.ensure_future(self.report_provider_problem())
         self.export_server_env(serverapp)
         from . import mcp_door
 
@@ -446,6 +448,23 @@ class SandboxApp(ExtensionApp):
             # a previous server's live commands, where the sessions hold them (a session agent does)
             self.execs.start_adopting(self._deployment_sessions)
 
+    async def report_provider_problem(self, attempts: int = 2) -> str | None:
+        """At the server's start: ask the provider whether a session could start (its engine answers, the
+        session agent and the image are there) and log why not, with the fix, at once rather than at the
+        first create. Returns the problem, or None."""
+        sandbox = self.sandbox
+        problem = None
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(2)  # a first ping may lose to the engine client's own start
+            try:
+                await sandbox.check_available()
+                return None
+            except SandboxError as e:
+                problem = str(e)
+        self.log.error("jupyter_tai_sandbox: the %s provider cannot create sessions: %s", sandbox.kind, problem)
+        return problem
+
     async def _deployment_sessions(self) -> list[SandboxSession]:
         """Every live session of this server's deployment, found a few at a time."""
         sandbox = self.sandbox
@@ -489,6 +508,10 @@ class SandboxApp(ExtensionApp):
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
+        check = getattr(self, "_provider_check", None)
+        if check is not None:
+            check.cancel()
+            self._provider_check = None
         manager = getattr(self, "_kernel_manager", None)
         if manager is not None:
             vars(manager).pop("start_kernel", None)

@@ -20,12 +20,13 @@ import hashlib
 import io
 import tarfile
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-from ..agent import AgentClient, agent_binary
+from ..agent import AgentBinaryMissing, AgentClient, agent_binary
 from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..agent.transport import open_docker_api, open_docker_streams
-from ..contract import SandboxError
+from ..contract import SandboxError, SandboxUnavailableError
 from ._docker_names import LABEL, WORKSPACE
 from ._docker_stream import start_exec
 from .container import CommandRegistry, ContainerSite
@@ -41,10 +42,25 @@ AGENT_VOLUME_PREFIX = "tai-agent-"
 AGENT_USER_CAPABILITIES = ("SETUID", "SETGID", "KILL")
 
 
-@functools.lru_cache(maxsize=4)
+def checked_agent_binary(arch: str | None = None) -> Path:
+    """The agent binary for ``arch``, or SandboxUnavailableError (503) saying how to get it: without it no
+    session can start, which is the operator's to fix, not the caller's."""
+    try:
+        return agent_binary(arch)
+    except AgentBinaryMissing as e:
+        raise SandboxUnavailableError(f"no session can start: the session agent {e}") from None
+
+
 def agent_archive(arch: str | None = None) -> bytes:
-    """A tar holding the agent binary for ``arch`` (the engine's ``Architecture``), as ``agent``."""
-    data = agent_binary(arch).read_bytes()
+    """A tar holding the agent binary for ``arch`` (the engine's ``Architecture``), as ``agent``;
+    SandboxUnavailableError when there is none."""
+    path = checked_agent_binary(arch)
+    return _archive(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _archive(path: Path, mtime_ns: int) -> bytes:
+    data = path.read_bytes()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo("agent")

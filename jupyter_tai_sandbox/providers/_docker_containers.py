@@ -8,7 +8,7 @@ import platform
 from collections.abc import Mapping
 from typing import Any
 
-from ..contract import SandboxError, SessionSpec
+from ..contract import SandboxError, SandboxUnavailableError, SessionSpec
 from ._docker_agent import AGENT_USER_CAPABILITIES, AgentVolumes, is_missing_agent, with_agent
 from ._docker_disk import scratch_tmpfs, workspace_driver
 from ._docker_names import LABEL_AGENT, WORKSPACE
@@ -118,4 +118,13 @@ class ContainerStarts:
             raise self.missing_image(image) from None
 
     def missing_image(self, image: str) -> SandboxError:
-        return rejected(f"image {image!r} is not on the Docker engine at {self._sandbox.base_url}: {how_to_get(image)}")
+        """A spec's image the engine lacks is the caller's to change (400); the provider's own default image
+        missing stops every create, the operator's to fix (503)."""
+        sandbox = self._sandbox
+        if image == sandbox.default_image:
+            setting = "DockerSandbox.image" if sandbox.image else "the default image: DockerSandbox.image is empty"
+            return SandboxUnavailableError(
+                f"no session can start: the provider's image {image!r} ({setting}) is not on the Docker engine at "
+                f"{sandbox.base_url}: {how_to_get(image)}"
+            )
+        return rejected(f"image {image!r} is not on the Docker engine at {sandbox.base_url}: {how_to_get(image)}")

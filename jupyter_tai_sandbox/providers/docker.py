@@ -18,9 +18,11 @@ from ..contract import (
     SessionSpec,
     session_gone,
 )
+from ..image import PYTHON_IMAGE
 from ._common import new_session_id
 from ._docker_agent import (
     agent_site,
+    checked_agent_binary,
 )
 from ._docker_containers import ContainerStarts
 from ._docker_forks import ForkImages
@@ -133,6 +135,18 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     @property
     def engine(self) -> DockerEngine:
         return self._engine
+
+    async def check_available(self) -> None:
+        """The engine answers, and a session could start on it: the session agent's binary for the engine's
+        architecture is there and so is the default image; else SandboxUnavailableError saying what to do
+        (the status route and the server's start say it, before a create fails on it)."""
+        await super().check_available()
+        checked_agent_binary(await self._starts.engine_arch())
+        image = self.default_image
+        if not (self.image or self._image_chosen) and await self._engine.has_image(PYTHON_IMAGE):
+            return  # an empty image setting takes the Python image when the engine has it
+        if not await self._engine.has_image(image):
+            raise self._starts.missing_image(image)
 
     async def _connect(self) -> None:
         if not self._engine.connected:
