@@ -16,11 +16,19 @@ reach the door; each tool asks for its own action). Origin is stricter than
 the other API routes: a token does not excuse a foreign ``Origin`` (MCP's
 DNS-rebinding rule); only ``ServerApp.allow_origin`` / ``allow_origin_pat``
 admit one, and CORS headers are sent only for those, never a wildcard or an echo.
+
+A refusal (no or a wrong token, the Authorizer, the door off, a quota) keeps its
+HTTP status, and its body is a JSON-RPC error carrying this API's error body as
+``data``: for any other non-2xx body the `mcp` SDK shows only "Server returned
+an error response", while a JSON-RPC error's message reaches the caller as the
+``MCPError`` it raises. A wrong token stays 403, not 401: a client holding an
+OAuth provider starts OAuth discovery on 401, which Jupyter's token does not speak.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from jupyter_core.utils import ensure_async
@@ -30,7 +38,8 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from ..contract import SandboxUnavailableError
+from ..contract import SandboxError, SandboxUnavailableError
+from ..errors import error_body, error_status
 from ..server.handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 
 MCP_PATH = r"/api/sandbox/mcp"
@@ -40,13 +49,55 @@ _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "x-xsrftoken", "x-csrft
 #: response headers tornado computes itself
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
 _MCP_HEADERS = "accept, content-type, authorization, x-xsrftoken, mcp-session-id, mcp-protocol-version, last-event-id"
+#: JSON-RPC error codes of a refused HTTP request: the client's mistake, or the server's
+INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
+
+
+def jsonrpc_refusal(body: dict[str, Any], status: int, request_id: Any = None) -> dict[str, Any]:
+    """A refused request's error body (``{"error", "message", ...}``) as a JSON-RPC error answering
+    ``request_id`` (null when unknown): its message names the error and why; ``data`` holds the body and status."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "error": {
+            "code": INVALID_REQUEST if status < 500 else INTERNAL_ERROR,
+            "message": f"{body.get('error')}: {body.get('message')} (HTTP {status})",
+            "data": {**body, "status": status},
+        },
+    }
+
+
+def _request_id(raw: bytes | None) -> Any:
+    """The JSON-RPC id of a request body, when it has one of the allowed types (else None)."""
+    try:
+        message = json.loads(raw or b"")
+    except (ValueError, RecursionError):
+        return None
+    request_id = message.get("id") if isinstance(message, dict) else None
+    return request_id if isinstance(request_id, (str, int)) and not isinstance(request_id, bool) else None
+
+
+class JSONRPCErrorsMixin(JSONErrorsMixin):
+    """This API's errors, each wrapped in a JSON-RPC error (see the module's docstring)."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        status = error_status(error, status_code)
+        if status == 403 and not isinstance(error, SandboxError):
+            error = self._authentication_error(error) or error
+        request = self.request  # type: ignore[attr-defined]
+        request_id = _request_id(request.body) if request.method == "POST" else None
+        self.set_status(status)  # type: ignore[attr-defined]
+        self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
+        self.finish(json.dumps(jsonrpc_refusal(error_body(error, status), status, request_id)))  # type: ignore[attr-defined]
 
 
 def door_of(app: Any) -> Any:
     return getattr(app, "mcp_door", None)
 
 
-class MCPHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
+class MCPHandler(JSONRPCErrorsMixin, SandboxHandlerMixin, APIHandler):
     """``/api/sandbox/mcp``: MCP Streamable HTTP (POST messages, GET the event stream, DELETE the session)."""
 
     auth_resource = AUTH_RESOURCE
@@ -218,7 +269,7 @@ class MCPHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
             self.finish(set_content_type=self._content_type)
 
 
-class MCPUnavailableHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
+class MCPUnavailableHandler(JSONRPCErrorsMixin, SandboxHandlerMixin, APIHandler):
     """The route when the `mcp` package is not installed: 503 saying what to install."""
 
     auth_resource = AUTH_RESOURCE

@@ -214,8 +214,8 @@ async def test_one_user_cannot_fill_the_servers_mcp_session_slots(url, as_user):
         opened = [r.headers["mcp-session-id"] for r in answers if r.status_code == 200]
         refused = [r for r in answers if r.status_code != 200]
         assert {r.status_code for r in refused} == {429}
-        assert {r.json()["error"] for r in refused} == {"SandboxQuotaError"}
-        assert "max_sessions_per_user" in refused[0].json()["message"]
+        assert {r.json()["error"]["data"]["error"] for r in refused} == {"SandboxQuotaError"}  # in a JSON-RPC error
+        assert "max_sessions_per_user" in refused[0].json()["error"]["message"]
         # everyone else still gets in
         bob = await initialize("bob")
         assert bob.status_code == 200, bob.text

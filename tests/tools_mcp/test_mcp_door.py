@@ -324,14 +324,15 @@ async def test_unauthenticated_and_cross_origin_requests_are_refused(url, jp_aut
         # no credential at all
         answer = await http.post(url, json=INIT, headers=MCP_HEADERS)
         assert answer.status_code == 403 and "mcp-session-id" not in answer.headers
-        assert answer.json()["error"] == "SandboxAuthenticationError", answer.text  # says how to pass the token
+        # the API's error body, inside a JSON-RPC error (what MCP clients show): says how to pass the token
+        assert answer.json()["error"]["data"]["error"] == "SandboxAuthenticationError", answer.text
         assert "access-control-allow-origin" not in answer.headers
         # a wrong token
         answer = await http.post(url, json=INIT, headers={**MCP_HEADERS, "Authorization": "token wrong"})
         assert answer.status_code == 403
-        assert answer.json()["error"] == "SandboxAuthenticationError"
-        assert "token is missing or wrong" in answer.json()["message"]
-        assert "Authorization: token <TOKEN>" in answer.json()["message"]
+        assert answer.json()["error"]["data"]["error"] == "SandboxAuthenticationError"
+        assert "token is missing or wrong" in answer.json()["error"]["message"]
+        assert "Authorization: token <TOKEN>" in answer.json()["error"]["message"]
         # a browser page elsewhere: refused even with the token (MCP's DNS-rebinding rule), no CORS grant
         for origin in ("http://evil.example", f"http://attacker.localhost:{jp_http_port}"):
             answer = await http.post(url, json=INIT, headers={**MCP_HEADERS, **jp_auth_header, "Origin": origin})
