@@ -333,7 +333,16 @@ def _add_preset_commands(commands: Any) -> None:
     run.set_defaults(run=_preset_door(_preset_run))
 
 
+#: what `serve` says, on one line, when JupyterHub (its service auth) is not installed
+HUB_MISSING = 'serve: the sandbox service authenticates with JupyterHub, which is not installed: pip install "jupyter-tai-sandbox[hub]"'
+
+
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        import jupyterhub.services.auth  # noqa: F401 - only whether it imports
+    except ImportError:
+        print(HUB_MISSING, file=sys.stderr)
+        return 1
     from .hub import serve
 
     serve(args.server_options)
