@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .contract import SandboxError
-from .image import DEFAULT_IMAGE, ImageBuildError, build_minimal_image
+from .image import DEFAULT_IMAGE, ImageBuildError, ensure_minimal_image
 from .server_config import load_server_config
 
 #: `preset run` exit status when the run itself failed (as `docker run` does), not the command
@@ -26,11 +26,14 @@ def _build_image(args: argparse.Namespace) -> int:
         return _build_python_image(args)
     name = args.name or DEFAULT_IMAGE
     try:
-        image_id = build_minimal_image(name, base_url=args.base_url)
+        image_id, imported = ensure_minimal_image(name, base_url=args.base_url, force=args.force)
     except ImageBuildError as e:
         print(f"build-image: {e}", file=sys.stderr)
         return 1
-    print(f"built {name} ({image_id[:19]})")
+    if imported:
+        print(f"built {name} ({image_id[:19]})")
+    else:
+        print(f"{name} ({image_id[:19]}) is up to date: kept (--force rebuilds it)")
     return 0
 
 
@@ -384,7 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="build the Python image (python3, ipykernel) with debootstrap and docker import; needs root",
     )
-    build.add_argument("--force", action="store_true", help="with --python: rebuild even if the image exists")
+    build.add_argument(
+        "--force", action="store_true",
+        help="rebuild even an up-to-date image (default: an image built from the same files is kept, not re-tagged)",
+    )
     build.add_argument(
         "--pip",
         nargs="+",

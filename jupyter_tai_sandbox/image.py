@@ -6,7 +6,10 @@ read-only volume); this one gives session commands and the conformance suite
 ``cat``, ``kill``, ``readlink``, ``ls``, a fractional ``sleep`` ...), and
 ``/workspace``.
 No registry is needed: the root filesystem is written as a tar stream in memory
-and handed to the engine's image import (about 2 MB, well under a second).
+and handed to the engine's image import (about 2 MB, well under a second). The
+stream is the same byte for byte while busybox is (every entry carries the busybox
+binary's mtime), and the image is labelled with its digest: an image of that name
+and label is kept as it is, neither imported again nor re-tagged.
 
 ``wget`` is kept, with one trap: Debian's static busybox (1.35) crashes with a
 segmentation fault whenever ``-T``/``--timeout`` is given, even for a literal IP
@@ -19,6 +22,7 @@ or without a link.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -42,6 +46,8 @@ _CHANGES = [
     "WORKDIR /workspace",
     'CMD ["sh"]',
 ]
+#: the minimal image's label: the digest of its root filesystem's tar stream and its config changes
+LABEL_ROOTFS = "jupyter-tai-sandbox.rootfs"
 
 
 class ImageBuildError(RuntimeError):
@@ -72,9 +78,9 @@ def _applets(busybox: str) -> list[str]:
 
 
 def rootfs_tar(busybox: str | None = None) -> bytes:
-    """The minimal root filesystem as an uncompressed tar archive."""
+    """The minimal root filesystem as an uncompressed tar archive, the same bytes for the same busybox."""
     busybox = busybox or find_busybox()
-    now = int(time.time())
+    now = int(os.stat(busybox).st_mtime)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
 
@@ -98,8 +104,23 @@ def rootfs_tar(busybox: str | None = None) -> bytes:
     return buf.getvalue()
 
 
-def build_minimal_image(name: str = DEFAULT_IMAGE, base_url: str | None = None) -> str:
-    """Import the minimal image into the engine as ``name``; return its id."""
+def rootfs_digest(data: bytes) -> str:
+    """What :data:`LABEL_ROOTFS` holds for the root filesystem ``data``."""
+    return hashlib.sha256(data + "\n".join(_CHANGES).encode()).hexdigest()
+
+
+def build_minimal_image(
+    name: str = DEFAULT_IMAGE, base_url: str | None = None, *, force: bool = False
+) -> str:
+    """Import the minimal image into the engine as ``name``; return its id. An image ``name`` built from the
+    same root filesystem (its :data:`LABEL_ROOTFS`) is kept, untouched, unless ``force``."""
+    return ensure_minimal_image(name, base_url, force=force)[0]
+
+
+def ensure_minimal_image(
+    name: str = DEFAULT_IMAGE, base_url: str | None = None, *, force: bool = False
+) -> tuple[str, bool]:
+    """:func:`build_minimal_image`, and whether it imported (False: an up-to-date ``name`` was kept)."""
     try:
         import docker
         import docker.errors
@@ -107,19 +128,24 @@ def build_minimal_image(name: str = DEFAULT_IMAGE, base_url: str | None = None) 
         raise ImageBuildError("the docker SDK is missing: pip install 'jupyter-tai-sandbox[docker]'") from e
     repository, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
     data = rootfs_tar()
+    digest = rootfs_digest(data)
     try:
         client = docker.APIClient(base_url=base_url) if base_url else docker.from_env().api
         try:
-            previous = client.inspect_image(name)["Id"]
+            found = client.inspect_image(name)
         except docker.errors.ImageNotFound:
-            previous = None
-        client.import_image_from_data(data, repository=repository, tag=tag, changes=_CHANGES)
+            found = None
+        previous = found["Id"] if found else None
+        if found and not force and ((found.get("Config") or {}).get("Labels") or {}).get(LABEL_ROOTFS) == digest:
+            return previous, False
+        changes = [*_CHANGES, f'LABEL {LABEL_ROOTFS}="{digest}"']
+        client.import_image_from_data(data, repository=repository, tag=tag, changes=changes)
         built = client.inspect_image(name)["Id"]
         if previous and previous != built:
             # the old build lost its name: drop it unless a container still uses it
             with contextlib.suppress(docker.errors.APIError):
                 client.remove_image(previous)
-        return built
+        return built, True
     except docker.errors.DockerException as e:
         raise ImageBuildError(
             f"could not import {name} into the Docker engine ({e}); is an engine running? "
