@@ -26,6 +26,7 @@ from .contract import (
 from .gate import DEFAULT_OUTPUT_LIMIT, GatedSandbox
 from .gate import GatedSession as GatedSession  # the sessions the gate hands out
 from .policy import SandboxPolicy
+from .suggest import did_you_mean
 
 #: Built-in provider names and the classes behind them.
 BUILTIN_PROVIDERS = {
@@ -57,8 +58,9 @@ def load_provider_class(name: str) -> type[Sandbox]:
     target = BUILTIN_PROVIDERS.get(name, name)
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
+        hint = did_you_mean(name, [*BUILTIN_PROVIDERS, "off"])
         raise SandboxUnavailableError(
-            f"unknown sandbox provider {name!r}: set TAI_MCP_SANDBOX (sandbox_module) to {PROVIDER_CHOICES}"
+            f"unknown sandbox provider {name!r}: {hint}set TAI_MCP_SANDBOX (sandbox_module) to {PROVIDER_CHOICES}"
         )
     try:
         cls = getattr(importlib.import_module(module_name), attr)

@@ -11,7 +11,6 @@ option, suggests the closest known one (``--netwrok`` -> ``--network``).
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import pickle
 import posixpath
@@ -23,6 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser, argument, argument_group
 
 from ..contract import SessionSpec
+from ..suggest import closest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -154,8 +154,7 @@ def closest_option(parser: argparse.ArgumentParser, word: str) -> str | None:
     if not name.startswith("-"):
         return None
     name = "--" + name.lstrip("-")
-    found = difflib.get_close_matches(name, _option_strings(parser), n=1, cutoff=0.6)
-    return found[0] if found else None
+    return closest(name, _option_strings(parser))
 
 
 def parse(parser: argparse.ArgumentParser, words: Sequence[str]) -> argparse.Namespace:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import os
 import posixpath
 import tempfile
@@ -17,6 +16,7 @@ from typing import Any
 
 from ..client import SandboxClient
 from ..contract import SandboxNotFoundError, SandboxUnavailableError
+from ..suggest import did_you_mean
 from .named_sessions import NamedSession, NamedSessions
 from .options import (
     SandboxMagicError,
@@ -84,8 +84,7 @@ class LineSubcommands(NamedSessions):
         name, rest = words[0], words[1:]
         handler = getattr(self, f"_do_{name}", None) if name in SUBCOMMAND_NAMES else None
         if handler is None:
-            close = difflib.get_close_matches(name, SUBCOMMAND_NAMES, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
+            hint = did_you_mean(name, SUBCOMMAND_NAMES, quote="")
             raise SandboxMagicError(
                 f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, pause, resume, fork, "
                 "put, get or connect "
