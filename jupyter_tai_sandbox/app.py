@@ -497,6 +497,7 @@ class SandboxApp(ExtensionApp):
             return []
         for session_id in reaped:
             self.registry.forget(session_id)
+            await self.execs.end_session(session_id, "ttl")
         return reaped
 
     async def stop_extension(self) -> None:

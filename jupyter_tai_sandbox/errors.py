@@ -50,6 +50,27 @@ TOKEN_HOW = (
 )
 
 
+class SandboxSessionGoneError(SandboxNotFoundError):
+    """The session a command ran in is gone under it: ``reason`` is ``ttl`` (it reached its TTL and was
+    reaped) or ``destroyed``. A 404 (a SandboxNotFoundError) whose message says which."""
+
+    REASONS = ("ttl", "destroyed")
+
+    def __init__(self, session_id: str, reason: str, message: str | None = None) -> None:
+        if message is None:
+            message = (
+                f"session {session_id} reached its TTL and was reaped" if reason == "ttl"
+                else f"session {session_id} was destroyed"
+            )
+        super().__init__(message, details={"session_id": session_id, "reason": reason})
+        self.session_id = session_id
+        self.reason = reason
+
+    @classmethod
+    def _from_json_fields(cls, message: str, data: Mapping[str, Any]) -> SandboxSessionGoneError:
+        return cls(str(data.get("session_id") or ""), str(data.get("reason") or "destroyed"), message)
+
+
 class UploadTooLargeError(SandboxError):
     """An upload larger than SandboxApp.max_upload_bytes."""
 
@@ -123,6 +144,7 @@ ERROR_CLASSES: dict[str, type[SandboxError]] = {
     for cls in (
         *(getattr(contract_errors, name) for name in contract_errors.__all__),
         SandboxAuthenticationError,
+        SandboxSessionGoneError,
         UploadTooLargeError,
         ToolAccessDeniedError,
         PresetInvalidError,
@@ -190,6 +212,7 @@ __all__ = [
     "SandboxPathTooDeepError",
     "SandboxQuotaError",
     "SandboxRequestError",
+    "SandboxSessionGoneError",
     "SandboxSpecRejectedError",
     "SandboxUnavailableError",
     "SandboxUnsupportedError",

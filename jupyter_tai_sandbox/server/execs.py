@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from ..contract import ExecHandle, ExecRequest, SandboxError, SandboxNotFoundError, SandboxSession
-from ..errors import SandboxQuotaError
+from ..errors import SandboxQuotaError, SandboxSessionGoneError
 from ..sessions import Caller
 from .live_command import STREAM_IDS, Listener, LiveCommand, LiveCommandPolicy
 from .output_ring import STREAMS, OutputRing
@@ -29,6 +29,10 @@ from .ticket import DOORS, LABEL_VERSION, Door, Ticket
 
 #: how long a look-up of an unknown command waits for the start's adoption of held commands
 ADOPT_WAIT_SECONDS = 30.0
+#: sessions this server saw end (reaped or destroyed), remembered for their commands' and clients' messages
+GONE_REMEMBERED = 512
+#: how long a command that ended in an error waits to learn whether its session is gone
+GONE_CHECK_SECONDS = 5.0
 
 __all__ = [
     "ADOPT_WAIT_SECONDS", "DOORS", "LABEL_VERSION", "STREAMS", "STREAM_IDS",
@@ -48,6 +52,8 @@ class LiveCommands:
         self._tasks: set[asyncio.Future[None]] = set()
         self._adopting: dict[str, asyncio.Lock] = {}
         self._adopted: asyncio.Future[None] | None = None
+        #: session id -> why it is gone (reaped at its TTL, destroyed) and who may be told, newest last
+        self._gone: collections.OrderedDict[str, tuple[SandboxSessionGoneError, set[str]]] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._commands)
@@ -133,10 +139,12 @@ class LiveCommands:
             pty=request.pty, door=door, started_at=now, deadline=now + request.timeout_seconds,
         )
 
-    def add(self, handle: ExecHandle, ticket: Ticket, *, listener: Listener | None = None) -> LiveCommand:
+    def add(self, handle: ExecHandle, ticket: Ticket, *, listener: Listener | None = None,
+            session: SandboxSession | None = None) -> LiveCommand:
         """A command just started. ``listener``: its reader from the first byte (the websocket that started it);
-        attached later, it would get only what the ring still held."""
-        command = LiveCommand(handle, ticket, registry=self, listener=listener)
+        attached later, it would get only what the ring still held. ``session``: where it runs (asked, when the
+        command ends in an error, whether the session is gone)."""
+        command = LiveCommand(handle, ticket, registry=self, listener=listener, session=session)
         self._commands[command.id] = command
         return command
 
@@ -177,7 +185,7 @@ class LiveCommands:
                     self.log.warning("jupyter_tai_sandbox: adopting %s of %s failed: %s", ticket.id, session.id, e)
                     continue
                 self._commands[ticket.id] = LiveCommand(
-                    handle, ticket, registry=self, stream_starts=offsets, adopted=True,
+                    handle, ticket, registry=self, stream_starts=offsets, adopted=True, session=session,
                 )
                 self.log.info("jupyter_tai_sandbox: adopted live command %s of %s (%s) from a previous server",
                               ticket.id, session.id, ticket.owner)
@@ -259,11 +267,71 @@ class LiveCommands:
             if c.session_id == session_id and (c.owner == caller.name or caller.sees_all)
         ]
 
+    # ------------------------------------------------ sessions that end under their commands
+
+    def mark_gone(self, session_id: str, reason: str = "destroyed", *, by: str | None = None) -> SandboxSessionGoneError:
+        """Remember that the session is ending (``ttl``: reaped; ``destroyed``): its commands, which end as it
+        goes, say so instead of the transport's error. Call it before the destroy. Told later only to whom it
+        concerns (``by``, who destroyed it, and the owners of its commands): to anyone else a gone session
+        answers as an unknown id does."""
+        known = self._gone.get(session_id)
+        gone = known[0] if known is not None else SandboxSessionGoneError(session_id, reason)
+        told = known[1] if known is not None else set()
+        told.update(c.owner for c in self._held(session_id=session_id))
+        if by is not None:
+            told.add(by)
+        self._gone[session_id] = (gone, told)
+        self._gone.move_to_end(session_id)
+        while len(self._gone) > GONE_REMEMBERED:
+            self._gone.popitem(last=False)
+        return gone
+
+    def unmark_gone(self, session_id: str) -> None:
+        """The destroy failed: the session lives on."""
+        self._gone.pop(session_id, None)
+
+    def gone(self, session_id: str, caller: Caller | None = None) -> SandboxSessionGoneError | None:
+        """Why the session is gone, when this server saw it end (with ``caller``: only when it concerns them)."""
+        known = self._gone.get(session_id)
+        if known is None:
+            return None
+        gone, told = known
+        if caller is not None and not (caller.name in told or caller.manages_all):
+            return None
+        return gone
+
+    async def why_gone(self, command: LiveCommand) -> SandboxSessionGoneError | None:
+        """Whether the command ended because its session is gone, and why: as recorded here, else as its
+        session says (no longer there, or past its end: reaped by any server of the deployment)."""
+        known = self.gone(command.session_id)
+        if known is not None or command.session is None:
+            return known
+        session = command.session
+        for attempt in range(3):
+            if attempt:
+                await asyncio.sleep(0.3)  # a container being removed is still found for a moment
+            try:
+                info = await asyncio.wait_for(session.info(), GONE_CHECK_SECONDS)
+            except SandboxNotFoundError:
+                expires_at = _last_known_end(session) or command.session_end
+                ended_by_ttl = expires_at is not None and expires_at <= time.time() + 1
+                return self.mark_gone(command.session_id, "ttl" if ended_by_ttl else "destroyed")
+            except (SandboxError, asyncio.TimeoutError):
+                return None
+            command.session_end = info.expires_at
+            if info.expires_at <= time.time():
+                return self.mark_gone(command.session_id, "ttl")
+        return None
+
+    async def end_session(self, session_id: str, reason: str = "destroyed") -> None:
+        """The session is gone: its commands still running are stopped, and their readers told why."""
+        gone = self.mark_gone(session_id, reason)
+        self._adopting.pop(session_id, None)
+        await asyncio.gather(*(c.kill(gone.to_json()) for c in self._held(session_id=session_id) if c.running))
+
     async def kill_session(self, session_id: str) -> None:
         """Kill every running command of a session (it is being destroyed)."""
-        self._adopting.pop(session_id, None)
-        reason = {"error": "SandboxNotFoundError", "message": f"session {session_id!r} was destroyed"}
-        await asyncio.gather(*(c.kill(reason) for c in self._held(session_id=session_id) if c.running))
+        await self.end_session(session_id, "destroyed")
 
     async def close(self) -> None:
         """Kill and forget every command (the server stops)."""
@@ -275,3 +343,15 @@ class LiveCommands:
             task.cancel()
         if self._adopted is not None:
             self._adopted.cancel()
+
+
+def _last_known_end(session: SandboxSession) -> float | None:
+    """The session's end as its object last knew it (a destroyed one cannot be asked)."""
+    end = getattr(session, "expires_at", None)  # the providers' sessions keep it (a gated one passes it on)
+    if isinstance(end, (int, float)) and not isinstance(end, bool):
+        return float(end)
+    with contextlib.suppress(Exception):
+        info = session.known_info()
+        if info is not None:
+            return info.expires_at
+    return None

@@ -44,8 +44,16 @@ class SandboxAPIHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
         return parse_json_object(self.request.body)
 
     async def get_session(self, session_id: str, *, manage: bool = False) -> SandboxSession:
-        """The caller's session; another user's answers 404 like an unknown one."""
-        return await self.sessions.get(session_id, await self.caller(), manage=manage)
+        """The caller's session; another user's answers 404 like an unknown one (one this server saw go: a 404
+        saying why, reaped at its TTL or destroyed)."""
+        caller = await self.caller()
+        try:
+            return await self.sessions.get(session_id, caller, manage=manage)
+        except SandboxNotFoundError as e:
+            gone = self.sandbox_app.execs.gone(session_id, caller)
+            if gone is None:
+                raise
+            raise gone from e
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -119,7 +127,14 @@ class SessionHandler(SandboxAPIHandler):
     async def delete(self, session_id: str) -> None:
         remove = self.get_argument("remove_workspace", "0").lower() in ("1", "true", "yes")
         session = await self.get_session(session_id, manage=True)
-        await self.sessions.destroy(session, remove_workspace=remove)
+        execs = self.sandbox_app.execs
+        execs.mark_gone(session.id, "destroyed", by=(await self.caller()).name)  # before: its commands end as it goes
+        try:
+            await self.sessions.destroy(session, remove_workspace=remove)
+        except BaseException:
+            execs.unmark_gone(session.id)
+            raise
+        await execs.end_session(session.id, "destroyed")
         self.set_status(204)
         self.finish()
 

@@ -28,7 +28,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..contract import ExecHandle, ExitItem, SandboxConflictError, SandboxError, SandboxNotFoundError
+from ..contract import (
+    ExecHandle,
+    ExitItem,
+    SandboxConflictError,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSession,
+)
 from ..errors import error_body, error_status
 from ..gate import ScrubbedHandle
 from .output_ring import STREAMS, OutputRing
@@ -36,6 +43,11 @@ from .ticket import Ticket
 
 #: the websocket's binary frame prefix per stream
 STREAM_IDS = {"stdout": 1, "stderr": 2}
+#: longest a command's end waits to learn whether its session went
+GONE_WAIT_SECONDS = 8.0
+#: the ends this server gives a command itself (a kill's reason): never a session's going
+_OWN_ENDS = frozenset({"HandleExpired", "CommandKilled", "CommandTakenOver", "SandboxUnavailableError",
+                       "SandboxSessionGoneError", "SandboxExecTimeoutError"})
 
 
 @dataclass
@@ -69,6 +81,8 @@ class LiveRegistry(Protocol):
 
     def drop(self, command: LiveCommand) -> None: ...
 
+    async def why_gone(self, command: LiveCommand) -> SandboxError | None: ...
+
 
 class LiveCommand:
     """One command of the registry: its ring, its end, whoever is attached or polling."""
@@ -76,8 +90,13 @@ class LiveCommand:
     def __init__(
         self, handle: ExecHandle, ticket: Ticket, *, registry: LiveRegistry,
         stream_starts: dict[str, int] | None = None, adopted: bool = False, listener: Listener | None = None,
+        session: SandboxSession | None = None,
     ) -> None:
         self.id = ticket.id
+        #: the session it runs in, when known (asked whether it is gone when the command ends that way)
+        self.session = session
+        #: the session's end as last seen
+        self.session_end: float | None = None
         self.handle = handle
         self.session_id = ticket.session_id
         self.owner = ticket.owner
@@ -177,6 +196,14 @@ class LiveCommand:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.handle.kill())
+        if self.error is not None and self.error.get("error") == "SandboxSessionGoneError":
+            self.exit_code = None  # stopped because its session went: that, not the kill's status
+        elif self._may_be_gone():
+            # the transport's error (a reset connection) or a kill's status would read like a crash
+            with contextlib.suppress(Exception):
+                gone = await asyncio.wait_for(self._registry.why_gone(self), GONE_WAIT_SECONDS)
+                if gone is not None:
+                    self.exit_code, self.error = None, gone.to_json()
         if self.exit_code is not None:
             self.final = {"type": "exit", "exit_code": self.exit_code}
         elif self.taken_over:
@@ -186,6 +213,14 @@ class LiveCommand:
         self.ended_at = time.monotonic()
         self._pulse()
         await self._deliver_final()
+
+    def _may_be_gone(self) -> bool:
+        """Whether this end may be the session's: an error not of our own making, or a signal's status."""
+        if self.taken_over:
+            return False
+        if self.exit_code is not None:
+            return self.exit_code >= 128 and self.error is None
+        return self.error is None or self.error.get("error") not in _OWN_ENDS
 
     def _pulse(self) -> None:
         self._wake.set()

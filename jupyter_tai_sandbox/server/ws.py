@@ -43,10 +43,20 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol13
 
-from ..contract import ExecRequest, SandboxError, SandboxRequestError, SandboxSession, check_window_side
+from ..contract import (
+    ExecRequest,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxRequestError,
+    SandboxSession,
+    check_window_side,
+)
 from ..errors import error_body, error_status
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 from .live_command import STREAM_IDS, LiveCommand
+
+#: the close code after the final error of a command whose session went (reaped at its TTL, destroyed)
+SESSION_GONE_CLOSE = 4404
 
 # RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
 _BINARY_FINAL = 0x82
@@ -79,7 +89,14 @@ class ExecWebSocketHandler(
         if not await ensure_async(self.authorizer.is_authorized(self, user, "execute", AUTH_RESOURCE)):
             raise web.HTTPError(403)
         # a refusal is answered in JSON (404 for an unknown or another user's session, 503 with no provider)
-        self.session = await self.sessions.get(session_id, await self.caller(), manage=True)
+        caller = await self.caller()
+        try:
+            self.session = await self.sessions.get(session_id, caller, manage=True)
+        except SandboxNotFoundError as e:
+            gone = self.sandbox_app.execs.gone(session_id, caller)  # one this server saw go: why, to whom it concerns
+            if gone is None:
+                raise
+            raise gone from e
         self.touch()
         await super().get(session_id=session_id)
 
@@ -149,7 +166,7 @@ class ExecWebSocketHandler(
             handle = await self.session.start(ticket.labelled(request))
             # this socket reads it from its first byte: attached later (after the "started" flush), a command
             # that wrote more than the output ring holds meanwhile would lose its head
-            live = execs.add(handle, ticket, listener=None if self._ended else self)
+            live = execs.add(handle, ticket, listener=None if self._ended else self, session=self.session)
         self.live = live
         if self._ended:
             # the socket closed while the command started: nobody has its id, nobody can attach
@@ -227,13 +244,25 @@ class ExecWebSocketHandler(
         self._ended = True
         with contextlib.suppress(WebSocketClosedError, StreamClosedError):
             await self._send(message)
-        self.close(1000)
+        if message.get("error") == "SandboxSessionGoneError":
+            # the close says it too, for clients that read only the close frame (at most 123 bytes)
+            self.close(SESSION_GONE_CLOSE, _close_reason(str(message.get("message", ""))))
+        else:
+            self.close(1000)
 
     def on_close(self) -> None:
         super().on_close()
         self._ended = True
         if self.live is not None:
             self.live.detach(self)
+
+
+def _close_reason(text: str) -> str:
+    """``text`` cut to a close frame's 123 bytes of UTF-8."""
+    data = text.encode()
+    if len(data) <= 123:
+        return text
+    return data[:120].decode(errors="ignore") + "..."
 
 
 def _is_offset(value: Any) -> bool:

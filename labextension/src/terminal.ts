@@ -13,7 +13,7 @@ import '@xterm/xterm/css/xterm.css';
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { SandboxClient } from './api';
+import { IStatus, SandboxClient } from './api';
 import {
   ExecConnection,
   ExecEnd,
@@ -30,6 +30,10 @@ export namespace SandboxTerminal {
     sessionId: string;
     /** The command a new terminal starts (not used when `execId` is given). */
     argv?: string[];
+    /**
+     * The command's deadline. Left out, each new shell asks for the session's TTL left, at most the
+     * operator's maximum (the status route's `policy.max_timeout_seconds`): see `terminalTimeout`.
+     */
     timeoutSeconds?: number;
     /** Attach to this running command instead of starting one (a restored tab). */
     execId?: string;
@@ -38,6 +42,21 @@ export namespace SandboxTerminal {
 
 /** What the state line shows. */
 export type TerminalPhase = 'connecting' | 'running' | 'lost' | 'ended' | 'gone' | 'detached';
+
+/** The server's error for a command whose session went under it (reaped at its TTL, destroyed). */
+const SESSION_GONE = 'SandboxSessionGoneError';
+
+/** The shortest deadline a terminal asks for, even on a session about to end. */
+const MIN_TERMINAL_SECONDS = 60;
+
+/**
+ * A new shell's deadline: as long as its session lives (`secondsLeft`), never over the operator's
+ * maximum (`maxTimeoutSeconds`; 0 or absent: none), which the server refuses rather than clamps.
+ */
+export function terminalTimeout(secondsLeft: number, maxTimeoutSeconds?: number | null): number {
+  const wanted = Math.max(MIN_TERMINAL_SECONDS, Math.ceil(secondsLeft));
+  return maxTimeoutSeconds && maxTimeoutSeconds > 0 ? Math.min(wanted, Math.floor(maxTimeoutSeconds)) : wanted;
+}
 
 /** Tries to attach again after a lost connection, with these pauses (ms). */
 const REATTACH_DELAYS = [250, 1000, 2000, 4000, 8000];
@@ -173,12 +192,17 @@ export class SandboxTerminal extends Widget {
   }
 
   /** A new command in this tab. */
-  private _start(): void {
-    const { argv = ['sh', '-i'], timeoutSeconds = 3600 } = this._options;
+  private async _start(): Promise<void> {
+    const { argv = ['sh', '-i'] } = this._options;
     this.title.caption = `Terminal in sandbox session ${this.sessionId} (${argv.join(' ')})`;
     this._end = null;
     this._setExecId(null);
     this._term.reset();
+    this._setPhase('connecting', 'Connecting…');
+    const timeoutSeconds = await this._deadline();
+    if (timeoutSeconds === null || this.isDisposed) {
+      return;
+    }
     this._connect({
       argv,
       timeoutSeconds,
@@ -186,6 +210,34 @@ export class SandboxTerminal extends Widget {
       rows: this._term.rows,
       cols: this._term.cols
     });
+  }
+
+  /**
+   * The deadline of a new shell: the one given, else the session's TTL left at most the operator's
+   * maximum, asked now (so "Start a new shell" on an older session still fits). Null when the session
+   * is gone (the tab says so).
+   */
+  private async _deadline(): Promise<number | null> {
+    if (this._options.timeoutSeconds !== undefined) {
+      return this._options.timeoutSeconds;
+    }
+    const { client, sessionId } = this._options;
+    const status = client.status().then(
+      st => maxTimeoutOf(st),
+      () => null // the server's check still applies: it names the maximum if we ask past it
+    );
+    let secondsLeft = 3600;
+    try {
+      // the list, not the session's route: that one measures its usage too
+      const listed = (await client.listSessions()).find(s => s.id === sessionId);
+      secondsLeft = listed ? listed.seconds_left : (await client.getSession(sessionId)).seconds_left;
+    } catch (error) {
+      if (error instanceof SandboxAPIError && error.status === 404) {
+        this._sessionGone(error.message || `Session ${sessionId} is gone (destroyed or reaped).`);
+        return null;
+      }
+    }
+    return terminalTimeout(secondsLeft, await status);
   }
 
   /** A restored tab: attach from offset 0 (repaint from the ring) when the command is still there. */
@@ -197,7 +249,11 @@ export class SandboxTerminal extends Widget {
       known = execs.some(e => e.id === execId);
     } catch (error) {
       if (error instanceof SandboxAPIError && error.status === 404) {
-        this._gone(`Session ${this.sessionId} is gone (destroyed or reaped): its command ${execId} with it.`);
+        if (error.error === SESSION_GONE) {
+          this._sessionGone(`${error.message}: its command ${execId} with it.`);
+        } else {
+          this._gone(`Session ${this.sessionId} is gone (destroyed or reaped): its command ${execId} with it.`);
+        }
         return;
       }
       // the server may be restarting: try the websocket anyway
@@ -292,6 +348,17 @@ export class SandboxTerminal extends Widget {
     this._stateAction.textContent = action ?? '';
   }
 
+  /**
+   * The session itself is gone (reaped at its TTL, or destroyed): said in the terminal and its state line,
+   * with nothing to start a new shell in.
+   */
+  private _sessionGone(message: string): void {
+    this._setPhase('gone', message);
+    this.node.dataset.sessionGone = 'true';
+    this.title.label = `Sandbox ${shortId(this.sessionId)} [session gone]`;
+    this._term.write(`\r\n\x1b[1;33m[${message}]\x1b[0m\r\n`);
+  }
+
   private _gone(message: string): void {
     this._setPhase('gone', message, 'Start a new shell');
     this.title.label = `Sandbox ${shortId(this.sessionId)} [gone]`;
@@ -319,6 +386,11 @@ export class SandboxTerminal extends Widget {
       return;
     }
     const execId = connection.execId ?? this._execId;
+    if (end.kind === 'error' && end.error === SESSION_GONE) {
+      this._end = end;
+      this._sessionGone(end.message);
+      return;
+    }
     if (end.kind === 'error' && end.error === 'ConnectionClosed' && execId) {
       // the socket dropped while the command runs: it is detached, attach again from where we were
       this._lostOffset = connection.offset;
@@ -380,6 +452,11 @@ export class SandboxTerminal extends Widget {
   private _lostOffset = 0;
   private _connection: ExecConnection | null = null;
   private _execChanged = new Signal<this, string | null>(this);
+}
+
+function maxTimeoutOf(status: IStatus): number | null {
+  const policy = status.policy as { max_timeout_seconds?: number } | undefined;
+  return policy?.max_timeout_seconds ?? null;
 }
 
 /** The first 8 characters of a session id, for tab titles. */

@@ -13,7 +13,6 @@ import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
 
 import { CommandIDs, addTerminalCommands } from '../commands';
 import { sandboxIcon } from '../icon';
-import { secondsLeft } from '../model';
 import { SandboxTerminal } from '../terminal';
 import { ISandboxSessions, ISandboxTerminalTracker } from '../tokens';
 
@@ -84,9 +83,8 @@ export const terminalsPlugin: JupyterFrontEndPlugin<ISandboxTerminalTracker> = {
           const terminal = new SandboxTerminal({
             client,
             sessionId: id,
-            argv: sessions.settings.terminalCommand,
-            // the command may live as long as its session
-            timeoutSeconds: Math.max(60, Math.ceil(secondsLeft(info, Date.now(), Date.now())))
+            // its deadline: the session's TTL left, at most the operator's maximum (asked at each start)
+            argv: sessions.settings.terminalCommand
           });
           track(terminal);
           shell.add(terminal, 'main');
@@ -99,8 +97,7 @@ export const terminalsPlugin: JupyterFrontEndPlugin<ISandboxTerminalTracker> = {
             client,
             sessionId,
             execId,
-            argv: sessions.settings.terminalCommand,
-            timeoutSeconds: 3600
+            argv: sessions.settings.terminalCommand
           });
           track(terminal, true);
           shell.add(terminal, 'main', { activate: false });
