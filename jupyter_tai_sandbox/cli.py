@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .contract import SandboxError
+from .contract.durations import duration_type
 from .image import DEFAULT_IMAGE, ImageBuildError, ensure_minimal_image
 from .server_config import load_server_config
 
@@ -151,8 +152,9 @@ def _add_kernelspec_commands(commands: Any) -> None:
     install.add_argument("--cpu", type=float, default=None, help="CPUs for the session (docker)")
     install.add_argument("--memory", type=int, metavar="MB", default=None, help="memory cap in MiB (docker)")
     install.add_argument(
-        "--ttl", type=float, metavar="SECONDS", default=None,
-        help="the kernel's life, its session's TTL and its commands' deadline (default: the longest the policy "
+        "--ttl", type=duration_type("--ttl"), metavar="DURATION", default=None,
+        help="the kernel's life, its session's TTL and its commands' deadline: seconds or 30m, 8h, 1h30m "
+        "(default: the longest the policy "
         "allows, the lower of SandboxPolicy.max_ttl_seconds and max_timeout_seconds; past either the start is refused)",
     )
     install.add_argument("--isolation", choices=("none", "container", "vm"), default=None, help="ask for at least this isolation")

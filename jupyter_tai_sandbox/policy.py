@@ -15,11 +15,13 @@ from traitlets.config import LoggingConfigurable
 from .contract import (
     ISOLATION_ORDER,
     NETWORK_ORDER,
+    SandboxRequestError,
     SandboxSpecRejectedError,
     SessionSpec,
     isolation_rank,
     network_rank,
 )
+from .contract.durations import parse_duration
 from .labels import credential_key_problem
 
 SCRUBBED = "[scrubbed]"
@@ -52,6 +54,17 @@ def _env_number(name: str, fallback: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}={raw!r} must be a finite number >= 0 (0: no limit)")
     return value
+
+
+def _env_duration(name: str, fallback: float) -> float:
+    """A maximum duration from the environment: seconds, or with units (24h, 1h30m); 0 means no limit."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return fallback
+    try:
+        return parse_duration(raw, f"{name}={raw!r}", allow_zero=True)
+    except SandboxRequestError as e:
+        raise ValueError(f"{e} (0: no limit)") from None
 
 
 class SandboxPolicy(LoggingConfigurable):
@@ -124,11 +137,11 @@ class SandboxPolicy(LoggingConfigurable):
 
     @default("max_ttl_seconds")
     def _max_ttl_default(self) -> float:
-        return _env_number("TAI_MCP_SANDBOX_MAX_TTL_SECONDS", 24 * 3600.0)
+        return _env_duration("TAI_MCP_SANDBOX_MAX_TTL_SECONDS", 24 * 3600.0)
 
     @default("max_timeout_seconds")
     def _max_timeout_default(self) -> float:
-        return _env_number("TAI_MCP_SANDBOX_MAX_TIMEOUT_SECONDS", 6 * 3600.0)
+        return _env_duration("TAI_MCP_SANDBOX_MAX_TIMEOUT_SECONDS", 6 * 3600.0)
 
     @default("max_sessions_per_user")
     def _max_sessions_default(self) -> int:

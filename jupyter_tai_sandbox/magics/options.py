@@ -22,6 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser, argument, argument_group
 
 from ..contract import SessionSpec
+from ..contract.durations import duration_type, format_duration
 from ..suggest import closest
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,37 +65,6 @@ def memory_mb(text: str) -> int:
     return mb
 
 
-def positive_seconds(what: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} takes a number of seconds, not {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"{what} must be a positive number")
-        return value
-
-    return parse
-
-
-_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``1h`` or ``1d`` (also fractions: ``1.5h``)."""
-    word = text.strip().lower()
-    unit = word[-1:] if word[-1:].isalpha() else ""
-    try:
-        value = float(word[: len(word) - len(unit)]) * _DURATION_UNITS[unit]
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(
-            f"a duration is seconds (90, 90s) or minutes, hours, days (30m, 1h, 1d), not {text!r}"
-        ) from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"the duration must be positive, not {text!r}")
-    return value
-
-
 def cpus(text: str) -> float:
     try:
         value = float(text)
@@ -114,10 +84,14 @@ SESSION_ARGUMENTS: tuple[argument, ...] = (
     argument("--network", choices=["egress", "internal", "none"], help="the session's network"),
     argument("--cpu", type=cpus, help="CPU cap, in CPUs"),
     argument("--memory", type=memory_mb, help="memory cap: MiB, or 512m / 1g"),
-    argument("--ttl", type=positive_seconds("--ttl"), help=f"session lifetime in seconds (default {DEFAULT_TTL:g})"),
     argument(
-        "--timeout", type=positive_seconds("--timeout"),
-        help=f"command deadline in seconds (default {DEFAULT_TIMEOUT:g}; with `%%sandbox new`, the session's default)",
+        "--ttl", type=duration_type("--ttl"),
+        help=f"session lifetime: seconds or 5s, 10m, 1h, 1h30m (default {format_duration(DEFAULT_TTL)})",
+    ),
+    argument(
+        "--timeout", type=duration_type("--timeout"),
+        help=f"command deadline: seconds or 5s, 10m, 1h (default {format_duration(DEFAULT_TIMEOUT)}; with "
+        "`%%sandbox new`, the session's default)",
     ),
 )
 _GROUP = "session options (apply when a session starts)"

@@ -16,13 +16,13 @@ from typing import Any
 
 from ..client import SandboxClient
 from ..contract import SandboxNotFoundError, SandboxUnavailableError
+from ..contract.durations import duration_type
 from ..suggest import did_you_mean
 from .named_sessions import NamedSession, NamedSessions
 from .options import (
     SandboxMagicError,
     add_session_options,
     describe,
-    duration,
     parse,
     spec_body,
     spec_options,
@@ -204,7 +204,8 @@ class LineSubcommands(NamedSessions):
     def _do_extend(self, argv: list[str]) -> None:
         parser = subparser(
             "extend", ("name", {"metavar": "NAME"}),
-            ("duration", {"metavar": "DURATION", "type": duration, "help": "added to the TTL: 90, 90s, 30m, 1h"}),
+            ("duration", {"metavar": "DURATION", "type": duration_type("the duration"),
+                          "help": "added to the TTL: 90, 90s, 30m, 1h, 1h30m"}),
         )
         args = parse(parser, argv)
         with self._lock:

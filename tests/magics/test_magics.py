@@ -263,7 +263,7 @@ BAD_INPUT = [
     ("%sandbox put /etc/hostname /etc/hostname", "is outside the workspace"),
     ("%sandbox get no-such-file.txt", "no file 'no-such-file.txt'"),
     ("%%sandbox --memory lots\necho hi", "--memory takes MiB"),
-    ("%%sandbox --timeout -1\necho hi", "--timeout must be a positive number"),
+    ("%%sandbox --timeout -1\necho hi", "argument --timeout: '-1' is not a duration of more than 0 seconds"),
     ("%%sandbox --in undefined_variable\necho hi", "no variable 'undefined_variable'"),
     ("%%sandbox --env NOEQUALS\necho hi", "--env takes NAME=VALUE"),
     ("%%sandbox --network none\necho hi", "cannot honour network='none'"),

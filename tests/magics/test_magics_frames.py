@@ -92,7 +92,7 @@ def test_extend_adds_to_the_ttl(kernel, server):
     run = kernel.run("%sandbox extend longer 30h")
     assert "max_ttl_seconds" in run.error_line()
     run = kernel.run("%sandbox extend longer soon")
-    assert "a duration is seconds" in run.error_line()
+    assert "'soon' is not a duration: give seconds" in run.error_line()
     run = kernel.run("%sandbox extend nobody 1h")
     assert "no session named 'nobody'" in run.error_line()
     run = kernel.run("%sandbox pause longer")  # the local provider cannot: the typed refusal, in its words
