@@ -345,6 +345,8 @@ export class SandboxTerminal extends Widget {
     this._state.dataset.phase = phase;
     this._stateText.textContent = text;
     this._stateAction.hidden = !action;
+    // jp-Button's display rule outranks the hidden attribute: an empty button would still show
+    this._stateAction.style.display = action ? '' : 'none';
     this._stateAction.textContent = action ?? '';
   }
 

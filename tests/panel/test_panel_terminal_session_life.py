@@ -1,0 +1,86 @@
+"""The panel's Terminal against its session's life, in a real browser (issue 48): a shell opens on a session that
+lives longer than the operator's longest command deadline (what ``%%sandbox`` makes: 8 h against 6 h), "Start a
+new shell" too; and a session reaped at its TTL under an open terminal says so in the terminal and its state line,
+not as a lost connection. Fixtures and helpers are in tests/support/lab.py; screenshots go to tests/artifacts/.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.lab import (
+    BROWSER_MARKS,
+    LabProcess,
+    open_panel,
+    shot,
+    terminal_text,
+    type_line,
+    wait_for_text,
+)
+
+pytestmark = [*BROWSER_MARKS, pytest.mark.slow(60)]
+
+#: the magics' default TTL (jupyter_tai_sandbox/magics/options.py DEFAULT_TTL), over the 6 h command maximum
+MAGICS_TTL = 8 * 3600
+
+
+def open_terminal(page: Any, session_id: str) -> Any:
+    """The panel's Terminal action (the command its button runs) on ``session_id``; the tab's locator."""
+    page.evaluate("id => window.jupyterapp.commands.execute('tai-sandbox:open-terminal', { id })", session_id)
+    return page.locator(f'.jp-TaiSandbox-terminal[data-session-id="{session_id}"]')
+
+
+def test_the_terminal_opens_on_a_session_living_longer_than_the_longest_command(lab_process: LabProcess,
+                                                                                page: Any) -> None:
+    from playwright.sync_api import expect
+
+    lab = lab_process.start("local")
+    code, status = lab.api("GET", "status")
+    assert code == 200 and status["policy"]["max_timeout_seconds"] < MAGICS_TTL, status
+    code, info = lab.api("POST", "sessions", {"ttl_seconds": MAGICS_TTL})
+    assert code == 201, info
+    panel = open_panel(page, lab)
+    expect(panel.locator(f'.jp-TaiSandbox-session[data-session-id="{info["id"]}"]')).to_have_count(1)
+
+    terminal = open_terminal(page, info["id"])
+    expect(terminal).to_have_attribute("data-phase", "running")
+    type_line(page, terminal, "echo opened-$((6*7))")
+    wait_for_text(terminal, "opened-42")
+    assert "max_timeout_seconds" not in terminal_text(terminal)
+    shot(page, "terminal-on-a-magics-length-session")
+
+    # "Start a new shell" asks again, and opens again
+    type_line(page, terminal, "exit")
+    expect(terminal).to_have_attribute("data-phase", "ended")
+    terminal.locator(".jp-TaiSandbox-stateAction").click()
+    expect(terminal).to_have_attribute("data-phase", "running")
+    type_line(page, terminal, "echo again-$((6*7))")
+    wait_for_text(terminal, "again-42")
+
+
+def test_a_terminal_says_its_session_reached_its_ttl_and_was_reaped(lab_process: LabProcess, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    lab = lab_process.start("local", "--SandboxApp.reap_interval=1")
+    code, info = lab.api("POST", "sessions", {"ttl_seconds": 600})
+    assert code == 201, info
+    session_id = info["id"]
+    open_panel(page, lab)
+    terminal = open_terminal(page, session_id)
+    expect(terminal).to_have_attribute("data-phase", "running")
+    type_line(page, terminal, "echo alive-$((6*7))")
+    wait_for_text(terminal, "alive-42")
+
+    # its end moved to two seconds from now: the server's reaper takes it under the open terminal
+    code, moved = lab.api("PATCH", f"sessions/{session_id}", {"ttl_seconds": time.time() - info["created_at"] + 2})
+    assert code == 200, moved
+    expected = f"session {session_id} reached its TTL and was reaped"
+    expect(terminal).to_have_attribute("data-phase", "gone", timeout=30_000)
+    expect(terminal.locator(".jp-TaiSandbox-terminalState")).to_contain_text(expected)
+    expect(terminal.locator(".jp-TaiSandbox-stateAction")).to_be_hidden()  # no new shell in a gone session
+    screen = wait_for_text(terminal, "reached its TTL and was reaped")
+    assert "ECONNRESET" not in screen and "1006" not in screen, screen
+    shot(page, "terminal-session-reaped")
