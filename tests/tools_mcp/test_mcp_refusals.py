@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from tests.support import REPO
+from tests.support.live_server import LOCAL_ARGS, LiveServer
 from tests.support.mcp import AdminOnlyAdmin, HeaderUsers, MCPError, data, httpx2, mcp_client, mcp_url
 from tests.support.server import sandbox_app, server_config
 
@@ -91,3 +95,19 @@ async def test_a_refusal_is_a_json_rpc_error_answering_the_request_id_with_the_h
         # a body that is not JSON-RPC: the error still is, answering id null
         answer = await http.post(url, content=b"{not json", headers={**MCP_HEADERS, "Authorization": "token wrong"})
         assert answer.status_code == 403 and answer.json()["id"] is None
+
+
+async def test_without_the_mcp_package_the_client_reads_what_to_install(tmp_path):
+    """A server whose Python cannot import `mcp` (hidden by a package of that name that fails to import):
+    the SDK client, here, reads the 503's reason, which names the extra to install."""
+    shadow = tmp_path / "shadow" / "mcp"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("mcp is hidden from this server by the test")\n')
+    live = LiveServer(tmp_path, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp_path / 'sandboxes'}"),
+                      env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow.parent), str(REPO)]))}).start()
+    try:
+        error = await refused(f"{live.url}api/sandbox/mcp", {"Authorization": f"token {live.token}"}, "auto")
+    finally:
+        live.stop()
+    assert str(error).startswith("SandboxUnavailableError: the MCP door needs the `mcp` package"), str(error)
+    assert "pip install 'jupyter-tai-sandbox[mcp]'" in str(error) and error.data["status"] == 503
