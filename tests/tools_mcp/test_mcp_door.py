@@ -282,7 +282,7 @@ async def test_a_started_command_dies_with_its_deadline_its_handle_and_its_sessi
             "session_id": sid, "argv": ["sleep", "25"], "timeout_seconds": 25}))
         data(await client.call_tool("session_destroy", {"session_id": sid}))
         answer = data(await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 5}))
-        assert not answer["running"] and answer["error"]["error"] == "SandboxNotFoundError"
+        assert not answer["running"] and answer["error"]["error"] == "SandboxSessionGoneError", answer  # says why
 
 
 async def test_bad_input_answers_an_error_naming_the_field(url, as_user):
