@@ -15,6 +15,7 @@ import os
 import secrets
 import sys
 import threading
+import urllib.parse
 import warnings
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -23,12 +24,34 @@ from typing import Any, TypeVar
 from IPython.core.magic import Magics
 
 from ..client import SandboxClient, SeveralServersWarning, discover_server
-from ..contract import SandboxNotFoundError
+from ..contract import SandboxError, SandboxNotFoundError
+from ..contract.values import MAX_CONSUMER_CHARS
 from ..image import PYTHON_IMAGE
 from .options import SandboxMagicError, options_differ, options_label, spec_body, spec_only
 from .stream import LoopThread
 
 T = TypeVar("T")
+
+#: the sub-label a magics session carries under the caller's own consumer label, so the panel and the
+#: Running sidebar show its name and notebook (labextension/src/names.ts reads it back)
+MAGICS_LABEL = "magics:"
+
+
+def magics_label(own: str, name: str, notebook: str | None) -> str | None:
+    """``<own>/magics:<name>[@<notebook>]`` (both percent-encoded), the notebook left out (then the
+    label) when it would be over the contract's length."""
+    label = f"{own}/{MAGICS_LABEL}{urllib.parse.quote(name, safe='')}"
+    with_notebook = f"{label}@{urllib.parse.quote(notebook, safe='')}" if notebook else label
+    for candidate in (with_notebook, label):
+        if len(candidate) <= MAX_CONSUMER_CHARS:
+            return candidate
+    return None
+
+
+def notebook_path() -> str | None:
+    """The notebook this kernel serves, as jupyter_server names it to a kernel it starts for a session
+    (``JPY_SESSION_NAME``, the path under the server's root); None outside a notebook."""
+    return os.environ.get("JPY_SESSION_NAME") or None
 
 
 @dataclass
@@ -58,6 +81,8 @@ class NamedSessions(Magics):
         self._current = "default"
         self._lock = threading.Lock()
         self._token = secrets.token_hex(4)
+        #: (client, the caller's own consumer label or None when a sub-label would lose credentials)
+        self._own_label: tuple[SandboxClient, str | None] | None = None
         atexit.register(self._cleanup)
 
     # ---------------------------------------------------------------- plumbing
@@ -99,9 +124,32 @@ class NamedSessions(Magics):
     async def _get_client(self) -> SandboxClient:
         return self._ensure_client()
 
+    async def _labelled(self, client: SandboxClient, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the consumer label that carries the session's name and notebook into the panel.
+
+        The label is a sub-label of the caller's own (``user:NAME/magics:...``, the caller's to name).
+        The operator's credentials go by exact label, so when the caller's own label holds some (or the
+        status does not show which labels do), the session keeps the caller's own label and its
+        credentials, and shows in the panel by its id.
+        """
+        if "consumer" in body:
+            return body
+        if self._own_label is None or self._own_label[0] is not client:
+            try:
+                status = await client.status()
+            except SandboxError:  # the create that follows says what is wrong, in its own words
+                return body
+            own = status.get("consumer")
+            credentials = (status.get("policy") or {}).get("credentials")
+            keep = not isinstance(own, str) or not own or not isinstance(credentials, dict) or own in credentials
+            self._own_label = (client, None if keep else own)
+        own = self._own_label[1]
+        label = magics_label(own, name, notebook_path()) if own else None
+        return {**body, "consumer": label} if label else body
+
     async def _create(self, name: str, options: dict[str, Any], body: dict[str, Any]) -> NamedSession:
         client = await self._get_client()
-        info = await client.create(**body)
+        info = await client.create(**(await self._labelled(client, name, body)))
         if body.get("image") not in (None, PYTHON_IMAGE) and info.get("kind") == "local":
             # the contract keeps image inert on local (recorded, not used): say so rather than accept it
             # silently (the project's Python image is what README's cells name to run on both providers)
