@@ -17,6 +17,7 @@ export namespace CommandIDs {
   export const openFiles = 'tai-sandbox:open-files';
   export const destroy = 'tai-sandbox:destroy';
   export const extendTtl = 'tai-sandbox:extend-ttl';
+  export const extendTtlBy = 'tai-sandbox:extend-ttl-by';
   export const pause = 'tai-sandbox:pause';
   export const resume = 'tai-sandbox:resume';
   export const fork = 'tai-sandbox:fork';
@@ -40,16 +41,48 @@ function addOnSessionCommand<T>(
   commands: CommandRegistry,
   sessions: ISandboxSessions,
   id: string,
-  options: { label: string; caption: string; verb: string; none: T; run(sessionId: string): Promise<T> }
+  options: {
+    label: string;
+    caption: string;
+    verb: string;
+    none: T;
+    run(sessionId: string): Promise<T>;
+    /** Why the provider cannot do it (its status says so), or null; the command hides while it cannot. */
+    unable?: () => string | null;
+  }
 ): void {
+  const unable = options.unable ?? (() => null);
   commands.addCommand(id, {
     label: options.label,
     caption: options.caption,
+    isEnabled: () => !unable(),
+    isVisible: () => !unable(),
     execute: async args => {
+      const why = unable();
+      if (why) {
+        sessions.notifyError(`Cannot ${options.verb}: ${why}`);
+        return options.none;
+      }
       const sessionId = await sessions.pickSession(args, options.verb);
       return sessionId ? options.run(sessionId) : options.none;
     }
   });
+}
+
+/**
+ * Why the provider cannot pause or fork (GET status says `pausable` / `forkable` false), or
+ * null when it can or the status is not known yet (the server then answers for itself).
+ */
+export function providerUnable(
+  sessions: Pick<ISandboxSessions, 'model'>,
+  flag: 'pausable' | 'forkable',
+  verb: string
+): string | null {
+  const status = sessions.model.state.status;
+  if (!status || status.kind === 'off' || status[flag] !== false) {
+    return null;
+  }
+  return `the ${status.kind} provider cannot ${verb} sessions (GET /api/sandbox/status: ${flag} false).`;
 }
 
 /** New, Destroy, Extend, Pause, Resume and Fork: the session actions of the sessions plugin. */
@@ -78,31 +111,42 @@ export function addSessionCommands(
     none: false,
     run: id => sessions.extendTtl(id)
   });
+  addOnSessionCommand(commands, sessions, CommandIDs.extendTtlBy, {
+    label: 'Extend Sandbox Session By…',
+    caption: "Reap a sandbox session later by a duration you type (30m, 1h30m; within the operator's maximum)",
+    verb: 'extend',
+    none: false,
+    run: id => sessions.extendTtlBy(id)
+  });
   addOnSessionCommand(commands, sessions, CommandIDs.pause, {
     label: 'Pause Sandbox Session',
     caption: 'Freeze every process of a sandbox session where it is (its time still runs)',
     verb: 'pause',
     none: false,
-    run: id => sessions.setPaused(id, true)
+    run: id => sessions.setPaused(id, true),
+    unable: () => providerUnable(sessions, 'pausable', 'pause')
   });
   addOnSessionCommand(commands, sessions, CommandIDs.resume, {
     label: 'Resume Sandbox Session',
     caption: 'Let a paused sandbox session run on from where it was',
     verb: 'resume',
     none: false,
-    run: id => sessions.setPaused(id, false)
+    run: id => sessions.setPaused(id, false),
+    unable: () => providerUnable(sessions, 'pausable', 'pause')
   });
   addOnSessionCommand(commands, sessions, CommandIDs.fork, {
     label: 'Fork Sandbox Session',
     caption: "Start a new sandbox session from a session's state now",
     verb: 'fork',
     none: null,
-    run: id => sessions.fork(id)
+    run: id => sessions.fork(id),
+    unable: () => providerUnable(sessions, 'forkable', 'fork')
   });
   addToPalette(palette, [
     CommandIDs.newSession,
     CommandIDs.destroy,
     CommandIDs.extendTtl,
+    CommandIDs.extendTtlBy,
     CommandIDs.pause,
     CommandIDs.resume,
     CommandIDs.fork

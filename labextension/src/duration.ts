@@ -55,3 +55,19 @@ export function parseDuration(text: string, what = 'a duration'): number {
   }
   return seconds;
 }
+
+/** A duration in words for a sentence: `45 s`, `30 min`, `1 h 30 min`, `2 d 3 h`. */
+export function durationWords(seconds: number): string {
+  const s = Math.round(seconds);
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const rest = s % 60;
+  const parts = [
+    d ? `${d} d` : '',
+    h ? `${h} h` : '',
+    m ? `${m} min` : '',
+    rest || s === 0 ? `${rest} s` : ''
+  ].filter(Boolean);
+  return parts.join(' ');
+}

@@ -7,14 +7,20 @@ import {
   SidePanel,
   Toolbar,
   ToolbarButton,
+  LabIcon,
   addIcon,
-  refreshIcon
+  caretDownIcon,
+  closeIcon,
+  folderIcon,
+  refreshIcon,
+  terminalIcon
 } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Panel, Widget } from '@lumino/widgets';
 
 import { ISessionInfo } from './api';
 import { button } from './files';
+import { magicsOf, sessionName } from './names';
 import {
   IPanelState,
   SessionsModel,
@@ -41,6 +47,8 @@ export namespace SandboxPanel {
     destroy(id: string): void;
     /** Add EXTEND_SECONDS to the session's TTL (PATCH); resolves once answered. */
     extendTtl(id: string): Promise<void>;
+    /** Ask for a duration (`1h30m`) and add it to the session's TTL. */
+    extendTtlBy(id: string): void;
     /** Pause or resume the session; resolves once answered. */
     setPaused(id: string, paused: boolean): Promise<void>;
     /** Fork the session; resolves once answered. */
@@ -234,14 +242,65 @@ export class SandboxPanel extends SidePanel {
       if (left) {
         left.textContent = timeLeftText(session, state);
       }
+      const meta = item?.querySelector('.jp-TaiSandbox-sessionMeta');
+      if (meta) {
+        meta.textContent = rowMetaText(session, state);
+      }
     }
   }
 
+  /**
+   * A session's row, compact as JupyterLab's Running panel: one line (its name, its
+   * provider and time left, Terminal / Files / Destroy on hover or focus); a click or
+   * Enter opens its details and the rest of its actions below.
+   */
   private _createItem(session: ISessionInfo): HTMLElement {
     const item = document.createElement('li');
     item.className = 'jp-TaiSandbox-session';
     item.dataset.sessionId = session.id;
 
+    const row = document.createElement('div');
+    row.className = 'jp-TaiSandbox-sessionRow';
+    row.tabIndex = 0;
+    row.setAttribute('role', 'button');
+    row.setAttribute('aria-expanded', 'false');
+    const caret = caretDownIcon.element({ className: 'jp-TaiSandbox-caret', tag: 'span' });
+    const dot = document.createElement('span');
+    dot.className = 'jp-TaiSandbox-stateDot';
+    const label = document.createElement('span');
+    label.className = 'jp-TaiSandbox-sessionLabel';
+    const sub = document.createElement('span');
+    sub.className = 'jp-TaiSandbox-sessionSub';
+    const badges = document.createElement('span');
+    badges.className = 'jp-TaiSandbox-badges';
+    const meta = document.createElement('span');
+    meta.className = 'jp-TaiSandbox-sessionMeta';
+    const rowActions = document.createElement('span');
+    rowActions.className = 'jp-TaiSandbox-rowActions';
+    const terminal = iconButton(terminalIcon, 'Open a terminal in this session', 'jp-TaiSandbox-openTerminal', () =>
+      this._actions.openTerminal(session.id)
+    );
+    const files = iconButton(folderIcon, "Browse this session's workspace", 'jp-TaiSandbox-openFiles', () =>
+      this._actions.openFiles(session.id)
+    );
+    const destroy = iconButton(closeIcon, 'Destroy this session', 'jp-TaiSandbox-destroy', () =>
+      this._actions.destroy(session.id)
+    );
+    destroy.classList.add('jp-mod-warn');
+    rowActions.append(terminal, files, destroy);
+    row.append(caret, dot, label, sub, badges, meta, rowActions);
+    const toggle = () => this._setExpanded(item, item.dataset.expanded !== 'true');
+    row.addEventListener('click', toggle);
+    row.addEventListener('keydown', event => {
+      if ((event.key === 'Enter' || event.key === ' ') && event.target === row) {
+        event.preventDefault();
+        toggle();
+      }
+    });
+
+    const body = document.createElement('div');
+    body.className = 'jp-TaiSandbox-sessionBody';
+    body.hidden = true;
     const id = document.createElement('div');
     id.className = 'jp-TaiSandbox-sessionId';
     const idText = document.createElement('span');
@@ -256,6 +315,15 @@ export class SandboxPanel extends SidePanel {
       badge.className = 'jp-TaiSandbox-badge jp-TaiSandbox-kernelBadge';
       badge.textContent = 'kernel';
       badge.title = `The session of sandboxed kernel ${kernelId}`;
+      badges.append(badge);
+    }
+    const magics = magicsOf(session.consumer);
+    if (magics) {
+      item.classList.add('jp-mod-magics');
+      const badge = document.createElement('span');
+      badge.className = 'jp-TaiSandbox-badge jp-TaiSandbox-magicsBadge';
+      badge.textContent = '%sandbox';
+      badge.title = `Session "${magics.name}" of the %sandbox magics${magics.notebook ? ` in ${magics.notebook}` : ''}`;
       id.append(' ', badge);
     }
     const kernelLine = document.createElement('div');
@@ -279,22 +347,12 @@ export class SandboxPanel extends SidePanel {
       });
     });
     extend.classList.add('jp-TaiSandbox-extend');
-    timeRow.append(left, extend);
+    const extendBy = button('Extend by…', EXTEND_BY_TOOLTIP, () => this._actions.extendTtlBy(session.id));
+    extendBy.classList.add('jp-TaiSandbox-extendBy');
+    timeRow.append(left, extend, extendBy);
 
     const actions = document.createElement('div');
     actions.className = 'jp-TaiSandbox-sessionActions';
-    const terminal = button('Terminal', 'Open a terminal in this session', () =>
-      this._actions.openTerminal(session.id)
-    );
-    terminal.classList.add('jp-TaiSandbox-openTerminal');
-    const files = button('Files', "Browse this session's workspace", () =>
-      this._actions.openFiles(session.id)
-    );
-    files.classList.add('jp-TaiSandbox-openFiles');
-    const destroy = button('Destroy', 'Destroy this session', () =>
-      this._actions.destroy(session.id)
-    );
-    destroy.classList.add('jp-mod-warn', 'jp-TaiSandbox-destroy');
     const pause = button('Pause', PAUSE_TOOLTIP, () => {
       const current = this._model.find(session.id) ?? session;
       pause.disabled = true;
@@ -311,13 +369,46 @@ export class SandboxPanel extends SidePanel {
       });
     });
     fork.classList.add('jp-TaiSandbox-fork');
-    actions.append(terminal, files, pause, fork, destroy);
+    actions.append(pause, fork);
 
-    item.append(id, kernelLine, details, usage, timeRow, actions);
+    body.append(id, kernelLine, details, usage, timeRow, actions);
+    item.append(row, body);
     return item;
   }
 
+  /** Open or close a session's details (kept across refreshes). */
+  private _setExpanded(item: HTMLElement, expanded: boolean): void {
+    item.dataset.expanded = String(expanded);
+    item.classList.toggle('jp-mod-expanded', expanded);
+    (item.querySelector('.jp-TaiSandbox-sessionBody') as HTMLElement).hidden = !expanded;
+    item.querySelector('.jp-TaiSandbox-sessionRow')?.setAttribute('aria-expanded', String(expanded));
+  }
+
+  /** The one line: name, notebook, provider and state, time left. */
+  private _fillRow(item: HTMLElement, session: ISessionInfo, state: IPanelState): void {
+    const name = sessionName(session, state.kernels);
+    const label = item.querySelector('.jp-TaiSandbox-sessionLabel') as HTMLElement;
+    label.textContent = name.label;
+    const sub = item.querySelector('.jp-TaiSandbox-sessionSub') as HTMLElement;
+    // the notebook's name on the line (a narrow sidebar), its path in the tooltip
+    sub.textContent = name.sub.split('/').pop() ?? '';
+    sub.title = name.sub;
+    sub.hidden = !name.sub;
+    const phase = rowPhase(session, state);
+    const dot = item.querySelector('.jp-TaiSandbox-stateDot') as HTMLElement;
+    dot.dataset.state = phase;
+    (item.querySelector('.jp-TaiSandbox-sessionMeta') as HTMLElement).textContent = rowMetaText(session, state);
+    (item.querySelector('.jp-TaiSandbox-sessionRow') as HTMLElement).title = [
+      name.label === session.id ? session.id : `${name.label} (${session.id})`,
+      ...(name.sub ? [`notebook: ${magicsOf(session.consumer)?.notebook ?? name.sub}`] : []),
+      `${session.kind} · isolation ${session.isolation} · network ${session.network} · ${session.durability}`,
+      phase === 'paused' ? 'paused' : timeLeftText(session, state),
+      'Click for the details and more actions'
+    ].join('\n');
+  }
+
   private _fill(item: HTMLElement, session: ISessionInfo, state: IPanelState): void {
+    this._fillRow(item, session, state);
     const details = item.querySelector('.jp-TaiSandbox-sessionDetails') as HTMLElement;
     const fields: [string, string][] = [
       ['consumer', session.consumer],
@@ -432,6 +523,7 @@ export class SandboxPanel extends SidePanel {
 
 const NEW_TOOLTIP = 'Create a sandbox session';
 const EXTEND_TOOLTIP = `Reap this session ${EXTEND_SECONDS / 60} minutes later`;
+const EXTEND_BY_TOOLTIP = 'Reap this session later by a duration you type (30m, 1h30m, 2h)';
 const PAUSE_TOOLTIP = 'Freeze every process of this session where it is (its time still runs)';
 const RESUME_TOOLTIP = 'Let this paused session run on from where it was';
 const FORK_TOOLTIP = "Start a new session from this one's state now (the two then run on apart)";
@@ -439,4 +531,32 @@ const FORK_TOOLTIP = "Start a new session from this one's state now (the two the
 function timeLeftText(session: ISessionInfo, state: IPanelState): string {
   const left = secondsLeft(session, state.fetchedAt, Date.now());
   return left > 0 ? `reaped in ${formatDuration(left)}` : 'reaping…';
+}
+
+/** running, paused, or reaping (its time is up): the row's dot. */
+export function rowPhase(session: ISessionInfo, state: IPanelState): 'running' | 'paused' | 'reaping' {
+  if (secondsLeft(session, state.fetchedAt, Date.now()) <= 0) {
+    return 'reaping';
+  }
+  return session.paused ? 'paused' : 'running';
+}
+
+/** The row's right side: `local · 14m 05s`, `docker · paused · 2h 10m`. */
+export function rowMetaText(session: ISessionInfo, state: IPanelState): string {
+  const left = secondsLeft(session, state.fetchedAt, Date.now());
+  return [session.kind, ...(session.paused ? ['paused'] : []), left > 0 ? formatDuration(left) : 'reaping'].join(' · ');
+}
+
+/** A small icon button of a row (its words in the tooltip and for screen readers). */
+function iconButton(icon: LabIcon, title: string, className: string, onClick: () => void): HTMLButtonElement {
+  const b = document.createElement('button');
+  b.className = `jp-TaiSandbox-iconButton ${className}`;
+  b.title = title;
+  b.setAttribute('aria-label', title);
+  b.append(icon.element({ tag: 'span', className: 'jp-TaiSandbox-iconButtonIcon' }));
+  b.addEventListener('click', ev => {
+    ev.stopPropagation();
+    onClick();
+  });
+  return b;
 }

@@ -9,6 +9,7 @@ import { Signal } from '@lumino/signaling';
 import { ISessionInfo, SandboxClient } from './api';
 import { NewSessionBody } from './dialogs';
 import { EXTEND_SECONDS, extendedTtl } from './kernels';
+import { DURATION_HINT, DurationError, durationWords, parseDuration } from './duration';
 import { SessionsModel, describeError } from './model';
 import { SandboxAPIError } from './request';
 import { DEFAULT_SETTINGS, ISandboxSettings } from './settings';
@@ -276,20 +277,43 @@ export class SandboxSessions implements ISandboxSessions {
     }
   }
 
-  async extendTtl(id: string): Promise<boolean> {
+  async extendTtlBy(id: string): Promise<boolean> {
+    let initial = '30m';
+    for (;;) {
+      const result = await InputDialog.getText({
+        title: `Extend session ${id} by`,
+        label: `How much longer: ${DURATION_HINT}`,
+        text: initial,
+        okLabel: 'Extend'
+      });
+      if (!result.button.accept || result.value === null) {
+        return false;
+      }
+      try {
+        return await this.extendTtl(id, parseDuration(result.value, 'The extension'));
+      } catch (error) {
+        if (!(error instanceof DurationError)) {
+          throw error;
+        }
+        this.notifyError(error.message);
+        initial = result.value;
+      }
+    }
+  }
+
+  async extendTtl(id: string, seconds: number = EXTEND_SECONDS): Promise<boolean> {
     const info = await this.fetchSession(id, 'extend the session');
     if (!info) {
       return false;
     }
-    const ttl = extendedTtl(info, EXTEND_SECONDS);
+    const ttl = extendedTtl(info, seconds);
     try {
       const updated = await this.client.setTtl(id, ttl);
       this.clearError();
       this.model.updateLocally(updated);
-      Notification.success(
-        `Sandbox session ${id} now ends ${Math.round(EXTEND_SECONDS / 60)} minutes later.`,
-        { autoClose: 3000 }
-      );
+      Notification.success(`Sandbox session ${id} now ends ${durationWords(seconds)} later.`, {
+        autoClose: 3000
+      });
       return true;
     } catch (error) {
       this.reportError(`Could not extend session ${id}:`, describeError(error));

@@ -47,7 +47,9 @@ export interface ISandboxSessions {
   /** Destroy without asking (the Running sidebar, as JupyterLab shuts a kernel down there). */
   destroyNow(id: string): Promise<void>;
   /** "+30 min": the current TTL plus EXTEND_SECONDS; a refusal is shown whole. */
-  extendTtl(id: string): Promise<boolean>;
+  extendTtl(id: string, seconds?: number): Promise<boolean>;
+  /** Ask how much longer (a duration: `30m`, `1h30m`) and extend the session by it. */
+  extendTtlBy(id: string): Promise<boolean>;
   /** Pause (freeze every process) or resume a session; a refusal is shown whole. */
   setPaused(id: string, paused: boolean): Promise<boolean>;
   /** A new session from this one's state now (null when refused; the refusal is shown whole). */

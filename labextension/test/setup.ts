@@ -18,3 +18,9 @@ if (!window.matchMedia) {
       dispatchEvent: () => false
     }) as MediaQueryList;
 }
+
+// and requestIdleCallback (ReactWidget's render, e.g. a ToolbarButton of the panel)
+const idle = globalThis as { requestIdleCallback?: unknown; cancelIdleCallback?: unknown };
+idle.requestIdleCallback ??= (callback: (deadline: { didTimeout: boolean; timeRemaining(): number }) => void) =>
+  setTimeout(() => callback({ didTimeout: false, timeRemaining: () => 50 }), 0);
+idle.cancelIdleCallback ??= (handle: ReturnType<typeof setTimeout>) => clearTimeout(handle);

@@ -119,6 +119,10 @@ def test_sandboxed_kernel_from_the_launcher(lab_process: LabProcess, page: Any) 
     item = panel.locator(f'.jp-TaiSandbox-session[data-session-id="{session["id"]}"]')
     expect(item).to_have_attribute("data-kernel-id", kernel_id, timeout=30_000)
     expect(item.locator(".jp-TaiSandbox-kernelBadge")).to_have_text("kernel")
+    # its one line names it by its notebook (issue 48); a click opens the details below
+    expect(item.locator(".jp-TaiSandbox-sessionLabel")).to_have_text(notebook_path)
+    item.locator(".jp-TaiSandbox-sessionLabel").click()
+    expect(item.locator(".jp-TaiSandbox-sessionBody")).to_be_visible()
     serves = item.locator(".jp-TaiSandbox-kernelServes")
     expect(serves).to_contain_text(f"serves: {notebook_path}")
     expect(serves.locator(".jp-TaiSandbox-notebook")).to_have_attribute("data-path", notebook_path)
@@ -178,6 +182,7 @@ def test_extend_a_session_by_thirty_minutes(lab_process: LabProcess, page: Any) 
     assert code == 201, info
     panel = open_panel(page, lab)
     item = panel.locator(f'.jp-TaiSandbox-session[data-session-id="{info["id"]}"]')
+    item.locator(".jp-TaiSandbox-sessionLabel").click()  # the details and "+30 min" are one click away
     left = item.locator(".jp-TaiSandbox-timeLeft")
     expect(left).to_contain_text("reaped in 1")  # 14m 59s or so
     assert not item.locator(".jp-TaiSandbox-kernelBadge").count()

@@ -31,6 +31,7 @@ def test_a_vm_session_is_paused_resumed_and_forked_from_the_panel(lab_process: L
         expect(notice).to_have_text("Isolation: emulated: a separate guest kernel, not a hardened boundary.")
         expect(notice).to_have_attribute("data-kind", "isolation-note")
         item = panel.locator(f'.jp-TaiSandbox-session[data-session-id="{info["id"]}"]')
+        item.locator(".jp-TaiSandbox-sessionLabel").click()  # Pause and Fork are in the opened row
         pause = item.locator(".jp-TaiSandbox-pause")
         expect(pause).to_have_text("Pause")
 

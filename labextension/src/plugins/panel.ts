@@ -32,6 +32,7 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
         extendTtl: async id => {
           await commands.execute(CommandIDs.extendTtl, { id });
         },
+        extendTtlBy: id => void commands.execute(CommandIDs.extendTtlBy, { id }),
         setPaused: async (id, paused) => {
           await commands.execute(paused ? CommandIDs.pause : CommandIDs.resume, { id });
         },
