@@ -83,6 +83,10 @@ type command struct {
 	status   exitStatus
 	timedOut bool
 	killed   bool
+	// the session's OOM kills (its cgroup's oom_kill count) at the start (-1: unknown), and whether the
+	// count grew by the time a SIGKILL nobody sent ended the command
+	oomBefore int64
+	oomKilled bool
 	reaped   bool // the leader's zombie is collected: its group id may belong to someone else now
 	released bool
 	exitSent bool
@@ -529,7 +533,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		cn.fail(id, "start", errnoName(err), fmt.Sprintf("%s: %v", req.Argv[0], err))
 		return
 	}
-	c := &command{a: a, id: id, argv: req.Argv, pty: req.Pty, started: time.Now(), label: req.Label}
+	c := &command{a: a, id: id, argv: req.Argv, pty: req.Pty, started: time.Now(), label: req.Label, oomBefore: oomKills()}
 	if req.TimeoutMs > 0 {
 		c.deadline = c.started.Add(time.Duration(req.TimeoutMs) * time.Millisecond)
 	}
@@ -928,6 +932,9 @@ func (c *command) sendLoop() {
 
 func (c *command) exitJSON() map[string]any {
 	m := map[string]any{"timed_out": c.timedOut, "killed": c.killed}
+	if c.oomKilled {
+		m["oom_killed"] = true
+	}
 	if c.status.exited {
 		m["code"] = c.status.code
 	} else {
@@ -1223,6 +1230,8 @@ func (a *agent) reapChildren() {
 		if !c.exited && !c.reaped {
 			if st, done, err := peekExit(c.pid); err == nil && done {
 				c.exited, c.status = true, st
+				c.oomKilled = !st.exited && st.signal == int(syscall.SIGKILL) && !c.killed && !c.timedOut &&
+					c.oomBefore >= 0 && oomKills() > c.oomBefore
 				if c.timer != nil {
 					c.timer.Stop()
 				}

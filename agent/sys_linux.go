@@ -446,3 +446,23 @@ func victimFirst(pid int) {
 	_, _ = syscall.Write(fd, []byte(commandOOMScore))
 	_ = syscall.Close(fd)
 }
+
+// oomKills is the count of processes the kernel's OOM killer has killed in the agent's memory cgroup (the
+// session's, under a cgroup namespace: a container's): cgroup v2's memory.events, else v1's
+// memory.oom_control; -1 where neither is readable (no memory controller, or a kernel without the count).
+func oomKills() int64 {
+	for _, path := range []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if rest, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				if n, err := strconv.ParseInt(strings.TrimSpace(rest), 10, 64); err == nil {
+					return n
+				}
+			}
+		}
+	}
+	return -1
+}

@@ -180,6 +180,7 @@ class GatedSession(SandboxSession):
             result.exit_code,
             await _scrubbed(policy, result.stdout),
             await _scrubbed(policy, result.stderr),
+            result.reason,
             stdout_bytes=len(result.stdout),
             stderr_bytes=len(result.stderr),
         )

@@ -28,6 +28,8 @@ class ExitStatus:
     timed_out: bool = False
     killed: bool = False
     core: bool = False
+    #: the kernel's OOM killer ended it: a SIGKILL nobody sent, with the session's OOM kill count grown
+    oom_killed: bool = False
 
     @property
     def returncode(self) -> int:
@@ -36,7 +38,7 @@ class ExitStatus:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ExitStatus:
         return cls(d.get("code"), d.get("signal"), bool(d.get("timed_out")), bool(d.get("killed")),
-                   bool(d.get("core")))
+                   bool(d.get("core")), bool(d.get("oom_killed")))
 
 
 def _quiet(fut: asyncio.Future) -> None:

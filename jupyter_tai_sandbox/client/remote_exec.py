@@ -92,7 +92,8 @@ class RemoteExec:
             self._ended = True
             self._ws.close()
             if data.get("type") == "exit":
-                yield ExitItem(int(data["exit_code"]))
+                reason = data.get("reason")
+                yield ExitItem(int(data["exit_code"]), reason if isinstance(reason, str) else None)
                 return
             raise error_from_json(data)
 

@@ -208,8 +208,10 @@ class SandboxClient:
         if cwd is not None:
             body["cwd"] = cwd
         data = await self._request("POST", "sessions", session_id, "exec", body=body)
+        reason = data.get("reason")
         return ExecResult(
-            data["exit_code"], base64.b64decode(data["stdout"]), base64.b64decode(data["stderr"])
+            data["exit_code"], base64.b64decode(data["stdout"]), base64.b64decode(data["stderr"]),
+            reason if isinstance(reason, str) else None,
         )
 
     async def list_files(self, session_id: str, path: str = "") -> list[dict[str, Any]]:

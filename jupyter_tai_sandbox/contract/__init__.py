@@ -87,6 +87,7 @@ from .values import (
     is_positive_number,
     isolation_rank,
     network_rank,
+    out_of_memory,
     usage_record,
 )
 
@@ -141,6 +142,7 @@ __all__ = [
     "isolation_floor_refusal",
     "isolation_rank",
     "network_rank",
+    "out_of_memory",
     "session_gone",
     "usage_record",
 ]

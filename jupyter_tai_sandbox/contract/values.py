@@ -248,6 +248,8 @@ class ExecResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    #: why the command ended where the status alone does not say it (an OOM kill: :func:`out_of_memory`)
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,15 @@ class HeldCommand:
 @dataclass(frozen=True)
 class ExitItem:
     exit_code: int
+    #: as :attr:`ExecResult.reason`
+    reason: str | None = None
+
+
+def out_of_memory(limit_mb: int | float | None) -> str:
+    """The reason of a command the kernel's OOM killer ended (exit status 137), naming the session's limit."""
+    if limit_mb:
+        return f"killed: out of memory (the session's limit is {limit_mb:g} MiB)"
+    return "killed: out of memory"
 
 
 OutputItem = OutputChunk | ExitItem

@@ -173,7 +173,8 @@ class SandboxMagics(LineSubcommands):
         if timed_out is not None:
             print(f"sandbox: {timed_out} (set --timeout to allow longer)", file=sys.stderr, flush=True)
         elif exit_code:
-            print(f"sandbox: exit status {exit_code}", file=sys.stderr, flush=True)
+            reason = f" ({outcome.exit_reason})" if outcome.exit_reason else ""
+            print(f"sandbox: exit status {exit_code}{reason}", file=sys.stderr, flush=True)
             hint = missing_program_hint(outcome.stderr_tail, interpreter, known.image, known.kind) if exit_code == 127 else None
             if hint:
                 print(f"sandbox: {hint}", file=sys.stderr, flush=True)

@@ -81,6 +81,8 @@ class Outcome:
     stdout: str = ""
     stderr: str = ""
     exit_code: int | None = None
+    #: why it exited, where the status alone does not say ("killed: out of memory (...)")
+    exit_reason: str | None = None
     timed_out: str | None = None
     #: the end of stderr, printed or captured (a shell's "not found" for a hint)
     stderr_tail: str = ""
@@ -143,7 +145,7 @@ class _Sinks:
         if isinstance(item, OutputChunk):
             self._write(item.stream, self.decoders[item.stream].decode(item.data))
         elif isinstance(item, ExitItem):
-            self.outcome.exit_code = item.exit_code
+            self.outcome.exit_code, self.outcome.exit_reason = item.exit_code, item.reason
         elif isinstance(item, SandboxExecTimeoutError):
             self.outcome.timed_out = str(item)
         elif isinstance(item, SandboxError):

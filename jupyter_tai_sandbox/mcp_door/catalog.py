@@ -204,6 +204,8 @@ class DoorTools:
         result = await session.run(exec_request)  # a GatedExecResult: scrubbed, with the command's byte counts
         self.app.touch()
         answer: dict[str, Any] = {"session_id": session.id, "exit_code": result.exit_code}
+        if result.reason is not None:
+            answer["reason"] = result.reason  # "killed: out of memory (the session's limit is N MiB)"
         for stream in ("stdout", "stderr"):
             answer[stream], answer[f"{stream}_truncated"] = clip(getattr(result, stream), self.door.max_output_bytes)
             answer[f"{stream}_bytes"] = getattr(result, f"{stream}_bytes")

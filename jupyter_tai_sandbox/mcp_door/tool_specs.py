@@ -78,7 +78,8 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "session_exec",
         "Run a command in a session to its end; answers exit_code, stdout and stderr with their byte "
-        "counts (long output is cut in the middle, marked, and flagged truncated). For commands that run "
+        "counts (long output is cut in the middle, marked, and flagged truncated), and a reason when the "
+        "status alone does not say why it ended (\"killed: out of memory ...\"). For commands that run "
         "longer than a minute use session_exec_start.",
         _command_schema(),
         action="execute",

@@ -68,7 +68,7 @@ async def run_to_end(handle: ExecHandle, output_limit: int | None = None) -> Exe
                     raise _too_much_output(output_limit, counts)
                 (out if item.stream == "stdout" else err).write(item.data)
             else:
-                return ExecResult(item.exit_code, out.getvalue(), err.getvalue())
+                return ExecResult(item.exit_code, out.getvalue(), err.getvalue(), item.reason)
     except BaseException:
         with contextlib.suppress(SandboxError):
             await asyncio.shield(handle.kill())

@@ -190,9 +190,13 @@ class ExecHandler(SandboxAPIHandler):
         if len(result.stdout) + len(result.stderr) <= _RESPONSE_SLICE:
             # the usual small answer: one body, one write
             out, err = (_encoded(data, encoding) for data in (result.stdout, result.stderr))
-            self.finish(json.dumps({"exit_code": result.exit_code, "encoding": encoding, "stdout": out, "stderr": err}))
+            answer = {"exit_code": result.exit_code, "encoding": encoding, "stdout": out, "stderr": err}
+            if result.reason is not None:
+                answer["reason"] = result.reason
+            self.finish(json.dumps(answer))
             return
-        self.write(f'{{"exit_code": {result.exit_code}, "encoding": "{encoding}", "stdout": "')
+        reason = "" if result.reason is None else f'"reason": {json.dumps(result.reason)}, '
+        self.write(f'{{"exit_code": {result.exit_code}, {reason}"encoding": "{encoding}", "stdout": "')
         await self._write_output(result.stdout, encoding)
         self.write('", "stderr": "')
         await self._write_output(result.stderr, encoding)

@@ -108,6 +108,8 @@ class LiveCommand:
         starts = stream_starts or {}
         self.ring = OutputRing(registry.policy.buffer_bytes, sum(starts.values()), starts)
         self.exit_code: int | None = None
+        #: why it exited, where the status alone does not say (an OOM kill)
+        self.exit_reason: str | None = None
         #: why the command ended without an exit, or the reason a kill gave (what a poll reports)
         self.error: dict[str, Any] | None = None
         #: the websocket's last message (exit or error), once the output ended
@@ -175,7 +177,7 @@ class LiveCommand:
         try:
             async for item in self.handle.output:
                 if isinstance(item, ExitItem):
-                    self.exit_code = item.exit_code
+                    self.exit_code, self.exit_reason = item.exit_code, item.reason
                     break
                 if item.data:
                     self._counted[item.stream] = self._counted.get(item.stream, 0) + len(item.data)
@@ -206,6 +208,8 @@ class LiveCommand:
                     self.exit_code, self.error = None, gone.to_json()
         if self.exit_code is not None:
             self.final = {"type": "exit", "exit_code": self.exit_code}
+            if self.exit_reason is not None:
+                self.final["reason"] = self.exit_reason
         elif self.taken_over:
             self.final = {"type": "detached", "message": (self.error or {}).get("message", "")}
         else:
@@ -364,6 +368,7 @@ class LiveCommand:
             "more": position < self.end_offset,
             "running": self.running,
             "exit_code": self.exit_code,
+            **({"reason": self.exit_reason} if self.exit_reason is not None else {}),
             "stdout_bytes": self.byte_counts.get("stdout", 0),
             "stderr_bytes": self.byte_counts.get("stderr", 0),
         }

@@ -48,7 +48,7 @@ export function isAttach(options: IStartOptions | IAttachOptions): options is IA
 
 /** How the command ended: an exit status, or an error (the connection's or the server's). */
 export type ExecEnd =
-  | { kind: 'exit'; exitCode: number }
+  | { kind: 'exit'; exitCode: number; reason?: string }
   | { kind: 'error'; error: string; message: string };
 
 export interface IOutput {
@@ -278,7 +278,12 @@ export class ExecConnection {
         });
         break;
       case 'exit':
-        this._finish({ kind: 'exit', exitCode: Number(message.exit_code) });
+        this._finish({
+          kind: 'exit',
+          exitCode: Number(message.exit_code),
+          // why, where the status alone does not say: "killed: out of memory (the session's limit is N MiB)"
+          ...(typeof message.reason === 'string' ? { reason: message.reason } : {})
+        });
         break;
       case 'error':
         this._finish({
@@ -362,7 +367,7 @@ export class ExecConnection {
 /** The status line written into the terminal when the command ends. */
 export function endMessage(end: ExecEnd): string {
   if (end.kind === 'exit') {
-    return `[process exited with status ${end.exitCode}]`;
+    return `[process exited with status ${end.exitCode}${end.reason ? `: ${end.reason}` : ''}]`;
   }
   return `[${end.error}: ${end.message}]`;
 }

@@ -430,7 +430,8 @@ export class SandboxTerminal extends Widget {
     if (end.kind === 'exit') {
       this.node.dataset.exitCode = String(end.exitCode);
       this.title.label = `Sandbox ${shortId(this.sessionId)} [exit ${end.exitCode}]`;
-      this._setPhase('ended', `The command has ended: exit status ${end.exitCode}.`, 'Start a new shell');
+      const why = end.reason ? ` (${end.reason})` : '';
+      this._setPhase('ended', `The command has ended: exit status ${end.exitCode}${why}.`, 'Start a new shell');
     } else {
       this.title.label = `Sandbox ${shortId(this.sessionId)} [ended]`;
       this._setPhase('ended', `The command has ended: ${end.error}: ${end.message}`, 'Start a new shell');

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
+import { endMessage } from '../src/exec';
 import { terminalTimeout } from '../src/terminal';
 
 describe('terminalTimeout', () => {
@@ -19,5 +20,15 @@ describe('terminalTimeout', () => {
   it('asks for a minute at least on a session about to end, never past the maximum', () => {
     expect(terminalTimeout(3, 21600)).toBe(60);
     expect(terminalTimeout(3, 30)).toBe(30);
+  });
+});
+
+describe('endMessage of an exit with a reason', () => {
+  it("says the server's reason after the status (an out-of-memory kill)", () => {
+    const reason = "killed: out of memory (the session's limit is 32 MiB)";
+    expect(endMessage({ kind: 'exit', exitCode: 137, reason })).toBe(
+      `[process exited with status 137: ${reason}]`
+    );
+    expect(endMessage({ kind: 'exit', exitCode: 137 })).toBe('[process exited with status 137]');
   });
 });

@@ -50,7 +50,8 @@ async def test_session_lifecycle_over_rest(jp_fetch, provider):
     status, _ = await call(jp_fetch, "sessions", sid, method="DELETE")
     assert status == 204
     status, body = await call(jp_fetch, "sessions", sid)
-    assert status == 404 and body["error"] == "SandboxNotFoundError"
+    # its owner is told why (a SandboxNotFoundError's subclass: issue 48)
+    assert status == 404 and body["error"] == "SandboxSessionGoneError" and body["reason"] == "destroyed", body
 
 
 async def test_consumer_defaults_to_the_user(jp_fetch):

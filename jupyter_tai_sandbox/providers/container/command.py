@@ -28,6 +28,7 @@ from ...contract import (
     SandboxConflictError,
     SandboxError,
     SandboxSpecRejectedError,
+    out_of_memory,
 )
 from ...spool import OutputSpool
 from .._common import OUTPUT_GRACE_SECONDS, deadline_error
@@ -65,6 +66,7 @@ class ContainerCommand(ExecHandle):
         deadline_in: float | None = None,
         pty: bool,
         memory_limit: int,
+        session_memory_mb: int | float | None = None,
         log: logging.Logger | logging.LoggerAdapter,
         on_done: Callable[[ContainerCommand], None] = lambda _: None,
     ) -> None:
@@ -81,6 +83,9 @@ class ContainerCommand(ExecHandle):
         self._counts = {"stdout": 0, "stderr": 0}
         self._stdin_closed = False
         self._status: int | None = None
+        #: why it ended, when the status alone does not say (the OOM killer: the session's limit named)
+        self._reason: str | None = None
+        self._session_memory_mb = session_memory_mb
         self._failure: SandboxError | None = None
         self._timed_out = False
         self._timeout_error: SandboxError | None = None
@@ -112,7 +117,10 @@ class ContainerCommand(ExecHandle):
                 self._spool.put(stream, data)  # type: ignore[arg-type]
             if self._stopping:
                 await self._cut_output()
-            self._status = (await self._cmd.wait()).returncode
+            status = await self._cmd.wait()
+            self._status = status.returncode
+            if status.oom_killed:
+                self._reason = out_of_memory(self._session_memory_mb)
         except AgentError as e:
             if e.code == "EBUSY":  # DETACHED: another connection took the command
                 self._taken_over = True
@@ -246,7 +254,7 @@ class ContainerCommand(ExecHandle):
                 raise self._failure
             if self._status is None:  # pragma: no cover - _take_in sets one of the two
                 raise SandboxError("the command's exit status could not be read")
-            yield ExitItem(self._status)
+            yield ExitItem(self._status, self._reason)
         finally:
             self._spool.discard()
 

@@ -415,7 +415,7 @@ class ContainerSession(SandboxSession):
                pty: bool) -> ContainerCommand:
         command = ContainerCommand(
             agent_command, timeout_seconds=timeout_seconds, deadline_in=deadline_in, pty=pty,
-            memory_limit=self._site.memory_limit, log=self._site.log,
+            memory_limit=self._site.memory_limit, session_memory_mb=self.spec.memory_mb, log=self._site.log,
             on_done=lambda c: self._site.commands.discard(self._id, c),
         )
         self._site.commands.add(self._id, command)
