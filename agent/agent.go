@@ -87,10 +87,10 @@ type command struct {
 	// count grew by the time a SIGKILL nobody sent ended the command
 	oomBefore int64
 	oomKilled bool
-	reaped   bool // the leader's zombie is collected: its group id may belong to someone else now
-	released bool
-	exitSent bool
-	eofSent  []bool
+	reaped    bool // the leader's zombie is collected: its group id may belong to someone else now
+	released  bool
+	exitSent  bool
+	eofSent   []bool
 
 	stdin       io.WriteCloser
 	stdinQ      chan []byte // nil entry closes stdin
