@@ -11,6 +11,7 @@ import { NewSessionBody } from './dialogs';
 import { EXTEND_SECONDS, extendedTtl } from './kernels';
 import { DURATION_HINT, DurationError, durationWords, parseDuration } from './duration';
 import { SessionsModel, describeError } from './model';
+import { sessionName } from './names';
 import { SandboxAPIError } from './request';
 import { DEFAULT_SETTINGS, ISandboxSettings } from './settings';
 import { ISessionForm, SpecFormError, buildSpec, defaultForm } from './spec';
@@ -125,7 +126,11 @@ export class SandboxSessions implements ISandboxSessions {
       Notification.info('There is no sandbox session yet: create one first.', { autoClose: 5000 });
       return null;
     }
-    const labels = state.sessions.map(s => `${s.id} (${s.consumer}, ${s.image ?? 'default image'})`);
+    const labels = state.sessions.map(s => {
+      const name = sessionName(s, state.kernels);
+      const called = name.label === s.id ? s.consumer : `${name.label}${name.sub ? ` in ${name.sub}` : ''}`;
+      return `${s.id} (${called}, ${s.image ?? 'default image'})`;
+    });
     const result = await InputDialog.getItem({
       title: `Session to ${verb}`,
       items: labels,
