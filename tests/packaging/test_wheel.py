@@ -9,6 +9,7 @@ between runs; pip's download cache only saves downloads.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,6 +63,7 @@ def _assert_wheel_carries_the_agent_and_the_panel(wheel: Path) -> None:
         static = [n for n in names if n.startswith(LABEXTENSION + "static/")]
         assert LABEXTENSION + "static/style.js" in static and any("remoteEntry." in n for n in static), static
         assert LABEXTENSION + "package.json" in names and LABEXTENSION + "install.json" in names
+        assert json.loads(z.read(LABEXTENSION + "package.json"))["version"] == __version__  # one version
         assert f"jupyter_tai_sandbox-{__version__}.data/data/etc/jupyter/jupyter_server_config.d/jupyter_tai_sandbox.json" in names
         assert f"jupyter_tai_sandbox-{__version__}.dist-info/licenses/LICENSE" in names
         metadata = z.read(f"jupyter_tai_sandbox-{__version__}.dist-info/METADATA").decode()
@@ -94,6 +96,8 @@ def test_the_wheel_from_a_clean_clone_runs_docker_sessions_without_go_or_node(tm
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-4000:]
 
+    # nothing of the host's PATH is needed to serve docker sessions (without iptables the provider says it sets
+    # no host firewall for session bridges, and goes on)
     path = only_these_tools(tmp_path / "tools", (), venv_bin)
     env = {"PATH": path, "HOME": str(tmp_path / "home")}
     where = subprocess.run(
