@@ -23,6 +23,7 @@ from jupyter_tai_sandbox.contract.errors import (
 from jupyter_tai_sandbox.errors import (
     ERROR_CLASSES,
     PresetInvalidError,
+    SandboxSessionGoneError,
     ToolInputError,
     error_body,
     error_from_json,
@@ -30,7 +31,7 @@ from jupyter_tai_sandbox.errors import (
 )
 
 #: the fields each class keeps as attributes besides ``details``
-FIELDS = ("field", "stdout_bytes", "stderr_bytes", "note", "exit_code", "problems")
+FIELDS = ("field", "stdout_bytes", "stderr_bytes", "note", "exit_code", "problems", "session_id", "reason")
 
 #: instances of the classes that have fields, in each shape their fields take
 SAMPLES: dict[type[SandboxError], list[SandboxError]] = {
@@ -46,6 +47,8 @@ SAMPLES: dict[type[SandboxError], list[SandboxError]] = {
     ToolInputError: [ToolInputError("text", "is required"), ToolInputError("", "must be an object")],
     PresetInvalidError: [PresetInvalidError("two problems", problems=["a", "b"]), PresetInvalidError("one")],
     SandboxUnsupportedError: [SandboxUnsupportedError("cannot pause", operation="pause"), SandboxUnsupportedError("x")],
+    SandboxSessionGoneError: [SandboxSessionGoneError("sbx-0123456789abcdef", "ttl"),
+                              SandboxSessionGoneError("sbx-0123456789abcdef", "destroyed")],
 }
 
 
