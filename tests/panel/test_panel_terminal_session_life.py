@@ -84,3 +84,34 @@ def test_a_terminal_says_its_session_reached_its_ttl_and_was_reaped(lab_process:
     screen = wait_for_text(terminal, "reached its TTL and was reaped")
     assert "ECONNRESET" not in screen and "1006" not in screen, screen
     shot(page, "terminal-session-reaped")
+
+
+def test_the_panel_shows_why_a_docker_provider_cannot_start_a_session(lab_process: LabProcess, page: Any) -> None:
+    """Issue 48 point 2: a provider that cannot work (here its configured image is not on the engine) is the
+    status route's 503 with the fix, shown whole in the panel, New session off; a create is that 503 too."""
+    import os
+
+    from playwright.sync_api import expect
+
+    from tests.support import docker as docker_support
+
+    docker_support.docker_client()  # an engine, or skip (fail in CI)
+    missing = "tai-sbx-test/no-such-image:panel"
+    lab = lab_process.start(
+        "docker",
+        f"--DockerSandbox.deployment={os.environ['TAI_SANDBOX_DEPLOYMENT']}-panel-no-image",
+        f"--DockerSandbox.image={missing}",
+        isolation="container",
+    )
+    code, body = lab.api("GET", "status")
+    assert code == 503 and body["error"] == "SandboxUnavailableError", body
+    assert missing in body["message"] and "DockerSandbox.image" in body["message"], body
+    code, created = lab.api("POST", "sessions", {"ttl_seconds": 60})
+    assert code == 503 and created["message"] == body["message"], created
+    panel = open_panel(page, lab)
+    status = panel.locator(".jp-TaiSandbox-status")
+    expect(status).to_have_attribute("data-connection", "unavailable")
+    expect(status).to_have_text(body["message"])
+    expect(panel.locator(".jp-TaiSandbox-new")).to_have_attribute("aria-disabled", "true")
+    assert "Internal Server Error" not in status.inner_text()
+    shot(page, "provider-image-missing")
