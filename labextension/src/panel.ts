@@ -20,7 +20,7 @@ import { Panel, Widget } from '@lumino/widgets';
 
 import { ISessionInfo } from './api';
 import { button } from './files';
-import { magicsOf, sessionName } from './names';
+import { magicsOf, relativeNotebook, sessionName } from './names';
 import {
   IPanelState,
   SessionsModel,
@@ -410,8 +410,16 @@ export class SandboxPanel extends SidePanel {
   private _fill(item: HTMLElement, session: ISessionInfo, state: IPanelState): void {
     this._fillRow(item, session, state);
     const details = item.querySelector('.jp-TaiSandbox-sessionDetails') as HTMLElement;
+    const magics = magicsOf(session.consumer);
     const fields: [string, string][] = [
-      ['consumer', session.consumer],
+      ...(magics
+        ? ([
+            ['%sandbox name', magics.name],
+            ['notebook', magics.notebook ? relativeNotebook(magics.notebook) : '—']
+          ] as [string, string][])
+        : []),
+      // a magics label repeats the name and notebook above, percent-encoded: whole in the tooltip
+      ['consumer', magics ? `${session.consumer.slice(0, session.consumer.lastIndexOf('/magics:'))}/magics:…` : session.consumer],
       ['image', session.image ?? '(default)'],
       ['durability', session.durability],
       ['workspace key', session.workspace_key ?? '—'],
@@ -428,6 +436,9 @@ export class SandboxPanel extends SidePanel {
         l.textContent = `${label}: `;
         const v = document.createElement('span');
         v.textContent = value;
+        if (label === 'consumer') {
+          v.title = session.consumer;
+        }
         span.append(l, v);
         return span;
       })

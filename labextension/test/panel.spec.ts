@@ -108,6 +108,16 @@ describe('the compact session list', () => {
     expect(body.hidden).toBe(true);
   });
 
+  it("names a magics session's name and notebook among its details", async () => {
+    const { panel } = await panelOn(LOCAL);
+    const field = (name: string) =>
+      item(panel, 'sbx-magics').querySelector(`.jp-TaiSandbox-field[data-field="${name}"]`)!.textContent;
+    expect(field('%sandbox name')).toBe('%sandbox name: train set');
+    expect(field('notebook')).toBe('notebook: work/a b.ipynb');
+    expect(field('consumer')).toBe('consumer: user:me/magics:…');
+    expect(item(panel, 'sbx-plain').querySelector('.jp-TaiSandbox-field[data-field="notebook"]')).toBeNull();
+  });
+
   it("runs a row's Terminal, Files and Destroy without folding or unfolding it", async () => {
     const { panel, calls } = await panelOn(LOCAL);
     const li = item(panel, 'sbx-magics');

@@ -176,6 +176,10 @@ def test_a_magics_session_lists_and_shows_by_its_name_and_notebook(lab_process: 
         expect(item.locator(".jp-TaiSandbox-magicsBadge")).to_have_text("%sandbox")
         expect(item.locator(".jp-TaiSandbox-sessionRow")).to_have_attribute("title", re.compile(session["id"]))
         shot(page, "panel-magics-session-named")
+        item.locator(".jp-TaiSandbox-sessionLabel").click()
+        expect(item.locator('.jp-TaiSandbox-field[data-field="%sandbox name"]')).to_have_text("%sandbox name: train")
+        expect(item.locator('.jp-TaiSandbox-field[data-field="notebook"]')).to_have_text(f"notebook: {notebook}")
+        shot(page, "panel-magics-session-details")
     finally:
         client.stop_channels()
         _jupyter_api(lab, "DELETE", f"sessions/{started['id']}")
