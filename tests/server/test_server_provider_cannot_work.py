@@ -101,3 +101,17 @@ class TestWorkingProvider:
         status, body = await call(jp_fetch, "status")
         assert status == 200 and body["kind"] == "docker", body
         assert await sandbox_app(jp_serverapp).report_provider_problem(attempts=1) is None
+
+
+class TestEngineUnreachable:
+    @pytest.fixture
+    def jp_server_config(self, tmp_path):
+        return server_config("docker", tmp_path / "sandboxes",
+                             DockerSandbox={"base_url": "unix:///tmp/no-engine-here.sock", "engine_timeout_seconds": 2.0})
+
+    async def test_a_create_and_the_start_log_say_the_engine_cannot_be_reached(self, jp_fetch, jp_serverapp):
+        status, created = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60})
+        assert status == 503 and created["error"] == "SandboxUnavailableError", created
+        assert "no-engine-here.sock" in created["message"], created
+        problem = await sandbox_app(jp_serverapp).report_provider_problem(attempts=1)
+        assert problem is not None and "no-engine-here.sock" in problem
