@@ -448,22 +448,17 @@ class SandboxApp(ExtensionApp):
             # a previous server's live commands, where the sessions hold them (a session agent does)
             self.execs.start_adopting(self._deployment_sessions)
 
-    async def report_provider_problem(self, attempts: int = 2) -> str | None:
+    async def report_provider_problem(self) -> str | None:
         """At the server's start: ask the provider whether a session could start (its engine answers, the
         session agent and the image are there) and log why not, with the fix, at once rather than at the
         first create. Returns the problem, or None."""
         sandbox = self.sandbox
-        problem = None
-        for attempt in range(attempts):
-            if attempt:
-                await asyncio.sleep(2)  # a first ping may lose to the engine client's own start
-            try:
-                await sandbox.check_available()
-                return None
-            except SandboxError as e:
-                problem = str(e)
-        self.log.error("jupyter_tai_sandbox: the %s provider cannot create sessions: %s", sandbox.kind, problem)
-        return problem
+        try:
+            await sandbox.check_available()
+        except SandboxError as e:
+            self.log.error("jupyter_tai_sandbox: the %s provider cannot create sessions: %s", sandbox.kind, e)
+            return str(e)
+        return None
 
     async def _deployment_sessions(self) -> list[SandboxSession]:
         """Every live session of this server's deployment, found a few at a time."""

@@ -115,3 +115,11 @@ def test_the_panel_shows_why_a_docker_provider_cannot_start_a_session(lab_proces
     expect(panel.locator(".jp-TaiSandbox-new")).to_have_attribute("aria-disabled", "true")
     assert "Internal Server Error" not in status.inner_text()
     shot(page, "provider-image-missing")
+    # the server said it at its start, with the fix, before anyone asked
+    logged = ""
+    for _ in range(50):
+        logged = lab.log.read_text(errors="replace")
+        if "cannot create sessions" in logged:
+            break
+        time.sleep(0.1)
+    assert "the docker provider cannot create sessions" in logged and missing in logged, lab_process.log_tail()

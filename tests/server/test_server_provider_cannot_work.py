@@ -63,7 +63,7 @@ class TestAgentBinaryMissing:
         seen: list[logging.LogRecord] = []
         keep = _logged(app, seen)
         try:
-            problem = await app.report_provider_problem(attempts=1)
+            problem = await app.report_provider_problem()
         finally:
             app.log.removeHandler(keep)
         assert problem is not None and "python -m jupyter_tai_sandbox.agent" in problem
@@ -88,7 +88,7 @@ class TestConfiguredImageMissing:
         assert created["error"] == "SandboxUnavailableError"
         assert MISSING_IMAGE in created["message"] and "DockerSandbox.image" in created["message"], created
 
-        problem = await sandbox_app(jp_serverapp).report_provider_problem(attempts=1)
+        problem = await sandbox_app(jp_serverapp).report_provider_problem()
         assert problem is not None and MISSING_IMAGE in problem
 
 
@@ -100,7 +100,7 @@ class TestWorkingProvider:
     async def test_a_provider_that_can_work_reports_no_problem(self, jp_fetch, jp_serverapp):
         status, body = await call(jp_fetch, "status")
         assert status == 200 and body["kind"] == "docker", body
-        assert await sandbox_app(jp_serverapp).report_provider_problem(attempts=1) is None
+        assert await sandbox_app(jp_serverapp).report_provider_problem() is None
 
 
 class TestEngineUnreachable:
@@ -113,5 +113,5 @@ class TestEngineUnreachable:
         status, created = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60})
         assert status == 503 and created["error"] == "SandboxUnavailableError", created
         assert "no-engine-here.sock" in created["message"], created
-        problem = await sandbox_app(jp_serverapp).report_provider_problem(attempts=1)
+        problem = await sandbox_app(jp_serverapp).report_provider_problem()
         assert problem is not None and "no-engine-here.sock" in problem
