@@ -379,7 +379,7 @@ class SandboxApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.stop_cleanly_on_sigint(serverapp)
         self.start_reaper()
-        if self.sandbox is not None:
+        if self.sandbox is not None and self._checked_at_start(self.sandbox.provider):
             self._provider_check = asyncio.ensure_future(self.report_provider_problem())
         self.export_server_env(serverapp)
         from . import mcp_door
@@ -447,6 +447,14 @@ class SandboxApp(ExtensionApp):
             self._reaper = asyncio.create_task(self._reap_forever())
             # a previous server's live commands, where the sessions hold them (a session agent does)
             self.execs.start_adopting(self._deployment_sessions)
+
+    @staticmethod
+    def _checked_at_start(provider: Sandbox) -> bool:
+        """Whether the start asks the provider: a container provider answers with a ping and an image look-up;
+        a vm one would boot a guest to probe KVM, which its status route starts when someone asks."""
+        from .providers.container.sandbox import ContainerSandbox
+
+        return isinstance(provider, ContainerSandbox)
 
     async def report_provider_problem(self) -> str | None:
         """At the server's start: ask the provider whether a session could start (its engine answers, the
