@@ -447,11 +447,15 @@ func victimFirst(pid int) {
 	_ = syscall.Close(fd)
 }
 
-// oomKills is the count of processes the kernel's OOM killer has killed in the agent's memory cgroup (the
-// session's, under a cgroup namespace: a container's): cgroup v2's memory.events, else v1's
-// memory.oom_control; -1 where neither is readable (no memory controller, or a kernel without the count).
+// oomCountFiles hold the session's OOM kill count (a line "oom_kill N"): its memory cgroup's, a container's own
+// under its cgroup namespace (v2, else v1). A microVM's agent reads the guest kernel's /proc/vmstat instead: the
+// whole guest is the session there (never in a container, where /proc/vmstat counts the host's).
+var oomCountFiles = []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"}
+
+// oomKills is the count of processes the kernel's OOM killer has killed in the session (oomCountFiles, the first
+// readable); -1 where none is readable (no memory controller, or a kernel without the count).
 func oomKills() int64 {
-	for _, path := range []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"} {
+	for _, path := range oomCountFiles {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			continue
