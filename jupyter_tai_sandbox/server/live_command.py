@@ -43,6 +43,8 @@ from .ticket import Ticket
 
 #: the websocket's binary frame prefix per stream
 STREAM_IDS = {"stdout": 1, "stderr": 2}
+#: kill reasons a reader is told instead of the kill's status: the session went, the server is stopping
+_SAID_OVER_THE_STATUS = frozenset({"SandboxSessionGoneError", "SandboxUnavailableError"})
 #: longest a command's end waits to learn whether its session went
 GONE_WAIT_SECONDS = 8.0
 #: the ends this server gives a command itself (a kill's reason): never a session's going
@@ -198,8 +200,8 @@ class LiveCommand:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.handle.kill())
-        if self.error is not None and self.error.get("error") == "SandboxSessionGoneError":
-            self.exit_code = None  # stopped because its session went: that, not the kill's status
+        if self.error is not None and self.error.get("error") in _SAID_OVER_THE_STATUS:
+            self.exit_code = None  # stopped because its session or the server went: that, not the kill's 137
         elif self._may_be_gone():
             # the transport's error (a reset connection) or a kill's status would read like a crash
             with contextlib.suppress(Exception):

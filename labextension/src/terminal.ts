@@ -197,12 +197,12 @@ export class SandboxTerminal extends Widget {
     this.title.caption = `Terminal in sandbox session ${this.sessionId} (${argv.join(' ')})`;
     this._end = null;
     this._setExecId(null);
-    this._term.reset();
     this._setPhase('connecting', 'Connecting…');
     const timeoutSeconds = await this._deadline();
     if (timeoutSeconds === null || this.isDisposed) {
-      return;
+      return; // the session is gone: the last shell's screen stays, with the tab's message under it
     }
+    this._term.reset();
     this._connect({
       argv,
       timeoutSeconds,
@@ -238,6 +238,24 @@ export class SandboxTerminal extends Widget {
       }
     }
     return terminalTimeout(secondsLeft, await status);
+  }
+
+  /** True (and the tab says why) when the session answers 404: reaped, destroyed, or unknown. */
+  private async _sessionIsGone(): Promise<boolean> {
+    try {
+      await this._options.client.getSession(this.sessionId);
+      return false;
+    } catch (error) {
+      if (error instanceof SandboxAPIError && error.status === 404) {
+        this._sessionGone(
+          error.error === SESSION_GONE
+            ? error.message
+            : `Session ${this.sessionId} is gone (destroyed or reaped): its command ${this._execId ?? ''} with it.`
+        );
+        return true;
+      }
+      return false; // the server may be restarting: the reattach tries
+    }
   }
 
   /** A restored tab: attach from offset 0 (repaint from the ring) when the command is still there. */
@@ -408,8 +426,9 @@ export class SandboxTerminal extends Widget {
         const delay = REATTACH_DELAYS[this._retries++];
         this._setPhase('lost', `Connection lost; reattaching to ${execId}…`);
         const offset = connection.offset;
-        this._retryTimer = window.setTimeout(() => {
-          if (!this.isDisposed) {
+        this._retryTimer = window.setTimeout(async () => {
+          // a session gone meanwhile refuses the socket before it opens (1006): ask the REST route why
+          if (!this.isDisposed && !(await this._sessionIsGone()) && !this.isDisposed) {
             this._attach(execId, offset);
           }
         }, delay);

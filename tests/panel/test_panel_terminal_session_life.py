@@ -123,3 +123,30 @@ def test_the_panel_shows_why_a_docker_provider_cannot_start_a_session(lab_proces
             break
         time.sleep(0.1)
     assert "the docker provider cannot create sessions" in logged and missing in logged, lab_process.log_tail()
+
+
+def test_a_terminal_whose_session_went_with_its_server_says_so(lab_process: LabProcess, page: Any) -> None:
+    """The server stops (its commands and the sessions it started with it): the tab says the server stopped, not
+    an exit status; back, "Start a new shell" says the session is gone, not "could not connect (code 1006)"."""
+    from playwright.sync_api import expect
+
+    lab = lab_process.start("local")
+    code, info = lab.api("POST", "sessions", {"ttl_seconds": 600})
+    assert code == 201, info
+    open_panel(page, lab)
+    terminal = open_terminal(page, info["id"])
+    state = terminal.locator(".jp-TaiSandbox-terminalState")
+    expect(terminal).to_have_attribute("data-phase", "running")
+    type_line(page, terminal, "echo alive-$((6*7))")
+    wait_for_text(terminal, "alive-42")
+
+    lab_process.stop()
+    expect(terminal).to_have_attribute("data-phase", "ended", timeout=30_000)
+    expect(state).to_contain_text("the server is stopping")
+    lab_process.start("local")
+    terminal.locator(".jp-TaiSandbox-stateAction").click()
+    expect(terminal).to_have_attribute("data-phase", "gone", timeout=30_000)
+    expect(state).to_contain_text(info["id"])
+    screen = terminal_text(terminal) + state.inner_text()
+    assert "1006" not in screen, screen
+    shot(page, "terminal-session-gone-with-its-server")
