@@ -44,7 +44,8 @@ async def test_a_vm_session_over_rest_runs_commands_and_files_and_is_deleted(jp_
     status, _ = await call(jp_fetch, "sessions", sid, method="DELETE")
     assert status == 204
     status, body = await call(jp_fetch, "sessions", sid)
-    assert status == 404 and body["error"] == "SandboxNotFoundError"
+    # its owner is told why (a SandboxNotFoundError's subclass: issue 48)
+    assert status == 404 and body["error"] == "SandboxSessionGoneError" and body["reason"] == "destroyed", body
 
 
 async def test_a_fork_over_rest_is_a_new_session_of_the_owner_within_the_quota(jp_fetch, jp_serverapp):
