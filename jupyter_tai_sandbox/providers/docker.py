@@ -100,6 +100,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     supports_limits = True
     pausable = True
     forkable = True
+    _pool_started = False
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -151,10 +152,11 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     async def _connect(self) -> None:
         if not self._engine.connected:
             await self._engine.connect()
+        if not self._image_chosen:
             await self._choose_default_image()
+        if not self._pool_started:  # once, even when a status ping connected the engine first
+            self._pool_started = True
             self._pool.fill_soon()
-        elif not self._image_chosen:
-            await self._choose_default_image()
 
     # ------------------------------------------------------------ containers
 

@@ -115,3 +115,32 @@ class TestEngineUnreachable:
         assert "no-engine-here.sock" in created["message"], created
         problem = await sandbox_app(jp_serverapp).report_provider_problem()
         assert problem is not None and "no-engine-here.sock" in problem
+
+
+def test_the_status_check_does_not_keep_the_warm_pool_from_filling():
+    """The start's and the status route's check connect the engine first: the pool still fills, so the first
+    create takes a warm container."""
+    import asyncio
+
+    from jupyter_tai_sandbox.contract import SessionSpec
+    from tests.support.server import make_provider
+
+    async def main():
+        sandbox = make_provider("docker", None, pool_size=1)
+        try:
+            await sandbox.check_available()  # connects the engine (a ping), as the server's start does
+            await sandbox.list()
+            for _ in range(300):
+                if sandbox._pool._ready:
+                    break
+                await asyncio.sleep(0.05)
+            assert sandbox._pool._ready, "the warm pool never filled"
+            session = await sandbox.create(SessionSpec())
+            try:
+                assert session.record is not None, "the first session was not taken from the pool"
+            finally:
+                await session.destroy()
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
