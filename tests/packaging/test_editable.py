@@ -12,8 +12,13 @@ import subprocess
 
 import pytest
 
-from tests.support.live_server import LiveServer
-from tests.support.packaging import clean_clone, docker_session_runs_a_command, fresh_venv, only_these_tools
+from tests.support.packaging import (
+    clean_clone,
+    fresh_venv,
+    installed_agent_binary,
+    only_these_tools,
+    serve_one_docker_session,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(90), pytest.mark.timeout(600)]
 
@@ -38,19 +43,6 @@ def test_an_editable_install_of_a_clean_clone_builds_the_agent_and_runs_docker_s
 
     path = only_these_tools(tmp_path / "tools", (), venv_bin)
     run_env = {"PATH": path, "HOME": str(tmp_path / "home")}
-    where = subprocess.run(
-        [str(venv_bin / "python"), "-c", "from jupyter_tai_sandbox.agent import agent_binary; print(agent_binary())"],
-        env=run_env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert where.stdout.strip() == str(bin_dir / "tai-agent-linux-amd64"), where  # the checkout's, built in place
-
-    server = LiveServer(
-        tmp_path, python=str(venv_bin / "python"), keep_sandbox_env=True, env=run_env,
-        args=("--SandboxApp.provider=docker",),
-    )  # fmt: skip
-    server.env = {k: v for k, v in server.env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GO", "NODE"))}
-    server.start(wait=120)
-    try:
-        docker_session_runs_a_command(server)
-    finally:
-        server.stop()
+    # the checkout's binary, built in place
+    assert installed_agent_binary(venv_bin, run_env, tmp_path) == str(bin_dir / "tai-agent-linux-amd64")
+    serve_one_docker_session(tmp_path, venv_bin, run_env)

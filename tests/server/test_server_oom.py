@@ -15,8 +15,9 @@ from tests.support.server import call, read_all, server_config
 pytestmark = pytest.mark.docker
 
 LIMIT_MB = 32
-#: a shell holding ~200 MB in a variable: past a 32 MiB limit (no swap: memswap_limit is the same)
-HOG = ["sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived"]
+#: one process that grows past a 32 MiB limit (no swap: memswap_limit is the same) until the OOM killer takes
+#: it (a pipeline's smaller member could be taken first, leaving the shell to go on)
+HOG = ["sh", "-c", "x=a; while :; do x=$x$x; done; echo survived"]
 REASON = f"killed: out of memory (the session's limit is {LIMIT_MB} MiB)"
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support import REPO
 from tests.support.docker import in_ci
+from tests.support.live_server import LiveServer
 
 
 def clean_clone(dest: Path) -> Path:
@@ -53,7 +54,33 @@ def without_go(path: str) -> str:
     return os.pathsep.join(d for d in path.split(os.pathsep) if d and not os.path.exists(os.path.join(d, "go")))
 
 
-def docker_session_runs_a_command(server) -> None:
+def installed_agent_binary(venv_bin: Path, env: dict[str, str], cwd: Path) -> str:
+    """Where the venv's package finds its agent binary (run by the venv's own Python, under ``env``)."""
+    where = subprocess.run(
+        [str(venv_bin / "python"), "-c", "from jupyter_tai_sandbox.agent import agent_binary; print(agent_binary())"],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert where.returncode == 0, where
+    return where.stdout.strip()
+
+
+def serve_one_docker_session(tmp_path: Path, venv_bin: Path, env: dict[str, str], *args: str) -> LiveServer:
+    """A server of the venv's package, on the docker provider and under ``env`` only (no Python, Go or Node.js
+    variables of this process), runs one session (:func:`docker_session_runs_a_command`); stopped after."""
+    server = LiveServer(
+        tmp_path, python=str(venv_bin / "python"), keep_sandbox_env=True, env=env,
+        args=("--SandboxApp.provider=docker", *args),
+    )  # fmt: skip
+    server.env = {k: v for k, v in server.env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GO", "NODE"))}
+    server.start(wait=120)
+    try:
+        docker_session_runs_a_command(server)
+    finally:
+        server.stop()
+    return server
+
+
+def docker_session_runs_a_command(server: LiveServer) -> None:
     """Over ``server``'s REST API (a LiveServer): the provider is docker and ready, a session is created, runs
     a command whose output comes back, and is destroyed."""
     status, body = server.call("GET", "status")
