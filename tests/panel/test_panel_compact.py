@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -16,7 +17,17 @@ from typing import Any
 
 import pytest
 
-from tests.support.lab import BROWSER_MARKS, Lab, LabProcess, open_panel, shot, wait_for_notification
+from tests.support.lab import (
+    BROWSER_MARKS,
+    Lab,
+    LabProcess,
+    open_panel,
+    open_terminal,
+    shot,
+    type_line,
+    wait_for_notification,
+    wait_for_text,
+)
 from tests.support.live_server import wait_for_connection_file
 
 pytestmark = [*BROWSER_MARKS, pytest.mark.slow(60)]
@@ -180,6 +191,14 @@ def test_a_magics_session_lists_and_shows_by_its_name_and_notebook(lab_process: 
         expect(item.locator('.jp-TaiSandbox-field[data-field="%sandbox name"]')).to_have_text("%sandbox name: train")
         expect(item.locator('.jp-TaiSandbox-field[data-field="notebook"]')).to_have_text(f"notebook: {notebook}")
         shot(page, "panel-magics-session-details")
+
+        # its Terminal opens, though it lives the magics' 8 h, past the operator's longest command
+        assert session["expires_at"] - time.time() > status["policy"]["max_timeout_seconds"], (session, status)
+        terminal = open_terminal(page, session["id"])
+        expect(terminal).to_have_attribute("data-phase", "running")
+        type_line(page, terminal, "echo magics-terminal-$((6*7))")
+        wait_for_text(terminal, "magics-terminal-42")
+        shot(page, "panel-magics-session-terminal")
     finally:
         client.stop_channels()
         _jupyter_api(lab, "DELETE", f"sessions/{started['id']}")

@@ -15,6 +15,7 @@ from tests.support.lab import (
     BROWSER_MARKS,
     LabProcess,
     open_panel,
+    open_terminal,
     shot,
     terminal_text,
     type_line,
@@ -25,12 +26,6 @@ pytestmark = [*BROWSER_MARKS, pytest.mark.slow(60)]
 
 #: the magics' default TTL (jupyter_tai_sandbox/magics/options.py DEFAULT_TTL), over the 6 h command maximum
 MAGICS_TTL = 8 * 3600
-
-
-def open_terminal(page: Any, session_id: str) -> Any:
-    """The panel's Terminal action (the command its button runs) on ``session_id``; the tab's locator."""
-    page.evaluate("id => window.jupyterapp.commands.execute('tai-sandbox:open-terminal', { id })", session_id)
-    return page.locator(f'.jp-TaiSandbox-terminal[data-session-id="{session_id}"]')
 
 
 def test_the_terminal_opens_on_a_session_living_longer_than_the_longest_command(lab_process: LabProcess,

@@ -348,6 +348,12 @@ def open_new_session_dialog(page: Any, panel: Any) -> Any:
     return dialog
 
 
+def open_terminal(page: Any, session_id: str) -> Any:
+    """The panel's Terminal action (the command its button runs) on ``session_id``; the tab's locator."""
+    page.evaluate("id => window.jupyterapp.commands.execute('tai-sandbox:open-terminal', { id })", session_id)
+    return page.locator(f'.jp-TaiSandbox-terminal[data-session-id="{session_id}"]')
+
+
 def terminal_text(terminal: Any) -> str:
     return terminal.locator(".xterm-rows").inner_text()
 
