@@ -5,7 +5,10 @@ Shared by several::
 
     _common               session ids, deadline and output errors, path confinement, the provider metaclass
     _provider_settings    the deployment scope, cpu and memory limits, session networks' names and range
-    _docker_names         labels, prefixes and paths on an engine
+    docker_engine/        the Docker Engine API adapter (docker, swarm and vm): DockerEngine, every engine
+                          call in bounded worker threads; its calls by what they touch (calls, volumes,
+                          networks, execs, images); stream (an exec's attached stream over asyncio),
+                          archive (tar archives in and out), names (labels, prefixes and paths on an engine)
     _docker_networks      owner bridges: their subnets, locks and host firewall (docker and vm)
     container/            the container base: the engine-neutral session, commands and files over the
                           session agent, and ContainerSandbox (docker and swarm; vm uses its session)
@@ -21,10 +24,6 @@ local (``local``: host subprocesses, no isolation)::
 
 docker (``docker``: a container per session on a Docker engine)::
 
-    docker_engine         DockerEngine: every engine call in bounded worker threads
-    _docker_engine_*      its calls by what they touch: calls (the base), volumes, networks, execs, images
-    _docker_stream        an exec's attached stream over asyncio (the engine's hijacked HTTP)
-    _docker_archive       tar archives in and out (small files of the provider's own)
     _docker_agent         the session agent: its read-only volume, its place as PID 1, its channel
     _docker_containers    a spec's container (limits, disk ceiling, capabilities, workspace) and its start
     _docker_disk          the disk ceiling: tmpfs workspace and scratch

@@ -27,10 +27,10 @@ from ..agent import AgentBinaryMissing, AgentClient, agent_binary
 from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..agent.transport import open_docker_api, open_docker_streams
 from ..contract import SandboxError, SandboxUnavailableError
-from ._docker_names import LABEL, WORKSPACE
-from ._docker_stream import start_exec
 from .container import CommandRegistry, ContainerSite
 from .docker_engine import DockerEngine
+from .docker_engine.names import LABEL, WORKSPACE
+from .docker_engine.stream import start_exec
 
 #: on an agent volume: the agent build it holds (the first 12 hex digits of its tar's sha256)
 LABEL_AGENT_BUILD = f"{LABEL}.agent-build"

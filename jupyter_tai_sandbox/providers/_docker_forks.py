@@ -18,8 +18,8 @@ import time
 from collections.abc import AsyncIterator, Collection, Mapping
 
 from ..contract import SandboxError
-from ._docker_names import LABEL_FORK
 from .docker_engine import DockerEngine
+from .docker_engine.names import LABEL_FORK
 
 FORK_REPOSITORY = "tai-sbx-fork"
 #: a fork image this young may belong to a fork under way (committed, its container not made yet)

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..contract import SandboxCapacityError, SandboxError, SandboxUnavailableError
-from ._docker_names import LABEL_CREATED, LABEL_NETWORK
+from .docker_engine.names import LABEL_CREATED, LABEL_NETWORK
 
 if TYPE_CHECKING:
     from .docker_engine import DockerEngine

@@ -47,7 +47,8 @@ from traitlets.config import LoggingConfigurable
 
 from ..contract import SandboxError, SandboxNotFoundError, session_gone
 from ._common import new_session_id
-from ._docker_names import (
+from .docker_engine import DockerEngine
+from .docker_engine.names import (
     LABEL,
     LABEL_CREATED,
     LABEL_EXPIRES,
@@ -56,7 +57,6 @@ from ._docker_names import (
     LABEL_SESSION,
     RECORD_PREFIX,
 )
-from .docker_engine import DockerEngine
 
 #: a pooled container this close to its idle limit is not handed out (another reap may take it)
 HANDOUT_MARGIN_SECONDS = 60.0

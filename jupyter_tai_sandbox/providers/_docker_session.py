@@ -13,10 +13,17 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
-from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_FORK, LABEL_SESSION, LABEL_USER, WORKSPACE
 from .container import ContainerSession
 from .container.sandbox import spec_from_labels
 from .docker_engine import DockerEngine
+from .docker_engine.names import (
+    LABEL_CREATED,
+    LABEL_EXPIRES,
+    LABEL_FORK,
+    LABEL_SESSION,
+    LABEL_USER,
+    WORKSPACE,
+)
 
 
 async def container_usage(engine: DockerEngine, container: str, session_id: str,

@@ -12,7 +12,6 @@ from traitlets import Dict, Enum, Float, Integer, TraitError, Unicode, default, 
 from traitlets.config import LoggingConfigurable
 
 from ..contract import SandboxSpecRejectedError, SessionSpec
-from ._docker_names import DEPLOYMENT_ENV, Deployment, check_deployment, default_deployment
 from ._docker_networks import (
     DEFAULT_NETWORK_POOL,
     DEFAULT_NETWORK_PREFIX,
@@ -23,6 +22,7 @@ from ._docker_networks import (
     free_subnet,
     taken_subnets,
 )
+from .docker_engine.names import DEPLOYMENT_ENV, Deployment, check_deployment, default_deployment
 
 
 def rejected(message: str) -> SandboxSpecRejectedError:

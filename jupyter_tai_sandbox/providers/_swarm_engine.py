@@ -10,7 +10,7 @@ The swarm provider talks to two kinds of engines, both through this class:
 
 A ``tcp://`` engine with TLS client certificates gets them on the SDK's
 requests *and* on the exec streams the docker provider opens itself
-(``_docker_stream``), through :class:`TlsEngineAddress`.
+(``docker_engine.stream``), through :class:`TlsEngineAddress`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..contract import SandboxNotFoundError, SandboxUnavailableError
-from ._docker_stream import READ_SIZE, EngineAddress
 from .docker_engine import DEFAULT_TIMEOUT, DockerEngine, EngineRefusedError, docker_sdk
+from .docker_engine.stream import READ_SIZE, EngineAddress
 
 
 class TlsMaterial:

@@ -23,10 +23,10 @@ from ..contract import (
     SessionInfo,
 )
 from ._docker_agent import AgentVolumes
-from ._docker_names import LABEL, Deployment
 from ._docker_session import DockerSession
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from .container import ContainerSession, ContainerSite
+from .docker_engine.names import LABEL, Deployment
 
 #: on a service: the swarm provider made it; on a workspace record: the node that holds the volume
 LABEL_NODE = f"{LABEL}.node"

@@ -11,11 +11,11 @@ from ..agent.client import AGENT_DIR, AGENT_PATH
 from ..contract import SandboxError, SandboxUnavailableError, SessionSpec
 from ._docker_agent import AGENT_USER_CAPABILITIES
 from ._docker_disk import SCRATCH
-from ._docker_names import LABEL_OWNER, LABEL_SESSION, LABEL_USER, LABEL_WORKSPACE, WORKSPACE
 from ._swarm_engine import SwarmEngine
 from ._swarm_session import STARTING_STATES, NodeEngines, Placement, placement_of
 from .container.sandbox import ContainerSandbox, rejected
 from .docker_engine import docker_sdk
+from .docker_engine.names import LABEL_OWNER, LABEL_SESSION, LABEL_USER, LABEL_WORKSPACE, WORKSPACE
 
 #: how often a starting task is looked at
 POLL_SECONDS = 0.05

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..contract import SandboxNotFoundError, SandboxUnavailableError, SessionSpec
-from ._docker_names import LABEL_OWNER, LABEL_WORKSPACE, Deployment
 from ._swarm_engine import SwarmEngine
 from ._swarm_session import LABEL_NODE, record_name
+from .docker_engine.names import LABEL_OWNER, LABEL_WORKSPACE, Deployment
 
 
 class WorkspaceRecords:

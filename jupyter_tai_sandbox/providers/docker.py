@@ -26,7 +26,21 @@ from ._docker_agent import (
 )
 from ._docker_containers import ContainerStarts
 from ._docker_forks import ForkImages
-from ._docker_names import (
+from ._docker_networks import SessionBridges
+from ._docker_pool import PooledSession, PoolSettings, Ready, WarmPool
+from ._docker_pool_networks import PoolNetworks
+from ._docker_session import DockerSession, find_container, session_of
+from ._docker_ttl import TtlRecords, expiries, retimed
+from ._provider_settings import BridgeSettings
+from .container import KILL_LIMIT_SECONDS, CommandRegistry
+from .container.sandbox import (
+    ContainerSandbox,
+    user_checked,
+)
+from .docker_engine import (
+    DockerEngine,
+)
+from .docker_engine.names import (
     LABEL,
     LABEL_CONSUMER,
     LABEL_DEPLOYMENT,
@@ -44,20 +58,6 @@ from ._docker_names import (
     WORKSPACE,
     Deployment,
     is_session_id,
-)
-from ._docker_networks import SessionBridges
-from ._docker_pool import PooledSession, PoolSettings, Ready, WarmPool
-from ._docker_pool_networks import PoolNetworks
-from ._docker_session import DockerSession, find_container, session_of
-from ._docker_ttl import TtlRecords, expiries, retimed
-from ._provider_settings import BridgeSettings
-from .container import KILL_LIMIT_SECONDS, CommandRegistry
-from .container.sandbox import (
-    ContainerSandbox,
-    user_checked,
-)
-from .docker_engine import (
-    DockerEngine,
 )
 
 __all__ = [

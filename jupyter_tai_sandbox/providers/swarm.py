@@ -30,15 +30,6 @@ from ..contract import (
 )
 from ._common import new_session_id
 from ._docker_agent import agent_site
-from ._docker_names import (
-    LABEL_CREATED,
-    LABEL_EXPIRES,
-    LABEL_NETWORK,
-    LABEL_SESSION,
-    LABEL_USER,
-    WORKSPACE,
-    is_session_id,
-)
 from ._swarm_engine import SwarmEngine, TlsMaterial
 from ._swarm_session import (
     LABEL_NODE,
@@ -52,6 +43,15 @@ from ._swarm_workspaces import WorkspaceRecords
 from .container import CommandRegistry, ContainerSite
 from .container.sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
 from .docker_engine import EngineRefusedError
+from .docker_engine.names import (
+    LABEL_CREATED,
+    LABEL_EXPIRES,
+    LABEL_NETWORK,
+    LABEL_SESSION,
+    LABEL_USER,
+    WORKSPACE,
+    is_session_id,
+)
 
 __all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
 

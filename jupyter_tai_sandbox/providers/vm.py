@@ -45,7 +45,6 @@ from ..vm.qemu import BOOT_TIMEOUT, QEMU, TCG_CPU, VmError, qemu_argv
 from ..vm.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
 from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from ._common import ProviderMeta, new_session_id
-from ._docker_names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
 from ._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
 from ._vm_control import copy_argv, qmp, run_loaded, save
 from ._vm_machines import PORTS, Machines
@@ -54,6 +53,7 @@ from .container import CommandRegistry
 from .container.sandbox import spec_from_labels
 from .container.session import ContainerSession, ContainerSite
 from .docker_engine import DockerEngine, MissingImageError
+from .docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
 
 #: the image name of the package's own guest (busybox, nothing else): a session of no image runs it
 VM_IMAGE = "jupyter-tai-sandbox/vm-guest"

@@ -283,7 +283,7 @@ def _remove_deployment(deployment: str) -> None:
 
     client = docker.from_env(version="auto", timeout=30)
     try:
-        from jupyter_tai_sandbox.providers._docker_names import LABEL_DEPLOYMENT
+        from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_DEPLOYMENT
 
         for volume in client.volumes.list(filters={"label": f"{LABEL_DEPLOYMENT}={deployment}"}):
             with contextlib.suppress(Exception):

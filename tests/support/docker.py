@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from jupyter_tai_sandbox.image import DEFAULT_IMAGE, PYTHON_IMAGE, build_minimal_image
-from jupyter_tai_sandbox.providers._docker_names import LABEL_FORK
 from jupyter_tai_sandbox.providers._docker_networks import BRIDGE_PREFIX, CHAIN_PREFIX
 from jupyter_tai_sandbox.providers.docker import LABEL
+from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_FORK
 from tests.support import PART, RUN_ID, RUN_PREFIX
 
 TEST_IMAGE = os.environ.get("TAI_SANDBOX_TEST_IMAGE", DEFAULT_IMAGE)

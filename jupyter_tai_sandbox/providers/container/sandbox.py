@@ -34,7 +34,9 @@ from ...contract import (
 from ...image import DEFAULT_IMAGE, PYTHON_IMAGE
 from ...spool import DEFAULT_MEMORY_LIMIT
 from .._common import ProviderMeta
-from .._docker_names import (
+from .._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected
+from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
+from ..docker_engine.names import (
     LABEL_AGENT,
     LABEL_OWNER,
     LABEL_SPEC,
@@ -42,8 +44,6 @@ from .._docker_names import (
     LABEL_WORKSPACE,
     session_labels,
 )
-from .._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected
-from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
 
 if TYPE_CHECKING:
     from .session import ContainerSession

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_tai_sandbox.providers._docker_names import LABEL_DEPLOYMENT
+from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_DEPLOYMENT
 from jupyter_tai_sandbox.providers.vm import VmSandbox
 from jupyter_tai_sandbox.testing import SandboxConformance
 from tests.support import RUN_PREFIX

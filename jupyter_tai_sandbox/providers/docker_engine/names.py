@@ -16,7 +16,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..contract import SessionSpec
+from ...contract import SessionSpec
 
 WORKSPACE = "/workspace"
 LABEL = "jupyter-tai-sandbox"

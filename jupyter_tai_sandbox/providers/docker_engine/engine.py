@@ -7,18 +7,18 @@ provider (and a future swarm provider, with one engine object per node) say
 
 It is one class composed of mixins, one module a family of calls (no module imports one above it):
 
-``_docker_engine_calls``     :class:`EngineCalls`: the SDK client and its worker threads, error
-                             translation, the deployment scope, a bound on every call
-``_docker_engine_volumes``   :class:`EngineVolumes`: volumes, the deployment's and engine-wide shared ones
-``_docker_engine_networks``  :class:`EngineNetworks`: networks
-``_docker_engine_execs``     :class:`EngineExecs`: execs, the session agent's connection, the path stat,
-                             small archives in and out
-``_docker_engine_images``    :class:`EngineImages`: a container committed, the deployment's images, a
-                             folder copied between containers (a fork's)
-``docker_engine``            :class:`DockerEngine`: those composed, with the calls on containers
-                             (create-and-start, list, stats, rename, remove) (this module)
+``calls``     :class:`EngineCalls`: the SDK client and its worker threads, error
+              translation, the deployment scope, a bound on every call
+``volumes``   :class:`EngineVolumes`: volumes, the deployment's and engine-wide shared ones
+``networks``  :class:`EngineNetworks`: networks
+``execs``     :class:`EngineExecs`: execs, the session agent's connection, the path stat,
+              small archives in and out
+``images``    :class:`EngineImages`: a container committed, the deployment's images, a
+              folder copied between containers (a fork's)
+``engine``    :class:`DockerEngine`: those composed, with the calls on containers
+              (create-and-start, list, stats, rename, remove) (this module)
 
-The names other modules import stay importable from here.
+The names other modules import stay importable from the package (``docker_engine``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..contract import SandboxUnavailableError
-from ._docker_engine_calls import (
+from ...contract import SandboxUnavailableError
+from .calls import (
     DEFAULT_SLOW_TIMEOUT,
     DEFAULT_TIMEOUT,
     WORKERS,
@@ -41,11 +41,11 @@ from ._docker_engine_calls import (
     docker_sdk,
     readable,
 )
-from ._docker_engine_execs import READ_FILE_LIMIT, RUN_OUTPUT_LIMIT, EngineExecs
-from ._docker_engine_images import EngineImages
-from ._docker_engine_networks import LEAVING_WAIT_SECONDS, EngineNetworks
-from ._docker_engine_volumes import EngineVolumes
-from ._docker_stream import EngineRefusal
+from .execs import READ_FILE_LIMIT, RUN_OUTPUT_LIMIT, EngineExecs
+from .images import EngineImages
+from .networks import LEAVING_WAIT_SECONDS, EngineNetworks
+from .stream import EngineRefusal
+from .volumes import EngineVolumes
 
 
 class DockerEngine(EngineExecs, EngineImages, EngineNetworks, EngineVolumes):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..contract import SandboxNotFoundError
-from ._docker_engine_calls import EngineCalls, EngineRefusedError
+from ...contract import SandboxNotFoundError
+from .calls import EngineCalls, EngineRefusedError
 
 T = TypeVar("T")
 

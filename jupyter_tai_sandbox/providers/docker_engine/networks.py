@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from ._docker_engine_calls import EngineCalls, EngineRefusedError, docker_sdk, readable
+from .calls import EngineCalls, EngineRefusedError, docker_sdk, readable
 
 #: how long a network's removal waits for the endpoints of containers just removed to go
 LEAVING_WAIT_SECONDS = 10.0  # 3 s was not enough for a loaded engine (an egress network left in two -n 4 runs)

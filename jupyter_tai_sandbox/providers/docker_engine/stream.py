@@ -19,7 +19,7 @@ import struct
 from collections.abc import AsyncIterator
 from urllib.parse import urlparse
 
-from ..contract import OutputStream, SandboxError, SandboxUnavailableError
+from ...contract import OutputStream, SandboxError, SandboxUnavailableError
 
 _FRAME = struct.Struct(">BxxxL")
 _STREAMS: dict[int, OutputStream] = {1: "stdout", 2: "stderr"}

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..contract import SandboxNotFoundError
-from ._docker_engine_calls import EngineCalls, EngineRefusedError, MissingImageError, docker_sdk, readable
+from ...contract import SandboxNotFoundError
+from .calls import EngineCalls, EngineRefusedError, MissingImageError, docker_sdk, readable
 
 
 def _age(created: Any, now: float) -> float:

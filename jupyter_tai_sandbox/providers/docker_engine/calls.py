@@ -19,8 +19,8 @@ It owns:
   so a frozen engine never keeps a caller (or, for long, a worker thread)
   waiting: the caller gets a SandboxUnavailableError instead.
 
-The families of calls are mixins of it (``_docker_engine_volumes``,
-``_docker_engine_networks``, ``_docker_engine_execs``); ``docker_engine``
+The families of calls are mixins of it (``volumes``,
+``networks``, ``execs``); ``engine``
 composes them, with the container calls, into :class:`DockerEngine`.
 """
 
@@ -34,15 +34,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..contract import (
+from ...contract import (
     SandboxError,
     SandboxNotFoundError,
     SandboxQuotaError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
 )
-from ..fair_share import FairShare
-from ._docker_stream import EngineAddress
+from ...fair_share import FairShare
+from .stream import EngineAddress
 
 T = TypeVar("T")
 

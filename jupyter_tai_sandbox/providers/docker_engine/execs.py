@@ -24,12 +24,12 @@ import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..agent.client import AGENT_PATH, AgentClient, AgentConnectionLost
-from ..agent.netns import NotReachableHere, tcp_socket
-from ..agent.transport import open_docker_streams, open_in_netns
-from ..contract import SandboxError, SandboxUnavailableError
-from ._docker_engine_calls import EngineCalls
-from ._docker_stream import EngineAddress, read_output, start_exec
+from ...agent.client import AGENT_PATH, AgentClient, AgentConnectionLost
+from ...agent.netns import NotReachableHere, tcp_socket
+from ...agent.transport import open_docker_streams, open_in_netns
+from ...contract import SandboxError, SandboxUnavailableError
+from .calls import EngineCalls
+from .stream import EngineAddress, read_output, start_exec
 
 #: the most :meth:`DockerEngine.read_file` reads of a container's file (a session may have written it)
 READ_FILE_LIMIT = 1 << 20
