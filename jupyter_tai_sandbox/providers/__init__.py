@@ -3,6 +3,8 @@
 
 Shared by several::
 
+    _shell_files          remove, move and make folders as shell commands in the session (any provider
+                          without file operations of its own; local's)
     _common               session ids, deadline and output errors, path confinement, the provider metaclass
     _provider_settings    the deployment scope, cpu and memory limits, session networks' names and range
     docker_engine/        the Docker Engine API adapter (docker, swarm and vm): DockerEngine, every engine
@@ -13,14 +15,13 @@ Shared by several::
     container/            the container base: the engine-neutral session, commands and files over the
                           session agent, and ContainerSandbox (docker and swarm; vm uses its session)
 
-local (``local``: host subprocesses, no isolation)::
+local/ (``local``: host subprocesses, no isolation)::
 
-    _posix                process groups, stops, terminals
-    _local_command        one command: its group, output, stdin and deadline; _local_pty on a terminal
-    _local_session        a session: its workspace, exec and file transfer; _local_paths its path errors
-    _local_tenancy        who owns a persistent workspace, and who holds it
-    _shell_files          remove, move and make folders as shell commands in the session
-    local                 LocalSandbox
+    sandbox               LocalSandbox
+    session               a session: its workspace, exec and file transfer; paths its path errors
+    command               one command: its group, output, stdin and deadline; pty on a terminal
+    posix                 process groups, stops, terminals
+    tenancy               who owns a persistent workspace, and who holds it
 
 docker (``docker``: a container per session on a Docker engine)::
 

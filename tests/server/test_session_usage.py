@@ -8,7 +8,7 @@ import time
 import pytest
 
 from jupyter_tai_sandbox.contract import USAGE_FIELDS, SessionSpec
-from jupyter_tai_sandbox.providers._local_session import disk_usage
+from jupyter_tai_sandbox.providers.local.session import disk_usage
 from tests.support.server import call, make_provider, server_config
 
 MiB = 1 << 20

@@ -7,7 +7,7 @@ session (created or adopted, never removed by a reap), a fresh directory under
 rejected. ``image`` is inert: recorded in info() and the session's sidecar file.
 
 Process groups: every command joins a fresh process group led by a small holder
-process (see :mod:`._posix`), so a stop never signals a group id since given to
+process (see :mod:`.posix`), so a stop never signals a group id since given to
 other processes. The command itself is not a group leader, so it may call setsid;
 every stop (deadline, kill, a failed or cancelled one-shot, a cancelled start, the
 teardown of interactive commands) still kills its own process, race-free, as well
@@ -30,9 +30,9 @@ The root is mode 0700 (made so, or tightened when it is this account's): workspa
 hold what other OS accounts must not read, such as a sandboxed kernel's connection
 file (its key).
 
-Modules: :mod:`._posix` (process primitives), :mod:`._local_command` and
-:mod:`._local_pty` (the command classes), :mod:`._local_session` (a session's exec
-and files), :mod:`._local_paths` (typed path errors), :mod:`._local_tenancy`
+Modules: :mod:`.posix` (process primitives), :mod:`.command` and
+:mod:`.pty` (the command classes), :mod:`.session` (a session's exec
+and files), :mod:`.paths` (typed path errors), :mod:`.tenancy`
 (owner records, key leases), this one (the provider: traits, sessions, sidecars,
 adoption, reaping).
 """
@@ -53,7 +53,7 @@ from jupyter_core.paths import jupyter_data_dir
 from traitlets import Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..contract import (
+from ...contract import (
     Sandbox,
     SandboxConflictError,
     SandboxError,
@@ -64,14 +64,14 @@ from ..contract import (
     SessionSpec,
     session_gone,
 )
-from ..spool import DEFAULT_MEMORY_LIMIT
-from ._common import ProviderMeta, new_session_id
-from ._local_command import LocalCommand
-from ._local_paths import private_folder
-from ._local_pty import LocalPtyCommand
-from ._local_session import LocalSession
-from ._local_tenancy import WorkspaceLease, claim_or_check_owner, forget_owner, read_owner
-from ._posix import kill_marked, process_identity
+from ...spool import DEFAULT_MEMORY_LIMIT
+from .._common import ProviderMeta, new_session_id
+from .command import LocalCommand
+from .paths import private_folder
+from .posix import kill_marked, process_identity
+from .pty import LocalPtyCommand
+from .session import LocalSession
+from .tenancy import WorkspaceLease, claim_or_check_owner, forget_owner, read_owner
 
 __all__ = ["LocalCommand", "LocalPtyCommand", "LocalSandbox", "LocalSession"]
 

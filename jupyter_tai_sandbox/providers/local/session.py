@@ -17,7 +17,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..contract import (
+from ...contract import (
     ExecHandle,
     ExecRequest,
     ExecResult,
@@ -30,14 +30,14 @@ from ..contract import (
     SessionSpec,
     usage_record,
 )
-from ._common import run_to_end, workspace_relative
-from ._local_command import LocalCommand
-from ._local_paths import NEW_FILE_MODE, check_name_lengths, path_errors
-from ._posix import SESSION_MARKER, reap_holder, spawn_group_holder
-from ._shell_files import ShellFileOps
+from .._common import run_to_end, workspace_relative
+from .._shell_files import ShellFileOps
+from .command import LocalCommand
+from .paths import NEW_FILE_MODE, check_name_lengths, path_errors
+from .posix import SESSION_MARKER, reap_holder, spawn_group_holder
 
 if TYPE_CHECKING:
-    from ._local_tenancy import WorkspaceLease
+    from .tenancy import WorkspaceLease
 
 
 class SessionHost(Protocol):

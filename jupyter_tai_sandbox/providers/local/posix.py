@@ -1,7 +1,7 @@
 """POSIX process primitives for sandbox-local: group holders, child-exit watching, stops, terminals.
 
 Nothing here knows about sessions or the exec contract; the command classes in
-:mod:`._local_command` and :mod:`._local_pty` build on these.
+:mod:`.command` and :mod:`.pty` build on these.
 
 Group holders: every command joins a fresh process group led by a small holder
 process (``true``, left unreaped: a zombie keeps its pid, and so the group id, out

@@ -1,9 +1,9 @@
 """LocalCommand: one host command of sandbox-local, its process group, output, stdin and deadline.
 
 The command runs as a direct child of the server in a fresh process group kept by
-a holder (:func:`._posix.spawn_group_holder`). Its pipes are read continuously into
+a holder (:func:`.posix.spawn_group_holder`). Its pipes are read continuously into
 an :class:`OutputSpool` whether or not anyone reads; its exit is watched by a
-:class:`._posix.ChildWatch`. The pty variant lives in :mod:`._local_pty`.
+:class:`.posix.ChildWatch`. The pty variant lives in :mod:`.pty`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..contract import (
+from ...contract import (
     DEFAULT_WINDOW,
     ExecHandle,
     ExitItem,
@@ -25,9 +25,9 @@ from ..contract import (
     SandboxError,
     SandboxExecTimeoutError,
 )
-from ..spool import OutputSpool
-from ._common import OUTPUT_GRACE_SECONDS, deadline_error, spill_overflow_error
-from ._posix import (
+from ...spool import OutputSpool
+from .._common import OUTPUT_GRACE_SECONDS, deadline_error, spill_overflow_error
+from .posix import (
     ChildWatch,
     exit_status,
     holder_unreaped,

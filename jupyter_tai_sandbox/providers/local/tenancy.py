@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..contract import SandboxConflictError, SandboxError, SandboxNotFoundError
+from ...contract import SandboxConflictError, SandboxError, SandboxNotFoundError
 
 
 def _open_lock(path: Path) -> int:

@@ -13,7 +13,7 @@ import errno
 import os
 from collections.abc import Iterator
 
-from ..contract import SandboxError, SandboxNotFoundError, SandboxPathError
+from ...contract import SandboxError, SandboxNotFoundError, SandboxPathError
 
 #: Longest file name and path Linux takes (NAME_MAX, PATH_MAX including the NUL).
 NAME_MAX = 255

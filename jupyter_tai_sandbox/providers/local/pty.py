@@ -8,9 +8,9 @@ import os
 import pty
 import subprocess
 
-from ..contract import DEFAULT_WINDOW, SandboxSpecRejectedError
-from ._local_command import LocalCommand, _PipeRelay
-from ._posix import ChildWatch, kill_session_but_leader, set_window, spawn_kwargs
+from ...contract import DEFAULT_WINDOW, SandboxSpecRejectedError
+from .command import LocalCommand, _PipeRelay
+from .posix import ChildWatch, kill_session_but_leader, set_window, spawn_kwargs
 
 # The pty holder leads a new session and takes the terminal as its controlling tty (its stdin
 # and stdout arrive as the control and status pipes, moved to fds 3 and 4: dash takes only
