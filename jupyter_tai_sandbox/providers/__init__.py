@@ -50,8 +50,8 @@ vm (``vm``: a QEMU microVM per session; the guest, its snapshots and root disks 
     _vm_networks          a session's seat on its owner's docker bridge, whose network namespace QEMU joins
     vm                    VmSandbox
 
-remote (``remote``: a session of another server running this extension)::
+remote/ (``remote``: a session of another server running this extension)::
 
-    _remote_exec          a command over that server's exec websocket
-    remote                RemoteSandbox
+    sandbox               RemoteSandbox
+    exec                  a command over that server's exec websocket
 """

@@ -14,7 +14,7 @@ user who is not the remote's admin may name) and come back as they were. ``kind`
 ``status_refresh_seconds`` (before that they admit everything; the remote decides).
 
 Commands: every command, one-shot or interactive, runs over the remote's exec
-websocket (:mod:`._remote_exec`), so stdin and output stream both ways and no
+websocket (:mod:`.exec`), so stdin and output stream both ways and no
 body holds a one-shot's stdin whole. A one-shot is thus an interactive command on
 the remote: when it ends, the remote releases its handle, which stops what the
 command left in its process group (on a remote ``local`` provider too).
@@ -38,8 +38,8 @@ from typing import Any
 from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..client import SandboxClient
-from ..contract import (
+from ...client import SandboxClient
+from ...contract import (
     ISOLATION_ORDER,
     NETWORK_ORDER,
     ExecHandle,
@@ -58,10 +58,10 @@ from ..contract import (
     SessionSpec,
     network_rank,
 )
-from ..labels import USER, is_under, kind_of, sub_label, user_label
-from ..spool import DEFAULT_MEMORY_LIMIT
-from ._common import ProviderMeta, run_to_end, workspace_relative
-from ._remote_exec import RemoteCommand
+from ...labels import USER, is_under, kind_of, sub_label, user_label
+from ...spool import DEFAULT_MEMORY_LIMIT
+from .._common import ProviderMeta, run_to_end, workspace_relative
+from .exec import RemoteCommand
 
 __all__ = ["RemoteCommand", "RemoteSandbox", "RemoteSession"]
 

@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from ..client import STDIN_FRAME_BYTES, RemoteExec, SandboxClient
-from ..contract import (
+from ...client import STDIN_FRAME_BYTES, RemoteExec, SandboxClient
+from ...contract import (
     ExecHandle,
     ExitItem,
     OutputChunk,
@@ -29,8 +29,8 @@ from ..contract import (
     SandboxExecTimeoutError,
     SandboxUnavailableError,
 )
-from ..spool import OutputSpool
-from ._common import KILLED_EXIT_CODE, spill_overflow_error
+from ...spool import OutputSpool
+from .._common import KILLED_EXIT_CODE, spill_overflow_error
 
 #: how long kill() waits for the remote's last message once the remote has stopped the command
 KILL_WAIT_SECONDS = 15.0
