@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -161,7 +162,11 @@ func (cl *client) next(id uint32, types ...byte) frame {
 			}
 			cl.held = append(cl.held, f)
 		case <-timeout:
-			cl.t.Fatalf("no frame %x for %d in 10 s (held %d others)", types, id, len(cl.held))
+			held := ""
+			for _, f := range cl.held {
+				held += fmt.Sprintf(" 0x%02x/%d %.80q", f.typ, f.id, f.payload)
+			}
+			cl.t.Fatalf("no frame %x for %d in 10 s; held:%s", types, id, held)
 		}
 	}
 }

@@ -16,3 +16,5 @@ func fmtSscanHex(s string, v *byte) (int, error) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+func itoa(n int) string { return fmt.Sprint(n) }
