@@ -29,8 +29,8 @@ from typing import Any
 
 from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
 from jupyter_tai_sandbox.image import DEFAULT_IMAGE
-from jupyter_tai_sandbox.providers._docker_containers import ContainerStarts
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
+from jupyter_tai_sandbox.providers.docker.containers import ContainerStarts
 
 LABEL = {"jupyter-tai-sandbox.bench": "networks"}
 POOL = "10.217.0.0/16"

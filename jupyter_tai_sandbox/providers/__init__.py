@@ -12,6 +12,10 @@ Shared by several::
                           networks, execs, images); stream (an exec's attached stream over asyncio),
                           archive (tar archives in and out), names (labels, prefixes and paths on an engine)
     _docker_networks      owner bridges: their subnets, locks and host firewall (docker and vm)
+    _docker_agent         the session agent on an engine: its read-only volume, its place as PID 1, its channel
+                          (docker and swarm)
+    _docker_disk          the disk ceiling: tmpfs workspace and scratch (docker and swarm)
+    _docker_session       DockerSession, and how a session's container is found (docker and swarm)
     container/            the container base: the engine-neutral session, commands and files over the
                           session agent, and ContainerSandbox (docker and swarm; vm uses its session)
 
@@ -23,17 +27,14 @@ local/ (``local``: host subprocesses, no isolation)::
     posix                 process groups, stops, terminals
     tenancy               who owns a persistent workspace, and who holds it
 
-docker (``docker``: a container per session on a Docker engine)::
+docker/ (``docker``: a container per session on a Docker engine)::
 
-    _docker_agent         the session agent: its read-only volume, its place as PID 1, its channel
-    _docker_containers    a spec's container (limits, disk ceiling, capabilities, workspace) and its start
-    _docker_disk          the disk ceiling: tmpfs workspace and scratch
-    _docker_session       DockerSession, and how a session's container is found
-    _docker_ttl           a session's moved end, as a record volume (labels cannot change)
-    _docker_forks         a fork's frozen source, its committed image, and those images' removal
-    _docker_pool          the warm pool: its settings, pre-started containers and their session records
-    _docker_pool_networks where pooled containers wait, and a claim's move to the owner's network
-    docker                DockerSandbox
+    sandbox               DockerSandbox
+    containers            a spec's container (limits, disk ceiling, capabilities, workspace) and its start
+    ttl                   a session's moved end, as a record volume (labels cannot change)
+    forks                 a fork's frozen source, its committed image, and those images' removal
+    pool                  the warm pool: its settings, pre-started containers and their session records
+    pool_networks         where pooled containers wait, and a claim's move to the owner's network
 
 swarm (``swarm``: a one-replica service per session on a Docker Swarm)::
 

@@ -81,7 +81,7 @@ class DockerSession(ContainerSession):
                  extra_env: Mapping[str, str] | None = None, own_image: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._engine = engine
-        #: whether the session's container runs an image committed for it (a fork's, see _docker_forks)
+        #: whether the session's container runs an image committed for it (a fork's, see docker/forks)
         self.own_image = own_image
         #: the record volume of a session started in a pooled container (None otherwise)
         self._record = record

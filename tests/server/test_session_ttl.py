@@ -84,7 +84,8 @@ def test_docker_ttl_records_are_one_per_session_and_go_with_it(tmp_path, monkeyp
         other = await sandbox.create(SessionSpec(ttl_seconds=60))
         await other.set_expiry(created + 120)
         client.api.remove_container(other.container_id, force=True, v=True)
-        from jupyter_tai_sandbox.providers import _docker_networks, _docker_ttl
+        from jupyter_tai_sandbox.providers import _docker_networks
+        from jupyter_tai_sandbox.providers.docker import ttl as _docker_ttl
 
         # no grace for the stray record, nor for the network the removed container left (the reaper leaves
         # a young network to a server that may be about to join it: past the grace it would reclaim it)

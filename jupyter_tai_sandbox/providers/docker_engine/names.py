@@ -37,7 +37,7 @@ LABEL_SPEC = f"{LABEL}.spec"
 LABEL_WORKSPACE = f"{LABEL}.workspace"
 #: on an internal network: "internal"
 LABEL_NETWORK = f"{LABEL}.network"
-#: on a warm-pool container: the process that keeps it (see _docker_pool)
+#: on a warm-pool container: the process that keeps it (see docker/pool)
 LABEL_POOL = f"{LABEL}.pool"
 #: on a session record volume: the id of the pooled container the session runs in
 LABEL_RECORD = f"{LABEL}.record"
@@ -45,7 +45,7 @@ LABEL_RECORD = f"{LABEL}.record"
 LABEL_DEPLOYMENT = f"{LABEL}.deployment"
 #: on a TTL record volume: the id of the session whose end it moves (see DockerSandbox.set_expiry)
 LABEL_TTL = f"{LABEL}.ttl"
-#: on a fork's image (and so on its container): the id of the fork session it belongs to (see _docker_forks)
+#: on a fork's image (and so on its container): the id of the fork session it belongs to (see docker/forks)
 LABEL_FORK = f"{LABEL}.fork"
 RECORD_PREFIX = "tai-rec-"
 TTL_PREFIX = "tai-ttl-"

@@ -1,4 +1,4 @@
-"""Fork on the docker provider: files, not processes (see providers/_docker_forks.py and README's docker page;
+"""Fork on the docker provider: files, not processes (see providers/docker/forks.py and README's docker page;
 tests/support/docker.py for skip/fail rules)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from jupyter_tai_sandbox.contract import (
     SandboxUnsupportedError,
     SessionSpec,
 )
-from jupyter_tai_sandbox.providers._docker_forks import FORK_REPOSITORY
 from jupyter_tai_sandbox.providers.docker import LABEL_POOL, DockerSandbox
+from jupyter_tai_sandbox.providers.docker.forks import FORK_REPOSITORY
 from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(20)]

@@ -2,7 +2,7 @@
 
 A pooled container waits on the deployment's holding network (internal, no host address, no traffic
 between its containers: it reaches nothing), or, as an owner's spare, on that owner's egress network
-(see ``_docker_pool``). The claim of one from the holding network joins the owner's egress network,
+(see ``pool``). The claim of one from the holding network joins the owner's egress network,
 writes the session's record (:meth:`WarmPool.claim`), and leaves the holding network in the background.
 """
 
@@ -12,11 +12,11 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from ..contract import SandboxCapacityError, SandboxError, SandboxNotFoundError
-from ._docker_networks import NetworkLocks, SessionBridges
-from ._docker_pool import Ready, WarmPool
-from .container.command import in_background
-from .docker_engine import DockerEngine
+from ...contract import SandboxCapacityError, SandboxError, SandboxNotFoundError
+from .._docker_networks import NetworkLocks, SessionBridges
+from ..container.command import in_background
+from ..docker_engine import DockerEngine
+from .pool import Ready, WarmPool
 
 
 class PoolNetworks:

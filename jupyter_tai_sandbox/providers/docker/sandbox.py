@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..contract import (
+from ...contract import (
     SandboxError,
     SandboxNotFoundError,
     SandboxSession,
@@ -18,29 +18,24 @@ from ..contract import (
     SessionSpec,
     session_gone,
 )
-from ..image import PYTHON_IMAGE
-from ._common import new_session_id
-from ._docker_agent import (
+from ...image import PYTHON_IMAGE
+from .._common import new_session_id
+from .._docker_agent import (
     agent_site,
     checked_agent_binary,
 )
-from ._docker_containers import ContainerStarts
-from ._docker_forks import ForkImages
-from ._docker_networks import SessionBridges
-from ._docker_pool import PooledSession, PoolSettings, Ready, WarmPool
-from ._docker_pool_networks import PoolNetworks
-from ._docker_session import DockerSession, find_container, session_of
-from ._docker_ttl import TtlRecords, expiries, retimed
-from ._provider_settings import BridgeSettings
-from .container import KILL_LIMIT_SECONDS, CommandRegistry
-from .container.sandbox import (
+from .._docker_networks import SessionBridges
+from .._docker_session import DockerSession, find_container, session_of
+from .._provider_settings import BridgeSettings
+from ..container import KILL_LIMIT_SECONDS, CommandRegistry
+from ..container.sandbox import (
     ContainerSandbox,
     user_checked,
 )
-from .docker_engine import (
+from ..docker_engine import (
     DockerEngine,
 )
-from .docker_engine.names import (
+from ..docker_engine.names import (
     LABEL,
     LABEL_CONSUMER,
     LABEL_DEPLOYMENT,
@@ -59,6 +54,11 @@ from .docker_engine.names import (
     Deployment,
     is_session_id,
 )
+from .containers import ContainerStarts
+from .forks import ForkImages
+from .pool import PooledSession, PoolSettings, Ready, WarmPool
+from .pool_networks import PoolNetworks
+from .ttl import TtlRecords, expiries, retimed
 
 __all__ = [
     "KILL_LIMIT_SECONDS",
@@ -241,7 +241,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
                              user=labels.get(LABEL_USER, ""), own_image=own_image)
 
     async def _fork(self, source: DockerSession) -> DockerSession:  # type: ignore[override]
-        """A new session of the source's owner and spec holding its files now (see _docker_forks: the workspace,
+        """A new session of the source's owner and spec holding its files now (see forks: the workspace,
         and the root filesystem's changes where it is writable; not /tmp, memory or processes)."""
         spec = source.spec
         if spec.durability == "persistent":

@@ -17,9 +17,9 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Collection, Mapping
 
-from ..contract import SandboxError
-from .docker_engine import DockerEngine
-from .docker_engine.names import LABEL_FORK
+from ...contract import SandboxError
+from ..docker_engine import DockerEngine
+from ..docker_engine.names import LABEL_FORK
 
 FORK_REPOSITORY = "tai-sbx-fork"
 #: a fork image this young may belong to a fork under way (committed, its container not made yet)

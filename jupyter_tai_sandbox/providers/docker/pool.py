@@ -6,7 +6,7 @@ env) and named ``tai-<session id>`` for the session it will serve, but carries
 the pool label instead of a session's, so it is never listed as a session. It
 waits on the deployment's holding network (internal, reaching nothing), and a
 claim moves it to its session owner's egress network (see
-``PoolNetworks.claim`` in ``_docker_pool_networks``); or, as an owner's *spare*, on the egress
+``PoolNetworks.claim`` in ``pool_networks``); or, as an owner's *spare*, on the egress
 network of an owner who took from the pool lately, for that owner's next
 create only (no network to join at the claim: the create is one volume
 away from done). At most one spare per owner and ``size // 2`` in all wait
@@ -45,10 +45,10 @@ from typing import Any
 from traitlets import Float, Integer
 from traitlets.config import LoggingConfigurable
 
-from ..contract import SandboxError, SandboxNotFoundError, session_gone
-from ._common import new_session_id
-from .docker_engine import DockerEngine
-from .docker_engine.names import (
+from ...contract import SandboxError, SandboxNotFoundError, session_gone
+from .._common import new_session_id
+from ..docker_engine import DockerEngine
+from ..docker_engine.names import (
     LABEL,
     LABEL_CREATED,
     LABEL_EXPIRES,

@@ -17,9 +17,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..contract import SandboxNotFoundError
-from .docker_engine import DockerEngine, EngineRefusedError
-from .docker_engine.names import LABEL_EXPIRES, LABEL_TTL, TTL_PREFIX
+from ...contract import SandboxNotFoundError
+from ..docker_engine import DockerEngine, EngineRefusedError
+from ..docker_engine.names import LABEL_EXPIRES, LABEL_TTL, TTL_PREFIX
 
 #: a TTL record whose session is not found is removed by a reap once it is this old
 STRAY_TTL_GRACE_SECONDS = 60.0
