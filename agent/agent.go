@@ -224,12 +224,7 @@ func (cn *conn) serve() (peerEnded bool) {
 				cn.fail(0, "hello", "EPROTO", "the first frame must be HELLO")
 				return false
 			}
-			var h struct {
-				Version int     `json:"version"`
-				Nonce   string  `json:"nonce"`
-				Time    float64 `json:"time"`
-				Seed    string  `json:"seed"`
-			}
+			var h helloRequest
 			if json.Unmarshal(f.payload, &h) != nil || h.Version != ProtocolVersion {
 				cn.fail(0, "hello", "EPROTONOSUPPORT", fmt.Sprintf("agent speaks protocol %d", ProtocolVersion))
 				return false
@@ -257,6 +252,30 @@ func (cn *conn) serve() (peerEnded bool) {
 }
 
 const maxNonce = 64
+
+// The control payloads decoded in serve and handle (START's, CONNECT's and the file frames' have their own).
+type helloRequest struct {
+	Version int     `json:"version"`
+	Nonce   string  `json:"nonce"`
+	Time    float64 `json:"time"`
+	Seed    string  `json:"seed"`
+}
+
+type resizeRequest struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+type signalRequest struct {
+	Signal int  `json:"signal"`
+	Group  bool `json:"group"`
+}
+
+type attachRequest struct {
+	Stdout uint64 `json:"stdout"`
+	Stderr uint64 `json:"stderr"`
+	Window uint64 `json:"window"`
+}
 
 func isEOF(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
@@ -320,19 +339,13 @@ func (cn *conn) handle(f frame) error {
 	case tStdinClose:
 		c.closeStdin(cn)
 	case tResize:
-		var r struct {
-			Rows int `json:"rows"`
-			Cols int `json:"cols"`
-		}
+		var r resizeRequest
 		if err := decodeControl(f.payload, &r); err != nil {
 			return err
 		}
 		c.resize(cn, r.Rows, r.Cols)
 	case tSignal:
-		var s struct {
-			Signal int  `json:"signal"`
-			Group  bool `json:"group"`
-		}
+		var s signalRequest
 		if err := decodeControl(f.payload, &s); err != nil {
 			return err
 		}
@@ -342,11 +355,7 @@ func (cn *conn) handle(f frame) error {
 	case tCredit:
 		c.grant(cn, binary.BigEndian.Uint64(f.payload))
 	case tAttach:
-		var r struct {
-			Stdout uint64 `json:"stdout"`
-			Stderr uint64 `json:"stderr"`
-			Window uint64 `json:"window"`
-		}
+		var r attachRequest
 		if err := decodeControl(f.payload, &r); err != nil {
 			return err
 		}
