@@ -36,13 +36,13 @@ docker/ (``docker``: a container per session on a Docker engine)::
     pool                  the warm pool: its settings, pre-started containers and their session records
     pool_networks         where pooled containers wait, and a claim's move to the owner's network
 
-swarm (``swarm``: a one-replica service per session on a Docker Swarm)::
+swarm/ (``swarm``: a one-replica service per session on a Docker Swarm)::
 
-    _swarm_engine         SwarmEngine: a DockerEngine with TLS exec streams and the manager's API
-    _swarm_session        SwarmSession, the node engines (and their agent volumes), where a task runs
-    _swarm_tasks          a session's task template, and the watch for it to run on a node
-    _swarm_workspaces     where persistent workspaces live: one record per key on the manager
-    swarm                 SwarmSandbox
+    sandbox               SwarmSandbox
+    engine                SwarmEngine: a DockerEngine with TLS exec streams and the manager's API
+    session               SwarmSession, the node engines (and their agent volumes), where a task runs
+    tasks                 a session's task template, and the watch for it to run on a node
+    workspaces            where persistent workspaces live: one record per key on the manager
 
 vm (``vm``: a QEMU microVM per session; the guest, its snapshots and root disks are :mod:`jupyter_tai_sandbox.vm`)::
 

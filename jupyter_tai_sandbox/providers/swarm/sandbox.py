@@ -19,7 +19,7 @@ from typing import Any
 
 from traitlets import Float, List, Unicode
 
-from ..contract import (
+from ...contract import (
     SandboxConflictError,
     SandboxError,
     SandboxNotFoundError,
@@ -28,22 +28,12 @@ from ..contract import (
     SessionInfo,
     SessionSpec,
 )
-from ._common import new_session_id
-from ._docker_agent import agent_site
-from ._swarm_engine import SwarmEngine, TlsMaterial
-from ._swarm_session import (
-    LABEL_NODE,
-    STARTING_STATES,
-    NodeEngines,
-    Placement,
-    SwarmSession,
-)
-from ._swarm_tasks import TaskWatch, running, task_template
-from ._swarm_workspaces import WorkspaceRecords
-from .container import CommandRegistry, ContainerSite
-from .container.sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
-from .docker_engine import EngineRefusedError
-from .docker_engine.names import (
+from .._common import new_session_id
+from .._docker_agent import agent_site
+from ..container import CommandRegistry, ContainerSite
+from ..container.sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
+from ..docker_engine import EngineRefusedError
+from ..docker_engine.names import (
     LABEL_CREATED,
     LABEL_EXPIRES,
     LABEL_NETWORK,
@@ -52,6 +42,16 @@ from .docker_engine.names import (
     WORKSPACE,
     is_session_id,
 )
+from .engine import SwarmEngine, TlsMaterial
+from .session import (
+    LABEL_NODE,
+    STARTING_STATES,
+    NodeEngines,
+    Placement,
+    SwarmSession,
+)
+from .tasks import TaskWatch, running, task_template
+from .workspaces import WorkspaceRecords
 
 __all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
 

@@ -22,9 +22,9 @@ import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..contract import SandboxNotFoundError, SandboxUnavailableError
-from .docker_engine import DEFAULT_TIMEOUT, DockerEngine, EngineRefusedError, docker_sdk
-from .docker_engine.stream import READ_SIZE, EngineAddress
+from ...contract import SandboxNotFoundError, SandboxUnavailableError
+from ..docker_engine import DEFAULT_TIMEOUT, DockerEngine, EngineRefusedError, docker_sdk
+from ..docker_engine.stream import READ_SIZE, EngineAddress
 
 
 class TlsMaterial:

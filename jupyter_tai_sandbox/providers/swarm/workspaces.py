@@ -12,10 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..contract import SandboxNotFoundError, SandboxUnavailableError, SessionSpec
-from ._swarm_engine import SwarmEngine
-from ._swarm_session import LABEL_NODE, record_name
-from .docker_engine.names import LABEL_OWNER, LABEL_WORKSPACE, Deployment
+from ...contract import SandboxNotFoundError, SandboxUnavailableError, SessionSpec
+from ..docker_engine.names import LABEL_OWNER, LABEL_WORKSPACE, Deployment
+from .engine import SwarmEngine
+from .session import LABEL_NODE, record_name
 
 
 class WorkspaceRecords:

@@ -7,15 +7,15 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..agent.client import AGENT_DIR, AGENT_PATH
-from ..contract import SandboxError, SandboxUnavailableError, SessionSpec
-from ._docker_agent import AGENT_USER_CAPABILITIES
-from ._docker_disk import SCRATCH
-from ._swarm_engine import SwarmEngine
-from ._swarm_session import STARTING_STATES, NodeEngines, Placement, placement_of
-from .container.sandbox import ContainerSandbox, rejected
-from .docker_engine import docker_sdk
-from .docker_engine.names import LABEL_OWNER, LABEL_SESSION, LABEL_USER, LABEL_WORKSPACE, WORKSPACE
+from ...agent.client import AGENT_DIR, AGENT_PATH
+from ...contract import SandboxError, SandboxUnavailableError, SessionSpec
+from .._docker_agent import AGENT_USER_CAPABILITIES
+from .._docker_disk import SCRATCH
+from ..container.sandbox import ContainerSandbox, rejected
+from ..docker_engine import docker_sdk
+from ..docker_engine.names import LABEL_OWNER, LABEL_SESSION, LABEL_USER, LABEL_WORKSPACE, WORKSPACE
+from .engine import SwarmEngine
+from .session import STARTING_STATES, NodeEngines, Placement, placement_of
 
 #: how often a starting task is looked at
 POLL_SECONDS = 0.05

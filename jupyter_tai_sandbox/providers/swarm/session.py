@@ -3,7 +3,7 @@
 Commands and files go to the task container's agent exactly as the docker
 provider's do (:class:`~._docker_session.DockerSession`), over the engine of
 the node that runs the task; the session also knows its service and node. The
-:class:`NodeEngines` registry keeps one :class:`~._swarm_engine.SwarmEngine`
+:class:`NodeEngines` registry keeps one :class:`~.engine.SwarmEngine`
 (with its agent site and agent volumes) per node address.
 """
 
@@ -16,17 +16,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import (
+from ...contract import (
     SandboxError,
     SandboxNotFoundError,
     SandboxUnavailableError,
     SessionInfo,
 )
-from ._docker_agent import AgentVolumes
-from ._docker_session import DockerSession
-from ._swarm_engine import SwarmEngine, TlsMaterial
-from .container import ContainerSession, ContainerSite
-from .docker_engine.names import LABEL, Deployment
+from .._docker_agent import AgentVolumes
+from .._docker_session import DockerSession
+from ..container import ContainerSession, ContainerSite
+from ..docker_engine.names import LABEL, Deployment
+from .engine import SwarmEngine, TlsMaterial
 
 #: on a service: the swarm provider made it; on a workspace record: the node that holds the volume
 LABEL_NODE = f"{LABEL}.node"
