@@ -1,5 +1,5 @@
 """vm sessions on a network: each sits on its owner's bridge of the Docker engine through a seat (a container
-whose network namespace its QEMU runs in, see providers/_vm_networks.py), so an owner's internal sessions
+whose network namespace its QEMU runs in, see providers/vm/networks.py), so an owner's internal sessions
 reach each other and nothing else, egress routes out, and neither reaches the host. Real QEMU guests under TCG
 on the real engine; run as root (CI is)."""
 
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.providers._vm_networks import LABEL_SEAT, host_nameservers
 from jupyter_tai_sandbox.providers.vm import VmSandbox
+from jupyter_tai_sandbox.providers.vm.networks import LABEL_SEAT, host_nameservers
 from tests.support import DEPLOYMENT
 from tests.support.docker import docker_client, host_listener
 from tests.support.vm import missing, need_qemu

@@ -4,10 +4,10 @@ The guest (``jupyter_tai_sandbox.vm``: Debian's cloud kernel, an initramfs of th
 offline) boots under KVM, or under TCG (emulation) only when the operator asks for it: ``accel = "tcg"``
 runs a separate guest kernel, not a hardened boundary, and the provider says so. Commands, files and ports
 run on the container base's engine-neutral session over the agent's virtio-serial ports
-(``_vm_machines``); the machines live in folders on this host, so sessions outlive the server and any
+(``machines``); the machines live in folders on this host, so sessions outlive the server and any
 server of the deployment finds them. A session of a listed docker image runs its commands chrooted into
 that image's files (``vm.rootdisk``: a read-only disk per image id, a tmpfs overlay per session). A session
-on a network sits on its owner's bridge of the Docker engine, as a docker session does (``_vm_networks``).
+on a network sits on its owner's bridge of the Docker engine, as a docker session does (``networks``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from jupyter_core.paths import jupyter_data_dir
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, observe, validate
 
-from ..contract import (
+from ...contract import (
     ExecRequest,
     Sandbox,
     SandboxError,
@@ -39,21 +39,21 @@ from ..contract import (
     SessionSpec,
     session_gone,
 )
-from ..vm.guest import Guest, GuestBuildError, build_guest
-from ..vm.probe import TCG_NOTE, cached_probe, probe
-from ..vm.qemu import BOOT_TIMEOUT, QEMU, TCG_CPU, VmError, qemu_argv
-from ..vm.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
-from ..vm.snapshot import ensure_golden, qmp_args, restore, restore_args
-from ._common import ProviderMeta, new_session_id
-from ._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
-from ._vm_control import copy_argv, qmp, run_loaded, save
-from ._vm_machines import PORTS, Machines
-from ._vm_networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable
-from .container import CommandRegistry
-from .container.sandbox import spec_from_labels
-from .container.session import ContainerSession, ContainerSite
-from .docker_engine import DockerEngine, MissingImageError
-from .docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
+from ...vm.guest import Guest, GuestBuildError, build_guest
+from ...vm.probe import TCG_NOTE, cached_probe, probe
+from ...vm.qemu import BOOT_TIMEOUT, QEMU, TCG_CPU, VmError, qemu_argv
+from ...vm.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
+from ...vm.snapshot import ensure_golden, qmp_args, restore, restore_args
+from .._common import ProviderMeta, new_session_id
+from .._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
+from ..container import CommandRegistry
+from ..container.sandbox import spec_from_labels
+from ..container.session import ContainerSession, ContainerSite
+from ..docker_engine import DockerEngine, MissingImageError
+from ..docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
+from .control import copy_argv, qmp, run_loaded, save
+from .machines import PORTS, Machines
+from .networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable
 
 #: the image name of the package's own guest (busybox, nothing else): a session of no image runs it
 VM_IMAGE = "jupyter-tai-sandbox/vm-guest"
@@ -175,7 +175,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
     @property  # type: ignore[override]
     def networks(self) -> frozenset[str]:
         """``none`` always; ``egress`` and ``internal`` where the server can seat sessions on the engine's
-        bridges (``_vm_networks``)."""
+        bridges (``networks``)."""
         return frozenset({"none"}) if self._why_no_networks else frozenset({"egress", "internal", "none"})
 
     @property

@@ -9,12 +9,12 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from ..contract import SandboxUnavailableError
-from ..vm.guest import Guest
-from ..vm.qemu import VmError, qemu_argv
-from ..vm.snapshot import POLL_SECONDS, Qmp, memory_args, qmp_args
-from ._vm_machines import Machines
-from ._vm_networks import TAP
+from ...contract import SandboxUnavailableError
+from ...vm.guest import Guest
+from ...vm.qemu import VmError, qemu_argv
+from ...vm.snapshot import POLL_SECONDS, Qmp, memory_args, qmp_args
+from .machines import Machines
+from .networks import TAP
 
 #: the longest one QMP command may take
 QMP_SECONDS = 5.0

@@ -32,11 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..agent.binary import AgentBinaryMissing, agent_binary
-from ..contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
-from ._docker_networks import REAP_GRACE_SECONDS, HostFirewall, NetworkLocks, SessionBridges
-from .docker_engine import DockerEngine
-from .docker_engine.names import LABEL
+from ...agent.binary import AgentBinaryMissing, agent_binary
+from ...contract import SandboxError, SandboxNotFoundError, SandboxUnavailableError
+from .._docker_networks import REAP_GRACE_SECONDS, HostFirewall, NetworkLocks, SessionBridges
+from ..docker_engine import DockerEngine
+from ..docker_engine.names import LABEL
 
 #: on a seat container: the id of the vm session it holds the network of
 LABEL_SEAT = f"{LABEL}.vm-seat"
