@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"net"
 	"os"
 	"strconv"
@@ -366,7 +367,7 @@ func TestConnectCarriesATCPConnection(t *testing.T) {
 func (cl *client) decode(f frame) map[string]any {
 	cl.t.Helper()
 	m := map[string]any{}
-	if err := jsonUnmarshal(f.payload, &m); err != nil {
+	if err := json.Unmarshal(f.payload, &m); err != nil {
 		cl.t.Fatal(err)
 	}
 	return m
@@ -375,7 +376,7 @@ func (cl *client) decode(f frame) map[string]any {
 func (cl *client) decodeList(f frame) []map[string]any {
 	cl.t.Helper()
 	var l []map[string]any
-	if err := jsonUnmarshal(f.payload, &l); err != nil {
+	if err := json.Unmarshal(f.payload, &l); err != nil {
 		cl.t.Fatal(err)
 	}
 	return l

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -134,7 +135,7 @@ func TestFilesListDoesNotFollowSymlinksAndIsBounded(t *testing.T) {
 	big := filepath.Join(root, "big")
 	must(t, os.Mkdir(big, 0o755))
 	for i := 0; i <= maxListEntries; i++ {
-		f, err := os.Create(filepath.Join(big, "f"+strings.Repeat("x", i%7)+string(rune('a'+i%26))+itoa(i)))
+		f, err := os.Create(filepath.Join(big, "f"+strings.Repeat("x", i%7)+string(rune('a'+i%26))+strconv.Itoa(i)))
 		must(t, err)
 		f.Close()
 	}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -149,10 +151,11 @@ func TestFrameTruncated(t *testing.T) {
 }
 
 func TestFrameTypesMatchProtocolMd(t *testing.T) {
-	doc, err := readProtocolMd()
+	docBytes, err := os.ReadFile("PROTOCOL.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	doc := string(docBytes)
 	// every "| 0xNN | NAME |" row of the client and agent tables
 	rows := map[byte][]string{}
 	for _, line := range strings.Split(doc, "\n") {
@@ -163,7 +166,7 @@ func TestFrameTypesMatchProtocolMd(t *testing.T) {
 		name := strings.TrimSpace(cells[2])
 		for _, code := range strings.Split(cells[1], "/") {
 			var v byte
-			if _, err := fmtSscanHex(strings.TrimSpace(code), &v); err != nil {
+			if _, err := fmt.Sscanf(strings.TrimSpace(code), "0x%x", &v); err != nil {
 				t.Fatalf("row %q: %v", line, err)
 			}
 			rows[v] = append(rows[v], name)
@@ -179,7 +182,7 @@ func TestFrameTypesMatchProtocolMd(t *testing.T) {
 	// types named in prose: "`CONNECT` (0x1A)", "`FILE_REPLY` (0xA0, JSON)"
 	for _, m := range proseType.FindAllStringSubmatch(doc, -1) {
 		var v byte
-		if _, err := fmtSscanHex(m[2], &v); err != nil {
+		if _, err := fmt.Sscanf(m[2], "0x%x", &v); err != nil {
 			t.Fatal(err)
 		}
 		rows[v] = append(rows[v], m[1])
