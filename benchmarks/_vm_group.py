@@ -28,7 +28,7 @@ async def vm_rows(report: Report, docker_sandbox: Callable[..., Any], image_of: 
                   compare: Compare) -> None:
     """The group's rows (``compare`` adds a baseline's rows to the report, as _groups does)."""
     from jupyter_tai_sandbox.providers.vm import VmSandbox
-    from jupyter_tai_sandbox.vm.probe import probe
+    from jupyter_tai_sandbox.providers.vm.guest.probe import probe
 
     accel = "kvm" if (await probe())["kvm"]["works"] else "tcg"
     state = tempfile.mkdtemp(prefix="tai-bvm-", dir="/tmp")

@@ -44,12 +44,14 @@ swarm/ (``swarm``: a one-replica service per session on a Docker Swarm)::
     tasks                 a session's task template, and the watch for it to run on a node
     workspaces            where persistent workspaces live: one record per key on the manager
 
-vm/ (``vm``: a QEMU microVM per session; the guest, its snapshots and root disks are :mod:`jupyter_tai_sandbox.vm`)::
+vm/ (``vm``: a QEMU microVM per session)::
 
     sandbox               VmSandbox
     machines              the machines on this host: a folder, a QEMU and its agent ports per session
     control               a running machine's QMP control: pause, resume, and the copy a fork makes
     networks              a session's seat on its owner's docker bridge, whose network namespace QEMU joins
+    guest/                the guest (kernel and initramfs built offline: build), its boot (qemu), KVM probe,
+                          golden snapshots and root disks; ``python -m ...providers.vm.guest build | probe``
 
 remote/ (``remote``: a session of another server running this extension)::
 

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from jupyter_tai_sandbox.vm.guest import CACHE_ENV, cache_dir
-from jupyter_tai_sandbox.vm.qemu import QEMU
+from jupyter_tai_sandbox.providers.vm.guest.build import CACHE_ENV, cache_dir
+from jupyter_tai_sandbox.providers.vm.guest.qemu import QEMU
 from tests.support.docker import in_ci
 
 #: the machine's guest cache, read before any test moves HOME (pytest-jupyter's servers run with a HOME of

@@ -16,8 +16,8 @@ import pytest
 
 from jupyter_tai_sandbox.agent import AgentBinaryMissing, AgentClient, AgentError
 from jupyter_tai_sandbox.agent import protocol as p
-from jupyter_tai_sandbox.vm import BootedVm, Guest, GuestBuildError, boot, build_guest
-from jupyter_tai_sandbox.vm.qemu import RETRY_ATTEMPT
+from jupyter_tai_sandbox.providers.vm.guest import BootedVm, Guest, GuestBuildError, boot, build_guest
+from jupyter_tai_sandbox.providers.vm.guest.qemu import RETRY_ATTEMPT
 from tests.support.vm import missing, need_qemu
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow(30)]

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ...contract import SandboxUnavailableError
-from ...vm.guest import Guest
-from ...vm.qemu import VmError, qemu_argv
-from ...vm.snapshot import POLL_SECONDS, Qmp, memory_args, qmp_args
+from .guest.build import Guest
+from .guest.qemu import VmError, qemu_argv
+from .guest.snapshot import POLL_SECONDS, Qmp, memory_args, qmp_args
 from .machines import Machines
 from .networks import TAP
 

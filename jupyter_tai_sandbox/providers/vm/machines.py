@@ -32,7 +32,7 @@ from typing import Any
 
 from ...agent import AgentClient
 from ...contract import SandboxConflictError, SandboxError, SandboxNotFoundError, SandboxUnavailableError
-from ...vm.qemu import BOOT_ATTEMPT, VmError, open_port, port_socket, start_detached
+from .guest.qemu import BOOT_ATTEMPT, VmError, open_port, port_socket, start_detached
 
 #: agent ports per guest: a server's connection, a synchronous look-up's, another server's, one spare
 PORTS = 4

@@ -1,6 +1,6 @@
 """sandbox-vm: each session is one QEMU microVM with the session agent as its PID 1.
 
-The guest (``jupyter_tai_sandbox.vm``: Debian's cloud kernel, an initramfs of the agent and busybox, built
+The guest (``jupyter_tai_sandbox.providers.vm.guest``: Debian's cloud kernel, an initramfs of the agent and busybox, built
 offline) boots under KVM, or under TCG (emulation) only when the operator asks for it: ``accel = "tcg"``
 runs a separate guest kernel, not a hardened boundary, and the provider says so. Commands, files and ports
 run on the container base's engine-neutral session over the agent's virtio-serial ports
@@ -39,11 +39,6 @@ from ...contract import (
     SessionSpec,
     session_gone,
 )
-from ...vm.guest import Guest, GuestBuildError, build_guest
-from ...vm.probe import TCG_NOTE, cached_probe, probe
-from ...vm.qemu import BOOT_TIMEOUT, QEMU, TCG_CPU, VmError, qemu_argv
-from ...vm.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
-from ...vm.snapshot import ensure_golden, qmp_args, restore, restore_args
 from .._common import ProviderMeta, new_session_id
 from .._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
 from ..container import CommandRegistry
@@ -52,6 +47,11 @@ from ..container.session import ContainerSession, ContainerSite
 from ..docker_engine import DockerEngine, MissingImageError
 from ..docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
 from .control import copy_argv, qmp, run_loaded, save
+from .guest.build import Guest, GuestBuildError, build_guest
+from .guest.probe import TCG_NOTE, cached_probe, probe
+from .guest.qemu import BOOT_TIMEOUT, QEMU, TCG_CPU, VmError, qemu_argv
+from .guest.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
+from .guest.snapshot import ensure_golden, qmp_args, restore, restore_args
 from .machines import PORTS, Machines
 from .networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable
 
@@ -83,7 +83,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         "kvm",
         help=f"""How guests run. 'kvm' (the default): hardware virtualisation, a real boundary; sessions are
         refused (503) on a host where a KVM boot of the guest does not work (`python -m
-        jupyter_tai_sandbox.vm probe` says why), never run emulated instead. 'tcg': QEMU's emulation, for
+        jupyter_tai_sandbox.providers.vm.guest probe` says why), never run emulated instead. 'tcg': QEMU's emulation, for
         hosts without KVM, by the operator's choice only: {TCG_NOTE}, and several times slower.""",
     ).tag(config=True)
 

@@ -23,8 +23,8 @@ import pytest
 
 from jupyter_tai_sandbox.contract import SandboxRequestError, SandboxSpecRejectedError, SessionSpec
 from jupyter_tai_sandbox.providers.vm import VmSandbox
-from jupyter_tai_sandbox.vm.guest import cache_dir
-from jupyter_tai_sandbox.vm.rootdisk import roots_dir
+from jupyter_tai_sandbox.providers.vm.guest.build import cache_dir
+from jupyter_tai_sandbox.providers.vm.guest.rootdisk import roots_dir
 from tests.support import RUN_ID
 from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
 from tests.support.vm import need_qemu

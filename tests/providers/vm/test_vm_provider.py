@@ -31,7 +31,7 @@ from jupyter_tai_sandbox.contract import (
     SessionSpec,
 )
 from jupyter_tai_sandbox.providers.vm import VM_IMAGE, VmSandbox
-from jupyter_tai_sandbox.vm.probe import probe
+from jupyter_tai_sandbox.providers.vm.guest.probe import probe
 from tests.support.vm import need_qemu
 
 pytestmark = [pytest.mark.slow(60), pytest.mark.timeout(180)]
@@ -405,8 +405,8 @@ def test_commands_run_as_an_unprivileged_guest_user_who_cannot_reach_the_agent(s
 MAKER = """
 import asyncio, dataclasses, sys
 from pathlib import Path
-from jupyter_tai_sandbox.vm.guest import Guest, cache_dir
-from jupyter_tai_sandbox.vm.snapshot import ensure_golden
+from jupyter_tai_sandbox.providers.vm.guest.build import Guest, cache_dir
+from jupyter_tai_sandbox.providers.vm.guest.snapshot import ensure_golden
 machine = next(p for p in cache_dir().iterdir() if (p / "guest.json").exists())
 guest = dataclasses.replace(Guest.load(machine), path=Path(sys.argv[1]))
 asyncio.run(ensure_golden(guest, accel="tcg", memory_mb=160, cpus=1, ports=1))

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..contract import SandboxError, SandboxUnavailableError
-from .guest import cache_dir
+from ....contract import SandboxError, SandboxUnavailableError
+from .build import cache_dir
 
 #: the longest making one root disk may take (exporting and writing a large image)
 BUILD_SECONDS = 900.0

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .guest import Guest
+from .build import Guest
 from .qemu import BOOT_ATTEMPT, BOOT_TIMEOUT, QEMU, VmError, open_port, port_socket, qemu_argv
 
 #: how long making a golden may take (a cold boot, the save)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .guest import Guest, build_guest, cache_dir
+from .build import Guest, build_guest, cache_dir
 from .qemu import QEMU, VmError, boot
 
 KVM_TIMEOUT = 20.0

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..agent.binary import agent_binary
+from ....agent.binary import agent_binary
 
 KERNEL_PACKAGE = "linux-image-cloud-amd64"  # a metapackage: it depends on the versioned image package
 BUSYBOX_PACKAGE = "busybox-static"

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..agent import protocol as p
-from ..agent.client import AgentClient
-from ..agent.errors import AgentConnectionLost, AgentError
-from .guest import Guest
+from ....agent import protocol as p
+from ....agent.client import AgentClient
+from ....agent.errors import AgentConnectionLost, AgentError
+from .build import Guest
 
 QEMU = "qemu-system-x86_64"
 #: the CPU model of a TCG guest by default: x86-64-v2 without AVX (TCG emulates SSE faster than AVX)

@@ -1,4 +1,4 @@
-"""``python -m jupyter_tai_sandbox.vm build | probe [--fresh]``: build (or find) the guest and print its
+"""``python -m jupyter_tai_sandbox.providers.vm.guest build | probe [--fresh]``: build (or find) the guest and print its
 folder; say whether KVM works here and what TCG is."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from .guest import GuestBuildError, build_guest
+from .build import GuestBuildError, build_guest
 from .probe import probe
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("build", "probe") or any(a not in ("--fresh",) for a in argv[1:]):
-        print("usage: python -m jupyter_tai_sandbox.vm build | probe [--fresh]", file=sys.stderr)
+        print("usage: python -m jupyter_tai_sandbox.providers.vm.guest build | probe [--fresh]", file=sys.stderr)
         return 64
     try:
         guest = build_guest()
