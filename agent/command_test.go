@@ -381,3 +381,67 @@ func (cl *client) decodeList(f frame) []map[string]any {
 	}
 	return l
 }
+
+// A pty command's shell may put its jobs in groups of their own within the terminal's session: a kill still
+// stops them (every process of the session, pass after pass).
+func TestKillOfAPtyCommandStopsJobsInOtherGroupsOfItsSession(t *testing.T) {
+	cl := hello(t)
+	id := newID()
+	cl.sendJSON(tStart, id, map[string]any{"argv": []string{"/bin/sh", "-c", "set -m; sleep 300 & echo job=$!; wait"},
+		"pty": true, "window": 1 << 20})
+	started := cl.expect(tStarted, id)
+	var got []byte
+	for !bytes.Contains(got, []byte("\n")) {
+		got = append(got, cl.next(id, tStdout).payload[offsetSize:]...)
+	}
+	job, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(got)), "job=")))
+	if err != nil {
+		t.Fatalf("%q: %v", got, err)
+	}
+	pid := int(started["pid"].(float64))
+	jobGroup, _ := syscall.Getpgid(job)
+	shellGroup, _ := syscall.Getpgid(pid)
+	if jobGroup == shellGroup || !alive(job) {
+		t.Fatalf("the job %d should run in a group of its own (%d, the shell's %d)", job, jobGroup, shellGroup)
+	}
+	cl.send(tKill, id, nil)
+	cl.expect(tKilled, id)
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(job) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(job) {
+		t.Fatal("a job of the terminal's session outlived the kill")
+	}
+	cl.collectAfter(id, 1, got)
+	cl.release(id)
+}
+
+// At most maxCommands are held (running, or finished and not released): one more START is EAGAIN.
+func TestStartBeyondTheCommandLimitIsEAGAIN(t *testing.T) {
+	cl := hello(t)
+	cl.send(tList, 1, nil)
+	held := len(cl.decodeList(cl.next(1, tListReply)))
+	var ids []uint32
+	for i := held; i < maxCommands; i++ {
+		id := newID()
+		cl.sendJSON(tStart, id, map[string]any{"argv": []string{"sleep", "30"}})
+		cl.expect(tStarted, id)
+		ids = append(ids, id)
+	}
+	over := newID()
+	cl.sendJSON(tStart, over, map[string]any{"argv": []string{"true"}})
+	cl.expectError(over, "EAGAIN")
+	for _, id := range ids {
+		cl.send(tKill, id, nil)
+	}
+	for _, id := range ids {
+		cl.expect(tKilled, id)
+		cl.release(id)
+	}
+	// room again
+	_, out := cl.run(sh("exit 0"))
+	if out.exit["code"] != 0.0 {
+		t.Fatal(out.exit)
+	}
+}

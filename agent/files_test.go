@@ -101,6 +101,16 @@ func TestFilesPathsThatLeaveTheRootAreRefusedByTheKernel(t *testing.T) {
 	}
 }
 
+// A magic link (/proc/<pid>/root, /proc/<pid>/fd/N) is refused even beneath the root.
+func TestFilesMagicLinksAreRefused(t *testing.T) {
+	needOpenat2(t)
+	for _, path := range []string{"root/etc/passwd", "cwd", "exe"} {
+		if _, _, err := op(tFileStat, fileRequest{Root: "/proc/self", Path: path}); !errors.Is(err, syscall.ELOOP) {
+			t.Errorf("/proc/self %s: %v, want ELOOP", path, err)
+		}
+	}
+}
+
 func TestFilesSymlinksInsideAreFollowed(t *testing.T) {
 	needOpenat2(t)
 	root, _ := fileTree(t)
