@@ -19,7 +19,7 @@ from _bench import Report, Row, interleaved, interleaved_throughput
 from _server import JupyterServer
 
 from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 
 STREAM_BYTES = 256 << 20  # the full run's stdout stream (remote_hop.py); Report.stdout_mib says the run's own
@@ -44,7 +44,7 @@ def _image(report: Report) -> str:
     try:
         client.images.get(image)
     except Exception:
-        from jupyter_tai_sandbox.image import build_minimal_image
+        from jupyter_tai_sandbox.providers.docker.images.build import build_minimal_image
 
         build_minimal_image(image)
     finally:
@@ -599,7 +599,7 @@ async def kernel_group(report: Report) -> None:
     with it, before any sandboxing), round-robin: ``1+1`` round trips and a cell printing 64 MiB."""
     import kernel_bench as kb
 
-    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.images import PYTHON_IMAGE
     from jupyter_tai_sandbox.policy import SandboxPolicy
 
     prefix = Path(tempfile.mkdtemp(prefix="tai-bench-kernels-"))

@@ -26,7 +26,7 @@ from _bench import Report, Row, interleaved, interleaved_throughput
 from _groups import BENCH_LABEL
 
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 
 WRITE_MB = 256

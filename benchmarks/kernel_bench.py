@@ -34,7 +34,7 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 
 from jupyter_tai_sandbox import sandboxes
-from jupyter_tai_sandbox.image import PYTHON_IMAGE
+from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.kernels import kernelspecs
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.local import LocalSandbox

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.providers.docker.containers import ContainerStarts
 

@@ -28,7 +28,7 @@ from _bench import Report, Row, interleaved
 from _groups import BENCH_LABEL
 
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 
 #: the listing script before the walk moved into it (argv: the real folder)

@@ -32,7 +32,7 @@ from _groups import BENCH_LABEL, STREAM_BYTES, TRUE_DOCKER, drain
 from _server import JupyterServer
 
 from jupyter_tai_sandbox.contract import Sandbox, SessionSpec
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.remote import RemoteSandbox
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.providers.swarm import SwarmSandbox
 

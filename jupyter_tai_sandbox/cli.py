@@ -12,7 +12,8 @@ from typing import Any
 
 from .contract import SandboxError
 from .contract.durations import duration_type
-from .image import DEFAULT_IMAGE, ImageBuildError, ensure_minimal_image
+from .images import DEFAULT_IMAGE
+from .providers.docker.images.build import ImageBuildError, ensure_minimal_image
 from .server_config import load_server_config
 
 #: `preset run` exit status when the run itself failed (as `docker run` does), not the command
@@ -39,8 +40,9 @@ def _build_image(args: argparse.Namespace) -> int:
 
 
 def _build_python_image(args: argparse.Namespace) -> int:
-    from .image import PYTHON_IMAGE, build_python_image
-    from .image_packages import build_with_packages
+    from .images import PYTHON_IMAGE
+    from .providers.docker.images.build import build_python_image
+    from .providers.docker.images.packages import build_with_packages
 
     def progress(line: str) -> None:
         print(line, flush=True)
@@ -121,7 +123,7 @@ def _kernelspec_door(handler: Any) -> Any:
 
 
 def _add_kernelspec_commands(commands: Any) -> None:
-    from .image import PYTHON_IMAGE
+    from .images import PYTHON_IMAGE
     from .kernels.kernelspecs import DEFAULT_DISPLAY_NAME, DEFAULT_NAME, NETWORKS
 
     kernelspec = commands.add_parser(

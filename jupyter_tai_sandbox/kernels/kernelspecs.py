@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Any
 
-from ..image import PYTHON_IMAGE
+from ..images import PYTHON_IMAGE
 from .provisioner import PROVISIONER_NAME
 
 DEFAULT_NAME = "python3-sandbox"

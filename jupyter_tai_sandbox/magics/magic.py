@@ -38,7 +38,7 @@ from IPython.core.magic import line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
 from ..contract import SandboxError, SandboxNotFoundError
-from ..image import missing_program_hint
+from ..images import missing_program_hint
 from .frames import out_frame_targets, read_frame, serialise_input
 from .named_sessions import NamedSession
 from .options import (

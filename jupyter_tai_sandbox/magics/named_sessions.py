@@ -26,7 +26,7 @@ from IPython.core.magic import Magics
 from ..client import SandboxClient, SeveralServersWarning, discover_server
 from ..contract import SandboxError, SandboxNotFoundError
 from ..contract.values import MAX_CONSUMER_CHARS
-from ..image import PYTHON_IMAGE
+from ..images import PYTHON_IMAGE
 from .options import SandboxMagicError, options_differ, options_label, spec_body, spec_only
 from .stream import LoopThread
 

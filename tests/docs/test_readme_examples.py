@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from jupyter_tai_sandbox.image import PYTHON_IMAGE
-from jupyter_tai_sandbox.image_packages import LABEL_PIP
+from jupyter_tai_sandbox.images import PYTHON_IMAGE
+from jupyter_tai_sandbox.providers.docker.images.packages import LABEL_PIP
 from tests.support import REPO
 from tests.support.live_server import LOCAL_ARGS, LiveServer
 

@@ -686,7 +686,7 @@ def test_sandbox_magic_in_a_users_kernel_runs_in_the_service_as_that_user(server
 
 def _install_sandboxed_kernelspec(hub: Hub, user: str) -> str:
     """A sandboxed kernelspec in the user's own Jupyter data dir (their server finds it on the next request)."""
-    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.images import PYTHON_IMAGE
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_", "TAI_"))}
     env["HOME"] = str(hub.tmp / "homes" / user)
@@ -706,7 +706,7 @@ def test_a_code_tool_through_a_users_server(servers):
 
 
 def test_a_sandboxed_kernel_through_a_users_server(servers):
-    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.images import PYTHON_IMAGE
 
     hub = servers
     client = docker_client()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE, LABEL_ROOTFS, PYTHON_IMAGE
+from jupyter_tai_sandbox.providers.docker.images.build import DEFAULT_IMAGE, LABEL_ROOTFS, PYTHON_IMAGE
 from tests.support import REPO
 
 pytestmark = [pytest.mark.docker]

@@ -1,4 +1,4 @@
-"""The minimal image's wget: it works without -T (Debian's static busybox segfaults with -T; see image.py)."""
+"""The minimal image's wget: it works without -T (Debian's static busybox segfaults with -T; see providers/docker/images/build.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import secrets
 
 import pytest
 
-from jupyter_tai_sandbox.image import build_minimal_image
+from jupyter_tai_sandbox.providers.docker.images.build import build_minimal_image
 
 pytestmark = [pytest.mark.docker]
 

@@ -13,27 +13,27 @@ import pytest
 
 from jupyter_tai_sandbox import cli
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.image import (
+from jupyter_tai_sandbox.providers.docker import DockerSandbox
+from jupyter_tai_sandbox.providers.docker.images.build import (
     _CHANGES,
     BASE_PACKAGES,
     DEFAULT_IMAGE,
     PYTHON_IMAGE,
     PYTHON_PACKAGES,
 )
-from jupyter_tai_sandbox.image_packages import (
+from jupyter_tai_sandbox.providers.docker.images.packages import (
     LABEL_BASE,
     LABEL_PIP,
     PYTHON_BASE_IMAGE,
     WHEELS_IN_IMAGE,
     build_with_packages,
 )
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from tests.support import REPO
 from tests.support.docker import RUN_LABEL, docker_client, in_ci
 
 pytestmark = [pytest.mark.docker]
 
-DOCKERFILE = REPO / "jupyter_tai_sandbox" / "dockerfiles" / "python.Dockerfile"
+DOCKERFILE = REPO / "jupyter_tai_sandbox" / "providers" / "docker" / "images" / "dockerfiles" / "python.Dockerfile"
 BASE = f"{PYTHON_BASE_IMAGE}:bookworm"
 
 

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 from jupyter_tai_sandbox import sandboxes
-from jupyter_tai_sandbox.image import PYTHON_IMAGE
+from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from tests.support.docker import RUN_LABEL, leftovers, python_image
 from tests.support.kernels import check_notebook, install_spec, notebook, run_notebook

@@ -288,7 +288,7 @@ def python_engine():
 @contextlib.asynccontextmanager
 async def python_docker_session(agent_transport: str = "auto"):
     """A docker session of the Python image with network none."""
-    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.images import PYTHON_IMAGE
     from jupyter_tai_sandbox.providers.docker import DockerSandbox
     from tests.support.docker import RUN_LABEL
 

@@ -408,7 +408,7 @@ def test_interrupt_kills_the_command_in_a_docker_session(tmp_path):
 
 
 def test_a_program_missing_from_the_image_names_the_image_that_has_it(tmp_path):
-    from jupyter_tai_sandbox.image import PYTHON_IMAGE
+    from jupyter_tai_sandbox.images import PYTHON_IMAGE
     from tests.support.docker import TEST_IMAGE
 
     with docker_kernel(tmp_path) as k:

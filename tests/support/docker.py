@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_tai_sandbox.image import DEFAULT_IMAGE, PYTHON_IMAGE, build_minimal_image
 from jupyter_tai_sandbox.providers._docker_networks import BRIDGE_PREFIX, CHAIN_PREFIX
 from jupyter_tai_sandbox.providers.docker import LABEL
+from jupyter_tai_sandbox.providers.docker.images.build import DEFAULT_IMAGE, PYTHON_IMAGE, build_minimal_image
 from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_FORK
 from tests.support import PART, RUN_ID, RUN_PREFIX
 

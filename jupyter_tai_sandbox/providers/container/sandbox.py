@@ -31,7 +31,7 @@ from ...contract import (
     SandboxUnavailableError,
     SessionSpec,
 )
-from ...image import DEFAULT_IMAGE, PYTHON_IMAGE
+from ...images import DEFAULT_IMAGE, PYTHON_IMAGE
 from ...spool import DEFAULT_MEMORY_LIMIT
 from .._common import ProviderMeta
 from .._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected

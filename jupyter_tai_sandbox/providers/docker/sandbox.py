@@ -18,7 +18,7 @@ from ...contract import (
     SessionSpec,
     session_gone,
 )
-from ...image import PYTHON_IMAGE
+from ...images import PYTHON_IMAGE
 from .._common import new_session_id
 from .._docker_agent import (
     agent_site,

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from jupyter_tai_sandbox.contract import SessionSpec
-from jupyter_tai_sandbox.image import PYTHON_IMAGE
+from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.providers import _docker_networks
 from jupyter_tai_sandbox.providers._docker_networks import bridge_name
 from jupyter_tai_sandbox.providers.docker import DockerSandbox

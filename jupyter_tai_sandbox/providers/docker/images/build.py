@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import io
 import os
-import re
 import shutil
 import subprocess
 import tarfile
@@ -33,7 +32,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-DEFAULT_IMAGE = "jupyter-tai-sandbox/minimal:latest"
+from ....images import DEFAULT_IMAGE, PYTHON_IMAGE
+
 BUSYBOX_CANDIDATES = ("/usr/bin/busybox", "/bin/busybox")
 REQUIRED_APPLETS = (
     "sh", "setsid", "mkfifo", "mv", "rm", "cat", "kill", "readlink", "ls", "sleep",
@@ -155,7 +155,6 @@ def ensure_minimal_image(
 
 # ------------------------------------------------------------ the Python image
 
-PYTHON_IMAGE = "jupyter-tai-sandbox/python:latest"
 DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 #: debootstrap's own --include: python3, and procps (ps and kill for people at a terminal). debootstrap
@@ -196,36 +195,6 @@ def apt_mirror(suite: str = DEFAULT_SUITE) -> str:
     return DEFAULT_MIRROR
 
 
-#: programs the Python image has and the minimal one lacks
-PYTHON_PROGRAMS = frozenset({"python3", "python3.11", "pydoc3"})
-#: a shell's word that it found no such program: dash ("sh: 1: python3: not found"), busybox
-#: ("sh: python3: not found"), bash ("bash: line 1: python3: command not found")
-_NOT_FOUND = re.compile(r"(?:^|[\s:])([^\s:/]+(?:/[^\s:]+)*): (?:command )?not found\s*$")
-
-
-def missing_program_hint(stderr_tail: str, argv: Sequence[str], image: str | None, kind: str) -> str | None:
-    """What to do about an exit status 127: which program was missing, and the image that has it.
-
-    ``stderr_tail`` is the end of the command's stderr, ``argv`` what was run, ``image`` the session's
-    image and ``kind`` its provider. None when the 127 was not a missing program.
-    """
-    found = _NOT_FOUND.search(stderr_tail.rstrip("\n").rsplit("\n", 1)[-1])
-    program = found.group(1) if found else (argv[0] if argv and argv[0] in stderr_tail else None)
-    if not program:
-        return None
-    name = program.rsplit("/", 1)[-1]
-    if kind == "local":
-        return f"{name} was not found on this host's PATH (the local provider runs commands on the host)"
-    where = f"the session's image {image}" if image else "the session's image"
-    if name in PYTHON_PROGRAMS and image != PYTHON_IMAGE:
-        return (
-            f"{name} is not in {where}; {PYTHON_IMAGE} has it: build it with "
-            f"`jupyter tai-sandbox build-image --python`, then start the session with --image {PYTHON_IMAGE} "
-            "(a docker server with no DockerSandbox.image set uses it by default once built and restarted)"
-        )
-    return f"{name} is not in {where}: start the session with an --image that has it"
-
-
 def _say(progress: Any, line: str) -> None:
     if progress is not None:
         progress(line)
@@ -249,7 +218,7 @@ def build_python_image(
 ) -> str | None:
     """Build the Python session image offline from Debian's packages; return its id (None: kept as it was).
 
-    ``image_packages.build_with_packages`` adds pip packages on top of it.
+    ``packages.build_with_packages`` adds pip packages on top of it.
 
     ``debootstrap --variant=minbase --include=python3,procps SUITE DIR MIRROR`` into a temporary folder,
     ``chroot DIR apt-get install --no-install-recommends python3-ipykernel`` (debootstrap alone resolves

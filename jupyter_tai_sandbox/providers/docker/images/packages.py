@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .image import DEFAULT_SUITE, ImageBuildError, build_python_image
+from .build import DEFAULT_SUITE, ImageBuildError, build_python_image
 
 #: labels of an image built here: its pip requirements (sorted, space separated) and its base image's id
 LABEL_PIP = "jupyter-tai-sandbox.pip"
