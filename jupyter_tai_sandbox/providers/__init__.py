@@ -1,30 +1,31 @@
 """The providers: where a session runs. Each is a configurable class on the contract
 (:mod:`jupyter_tai_sandbox.contract`); ``SandboxApp.provider`` picks one. No module imports one above it.
+A provider is a folder whose ``__init__`` hands on its class
+(``jupyter_tai_sandbox.providers.docker:DockerSandbox``), with the modules only it uses inside; no
+provider's folder imports another's.
 
 Shared by several::
 
-    _shell_files          remove, move and make folders as shell commands in the session (any provider
-                          without file operations of its own; local's)
     _common               session ids, deadline and output errors, path confinement, the provider metaclass
     _provider_settings    the deployment scope, cpu and memory limits, session networks' names and range
-    docker_engine/        the Docker Engine API adapter (docker, swarm and vm): DockerEngine, every engine
-                          call in bounded worker threads; its calls by what they touch (calls, volumes,
-                          networks, execs, images); stream (an exec's attached stream over asyncio),
-                          archive (tar archives in and out), names (labels, prefixes and paths on an engine)
+    _shell_files          remove, move and make folders as shell commands (for a provider without its own)
     _docker_networks      owner bridges: their subnets, locks and host firewall (docker and vm)
-    _docker_agent         the session agent on an engine: its read-only volume, its place as PID 1, its channel
-                          (docker and swarm)
+    _docker_agent         the session agent on an engine: its read-only volume, PID 1 (docker and swarm)
     _docker_disk          the disk ceiling: tmpfs workspace and scratch (docker and swarm)
     _docker_session       DockerSession, and how a session's container is found (docker and swarm)
-    container/            the container base: the engine-neutral session, commands and files over the
-                          session agent, and ContainerSandbox (docker and swarm; vm uses its session)
+    container/            the container base: session, commands and files over the agent, ContainerSandbox
+    docker_engine/        the Docker Engine API adapter (docker, swarm, vm): DockerEngine (engine), its
+                          calls by what they touch (calls, volumes, networks, execs, images), stream,
+                          archive, names (labels, prefixes and paths on an engine)
 
 local/ (``local``: host subprocesses, no isolation)::
 
     sandbox               LocalSandbox
-    session               a session: its workspace, exec and file transfer; paths its path errors
-    command               one command: its group, output, stdin and deadline; pty on a terminal
+    session               a session: its workspace, exec and file transfer
+    command               one command: its group, output, stdin and deadline
+    pty                   a command on a terminal
     posix                 process groups, stops, terminals
+    paths                 typed path errors
     tenancy               who owns a persistent workspace, and who holds it
 
 docker/ (``docker``: a container per session on a Docker engine)::
@@ -35,6 +36,8 @@ docker/ (``docker``: a container per session on a Docker engine)::
     forks                 a fork's frozen source, its committed image, and those images' removal
     pool                  the warm pool: its settings, pre-started containers and their session records
     pool_networks         where pooled containers wait, and a claim's move to the owner's network
+    images/               the session images built offline (build, packages, dockerfiles/); their names are
+                          :mod:`jupyter_tai_sandbox.images`
 
 swarm/ (``swarm``: a one-replica service per session on a Docker Swarm)::
 
@@ -50,8 +53,8 @@ vm/ (``vm``: a QEMU microVM per session)::
     machines              the machines on this host: a folder, a QEMU and its agent ports per session
     control               a running machine's QMP control: pause, resume, and the copy a fork makes
     networks              a session's seat on its owner's docker bridge, whose network namespace QEMU joins
-    guest/                the guest (kernel and initramfs built offline: build), its boot (qemu), KVM probe,
-                          golden snapshots and root disks; ``python -m ...providers.vm.guest build | probe``
+    guest/                the guest (build: kernel and initramfs), qemu, probe, snapshot, rootdisk;
+                          ``python -m jupyter_tai_sandbox.providers.vm.guest build | probe``
 
 remote/ (``remote``: a session of another server running this extension)::
 

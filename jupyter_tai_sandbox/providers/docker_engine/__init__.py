@@ -1,5 +1,6 @@
-"""The Docker Engine API adapter, used by the docker, swarm and vm providers: every call this package makes
-to a Docker engine (:class:`DockerEngine`), and the labels, prefixes and paths its things carry (``names``)."""
+"""The Docker Engine API adapter, used by the docker, swarm and vm providers: every call this package
+makes to a Docker engine (:class:`DockerEngine`), and the labels, prefixes and paths its things carry
+(``names``)."""
 
 from .engine import (
     DEFAULT_SLOW_TIMEOUT,
