@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.metadata
 import os
 from typing import Any
 
@@ -28,7 +29,11 @@ from .gate import GatedSession as GatedSession  # the sessions the gate hands ou
 from .policy import SandboxPolicy
 from .suggest import did_you_mean
 
-#: Built-in provider names and the classes behind them.
+#: The entry-point group a distribution names its providers in (``name = "module:Class"``), as
+#: ``jupyter_client.kernel_provisioners`` does for provisioners: a name found there is a provider name.
+PROVIDER_ENTRY_POINTS = "jupyter_tai_sandbox.providers"
+#: Built-in provider names and the classes behind them: this package's own entry points (pyproject.toml),
+#: and the names used when its metadata is not installed (a source tree on sys.path).
 BUILTIN_PROVIDERS = {
     "local": "jupyter_tai_sandbox.providers.local:LocalSandbox",
     "docker": "jupyter_tai_sandbox.providers.docker:DockerSandbox",
@@ -53,12 +58,19 @@ _default_output_limit: int | None = None
 _failure: str | None = None
 
 
+def registered_providers() -> dict[str, str]:
+    """The provider names installed distributions register (PROVIDER_ENTRY_POINTS), each with its ``module:Class``."""
+    return {entry.name: entry.value for entry in importlib.metadata.entry_points(group=PROVIDER_ENTRY_POINTS)}
+
+
 def load_provider_class(name: str) -> type[Sandbox]:
-    """The provider class for a built-in name (BUILTIN_PROVIDERS) or a ``module:Class`` sandbox_module."""
-    target = BUILTIN_PROVIDERS.get(name, name)
+    """The provider class for a name registered as an entry point (PROVIDER_ENTRY_POINTS), a built-in name
+    (BUILTIN_PROVIDERS) or a ``module:Class`` sandbox_module."""
+    registered = {} if ":" in name else registered_providers()
+    target = registered.get(name) or BUILTIN_PROVIDERS.get(name, name)
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        hint = did_you_mean(name, [*BUILTIN_PROVIDERS, "off"])
+        hint = did_you_mean(name, [*BUILTIN_PROVIDERS, *registered, "off"])
         raise SandboxUnavailableError(
             f"unknown sandbox provider {name!r}: {hint}set TAI_MCP_SANDBOX (sandbox_module) to {PROVIDER_CHOICES}"
         )
