@@ -16,7 +16,7 @@ Shared by several::
     container/            the container base: session, commands and files over the agent, ContainerSandbox
     docker_engine/        the Docker Engine API adapter (docker, swarm, vm): DockerEngine (engine), its
                           calls by what they touch (calls, volumes, networks, execs, images), stream,
-                          archive, names (labels, prefixes and paths on an engine)
+                          names (labels, prefixes and paths on an engine)
 
 local/ (``local``: host subprocesses, no isolation)::
 
