@@ -8,7 +8,6 @@ Screenshots land in ``tests/artifacts/``.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from tests.support.lab import (
     BROWSER_MARKS,
     LabProcess,
+    dismiss_connection_lost,
     not_clipped,
     notification_texts,
     open_new_session_dialog,
@@ -196,12 +196,7 @@ def test_panel_provider_off_then_server_back(lab_process: LabProcess, page: Any)
     lab_process.stop()
     expect(status).to_have_attribute("data-connection", "unreachable", timeout=30_000)
     expect(status).to_contain_text("Cannot reach the Jupyter server")
-    # JupyterLab's own modal "Server Connection Error" covers the toasts: dismiss it for good
-    lost = page.locator(".jp-Dialog")
-    with contextlib.suppress(Exception):
-        lost.wait_for(timeout=10_000)
-        lost.locator('input[type="checkbox"]').check()
-        lost.locator(".jp-Dialog-button").last.click()
+    dismiss_connection_lost(page)  # JupyterLab's own modal covers the toasts
     shot(page, "server-gone")
     lab_process.start("local")
     expect(status).to_contain_text("Provider local", timeout=45_000)

@@ -14,6 +14,7 @@ import pytest
 from tests.support.lab import (
     BROWSER_MARKS,
     LabProcess,
+    dismiss_connection_lost,
     open_panel,
     open_terminal,
     shot,
@@ -138,6 +139,7 @@ def test_a_terminal_whose_session_went_with_its_server_says_so(lab_process: LabP
     lab_process.stop()
     expect(terminal).to_have_attribute("data-phase", "ended", timeout=30_000)
     expect(state).to_contain_text("the server is stopping")
+    dismiss_connection_lost(page)  # JupyterLab's own modal would take the click below
     lab_process.start("local")
     terminal.locator(".jp-TaiSandbox-stateAction").click()
     expect(terminal).to_have_attribute("data-phase", "gone", timeout=30_000)

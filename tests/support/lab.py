@@ -354,6 +354,16 @@ def open_terminal(page: Any, session_id: str) -> Any:
     return page.locator(f'.jp-TaiSandbox-terminal[data-session-id="{session_id}"]')
 
 
+def dismiss_connection_lost(page: Any, timeout: float = 10) -> None:
+    """JupyterLab's own modal "Server Connection Error" (shown while the server is down) covers the page and
+    takes its clicks: wait up to ``timeout`` seconds for it and dismiss it for good, if it comes."""
+    lost = page.locator(".jp-Dialog")
+    with contextlib.suppress(Exception):
+        lost.wait_for(timeout=timeout * 1000)
+        lost.locator('input[type="checkbox"]').check()
+        lost.locator(".jp-Dialog-button").last.click()
+
+
 def terminal_text(terminal: Any) -> str:
     return terminal.locator(".xterm-rows").inner_text()
 
