@@ -1,45 +1,6 @@
 """The docker provider (``docker``): a container per session on a Docker engine."""
 
-from .sandbox import (
-    KILL_LIMIT_SECONDS,
-    LABEL,
-    LABEL_CONSUMER,
-    LABEL_DEPLOYMENT,
-    LABEL_OWNER,
-    LABEL_POOL,
-    LABEL_RECORD,
-    LABEL_SESSION,
-    LABEL_SPEC,
-    LABEL_TTL,
-    LABEL_WORKSPACE,
-    RECORD_PREFIX,
-    TTL_PREFIX,
-    VOLUME_PREFIX,
-    WORKSPACE,
-    Deployment,
-    DockerEngine,
-    DockerSandbox,
-    DockerSession,
-)
+from . import sandbox as _sandbox
+from .sandbox import *  # noqa: F403 - what the module's __all__ names
 
-__all__ = [
-    "KILL_LIMIT_SECONDS",
-    "LABEL",
-    "LABEL_CONSUMER",
-    "LABEL_DEPLOYMENT",
-    "LABEL_OWNER",
-    "LABEL_POOL",
-    "LABEL_RECORD",
-    "LABEL_SESSION",
-    "LABEL_SPEC",
-    "LABEL_TTL",
-    "LABEL_WORKSPACE",
-    "RECORD_PREFIX",
-    "TTL_PREFIX",
-    "VOLUME_PREFIX",
-    "WORKSPACE",
-    "Deployment",
-    "DockerEngine",
-    "DockerSandbox",
-    "DockerSession",
-]
+__all__ = _sandbox.__all__

@@ -2,34 +2,7 @@
 makes to a Docker engine (:class:`DockerEngine`), and the labels, prefixes and paths its things carry
 (``names``)."""
 
-from .engine import (
-    DEFAULT_SLOW_TIMEOUT,
-    DEFAULT_TIMEOUT,
-    LEAVING_WAIT_SECONDS,
-    READ_FILE_LIMIT,
-    RUN_OUTPUT_LIMIT,
-    WORKERS,
-    WORKERS_PER_PRINCIPAL,
-    DockerEngine,
-    EngineRefusal,
-    EngineRefusedError,
-    MissingImageError,
-    docker_sdk,
-    readable,
-)
+from . import engine as _engine
+from .engine import *  # noqa: F403 - what the module's __all__ names
 
-__all__ = [
-    "DEFAULT_SLOW_TIMEOUT",
-    "DEFAULT_TIMEOUT",
-    "LEAVING_WAIT_SECONDS",
-    "READ_FILE_LIMIT",
-    "RUN_OUTPUT_LIMIT",
-    "WORKERS",
-    "WORKERS_PER_PRINCIPAL",
-    "DockerEngine",
-    "EngineRefusal",
-    "EngineRefusedError",
-    "MissingImageError",
-    "docker_sdk",
-    "readable",
-]
+__all__ = _engine.__all__
