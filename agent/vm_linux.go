@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,6 +65,12 @@ func vm() {
 	}
 	if err := loopbackUp(); err != nil {
 		fmt.Fprintln(os.Stderr, "tai-agent: vm: lo:", err)
+	}
+	// The guest's RAM is the session's whole memory and the agent is its PID 1, whose death panics the guest:
+	// the Go heap is held near a quarter of it (a soft limit: the collector works harder there, nothing fails),
+	// so the garbage of many busy commands' output rings cannot take the guest into out-of-memory.
+	if total := memTotalBytes(); total > 0 {
+		debug.SetMemoryLimit(total / 4)
 	}
 	loadModules(moduleOrder)
 	count := 1
@@ -347,4 +354,21 @@ func refreshGuest(unix float64, seedHex string) map[string]any {
 		}
 	}
 	return done
+}
+
+// memTotalBytes is the guest's RAM as the kernel counts it (/proc/meminfo's MemTotal); 0 when unreadable.
+func memTotalBytes() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from ..contract import ExitItem, SandboxError, SandboxRequestError
-from .base import CheckFailed, SuiteBase, drain, expect, expect_raises
+from .base import CheckFailed, SuiteBase, drain, exit_items, expect, expect_raises
 
 #: commands run at once in one session (one of them never read)
 CONCURRENT_COMMANDS = 32
@@ -27,10 +27,12 @@ class ScaleChecks(SuiteBase):
         async def read_all(n: int) -> float:
             async def one() -> None:
                 handle = await session.exec_start(argv, timeout_seconds=self.t(120))
-                out, _, _ = await drain(handle)
+                out, err, items = await drain(handle)
                 await handle.kill()
                 if len(out) != size:
-                    raise CheckFailed(f"a read command gave {len(out)} of {size} bytes")
+                    ended = [(i.exit_code, i.reason) for i in exit_items(items)]
+                    raise CheckFailed(f"a read command gave {len(out)} of {size} bytes (its exit: {ended}; "
+                                      f"stderr: {err[-300:]!r})")
 
             started = time.monotonic()
             await asyncio.gather(*(one() for _ in range(n)))
