@@ -54,7 +54,7 @@ def parse_duration(text: str | float | int, what: str = "the duration", *, field
             raise _not_a_duration(text, what, field)
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         least = "0 or more" if allow_zero else "more than 0"
-        raise SandboxRequestError(f"{what}: {text!r} is not a duration of {least} seconds", field=field)
+        raise SandboxRequestError(f"{what}: {_shown(text)} is not a duration of {least} seconds", field=field)
     return seconds
 
 
@@ -84,5 +84,11 @@ def format_duration(seconds: float) -> str:
     return "".join(parts)
 
 
+def _shown(text: object) -> str:
+    """``text`` as a refusal quotes it: its repr, cut to 40 characters (a refusal never echoes a flood)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
 def _not_a_duration(text: object, what: str, field: str | None) -> SandboxRequestError:
-    return SandboxRequestError(f"{what}: {text!r} is not a duration: give {DURATION_FORMS}", field=field)
+    return SandboxRequestError(f"{what}: {_shown(text)} is not a duration: give {DURATION_FORMS}", field=field)
