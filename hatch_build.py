@@ -40,7 +40,9 @@ class AgentBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         binary = load_binary(self.root)
         started = time.monotonic()
-        built = binary.build_agent(go=binary.wheel_go(), say=lambda line: self.app.display_info(f"agent: {line}"))
+        built = binary.build_agent(
+            go=binary.wheel_go(), say=lambda line: self.app.display_info(f"agent: {line}")
+        )
         missing = [str(path) for path in built if not path.is_file()]
         if missing or len(built) != len(binary.ARCHES):
             raise RuntimeError(f"the session agent's build left no binaries at {missing or binary.BIN_DIR}")

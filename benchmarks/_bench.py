@@ -152,7 +152,9 @@ class Report:
 
 
 async def _round_robin(
-    rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]], sample: Callable[[Any, float], float],
+    rounds: int,
+    variants: dict[str, Callable[[], Awaitable[Any]]],
+    sample: Callable[[Any, float], float],
     settle: float = 0.0,
 ) -> dict[str, list[float]]:
     """Run the variants round-robin after one warm-up each, so drift on the machine hits each alike.
@@ -178,7 +180,8 @@ async def interleaved_throughput(
     return await _round_robin(rounds, variants, lambda moved, seconds: moved / (1 << 20) / seconds)
 
 
-async def interleaved(rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]],
-                      settle: float = 0.0) -> dict[str, list[float]]:
+async def interleaved(
+    rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]], settle: float = 0.0
+) -> dict[str, list[float]]:
     """Milliseconds per call of several variants."""
     return await _round_robin(rounds, variants, lambda _result, seconds: seconds * 1000, settle)

@@ -149,8 +149,11 @@ async def docker_group(report: Report) -> None:
     _compare(report, "docker", "ms", samples, "docker exec: raw SDK exec_run")
     ratio = report.ratio("docker exec: ours")
     median = statistics.median(samples["docker exec: ours"])
-    report.target("docker one-shot exec <= 0.1x raw SDK exec_run and <= 5 ms p50 (the session agent)",
-                  ratio <= 0.1 and median <= 5.0, f"{ratio:.2f}x, {median:.1f} ms")
+    report.target(
+        "docker one-shot exec <= 0.1x raw SDK exec_run and <= 5 ms p50 (the session agent)",
+        ratio <= 0.1 and median <= 5.0,
+        f"{ratio:.2f}x, {median:.1f} ms",
+    )
 
 
 # ---------------------------------------------------------------------- create
@@ -180,7 +183,10 @@ async def _create_local(report: Report) -> None:
     try:
         samples = await interleaved(
             report.rounds(60),
-            {"local create+first command+destroy: raw mkdir+spawn": raw, "local create+first command+destroy: ours": ours},
+            {
+                "local create+first command+destroy: raw mkdir+spawn": raw,
+                "local create+first command+destroy: ours": ours,
+            },
         )
     finally:
         await sandbox.close()
@@ -233,7 +239,9 @@ async def _create_docker(report: Report) -> None:
         client.close()
     _compare(report, "create", "ms", samples, "docker create to first command: raw SDK run+exec")
     p50 = report.rows["docker create to first command: ours, pool on"].median
-    report.target("docker create-to-first-command p50 <= 20 ms with the warm pool", p50 <= 20, f"{p50:.1f} ms")
+    report.target(
+        "docker create-to-first-command p50 <= 20 ms with the warm pool", p50 <= 20, f"{p50:.1f} ms"
+    )
 
 
 async def _wait_pool(sandbox: Any, count: int, seconds: float = 30.0) -> None:
@@ -295,13 +303,20 @@ async def _stream_docker(report: Report) -> None:
     try:
 
         async def raw_out() -> int:
-            return await asyncio.to_thread(_sdk_stream, client, session.container_id, _stdout_argv(report, "docker"), None)
+            return await asyncio.to_thread(
+                _sdk_stream, client, session.container_id, _stdout_argv(report, "docker"), None
+            )
 
         async def raw_in() -> int:
             return await asyncio.to_thread(_sdk_stream, client, session.container_id, ["cat"], payload)
 
         await _stream_rows(
-            report, "docker", session, rounds, ("raw SDK exec stream", raw_out), ("raw SDK exec socket", raw_in)
+            report,
+            "docker",
+            session,
+            rounds,
+            ("raw SDK exec stream", raw_out),
+            ("raw SDK exec socket", raw_in),
         )
     finally:
         await session.destroy()
@@ -313,7 +328,12 @@ Throughput = Callable[[], Awaitable[int]]
 
 
 async def _stream_rows(
-    report: Report, kind: str, session: Any, rounds: int, raw_out: tuple[str, Throughput], raw_in: tuple[str, Throughput]
+    report: Report,
+    kind: str,
+    session: Any,
+    rounds: int,
+    raw_out: tuple[str, Throughput],
+    raw_in: tuple[str, Throughput],
 ) -> None:
     """stdout of 256 MiB and a 64 MiB stdin echo (a smoke run: 32 and 8) through our API, each next to its raw
     baseline; then the targets."""
@@ -377,7 +397,9 @@ async def _server_exec(report: Report, client: Any) -> None:
         )
     await client.destroy(info["id"])
     _compare(report, "server", "ms", samples, "local exec true: direct Python API")
-    added = report.rows["local exec true: REST"].median - report.rows["local exec true: direct Python API"].median
+    added = (
+        report.rows["local exec true: REST"].median - report.rows["local exec true: direct Python API"].median
+    )
     report.rows["local exec true: REST"].extra["added_ms"] = added
     report.target("REST exec adds <= 2 ms over the direct API (local)", added <= 2.0, f"+{added:.2f} ms")
 
@@ -424,7 +446,9 @@ async def _server_stream(report: Report, client: Any) -> None:
         async def ws() -> int:
             return await drain(await client.exec_start(info["id"], argv, timeout_seconds=120))
 
-        base, compared = (f"local stdout {report.stdout_mib} MiB: {way}" for way in ("direct handle", "websocket"))
+        base, compared = (
+            f"local stdout {report.stdout_mib} MiB: {way}" for way in ("direct handle", "websocket")
+        )
         samples = await interleaved_throughput(rounds, {base: direct, compared: ws})
         _compare(report, "server", "MiB/s", samples, base)
     await client.destroy(info["id"])
@@ -434,7 +458,10 @@ async def _server_stream(report: Report, client: Any) -> None:
 
 async def _server_concurrency(report: Report, client: Any, server: JupyterServer) -> None:
     sessions, execs = (8, 5) if report.quick else (32, 20)
-    ids = [info["id"] for info in await asyncio.gather(*(client.create(ttl_seconds=600) for _ in range(sessions)))]
+    ids = [
+        info["id"]
+        for info in await asyncio.gather(*(client.create(ttl_seconds=600) for _ in range(sessions)))
+    ]
     # a warm-up pass, so what is measured is growth under load, not the first allocations
     await asyncio.gather(*(client.exec(i, ["true"], timeout_seconds=60) for i in ids))
     rss_before = server.rss_mib()
@@ -471,11 +498,17 @@ async def _server_concurrency(report: Report, client: Any, server: JupyterServer
         rss_peak_mib=peak,
         rss_after_mib=rss_after,
     )
-    print(f"   p50 {row.median:.1f} ms, p99 {row.extra['p99_ms']:.1f} ms, {row.extra['execs_per_second']:.0f} exec/s, "
-          f"server RSS {rss_before:.0f} -> peak {peak:.0f} -> {rss_after:.0f} MiB", flush=True)
+    print(
+        f"   p50 {row.median:.1f} ms, p99 {row.extra['p99_ms']:.1f} ms, {row.extra['execs_per_second']:.0f} exec/s, "
+        f"server RSS {rss_before:.0f} -> peak {peak:.0f} -> {rss_after:.0f} MiB",
+        flush=True,
+    )
     growth = rss_after - rss_before
-    report.target("server RSS growth over the concurrency run <= 50 MiB", growth <= 50,
-                  f"{growth:+.1f} MiB (peak {peak - rss_before:+.1f} MiB)")
+    report.target(
+        "server RSS growth over the concurrency run <= 50 MiB",
+        growth <= 50,
+        f"{growth:+.1f} MiB (peak {peak - rss_before:+.1f} MiB)",
+    )
 
 
 def _p(values: list[float], q: float) -> float:
@@ -500,7 +533,11 @@ async def peer_group(report: Report) -> None:
 
     def peer_open() -> Any:
         session = SandboxSession(
-            lang="python", backend="docker", client=client, image=image, skip_environment_setup=True,
+            lang="python",
+            backend="docker",
+            client=client,
+            image=image,
+            skip_environment_setup=True,
             runtime_configs={"labels": BENCH_LABEL},
         )
         session.open()
@@ -530,7 +567,10 @@ async def peer_group(report: Report) -> None:
         await session.destroy()
         return first - started
 
-    samples: dict[str, list[float]] = {"peer llm-sandbox create to first command": [], "ours create to first command (pool off)": []}
+    samples: dict[str, list[float]] = {
+        "peer llm-sandbox create to first command": [],
+        "ours create to first command (pool off)": [],
+    }
     try:
         for _ in range(rounds):
             samples["peer llm-sandbox create to first command"].append(await peer_create() * 1000)
@@ -545,7 +585,9 @@ async def peer_group(report: Report) -> None:
             async def ours_exec() -> None:
                 assert (await session.exec(TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
 
-            execs = await interleaved(report.rounds(40), {"peer llm-sandbox exec": peer_exec, "ours exec (vs peer)": ours_exec})
+            execs = await interleaved(
+                report.rounds(40), {"peer llm-sandbox exec": peer_exec, "ours exec (vs peer)": ours_exec}
+            )
         finally:
             await asyncio.to_thread(peer_close, peer)
             await session.destroy()
@@ -607,14 +649,20 @@ async def kernel_group(report: Report) -> None:
     os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
     kb.kernelspecs.install("bench-sbx-none", prefix=str(prefix), network="auto")
     provider = _docker_sandbox(PYTHON_IMAGE)
-    plain, sandboxed = kb.Target(KERNEL_PLAIN, "python3"), kb.Target(
-        KERNEL_SANDBOXED, "bench-sbx-none", provider, SandboxPolicy(isolation="container"))
+    plain, sandboxed = (
+        kb.Target(KERNEL_PLAIN, "python3"),
+        kb.Target(KERNEL_SANDBOXED, "bench-sbx-none", provider, SandboxPolicy(isolation="container")),
+    )
     started = []
     try:
         async with kb.image_kernel(PYTHON_IMAGE) as same_image:
             for target in (plain, sandboxed):
                 started.append(await _kernel_started(report, kb, target))
-            clients = {KERNEL_PLAIN: started[0][1], KERNEL_SAME_IMAGE: same_image, KERNEL_SANDBOXED: started[1][1]}
+            clients = {
+                KERNEL_PLAIN: started[0][1],
+                KERNEL_SAME_IMAGE: same_image,
+                KERNEL_SANDBOXED: started[1][1],
+            }
             sandboxed.install()
 
             def trip(kc: Any) -> Callable[[], Awaitable[float]]:
@@ -624,11 +672,14 @@ async def kernel_group(report: Report) -> None:
                 async def once() -> int:
                     await kb.time_execute(kc, kb.PRINT_CELL)
                     return kb.PRINT_BYTES
+
                 return once
 
             trips = await interleaved(report.rounds(100), {f"{k} 1+1": trip(kc) for k, kc in clients.items()})
-            prints = await interleaved_throughput(report.rounds(4) if not report.quick else 2,
-                                                  {f"{k} print 64 MiB": printed(kc) for k, kc in clients.items()})
+            prints = await interleaved_throughput(
+                report.rounds(4) if not report.quick else 2,
+                {f"{k} print 64 MiB": printed(kc) for k, kc in clients.items()},
+            )
     finally:
         for km, kc in started:
             with contextlib.suppress(Exception):
@@ -645,12 +696,15 @@ async def kernel_group(report: Report) -> None:
         for name, values in samples.items():
             report.add(Row("kernel", name, unit, values, baseline=base))
     trip_ratio = report.ratio(f"{KERNEL_SANDBOXED} 1+1")
-    report.target("sandboxed kernel on docker: 1+1 <= 1.2x a plain kernel", trip_ratio <= 1.2, f"{trip_ratio:.2f}x")
+    report.target(
+        "sandboxed kernel on docker: 1+1 <= 1.2x a plain kernel", trip_ratio <= 1.2, f"{trip_ratio:.2f}x"
+    )
     sandboxed_mib = report.rows[f"{KERNEL_SANDBOXED} print 64 MiB"].median
     same_mib = report.rows[f"{KERNEL_SAME_IMAGE} print 64 MiB"].median
     ratio = sandboxed_mib / same_mib
     report.target(
-        "sandboxed kernel on docker: 64 MiB printed >= 0.7x a plain kernel (of the same image)", ratio >= 0.7,
+        "sandboxed kernel on docker: 64 MiB printed >= 0.7x a plain kernel (of the same image)",
+        ratio >= 0.7,
         f"{ratio:.2f}x; {report.ratio(f'{KERNEL_SANDBOXED} print 64 MiB'):.2f}x the host's own ipykernel",
     )
 
@@ -669,9 +723,15 @@ async def agent_group(report: Report) -> None:
     for case, label in (("out", f"stdout {out_mib} MiB"), ("in", f"stdin echo {in_mib} MiB")):
         base = f"agent {label}: raw SDK exec stream"
         report.add(Row("agent", base, "MiB/s", samples[f"{case} raw"]))
-        report.add(Row("agent", f"agent {label}: through the agent", "MiB/s", samples[f"{case} agent"], baseline=base))
-    report.note("the agent group is the exec transport (a fallback): its channel is one exec stream, which bounds "
-                "it, so its ratios are its cost, not targets; the streamed-bytes targets are the docker group's")
+        report.add(
+            Row(
+                "agent", f"agent {label}: through the agent", "MiB/s", samples[f"{case} agent"], baseline=base
+            )
+        )
+    report.note(
+        "the agent group is the exec transport (a fallback): its channel is one exec stream, which bounds "
+        "it, so its ratios are its cost, not targets; the streamed-bytes targets are the docker group's"
+    )
 
 
 async def vm_group(report: Report) -> None:

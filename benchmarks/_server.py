@@ -23,8 +23,14 @@ def _free_port() -> int:
 class JupyterServer:
     """``with JupyterServer(provider="local") as server:`` -- ``server.url``, ``server.token``, ``server.rss_mib()``."""
 
-    def __init__(self, provider: str = "local", startup_seconds: float = 60.0, *, isolation: str = "none",
-                 args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        provider: str = "local",
+        startup_seconds: float = 60.0,
+        *,
+        isolation: str = "none",
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.provider = provider
         self.isolation = isolation
         self.args = args

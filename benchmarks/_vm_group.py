@@ -24,8 +24,9 @@ RESTORE_TARGET_SECONDS = 0.4
 Compare = Callable[[Report, str, str, dict[str, list[float]], str], None]
 
 
-async def vm_rows(report: Report, docker_sandbox: Callable[..., Any], image_of: Callable[[Report], str],
-                  compare: Compare) -> None:
+async def vm_rows(
+    report: Report, docker_sandbox: Callable[..., Any], image_of: Callable[[Report], str], compare: Compare
+) -> None:
     """The group's rows (``compare`` adds a baseline's rows to the report, as _groups does)."""
     from jupyter_tai_sandbox.providers.vm import VmSandbox
     from jupyter_tai_sandbox.providers.vm.guest.probe import probe
@@ -43,16 +44,24 @@ async def vm_rows(report: Report, docker_sandbox: Callable[..., Any], image_of: 
         # the image's root disk and its golden, untimed
         await (await rooted.create(SessionSpec(image=image, **none))).destroy()
         variants = {
-            "docker create to first command (same run)": lambda: _first_command(docker, SessionSpec(image=image)),
-            f"vm create to first command: restored ({accel})": lambda: _first_command(restored, SessionSpec(**none)),
-            f"vm create to first command: restored, the docker image as its root ({accel})":
-                lambda: _first_command(rooted, SessionSpec(image=image, **none)),
-            f"vm create to first command: booted ({accel})": lambda: _first_command(cold, SessionSpec(**none)),
+            "docker create to first command (same run)": lambda: _first_command(
+                docker, SessionSpec(image=image)
+            ),
+            f"vm create to first command: restored ({accel})": lambda: _first_command(
+                restored, SessionSpec(**none)
+            ),
+            f"vm create to first command: restored, the docker image as its root ({accel})": lambda: (
+                _first_command(rooted, SessionSpec(image=image, **none))
+            ),
+            f"vm create to first command: booted ({accel})": lambda: _first_command(
+                cold, SessionSpec(**none)
+            ),
         }
         if "egress" in restored.networks:  # as docker's: on the owner's egress bridge, through a seat
             await (await restored.create(SessionSpec())).destroy()  # its golden (a network card), untimed
-            variants[f"vm create to first command: restored, egress like docker's ({accel})"] = \
-                lambda: _first_command(restored, SessionSpec())
+            variants[f"vm create to first command: restored, egress like docker's ({accel})"] = lambda: (
+                _first_command(restored, SessionSpec())
+            )
         await _create_rows(report, accel, compare, variants)
         ours = await docker.create(SessionSpec(image=image))
         guest = await restored.create(SessionSpec(**none))
@@ -78,7 +87,9 @@ async def _first_command(sandbox: Any, spec: SessionSpec) -> float:
         await session.destroy()
 
 
-async def _create_rows(report: Report, accel: str, compare: Compare, variants: dict[str, Callable[[], Awaitable[float]]]) -> None:
+async def _create_rows(
+    report: Report, accel: str, compare: Compare, variants: dict[str, Callable[[], Awaitable[float]]]
+) -> None:
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(report.rounds(8)):
         for name, once in variants.items():
@@ -87,18 +98,27 @@ async def _create_rows(report: Report, accel: str, compare: Compare, variants: d
     baseline = "docker create to first command (same run)"
     compare(report, "vm", "ms", samples, baseline)
     p50 = statistics.median(samples[f"vm create to first command: restored ({accel})"]) / 1000
-    report.target(f"vm create (restored, {accel}) to first command p50 <= {RESTORE_TARGET_SECONDS:g} s",
-                  p50 <= RESTORE_TARGET_SECONDS, f"{p50:.2f} s")
+    report.target(
+        f"vm create (restored, {accel}) to first command p50 <= {RESTORE_TARGET_SECONDS:g} s",
+        p50 <= RESTORE_TARGET_SECONDS,
+        f"{p50:.2f} s",
+    )
 
 
-async def _exec_rows(report: Report, accel: str, compare: Compare, docker_session: Any, vm_session: Any) -> None:
+async def _exec_rows(
+    report: Report, accel: str, compare: Compare, docker_session: Any, vm_session: Any
+) -> None:
     async def one_shot(session: Any) -> None:
         assert (await session.exec(["sh", "-c", ":"], timeout_seconds=30)).exit_code == 0
 
-    samples = await interleaved(report.rounds(30), {
-        "docker one-shot `sh -c :` (same run)": lambda: one_shot(docker_session),
-        f"vm one-shot `sh -c :` ({accel})": lambda: one_shot(vm_session),
-    }, settle=0.05)
+    samples = await interleaved(
+        report.rounds(30),
+        {
+            "docker one-shot `sh -c :` (same run)": lambda: one_shot(docker_session),
+            f"vm one-shot `sh -c :` ({accel})": lambda: one_shot(vm_session),
+        },
+        settle=0.05,
+    )
     compare(report, "vm", "ms", samples, "docker one-shot `sh -c :` (same run)")
 
     mib = max(1, report.stdout_mib // 4)
@@ -111,15 +131,19 @@ async def _exec_rows(report: Report, accel: str, compare: Compare, docker_sessio
                 moved += len(item.data)
         return moved
 
-    samples = await interleaved_throughput(report.rounds(3), {
-        f"docker stdout {mib} MiB (same run)": lambda: stdout(docker_session),
-        f"vm stdout {mib} MiB ({accel})": lambda: stdout(vm_session),
-    })
+    samples = await interleaved_throughput(
+        report.rounds(3),
+        {
+            f"docker stdout {mib} MiB (same run)": lambda: stdout(docker_session),
+            f"vm stdout {mib} MiB ({accel})": lambda: stdout(vm_session),
+        },
+    )
     compare(report, "vm", "MiB/s", samples, f"docker stdout {mib} MiB (same run)")
 
 
-
-async def _snapshot_rows(report: Report, accel: str, compare: Compare, docker_session: Any, vm_session: Any) -> None:
+async def _snapshot_rows(
+    report: Report, accel: str, compare: Compare, docker_session: Any, vm_session: Any
+) -> None:
     """pause + resume until a command runs again; fork until the copy's first command (its destroy untimed)."""
 
     async def pause_resume(session: Any) -> None:
@@ -128,10 +152,14 @@ async def _snapshot_rows(report: Report, accel: str, compare: Compare, docker_se
         assert (await session.exec(["sh", "-c", ":"], timeout_seconds=30)).exit_code == 0
 
     base = "docker pause + resume + a command (same run)"
-    samples = await interleaved(report.rounds(10), {
-        base: lambda: pause_resume(docker_session),
-        f"vm pause + resume + a command ({accel})": lambda: pause_resume(vm_session),
-    }, settle=0.05)
+    samples = await interleaved(
+        report.rounds(10),
+        {
+            base: lambda: pause_resume(docker_session),
+            f"vm pause + resume + a command ({accel})": lambda: pause_resume(vm_session),
+        },
+        settle=0.05,
+    )
     compare(report, "vm", "ms", samples, base)
 
     async def fork(session: Any) -> float:
@@ -144,7 +172,10 @@ async def _snapshot_rows(report: Report, accel: str, compare: Compare, docker_se
             await copy.destroy()
 
     base = "docker fork to the copy's first command (same run)"
-    variants = {base: lambda: fork(docker_session), f"vm fork to the copy's first command ({accel})": lambda: fork(vm_session)}
+    variants = {
+        base: lambda: fork(docker_session),
+        f"vm fork to the copy's first command ({accel})": lambda: fork(vm_session),
+    }
     samples = {name: [] for name in variants}
     for _ in range(report.rounds(5)):
         for name, once in variants.items():

@@ -75,8 +75,13 @@ def main() -> None:
     parser.add_argument("--image", default="jupyter-tai-sandbox/minimal:latest")
     args = parser.parse_args()
     client = docker.from_env(version="auto")
-    container = client.containers.create(args.image, entrypoint=[AGENT_PATH, "serve"], labels=LABEL,
-                                         name=f"tai-agent-bench-{secrets.token_hex(4)}", network_mode="none")
+    container = client.containers.create(
+        args.image,
+        entrypoint=[AGENT_PATH, "serve"],
+        labels=LABEL,
+        name=f"tai-agent-bench-{secrets.token_hex(4)}",
+        network_mode="none",
+    )
     try:
         container.put_archive("/", _dir_tar())
         container.put_archive("/.tai", agent_tar())
@@ -91,11 +96,17 @@ def main() -> None:
     rows = [("agent (docker exec -i)", agent), ("agent (engine API)", agent_api), ("SDK exec_run", sdk)]
     print(f"one-shot `true` round trip, {args.image}")
     for name, values in rows:
-        print(f"  {name:22s} median {statistics.median(values) * 1e3:7.2f} ms   p95 {p95(values) * 1e3:7.2f} ms"
-              f"   (n={len(values)})")
+        print(
+            f"  {name:22s} median {statistics.median(values) * 1e3:7.2f} ms   p95 {p95(values) * 1e3:7.2f} ms"
+            f"   (n={len(values)})"
+        )
     print(f"  ratio agent/exec_run (median): {statistics.median(agent) / statistics.median(sdk):.3f}")
-    print(f"  agent binary {agent_binary().stat().st_size / 2**20:.2f} MiB; agent RSS after the rounds "
-          f"{rss / 1024:.1f} MiB" if rss else "  agent RSS: not readable from here")
+    print(
+        f"  agent binary {agent_binary().stat().st_size / 2**20:.2f} MiB; agent RSS after the rounds "
+        f"{rss / 1024:.1f} MiB"
+        if rss
+        else "  agent RSS: not readable from here"
+    )
 
 
 def _rss_kib(host_pid: int) -> int | None:

@@ -105,7 +105,9 @@ async def agent_echo(client, payload: bytes) -> int:
     return total
 
 
-async def measure(api, container_id: str, rounds: int, out_bytes: int, payload: bytes) -> dict[str, list[float]]:
+async def measure(
+    api, container_id: str, rounds: int, out_bytes: int, payload: bytes
+) -> dict[str, list[float]]:
     client = await open_docker_api(api, container_id)
     samples: dict[str, list[float]] = {k: [] for k in ("out raw", "out agent", "in raw", "in agent")}
     out_cmd = ["head", "-c", str(out_bytes), "/dev/zero"]
@@ -115,7 +117,11 @@ async def measure(api, container_id: str, rounds: int, out_bytes: int, payload: 
             for key, nbytes, run in (
                 ("out raw", out_bytes, lambda: asyncio.to_thread(raw_exec, api, container_id, out_cmd, None)),
                 ("out agent", out_bytes, lambda: agent_out(client, out_bytes)),
-                ("in raw", len(payload), lambda: asyncio.to_thread(raw_exec, api, container_id, ["cat"], payload)),
+                (
+                    "in raw",
+                    len(payload),
+                    lambda: asyncio.to_thread(raw_exec, api, container_id, ["cat"], payload),
+                ),
                 ("in agent", len(payload), lambda: agent_echo(client, payload)),
             ):
                 t0 = time.perf_counter()
@@ -136,8 +142,10 @@ def summarize(samples: dict[str, list[float]], out_mib: int, in_mib: int) -> lis
         raw, ours = samples[f"{case} raw"], samples[f"{case} agent"]
         ratio = statistics.median(ours) / statistics.median(raw)
         per_round = statistics.median(o / r for o, r in zip(ours, raw, strict=True))
-        print(f"  {label:28s} raw SDK exec stream {statistics.median(raw):7.1f} MiB/s   agent "
-              f"{statistics.median(ours):7.1f} MiB/s   ratio {ratio:.2f}x (per-round median {per_round:.2f}x)")
+        print(
+            f"  {label:28s} raw SDK exec stream {statistics.median(raw):7.1f} MiB/s   agent "
+            f"{statistics.median(ours):7.1f} MiB/s   ratio {ratio:.2f}x (per-round median {per_round:.2f}x)"
+        )
         results.append((label, ratio))
     return results
 
@@ -146,8 +154,13 @@ def run(image: str, rounds: int, out_mib: int, in_mib: int) -> tuple[dict[str, l
     import docker
 
     client = docker.from_env(version="auto", timeout=300)
-    container = client.containers.create(image, entrypoint=[AGENT_PATH, "serve"], labels=LABEL,
-                                         name=f"tai-agent-bench-{secrets.token_hex(4)}", network_mode="none")
+    container = client.containers.create(
+        image,
+        entrypoint=[AGENT_PATH, "serve"],
+        labels=LABEL,
+        name=f"tai-agent-bench-{secrets.token_hex(4)}",
+        network_mode="none",
+    )
     try:
         container.put_archive("/", _dir_tar())
         container.put_archive("/.tai", agent_tar())

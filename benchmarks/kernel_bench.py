@@ -83,9 +83,25 @@ async def image_kernel(image: str = PYTHON_IMAGE) -> AsyncIterator[Any]:
     path, _ = write_connection_file(str(folder / "kernel.json"), ip="127.0.0.1")
     os.chmod(path, 0o644)
     run = await asyncio.create_subprocess_exec(
-        "docker", "run", "-d", "--rm", "--network", "host", "--label", "jupyter-tai-sandbox.bench=1",
-        "-v", f"{folder}:/kernel", "--entrypoint", "python3", image, "-m", "ipykernel_launcher",
-        "-f", "/kernel/kernel.json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "docker",
+        "run",
+        "-d",
+        "--rm",
+        "--network",
+        "host",
+        "--label",
+        "jupyter-tai-sandbox.bench=1",
+        "-v",
+        f"{folder}:/kernel",
+        "--entrypoint",
+        "python3",
+        image,
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        "/kernel/kernel.json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await run.communicate()
     if run.returncode != 0:
@@ -99,8 +115,14 @@ async def image_kernel(image: str = PYTHON_IMAGE) -> AsyncIterator[Any]:
         yield kc
     finally:
         kc.stop_channels()
-        gone = await asyncio.create_subprocess_exec("docker", "rm", "-f", container, stdout=asyncio.subprocess.DEVNULL,
-                                                    stderr=asyncio.subprocess.DEVNULL)
+        gone = await asyncio.create_subprocess_exec(
+            "docker",
+            "rm",
+            "-f",
+            container,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         await gone.wait()
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -118,11 +140,19 @@ async def _answered(kc: Any, container: str, seconds: float = 120.0) -> None:
             msg = await kc.shell_channel.get_msg(timeout=1)
         except Empty:
             probe = await asyncio.create_subprocess_exec(
-                "docker", "inspect", "-f", "{{.State.Running}}", container,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+                "docker",
+                "inspect",
+                "-f",
+                "{{.State.Running}}",
+                container,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
             out, _ = await probe.communicate()
             if out.strip() != b"true":
-                raise RuntimeError(f"the image's kernel (container {container[:12]}) stopped before it answered") from None
+                raise RuntimeError(
+                    f"the image's kernel (container {container[:12]}) stopped before it answered"
+                ) from None
             continue
         if msg["msg_type"] == "kernel_info_reply":
             while True:  # what the starting kernel published meanwhile is not the first cell's
@@ -156,7 +186,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def interleave(targets: list[Target], rounds: int, measure: Callable[[Target], Awaitable[float]]) -> dict[str, list[float]]:
+async def interleave(
+    targets: list[Target], rounds: int, measure: Callable[[Target], Awaitable[float]]
+) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {t.label: [] for t in targets}
     for _ in range(rounds):
         for target in targets:
@@ -182,8 +214,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         cold = DockerSandbox(image=PYTHON_IMAGE, extra_labels=BENCH_LABEL, pool_size=0)
         warm = DockerSandbox(image=PYTHON_IMAGE, extra_labels=BENCH_LABEL, pool_size=2)
         docker_providers = [cold, warm]
-        targets.append(Target("sandbox docker (network none)", "bench-sbx-none", cold, SandboxPolicy(isolation="container")))
-        targets.append(Target("sandbox docker, warm pool (egress)", "bench-sbx-egress", warm, SandboxPolicy(isolation="container")))
+        targets.append(
+            Target(
+                "sandbox docker (network none)", "bench-sbx-none", cold, SandboxPolicy(isolation="container")
+            )
+        )
+        targets.append(
+            Target(
+                "sandbox docker, warm pool (egress)",
+                "bench-sbx-egress",
+                warm,
+                SandboxPolicy(isolation="container"),
+            )
+        )
     results: dict[str, Any] = {}
     try:
         if docker_providers:  # let the pool fill before it is measured
@@ -250,7 +293,9 @@ def report(results: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--no-docker", action="store_true", help="local rows only")
     parser.add_argument("--json", default=None, help="also write the samples to this JSON file")

@@ -46,8 +46,13 @@ def direct_provider(provider: str, root: str) -> Sandbox:
     return LocalSandbox(root=root)
 
 
-async def pair(report: Report, unit: str, measure: Callable[..., Awaitable[dict[str, list[float]]]],
-               rounds: int, variants: dict[str, Callable[[], Awaitable[Any]]]) -> None:
+async def pair(
+    report: Report,
+    unit: str,
+    measure: Callable[..., Awaitable[dict[str, list[float]]]],
+    rounds: int,
+    variants: dict[str, Callable[[], Awaitable[Any]]],
+) -> None:
     """Measure ``direct`` and ``remote`` round-robin; the first variant is the baseline."""
     samples = await measure(rounds, variants)
     (base, base_samples), (name, values) = samples.items()
@@ -66,15 +71,23 @@ async def bench(provider: str, quick: bool) -> Report:
         here = await direct.create(SessionSpec())
         there = await remote.create(SessionSpec())
         try:
+
             async def exec_direct() -> None:
                 assert (await here.exec(true, timeout_seconds=30)).exit_code == 0
 
             async def exec_remote() -> None:
                 assert (await there.exec(true, timeout_seconds=30)).exit_code == 0
 
-            await pair(report, "ms", interleaved, report.rounds(100), {
-                f"{provider} exec true: direct": exec_direct, f"{provider} exec true: remote": exec_remote,
-            })
+            await pair(
+                report,
+                "ms",
+                interleaved,
+                report.rounds(100),
+                {
+                    f"{provider} exec true: direct": exec_direct,
+                    f"{provider} exec true: remote": exec_remote,
+                },
+            )
 
             async def stream_direct() -> int:
                 return await drain(await here.exec_start(argv, timeout_seconds=300))
@@ -82,10 +95,16 @@ async def bench(provider: str, quick: bool) -> Report:
             async def stream_remote() -> int:
                 return await drain(await there.exec_start(argv, timeout_seconds=300))
 
-            await pair(report, "MiB/s", interleaved_throughput, report.rounds(4), {
-                f"{provider} stdout 256 MiB: direct": stream_direct,
-                f"{provider} stdout 256 MiB: remote": stream_remote,
-            })
+            await pair(
+                report,
+                "MiB/s",
+                interleaved_throughput,
+                report.rounds(4),
+                {
+                    f"{provider} stdout 256 MiB: direct": stream_direct,
+                    f"{provider} stdout 256 MiB: remote": stream_remote,
+                },
+            )
         finally:
             await here.destroy()
             await there.destroy()
@@ -96,7 +115,9 @@ async def bench(provider: str, quick: bool) -> Report:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--provider", default="local", choices=["local", "docker"])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     args = parser.parse_args()
@@ -104,7 +125,9 @@ def main() -> int:
     print(report.table())
     for row in report.rows.values():
         if row.baseline is not None:
-            print(f"ratio remote/direct, {row.name.split(': ')[0]} ({row.unit}): {report.ratio(row.name):.2f}x")
+            print(
+                f"ratio remote/direct, {row.name.split(': ')[0]} ({row.unit}): {report.ratio(row.name):.2f}x"
+            )
     return 0
 
 

@@ -38,10 +38,14 @@ def status_kib(pid: int, field: str) -> int:
     raise RuntimeError(f"no {field} for process {pid}")
 
 
-def call(server: JupyterServer, method: str, path: str, body: object | None = None, timeout: float = 300) -> bytes:
+def call(
+    server: JupyterServer, method: str, path: str, body: object | None = None, timeout: float = 300
+) -> bytes:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        server.url + path, data=data, method=method,
+        server.url + path,
+        data=data,
+        method=method,
         headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -52,7 +56,8 @@ def streamed_exec(server: JupyterServer, session_id: str, argv: list[str]) -> tu
     """Run a one-shot exec, reading its answer in pieces and dropping them: (answer bytes, seconds)."""
     request = urllib.request.Request(
         server.url + f"api/sandbox/sessions/{session_id}/exec",
-        data=json.dumps({"argv": argv, "timeout_seconds": 300}).encode(), method="POST",
+        data=json.dumps({"argv": argv, "timeout_seconds": 300}).encode(),
+        method="POST",
         headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"},
     )
     started = time.monotonic()
@@ -68,7 +73,9 @@ def streamed_exec(server: JupyterServer, session_id: str, argv: list[str]) -> tu
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--provider", default="docker", choices=["docker", "local"])
     parser.add_argument("--mib", type=int, default=100, help="MiB of output of the large exec")
     args = parser.parse_args()
@@ -100,8 +107,10 @@ def main() -> int:
     print(f"output                   {args.mib} MiB (answer {answer / 2**20:.1f} MiB in {seconds:.1f} s)")
     print(f"baseline (tiny output)   RSS {base_rss / 1024:.1f} MiB, peak {base_peak / 1024:.1f} MiB")
     print(f"large output             peak {peak / 1024:.1f} MiB")
-    print(f"peak growth / output     {ratio:.2f}x  (target < {TARGET_RATIO:g}x)  "
-          f"{'PASS' if ratio < TARGET_RATIO else 'MISS'}")
+    print(
+        f"peak growth / output     {ratio:.2f}x  (target < {TARGET_RATIO:g}x)  "
+        f"{'PASS' if ratio < TARGET_RATIO else 'MISS'}"
+    )
     return 0
 
 

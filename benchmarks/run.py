@@ -31,7 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--only", action="append", choices=sorted(GROUPS), help="run only these groups")
     parser.add_argument("--image", default=None, help="session image (default: the minimal test image)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"folder for the JSON and chart (default: {RESULTS})")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help=f"folder for the JSON and chart (default: {RESULTS})"
+    )
     return parser.parse_args(argv)
 
 

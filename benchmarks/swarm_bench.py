@@ -44,8 +44,12 @@ def p95(values: list[float]) -> float:
 
 
 def swarm(*args: str) -> None:
-    subprocess.run(["bash", str(REPO / ".ci" / "swarm"), *args], check=True, timeout=300,
-                   env={**os.environ, "TAI_SWARM_IMAGES": DEFAULT_IMAGE})
+    subprocess.run(
+        ["bash", str(REPO / ".ci" / "swarm"), *args],
+        check=True,
+        timeout=300,
+        env={**os.environ, "TAI_SWARM_IMAGES": DEFAULT_IMAGE},
+    )
 
 
 def providers() -> dict[str, Any]:
@@ -53,8 +57,12 @@ def providers() -> dict[str, Any]:
     return {
         "docker": DockerSandbox(image=DEFAULT_IMAGE, extra_labels=LABEL),
         "swarm": SwarmSandbox(
-            base_url="tcp://10.213.7.11:2376", tls_ca=str(tls / "ca.pem"), tls_cert=str(tls / "cert.pem"),
-            tls_key=str(tls / "key.pem"), image=DEFAULT_IMAGE, extra_labels=LABEL,
+            base_url="tcp://10.213.7.11:2376",
+            tls_ca=str(tls / "ca.pem"),
+            tls_cert=str(tls / "cert.pem"),
+            tls_key=str(tls / "key.pem"),
+            image=DEFAULT_IMAGE,
+            extra_labels=LABEL,
         ),
     }
 
@@ -138,7 +146,9 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--json", default=None, help="also write the samples to this JSON file")
     args = parser.parse_args()

@@ -43,7 +43,11 @@ c.JupyterHub.services = [
             # the service's scope on the engine: it sees and reaps only what it made
             "TAI_SANDBOX_DEPLOYMENT": "jupyterhub-tai-sandbox",
             # the hub passes services almost none of its own environment
-            **{k: os.environ[k] for k in ("PATH", "DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY") if k in os.environ},
+            **{
+                k: os.environ[k]
+                for k in ("PATH", "DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
+                if k in os.environ
+            },
         },
     }
 ]
@@ -58,7 +62,11 @@ c.JupyterHub.load_roles = [
     # every user may reach the service (its access scope); their sessions are their own
     {"name": "user", "scopes": ["self", f"access:services!service={SERVICE}"]},
     # the operator names the service's admins (none here)
-    {"name": "tai-sandbox-admin", "scopes": ["custom:tai-sandbox:admin", f"access:services!service={SERVICE}"], "users": []},
+    {
+        "name": "tai-sandbox-admin",
+        "scopes": ["custom:tai-sandbox:admin", f"access:services!service={SERVICE}"],
+        "users": [],
+    },
 ]
 # each user's server token (JUPYTERHUB_API_TOKEN) may call the service as that user; it carries the
 # admin scope only for users who hold it (the hub gives a server token the subset its user holds)

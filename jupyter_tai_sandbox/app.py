@@ -300,7 +300,10 @@ class SandboxApp(ExtensionApp):
                 previous.kind,
             )
         sandboxes.register_sandbox(
-            provider, policy=self.policy, output_limit=self.max_output_bytes, spill_limit=self.max_spill_bytes,
+            provider,
+            policy=self.policy,
+            output_limit=self.max_output_bytes,
+            spill_limit=self.max_spill_bytes,
             replace=True,
         )
         self.sandbox = self.access.gate_for(provider)
@@ -326,14 +329,19 @@ class SandboxApp(ExtensionApp):
             if settings[new] != trait.default_value or new in taken:
                 self.log.warning(
                     "jupyter_tai_sandbox: %s.%s is deprecated and ignored: SandboxApp.%s = %r is in force",
-                    section, old, new, settings[new],
+                    section,
+                    old,
+                    new,
+                    settings[new],
                 )
                 continue
             settings[new] = trait.from_string(value) if isinstance(value, str) else value
             taken[new] = f"{section}.{old}"
             self.log.warning(
                 "jupyter_tai_sandbox: %s.%s is deprecated: set SandboxApp.%s (it applies to both doors)",
-                section, old, new,
+                section,
+                old,
+                new,
             )
         return LiveCommandPolicy(
             grace_seconds=settings["live_command_grace_seconds"],

@@ -47,8 +47,13 @@ def _build_python_image(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, flush=True)
 
-    options = {"suite": args.suite, "mirror": args.mirror, "force": args.force, "progress": progress,
-               "base_url": args.base_url}
+    options = {
+        "suite": args.suite,
+        "mirror": args.mirror,
+        "force": args.force,
+        "progress": progress,
+        "base_url": args.base_url,
+    }
     try:
         if args.pip:
             build_with_packages(args.name or PYTHON_IMAGE, args.pip, **options)
@@ -135,9 +140,13 @@ def _add_kernelspec_commands(commands: Any) -> None:
     )
     sub = kernelspec.add_subparsers(dest="kernelspec_command", required=True)
     install = sub.add_parser("install", help="write a sandboxed kernelspec")
-    install.add_argument("--name", default=DEFAULT_NAME, help=f"the kernelspec's name (default: {DEFAULT_NAME})")
     install.add_argument(
-        "--display-name", default=DEFAULT_DISPLAY_NAME, help=f"shown in the launcher (default: {DEFAULT_DISPLAY_NAME!r})"
+        "--name", default=DEFAULT_NAME, help=f"the kernelspec's name (default: {DEFAULT_NAME})"
+    )
+    install.add_argument(
+        "--display-name",
+        default=DEFAULT_DISPLAY_NAME,
+        help=f"shown in the launcher (default: {DEFAULT_DISPLAY_NAME!r})",
     )
     install.add_argument(
         "--image",
@@ -150,16 +159,26 @@ def _add_kernelspec_commands(commands: Any) -> None:
         default="auto",
         help="the session's network; auto (default): none where the provider can, else egress (local)",
     )
-    install.add_argument("--persistent", metavar="KEY", default=None, help="keep the workspace in volume KEY across restarts")
+    install.add_argument(
+        "--persistent", metavar="KEY", default=None, help="keep the workspace in volume KEY across restarts"
+    )
     install.add_argument("--cpu", type=float, default=None, help="CPUs for the session (docker)")
     install.add_argument("--memory", type=int, metavar="MB", default=None, help="memory cap in MiB (docker)")
     install.add_argument(
-        "--ttl", type=duration_type("--ttl"), metavar="DURATION", default=None,
+        "--ttl",
+        type=duration_type("--ttl"),
+        metavar="DURATION",
+        default=None,
         help="the kernel's life, its session's TTL and its commands' deadline: seconds or 30m, 8h, 1h30m "
         "(default: the longest the policy "
         "allows, the lower of SandboxPolicy.max_ttl_seconds and max_timeout_seconds; past either the start is refused)",
     )
-    install.add_argument("--isolation", choices=("none", "container", "vm"), default=None, help="ask for at least this isolation")
+    install.add_argument(
+        "--isolation",
+        choices=("none", "container", "vm"),
+        default=None,
+        help="ask for at least this isolation",
+    )
     install.add_argument(
         "--provider",
         choices=("local", "docker"),
@@ -247,7 +266,9 @@ def _preset_run(args: argparse.Namespace) -> int:
     if name.strip().lower() not in sandboxes.OFF_VALUES:
         cls = sandboxes.load_provider_class(name.strip())
         provider = cls(config=config) if issubclass(cls, Configurable) else cls()
-        limit = config.get("SandboxApp", {}).get("max_output_bytes")  # the server's output limit, when configured
+        limit = config.get("SandboxApp", {}).get(
+            "max_output_bytes"
+        )  # the server's output limit, when configured
         sandboxes.register_sandbox(
             provider,
             policy=SandboxPolicy(config=config),
@@ -385,14 +406,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help=f"image name (default: {DEFAULT_IMAGE}; with --python: jupyter-tai-sandbox/python:latest)",
     )
-    build.add_argument("--base-url", default=None, help="Docker engine URL (default: $DOCKER_HOST or the unix socket)")
+    build.add_argument(
+        "--base-url", default=None, help="Docker engine URL (default: $DOCKER_HOST or the unix socket)"
+    )
     build.add_argument(
         "--python",
         action="store_true",
         help="build the Python image (python3, ipykernel) with debootstrap and docker import; needs root",
     )
     build.add_argument(
-        "--force", action="store_true",
+        "--force",
+        action="store_true",
         help="rebuild even an up-to-date image (default: an image built from the same files is kept, not re-tagged)",
     )
     build.add_argument(
@@ -403,8 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="""with --python: Python packages to add (pip requirements, e.g. pandas 'pyarrow>=15'): wheels
         fetched by this machine's pip for the image's Python, cached, and installed in the image offline""",
     )
-    build.add_argument("--suite", default="bookworm", help="with --python: the Debian suite (default: bookworm)")
-    build.add_argument("--mirror", default=None, help="with --python: the Debian mirror (default: the one apt uses)")
+    build.add_argument(
+        "--suite", default="bookworm", help="with --python: the Debian suite (default: bookworm)"
+    )
+    build.add_argument(
+        "--mirror", default=None, help="with --python: the Debian mirror (default: the one apt uses)"
+    )
     build.set_defaults(run=_build_image)
     _add_preset_commands(commands)
     _add_kernelspec_commands(commands)

@@ -59,7 +59,8 @@ class SandboxSessionGoneError(SandboxNotFoundError):
     def __init__(self, session_id: str, reason: str, message: str | None = None) -> None:
         if message is None:
             message = (
-                f"session {session_id} reached its TTL and was reaped" if reason == "ttl"
+                f"session {session_id} reached its TTL and was reaped"
+                if reason == "ttl"
                 else f"session {session_id} was destroyed"
             )
         super().__init__(message, details={"session_id": session_id, "reason": reason})

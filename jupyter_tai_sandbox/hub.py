@@ -109,10 +109,14 @@ class HubServiceIdentityProvider(IdentityProvider):
             return None
         if not hub_auth.check_scopes(hub_auth.access_scopes, model):
             self.log.warning(
-                "tai-sandbox service: user %r's token lacks %s", name, " or ".join(sorted(hub_auth.access_scopes))
+                "tai-sandbox service: user %r's token lacks %s",
+                name,
+                " or ".join(sorted(hub_auth.access_scopes)),
             )
             return None
-        handler._token_authenticated = True  # no XSRF cookie or origin check for a token (jupyter_server's rule)
+        handler._token_authenticated = (
+            True  # no XSRF cookie or origin check for a token (jupyter_server's rule)
+        )
         handler._tai_hub_user = HubUser(username=name, hub_scopes=frozenset(model.get("scopes", ())))
         return handler._tai_hub_user  # type: ignore[no-any-return]
 

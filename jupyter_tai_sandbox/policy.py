@@ -316,7 +316,9 @@ class StreamScrubber:
 
     def _could_grow(self, tail: bytes) -> bool:
         """Whether ``tail`` is a proper prefix of a value (so more data might complete it)."""
-        return len(tail) < self.longest and any(len(v) > len(tail) and v.startswith(tail) for v in self.values)
+        return len(tail) < self.longest and any(
+            len(v) > len(tail) and v.startswith(tail) for v in self.values
+        )
 
     def feed(self, data: bytes) -> bytes:
         """The scrubbed bytes that can be released now."""

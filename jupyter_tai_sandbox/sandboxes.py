@@ -81,7 +81,9 @@ def load_provider_class(name: str) -> type[Sandbox]:
             f"cannot load sandbox provider {name!r} named by TAI_MCP_SANDBOX (sandbox_module): {e}"
         ) from e
     if not (isinstance(cls, type) and issubclass(cls, Sandbox)):
-        raise SandboxUnavailableError(f"sandbox_module {name!r} (TAI_MCP_SANDBOX) is not a Sandbox provider class")
+        raise SandboxUnavailableError(
+            f"sandbox_module {name!r} (TAI_MCP_SANDBOX) is not a Sandbox provider class"
+        )
     return cls
 
 
@@ -154,7 +156,9 @@ def register_sandbox(
         )
     if output_limit is None:
         output_limit = DEFAULT_OUTPUT_LIMIT if _default_output_limit is None else _default_output_limit
-    _installed = GatedSandbox(provider, policy or _default_policy or SandboxPolicy(), output_limit, spill_limit)
+    _installed = GatedSandbox(
+        provider, policy or _default_policy or SandboxPolicy(), output_limit, spill_limit
+    )
     _configured = True
     _failure = None
     return _installed
@@ -253,7 +257,9 @@ def status_info(*, show_credentials: bool = True) -> dict[str, Any]:
     return describe(_installed, _failure, show_credentials=show_credentials)
 
 
-def describe(gate: GatedSandbox | None, failure: str | None, *, show_credentials: bool = True) -> dict[str, Any]:
+def describe(
+    gate: GatedSandbox | None, failure: str | None, *, show_credentials: bool = True
+) -> dict[str, Any]:
     """The kind row of ``gate`` (None: off, or ``failure`` says why it could not start)."""
     info: dict[str, Any] = {"kind": gate.kind if gate is not None else "off"}
     if failure is not None:

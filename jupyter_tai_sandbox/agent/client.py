@@ -17,15 +17,26 @@ from . import protocol as p
 from .command import STDIN_CHUNK, AgentCommand, ExitStatus, _quiet
 from .errors import AgentConnectionLost, AgentError
 
-DEFAULT_WINDOW = 1 << 20  # at most the agent's ring (clamped to it at HELLO): what is in flight when a connection drops can be resumed
+DEFAULT_WINDOW = (
+    1 << 20
+)  # at most the agent's ring (clamped to it at HELLO): what is in flight when a connection drops can be resumed
 READ_SIZE = 1 << 20
 #: the agent's folder in a session: a read-only mount in a provider's sessions (PROTOCOL.md, Injection)
 AGENT_DIR = "/.tai"
 AGENT_PATH = "/.tai/agent"
 
 __all__ = [
-    "AGENT_DIR", "AGENT_PATH", "DEFAULT_WINDOW", "READ_SIZE", "STALL_CHECK_SECONDS", "STDIN_CHUNK",
-    "AgentClient", "AgentCommand", "AgentConnectionLost", "AgentError", "ExitStatus",
+    "AGENT_DIR",
+    "AGENT_PATH",
+    "DEFAULT_WINDOW",
+    "READ_SIZE",
+    "STALL_CHECK_SECONDS",
+    "STDIN_CHUNK",
+    "AgentClient",
+    "AgentCommand",
+    "AgentConnectionLost",
+    "AgentError",
+    "ExitStatus",
 ]
 
 
@@ -40,8 +51,14 @@ def _as_user(user: tuple[int, int] | None) -> dict[str, int]:
 class AgentClient:
     """One connection to a session agent."""
 
-    def __init__(self, reader: asyncio.StreamReader | None, writer: Any, *,
-                 window: int = DEFAULT_WINDOW, process: asyncio.subprocess.Process | None = None) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader | None,
+        writer: Any,
+        *,
+        window: int = DEFAULT_WINDOW,
+        process: asyncio.subprocess.Process | None = None,
+    ) -> None:
         """``reader`` is a stream to read frames from, or None when a protocol pushes the bytes it receives
         through :meth:`feed` and :meth:`feed_eof` (no copy through a StreamReader: see ``transport.py``).
         ``writer`` needs ``write``, ``drain``, ``close`` and ``is_closing`` (a StreamWriter has them)."""
@@ -76,9 +93,13 @@ class AgentClient:
     async def open_client(client: AgentClient) -> AgentClient:
         """The handshake on a client made with its byte stream (closed if it fails)."""
         try:
-            client.info = await client._call("hello", 0, p.encode_json(p.HELLO, 0, {"version": p.PROTOCOL_VERSION}))
+            client.info = await client._call(
+                "hello", 0, p.encode_json(p.HELLO, 0, {"version": p.PROTOCOL_VERSION})
+            )
             if isinstance(client.info.get("ring"), int) and client.info["ring"] > 0:
-                client.window = min(client.window, client.info["ring"])  # every byte in flight stays resumable
+                client.window = min(
+                    client.window, client.info["ring"]
+                )  # every byte in flight stays resumable
         except BaseException:
             await client.close()
             raise
@@ -88,7 +109,10 @@ class AgentClient:
     async def over_command(cls, argv: Sequence[str], **kw: Any) -> AgentClient:
         """Run ``argv`` (e.g. ``docker exec -i CTR /.tai/agent connect``) and speak over its stdin/stdout."""
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
             limit=2 * p.MAX_FRAME_BODY,
         )
         assert proc.stdout is not None and proc.stdin is not None
@@ -240,10 +264,22 @@ class AgentClient:
             if id_ and id_ not in self._commands:
                 return id_
 
-    async def start(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
-                    pty: bool = False, rows: int = 24, cols: int = 80, timeout: float | None = None,
-                    window: int | None = None, uid: int | None = None, gid: int | None = None,
-                    label: str | None = None, root: str | None = None) -> AgentCommand:
+    async def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        pty: bool = False,
+        rows: int = 24,
+        cols: int = 80,
+        timeout: float | None = None,
+        window: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        label: str | None = None,
+        root: str | None = None,
+    ) -> AgentCommand:
         """Start a command; an absent program raises AgentError with code ``ENOENT``. ``uid``/``gid`` run it as
         that user and group (``gid`` defaults to ``uid``) with no supplementary groups. ``label`` (at most
         4096 bytes) is kept with the command and listed back: how a later client knows it for its own. ``root``:
@@ -296,7 +332,9 @@ class AgentClient:
             await cmd.release()
         self._commands.pop(cmd.id, None)
 
-    async def connect_tcp(self, port: int, host: str = "127.0.0.1", *, window: int | None = None) -> AgentCommand:
+    async def connect_tcp(
+        self, port: int, host: str = "127.0.0.1", *, window: int | None = None
+    ) -> AgentCommand:
         """A TCP connection to a port inside the session (its own network: works with network ``none``),
         carried like a command: ``read`` gives what the peer sends, ``write`` sends, ``close_stdin`` half-closes,
         ``kill`` closes; ``wait`` ends with code 0 once the peer's side has ended. Refused: ``ECONNREFUSED``."""
@@ -306,8 +344,11 @@ class AgentClient:
             conn = AgentCommand(self, id_, pty=False, window=window, tcp=True)
             self._commands[id_] = conn
             try:
-                started = await self._call("start", id_, p.encode_json(
-                    p.CONNECT, id_, {"host": host, "port": port, "window": window}))
+                started = await self._call(
+                    "start",
+                    id_,
+                    p.encode_json(p.CONNECT, id_, {"host": host, "port": port, "window": window}),
+                )
             except AgentError as e:
                 self._commands.pop(id_, None)
                 if e.code == "EEXIST":
@@ -317,21 +358,34 @@ class AgentClient:
             return conn
         raise AgentError("EEXIST", "no free command id", "start")
 
-    async def attach(self, id_: int, *, stdout: int = 0, stderr: int = 0, window: int | None = None) -> AgentCommand:
+    async def attach(
+        self, id_: int, *, stdout: int = 0, stderr: int = 0, window: int | None = None
+    ) -> AgentCommand:
         """Take over a command the agent holds, resuming each stream at the given offset."""
         window = window or self.window
         info = next((c for c in await self.list() if c["id"] == id_), None)
         if info is None:
             raise AgentError("ESRCH", f"no command {id_}", "attach")
-        cmd = AgentCommand(self, id_, pty=info["pty"], window=window, offsets=(stdout, stderr),
-                           tcp=info["argv"][0] == "tcp" and info["pid"] == 0)
+        cmd = AgentCommand(
+            self,
+            id_,
+            pty=info["pty"],
+            window=window,
+            offsets=(stdout, stderr),
+            tcp=info["argv"][0] == "tcp" and info["pid"] == 0,
+        )
         previous = self._commands.get(id_)
-        if previous is not None:  # this connection reads it already: that reader is told, as another connection's
+        if (
+            previous is not None
+        ):  # this connection reads it already: that reader is told, as another connection's
             previous._fail(AgentError("EBUSY", "another attach took this command", "attach"))
         self._commands[id_] = cmd
         try:
-            reply = await self._call("attach", id_, p.encode_json(
-                p.ATTACH, id_, {"stdout": stdout, "stderr": stderr, "window": window}))
+            reply = await self._call(
+                "attach",
+                id_,
+                p.encode_json(p.ATTACH, id_, {"stdout": stdout, "stderr": stderr, "window": window}),
+            )
         except BaseException:
             self._commands.pop(id_, None)
             raise
@@ -360,21 +414,36 @@ class AgentClient:
         """``{"type": "file"|"dir"|"symlink"|"other", "size", "mode", "mtime"}`` (symlinks inside followed)."""
         return await self._file(p.FILE_STAT, {"root": root, "path": path}, user)
 
-    async def listdir(self, root: str, path: str = ".", *, user: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    async def listdir(
+        self, root: str, path: str = ".", *, user: tuple[int, int] | None = None
+    ) -> list[dict[str, Any]]:
         reply = await self._file(p.FILE_LIST, {"root": root, "path": path}, user)
         return reply["entries"]
 
-    async def read_file(self, root: str, path: str, *, chunk: int = p.MAX_READ_CHUNK, parallel: int = 4,
-                        user: tuple[int, int] | None = None) -> bytes:
+    async def read_file(
+        self,
+        root: str,
+        path: str,
+        *,
+        chunk: int = p.MAX_READ_CHUNK,
+        parallel: int = 4,
+        user: tuple[int, int] | None = None,
+    ) -> bytes:
         """The whole file, read in chunks with a few requests in flight."""
-        first = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": 0, "length": chunk}, user)
+        first = await self._file(
+            p.FILE_READ, {"root": root, "path": path, "offset": 0, "length": chunk}, user
+        )
         size = p.U64.unpack_from(first)[0]
         parts = [first[p.U64.size :]]
         offset = len(parts[0])
         while offset < size and len(parts[-1]) == chunk:
             offsets = range(offset, size, chunk)[:parallel]
-            replies = await asyncio.gather(*(self._file(
-                p.FILE_READ, {"root": root, "path": path, "offset": o, "length": chunk}, user) for o in offsets))
+            replies = await asyncio.gather(
+                *(
+                    self._file(p.FILE_READ, {"root": root, "path": path, "offset": o, "length": chunk}, user)
+                    for o in offsets
+                )
+            )
             for reply in replies:
                 parts.append(reply[p.U64.size :])
                 offset += len(parts[-1])
@@ -382,8 +451,16 @@ class AgentClient:
                 break
         return b"".join(parts)
 
-    async def write_file(self, root: str, path: str, data: bytes, *, mode: int = 0o644, parents: bool = True,
-                         user: tuple[int, int] | None = None) -> int:
+    async def write_file(
+        self,
+        root: str,
+        path: str,
+        data: bytes,
+        *,
+        mode: int = 0o644,
+        parents: bool = True,
+        user: tuple[int, int] | None = None,
+    ) -> int:
         """Upload atomically: into a temp file beside the target, renamed over it only when whole. A failure
         or cancellation aborts it and leaves the target as it was."""
 
@@ -392,14 +469,31 @@ class AgentClient:
 
         return await self.write_stream(root, path, chunks(), mode=mode, parents=parents, user=user)
 
-    async def read_chunk(self, root: str, path: str, offset: int, length: int = p.MAX_READ_CHUNK, *,
-                         user: tuple[int, int] | None = None) -> tuple[int, bytes]:
+    async def read_chunk(
+        self,
+        root: str,
+        path: str,
+        offset: int,
+        length: int = p.MAX_READ_CHUNK,
+        *,
+        user: tuple[int, int] | None = None,
+    ) -> tuple[int, bytes]:
         """``(file size, bytes)``: at most ``length`` bytes of the file from ``offset``."""
-        reply = await self._file(p.FILE_READ, {"root": root, "path": path, "offset": offset, "length": length}, user)
+        reply = await self._file(
+            p.FILE_READ, {"root": root, "path": path, "offset": offset, "length": length}, user
+        )
         return p.U64.unpack_from(reply)[0], reply[p.U64.size :]
 
-    async def write_stream(self, root: str, path: str, chunks: AsyncIterator[bytes], *, mode: int = 0o644,
-                           parents: bool = True, user: tuple[int, int] | None = None) -> int:
+    async def write_stream(
+        self,
+        root: str,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        mode: int = 0o644,
+        parents: bool = True,
+        user: tuple[int, int] | None = None,
+    ) -> int:
         """:meth:`write_file` from an async iterator of chunks (never the whole file in memory)."""
         id_ = self._new_id()
         req = {"root": root, "path": path, "mode": mode, "parents": parents, **_as_user(user)}
@@ -420,15 +514,20 @@ class AgentClient:
             raise
         return reply["size"]
 
-    async def mkdir(self, root: str, path: str, *, parents: bool = False, user: tuple[int, int] | None = None) -> None:
+    async def mkdir(
+        self, root: str, path: str, *, parents: bool = False, user: tuple[int, int] | None = None
+    ) -> None:
         """Make a folder (and its parents)."""
         await self._file(p.FILE_MKDIR, {"root": root, "path": path, "parents": parents}, user)
 
-    async def delete(self, root: str, path: str, *, recursive: bool = False, user: tuple[int, int] | None = None) -> None:
+    async def delete(
+        self, root: str, path: str, *, recursive: bool = False, user: tuple[int, int] | None = None
+    ) -> None:
         await self._file(p.FILE_DELETE, {"root": root, "path": path, "recursive": recursive}, user)
 
-    async def rename(self, root: str, path: str, to: str, *, parents: bool = False,
-                     user: tuple[int, int] | None = None) -> None:
+    async def rename(
+        self, root: str, path: str, to: str, *, parents: bool = False, user: tuple[int, int] | None = None
+    ) -> None:
         await self._file(p.FILE_RENAME, {"root": root, "path": path, "to": to, "parents": parents}, user)
 
     async def close(self) -> None:
@@ -445,7 +544,9 @@ class AgentClient:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        pump = getattr(self, "pump", None)  # the task feeding this client, when it has one (open_docker_streams)
+        pump = getattr(
+            self, "pump", None
+        )  # the task feeding this client, when it has one (open_docker_streams)
         if pump is not None and not pump.done():
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

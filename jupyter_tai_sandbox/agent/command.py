@@ -37,8 +37,14 @@ class ExitStatus:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ExitStatus:
-        return cls(d.get("code"), d.get("signal"), bool(d.get("timed_out")), bool(d.get("killed")),
-                   bool(d.get("core")), bool(d.get("oom_killed")))
+        return cls(
+            d.get("code"),
+            d.get("signal"),
+            bool(d.get("timed_out")),
+            bool(d.get("killed")),
+            bool(d.get("core")),
+            bool(d.get("oom_killed")),
+        )
 
 
 def _quiet(fut: asyncio.Future) -> None:
@@ -62,8 +68,16 @@ class AgentConnection(Protocol):
 class AgentCommand:
     """One command in the session: its output (in order, by stream), stdin, signals, kill and exit status."""
 
-    def __init__(self, client: AgentConnection, id_: int, *, pty: bool, window: int, offsets: Sequence[int] = (0, 0),
-                 tcp: bool = False):
+    def __init__(
+        self,
+        client: AgentConnection,
+        id_: int,
+        *,
+        pty: bool,
+        window: int,
+        offsets: Sequence[int] = (0, 0),
+        tcp: bool = False,
+    ):
         self.client, self.id, self.pty, self.window = client, id_, pty, window
         self.pid: int | None = None
         self.offsets = {"stdout": offsets[0], "stderr": offsets[1]}  # the next byte expected of each stream
@@ -90,13 +104,17 @@ class AgentCommand:
             stream = "stdout" if f.type == p.STDOUT else "stderr"
             offset, data = f.data()
             if offset != self.offsets[stream]:
-                raise p.ProtocolError(f"{stream} of command {self.id} at {offset}, expected {self.offsets[stream]}")
+                raise p.ProtocolError(
+                    f"{stream} of command {self.id} at {offset}, expected {self.offsets[stream]}"
+                )
             self.offsets[stream] += len(data)
             self._chunks.append((stream, data))
         elif f.type == p.EOF:
             d = f.json()
             if d["offset"] != self.offsets[d["stream"]]:
-                raise p.ProtocolError(f"{d['stream']} ended at {d['offset']}, received {self.offsets[d['stream']]}")
+                raise p.ProtocolError(
+                    f"{d['stream']} ended at {d['offset']}, received {self.offsets[d['stream']]}"
+                )
             self.eof[d["stream"]] = True
             self.cut = self.cut or bool(d.get("cut"))
         elif f.type == p.EXIT:
@@ -196,7 +214,9 @@ class AgentCommand:
 
     def _consumed(self, n: int) -> None:
         self._ungranted += n
-        if self._ungranted >= self.window // 4:  # a quarter: the agent never waits a whole round trip for credit
+        if (
+            self._ungranted >= self.window // 4
+        ):  # a quarter: the agent never waits a whole round trip for credit
             self.client._send_nowait(p.encode_u64(p.CREDIT, self.id, self._ungranted))
             self._ungranted = 0
 
@@ -249,7 +269,9 @@ class AgentCommand:
 
     async def signal(self, signum: int, *, group: bool = True) -> bool:
         """Send a signal to the command's group (or only to it); False when the group is no longer held."""
-        reply = await self._request("signal", p.SIGNAL, p.json_payload({"signal": int(signum), "group": group}))
+        reply = await self._request(
+            "signal", p.SIGNAL, p.json_payload({"signal": int(signum), "group": group})
+        )
         return bool(reply["delivered"])
 
     async def resize(self, rows: int, cols: int) -> None:

@@ -83,7 +83,9 @@ def _connect_agent(pid: int) -> socket.socket:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         listener, _, _ = struct.unpack("3i", creds)
         if listener != pid:  # only PID 1, the agent, may hold the name: the container ends with it
-            raise ConnectionRefusedError(f"the socket's listener is process {listener}, not the agent ({pid})")
+            raise ConnectionRefusedError(
+                f"the socket's listener is process {listener}, not the agent ({pid})"
+            )
         return sock
     except BaseException:
         sock.close()

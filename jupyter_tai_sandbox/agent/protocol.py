@@ -65,8 +65,26 @@ ERROR = 0xEE
 MAX_READ_CHUNK = (1 << 20) - 5 - 8
 
 AGENT_TYPES = frozenset(
-    {HELLO_REPLY, PONG, STARTED, STDOUT, STDERR, EOF, EXIT, LOST, STDIN_CREDIT, KILLED, RELEASED, LIST_REPLY,
-     ATTACHED, DETACHED, ACK, FILE_REPLY, FILE_DATA, ERROR}
+    {
+        HELLO_REPLY,
+        PONG,
+        STARTED,
+        STDOUT,
+        STDERR,
+        EOF,
+        EXIT,
+        LOST,
+        STDIN_CREDIT,
+        KILLED,
+        RELEASED,
+        LIST_REPLY,
+        ATTACHED,
+        DETACHED,
+        ACK,
+        FILE_REPLY,
+        FILE_DATA,
+        ERROR,
+    }
 )
 
 
@@ -156,7 +174,11 @@ class FrameDecoder:
                     break
                 start = pos + HEADER_SIZE
                 if type_ in DATA_TYPES and size >= U64.size:
-                    frames.append(Frame(type_, id_, bytes(view[start + U64.size : stop]), U64.unpack_from(buf, start)[0]))
+                    frames.append(
+                        Frame(
+                            type_, id_, bytes(view[start + U64.size : stop]), U64.unpack_from(buf, start)[0]
+                        )
+                    )
                 else:
                     frames.append(Frame(type_, id_, bytes(view[start:stop])))
                 pos = stop

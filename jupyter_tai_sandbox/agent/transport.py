@@ -140,8 +140,9 @@ async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
     ``/.tai/agent connect`` whose hijacked socket is the channel. The SDK's blocking calls run in a thread."""
 
     def start() -> socket.socket:
-        exec_id = api.exec_create(container, [AGENT_PATH, "connect"], stdin=True, stdout=True, stderr=True,
-                                  tty=False)["Id"]
+        exec_id = api.exec_create(
+            container, [AGENT_PATH, "connect"], stdin=True, stdout=True, stderr=True, tty=False
+        )["Id"]
         sock = api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
         raw.setblocking(False)
@@ -156,11 +157,15 @@ async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
         return await AgentClient.open_client(client)
     except AgentConnectionLost as e:
         if proto.stderr:
-            raise AgentConnectionLost(f"{e.message}: {bytes(proto.stderr).decode(errors='replace').strip()}") from None
+            raise AgentConnectionLost(
+                f"{e.message}: {bytes(proto.stderr).decode(errors='replace').strip()}"
+            ) from None
         raise
 
 
-async def open_docker_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **kw: Any) -> AgentClient:
+async def open_docker_streams(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **kw: Any
+) -> AgentClient:
     """Connect over an exec of ``/.tai/agent connect`` the caller started and attached as streams (the
     provider's own engine client): its bytes are read into a :class:`DockerExecProtocol`, which strips the
     Docker headers and feeds the client; the client writes to ``writer``."""
@@ -189,7 +194,9 @@ async def open_docker_streams(reader: asyncio.StreamReader, writer: asyncio.Stre
         return await AgentClient.open_client(client)
     except AgentConnectionLost as e:
         if demux.stderr:
-            raise AgentConnectionLost(f"{e.message}: {bytes(demux.stderr).decode(errors='replace').strip()}") from None
+            raise AgentConnectionLost(
+                f"{e.message}: {bytes(demux.stderr).decode(errors='replace').strip()}"
+            ) from None
         raise
 
 

@@ -135,7 +135,9 @@ class HTTPConnections:
         retry = body_producer is None and method in ("GET", "HEAD", "PUT", "DELETE")
         while True:
             stream, reused = await self._stream()
-            exchange = self._exchange(stream, method, target, headers, body, body_producer, streaming_callback)
+            exchange = self._exchange(
+                stream, method, target, headers, body, body_producer, streaming_callback
+            )
             try:
                 return await asyncio.wait_for(exchange, timeout)
             except StreamClosedError:
@@ -155,7 +157,9 @@ class HTTPConnections:
     ) -> Response:
         max_body = (1 << 62) if streaming_callback is not None else MAX_BUFFERED_BODY
         connection = HTTP1Connection(
-            stream, True, HTTP1ConnectionParameters(decompress=True, max_body_size=max_body, chunk_size=1 << 20)
+            stream,
+            True,
+            HTTP1ConnectionParameters(decompress=True, max_body_size=max_body, chunk_size=1 << 20),
         )
         request_headers = httputil.HTTPHeaders(headers)
         request_headers.setdefault("Host", self._netloc)
@@ -163,7 +167,9 @@ class HTTPConnections:
             request_headers["Content-Length"] = str(len(body))
         kept = False
         try:
-            await connection.write_headers(httputil.RequestStartLine(method, target, "HTTP/1.1"), request_headers)
+            await connection.write_headers(
+                httputil.RequestStartLine(method, target, "HTTP/1.1"), request_headers
+            )
             if body:
                 await connection.write(body)
             elif body_producer is not None:

@@ -210,7 +210,9 @@ class SandboxClient:
         data = await self._request("POST", "sessions", session_id, "exec", body=body)
         reason = data.get("reason")
         return ExecResult(
-            data["exit_code"], base64.b64decode(data["stdout"]), base64.b64decode(data["stderr"]),
+            data["exit_code"],
+            base64.b64decode(data["stdout"]),
+            base64.b64decode(data["stderr"]),
             reason if isinstance(reason, str) else None,
         )
 
@@ -229,7 +231,9 @@ class SandboxClient:
 
     async def resolve(self, session_id: str, path: str) -> str:
         """The absolute path of a workspace path as the session's commands see it (SandboxPathError outside)."""
-        return (await self._request("GET", "sessions", session_id, "resolve", params={"path": path}))["resolved"]
+        return (await self._request("GET", "sessions", session_id, "resolve", params={"path": path}))[
+            "resolved"
+        ]
 
     def resolve_blocking(self, session_id: str, path: str, timeout: float | None = None) -> str:
         """``resolve`` without an event loop: one plain blocking request (for a synchronous caller)."""
@@ -294,7 +298,13 @@ class SandboxClient:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(queue_chunks)
         transfer = asyncio.ensure_future(
             self._request(
-                "GET", "sessions", session_id, "files", path, params={"type": "file"}, streaming_callback=queue.put
+                "GET",
+                "sessions",
+                session_id,
+                "files",
+                path,
+                params={"type": "file"},
+                streaming_callback=queue.put,
             )
         )
         transfer.add_done_callback(lambda _: queue.put_nowait(None) if not queue.full() else None)
@@ -395,7 +405,11 @@ class SandboxClient:
             remote.disconnect()
 
     async def attach(
-        self, session_id: str, exec_id: str, offset: int = 0, offsets: dict[str, int] | None = None,
+        self,
+        session_id: str,
+        exec_id: str,
+        offset: int = 0,
+        offsets: dict[str, int] | None = None,
     ) -> RemoteExec:
         """Attach to a running interactive command (after a disconnect, a server restart, from another process...).
 

@@ -30,7 +30,9 @@ class HeldCommandChecks(SuiteBase):
         session = await self.session()
         if not session.holds_commands:
             expect(await session.held_commands() == [], "a session that holds no commands listed some")
-            await expect_raises(SandboxNotFoundError, session.attach_command("1"), "attaching to an unknown command")
+            await expect_raises(
+                SandboxNotFoundError, session.attach_command("1"), "attaching to an unknown command"
+            )
             return
         label = f'{{"check": "{self.tag}"}}'
         first = await session.start(ExecRequest(("sh", "-c", _SCRIPT), self.t(120), label=label))
@@ -38,9 +40,13 @@ class HeldCommandChecks(SuiteBase):
         await self._read_until(items, {"stdout": b"a", "stderr": b"B"}, "the first reader")
         [held] = [c for c in await session.held_commands() if c.label == label]
         expect(held.running and held.attached and not held.pty, f"the held command is listed as {held}")
-        expect(held.offsets.get("stdout") == (0, 1) and held.offsets.get("stderr") == (0, 1),
-               f"the held command's output is listed as {dict(held.offsets)}, not stdout (0, 1) and stderr (0, 1)")
-        await expect_raises(SandboxNotFoundError, session.attach_command(f"no-{self.tag}"), "attaching to no command")
+        expect(
+            held.offsets.get("stdout") == (0, 1) and held.offsets.get("stderr") == (0, 1),
+            f"the held command's output is listed as {dict(held.offsets)}, not stdout (0, 1) and stderr (0, 1)",
+        )
+        await expect_raises(
+            SandboxNotFoundError, session.attach_command(f"no-{self.tag}"), "attaching to no command"
+        )
         # a second reader, from stdout's second byte (none yet) and stderr's first
         second = await session.attach_command(held.id, {"stdout": 1, "stderr": 0})
         try:
@@ -51,7 +57,9 @@ class HeldCommandChecks(SuiteBase):
                 except SandboxConflictError:
                     pass
                 else:
-                    raise CheckFailed("the first reader's output ended without saying another reader took over")
+                    raise CheckFailed(
+                        "the first reader's output ended without saying another reader took over"
+                    )
             await second.write(b"go\n")
             again = aiter(second.output)
             await self._read_until(again, {"stdout": b"c", "stderr": b"B"}, "the resumed command")
@@ -67,7 +75,6 @@ class HeldCommandChecks(SuiteBase):
         await asyncio.sleep(self.t(0.5))
         left = [c for c in await session.held_commands() if c.label == label]
         expect(not left or not left[0].running, "the resumed command still runs after its kill")
-
 
     async def _read_until(self, items: AsyncIterator[Any], want: dict[str, bytes], who: str) -> None:
         """Read ``items`` until each stream gave exactly ``want``'s bytes."""

@@ -31,8 +31,10 @@ class ScaleChecks(SuiteBase):
                 await handle.kill()
                 if len(out) != size:
                     ended = [(i.exit_code, i.reason) for i in exit_items(items)]
-                    raise CheckFailed(f"a read command gave {len(out)} of {size} bytes (its exit: {ended}; "
-                                      f"stderr: {err[-300:]!r})")
+                    raise CheckFailed(
+                        f"a read command gave {len(out)} of {size} bytes (its exit: {ended}; "
+                        f"stderr: {err[-300:]!r})"
+                    )
 
             started = time.monotonic()
             await asyncio.gather(*(one() for _ in range(n)))
@@ -42,8 +44,9 @@ class ScaleChecks(SuiteBase):
         alone = await read_all(readers)  # the same commands with no unread one beside them
         # it never ends on its own: a provider that keeps all of an unread command's output (local spools it)
         # lets its producer finish, and only the sleep after it then shows whether the kill stopped it
-        unread = await session.exec_start(["sh", "-c", f"head -c {1 << 30} /dev/zero; exec sleep 300"],
-                                          timeout_seconds=self.t(300))
+        unread = await session.exec_start(
+            ["sh", "-c", f"head -c {1 << 30} /dev/zero; exec sleep 300"], timeout_seconds=self.t(300)
+        )
         try:
             await asyncio.sleep(self.t(0.5))  # it fills whatever buffers the provider has for it
             try:
@@ -72,7 +75,9 @@ class ScaleChecks(SuiteBase):
                 lambda p=program: session.exec([p, "arg"], timeout_seconds=self.t(30)),
                 lambda p=program: session.exec_start([p, "arg"], timeout_seconds=self.t(30)),
             ):
-                err = await expect_raises(SandboxRequestError, start(), f"starting the absent program {program!r}")
+                err = await expect_raises(
+                    SandboxRequestError, start(), f"starting the absent program {program!r}"
+                )
                 field = getattr(err, "field", None)
                 expect(field == "argv", f"the error for the absent program {program!r} names field {field!r}")
         result = await session.exec(["echo", "still fine"], timeout_seconds=self.t(30))
@@ -94,8 +99,11 @@ class ScaleChecks(SuiteBase):
 
         # a cancelled upload: the old file stays whole, nothing partial is ever visible, no hang
         upload = asyncio.create_task(session.put_file("cut/target.bin", data()))
-        await asyncio.wait({upload, asyncio.create_task(sent.wait())}, timeout=self.t(60),
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {upload, asyncio.create_task(sent.wait())},
+            timeout=self.t(60),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         seen = await session.get_file("cut/target.bin")
         expect(seen == b"old", f"a reader saw {len(seen)} bytes of an upload in progress, not the old file")
         upload.cancel()
@@ -109,7 +117,9 @@ class ScaleChecks(SuiteBase):
             pass
         seen = await session.get_file("cut/target.bin")
         if upload.cancelled():
-            expect(seen == b"old", f"after a cancelled upload the file holds {len(seen)} bytes, not the old ones")
+            expect(
+                seen == b"old", f"after a cancelled upload the file holds {len(seen)} bytes, not the old ones"
+            )
         else:
             expect(seen in (b"old", chunk * (CUT_UPLOAD_BYTES // len(chunk))), "the file is partial")
         # a provider behind a connection drops its partial temp file once it sees the upload end: a short grace
@@ -120,13 +130,18 @@ class ScaleChecks(SuiteBase):
             await asyncio.sleep(0.1)
         await asyncio.sleep(self.t(1))
         seen = await session.get_file("cut/target.bin")
-        expect(not upload.cancelled() or seen == b"old",
-               f"a cancelled upload went on unseen: the file now holds {len(seen)} bytes")
+        expect(
+            not upload.cancelled() or seen == b"old",
+            f"a cancelled upload went on unseen: the file now holds {len(seen)} bytes",
+        )
         # a destroy during an upload: both end promptly, the upload with a SandboxError or whole
         sent.clear()
         upload = asyncio.create_task(session.put_file("cut/second.bin", data()))
-        await asyncio.wait({upload, asyncio.create_task(sent.wait())}, timeout=self.t(60),
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {upload, asyncio.create_task(sent.wait())},
+            timeout=self.t(60),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         _, took = await self.timed(asyncio.wait_for(session.destroy(), self.t(30)))
         expect(took < self.t(15), f"destroy() during an upload took {took:.1f}s")
         try:

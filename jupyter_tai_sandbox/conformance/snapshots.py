@@ -17,10 +17,15 @@ class SnapshotChecks(SuiteBase):
     """pause/resume and fork, or their typed refusal."""
 
     async def _refused(self, session: SandboxSession, operation: str) -> None:
-        error = await expect_raises(SandboxUnsupportedError, getattr(session, operation)(),
-                                    f"{operation}() where the session says it cannot")
-        expect(getattr(error, "operation", None) == operation,
-               f"{operation}()'s SandboxUnsupportedError names {getattr(error, 'operation', None)!r}")
+        error = await expect_raises(
+            SandboxUnsupportedError,
+            getattr(session, operation)(),
+            f"{operation}() where the session says it cannot",
+        )
+        expect(
+            getattr(error, "operation", None) == operation,
+            f"{operation}()'s SandboxUnsupportedError names {getattr(error, 'operation', None)!r}",
+        )
 
     async def _count(self, session: SandboxSession, above: int = 0) -> int:
         """The counter's value once it is above ``above`` (it keeps counting)."""
@@ -44,8 +49,11 @@ class SnapshotChecks(SuiteBase):
         info = await session.pause()
         expect(info.paused, "pause() answered an info that is not paused")
         expect((await session.pause()).paused, "a second pause() is not a no-op")
-        await expect_raises(SandboxConflictError, session.exec(["true"], timeout_seconds=self.t(10)),
-                            "exec in a paused session")
+        await expect_raises(
+            SandboxConflictError,
+            session.exec(["true"], timeout_seconds=self.t(10)),
+            "exec in a paused session",
+        )
         await expect_raises(SandboxConflictError, session.get_file("n"), "a file read in a paused session")
         listed = [i.paused for i in await self.sandbox.list() if i.id == session.id]
         expect(listed == [True], f"list() shows the paused session as {listed}")
@@ -68,15 +76,24 @@ class SnapshotChecks(SuiteBase):
         self.created.append(copy)
         info, source_info = await copy.info(), await source.info()
         expect(copy.id != source.id, "the fork has the source's id")
-        expect((info.spec.owner, info.consumer) == (source_info.spec.owner, source_info.consumer),
-               "the fork's owner or consumer differs from the source's")
-        expect(await copy.get_file("kept/before.txt") == b"shared past", "the fork lacks the source's workspace file")
+        expect(
+            (info.spec.owner, info.consumer) == (source_info.spec.owner, source_info.consumer),
+            "the fork's owner or consumer differs from the source's",
+        )
+        expect(
+            await copy.get_file("kept/before.txt") == b"shared past",
+            "the fork lacks the source's workspace file",
+        )
         await copy.put_file("after.txt", b"fork")
         await source.put_file("after.txt", b"source")
-        expect(await copy.get_file("after.txt") == b"fork" and await source.get_file("after.txt") == b"source",
-               "the fork and its source share a file written after the fork")
+        expect(
+            await copy.get_file("after.txt") == b"fork" and await source.get_file("after.txt") == b"source",
+            "the fork and its source share a file written after the fork",
+        )
         listed = {i.id for i in await self.sandbox.list()}
         expect({source.id, copy.id} <= listed, "list() does not show both the source and its fork")
         await copy.destroy()
-        expect((await source.exec(["true"], timeout_seconds=self.t(10))).exit_code == 0,
-               "the source does not run after its fork was destroyed")
+        expect(
+            (await source.exec(["true"], timeout_seconds=self.t(10))).exit_code == 0,
+            "the source does not run after its fork was destroyed",
+        )

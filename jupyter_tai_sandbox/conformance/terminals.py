@@ -115,7 +115,9 @@ class PtyChecks(SuiteBase):
         with _signals_as_in_a_background_job():
             status = await session.exec(["cat", "/proc/self/status"], timeout_seconds=self.t(30))
             fields = dict(
-                line.split(":", 1) for line in status.stdout.decode(errors="replace").splitlines() if ":" in line
+                line.split(":", 1)
+                for line in status.stdout.decode(errors="replace").splitlines()
+                if ":" in line
             )
             expect(
                 status.exit_code == 0 and "SigIgn" in fields and "SigBlk" in fields,

@@ -16,15 +16,18 @@ from .errors import SandboxRequestError
 #: seconds per unit, largest first (the order the parts of a duration are written in)
 UNITS: dict[str, int] = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 #: what a duration may look like, for error messages and help texts
-DURATION_FORMS = "seconds (90, 1.5), or numbers with units d, h, m, s, largest first (5s, 10m, 1h, 1h30m, 1.5d)"
+DURATION_FORMS = (
+    "seconds (90, 1.5), or numbers with units d, h, m, s, largest first (5s, 10m, 1h, 1h30m, 1.5d)"
+)
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _PART = re.compile(rf"({_NUMBER})\s*([dhms])")
 _WHOLE = re.compile(rf"\s*(?:{_NUMBER}\s*[dhms]\s*)+")
 
 
-def parse_duration(text: str | float | int, what: str = "the duration", *, field: str | None = None,
-                   allow_zero: bool = False) -> float:
+def parse_duration(
+    text: str | float | int, what: str = "the duration", *, field: str | None = None, allow_zero: bool = False
+) -> float:
     """Seconds from a duration a person typed; a bare number is seconds.
 
     Raises :class:`SandboxRequestError` (its message starts ``"{what}: "``) naming the value and the
@@ -46,7 +49,8 @@ def parse_duration(text: str | float | int, what: str = "the duration", *, field
                 if order <= previous:
                     raise SandboxRequestError(
                         f"{what}: {text!r} gives its units out of order or twice: write each once, largest "
-                        "first (1h30m, 2d12h)", field=field,
+                        "first (1h30m, 2d12h)",
+                        field=field,
                     )
                 previous = order
                 seconds += float(number) * UNITS[unit]
@@ -91,4 +95,6 @@ def _shown(text: object) -> str:
 
 
 def _not_a_duration(text: object, what: str, field: str | None) -> SandboxRequestError:
-    return SandboxRequestError(f"{what}: {_shown(text)} is not a duration: give {DURATION_FORMS}", field=field)
+    return SandboxRequestError(
+        f"{what}: {_shown(text)} is not a duration: give {DURATION_FORMS}", field=field
+    )

@@ -128,7 +128,8 @@ class OutputTooLargeError(SandboxError):
         exit_code: int | None = None,
     ) -> None:
         super().__init__(
-            message, details={"stdout_bytes": stdout_bytes, "stderr_bytes": stderr_bytes, "exit_code": exit_code}
+            message,
+            details={"stdout_bytes": stdout_bytes, "stderr_bytes": stderr_bytes, "exit_code": exit_code},
         )
         self.stdout_bytes = stdout_bytes
         self.stderr_bytes = stderr_bytes
@@ -208,7 +209,9 @@ def _count(value: Any) -> int:
 def session_gone(session_id: str) -> SandboxNotFoundError:
     """The one 404 for a session id the caller cannot use: never made, expired (reaped), destroyed, or
     another user's; the same words for all, so the message reveals no one else's session."""
-    return SandboxNotFoundError(f"no sandbox session {str(session_id)[:80]!r} (it may have expired or been destroyed)")
+    return SandboxNotFoundError(
+        f"no sandbox session {str(session_id)[:80]!r} (it may have expired or been destroyed)"
+    )
 
 
 #: How to lower the isolation floor, door by door ({level}: the level to lower it to): a hint names

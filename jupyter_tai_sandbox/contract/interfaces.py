@@ -224,12 +224,14 @@ class SandboxSession(abc.ABC):
         server restart. Pausing a paused session is a no-op. SandboxUnsupportedError where the provider
         cannot (``pausable`` False)."""
         raise SandboxUnsupportedError(
-            f"session {self.id}'s provider cannot pause a session", operation="pause")
+            f"session {self.id}'s provider cannot pause a session", operation="pause"
+        )
 
     async def resume(self) -> SessionInfo:
         """Let a paused session run on from where it was (a running one: a no-op)."""
         raise SandboxUnsupportedError(
-            f"session {self.id}'s provider cannot resume a session", operation="resume")
+            f"session {self.id}'s provider cannot resume a session", operation="resume"
+        )
 
     #: whether :meth:`fork` works on this session
     forkable: bool = False
@@ -240,8 +242,7 @@ class SandboxSession(abc.ABC):
         process). Both then run on apart. Consumers fork through the gate (:class:`GatedSession`), which
         counts the copy against its owner's quota like a create. SandboxUnsupportedError where the provider
         cannot (``forkable`` False)."""
-        raise SandboxUnsupportedError(
-            f"session {self.id}'s provider cannot fork a session", operation="fork")
+        raise SandboxUnsupportedError(f"session {self.id}'s provider cannot fork a session", operation="fork")
 
     #: whether :meth:`open_port` reaches ports inside the session (works with network ``none`` too)
     opens_ports: bool = False

@@ -42,7 +42,6 @@ MAX_CONSUMER_CHARS = 1024
 MAX_PATH_BYTES = 4096
 
 
-
 def isolation_rank(level: str) -> int:
     return ISOLATION_ORDER.index(level)
 
@@ -308,8 +307,6 @@ MAX_COMMAND_BYTES = 1 << 20
 MAX_STRING_BYTES = (128 << 10) - 1
 
 
-
-
 def _bad(field: str, message: str) -> SandboxRequestError:
     return SandboxRequestError(f"{field}: {message}", field=field)
 
@@ -328,7 +325,9 @@ def _encoded_size(field: str, text: str) -> int:
     except UnicodeEncodeError:
         raise _bad(field, "contains a lone surrogate that no program can receive") from None
     if size > MAX_STRING_BYTES:
-        raise _bad(field, f"one string is {size} bytes; a program takes at most {MAX_STRING_BYTES} per string")
+        raise _bad(
+            field, f"one string is {size} bytes; a program takes at most {MAX_STRING_BYTES} per string"
+        )
     return size
 
 
@@ -373,7 +372,9 @@ class ExecRequest:
         if not argv[0]:
             raise _bad("argv", "argv[0] is empty: name the program to run")
         if not is_positive_number(self.timeout_seconds):
-            raise _bad("timeout_seconds", f"a positive number of seconds is required, not {self.timeout_seconds!r}")
+            raise _bad(
+                "timeout_seconds", f"a positive number of seconds is required, not {self.timeout_seconds!r}"
+            )
         if not isinstance(self.env, Mapping):
             raise _bad("env", "an object of variable names to string values")
         for name, value in self.env.items():
@@ -400,10 +401,14 @@ class ExecRequest:
             if value is not None:
                 check_window_side(side, value)
         if self.output_limit is not None and (
-            isinstance(self.output_limit, bool) or not isinstance(self.output_limit, int) or self.output_limit < 0
+            isinstance(self.output_limit, bool)
+            or not isinstance(self.output_limit, int)
+            or self.output_limit < 0
         ):
             raise _bad("output_limit", "a whole number of bytes >= 0, or None for no limit")
-        if self.label is not None and (not isinstance(self.label, str) or len(self.label.encode()) > MAX_LABEL_BYTES):
+        if self.label is not None and (
+            not isinstance(self.label, str) or len(self.label.encode()) > MAX_LABEL_BYTES
+        ):
             raise _bad("label", f"a string of at most {MAX_LABEL_BYTES} bytes")
         object.__setattr__(self, "argv", argv)
         object.__setattr__(self, "timeout_seconds", float(self.timeout_seconds))

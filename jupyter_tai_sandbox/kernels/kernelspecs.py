@@ -134,7 +134,9 @@ def remove(name: str) -> str:
     except NoSuchKernel:
         raise KeyError(f"no kernelspec named {name!r}") from None
     if not is_sandboxed(spec.to_dict()):
-        raise ValueError(f"kernelspec {name!r} is not a sandboxed kernel (it does not use {PROVISIONER_NAME})")
+        raise ValueError(
+            f"kernelspec {name!r} is not a sandboxed kernel (it does not use {PROVISIONER_NAME})"
+        )
     return str(manager.remove_kernel_spec(name))
 
 

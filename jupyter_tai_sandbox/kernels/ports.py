@@ -77,8 +77,14 @@ class SessionPorts:
             if self.closed.is_set():
                 client.close()
                 return
-            if len(self._pumps) >= MAX_CONNECTIONS:  # anyone on the host may dial the listener: a flood is refused
-                log.debug("forwarding to port %d: %d connections open, one more refused", remote_port, len(self._pumps))
+            if (
+                len(self._pumps) >= MAX_CONNECTIONS
+            ):  # anyone on the host may dial the listener: a flood is refused
+                log.debug(
+                    "forwarding to port %d: %d connections open, one more refused",
+                    remote_port,
+                    len(self._pumps),
+                )
                 client.close()
                 continue
             pump = asyncio.ensure_future(self._carry(remote_port, connect_wait, client))

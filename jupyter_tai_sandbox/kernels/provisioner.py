@@ -117,7 +117,9 @@ async def _write_private(session: SandboxSession, path: str, data: bytes) -> Non
     )
     if result.exit_code != 0:
         why = (result.stderr or result.stdout).decode("utf-8", "replace").strip()[-500:]
-        raise SandboxKernelError(f"cannot write the kernel's connection file {path}: {why or result.exit_code}")
+        raise SandboxKernelError(
+            f"cannot write the kernel's connection file {path}: {why or result.exit_code}"
+        )
 
 
 #: the attribute of the kernel manager that keeps its kernel's owner across restarts
@@ -195,10 +197,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         egress on local, which has no network isolation at all). Past the operator's ceiling: refused.""",
     ).tag(config=True)
     workspace_key = Unicode(
-        None, allow_none=True, help="A persistent workspace kept across restarts and kernels (None: ephemeral)."
+        None,
+        allow_none=True,
+        help="A persistent workspace kept across restarts and kernels (None: ephemeral).",
     ).tag(config=True)
     cpu = Float(None, allow_none=True, help="CPUs for the session (container providers).").tag(config=True)
-    memory_mb = Integer(None, allow_none=True, help="Memory cap in MiB (container providers).").tag(config=True)
+    memory_mb = Integer(None, allow_none=True, help="Memory cap in MiB (container providers).").tag(
+        config=True
+    )
     ttl_seconds = Float(
         None,
         allow_none=True,
@@ -206,17 +212,17 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         allows (the lower of SandboxPolicy.max_ttl_seconds and max_timeout_seconds; 24 h when neither is set).
         Over either maximum the start is refused.""",
     ).tag(config=True)
-    isolation = Unicode(None, allow_none=True, help="At least this isolation (None: the operator's floor).").tag(
-        config=True
-    )
+    isolation = Unicode(
+        None, allow_none=True, help="At least this isolation (None: the operator's floor)."
+    ).tag(config=True)
     provider = Unicode(
         "",
         help="""The provider to install when this process has none configured (not in a server: nbclient, a
         script): local or docker. TAI_MCP_SANDBOX and the server config files come first.""",
     ).tag(config=True)
-    start_timeout = Float(60.0, help="Seconds for the session, the relay and the kernel's ports to come up.").tag(
-        config=True
-    )
+    start_timeout = Float(
+        60.0, help="Seconds for the session, the relay and the kernel's ports to come up."
+    ).tag(config=True)
 
     session: SandboxSession | None = None
     tunnel: Tunnel | SessionPorts | None = None
@@ -380,7 +386,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
         # a session that opens its own ports (a container's agent) needs no relay in it
         self.tunnel = tunnel = (
-            SessionPorts(session) if session.opens_ports
+            SessionPorts(session)
+            if session.opens_ports
             else await Tunnel.start(session, python=python, timeout_seconds=life)
         )
         # host listeners first (they hold their ports), then the in-session ports, distinct from them
@@ -391,7 +398,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 forward = None
                 if previous.get(name):
                     with contextlib.suppress(OSError):
-                        forward = await tunnel.forward(inner, port=previous[name], connect_wait=self.start_timeout)
+                        forward = await tunnel.forward(
+                            inner, port=previous[name], connect_wait=self.start_timeout
+                        )
                 if forward is None:
                     forward = await tunnel.forward(inner, connect_wait=self.start_timeout)
                 listen[name] = forward.port
@@ -440,7 +449,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 done, _ = await asyncio.wait({step, tunnel_gone}, return_when=asyncio.FIRST_COMPLETED)
                 if step not in done:
                     # the forwarded ports are gone: the kernel is unreachable, so end it
-                    self.log.warning("sandboxed kernel %s: tunnel ended (%s)", self.kernel_id, self.tunnel.exit_reason)
+                    self.log.warning(
+                        "sandboxed kernel %s: tunnel ended (%s)", self.kernel_id, self.tunnel.exit_reason
+                    )
                     with contextlib.suppress(SandboxError):
                         await handle.kill()
                     done, _ = await asyncio.wait({step})
@@ -450,7 +461,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                     break
                 if isinstance(item, OutputChunk):
                     self._stderr_tail = (self._stderr_tail + item.data)[-4000:]
-                    self.log.debug("kernel %s: %s", self.kernel_id, item.data.decode("utf-8", "replace").rstrip())
+                    self.log.debug(
+                        "kernel %s: %s", self.kernel_id, item.data.decode("utf-8", "replace").rstrip()
+                    )
                 elif isinstance(item, ExitItem):
                     code = item.exit_code
         except SandboxError as e:
@@ -460,7 +473,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             tunnel_gone.cancel()
             self._exit_code = 1 if code is None else code
         if code not in (0, None):
-            self.log.warning("sandboxed kernel %s exited with status %s%s", self.kernel_id, code, self._stderr_note())
+            self.log.warning(
+                "sandboxed kernel %s exited with status %s%s", self.kernel_id, code, self._stderr_note()
+            )
 
     def _stderr_note(self) -> str:
         tail = self._stderr_tail.decode("utf-8", "replace").strip()
@@ -555,9 +570,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             except SandboxError as e:
                 if registry is not None and session.id not in registry.ids:
                     # the server's stop (its extension before its kernels) destroyed it already
-                    self.log.debug("sandboxed kernel %s: session %s already gone: %s", self.kernel_id, session.id, e)
+                    self.log.debug(
+                        "sandboxed kernel %s: session %s already gone: %s", self.kernel_id, session.id, e
+                    )
                 else:
-                    self.log.warning("sandboxed kernel %s: destroying session %s: %s", self.kernel_id, session.id, e)
+                    self.log.warning(
+                        "sandboxed kernel %s: destroying session %s: %s", self.kernel_id, session.id, e
+                    )
             if registry is not None:
                 registry.forget(session.id)
         await stop_watching(watchdog)

@@ -147,7 +147,9 @@ class Conn:
 def main():
     global window, max_frame
     window, max_frame = int(sys.argv[1]), int(sys.argv[2])
-    sys.setswitchinterval(0.0005)  # a thread woken by its socket gets the GIL sooner (latency of small messages)
+    sys.setswitchinterval(
+        0.0005
+    )  # a thread woken by its socket gets the GIL sooner (latency of small messages)
     try:  # bigger pipes, fewer switches between this relay and the provider's side (when they are pipes)
         import fcntl
 

@@ -194,7 +194,9 @@ class _Connection:
     def check(self, kind: int, n: int) -> None:
         """Refuse a frame this connection cannot take, from its header alone (ProtocolViolation)."""
         if kind in (DATA, EOF) and self.got_eof_frame:
-            raise ProtocolViolation(f"{'DATA' if kind == DATA else 'a second EOF'} after EOF on connection {self.cid}")
+            raise ProtocolViolation(
+                f"{'DATA' if kind == DATA else 'a second EOF'} after EOF on connection {self.cid}"
+            )
         if kind == DATA and self.unacked + n > self.tunnel.window:
             raise ProtocolViolation(
                 f"DATA past the window on connection {self.cid} "
@@ -498,4 +500,13 @@ async def open_tunnel(
     return tunnel, mapping
 
 
-__all__ = ["DEFAULT_WINDOW", "RELAY_SOURCE", "Forward", "ProtocolViolation", "Tunnel", "TunnelError", "open_tunnel", "relay_argv"]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "RELAY_SOURCE",
+    "Forward",
+    "ProtocolViolation",
+    "Tunnel",
+    "TunnelError",
+    "open_tunnel",
+    "relay_argv",
+]

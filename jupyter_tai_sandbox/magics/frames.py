@@ -65,7 +65,9 @@ def out_frame_targets(specs: list[str] | None) -> list[tuple[str, str]]:
         var, sep, path = spec.partition("=")
         identifier(var, "--out-df")
         if sep and not path:
-            raise SandboxMagicError(f"--out-df {spec}: give a workspace path after '=', e.g. {var}=result.parquet")
+            raise SandboxMagicError(
+                f"--out-df {spec}: give a workspace path after '=', e.g. {var}=result.parquet"
+            )
         targets.append((var, path or f"{HANDOFF_DIR}/out/{var}.parquet"))
     if targets:
         why = "pandas is not importable in the kernel (pip install pandas)"

@@ -85,18 +85,32 @@ class SandboxMagics(LineSubcommands):
     @kwds(epilog=SUBCOMMANDS)
     @argument("interpreter", nargs="?", default=None, help="the program running the cell body (default: sh)")
     @argument("--session", metavar="NAME", help="a named session: created on first use, then reused")
-    @argument("--env", action="append", metavar="K=V", help="an environment variable for the command (repeatable)")
-    @argument("--in", dest="inputs", action="append", metavar="VAR", help="hand the kernel's VAR to the command (repeatable)")
+    @argument(
+        "--env", action="append", metavar="K=V", help="an environment variable for the command (repeatable)"
+    )
+    @argument(
+        "--in",
+        dest="inputs",
+        action="append",
+        metavar="VAR",
+        help="hand the kernel's VAR to the command (repeatable)",
+    )
     @argument("--out", metavar="VAR", help="capture stdout into VAR instead of printing it")
     @argument("--err", metavar="VAR", help="capture stderr into VAR instead of printing it")
     @argument(
-        "--out-df", dest="out_frames", action="append", metavar="VAR[=PATH]",
+        "--out-df",
+        dest="out_frames",
+        action="append",
+        metavar="VAR[=PATH]",
         help="read the Parquet file the cell wrote at PATH (default .sandbox/out/VAR.parquet, in $VAR) into "
         "a DataFrame VAR (repeatable; pandas and pyarrow in the kernel)",
     )
-    @argument("--raise", dest="raise_error", action="store_true", help="a non-zero exit raises SandboxCommandError")
     @argument(
-        "--trusted-outputs", action="store_true",
+        "--raise", dest="raise_error", action="store_true", help="a non-zero exit raises SandboxCommandError"
+    )
+    @argument(
+        "--trusted-outputs",
+        action="store_true",
         help="show outputs/ HTML, Markdown and SVG as active content (their scripts run in this page, as you): "
         "only for a sandbox whose every writer you trust",
     )
@@ -152,13 +166,24 @@ class SandboxMagics(LineSubcommands):
         assert self._loop is not None
         try:
             outcome = stream_command(
-                self._loop, self._get_client, known.id, known.name, argv, timeout, env,
-                capture_out=out_var is not None, capture_err=err_var is not None,
+                self._loop,
+                self._get_client,
+                known.id,
+                known.name,
+                argv,
+                timeout,
+                env,
+                capture_out=out_var is not None,
+                capture_err=err_var is not None,
             )
         except SandboxMagicError as e:
             # a provider that names an absent program (the session agent) refuses the start: the same hint
             # as a shell's 127 gets
-            hint = missing_program_hint(str(e), interpreter, known.image, known.kind) if "no such program" in str(e) else None
+            hint = (
+                missing_program_hint(str(e), interpreter, known.image, known.kind)
+                if "no such program" in str(e)
+                else None
+            )
             if hint is None:
                 raise
             raise SandboxMagicError(f"{e}; {hint}") from None
@@ -175,12 +200,19 @@ class SandboxMagics(LineSubcommands):
         elif exit_code:
             reason = f" ({outcome.exit_reason})" if outcome.exit_reason else ""
             print(f"sandbox: exit status {exit_code}{reason}", file=sys.stderr, flush=True)
-            hint = missing_program_hint(outcome.stderr_tail, interpreter, known.image, known.kind) if exit_code == 127 else None
+            hint = (
+                missing_program_hint(outcome.stderr_tail, interpreter, known.image, known.kind)
+                if exit_code == 127
+                else None
+            )
             if hint:
                 print(f"sandbox: {hint}", file=sys.stderr, flush=True)
         if args.raise_error and (exit_code or timed_out is not None):
             raise SandboxCommandError(
-                exit_code if timed_out is None else None, shlex.join(interpreter), outcome.stdout, outcome.stderr
+                exit_code if timed_out is None else None,
+                shlex.join(interpreter),
+                outcome.stdout,
+                outcome.stderr,
             )
 
     def _read_frame(self, known: NamedSession, var: str, path: str) -> None:
@@ -194,16 +226,29 @@ class SandboxMagics(LineSubcommands):
 
         data = self._run(download())
         if data is None:
-            print(f"sandbox: --out-df {var}: the cell wrote no {path}; {var} is unchanged", file=sys.stderr, flush=True)
+            print(
+                f"sandbox: --out-df {var}: the cell wrote no {path}; {var} is unchanged",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         try:
             self.shell.user_ns[var] = read_frame(data)
         except Exception as e:
-            print(f"sandbox: --out-df {var}: {path} is not a Parquet file pandas reads ({type(e).__name__}: "
-                  f"{str(e)[:200]}); {var} is unchanged", file=sys.stderr, flush=True)
+            print(
+                f"sandbox: --out-df {var}: {path} is not a Parquet file pandas reads ({type(e).__name__}: "
+                f"{str(e)[:200]}); {var} is unchanged",
+                file=sys.stderr,
+                flush=True,
+            )
 
     async def _prelude(
-        self, known: NamedSession, inputs: list[tuple[str, str, bytes]], env: dict[str, str], body: str | None, script: str,
+        self,
+        known: NamedSession,
+        inputs: list[tuple[str, str, bytes]],
+        env: dict[str, str],
+        body: str | None,
+        script: str,
         folders: list[str] = (),  # type: ignore[assignment]
     ) -> Snapshot:
         client = await self._get_client()

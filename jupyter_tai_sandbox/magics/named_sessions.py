@@ -87,7 +87,9 @@ class NamedSessions(Magics):
 
     # ---------------------------------------------------------------- plumbing
 
-    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, find_server: bool = True) -> T:
+    def _run(
+        self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, find_server: bool = True
+    ) -> T:
         """Run ``coro`` on the loop thread and wait for it here (the server found first, in this thread)."""
         if self._loop is None:
             self._loop = LoopThread()
@@ -141,7 +143,9 @@ class NamedSessions(Magics):
                 return body
             own = status.get("consumer")
             credentials = (status.get("policy") or {}).get("credentials")
-            keep = not isinstance(own, str) or not own or not isinstance(credentials, dict) or own in credentials
+            keep = (
+                not isinstance(own, str) or not own or not isinstance(credentials, dict) or own in credentials
+            )
             self._own_label = (client, None if keep else own)
         own = self._own_label[1]
         label = magics_label(own, name, notebook_path()) if own else None
@@ -159,13 +163,22 @@ class NamedSessions(Magics):
                 file=sys.stderr,
                 flush=True,
             )
-        known = NamedSession(name, info["id"], dict(options), info.get("workspace", ""), info.get("kind", ""),
-                         options.get("timeout"), image=info.get("image"))
+        known = NamedSession(
+            name,
+            info["id"],
+            dict(options),
+            info.get("workspace", ""),
+            info.get("kind", ""),
+            options.get("timeout"),
+            image=info.get("image"),
+        )
         with self._lock:  # registered here, on the loop thread, even if the cell was interrupted meanwhile
             self._sessions[name] = known
         return known
 
-    async def _ensure(self, name: str, options: dict[str, Any], body: dict[str, Any]) -> tuple[NamedSession, str]:
+    async def _ensure(
+        self, name: str, options: dict[str, Any], body: dict[str, Any]
+    ) -> tuple[NamedSession, str]:
         """The live session called ``name``, started (or restarted after a reap) when needed."""
         with self._lock:
             known = self._sessions.get(name)
@@ -220,8 +233,16 @@ class NamedSessions(Magics):
             info = await client.info(session_id)
         except SandboxNotFoundError:
             return None
-        known = NamedSession(session_id, info["id"], {}, info.get("workspace", ""), info.get("kind", ""), None,
-                         created_here=False, image=info.get("image"))
+        known = NamedSession(
+            session_id,
+            info["id"],
+            {},
+            info.get("workspace", ""),
+            info.get("kind", ""),
+            None,
+            created_here=False,
+            image=info.get("image"),
+        )
         with self._lock:
             self._sessions[session_id] = known
         return known

@@ -59,7 +59,9 @@ def memory_mb(text: str) -> int:
     try:
         mb = int(float(value) * scale)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--memory takes MiB (512) or a size like 512m or 1g, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--memory takes MiB (512) or a size like 512m or 1g, not {text!r}"
+        ) from None
     if mb <= 0:
         raise argparse.ArgumentTypeError("--memory must be positive")
     return mb
@@ -85,11 +87,13 @@ SESSION_ARGUMENTS: tuple[argument, ...] = (
     argument("--cpu", type=cpus, help="CPU cap, in CPUs"),
     argument("--memory", type=memory_mb, help="memory cap: MiB, or 512m / 1g"),
     argument(
-        "--ttl", type=duration_type("--ttl"),
+        "--ttl",
+        type=duration_type("--ttl"),
         help=f"session lifetime: seconds or 5s, 10m, 1h, 1h30m (default {format_duration(DEFAULT_TTL)})",
     ),
     argument(
-        "--timeout", type=duration_type("--timeout"),
+        "--timeout",
+        type=duration_type("--timeout"),
         help=f"command deadline: seconds or 5s, 10m, 1h (default {format_duration(DEFAULT_TIMEOUT)}; with "
         "`%%sandbox new`, the session's default)",
     ),

@@ -159,7 +159,9 @@ async def snapshot(client: SandboxClient, session_id: str) -> Snapshot:
     return found
 
 
-async def changed_outputs(client: SandboxClient, session_id: str, before: Snapshot) -> list[tuple[str, bytes]]:
+async def changed_outputs(
+    client: SandboxClient, session_id: str, before: Snapshot
+) -> list[tuple[str, bytes]]:
     """(path, bytes) of the displayable files under outputs/ that are new or changed since ``before``."""
     after = await snapshot(client, session_id)
     shown = []

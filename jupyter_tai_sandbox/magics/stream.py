@@ -110,8 +110,12 @@ class _Run:
             self.remote.disconnect()
 
     async def pump(
-        self, get_client: Callable[[], Awaitable[SandboxClient]], session_id: str, argv: list[str],
-        timeout: float, env: dict[str, str],
+        self,
+        get_client: Callable[[], Awaitable[SandboxClient]],
+        session_id: str,
+        argv: list[str],
+        timeout: float,
+        env: dict[str, str],
     ) -> None:
         """On the loop thread: start the command and queue its output items for the kernel's thread."""
         try:
@@ -136,9 +140,14 @@ class _Sinks:
     """Decoded text to the cell's stdout/stderr as it arrives, or captured for --out/--err."""
 
     def __init__(self, capture_out: bool, capture_err: bool) -> None:
-        self.decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in ("stdout", "stderr")}
+        self.decoders = {
+            s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in ("stdout", "stderr")
+        }
         self.captured: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self.sinks = {"stdout": None if capture_out else sys.stdout, "stderr": None if capture_err else sys.stderr}
+        self.sinks = {
+            "stdout": None if capture_out else sys.stdout,
+            "stderr": None if capture_err else sys.stderr,
+        }
         self.outcome = Outcome()
 
     def take(self, item: Any) -> None:
@@ -177,8 +186,16 @@ class _Sinks:
 
 
 def stream_command(
-    loop: LoopThread, get_client: Callable[[], Awaitable[SandboxClient]], session_id: str, session_name: str,
-    argv: list[str], timeout: float, env: dict[str, str], *, capture_out: bool, capture_err: bool,
+    loop: LoopThread,
+    get_client: Callable[[], Awaitable[SandboxClient]],
+    session_id: str,
+    session_name: str,
+    argv: list[str],
+    timeout: float,
+    env: dict[str, str],
+    *,
+    capture_out: bool,
+    capture_err: bool,
 ) -> Outcome:
     """Run ``argv`` in the session, writing its output into the cell as it arrives.
 
@@ -215,6 +232,7 @@ def stream_command(
         sinks.flush()
         exit_code = sinks.outcome.exit_code
         raise SandboxInterrupted(
-            f"the command was killed in session {session_name!r}" + (f" (exit {exit_code})" if exit_code else "")
+            f"the command was killed in session {session_name!r}"
+            + (f" (exit {exit_code})" if exit_code else "")
         ) from None
     return sinks.finish()

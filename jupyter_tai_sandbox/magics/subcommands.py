@@ -32,7 +32,18 @@ from .options import (
 )
 
 SUBCOMMAND_NAMES = (
-    "status", "sessions", "new", "use", "rm", "extend", "pause", "resume", "fork", "put", "get", "connect",
+    "status",
+    "sessions",
+    "new",
+    "use",
+    "rm",
+    "extend",
+    "pause",
+    "resume",
+    "fork",
+    "put",
+    "get",
+    "connect",
 )
 SUBCOMMANDS = """\
 line magics:
@@ -139,8 +150,17 @@ class LineSubcommands(NamedSessions):
             workspace = info.get("durability", "")
             if info.get("workspace_key"):
                 workspace += f" {info['workspace_key']}"
-            rows.append((name, info["id"], info.get("kind", ""), info.get("network", ""), workspace,
-                         f"{info.get('seconds_left', 0):.0f} s", info.get("consumer", "")))
+            rows.append(
+                (
+                    name,
+                    info["id"],
+                    info.get("kind", ""),
+                    info.get("network", ""),
+                    workspace,
+                    f"{info.get('seconds_left', 0):.0f} s",
+                    info.get("consumer", ""),
+                )
+            )
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
@@ -193,7 +213,9 @@ class LineSubcommands(NamedSessions):
                 return False
 
         if known is None and not self._run(remove()):
-            raise SandboxMagicError(f"no session named {args.name!r} in this kernel, nor a server session with that id")
+            raise SandboxMagicError(
+                f"no session named {args.name!r} in this kernel, nor a server session with that id"
+            )
         gone = self._run(remove()) if known is not None else True
         with self._lock:
             self._sessions.pop(args.name, None)
@@ -203,9 +225,16 @@ class LineSubcommands(NamedSessions):
 
     def _do_extend(self, argv: list[str]) -> None:
         parser = subparser(
-            "extend", ("name", {"metavar": "NAME"}),
-            ("duration", {"metavar": "DURATION", "type": duration_type("the duration"),
-                          "help": "added to the TTL: 90, 90s, 30m, 1h, 1h30m"}),
+            "extend",
+            ("name", {"metavar": "NAME"}),
+            (
+                "duration",
+                {
+                    "metavar": "DURATION",
+                    "type": duration_type("the duration"),
+                    "help": "added to the TTL: 90, 90s, 30m, 1h, 1h30m",
+                },
+            ),
         )
         args = parse(parser, argv)
         with self._lock:
@@ -224,7 +253,9 @@ class LineSubcommands(NamedSessions):
 
         info = self._run(extend())
         ttl = info["expires_at"] - info["created_at"]
-        print(f"session {args.name!r} now ends in {info['seconds_left']:.0f} s (TTL {ttl:.0f} s from its start)")
+        print(
+            f"session {args.name!r} now ends in {info['seconds_left']:.0f} s (TTL {ttl:.0f} s from its start)"
+        )
 
     def _do_pause(self, argv: list[str]) -> None:
         self._pause_or_resume("pause", argv)
@@ -248,8 +279,10 @@ class LineSubcommands(NamedSessions):
                 ) from None
 
         info = self._run(change())
-        print(f"session {args.name!r} is " + ("paused: `%sandbox resume` lets it run on" if info["paused"]
-                                              else "running"))
+        print(
+            f"session {args.name!r} is "
+            + ("paused: `%sandbox resume` lets it run on" if info["paused"] else "running")
+        )
 
     def _do_fork(self, argv: list[str]) -> None:
         args = parse(subparser("fork", ("name", {"metavar": "NAME"}), ("new", {"metavar": "NEW"})), argv)
@@ -268,8 +301,15 @@ class LineSubcommands(NamedSessions):
                     f"no session named {args.name!r} in this kernel, nor a server session with that id"
                 ) from None
             options = dict(known.options) if known is not None else {}
-            made = NamedSession(args.new, info["id"], options, info.get("workspace", ""), info.get("kind", ""),
-                                options.get("timeout"), image=info.get("image"))
+            made = NamedSession(
+                args.new,
+                info["id"],
+                options,
+                info.get("workspace", ""),
+                info.get("kind", ""),
+                options.get("timeout"),
+                image=info.get("image"),
+            )
             with self._lock:
                 self._sessions[args.new] = made
             return made
@@ -279,7 +319,9 @@ class LineSubcommands(NamedSessions):
         print(f"session {args.new!r} forked from {args.name!r} (id {made.id}); cells now run in it")
 
     def _do_put(self, argv: list[str]) -> None:
-        parser = subparser("put", ("local", {"metavar": "LOCAL"}), ("remote", {"metavar": "REMOTE", "nargs": "?"}))
+        parser = subparser(
+            "put", ("local", {"metavar": "LOCAL"}), ("remote", {"metavar": "REMOTE", "nargs": "?"})
+        )
         parser.add_argument("--session", metavar="NAME")
         args = parse(parser, argv)
         local = os.path.expanduser(args.local)
@@ -307,7 +349,9 @@ class LineSubcommands(NamedSessions):
         print(f"{args.local} -> {known.name}:{remote} ({result.get('size', '?')} bytes)")
 
     def _do_get(self, argv: list[str]) -> None:
-        parser = subparser("get", ("remote", {"metavar": "REMOTE"}), ("local", {"metavar": "LOCAL", "nargs": "?"}))
+        parser = subparser(
+            "get", ("remote", {"metavar": "REMOTE"}), ("local", {"metavar": "LOCAL", "nargs": "?"})
+        )
         parser.add_argument("--session", metavar="NAME")
         args = parse(parser, argv)
         base = posixpath.basename(posixpath.normpath(args.remote))
@@ -361,7 +405,9 @@ class LineSubcommands(NamedSessions):
         except asyncio.TimeoutError:
             raise SandboxUnavailableError(f"no answer from {args.url} within 30 s") from None
         if not isinstance(status, dict) or "kind" not in status:
-            raise SandboxUnavailableError(f"{args.url} is not a Jupyter server with the jupyter_tai_sandbox extension")
+            raise SandboxUnavailableError(
+                f"{args.url} is not a Jupyter server with the jupyter_tai_sandbox extension"
+            )
         with self._lock:
             dropped = sorted(self._sessions)
             self._sessions.clear()

@@ -48,7 +48,9 @@ _SESSION_ACTIONS = ("read", "write", "execute")
 _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "x-xsrftoken", "x-csrftoken"})
 #: response headers tornado computes itself
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
-_MCP_HEADERS = "accept, content-type, authorization, x-xsrftoken, mcp-session-id, mcp-protocol-version, last-event-id"
+_MCP_HEADERS = (
+    "accept, content-type, authorization, x-xsrftoken, mcp-session-id, mcp-protocol-version, last-event-id"
+)
 #: JSON-RPC error codes of a refused HTTP request: the client's mistake, or the server's
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
@@ -209,7 +211,9 @@ class MCPHandler(JSONRPCErrorsMixin, SandboxHandlerMixin, APIHandler):
             "server": None,
             "state": {},
             # the SDK binds each MCP session to the principal that opened it (another's id answers 404)
-            "user": AuthenticatedUser(AccessToken(token="", client_id=caller.name, scopes=[], subject=caller.name)),
+            "user": AuthenticatedUser(
+                AccessToken(token="", client_id=caller.name, scopes=[], subject=caller.name)
+            ),
             SCOPE_KEY: door_request,
         }
         try:

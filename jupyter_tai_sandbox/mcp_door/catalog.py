@@ -42,6 +42,7 @@ class DoorHost(Protocol):
 
     def warn_once(self, message: str) -> None: ...
 
+
 DEFAULT_TIMEOUT = 60.0
 
 
@@ -62,7 +63,9 @@ class DoorRequest:
     def principal(self) -> Decided:
         """The caller at the tool chokepoints: its admin actions decide the fence."""
         caller = self.caller
-        return Decided(name=f"user {caller.name!r}", door="mcp", allowed=caller.admin_actions, owner=caller.name)
+        return Decided(
+            name=f"user {caller.name!r}", door="mcp", allowed=caller.admin_actions, owner=caller.name
+        )
 
 
 # ------------------------------------------------------------------ output
@@ -131,14 +134,24 @@ class DoorTools:
         own private ones), with their declared schemas."""
         out = []
         for base in BASE_TOOLS.values():
-            out.append(ToolSpec(base.name, _fenced_note(base.description, base.fenced), base.input_schema,
-                                action="execute"))
+            out.append(
+                ToolSpec(
+                    base.name,
+                    _fenced_note(base.description, base.fenced),
+                    base.input_schema,
+                    action="execute",
+                )
+            )
         for name, preset in sorted(self.app.tools.presets(viewer).items()):
             if name in DOOR_TOOLS:
-                self.door.warn_once(f"preset {name!r} has the name of an MCP door tool: it is not listed over MCP")
+                self.door.warn_once(
+                    f"preset {name!r} has the name of an MCP door tool: it is not listed over MCP"
+                )
                 continue
             fenced = bool(BASE_TOOLS.get(preset.base) and BASE_TOOLS[preset.base].fenced)
-            out.append(ToolSpec(name, _fenced_note(preset.description, fenced), preset.schema(), action="execute"))
+            out.append(
+                ToolSpec(name, _fenced_note(preset.description, fenced), preset.schema(), action="execute")
+            )
         return out
 
     def list_tools(self, viewer: Decided | None = None) -> list[ToolSpec]:
@@ -201,13 +214,17 @@ class DoorTools:
     async def _session_exec(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         exec_request = self._exec_request(data, interactive=False)
         session = await self._session(request, data, manage=True)
-        result = await session.run(exec_request)  # a GatedExecResult: scrubbed, with the command's byte counts
+        result = await session.run(
+            exec_request
+        )  # a GatedExecResult: scrubbed, with the command's byte counts
         self.app.touch()
         answer: dict[str, Any] = {"session_id": session.id, "exit_code": result.exit_code}
         if result.reason is not None:
             answer["reason"] = result.reason  # "killed: out of memory (the session's limit is N MiB)"
         for stream in ("stdout", "stderr"):
-            answer[stream], answer[f"{stream}_truncated"] = clip(getattr(result, stream), self.door.max_output_bytes)
+            answer[stream], answer[f"{stream}_truncated"] = clip(
+                getattr(result, stream), self.door.max_output_bytes
+            )
             answer[f"{stream}_bytes"] = getattr(result, f"{stream}_bytes")
         answer["truncated"] = answer["stdout_truncated"] or answer["stderr_truncated"]
         return answer
@@ -217,7 +234,9 @@ class DoorTools:
         session = await self._session(request, data, manage=True)
         # the server's one live-command registry: the websocket's commands share its caps and policy
         execs = self.app.execs
-        with execs.reserve(request.caller.name, session.id):  # the slot is held from here, before the first await
+        with execs.reserve(
+            request.caller.name, session.id
+        ):  # the slot is held from here, before the first await
             ticket = execs.ticket(request.caller.name, session.id, exec_request, "mcp")
             handle = await session.start(ticket.labelled(exec_request))
             try:
@@ -244,8 +263,12 @@ class DoorTools:
     async def _session_exec_kill(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         command = await self.app.execs.find(data["handle"], request.caller)
         await command.kill({"error": "CommandKilled", "message": f"killed by {request.caller.name!r}"})
-        return {"handle": command.id, "session_id": command.session_id, "running": command.running,
-                "exit_code": command.exit_code}
+        return {
+            "handle": command.id,
+            "session_id": command.session_id,
+            "running": command.running,
+            "exit_code": command.exit_code,
+        }
 
     async def _session_read_file(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         session = await self._session(request, data, manage=False)
@@ -262,10 +285,19 @@ class DoorTools:
         raw = b"".join(chunks)
         truncated = len(raw) > limit
         content = _scrub_prefix(raw, limit, values) if values else raw[:limit]
-        text = (base64.b64encode(content).decode() if data["encoding"] == "base64"
-                else content.decode(errors="replace"))
-        return {"session_id": session.id, "path": data["path"], "encoding": data["encoding"], "content": text,
-                "bytes": len(content), "truncated": truncated}
+        text = (
+            base64.b64encode(content).decode()
+            if data["encoding"] == "base64"
+            else content.decode(errors="replace")
+        )
+        return {
+            "session_id": session.id,
+            "path": data["path"],
+            "encoding": data["encoding"],
+            "content": text,
+            "bytes": len(content),
+            "truncated": truncated,
+        }
 
     async def _session_write_file(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         if data["encoding"] == "base64":
@@ -281,7 +313,11 @@ class DoorTools:
 
     async def _session_list_files(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         session = await self._session(request, data, manage=False)
-        return {"session_id": session.id, "path": data["path"], "entries": await session.list_files(data["path"])}
+        return {
+            "session_id": session.id,
+            "path": data["path"],
+            "entries": await session.list_files(data["path"]),
+        }
 
     async def _session_destroy(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         session = await self._session(request, data, manage=True)
@@ -317,7 +353,10 @@ class DoorTools:
     async def _preset_put(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         tools = self.app.tools
         preset: Preset = await asyncio.to_thread(
-            tools.author, data["definition"], principal=request.principal(), name=data["name"],
+            tools.author,
+            data["definition"],
+            principal=request.principal(),
+            name=data["name"],
             replace=data["replace"],
         )
         self.door.tools_changed()
@@ -368,8 +407,9 @@ def scrub_result(policy: Any, value: Any) -> Any:
     if isinstance(value, str):
         return policy.scrub(value)
     if isinstance(value, dict):
-        return {policy.scrub(k) if isinstance(k, str) else k: scrub_result(policy, v) for k, v in value.items()}
+        return {
+            policy.scrub(k) if isinstance(k, str) else k: scrub_result(policy, v) for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [scrub_result(policy, v) for v in value]
     return value
-

@@ -42,10 +42,13 @@ operator's presets) run in a fresh session each; some need the server's admin gr
 class _DoorServer(Server[Any]):
     """The low-level server, advertising tools.listChanged (the door notifies on preset changes)."""
 
-    def create_initialization_options(self, notification_options=None, experimental_capabilities=None,
-                                      extensions=None):  # type: ignore[no-untyped-def]
+    def create_initialization_options(
+        self, notification_options=None, experimental_capabilities=None, extensions=None
+    ):  # type: ignore[no-untyped-def]
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
         )
 
 
@@ -135,7 +138,9 @@ class SandboxMCP(LoggingConfigurable):
     ).tag(config=True)
 
     max_running_commands_per_user = Integer(
-        None, allow_none=True, help="Deprecated: use SandboxApp.max_live_commands_per_user (both doors count)."
+        None,
+        allow_none=True,
+        help="Deprecated: use SandboxApp.max_live_commands_per_user (both doors count).",
     ).tag(config=True)
 
     tools_poll_interval = Float(
@@ -322,7 +327,11 @@ class SandboxMCP(LoggingConfigurable):
     async def _on_call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         request = self._door_request(ctx)
         name, arguments = params.name, params.arguments if params.arguments is not None else {}
-        record: dict[str, Any] = {"user": request.caller.name, "tool": name, "session": session_id_of(arguments)}
+        record: dict[str, Any] = {
+            "user": request.caller.name,
+            "tool": name,
+            "session": session_id_of(arguments),
+        }
         policy = self.app.policy
         try:
             result = scrub_result(policy, await self.tools.call(request, name, arguments))
@@ -332,9 +341,14 @@ class SandboxMCP(LoggingConfigurable):
             if status == 404 and body.get("error") == "SandboxNotFoundError" and _is_unknown_tool(e, name):
                 record["outcome"] = "unknown tool"
                 self._audit(record)
-                raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {name!r}: tools/list lists them",
-                               data={"tool": name}) from None
-            record["outcome"] = f"error {body['error']}" + (f" field={body['field']}" if body.get("field") else "")
+                raise MCPError(
+                    code=types.INVALID_PARAMS,
+                    message=f"unknown tool {name!r}: tools/list lists them",
+                    data={"tool": name},
+                ) from None
+            record["outcome"] = f"error {body['error']}" + (
+                f" field={body['field']}" if body.get("field") else ""
+            )
             self._audit(record)
             return _error_result(body)
         except MCPError:
@@ -343,9 +357,13 @@ class SandboxMCP(LoggingConfigurable):
             self.log.exception("jupyter_tai_sandbox: MCP tool %s failed", name)
             record["outcome"] = "error InternalError"
             self._audit(record)
-            return _error_result({"error": "InternalError", "message": "the tool failed; the server log says why"})
-        record["session"] = record["session"] or result.get("session_id") or (
-            result.get("id") if name == "session_create" else None
+            return _error_result(
+                {"error": "InternalError", "message": "the tool failed; the server log says why"}
+            )
+        record["session"] = (
+            record["session"]
+            or result.get("session_id")
+            or (result.get("id") if name == "session_create" else None)
         )
         outcome = "ok"
         if isinstance(result.get("exit_code"), int):
@@ -363,7 +381,9 @@ class SandboxMCP(LoggingConfigurable):
     def _audit(self, record: dict[str, Any]) -> None:
         if not self.audit:
             return
-        line = "MCP tool call: user={user!r} tool={tool!r} session={session} outcome={outcome}".format(**record)
+        line = "MCP tool call: user={user!r} tool={tool!r} session={session} outcome={outcome}".format(
+            **record
+        )
         scrub = getattr(self.app.policy, "scrub", None)
         if scrub is not None:
             line = scrub(line)
@@ -383,8 +403,12 @@ def _tool(spec: ToolSpec) -> types.Tool:
         annotations = types.ToolAnnotations(
             read_only_hint=spec.read_only or None, destructive_hint=spec.destructive or None
         )
-    return types.Tool(name=spec.name, description=spec.description, input_schema=client_schema(spec.input_schema),
-                      annotations=annotations)
+    return types.Tool(
+        name=spec.name,
+        description=spec.description,
+        input_schema=client_schema(spec.input_schema),
+        annotations=annotations,
+    )
 
 
 def _error_result(body: dict[str, Any]) -> types.CallToolResult:

@@ -26,10 +26,18 @@ class ToolSpec:
 
 _SESSION_ID = {"type": "string", "minLength": 1, "description": "a session id from session_create"}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
-_ENV = {"type": "object", "additionalProperties": {"type": "string"}, "description": "extra environment variables"}
+_ENV = {
+    "type": "object",
+    "additionalProperties": {"type": "string"},
+    "description": "extra environment variables",
+}
 _COMMAND_PROPERTIES: dict[str, Any] = {
     "session_id": _SESSION_ID,
-    "argv": {**_STRINGS, "minItems": 1, "description": 'the program and its arguments, e.g. ["python3", "x.py"]'},
+    "argv": {
+        **_STRINGS,
+        "minItems": 1,
+        "description": 'the program and its arguments, e.g. ["python3", "x.py"]',
+    },
     "script": {"type": "string", "description": "shell text, run as sh -c SCRIPT (give argv or script)"},
     "timeout_seconds": {
         "type": "number",
@@ -58,12 +66,22 @@ _SPEC_PROPERTIES: dict[str, Any] = {
     "isolation": {"enum": ["none", "container", "vm", None]},
     "network": {"enum": ["egress", "internal", "none"], "default": "egress"},
     "durability": {"enum": ["ephemeral", "persistent"], "description": "persistent needs workspace_key"},
-    "workspace_key": {"type": ["string", "null"], "description": "a durable workspace that outlives the session"},
-    "ttl_seconds": {"type": "number", "exclusiveMinimum": 0, "description": "the session is reaped after this"},
+    "workspace_key": {
+        "type": ["string", "null"],
+        "description": "a durable workspace that outlives the session",
+    },
+    "ttl_seconds": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "description": "the session is reaped after this",
+    },
     "cpu": {"type": ["number", "null"], "exclusiveMinimum": 0},
     "memory_mb": {"type": ["integer", "null"], "exclusiveMinimum": 0},
     "env": _ENV,
-    "consumer": {"type": "string", "description": "credential label; naming another than your own is an admin act"},
+    "consumer": {
+        "type": "string",
+        "description": "credential label; naming another than your own is an admin act",
+    },
     "owner": {"type": "string", "description": "naming another owner than yourself is an admin act"},
 }
 
@@ -79,7 +97,7 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
         "session_exec",
         "Run a command in a session to its end; answers exit_code, stdout and stderr with their byte "
         "counts (long output is cut in the middle, marked, and flagged truncated), and a reason when the "
-        "status alone does not say why it ended (\"killed: out of memory ...\"). For commands that run "
+        'status alone does not say why it ended ("killed: out of memory ..."). For commands that run '
         "longer than a minute use session_exec_start.",
         _command_schema(),
         action="execute",
@@ -172,7 +190,10 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
             "type": "object",
             "additionalProperties": False,
             "required": ["session_id"],
-            "properties": {"session_id": _SESSION_ID, "remove_workspace": {"type": "boolean", "default": False}},
+            "properties": {
+                "session_id": _SESSION_ID,
+                "remove_workspace": {"type": "boolean", "default": False},
+            },
         },
         action="write",
         destructive=True,
@@ -181,15 +202,23 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
         "session_pause",
         "Freeze every process of a session where it is (its TTL still runs; commands and file calls are "
         "refused until session_resume). Not every provider can: the error then names the operation.",
-        {"type": "object", "additionalProperties": False, "required": ["session_id"],
-         "properties": {"session_id": _SESSION_ID}},
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id"],
+            "properties": {"session_id": _SESSION_ID},
+        },
         action="write",
     ),
     ToolSpec(
         "session_resume",
         "Let a paused session run on from where it was.",
-        {"type": "object", "additionalProperties": False, "required": ["session_id"],
-         "properties": {"session_id": _SESSION_ID}},
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id"],
+            "properties": {"session_id": _SESSION_ID},
+        },
         action="write",
     ),
     ToolSpec(
@@ -197,8 +226,12 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
         "Start a new session of yours from a session's state now (vm: its memory and every process); the two "
         "then run on apart. Counts against your session quota. Not every provider can: the error then names "
         "the operation.",
-        {"type": "object", "additionalProperties": False, "required": ["session_id"],
-         "properties": {"session_id": _SESSION_ID}},
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id"],
+            "properties": {"session_id": _SESSION_ID},
+        },
         action="write",
     ),
     ToolSpec(

@@ -74,14 +74,21 @@ def with_agent(options: Mapping[str, Any], volume: str) -> dict[str, Any]:
     from .docker_engine import docker_sdk
 
     mount = docker_sdk().types.Mount(AGENT_DIR, volume, type="volume", read_only=True)
-    return {**options, "entrypoint": [AGENT_PATH, "serve"], "command": [], "init": False,
-            "mounts": [*options.get("mounts", []), mount]}
+    return {
+        **options,
+        "entrypoint": [AGENT_PATH, "serve"],
+        "command": [],
+        "init": False,
+        "mounts": [*options.get("mounts", []), mount],
+    }
 
 
 def is_missing_agent(error: BaseException) -> bool:
     """True when a container's start failed because its agent volume held no agent (it was removed, and
     the engine made an empty one of that name at the create)."""
-    return AGENT_PATH in str(error) and ("no such file" in str(error).lower() or "not found" in str(error).lower())
+    return AGENT_PATH in str(error) and (
+        "no such file" in str(error).lower() or "not found" in str(error).lower()
+    )
 
 
 class AgentVolumes:
@@ -113,7 +120,9 @@ class AgentVolumes:
         build = hashlib.sha256(archive).hexdigest()[:12]
         self._builds.add(build)
         name = f"{AGENT_VOLUME_PREFIX}{arch or 'host'}-{build}"
-        await self._engine.fill_shared_volume(name, image, archive, labels={LABEL_AGENT_BUILD: build}, refill=refill)
+        await self._engine.fill_shared_volume(
+            name, image, archive, labels={LABEL_AGENT_BUILD: build}, refill=refill
+        )
         return name
 
     async def reap(self) -> None:
@@ -126,10 +135,16 @@ class AgentVolumes:
                     await self._engine.remove_volume(volume["Name"])
 
 
-def agent_site(provider: Any, engine: DockerEngine, commands: CommandRegistry, *, answer_within: float,
-               current_end: Callable[[str], Awaitable[float | None]] | None = None,
-               set_paused: Callable[[Any, bool], Awaitable[None]] | None = None,
-               fork: Callable[[Any], Awaitable[Any]] | None = None) -> ContainerSite:
+def agent_site(
+    provider: Any,
+    engine: DockerEngine,
+    commands: CommandRegistry,
+    *,
+    answer_within: float,
+    current_end: Callable[[str], Awaitable[float | None]] | None = None,
+    set_paused: Callable[[Any, bool], Awaitable[None]] | None = None,
+    fork: Callable[[Any], Awaitable[Any]] | None = None,
+) -> ContainerSite:
     """The container site of ``provider``'s agent sessions on ``engine`` (docker's one engine, a swarm node's)."""
 
     async def container_env(container_id: str) -> dict[str, str]:
@@ -169,9 +184,17 @@ def open_agent_on_any_loop(engine: DockerEngine):
         if address is None:  # the engine never connected: the SDK's socket (a unix or plain tcp engine)
             return await open_docker_api(engine.api, container_id)
         api = engine.api
-        exec_id = (await asyncio.to_thread(
-            api.exec_create, container_id, [AGENT_PATH, "connect"], stdin=True, stdout=True, stderr=True, tty=False,
-        ))["Id"]
+        exec_id = (
+            await asyncio.to_thread(
+                api.exec_create,
+                container_id,
+                [AGENT_PATH, "connect"],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                tty=False,
+            )
+        )["Id"]
         reader, writer = await start_exec(address, str(api._version), exec_id, False)
         try:
             return await open_docker_streams(reader, writer)

@@ -69,7 +69,7 @@ def bridge_name(network: str) -> str:
 
 def chain_name(bridge: str) -> str:
     """The iptables chain of session bridge ``bridge``'s forwarded traffic: ``TAI-SBX-`` and its hex digits."""
-    return CHAIN_PREFIX + bridge[len(BRIDGE_PREFIX):]
+    return CHAIN_PREFIX + bridge[len(BRIDGE_PREFIX) :]
 
 
 def bridge_options(kind: str, network: str) -> dict[str, str]:
@@ -204,9 +204,12 @@ class HostFirewall:
 
     async def _run(self, tool: str, *args: str, feed: bytes | None = None) -> tuple[int, str]:
         process = await asyncio.create_subprocess_exec(
-            tool, "-w", *args,
+            tool,
+            "-w",
+            *args,
             stdin=asyncio.subprocess.PIPE if feed is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
         out, _ = await process.communicate(feed)
         return int(process.returncode or 0), out.decode(errors="replace")
@@ -264,7 +267,11 @@ class HostFirewall:
         # the chain is declared (made, or emptied) and filled in one commit: a second server protecting the
         # same bridge at once never leaves its rules interleaved out of order
         chain = chain_name(bridge)
-        script = ["*filter", f":{chain} - [0:0]", *(shlex.join(["-A", chain, *r]) for r in self._chain_rules(bridge))]
+        script = [
+            "*filter",
+            f":{chain} - [0:0]",
+            *(shlex.join(["-A", chain, *r]) for r in self._chain_rules(bridge)),
+        ]
         status, out = await self._run(
             f"{self._iptables}-restore", "--noflush", feed="\n".join([*script, "COMMIT", ""]).encode()
         )
@@ -329,8 +336,15 @@ class SessionBridges:
     pool's holding bridge, made on demand with a subnet of their own and their firewall rules, and removed
     when idle. Callers hold the network's lock (:class:`NetworkLocks`) around :meth:`ensure` and :meth:`drop`."""
 
-    def __init__(self, engine: DockerEngine, *, locks: NetworkLocks, firewall: HostFirewall,
-                 labels: Mapping[str, str], pick_subnet: Callable[[list[dict[str, Any]]], str]) -> None:
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        locks: NetworkLocks,
+        firewall: HostFirewall,
+        labels: Mapping[str, str],
+        pick_subnet: Callable[[list[dict[str, Any]]], str],
+    ) -> None:
         self._engine = engine
         self._locks = locks
         self.firewall = firewall
@@ -370,7 +384,9 @@ class SessionBridges:
         or by a teardown that failed midway) older than a grace go, with firewall rules whose bridge is gone.
         ``summaries``: the engine's listing of the provider's containers."""
         in_use = {
-            name for summary in summaries for name in ((summary.get("NetworkSettings") or {}).get("Networks") or {})
+            name
+            for summary in summaries
+            for name in ((summary.get("NetworkSettings") or {}).get("Networks") or {})
         }
         live = set()
         for network in await self._engine.networks(LABEL_NETWORK):

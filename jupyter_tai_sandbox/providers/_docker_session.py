@@ -26,8 +26,9 @@ from .docker_engine.names import (
 )
 
 
-async def container_usage(engine: DockerEngine, container: str, session_id: str,
-                          disk: Awaitable[int | str]) -> dict[str, Any]:
+async def container_usage(
+    engine: DockerEngine, container: str, session_id: str, disk: Awaitable[int | str]
+) -> dict[str, Any]:
     """A session's usage record: CPU and memory from one engine stats sample, the disk from ``disk`` (a bounded
     ``du``: bytes, or why there are none); what could not be measured is said in the note."""
     stats, disk_bytes = await asyncio.gather(engine.stats(container), disk, return_exceptions=True)
@@ -77,8 +78,15 @@ class DockerSession(ContainerSession):
     """A docker session: the container base's session, whose commands and files go through its agent, plus
     the engine's resource figures and a pooled session's record."""
 
-    def __init__(self, *args: Any, engine: DockerEngine, record: str | None = None,
-                 extra_env: Mapping[str, str] | None = None, own_image: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        engine: DockerEngine,
+        record: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        own_image: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._engine = engine
         #: whether the session's container runs an image committed for it (a fork's, see docker/forks)
@@ -103,24 +111,45 @@ class DockerSession(ContainerSession):
     async def _disk(self) -> int | str:
         result = await self.exec(["du", "-sk", WORKSPACE], timeout_seconds=USAGE_DU_SECONDS)
         try:
-            return int(result.stdout.split()[0]) * 1024 if result.exit_code == 0 else (
-                f"no disk figure: du exited with status {result.exit_code}")
+            return (
+                int(result.stdout.split()[0]) * 1024
+                if result.exit_code == 0
+                else (f"no disk figure: du exited with status {result.exit_code}")
+            )
         except (IndexError, ValueError):
             return "no disk figure: du gave no size"
 
 
-def session_of(site: Any, engine: DockerEngine, container_id: str, labels: Mapping[str, str],
-               env: Sequence[str] | None, *, record: str | None = None, pooled: bool = False) -> DockerSession:
+def session_of(
+    site: Any,
+    engine: DockerEngine,
+    container_id: str,
+    labels: Mapping[str, str],
+    env: Sequence[str] | None,
+    *,
+    record: str | None = None,
+    pooled: bool = False,
+) -> DockerSession:
     """The session of a container, from its labels and ``env``: the container's own environment, or for a
     pooled one (``record`` names its record volume) the spec env from the record, which then goes to every
     exec. One made by an older version without the agent is still listed, reaped and destroyed; its
     commands fail with the typed error of an agent that does not answer."""
     spec = spec_from_labels(labels, env)
     known = None if pooled or env is None else dict(item.split("=", 1) for item in env if "=" in item)
-    return DockerSession(site, container_id, labels[LABEL_SESSION], spec, float(labels[LABEL_CREATED]),
-                         float(labels[LABEL_EXPIRES]), env=known, engine=engine, record=record,
-                         extra_env=spec.env if pooled else None, user=labels.get(LABEL_USER, ""),
-                         own_image=labels.get(LABEL_FORK) == labels[LABEL_SESSION])
+    return DockerSession(
+        site,
+        container_id,
+        labels[LABEL_SESSION],
+        spec,
+        float(labels[LABEL_CREATED]),
+        float(labels[LABEL_EXPIRES]),
+        env=known,
+        engine=engine,
+        record=record,
+        extra_env=spec.env if pooled else None,
+        user=labels.get(LABEL_USER, ""),
+        own_image=labels.get(LABEL_FORK) == labels[LABEL_SESSION],
+    )
 
 
 async def find_container(engine: DockerEngine, session_id: str) -> dict[str, Any] | None:

@@ -78,9 +78,9 @@ class LimitSettings(LoggingConfigurable):
     min_memory_mb = 6
     limits_floor = "the Docker engine"
 
-    default_cpu = Float(
-        1.0, help="CPUs a session gets when its spec names none (0: no limit)."
-    ).tag(config=True)
+    default_cpu = Float(1.0, help="CPUs a session gets when its spec names none (0: no limit).").tag(
+        config=True
+    )
 
     max_cpu = Float(
         2.0, help="Most CPUs a spec may ask for; more is rejected (0: no maximum but the engine's)."
@@ -99,13 +99,18 @@ class LimitSettings(LoggingConfigurable):
         max_cpu, max_mem, name = self.max_cpu, self.max_memory_mb, type(self).__name__
         if spec.cpu is not None:
             if spec.cpu < self.min_cpu:
-                raise rejected(f"cpu: {spec.cpu:g} is under {self.limits_floor}'s minimum of {self.min_cpu:g} CPU")
+                raise rejected(
+                    f"cpu: {spec.cpu:g} is under {self.limits_floor}'s minimum of {self.min_cpu:g} CPU"
+                )
             if max_cpu > 0 and spec.cpu > max_cpu:
-                raise rejected(f"cpu: {spec.cpu:g} is over the operator's maximum of {max_cpu:g} CPUs ({name}.max_cpu)")
+                raise rejected(
+                    f"cpu: {spec.cpu:g} is over the operator's maximum of {max_cpu:g} CPUs ({name}.max_cpu)"
+                )
         if spec.memory_mb is not None:
             if spec.memory_mb < self.min_memory_mb:
                 raise rejected(
-                    f"memory_mb: {spec.memory_mb} is under {self.limits_floor}'s minimum of {self.min_memory_mb} MiB")
+                    f"memory_mb: {spec.memory_mb} is under {self.limits_floor}'s minimum of {self.min_memory_mb} MiB"
+                )
             if max_mem > 0 and spec.memory_mb > max_mem:
                 raise rejected(
                     f"memory_mb: {spec.memory_mb} is over the operator's maximum of {max_mem} MiB ({name}.max_memory_mb)"
@@ -194,5 +199,10 @@ class BridgeSettings(NetworkSettings):
 
     def _host_firewall(self, engine_url: str) -> HostFirewall:
         """The host firewall of the owners' bridges on the engine at ``engine_url``."""
-        return HostFirewall(self.egress_firewall, engine_url, self.scope.tag, self.log,  # type: ignore[attr-defined]
-                            setting=f"{type(self).__name__}.egress_firewall")
+        return HostFirewall(
+            self.egress_firewall,
+            engine_url,
+            self.scope.tag,
+            self.log,  # type: ignore[attr-defined]
+            setting=f"{type(self).__name__}.egress_firewall",
+        )

@@ -35,7 +35,9 @@ class ShellFileOps:
     async def remove_path(self, path: str) -> None:
         """Delete a workspace file, or a folder with everything in it; never the workspace itself."""
         target = await self._confined(path, "delete")
-        await self._file_op(f'test -e "$1" || test -L "$1" || exit {EXIT_MISSING}; rm -rf -- "$1"', target, what=path)
+        await self._file_op(
+            f'test -e "$1" || test -L "$1" || exit {EXIT_MISSING}; rm -rf -- "$1"', target, what=path
+        )
 
     async def move_path(self, path: str, new_path: str) -> None:
         """Rename or move a workspace file or folder; the new path must not exist yet (parents are made)."""

@@ -35,8 +35,18 @@ GONE_REMEMBERED = 512
 GONE_CHECK_SECONDS = 5.0
 
 __all__ = [
-    "ADOPT_WAIT_SECONDS", "DOORS", "LABEL_VERSION", "STREAMS", "STREAM_IDS",
-    "Door", "Listener", "LiveCommand", "LiveCommandPolicy", "LiveCommands", "OutputRing", "Ticket",
+    "ADOPT_WAIT_SECONDS",
+    "DOORS",
+    "LABEL_VERSION",
+    "STREAMS",
+    "STREAM_IDS",
+    "Door",
+    "Listener",
+    "LiveCommand",
+    "LiveCommandPolicy",
+    "LiveCommands",
+    "OutputRing",
+    "Ticket",
 ]
 
 
@@ -47,13 +57,17 @@ class LiveCommands:
         self.policy = policy
         self.log = log or logging.getLogger("jupyter_tai_sandbox")
         self._commands: dict[str, LiveCommand] = {}
-        self._starting: collections.Counter[tuple[str, str]] = collections.Counter()  # (owner, session) -> starts
+        self._starting: collections.Counter[tuple[str, str]] = (
+            collections.Counter()
+        )  # (owner, session) -> starts
         #: tasks started from timers, referenced until done
         self._tasks: set[asyncio.Future[None]] = set()
         self._adopting: dict[str, asyncio.Lock] = {}
         self._adopted: asyncio.Future[None] | None = None
         #: session id -> why it is gone (reaped at its TTL, destroyed) and who may be told, newest last
-        self._gone: collections.OrderedDict[str, tuple[SandboxSessionGoneError, set[str]]] = collections.OrderedDict()
+        self._gone: collections.OrderedDict[str, tuple[SandboxSessionGoneError, set[str]]] = (
+            collections.OrderedDict()
+        )
 
     def __len__(self) -> int:
         return len(self._commands)
@@ -70,7 +84,8 @@ class LiveCommands:
 
     def _held(self, owner: str | None = None, session_id: str | None = None) -> list[LiveCommand]:
         return [
-            c for c in self._commands.values()
+            c
+            for c in self._commands.values()
             if (owner is None or c.owner == owner) and (session_id is None or c.session_id == session_id)
         ]
 
@@ -81,8 +96,10 @@ class LiveCommands:
         count = len(held) + starting
         if not cap or count < cap:
             return count
-        ended = sorted((c for c in held if not c.running and not c.attached and not c.pollers),
-                       key=lambda c: c.ended_at or 0.0)
+        ended = sorted(
+            (c for c in held if not c.running and not c.attached and not c.pollers),
+            key=lambda c: c.ended_at or 0.0,
+        )
         for command in ended[: count - cap + 1]:
             command.evict()
             count -= 1
@@ -135,12 +152,24 @@ class LiveCommands:
         """A new command's identity, made before it starts (its session may keep it as the command's label)."""
         now = time.time()
         return Ticket(
-            id="exe-" + secrets.token_hex(8), session_id=session_id, owner=owner, argv=request.argv,
-            pty=request.pty, door=door, started_at=now, deadline=now + request.timeout_seconds,
+            id="exe-" + secrets.token_hex(8),
+            session_id=session_id,
+            owner=owner,
+            argv=request.argv,
+            pty=request.pty,
+            door=door,
+            started_at=now,
+            deadline=now + request.timeout_seconds,
         )
 
-    def add(self, handle: ExecHandle, ticket: Ticket, *, listener: Listener | None = None,
-            session: SandboxSession | None = None) -> LiveCommand:
+    def add(
+        self,
+        handle: ExecHandle,
+        ticket: Ticket,
+        *,
+        listener: Listener | None = None,
+        session: SandboxSession | None = None,
+    ) -> LiveCommand:
         """A command just started. ``listener``: its reader from the first byte (the websocket that started it);
         attached later, it would get only what the ring still held. ``session``: where it runs (asked, when the
         command ends in an error, whether the session is gone)."""
@@ -151,7 +180,11 @@ class LiveCommands:
     # ------------------------------------------- commands a session held for us
 
     async def adopt(
-        self, session: SandboxSession, *, take_over: str | None = None, caller: Caller | None = None,
+        self,
+        session: SandboxSession,
+        *,
+        take_over: str | None = None,
+        caller: Caller | None = None,
     ) -> None:
         """Add the live commands a session holds (:attr:`SandboxSession.holds_commands`) that a previous
         server started (a restart) and nobody reads now: each under its own id, owner and deadline, its
@@ -174,7 +207,8 @@ class LiveCommands:
                 if ticket is None or ticket.id in self._commands:
                     continue
                 if command.attached and not (
-                    ticket.id == take_over and caller is not None
+                    ticket.id == take_over
+                    and caller is not None
                     and (ticket.owner == caller.name or caller.manages_all)
                 ):
                     continue  # another server reads it: only its owner (or an admin) may take it over
@@ -182,13 +216,24 @@ class LiveCommands:
                 try:
                     handle = await session.attach_command(command.id, offsets)
                 except SandboxError as e:
-                    self.log.warning("jupyter_tai_sandbox: adopting %s of %s failed: %s", ticket.id, session.id, e)
+                    self.log.warning(
+                        "jupyter_tai_sandbox: adopting %s of %s failed: %s", ticket.id, session.id, e
+                    )
                     continue
                 self._commands[ticket.id] = LiveCommand(
-                    handle, ticket, registry=self, stream_starts=offsets, adopted=True, session=session,
+                    handle,
+                    ticket,
+                    registry=self,
+                    stream_starts=offsets,
+                    adopted=True,
+                    session=session,
                 )
-                self.log.info("jupyter_tai_sandbox: adopted live command %s of %s (%s) from a previous server",
-                              ticket.id, session.id, ticket.owner)
+                self.log.info(
+                    "jupyter_tai_sandbox: adopted live command %s of %s (%s) from a previous server",
+                    ticket.id,
+                    session.id,
+                    ticket.owner,
+                )
 
     async def adopt_all(self, sessions: Callable[[], Awaitable[list[SandboxSession]]]) -> None:
         """At the server's start: adopt what every session of the deployment holds (see :meth:`adopt`)."""
@@ -208,7 +253,9 @@ class LiveCommands:
     def start_adopting(self, sessions: Callable[[], Awaitable[list[SandboxSession]]]) -> None:
         self._adopted = asyncio.ensure_future(self.adopt_all(sessions))
 
-    async def find(self, command_id: Any, caller: Caller, session: SandboxSession | None = None) -> LiveCommand:
+    async def find(
+        self, command_id: Any, caller: Caller, session: SandboxSession | None = None
+    ) -> LiveCommand:
         """:meth:`get`, after the commands a previous server left are adopted (and, with ``session``, the
         one asked for is taken over from another server that reads it)."""
         try:
@@ -234,12 +281,21 @@ class LiveCommands:
                         continue
                     if not (ticket.owner == caller.name or caller.sees_all):
                         continue
-                    listed.append({
-                        "id": ticket.id, "session_id": session.id, "argv": list(ticket.argv), "pty": ticket.pty,
-                        "started": ticket.started_at, "owner": ticket.owner, "door": ticket.door,
-                        "attached": command.attached, "running": command.running,
-                        "offset": sum(end for _, end in command.offsets.values()), "elsewhere": True,
-                    })
+                    listed.append(
+                        {
+                            "id": ticket.id,
+                            "session_id": session.id,
+                            "argv": list(ticket.argv),
+                            "pty": ticket.pty,
+                            "started": ticket.started_at,
+                            "owner": ticket.owner,
+                            "door": ticket.door,
+                            "attached": command.attached,
+                            "running": command.running,
+                            "offset": sum(end for _, end in command.offsets.values()),
+                            "elsewhere": True,
+                        }
+                    )
         return listed
 
     def drop(self, command: LiveCommand) -> None:
@@ -263,13 +319,16 @@ class LiveCommands:
     def list(self, session_id: str, caller: Caller) -> list[LiveCommand]:
         """The session's commands from both doors (the caller's own; all of them for an admin)."""
         return [
-            c for c in self._commands.values()
+            c
+            for c in self._commands.values()
             if c.session_id == session_id and (c.owner == caller.name or caller.sees_all)
         ]
 
     # ------------------------------------------------ sessions that end under their commands
 
-    def mark_gone(self, session_id: str, reason: str = "destroyed", *, by: str | None = None) -> SandboxSessionGoneError:
+    def mark_gone(
+        self, session_id: str, reason: str = "destroyed", *, by: str | None = None
+    ) -> SandboxSessionGoneError:
         """Remember that the session is ending (``ttl``: reaped; ``destroyed``): its commands, which end as it
         goes, say so instead of the transport's error. Call it before the destroy. Told later only to whom it
         concerns (``by``, who destroyed it, and the owners of its commands): to anyone else a gone session
@@ -327,7 +386,9 @@ class LiveCommands:
         """The session is gone: its commands still running are stopped, and their readers told why."""
         gone = self.mark_gone(session_id, reason)
         self._adopting.pop(session_id, None)
-        await asyncio.gather(*(c.kill(gone.to_json()) for c in self._held(session_id=session_id) if c.running))
+        await asyncio.gather(
+            *(c.kill(gone.to_json()) for c in self._held(session_id=session_id) if c.running)
+        )
 
     async def kill_session(self, session_id: str) -> None:
         """Kill every running command of a session (it is being destroyed)."""

@@ -39,8 +39,8 @@ class SandboxAppState(Protocol):
 
     def touch(self) -> None: ...
 
-__all__ = ["ADMIN_RESOURCE", "AUTH_RESOURCE", "JSONErrorsMixin", "SandboxHandlerMixin", "parse_json_object"]
 
+__all__ = ["ADMIN_RESOURCE", "AUTH_RESOURCE", "JSONErrorsMixin", "SandboxHandlerMixin", "parse_json_object"]
 
 
 _ADMIN_ACTIONS = ("read", "write", "execute")
@@ -58,7 +58,9 @@ class SandboxHandlerMixin(ExtensionHandlerMixin):
             user = handler.current_user
             granted = set()
             for action in _ADMIN_ACTIONS:
-                if await ensure_async(handler.authorizer.is_authorized(handler, user, action, ADMIN_RESOURCE)):
+                if await ensure_async(
+                    handler.authorizer.is_authorized(handler, user, action, ADMIN_RESOURCE)
+                ):
                     granted.add(action)
             self._caller = Caller(principal_name(handler.identity_provider, user), frozenset(granted))
         return self._caller

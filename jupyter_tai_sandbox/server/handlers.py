@@ -71,8 +71,7 @@ class StatusHandler(SandboxAPIHandler):
             raise SandboxUnavailableError(access.failure)
         if access.gate is not None:
             await access.gate.check_available()  # an engine that cannot be reached: 503 saying so
-        self.write_json({**status, "principal": caller.name,
-                        "consumer": caller.consumer})
+        self.write_json({**status, "principal": caller.name, "consumer": caller.consumer})
 
 
 class SessionsHandler(SandboxAPIHandler):
@@ -128,7 +127,9 @@ class SessionHandler(SandboxAPIHandler):
         remove = self.get_argument("remove_workspace", "0").lower() in ("1", "true", "yes")
         session = await self.get_session(session_id, manage=True)
         execs = self.sandbox_app.execs
-        execs.mark_gone(session.id, "destroyed", by=(await self.caller()).name)  # before: its commands end as it goes
+        execs.mark_gone(
+            session.id, "destroyed", by=(await self.caller()).name
+        )  # before: its commands end as it goes
         try:
             await self.sessions.destroy(session, remove_workspace=remove)
         except BaseException:
@@ -211,7 +212,9 @@ class ExecHandler(SandboxAPIHandler):
             if encoding == "base64":
                 self.write(base64.b64encode(piece))
             else:
-                self.write(json.dumps(decoder.decode(piece, final=start + _RESPONSE_SLICE >= len(data)))[1:-1])
+                self.write(
+                    json.dumps(decoder.decode(piece, final=start + _RESPONSE_SLICE >= len(data)))[1:-1]
+                )
             await self.flush()
 
 
@@ -388,7 +391,9 @@ class FileHandler(SandboxAPIHandler):
     async def get(self, session_id: str, path: str | None = None) -> None:
         kind = self.get_argument("type", "")
         if kind not in ("", "file", "directory"):
-            raise SandboxRequestError("type: 'file' (the bytes only) or 'directory' (the listing only)", field="type")
+            raise SandboxRequestError(
+                "type: 'file' (the bytes only) or 'directory' (the listing only)", field="type"
+            )
         session = await self.get_session(session_id)
         self.touch()
         path = path or "."
@@ -410,9 +415,7 @@ class FileHandler(SandboxAPIHandler):
         first = await anext(chunks, b"")  # errors surface here, before any header is sent
         name = posixpath.basename(path.rstrip("/")) or "download"
         self.set_header("Content-Type", "application/octet-stream")
-        self.set_header(
-            "Content-Disposition", f"attachment; filename*=UTF-8''{url_escape(name, plus=False)}"
-        )
+        self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{url_escape(name, plus=False)}")
         self.write(first)
         await self.flush()
         async for chunk in chunks:

@@ -48,8 +48,16 @@ _SAID_OVER_THE_STATUS = frozenset({"SandboxSessionGoneError", "SandboxUnavailabl
 #: longest a command's end waits to learn whether its session went
 GONE_WAIT_SECONDS = 8.0
 #: the ends this server gives a command itself (a kill's reason): never a session's going
-_OWN_ENDS = frozenset({"HandleExpired", "CommandKilled", "CommandTakenOver", "SandboxUnavailableError",
-                       "SandboxSessionGoneError", "SandboxExecTimeoutError"})
+_OWN_ENDS = frozenset(
+    {
+        "HandleExpired",
+        "CommandKilled",
+        "CommandTakenOver",
+        "SandboxUnavailableError",
+        "SandboxSessionGoneError",
+        "SandboxExecTimeoutError",
+    }
+)
 
 
 @dataclass
@@ -90,8 +98,14 @@ class LiveCommand:
     """One command of the registry: its ring, its end, whoever is attached or polling."""
 
     def __init__(
-        self, handle: ExecHandle, ticket: Ticket, *, registry: LiveRegistry,
-        stream_starts: dict[str, int] | None = None, adopted: bool = False, listener: Listener | None = None,
+        self,
+        handle: ExecHandle,
+        ticket: Ticket,
+        *,
+        registry: LiveRegistry,
+        stream_starts: dict[str, int] | None = None,
+        adopted: bool = False,
+        listener: Listener | None = None,
         session: SandboxSession | None = None,
     ) -> None:
         self.id = ticket.id
@@ -305,7 +319,8 @@ class LiveCommand:
                     )
             first = max(offset, self.start_offset)
             frames = [
-                listener.send_output(STREAM_IDS[stream], piece) for _, stream, piece in self.ring.since(first, streams)
+                listener.send_output(STREAM_IDS[stream], piece)
+                for _, stream, piece in self.ring.since(first, streams)
             ]
         for frame in frames:
             await frame
@@ -420,13 +435,18 @@ class LiveCommand:
             return
         grace = self._registry.policy.grace_seconds
         self._registry.log.info(
-            "jupyter_tai_sandbox: live command %s of %s not watched for %g s: killed", self.id, self.owner, grace
+            "jupyter_tai_sandbox: live command %s of %s not watched for %g s: killed",
+            self.id,
+            self.owner,
+            grace,
         )
-        await self.kill({
-            "error": "HandleExpired",
-            "message": f"the command was killed: nobody attached or polled it for {grace:g} s "
-            "(SandboxApp.live_command_grace_seconds)",
-        })
+        await self.kill(
+            {
+                "error": "HandleExpired",
+                "message": f"the command was killed: nobody attached or polled it for {grace:g} s "
+                "(SandboxApp.live_command_grace_seconds)",
+            }
+        )
         if not self.pulled:
             await self.forget()  # a websocket's command: nobody is left to tell
 

@@ -33,8 +33,15 @@ class Ticket:
     def label(self) -> str:
         """The ticket as JSON, argv shortened to fit the label's bytes (it is only shown)."""
         record: dict[str, Any] = {
-            "v": LABEL_VERSION, "exec": self.id, "session": self.session_id, "owner": self.owner, "pty": self.pty,
-            "door": self.door, "started": self.started_at, "deadline": self.deadline, "argv": [],
+            "v": LABEL_VERSION,
+            "exec": self.id,
+            "session": self.session_id,
+            "owner": self.owner,
+            "pty": self.pty,
+            "door": self.door,
+            "started": self.started_at,
+            "deadline": self.deadline,
+            "argv": [],
         }
         room = MAX_LABEL_BYTES - len(json.dumps(record).encode())
         for arg in self.argv:
@@ -53,15 +60,24 @@ class Ticket:
         try:
             record = json.loads(label or "")
             ticket = cls(
-                id=record["exec"], session_id=record["session"], owner=record["owner"],
-                argv=tuple(record["argv"]), pty=bool(record["pty"]), door=record["door"],
-                started_at=float(record["started"]), deadline=float(record["deadline"]),
+                id=record["exec"],
+                session_id=record["session"],
+                owner=record["owner"],
+                argv=tuple(record["argv"]),
+                pty=bool(record["pty"]),
+                door=record["door"],
+                started_at=float(record["started"]),
+                deadline=float(record["deadline"]),
             )
         except (ValueError, TypeError, KeyError):
             return None
         valid = (
-            record.get("v") == LABEL_VERSION and ticket.session_id == session_id and ticket.door in DOORS
-            and isinstance(ticket.id, str) and ticket.id.startswith("exe-") and isinstance(ticket.owner, str)
+            record.get("v") == LABEL_VERSION
+            and ticket.session_id == session_id
+            and ticket.door in DOORS
+            and isinstance(ticket.id, str)
+            and ticket.id.startswith("exe-")
+            and isinstance(ticket.owner, str)
             and all(isinstance(arg, str) for arg in ticket.argv)
         )
         return ticket if valid else None

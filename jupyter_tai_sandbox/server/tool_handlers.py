@@ -23,7 +23,9 @@ class ToolsAPIHandler(SandboxAPIHandler):
     async def principal(self) -> Principal:
         """The caller at the tool chokepoints: its admin actions decide the fence, its name owns the sessions."""
         caller = await self.caller()
-        return Decided(name=f"user {caller.name!r}", door="rest", allowed=caller.admin_actions, owner=caller.name)
+        return Decided(
+            name=f"user {caller.name!r}", door="rest", allowed=caller.admin_actions, owner=caller.name
+        )
 
 
 class ToolsHandler(ToolsAPIHandler):

@@ -93,7 +93,9 @@ class ExecWebSocketHandler(
         try:
             self.session = await self.sessions.get(session_id, caller, manage=True)
         except SandboxNotFoundError as e:
-            gone = self.sandbox_app.execs.gone(session_id, caller)  # one this server saw go: why, to whom it concerns
+            gone = self.sandbox_app.execs.gone(
+                session_id, caller
+            )  # one this server saw go: why, to whom it concerns
             if gone is None:
                 raise
             raise gone from e
@@ -126,7 +128,9 @@ class ExecWebSocketHandler(
             else:
                 # the command runs on: a refused request is answered, the stream does not end
                 with contextlib.suppress(WebSocketClosedError):
-                    await self._send({"type": "rejected", "request": request.get("type"), **error_body(e, 400)})
+                    await self._send(
+                        {"type": "rejected", "request": request.get("type"), **error_body(e, 400)}
+                    )
 
     async def _control(self, request: dict[str, Any]) -> None:
         kind = request.get("type")
@@ -182,14 +186,20 @@ class ExecWebSocketHandler(
         if not _is_offset(offset):
             raise SandboxRequestError("offset: a whole number of bytes >= 0", field="offset")
         if streams is not None and not (
-            isinstance(streams, dict) and set(streams) <= set(STREAM_IDS) and all(map(_is_offset, streams.values()))
+            isinstance(streams, dict)
+            and set(streams) <= set(STREAM_IDS)
+            and all(map(_is_offset, streams.values()))
         ):
             raise SandboxRequestError(
                 'offsets: the next byte of each stream, e.g. {"stdout": 120, "stderr": 8}', field="offsets"
             )
         live = await self.sandbox_app.execs.find(exec_id, await self.caller(), self.session)
         self.live = live
-        reply: dict[str, Any] = {"type": "attached", "exec_id": live.id, "offset": max(offset, live.start_offset)}
+        reply: dict[str, Any] = {
+            "type": "attached",
+            "exec_id": live.id,
+            "offset": max(offset, live.start_offset),
+        }
         if streams is not None:
             reply["offsets"] = live.resume_points(streams)
         await self._send(reply)
@@ -220,7 +230,9 @@ class ExecWebSocketHandler(
         if connection is None or connection.is_closing():
             raise WebSocketClosedError()
         payload = bytes((stream_id,))
-        if getattr(connection, "_compressor", None) is not None or not isinstance(connection, WebSocketProtocol13):
+        if getattr(connection, "_compressor", None) is not None or not isinstance(
+            connection, WebSocketProtocol13
+        ):
             return self.write_message(payload + data, binary=True)
         size = len(data) + 1
         if size < 126:

@@ -119,7 +119,10 @@ class SandboxExecTool(BaseTool):
         "oneOf": [{"required": ["argv"]}, {"required": ["script"]}],
         "properties": {
             "argv": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-            "script": {"type": "string", "description": "shell text run as sh -c SCRIPT sandbox_exec ARGS..."},
+            "script": {
+                "type": "string",
+                "description": "shell text run as sh -c SCRIPT sandbox_exec ARGS...",
+            },
             "args": {"type": "array", "items": {"type": "string"}, "description": "the script's $1, $2, ..."},
             "stdin": {"type": "string"},
             "env": _STRING_MAP,
@@ -127,8 +130,14 @@ class SandboxExecTool(BaseTool):
             "network": {"enum": ["egress", "internal", "none"], "default": "egress"},
             "image": {"type": ["string", "null"]},
             "isolation": {"enum": ["none", "container", "vm", None]},
-            "durability": {"enum": ["ephemeral", "persistent"], "description": "persistent with workspace_key"},
-            "workspace_key": {"type": ["string", "null"], "description": "a durable workspace that outlives the run"},
+            "durability": {
+                "enum": ["ephemeral", "persistent"],
+                "description": "persistent with workspace_key",
+            },
+            "workspace_key": {
+                "type": ["string", "null"],
+                "description": "a durable workspace that outlives the run",
+            },
             "cpu": {"type": ["number", "null"], "exclusiveMinimum": 0},
             "memory_mb": {"type": ["integer", "null"], "exclusiveMinimum": 0},
         },
@@ -183,7 +192,9 @@ class SandboxExecTool(BaseTool):
         access: sandboxes.SandboxAccess | None = None,
     ) -> dict[str, Any]:
         timeout = inputs.get("timeout_seconds", 60)
-        durability = inputs.get("durability") or ("persistent" if inputs.get("workspace_key") else "ephemeral")
+        durability = inputs.get("durability") or (
+            "persistent" if inputs.get("workspace_key") else "ephemeral"
+        )
         spec = SessionSpec(
             image=inputs.get("image"),
             isolation=inputs.get("isolation"),
@@ -252,7 +263,11 @@ class SandboxStatusTool(BaseTool):
 
     name = "sandbox_status"
     description = "Which sandbox provider is installed (or 'off') and the policy in force."
-    input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
+    input_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+    }
 
     async def run(
         self,

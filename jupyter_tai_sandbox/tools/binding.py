@@ -31,7 +31,9 @@ def preset_invalid(problems: list[str], *, where: str = "") -> PresetInvalidErro
     if len(problems) == 1:
         message = problems[0]
     else:
-        message = f"the preset definition has {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems)
+        message = f"the preset definition has {len(problems)} problems:\n" + "\n".join(
+            f"- {p}" for p in problems
+        )
     return PresetInvalidError(where + message, problems=problems)
 
 
@@ -39,7 +41,9 @@ def _is_ref(value: Any) -> bool:
     return isinstance(value, dict)
 
 
-def _ref_problems(ref: Any, where: str, properties: Mapping[str, Any] | None, *, spread_ok: bool) -> list[str]:
+def _ref_problems(
+    ref: Any, where: str, properties: Mapping[str, Any] | None, *, spread_ok: bool
+) -> list[str]:
     """What is wrong with one binding element (``properties`` None: the schema is unusable, names unchecked)."""
     if isinstance(ref, str):
         return []
@@ -74,7 +78,9 @@ def _properties(schema: Any) -> Mapping[str, Any] | None:
 def binding_problems(binding: Any, schema: Any) -> list[str]:
     """Everything malformed in a binding, and every field it names that the schema does not declare."""
     if not isinstance(binding, Mapping) or not binding:
-        return ['a preset over sandbox_exec needs a binding, e.g. {"argv": ["wc", "-w"], "stdin": {"field": "text"}}']
+        return [
+            'a preset over sandbox_exec needs a binding, e.g. {"argv": ["wc", "-w"], "stdin": {"field": "text"}}'
+        ]
     problems = []
     unknown = sorted(set(binding) - _BINDING_FIELDS)
     if unknown:

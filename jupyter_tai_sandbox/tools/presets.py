@@ -19,7 +19,9 @@ NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 SESSION_FIELDS = ("image", "isolation", "network", "durability", "workspace_key", "cpu", "memory_mb")
 _PRESET_FIELDS = {"name", "description", "base", "input_schema", "session", "binding"}
 #: Checks a declared input_schema against the JSON Schema meta-schema, every error at once.
-_META = Draft202012Validator(Draft202012Validator.META_SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
+_META = Draft202012Validator(
+    Draft202012Validator.META_SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER
+)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ def parse_preset(definition: Any, *, name: str | None = None, source: str = "sto
     Every problem found is named at once, in one PresetInvalidError (its ``problems``).
     """
     if not isinstance(definition, Mapping):
-        raise preset_invalid(["a preset is a JSON object: name, description, base, input_schema, session, binding"])
+        raise preset_invalid(
+            ["a preset is a JSON object: name, description, base, input_schema, session, binding"]
+        )
     problems: list[str] = []
     data = dict(definition)
     if name is not None and data.setdefault("name", name) != name:
@@ -146,7 +150,9 @@ def _session_problems(session: Any) -> list[str]:
         if settings.get("workspace_key") and "durability" not in settings:
             settings["durability"] = "persistent"
         try:
-            SessionSpec(**settings, consumer="preset")  # the consumer label is the preset's name, checked apart
+            SessionSpec(
+                **settings, consumer="preset"
+            )  # the consumer label is the preset's name, checked apart
         except SandboxSpecRejectedError as e:
             problems.append(f"session: {e}")
     return problems

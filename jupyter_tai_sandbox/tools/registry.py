@@ -86,7 +86,9 @@ class ToolRegistry:
                 # a config preset shadows a stored one of the same name
                 if self.log is not None and name not in self._shadowed:
                     self._shadowed.add(name)
-                    self.log.warning("preset %r in %s is shadowed by the server's config", name, self.store.path)
+                    self.log.warning(
+                        "preset %r in %s is shadowed by the server's config", name, self.store.path
+                    )
                 continue
             try:
                 out[name] = parse_preset(definition, name=name, source="store")
@@ -206,14 +208,22 @@ class ToolRegistry:
         with self.store.locked():
             stored, private = self.store.load(), self.store.load_private()
             if preset.name in stored:
-                fence(principal, "write", f"replace the shared tool {preset.name!r} (every user's tool list shows it)")
+                fence(
+                    principal,
+                    "write",
+                    f"replace the shared tool {preset.name!r} (every user's tool list shows it)",
+                )
             mine = private.setdefault(author, {})
             if preset.name in mine and not replace:
                 raise PresetConflictError(
                     f"you have a preset named {preset.name!r}: remove it first, or replace it "
                     "(REST: PUT ...?replace=1)"
                 )
-            if preset.name not in mine and self.max_presets_per_user and len(mine) >= self.max_presets_per_user:
+            if (
+                preset.name not in mine
+                and self.max_presets_per_user
+                and len(mine) >= self.max_presets_per_user
+            ):
                 raise SandboxQuotaError(
                     f"{author!r} holds {len(mine)} private presets, the most one user may hold "
                     "(SandboxApp.max_presets_per_user): remove one first"
@@ -289,11 +299,15 @@ class ToolRegistry:
             base_input = validate_input(base.input_schema, bound)
         except ToolInputError as e:
             if isinstance(tool, Preset):
-                raise ToolInputError(e.field, f"preset {name!r} bound an invalid {base.name} input: {e}") from None
+                raise ToolInputError(
+                    e.field, f"preset {name!r} bound an invalid {base.name} input: {e}"
+                ) from None
             raise
         consumer = labels.tool_label(name)
         if isinstance(tool, Preset) and tool.source == PRIVATE and principal.owner is not None:
-            consumer = labels.sub_label(labels.user_label(principal.owner), consumer)  # the author's, not the tool's
+            consumer = labels.sub_label(
+                labels.user_label(principal.owner), consumer
+            )  # the author's, not the tool's
         try:
             # the gate applies the timeout ceiling, the output limit and the scrub to the run
             return await base.run(base_input, consumer=consumer, owner=principal.owner, access=self.access)

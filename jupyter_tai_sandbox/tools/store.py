@@ -70,7 +70,9 @@ class PresetStore:
             raise PresetStoreError(f"the preset store {self.path} is not a {{'presets': {{...}}}} object")
         private = data.get("private", {})
         if not isinstance(private, dict) or not all(isinstance(v, dict) for v in private.values()):
-            raise PresetStoreError(f"the preset store {self.path}: 'private' is not an {{author: {{...}}}} object")
+            raise PresetStoreError(
+                f"the preset store {self.path}: 'private' is not an {{author: {{...}}}} object"
+            )
         whole = {"presets": presets, "private": private}
         self._cache = (stamp, whole)
         return copy.deepcopy(whole)

@@ -28,8 +28,32 @@ from jupyter_tai_sandbox.agent.client import AGENT_PATH
 RUN = f"{os.environ.get('TAI_SANDBOX_DEPLOYMENT', 'agent')}-{secrets.token_hex(3)}"
 LABEL_KEY = "jupyter-tai-sandbox.agent-test"
 LABELS = {LABEL_KEY: RUN}
-APPLETS = ("sh", "cat", "echo", "true", "false", "sleep", "kill", "head", "yes", "ls", "stty", "tty", "sha256sum",
-           "wc", "seq", "wait", "ps", "readlink", "nc", "mkdir", "ln", "id", "touch", "setsid")
+APPLETS = (
+    "sh",
+    "cat",
+    "echo",
+    "true",
+    "false",
+    "sleep",
+    "kill",
+    "head",
+    "yes",
+    "ls",
+    "stty",
+    "tty",
+    "sha256sum",
+    "wc",
+    "seq",
+    "wait",
+    "ps",
+    "readlink",
+    "nc",
+    "mkdir",
+    "ln",
+    "id",
+    "touch",
+    "setsid",
+)
 HOSTILE_SRC = Path(__file__).parent / "hostile"
 BUSYBOX_CANDIDATES = ("/usr/bin/busybox", "/bin/busybox")
 
@@ -78,18 +102,34 @@ def _tar(files: dict[str, tuple[bytes | None, int]], links: dict[str, str] | Non
 
 
 def _import(docker_api, tar: bytes, tag: str) -> str:
-    subprocess.run(["docker", "import", "--change", f"LABEL {LABEL_KEY}={RUN}", "-", tag], input=tar,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["docker", "import", "--change", f"LABEL {LABEL_KEY}={RUN}", "-", tag],
+        input=tar,
+        check=True,
+        capture_output=True,
+    )
     return tag
 
 
 @pytest.fixture(scope="session")
 def hostile_binary(tmp_path_factory) -> bytes:
     out = tmp_path_factory.mktemp("hostile") / "hostile"
-    env = {**os.environ, "CGO_ENABLED": "0", "GOOS": "linux", "GOFLAGS": "-buildvcs=false", "GOPROXY": "off",
-           "GOTOOLCHAIN": "local", "GOMAXPROCS": "1"}
-    subprocess.run([*go_command(), "build", "-p", "1", "-trimpath", "-ldflags=-s -w", "-o", str(out), "."],
-                   cwd=HOSTILE_SRC, env=env, check=True, capture_output=True)
+    env = {
+        **os.environ,
+        "CGO_ENABLED": "0",
+        "GOOS": "linux",
+        "GOFLAGS": "-buildvcs=false",
+        "GOPROXY": "off",
+        "GOTOOLCHAIN": "local",
+        "GOMAXPROCS": "1",
+    }
+    subprocess.run(
+        [*go_command(), "build", "-p", "1", "-trimpath", "-ldflags=-s -w", "-o", str(out), "."],
+        cwd=HOSTILE_SRC,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return out.read_bytes()
 
 
@@ -101,8 +141,13 @@ def images(docker_api, hostile_binary) -> Iterator[dict[str, str]]:
     tags = {"agent_only": f"tai-agent-test/agent-only:{RUN}", "busybox": f"tai-agent-test/busybox:{RUN}"}
     try:
         _import(docker_api, _tar({".tai": (None, 0o755)}), tags["agent_only"])
-        files = {"bin": (None, 0o755), "bin/busybox": (Path(busybox).read_bytes(), 0o755),
-                 "bin/hostile": (hostile_binary, 0o755), "data": (None, 0o777), ".tai": (None, 0o755)}
+        files = {
+            "bin": (None, 0o755),
+            "bin/busybox": (Path(busybox).read_bytes(), 0o755),
+            "bin/hostile": (hostile_binary, 0o755),
+            "data": (None, 0o777),
+            ".tai": (None, 0o755),
+        }
         _import(docker_api, _tar(files, {f"bin/{a}": "busybox" for a in APPLETS}), tags["busybox"])
         yield tags
     finally:
@@ -121,14 +166,19 @@ class Session:
         return await AgentClient.docker_exec(self.name, **kw)
 
     def exec(self, *argv: str) -> str:
-        return subprocess.run(["docker", "exec", self.name, *argv], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            ["docker", "exec", self.name, *argv], capture_output=True, text=True, check=True
+        ).stdout
 
 
 def start_session(docker_api, image: str, agent: Path) -> Session:
     container = docker_api.containers.create(
-        image, entrypoint=[AGENT_PATH, "serve"], name=f"tai-agent-test-{RUN}-{secrets.token_hex(3)}",
-        labels=LABELS, network_mode="none", detach=True,
+        image,
+        entrypoint=[AGENT_PATH, "serve"],
+        name=f"tai-agent-test-{RUN}-{secrets.token_hex(3)}",
+        labels=LABELS,
+        network_mode="none",
+        detach=True,
     )
     try:
         container.put_archive("/.tai", _tar({"agent": (agent.read_bytes(), 0o755)}))

@@ -51,8 +51,11 @@ def test_absent_program_is_a_typed_error_not_an_exit_code(session):
     async def go():
         client = await session.client()
         try:
-            for argv, kw in ((["no-such-program"], {}), (["/bin/no-such-program"], {}),
-                             (["true"], {"cwd": "/no/such/dir"})):
+            for argv, kw in (
+                (["no-such-program"], {}),
+                (["/bin/no-such-program"], {}),
+                (["true"], {"cwd": "/no/such/dir"}),
+            ):
                 with pytest.raises(AgentError) as e:
                     await client.start(argv, **kw)
                 assert e.value.code == "ENOENT", (argv, e.value)
@@ -131,8 +134,12 @@ def test_pty_has_a_terminal_of_the_asked_size_and_resizes(session):
     async def go():
         client = await session.client()
         try:
-            cmd = await client.start(["sh", "-c", "[ -t 0 ] && echo tty; stty size; read x; stty size"],
-                                     pty=True, rows=30, cols=100)
+            cmd = await client.start(
+                ["sh", "-c", "[ -t 0 ] && echo tty; stty size; read x; stty size"],
+                pty=True,
+                rows=30,
+                cols=100,
+            )
             seen = b""
             while b"30 100" not in seen:
                 _, data = await cmd.read()
@@ -183,7 +190,9 @@ def test_kill_stops_a_group_that_forks_and_pid1_reaps_it(session):
     async def go():
         client = await session.client()
         try:
-            cmd = await client.start(["sh", "-c", "sleep 1001 & sleep 1002 & (sleep 1003 &) ; echo ready; wait"])
+            cmd = await client.start(
+                ["sh", "-c", "sleep 1001 & sleep 1002 & (sleep 1003 &) ; echo ready; wait"]
+            )
             _, data = await cmd.read()
             assert data == b"ready\n"
             assert sum(comm == "sleep" for comm, _ in _processes(session)) == 3
@@ -238,7 +247,9 @@ def test_the_group_holder_is_a_sealed_exit_program_nobody_can_rewrite(session):
     async def go():
         client = await session.client()
         try:
-            cmd = await client.start(["sh", "-c", "read -r _ _ _ _ pgid _ </proc/self/stat; cat /proc/$pgid/comm"])
+            cmd = await client.start(
+                ["sh", "-c", "read -r _ _ _ _ pgid _ </proc/self/stat; cat /proc/$pgid/comm"]
+            )
             _, data = await cmd.read()
             assert (await cmd.wait()).code == 0
         finally:
@@ -272,7 +283,9 @@ def test_a_pty_command_is_its_terminal_leaders_child_so_setsid_runs_it_in_place_
             assert (await cmd.wait()).signal == signal.SIGKILL
             await asyncio.sleep(0.2)
             assert [p for p in _processes(session) if p[0] == "sleep"] == []
-            cmd = await client.start(["sh", "-c", "trap 'exit 7' USR1; echo up; while :; do sleep 0.05; done"], pty=True)
+            cmd = await client.start(
+                ["sh", "-c", "trap 'exit 7' USR1; echo up; while :; do sleep 0.05; done"], pty=True
+            )
             assert (await cmd.read())[1].startswith(b"up")
             assert await cmd.signal(signal.SIGUSR1, group=False)
             assert (await cmd.wait()).code == 7
@@ -465,8 +478,14 @@ def test_commands_and_folders_get_a_containers_usual_umask(session):
     async def go():
         client = await session.client()
         try:
-            out, _, status = await (await client.start(["sh", "-c", "umask; touch /data/made; ls -ln /data/made"])).collect()
-            assert status.code == 0 and out.splitlines()[0] == b"0022" and out.splitlines()[1].startswith(b"-rw-r--r--")
+            out, _, status = await (
+                await client.start(["sh", "-c", "umask; touch /data/made; ls -ln /data/made"])
+            ).collect()
+            assert (
+                status.code == 0
+                and out.splitlines()[0] == b"0022"
+                and out.splitlines()[1].startswith(b"-rw-r--r--")
+            )
             await client.mkdir("/data", "folder")
             assert (await client.stat("/data", "folder"))["mode"] & 0o777 == 0o755
         finally:
@@ -486,7 +505,9 @@ def test_commands_are_the_oom_killers_first_choice_and_the_agent_is_not(session)
             script = "sleep 0.3; cat /proc/$$/oom_score_adj /proc/1/oom_score_adj"
             out, _, status = await (await client.start(["sh", "-c", script])).collect()
             assert status.code == 0 and out.split() == [b"500", b"0"], out
-            out, _, _ = await (await client.start(["sh", "-c", "cat /proc/self/oom_score_adj"], pty=True)).collect()
+            out, _, _ = await (
+                await client.start(["sh", "-c", "cat /proc/self/oom_score_adj"], pty=True)
+            ).collect()
             assert out.split() == [b"500"], out  # through the terminal leader too
         finally:
             await client.close()

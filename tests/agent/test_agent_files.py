@@ -15,10 +15,14 @@ ROOT = "/data/ws"
 
 
 def _prepare(session) -> None:
-    session.exec("sh", "-c", "mkdir -p /data/ws /data/outside && echo secret > /data/outside/secret && "
-                 "ln -s / /data/ws/to-root && ln -s ../outside /data/ws/to-outside && "
-                 "ln -s /proc/self/root /data/ws/magic && mkdir /data/ws/inner && echo in > /data/ws/inner/f && "
-                 "ln -s inner /data/ws/to-inner")
+    session.exec(
+        "sh",
+        "-c",
+        "mkdir -p /data/ws /data/outside && echo secret > /data/outside/secret && "
+        "ln -s / /data/ws/to-root && ln -s ../outside /data/ws/to-outside && "
+        "ln -s /proc/self/root /data/ws/magic && mkdir /data/ws/inner && echo in > /data/ws/inner/f && "
+        "ln -s inner /data/ws/to-inner",
+    )
 
 
 def test_upload_and_download_round_trip_exactly(session):
@@ -37,6 +41,7 @@ def test_upload_and_download_round_trip_exactly(session):
             assert not any(n.startswith(".tai-upload-") for n in await _names(client, "deep/er"))
         finally:
             await client.close()
+
     run(go())
     digest = session.exec("sha256sum", "/data/ws/deep/er/blob").split()[0]
     assert digest == hashlib.sha256(payload).hexdigest()
@@ -46,8 +51,17 @@ async def _names(client, path: str) -> list[str]:
     return [e["name"] for e in await client.listdir(ROOT, path)]
 
 
-@pytest.mark.parametrize("path", ["../outside/secret", "/data/outside/secret", "to-root/etc/passwd",
-                                  "to-outside/secret", "magic/etc/passwd", "inner/../../outside/secret"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../outside/secret",
+        "/data/outside/secret",
+        "to-root/etc/passwd",
+        "to-outside/secret",
+        "magic/etc/passwd",
+        "inner/../../outside/secret",
+    ],
+)
 def test_paths_that_leave_the_root_are_refused_by_the_kernel(session, path):
     _prepare(session)
 
@@ -67,6 +81,7 @@ def test_paths_that_leave_the_root_are_refused_by_the_kernel(session, path):
                 await client.rename(ROOT, "inner/f", target)
         finally:
             await client.close()
+
     run(go())
     assert session.exec("cat", "/data/outside/secret") == "secret\n"
     assert "planted" not in session.exec("ls", "/data/outside", "/")
@@ -98,6 +113,7 @@ def test_mkdir_rename_delete_stay_inside(session):
             assert e.value.code == "ENOENT"
         finally:
             await client.close()
+
     run(go())
     assert session.exec("ls", "/bin/busybox").strip() == "/bin/busybox"
 
@@ -129,4 +145,5 @@ def test_an_upload_cancelled_midway_leaves_the_target_as_it_was(session):
             assert [n for n in await _names(client, ".") if n.startswith(".tai-upload-")] == []
         finally:
             await client.close()
+
     run(go())

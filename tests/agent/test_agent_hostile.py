@@ -37,7 +37,9 @@ def test_session_code_cannot_reach_the_agent_or_its_channel(session):
             assert any(" fd " in line for line in attempts) or any("fd dir" in line for line in attempts)
             assert any(line.startswith("REFUSED socket") for line in attempts)
             assert any(line.startswith("REFUSED relay") for line in attempts)
-            assert "CONTROL ptrace child: ok" in attempts, "ptrace must work on a dumpable process for the test to mean much"
+            assert "CONTROL ptrace child: ok" in attempts, (
+                "ptrace must work on a dumpable process for the test to mean much"
+            )
             opened = [line for line in attempts if not line.startswith(("REFUSED", "CONTROL"))]
             assert opened == [], opened
             assert (await (await client.start(["true"])).wait()).code == 0  # the agent is unharmed
@@ -56,7 +58,9 @@ def test_session_code_cannot_take_or_remove_the_agents_socket(session):
         try:
             fake = await client.start(["sh", "-c", "rm -rf /.tai/run; /bin/hostile fake-agent"])
             out, _, status = await fake.collect()
-            assert status.code == 1 and out.startswith(b"LISTEN FAILED") and b"address already in use" in out, out
+            assert (
+                status.code == 1 and out.startswith(b"LISTEN FAILED") and b"address already in use" in out
+            ), out
             second = await asyncio.wait_for(session.client(), 20)  # a new connection still reaches the agent
             assert (await (await second.start(["true"])).wait()).code == 0
             await second.close()
@@ -67,8 +71,10 @@ def test_session_code_cannot_take_or_remove_the_agents_socket(session):
 
 
 # it waits for its stdin's end, so its start is answered (through the relay it kills) before it kills
-KILL_RELAYS = ('read -r _; for d in /proc/[0-9]*; do p=${d#/proc/}; '
-               '[ "$(cat $d/comm 2>/dev/null)" = agent ] && [ "$p" != 1 ] && kill -9 "$p"; done; echo done')
+KILL_RELAYS = (
+    "read -r _; for d in /proc/[0-9]*; do p=${d#/proc/}; "
+    '[ "$(cat $d/comm 2>/dev/null)" = agent ] && [ "$p" != 1 ] && kill -9 "$p"; done; echo done'
+)
 
 
 def test_session_code_killing_the_relay_is_loud_and_the_commands_live_on(session):
@@ -137,8 +143,16 @@ def test_the_agent_dying_fails_every_call_promptly(session):
 
 async def _raw(session) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        "docker", "exec", "-i", session.name, AGENT_PATH, "connect",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        "docker",
+        "exec",
+        "-i",
+        session.name,
+        AGENT_PATH,
+        "connect",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
 
 
 async def _closes_after(session, data: bytes) -> list[protocol.Frame]:
@@ -169,7 +183,9 @@ HELLO = protocol.encode_json(protocol.HELLO, 0, {"version": protocol.PROTOCOL_VE
         pytest.param(protocol.encode(protocol.START, 1, b'{"argv":["true"]}'), id="before-hello"),
         pytest.param(protocol.encode_json(protocol.HELLO, 0, {"version": 99}), id="wrong-version"),
         pytest.param(HELLO + protocol.encode(protocol.START, 1, b"{not json"), id="bad-json"),
-        pytest.param(HELLO + protocol.encode(protocol.START, 1, b'{"argv":["true"],"evil":1}'), id="unknown-field"),
+        pytest.param(
+            HELLO + protocol.encode(protocol.START, 1, b'{"argv":["true"],"evil":1}'), id="unknown-field"
+        ),
         pytest.param(HELLO + protocol.encode(0x7F, 1, b""), id="unknown-type"),
         pytest.param(HELLO + protocol.encode(protocol.CREDIT, 1, b"\0"), id="short-credit"),
         pytest.param(HELLO + protocol.encode(protocol.KILL, 1, b"x"), id="kill-with-payload"),
@@ -203,7 +219,9 @@ def test_stdin_beyond_the_granted_window_closes_the_connection(session):
             frames += decoder.feed(await proc.stdout.read(65536))
         window = next(f for f in frames if f.type == protocol.STARTED).json()["stdin_window"]
         chunk = b"x" * (512 << 10)
-        pipe_max = int(Path("/proc/sys/fs/pipe-max-size").read_text())  # the stdin pipe may take this much unread
+        pipe_max = int(
+            Path("/proc/sys/fs/pipe-max-size").read_text()
+        )  # the stdin pipe may take this much unread
         for _ in range((window + pipe_max) // len(chunk) + 1):
             proc.stdin.write(protocol.encode(protocol.STDIN, 5, chunk))
         rest = await asyncio.wait_for(proc.stdout.read(), 10)

@@ -12,8 +12,12 @@ from jupyter_tai_sandbox.agent import protocol as p
 
 
 def test_frames_round_trip_through_the_incremental_decoder_byte_by_byte():
-    frames = [p.encode_json(p.START, 7, {"argv": ["true"]}), p.encode(p.STDIN, 7, b"x" * 1000),
-              p.encode_u64(p.CREDIT, 7, 1 << 33), p.encode(p.KILL, 0xFFFFFFFF)]
+    frames = [
+        p.encode_json(p.START, 7, {"argv": ["true"]}),
+        p.encode(p.STDIN, 7, b"x" * 1000),
+        p.encode_u64(p.CREDIT, 7, 1 << 33),
+        p.encode(p.KILL, 0xFFFFFFFF),
+    ]
     decoder = p.FrameDecoder()
     got = []
     for byte in b"".join(frames):
@@ -88,7 +92,9 @@ def test_docker_exec_protocol_keeps_stdout_whole_across_any_split_and_keeps_stde
 
     proto, sink = DockerExecProtocol(), Sink()
     early = 5000
-    for i in range(0, len(wire), 4093):  # splits inside headers and payloads alike, the way recv_into fills it
+    for i in range(
+        0, len(wire), 4093
+    ):  # splits inside headers and payloads alike, the way recv_into fills it
         if i >= early and proto.sink is None:
             proto.set_sink(sink)  # bytes that came before the client existed are handed over first
         piece = wire[i : i + 4093]

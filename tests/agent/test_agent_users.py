@@ -19,7 +19,9 @@ def test_a_command_runs_as_the_given_uid_and_gid_with_no_supplementary_groups(se
     async def go():
         client = await session.client()
         try:
-            out, _, status = await (await client.start(["cat", "/proc/self/status"], uid=UID, gid=GID)).collect()
+            out, _, status = await (
+                await client.start(["cat", "/proc/self/status"], uid=UID, gid=GID)
+            ).collect()
             assert status.code == 0
             ids = _status_ids(out.decode())
             assert ids["Uid"] == [str(UID)] * 4 and ids["Gid"] == [str(GID)] * 4
@@ -40,7 +42,9 @@ def test_a_non_root_command_is_refused_by_the_agents_socket_and_cannot_write_roo
         client = await session.client()
         try:
             await client.write_file("/data", "roots", b"root's\n")  # 0644, root's
-            cmd = await client.start(["sh", "-c", "/bin/hostile | grep socket; echo more >> /data/roots"], uid=UID, gid=GID)
+            cmd = await client.start(
+                ["sh", "-c", "/bin/hostile | grep socket; echo more >> /data/roots"], uid=UID, gid=GID
+            )
             out, err, status = await cmd.collect()
             assert status.code != 0
             assert out.startswith(b"REFUSED socket"), out  # the agent answers no peer it did not expect
@@ -62,8 +66,11 @@ def test_an_upload_for_the_user_is_theirs_with_the_folders_it_made(session):
                 assert (st["uid"], st["gid"]) == (UID, GID), path
             assert (await client.stat("/data", "home/u/notes.txt"))["mode"] == 0o600
             # the user's own command can append to its 0600 file and write in the folder made for it
-            cmd = await client.start(["sh", "-c", "echo second >> /data/home/u/notes.txt && touch /data/home/u/new"],
-                                     uid=UID, gid=GID)
+            cmd = await client.start(
+                ["sh", "-c", "echo second >> /data/home/u/notes.txt && touch /data/home/u/new"],
+                uid=UID,
+                gid=GID,
+            )
             assert (await cmd.collect())[2].code == 0
             assert await client.read_file("/data", "home/u/notes.txt") == b"first\nsecond\n"
             assert (await client.stat("/data", "home/u/new"))["uid"] == UID

@@ -30,7 +30,9 @@ def go() -> list[str]:
 
 
 def run_go(go: list[str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*go, *args], cwd=AGENT_SRC, env=GO_ENV, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*go, *args], cwd=AGENT_SRC, env=GO_ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_agent_go_tests_and_fuzz_seeds_pass(go):
@@ -46,7 +48,12 @@ def test_agent_go_vet_is_clean(go):
 
 def test_agent_go_sources_are_gofmt_formatted(go):
     goroot = run_go(go, "env", "GOROOT").stdout.strip()
-    done = subprocess.run([os.path.join(goroot, "bin", "gofmt"), "-l", "."], cwd=AGENT_SRC, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [os.path.join(goroot, "bin", "gofmt"), "-l", "."],
+        cwd=AGENT_SRC,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "", f"gofmt -l lists: {done.stdout}"

@@ -11,7 +11,9 @@ import pytest
 
 from jupyter_tai_sandbox.agent import protocol
 
-GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "agent" / "testdata" / "golden_frames.json").read_text())
+GOLDEN = json.loads(
+    (Path(__file__).resolve().parents[2] / "agent" / "testdata" / "golden_frames.json").read_text()
+)
 FRAMES = GOLDEN["frames"]
 # the agent's HELLO and LIST replies share their names with the client's frames in PROTOCOL.md
 AGENT_NAMES = {"HELLO": "HELLO_REPLY", "LIST": "LIST_REPLY"}

@@ -13,16 +13,33 @@ from jupyter_tai_sandbox.contract.durations import DURATION_FORMS, format_durati
 from jupyter_tai_sandbox.policy import SandboxPolicy
 
 
-@pytest.mark.parametrize(("typed", "seconds"), [
-    ("90", 90), ("1.5", 1.5), ("5s", 5), ("10m", 600), ("1h", 3600), ("1h30m", 5400), ("1.5h", 5400),
-    ("2d12h", 216000), (" 1h 30m ", 5400), (".5m", 30), ("1H30M", 5400), ("1m30s", 90), ("8h", 28800),
-    (42, 42), (2.5, 2.5),
-])
+@pytest.mark.parametrize(
+    ("typed", "seconds"),
+    [
+        ("90", 90),
+        ("1.5", 1.5),
+        ("5s", 5),
+        ("10m", 600),
+        ("1h", 3600),
+        ("1h30m", 5400),
+        ("1.5h", 5400),
+        ("2d12h", 216000),
+        (" 1h 30m ", 5400),
+        (".5m", 30),
+        ("1H30M", 5400),
+        ("1m30s", 90),
+        ("8h", 28800),
+        (42, 42),
+        (2.5, 2.5),
+    ],
+)
 def test_a_duration_with_units_or_bare_seconds_is_read(typed, seconds):
     assert parse_duration(typed) == seconds
 
 
-@pytest.mark.parametrize("typed", ["soon", "", "5x", "1h30", "h", "1e3", "inf", "nan", "-5s", "5 s s", "1,5h", True])
+@pytest.mark.parametrize(
+    "typed", ["soon", "", "5x", "1h30", "h", "1e3", "inf", "nan", "-5s", "5 s s", "1,5h", True]
+)
 def test_anything_else_is_a_request_error_naming_the_value_and_the_forms(typed):
     with pytest.raises(SandboxRequestError) as refused:
         parse_duration(typed, "--ttl", field="ttl")
@@ -59,13 +76,30 @@ def test_the_policys_maximum_ttl_and_timeout_variables_take_units(monkeypatch):
     monkeypatch.setenv("TAI_MCP_SANDBOX_MAX_TIMEOUT_SECONDS", "0")
     assert SandboxPolicy().max_timeout_seconds == 0  # no limit
     monkeypatch.setenv("TAI_MCP_SANDBOX_MAX_TTL_SECONDS", "a day")
-    with pytest.raises(ValueError, match=r"TAI_MCP_SANDBOX_MAX_TTL_SECONDS='a day': 'a day' is not a duration"):
+    with pytest.raises(
+        ValueError, match=r"TAI_MCP_SANDBOX_MAX_TTL_SECONDS='a day': 'a day' is not a duration"
+    ):
         SandboxPolicy().max_ttl_seconds  # noqa: B018
 
 
 def test_the_cli_kernelspec_ttl_takes_units(tmp_path, capsys):
-    assert cli.main(["kernelspec", "install", "--name", "brief", "--ttl", "1h30m", "--provider", "local",
-                     "--prefix", str(tmp_path)]) == 0
+    assert (
+        cli.main(
+            [
+                "kernelspec",
+                "install",
+                "--name",
+                "brief",
+                "--ttl",
+                "1h30m",
+                "--provider",
+                "local",
+                "--prefix",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     spec = json.loads((tmp_path / "share/jupyter/kernels/brief/kernel.json").read_text())
     assert spec["metadata"]["kernel_provisioner"]["config"]["ttl_seconds"] == 5400
     with pytest.raises(SystemExit):

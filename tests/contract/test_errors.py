@@ -35,20 +35,30 @@ FIELDS = ("field", "stdout_bytes", "stderr_bytes", "note", "exit_code", "problem
 
 #: instances of the classes that have fields, in each shape their fields take
 SAMPLES: dict[type[SandboxError], list[SandboxError]] = {
-    SandboxRequestError: [SandboxRequestError("argv: a list is required", field="argv"), SandboxRequestError("bad")],
+    SandboxRequestError: [
+        SandboxRequestError("argv: a list is required", field="argv"),
+        SandboxRequestError("bad"),
+    ],
     OutputTooLargeError: [
         OutputTooLargeError("too much", stdout_bytes=5, stderr_bytes=6, exit_code=0),
         OutputTooLargeError("too much", stdout_bytes=7),
     ],
     SandboxExecTimeoutError: [
         SandboxExecTimeoutError("the deadline passed", stdout_bytes=1, stderr_bytes=2),
-        SandboxExecTimeoutError("the deadline passed", stdout_bytes=3, stderr_bytes=4, note="a child held the output"),
+        SandboxExecTimeoutError(
+            "the deadline passed", stdout_bytes=3, stderr_bytes=4, note="a child held the output"
+        ),
     ],
     ToolInputError: [ToolInputError("text", "is required"), ToolInputError("", "must be an object")],
     PresetInvalidError: [PresetInvalidError("two problems", problems=["a", "b"]), PresetInvalidError("one")],
-    SandboxUnsupportedError: [SandboxUnsupportedError("cannot pause", operation="pause"), SandboxUnsupportedError("x")],
-    SandboxSessionGoneError: [SandboxSessionGoneError("sbx-0123456789abcdef", "ttl"),
-                              SandboxSessionGoneError("sbx-0123456789abcdef", "destroyed")],
+    SandboxUnsupportedError: [
+        SandboxUnsupportedError("cannot pause", operation="pause"),
+        SandboxUnsupportedError("x"),
+    ],
+    SandboxSessionGoneError: [
+        SandboxSessionGoneError("sbx-0123456789abcdef", "ttl"),
+        SandboxSessionGoneError("sbx-0123456789abcdef", "destroyed"),
+    ],
 }
 
 
@@ -87,24 +97,41 @@ def test_round_trip(name):
 def test_wire_bodies_are_byte_for_byte():
     """The bodies doors answered before errors owned their JSON, key order included."""
     cases = [
-        (SandboxExecTimeoutError("timed out", stdout_bytes=3, stderr_bytes=4),
-         '{"error": "SandboxExecTimeoutError", "message": "timed out", "stdout_bytes": 3, "stderr_bytes": 4, '
-         '"note": null}'),
-        (SandboxExecTimeoutError("timed out", stdout_bytes=3, stderr_bytes=4, note="held"),
-         '{"error": "SandboxExecTimeoutError", "message": "timed out (held)", "stdout_bytes": 3, '
-         '"stderr_bytes": 4, "note": "held"}'),
-        (OutputTooLargeError("big"),
-         '{"error": "OutputTooLargeError", "message": "big", "stdout_bytes": 0, "stderr_bytes": 0, "exit_code": null}'),
+        (
+            SandboxExecTimeoutError("timed out", stdout_bytes=3, stderr_bytes=4),
+            '{"error": "SandboxExecTimeoutError", "message": "timed out", "stdout_bytes": 3, "stderr_bytes": 4, '
+            '"note": null}',
+        ),
+        (
+            SandboxExecTimeoutError("timed out", stdout_bytes=3, stderr_bytes=4, note="held"),
+            '{"error": "SandboxExecTimeoutError", "message": "timed out (held)", "stdout_bytes": 3, '
+            '"stderr_bytes": 4, "note": "held"}',
+        ),
+        (
+            OutputTooLargeError("big"),
+            '{"error": "OutputTooLargeError", "message": "big", "stdout_bytes": 0, "stderr_bytes": 0, "exit_code": null}',
+        ),
         (SandboxRequestError("bad"), '{"error": "SandboxRequestError", "message": "bad"}'),
-        (SandboxRequestError("bad", field="argv"),
-         '{"error": "SandboxRequestError", "message": "bad", "field": "argv"}'),
+        (
+            SandboxRequestError("bad", field="argv"),
+            '{"error": "SandboxRequestError", "message": "bad", "field": "argv"}',
+        ),
         (ToolInputError("", "bad"), '{"error": "ToolInputError", "message": "the input: bad", "field": ""}'),
-        (PresetInvalidError("x", problems=["a"]), '{"error": "PresetInvalidError", "message": "x", "problems": ["a"]}'),
+        (
+            PresetInvalidError("x", problems=["a"]),
+            '{"error": "PresetInvalidError", "message": "x", "problems": ["a"]}',
+        ),
         (PresetInvalidError("x"), '{"error": "PresetInvalidError", "message": "x"}'),
         (errors.SandboxCapacityError("full"), '{"error": "SandboxCapacityError", "message": "full"}'),
-        (contract.isolation_floor_refusal("local", "none", "container"),
-         json.dumps({"error": "SandboxSpecRejectedError",
-                     "message": str(contract.isolation_floor_refusal("local", "none", "container"))})),
+        (
+            contract.isolation_floor_refusal("local", "none", "container"),
+            json.dumps(
+                {
+                    "error": "SandboxSpecRejectedError",
+                    "message": str(contract.isolation_floor_refusal("local", "none", "container")),
+                }
+            ),
+        ),
     ]
     for error, wire in cases:
         assert json.dumps(error_body(error, error_status(error))) == wire
@@ -117,7 +144,9 @@ def test_the_timeout_note_is_not_doubled():
 
 
 def test_bodies_with_odd_fields_decode_safely():
-    back = error_from_json({"error": "OutputTooLargeError", "message": "m", "stdout_bytes": True, "exit_code": "1"})
+    back = error_from_json(
+        {"error": "OutputTooLargeError", "message": "m", "stdout_bytes": True, "exit_code": "1"}
+    )
     assert (back.stdout_bytes, back.stderr_bytes, back.exit_code) == (0, 0, None)
     back = error_from_json({"error": "SandboxRequestError", "message": "m", "field": 3})
     assert back.field is None and "field" not in back.to_json()
@@ -183,13 +212,21 @@ def test_providers_import_errors_from_the_contract():
     providers = pathlib.Path(contract.__file__).parent.parent / "providers"
     modules = list(providers.rglob("*.py"))
     assert len(modules) > 10, providers  # the folder the check reads is the providers' own
-    offenders = [str(p.relative_to(providers)) for p in modules if re.search(r"from \.+(errors|server)\b", p.read_text())]
+    offenders = [
+        str(p.relative_to(providers))
+        for p in modules
+        if re.search(r"from \.+(errors|server)\b", p.read_text())
+    ]
     assert offenders == []
 
 
 def test_isolation_floor_stays_off_the_wire_and_for_door_rewords():
     error = contract.isolation_floor_refusal("local", "none", "container")
-    assert isinstance(error, SandboxSpecRejectedError) and error.isolation_floor == ("local", "none", "container")
+    assert isinstance(error, SandboxSpecRejectedError) and error.isolation_floor == (
+        "local",
+        "none",
+        "container",
+    )
     assert set(error.to_json()) == {"error", "message"}
     cli = contract.for_door(error, "cli")
     assert "--isolation none" in str(cli) and cli.isolation_floor == error.isolation_floor

@@ -42,7 +42,9 @@ def gate(tmp_path, monkeypatch):
         scrub_transcript=True,
         credentials={"*": ["TAI_GATE_SECRET"]},
     )
-    return sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "root")), policy=policy, output_limit=4096)
+    return sandboxes.register_sandbox(
+        LocalSandbox(root=str(tmp_path / "root")), policy=policy, output_limit=4096
+    )
 
 
 def run(gate, scenario):
@@ -125,7 +127,8 @@ def test_one_shot_output_is_scrubbed_with_the_commands_byte_counts(gate):
         assert (result.stdout_bytes, result.stderr_bytes) == (len(SECRET) + 2, len(SECRET) + 5)
         # a large output is scrubbed (off the loop) as exactly as a small one
         big = await fetched.exec(
-            ["sh", "-c", 'for i in $(seq 1 40); do printf "%0100d$TAI_GATE_SECRET" 0; done'], timeout_seconds=CEILING
+            ["sh", "-c", 'for i in $(seq 1 40); do printf "%0100d$TAI_GATE_SECRET" 0; done'],
+            timeout_seconds=CEILING,
         )
         assert big.stdout == (b"0" * 100 + b"[scrubbed]") * 40
 
@@ -143,8 +146,13 @@ def test_one_shot_output_past_the_limit_stops_the_command(gate):
         with pytest.raises(OutputTooLargeError):
             await fetched.run(ExecRequest(["sh", "-c", "head -c 200 /dev/zero"], CEILING, output_limit=100))
         with pytest.raises(OutputTooLargeError):
-            await fetched.run(ExecRequest(["sh", "-c", "head -c 5000 /dev/zero"], CEILING, output_limit=1 << 30))
-        assert len((await fetched.exec(["sh", "-c", "head -c 4000 /dev/zero"], timeout_seconds=CEILING)).stdout) == 4000
+            await fetched.run(
+                ExecRequest(["sh", "-c", "head -c 5000 /dev/zero"], CEILING, output_limit=1 << 30)
+            )
+        assert (
+            len((await fetched.exec(["sh", "-c", "head -c 4000 /dev/zero"], timeout_seconds=CEILING)).stdout)
+            == 4000
+        )
 
     run(gate, scenario)
 
@@ -152,9 +160,13 @@ def test_one_shot_output_past_the_limit_stops_the_command(gate):
 def test_a_timeout_keeps_the_byte_counts_of_what_the_command_wrote(gate):
     async def scenario(created, fetched):
         with pytest.raises(SandboxExecTimeoutError) as raised:
-            await fetched.exec(["sh", "-c", 'printf "%s" "$TAI_GATE_SECRET"; echo ab >&2; sleep 30'], timeout_seconds=1)
+            await fetched.exec(
+                ["sh", "-c", 'printf "%s" "$TAI_GATE_SECRET"; echo ab >&2; sleep 30'], timeout_seconds=1
+            )
         assert (raised.value.stdout_bytes, raised.value.stderr_bytes) == (len(SECRET), 3)
-        handle = await fetched.exec_start(["sh", "-c", 'printf "%s" "$TAI_GATE_SECRET"; sleep 30'], timeout_seconds=1)
+        handle = await fetched.exec_start(
+            ["sh", "-c", 'printf "%s" "$TAI_GATE_SECRET"; sleep 30'], timeout_seconds=1
+        )
         seen = b""
         with pytest.raises(SandboxExecTimeoutError) as raised:
             async for item in handle.output:
@@ -171,7 +183,11 @@ def test_interactive_output_is_scrubbed_across_chunks_and_stays_binary_safe(gate
 
     async def scenario(created, fetched):
         handle = await fetched.exec_start(
-            ["sh", "-c", 'printf %s "$A"; sleep 0.3; printf "%s\\n" "$B"; printf %s "$A" >&2; sleep 0.3; echo "$B" >&2'],
+            [
+                "sh",
+                "-c",
+                'printf %s "$A"; sleep 0.3; printf "%s\\n" "$B"; printf %s "$A" >&2; sleep 0.3; echo "$B" >&2',
+            ],
             timeout_seconds=CEILING,
             env={"A": head, "B": tail},
         )
@@ -204,7 +220,8 @@ async def _feed(handle, data: bytes) -> None:
 
 def test_nothing_to_scrub_hands_out_the_providers_handle(tmp_path):
     gate = sandboxes.register_sandbox(
-        LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="none", max_timeout_seconds=CEILING)
+        LocalSandbox(root=str(tmp_path / "root")),
+        policy=SandboxPolicy(isolation="none", max_timeout_seconds=CEILING),
     )
 
     async def scenario(created, fetched):
@@ -222,7 +239,9 @@ def test_a_transport_keeps_the_ceiling_but_not_the_scrub(gate):
     async def scenario(created, fetched):
         with pytest.raises(SandboxRequestError, match="max_timeout_seconds"):
             await start_transport(fetched, ExecRequest(["true"], CEILING + 1))
-        handle = await start_transport(fetched, ExecRequest(["sh", "-c", 'printf %s "$TAI_GATE_SECRET"'], CEILING))
+        handle = await start_transport(
+            fetched, ExecRequest(["sh", "-c", 'printf %s "$TAI_GATE_SECRET"'], CEILING)
+        )
         out, exits = await collect(handle)
         assert out["stdout"] == SECRET.encode() and exits == [0]
 

@@ -39,7 +39,8 @@ def test_the_floor_hints_are_made_in_one_table():
     makers = sorted(
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
-        if "--SandboxPolicy.isolation=" in path.read_text() or "TAI_MCP_SANDBOX_ISOLATION=" in path.read_text()
+        if "--SandboxPolicy.isolation=" in path.read_text()
+        or "TAI_MCP_SANDBOX_ISOLATION=" in path.read_text()
     )
     assert makers == ["contract/errors.py"], makers
     assert set(ISOLATION_FLOOR_HINTS) == {"server", "cli", "kernel"}
@@ -75,7 +76,9 @@ def test_the_cli_door_names_its_own_flag(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SANDBOX_LOCAL_ROOT", str(tmp_path / "sbx"))
     store = tmp_path / "p.json"
     (tmp_path / "echo.json").write_text(json.dumps(ECHO))
-    assert cli.main(["preset", "--store", str(store), "add", str(tmp_path / "echo.json"), "--name", "echo"]) == 0
+    assert (
+        cli.main(["preset", "--store", str(store), "add", str(tmp_path / "echo.json"), "--name", "echo"]) == 0
+    )
     capsys.readouterr()
     run = ["preset", "--store", str(store), "run", "echo", "--provider", "local", "--input", '{"word": "hi"}']
     assert cli.main(run) == cli.RUN_FAILED
@@ -108,9 +111,7 @@ START_OUTSIDE_A_SERVER = textwrap.dedent(
 def test_a_kernel_started_outside_a_server_names_what_its_client_reads(tmp_path):
     """A blocking KernelManager in a script of its own: no server option could lower its floor."""
     prefix = tmp_path / "prefix"
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("TAI_MCP_", "SANDBOX_", "JUPYTER_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TAI_MCP_", "SANDBOX_", "JUPYTER_"))}
     env.update(
         JUPYTER_PATH=str(prefix / "share" / "jupyter"),
         JUPYTER_CONFIG_DIR=str(tmp_path / "config"),

@@ -84,7 +84,9 @@ def test_a_name_no_distribution_registers_is_still_a_loud_unavailable_error(inst
 
 def test_the_package_registers_its_built_in_providers_by_the_names_it_falls_back_to():
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
-    assert pyproject["project"]["entry-points"][sandboxes.PROVIDER_ENTRY_POINTS] == sandboxes.BUILTIN_PROVIDERS
+    assert (
+        pyproject["project"]["entry-points"][sandboxes.PROVIDER_ENTRY_POINTS] == sandboxes.BUILTIN_PROVIDERS
+    )
     for name, target in sandboxes.BUILTIN_PROVIDERS.items():
         cls = sandboxes.load_provider_class(name)
         assert (cls.__name__, sandboxes.load_provider_class(target)) == (target.partition(":")[2], cls), name

@@ -16,10 +16,15 @@ RUN = REPO / "benchmarks" / "run.py"
 
 
 #: the vm group's rows measured against docker's in the same run
-VM_ROWS = ("vm create to first command: restored", "vm create to first command: restored, the docker image",
-           "vm one-shot", "vm pause + resume", "vm fork",
-           # a vm session on an egress bridge needs a server running as root (CI)
-           *(("vm create to first command: restored, egress",) if os.geteuid() == 0 else ()))
+VM_ROWS = (
+    "vm create to first command: restored",
+    "vm create to first command: restored, the docker image",
+    "vm one-shot",
+    "vm pause + resume",
+    "vm fork",
+    # a vm session on an egress bridge needs a server running as root (CI)
+    *(("vm create to first command: restored, egress",) if os.geteuid() == 0 else ()),
+)
 
 
 @pytest.mark.timeout(600)

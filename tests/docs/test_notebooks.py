@@ -73,7 +73,7 @@ def check_getting_started(out: dict[str, list[dict[str, Any]]], provider: str = 
     assert [sorted(d) for d in shown] == [["text/html", "text/plain"], ["text/plain"]]
     prefix = '<img src="data:image/svg+xml;base64,'
     assert shown[0]["text/html"].startswith(prefix)
-    svg = base64.b64decode(shown[0]["text/html"][len(prefix):].split('"', 1)[0]).decode()
+    svg = base64.b64decode(shown[0]["text/html"][len(prefix) :].split('"', 1)[0]).decode()
     assert svg.count("<rect") == 3
     assert "| grace | 9.00 |" in shown[1]["text/plain"]
     assert "cities.csv -> default:data/cities.csv" in text(out["put"])
@@ -106,8 +106,10 @@ def test_getting_started_notebook(tmp_path):
 
 def test_getting_started_notebook_on_docker_with_the_default_image(tmp_path):
     docker_client()  # skips without an engine (fails in CI)
-    (key, value), = RUN_LABEL.items()
-    server = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")).start()
+    ((key, value),) = RUN_LABEL.items()
+    server = LiveServer(
+        tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")
+    ).start()
     try:
         check_getting_started(execute(server, "getting-started.ipynb"), provider="docker")
         assert (server.root / "by-size.csv").exists()
@@ -117,11 +119,15 @@ def test_getting_started_notebook_on_docker_with_the_default_image(tmp_path):
 
 def test_docker_isolation_notebook(tmp_path):
     client = docker_client()  # skips without an engine (fails in CI)
-    (key, value), = RUN_LABEL.items()
-    server = LiveServer(tmp_path, args=(
-        "--SandboxApp.provider=docker", f"--DockerSandbox.image={TEST_IMAGE}",
-        f"--DockerSandbox.extra_labels={key}={value}",
-    )).start()
+    ((key, value),) = RUN_LABEL.items()
+    server = LiveServer(
+        tmp_path,
+        args=(
+            "--SandboxApp.provider=docker",
+            f"--DockerSandbox.image={TEST_IMAGE}",
+            f"--DockerSandbox.extra_labels={key}={value}",
+        ),
+    ).start()
     try:
         out = execute(server, "docker-isolation.ipynb")
     finally:
@@ -166,19 +172,38 @@ def test_binder_setup_runs_the_getting_started_notebook(tmp_path):
     # it with --python), not the older one ensurepip bundles, whose resolver takes 2.5 times the CPU on
     # jupyterlab's dependencies. --no-compile: byte-compiling all of them costs more than compiling, on
     # import, what the server and the kernel load.
-    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", "pip"],
-                   check=True, env=env)
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-compile", *_binder_requirements()],
-                   check=True, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", "pip"],
+        check=True,
+        env=env,
+    )
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-compile", *_binder_requirements()], check=True, env=env
+    )
     # postBuild runs from the repository root (as repo2docker does), on a copy of the checkout. The copy keeps
     # the built panel (jupyter_tai_sandbox/labextension/): its static/style.js is the build's skip-if-exists,
     # so postBuild's `pip install .` does not run node. jlpm's cache (.yarn, 66 MB) is left out: only a node
     # build reads it.
     checkout = tmp_path / "repo"
-    shutil.copytree(REPO, checkout, ignore=shutil.ignore_patterns(
-        ".git", "node_modules", ".yarn", ".venv", "__pycache__", "*.egg-info", "build", "dist", "artifacts",
-        "results", ".pytest_cache", ".ruff_cache", ".hypothesis",
-    ))
+    shutil.copytree(
+        REPO,
+        checkout,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            "node_modules",
+            ".yarn",
+            ".venv",
+            "__pycache__",
+            "*.egg-info",
+            "build",
+            "dist",
+            "artifacts",
+            "results",
+            ".pytest_cache",
+            ".ruff_cache",
+            ".hypothesis",
+        ),
+    )
     subprocess.run(["bash", "binder/postBuild"], check=True, cwd=checkout, env=env)
     # the server comes from the venv; provider and isolation come from binder's config only
     server = LiveServer(tmp_path / "server", python=python, env={"PATH": env["PATH"]}).start()

@@ -18,7 +18,7 @@ README = REPO / "README.md"
 def readme_session() -> list[tuple[str, str | None]]:
     """The IPython session in README's magics section: (cell code, what it shows) pairs."""
     text = README.read_text()
-    section = text[text.index("## Notebook magics"):]
+    section = text[text.index("## Notebook magics") :]
     block = section[section.index("```\n") + 4 :]
     block = block[: block.index("```")]
     cells: list[list[str]] = []
@@ -73,15 +73,19 @@ def test_readme_magics_run_as_written_on_docker(tmp_path):
     except Exception:
         if in_ci():
             raise
-        pytest.skip(f"{PYTHON_IMAGE} is not built: jupyter tai-sandbox build-image --python --pip pandas pyarrow")
+        pytest.skip(
+            f"{PYTHON_IMAGE} is not built: jupyter tai-sandbox build-image --python --pip pandas pyarrow"
+        )
     if not {"pandas", "pyarrow"} <= set(pip):
         message = f"{PYTHON_IMAGE} lacks pandas or pyarrow: jupyter tai-sandbox build-image --python --pip pandas pyarrow"
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    (key, value), = RUN_LABEL.items()
+    ((key, value),) = RUN_LABEL.items()
     # the server's default configuration: no image named, so sessions get the Python image
-    live = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")).start()
+    live = LiveServer(
+        tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")
+    ).start()
     try:
         kernel = live.start_kernel()
         try:

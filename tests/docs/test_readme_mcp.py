@@ -38,7 +38,7 @@ def mcp_example() -> str:
 def readme_tool_names() -> set[str]:
     """The tools README's MCP section lists (the bullets after 'Agents get:'), presets aside."""
     door = section("The MCP door")
-    after = door[door.index("Agents get:") + len("Agents get:"):].lstrip("\n")
+    after = door[door.index("Agents get:") + len("Agents get:") :].lstrip("\n")
     bullets = after[: after.index("\n\n")]
     assert bullets.startswith("- "), bullets
     return set(re.findall(r"`((?:session|sandbox|preset)_[a-z_]+)`", bullets))
@@ -55,8 +55,9 @@ def test_readmes_mcp_python_example_runs_as_written_against_a_live_server(tmp_pa
         script = tmp_path / "mcp_example.py"
         script.write_text(mcp_example())
         env = {**os.environ, "JUPYTER_URL": live.url, "JUPYTER_TOKEN": live.token}
-        ran = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
-                             timeout=180)
+        ran = subprocess.run(
+            [sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
+        )
         assert ran.returncode == 0, ran.stderr
         listed, executed = ran.stdout.splitlines()
         assert set(listed.split()) == readme_tool_names()  # what the live door lists is what README says
@@ -64,10 +65,13 @@ def test_readmes_mcp_python_example_runs_as_written_against_a_live_server(tmp_pa
         assert live.session_ids() == set()  # the example destroyed its session
         # the same example with a wrong token: the SDK's exception names the reason
         env["JUPYTER_TOKEN"] = "wrong"
-        refused = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
-                                 text=True, timeout=180)
+        refused = subprocess.run(
+            [sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
+        )
         assert refused.returncode != 0
-        assert "MCPError: SandboxAuthenticationError: the server's token is missing or wrong" in refused.stderr
+        assert (
+            "MCPError: SandboxAuthenticationError: the server's token is missing or wrong" in refused.stderr
+        )
     finally:
         live.stop()
 

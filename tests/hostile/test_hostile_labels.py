@@ -49,12 +49,18 @@ def jp_server_config(tmp_path, monkeypatch):
             "max_sessions_per_user": 1,
             "max_kernels_per_user": 1,
         },
-        SandboxApp={"presets_path": str(tmp_path / "presets.json"), "max_presets": 2, "max_presets_per_user": 2},
+        SandboxApp={
+            "presets_path": str(tmp_path / "presets.json"),
+            "max_presets": 2,
+            "max_presets_per_user": 2,
+        },
     )
 
 
 async def put_preset(jp_fetch, user, name, definition=None):
-    return await call(jp_fetch, "tools", name, method="PUT", body=definition or INSTRUCTING, headers=as_user(user))
+    return await call(
+        jp_fetch, "tools", name, method="PUT", body=definition or INSTRUCTING, headers=as_user(user)
+    )
 
 
 async def tool_names(jp_fetch, user):
@@ -65,13 +71,20 @@ async def tool_names(jp_fetch, user):
 
 async def env_of(jp_fetch, user, name, **spec):
     """The value of ``$name`` in a new session of ``user`` (destroyed after), and the session's consumer."""
-    status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120, **spec},
-                              headers=as_user(user))
+    status, info = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120, **spec}, headers=as_user(user)
+    )
     assert status == 201, info
     try:
-        status, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
-                                    body={"argv": ["sh", "-c", f'printf %s "${name}"'], "timeout_seconds": 10},
-                                    headers=as_user(user))
+        status, result = await call(
+            jp_fetch,
+            "sessions",
+            info["id"],
+            "exec",
+            method="POST",
+            body={"argv": ["sh", "-c", f'printf %s "${name}"'], "timeout_seconds": 10},
+            headers=as_user(user),
+        )
         assert status == 200, result
         return result["stdout"], info["consumer"]
     finally:
@@ -81,17 +94,22 @@ async def env_of(jp_fetch, user, name, **spec):
 # ---------------------------------------------------------------- 11: presets
 
 
-async def test_a_users_preset_is_listed_and_run_for_its_author_only(jp_fetch, http_server, jp_http_port,
-                                                                    jp_base_url, jp_auth_header):
+async def test_a_users_preset_is_listed_and_run_for_its_author_only(
+    jp_fetch, http_server, jp_http_port, jp_base_url, jp_auth_header
+):
     status, body = await put_preset(jp_fetch, "bob", "helper")
     assert status == 201 and body["source"] == "private", body
     assert "helper" in await tool_names(jp_fetch, "bob")
     for other in ("alice", "admin"):  # no other user's agent reads bob's text, the admin's neither
         assert "helper" not in await tool_names(jp_fetch, other)
         assert (await call(jp_fetch, "tools", "helper", headers=as_user(other)))[0] == 404
-        status, body = await call(jp_fetch, "tools", "helper", "run", method="POST", body={}, headers=as_user(other))
+        status, body = await call(
+            jp_fetch, "tools", "helper", "run", method="POST", body={}, headers=as_user(other)
+        )
         assert (status, body["error"]) == (404, "SandboxNotFoundError"), body
-    status, body = await call(jp_fetch, "tools", "helper", "run", method="POST", body={}, headers=as_user("bob"))
+    status, body = await call(
+        jp_fetch, "tools", "helper", "run", method="POST", body={}, headers=as_user("bob")
+    )
     assert status == 200 and "kind" in body, body
     # the MCP door lists what its caller may see, the same way
     url = mcp_url(jp_http_port, jp_base_url)
@@ -118,8 +136,15 @@ async def test_a_user_cannot_remove_or_replace_the_admins_presets(jp_fetch):
     assert (await put_preset(jp_fetch, "admin", "status_now", definition))[0] == 201
     status, body = await call(jp_fetch, "tools", "status_now", method="DELETE", headers=as_user("bob"))
     assert (status, body["error"]) == (403, "ToolAccessDeniedError"), body
-    status, body = await call(jp_fetch, "tools", "status_now", method="PUT", body=INSTRUCTING,
-                              params={"replace": "1"}, headers=as_user("bob"))
+    status, body = await call(
+        jp_fetch,
+        "tools",
+        "status_now",
+        method="PUT",
+        body=INSTRUCTING,
+        params={"replace": "1"},
+        headers=as_user("bob"),
+    )
     assert (status, body["error"]) == (403, "ToolAccessDeniedError"), body
     _, shown = await call(jp_fetch, "tools", "status_now", headers=as_user("alice"))
     assert shown["description"] == definition["description"]
@@ -135,8 +160,13 @@ async def test_a_user_cannot_remove_or_replace_the_admins_presets(jp_fetch):
 async def test_a_user_named_like_a_tool_gets_none_of_its_credentials(jp_fetch):
     value, consumer = await env_of(jp_fetch, "word_count", "TOOL_TOKEN")
     assert (value, consumer) == ("", "user:word_count")
-    status, body = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:word_count"},
-                              headers=as_user("word_count"))
+    status, body = await call(
+        jp_fetch,
+        "sessions",
+        method="POST",
+        body={"consumer": "tool:word_count"},
+        headers=as_user("word_count"),
+    )
     assert (status, body["error"]) == (403, "SandboxForbiddenError"), body
     # the label is the tool's: the admin naming it gets the credential
     assert (await env_of(jp_fetch, "admin", "TOOL_TOKEN", consumer="tool:word_count"))[0] == SECRET
@@ -145,8 +175,9 @@ async def test_a_user_named_like_a_tool_gets_none_of_its_credentials(jp_fetch):
 async def test_a_user_named_with_a_slash_is_not_another_users_sub_label(jp_fetch):
     value, consumer = await env_of(jp_fetch, "alice/x", "ALICE_X_TOKEN")
     assert (value, consumer) == ("", "user:alice%2Fx")
-    status, body = await call(jp_fetch, "sessions", method="POST", body={"consumer": "user:alice/x"},
-                              headers=as_user("alice/x"))
+    status, body = await call(
+        jp_fetch, "sessions", method="POST", body={"consumer": "user:alice/x"}, headers=as_user("alice/x")
+    )
     assert (status, body["error"]) == (403, "SandboxForbiddenError"), body
     assert (await env_of(jp_fetch, "alice", "ALICE_X_TOKEN", consumer="user:alice/x"))[0] == SUB_SECRET
 
@@ -167,8 +198,9 @@ def sandboxed_kernelspec(jp_environ, jp_data_dir):
 
 async def start_kernel(jp_fetch, user) -> tuple[int, dict]:
     try:
-        response = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": KERNEL}),
-                                  headers=as_user(user))
+        response = await jp_fetch(
+            "api", "kernels", method="POST", body=json.dumps({"name": KERNEL}), headers=as_user(user)
+        )
     except HTTPClientError as e:
         assert e.response is not None
         return e.response.code, json.loads(e.response.body or b"{}")
@@ -191,21 +223,35 @@ async def test_a_kernel_session_belongs_to_the_user_who_started_it(jp_fetch, san
         for other in ("bob", server_owner()):  # a user named like the OS account holds nothing of it
             assert await kernel_sessions(jp_fetch, other) == []
             assert (await call(jp_fetch, "sessions", mine["id"], headers=as_user(other)))[0] == 404
-            assert (await call(jp_fetch, "sessions", mine["id"], "files", key_file, headers=as_user(other)))[0] == 404
-            status, _ = await call(jp_fetch, "sessions", mine["id"], "exec", method="POST",
-                                   body={"argv": ["true"], "timeout_seconds": 5}, headers=as_user(other))
+            assert (await call(jp_fetch, "sessions", mine["id"], "files", key_file, headers=as_user(other)))[
+                0
+            ] == 404
+            status, _ = await call(
+                jp_fetch,
+                "sessions",
+                mine["id"],
+                "exec",
+                method="POST",
+                body={"argv": ["true"], "timeout_seconds": 5},
+                headers=as_user(other),
+            )
             assert status == 404
         # the restart is the same kernel: still alice's, though bob asks for it
-        await jp_fetch("api", "kernels", model["id"], "restart", method="POST", body="{}", headers=as_user("bob"))
+        await jp_fetch(
+            "api", "kernels", model["id"], "restart", method="POST", body="{}", headers=as_user("bob")
+        )
         (restarted,) = await kernel_sessions(jp_fetch, "alice")
         assert restarted["owner"] == "alice" and restarted["id"] != mine["id"]
     finally:
         await jp_fetch("api", "kernels", model["id"], method="DELETE", headers=as_user("alice"))
 
 
-async def test_kernels_have_a_quota_per_user_apart_from_sessions_refused_with_429(jp_fetch, sandboxed_kernelspec):
-    status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120},
-                              headers=as_user("alice"))
+async def test_kernels_have_a_quota_per_user_apart_from_sessions_refused_with_429(
+    jp_fetch, sandboxed_kernelspec
+):
+    status, info = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120}, headers=as_user("alice")
+    )
     assert status == 201, info  # alice's one session does not take her kernel's slot
     started = []
     try:

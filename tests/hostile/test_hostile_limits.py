@@ -23,8 +23,11 @@ INIT = {
     "jsonrpc": "2.0",
     "id": 1,
     "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-               "clientInfo": {"name": "hostile", "version": "0"}},
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "hostile", "version": "0"},
+    },
 }
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -63,8 +66,9 @@ def url(jp_serverapp, http_server, jp_http_port, jp_base_url):
 
 
 async def create(jp_fetch, user, **spec):
-    return await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 300, **spec},
-                      headers={"X-Test-User": user})
+    return await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 300, **spec}, headers={"X-Test-User": user}
+    )
 
 
 async def destroy_all(jp_fetch, user):
@@ -98,11 +102,15 @@ async def test_concurrent_mcp_starts_cannot_pass_max_live_commands_per_user(url,
     async with mcp_client(url, as_user("alice")) as client:
         sid = data(await client.call_tool("session_create", {}))["id"]
         other = data(await client.call_tool("session_create", {}))["id"]
-        starts = await asyncio.gather(*(
-            client.call_tool("session_exec_start", {"session_id": (sid, other)[i % 2], "argv": ["sleep", "30"],
-                                                    "timeout_seconds": 30})
-            for i in range(9)
-        ))
+        starts = await asyncio.gather(
+            *(
+                client.call_tool(
+                    "session_exec_start",
+                    {"session_id": (sid, other)[i % 2], "argv": ["sleep", "30"], "timeout_seconds": 30},
+                )
+                for i in range(9)
+            )
+        )
         started = [data(r) for r in starts if not r.is_error]
         refused = [refusal(r) for r in starts if r.is_error]
         assert len(started) == 4, [r.structured_content for r in starts]
@@ -114,16 +122,21 @@ async def test_concurrent_mcp_starts_cannot_pass_max_live_commands_per_user(url,
         for each in started:
             await client.call_tool("session_exec_kill", {"handle": each["handle"]})
         await client.call_tool("session_destroy", {"session_id": other})
-        failed = await asyncio.gather(*(
-            client.call_tool("session_exec_start", {"session_id": sid, "argv": ["/no/such/program"]})
-            for _ in range(4)
-        ))
+        failed = await asyncio.gather(
+            *(
+                client.call_tool("session_exec_start", {"session_id": sid, "argv": ["/no/such/program"]})
+                for _ in range(4)
+            )
+        )
         assert all(r.is_error or data(r)["handle"] for r in failed)
         for r in failed:
             if not r.is_error:
                 await client.call_tool("session_exec_kill", {"handle": data(r)["handle"]})
-        again = data(await client.call_tool("session_exec_start", {"session_id": sid, "argv": ["sleep", "30"],
-                                                                   "timeout_seconds": 30}))
+        again = data(
+            await client.call_tool(
+                "session_exec_start", {"session_id": sid, "argv": ["sleep", "30"], "timeout_seconds": 30}
+            )
+        )
         assert again["handle"]
         await client.call_tool("session_destroy", {"session_id": sid})
 
@@ -134,13 +147,20 @@ async def test_finished_mcp_commands_kept_for_polls_are_bounded_per_user(url, as
         sid = data(await client.call_tool("session_create", {}))["id"]
         handles = []
         for i in range(6):
-            handle = data(await client.call_tool("session_exec_start", {
-                "session_id": sid, "script": f"echo run{i}", "timeout_seconds": 10}))["handle"]
+            handle = data(
+                await client.call_tool(
+                    "session_exec_start", {"session_id": sid, "script": f"echo run{i}", "timeout_seconds": 10}
+                )
+            )["handle"]
             answer = data(await client.call_tool("session_exec_poll", {"handle": handle, "wait_seconds": 10}))
             while answer["running"]:
-                answer = data(await client.call_tool("session_exec_poll", {"handle": handle, "wait_seconds": 10}))
+                answer = data(
+                    await client.call_tool("session_exec_poll", {"handle": handle, "wait_seconds": 10})
+                )
             handles.append(handle)
-        polls = [await client.call_tool("session_exec_poll", {"handle": h, "wait_seconds": 0}) for h in handles]
+        polls = [
+            await client.call_tool("session_exec_poll", {"handle": h, "wait_seconds": 0}) for h in handles
+        ]
         assert [p.is_error for p in polls] == [True] * 3 + [False] * 3
         assert refusal(polls[0])["error"] == "SandboxNotFoundError"
         assert data(polls[-1])["output"] == [{"stream": "stdout", "text": "run5\n"}]
@@ -152,7 +172,9 @@ async def test_finished_mcp_commands_kept_for_polls_are_bounded_per_user(url, as
 
 async def start_ws(jp_ws_fetch, user, session_id, argv=("sleep", "30")):
     """Open an exec websocket and start a command: (socket, the first text message)."""
-    ws = await jp_ws_fetch("api", "sandbox", "sessions", session_id, "exec", "ws", headers={"X-Test-User": user})
+    ws = await jp_ws_fetch(
+        "api", "sandbox", "sessions", session_id, "exec", "ws", headers={"X-Test-User": user}
+    )
     await ws.write_message(json.dumps({"type": "start", "argv": list(argv), "timeout_seconds": 30}))
     return ws, json.loads(await asyncio.wait_for(ws.read_message(), 30))
 
@@ -206,22 +228,34 @@ async def test_websocket_commands_have_per_session_and_per_user_caps_detached_on
 
 async def test_one_user_cannot_fill_the_servers_mcp_session_slots(url, as_user):
     async with httpx2.AsyncClient(timeout=30) as http:
+
         async def initialize(user):
             return await http.post(url, json=INIT, headers={**MCP_HEADERS, **as_user(user)})
 
         answers = await asyncio.gather(*(initialize("alice") for _ in range(15)))
-        assert sorted(r.status_code for r in answers) == [200] * 3 + [429] * 12, [(r.status_code, r.text[:200]) for r in answers]
+        assert sorted(r.status_code for r in answers) == [200] * 3 + [429] * 12, [
+            (r.status_code, r.text[:200]) for r in answers
+        ]
         opened = [r.headers["mcp-session-id"] for r in answers if r.status_code == 200]
         refused = [r for r in answers if r.status_code != 200]
         assert {r.status_code for r in refused} == {429}
-        assert {r.json()["error"]["data"]["error"] for r in refused} == {"SandboxQuotaError"}  # in a JSON-RPC error
+        assert {r.json()["error"]["data"]["error"] for r in refused} == {
+            "SandboxQuotaError"
+        }  # in a JSON-RPC error
         assert "max_sessions_per_user" in refused[0].json()["error"]["message"]
         # everyone else still gets in
         bob = await initialize("bob")
         assert bob.status_code == 200, bob.text
         # ending one of hers gives her the slot back
-        ended = await http.delete(url, headers={**MCP_HEADERS, **as_user("alice"), "Mcp-Session-Id": opened[0],
-                                                "Mcp-Protocol-Version": "2025-06-18"})
+        ended = await http.delete(
+            url,
+            headers={
+                **MCP_HEADERS,
+                **as_user("alice"),
+                "Mcp-Session-Id": opened[0],
+                "Mcp-Protocol-Version": "2025-06-18",
+            },
+        )
         assert ended.status_code == 200, ended.text
         assert (await initialize("alice")).status_code == 200
 
@@ -232,37 +266,53 @@ async def test_one_user_cannot_fill_the_servers_mcp_session_slots(url, as_user):
 async def test_mcp_file_tools_never_answer_an_injected_credential(url, as_user):
     async with mcp_client(url, as_user("alice")) as client:
         sid = data(await client.call_tool("session_create", {}))["id"]
-        script = ('printf "key=%s\\n" "$ALICE_TOKEN" > creds.txt; mkdir -p d; touch "d/$ALICE_TOKEN";'
-                  'printf "%s" "$ALICE_TOKEN" > bare.txt')
+        script = (
+            'printf "key=%s\\n" "$ALICE_TOKEN" > creds.txt; mkdir -p d; touch "d/$ALICE_TOKEN";'
+            'printf "%s" "$ALICE_TOKEN" > bare.txt'
+        )
         ran = data(await client.call_tool("session_exec", {"session_id": sid, "script": script}))
         assert ran["exit_code"] == 0, ran
         answers = []
         text = data(await client.call_tool("session_read_file", {"session_id": sid, "path": "creds.txt"}))
         assert text["content"] == "key=[scrubbed]\n" and text["truncated"] is False
         answers.append(text)
-        raw = data(await client.call_tool("session_read_file", {"session_id": sid, "path": "creds.txt",
-                                                                "encoding": "base64"}))
+        raw = data(
+            await client.call_tool(
+                "session_read_file", {"session_id": sid, "path": "creds.txt", "encoding": "base64"}
+            )
+        )
         assert base64.b64decode(raw["content"]) == b"key=[scrubbed]\n"
         answers.append(raw)
         # a cut inside the value answers none of it (the value is replaced whole)
         for max_bytes in (6, 10, 4 + len(SECRET)):
-            cut = data(await client.call_tool("session_read_file", {
-                "session_id": sid, "path": "creds.txt", "encoding": "base64", "max_bytes": max_bytes}))
+            cut = data(
+                await client.call_tool(
+                    "session_read_file",
+                    {"session_id": sid, "path": "creds.txt", "encoding": "base64", "max_bytes": max_bytes},
+                )
+            )
             assert base64.b64decode(cut["content"]) == b"key=[scrubbed]" and cut["truncated"] is True
             answers.append(cut)
-        bare = data(await client.call_tool("session_read_file", {"session_id": sid, "path": "bare.txt",
-                                                                 "max_bytes": 5}))
+        bare = data(
+            await client.call_tool(
+                "session_read_file", {"session_id": sid, "path": "bare.txt", "max_bytes": 5}
+            )
+        )
         assert bare["content"] == "[scrubbed]"
         answers.append(bare)
         listed = data(await client.call_tool("session_list_files", {"session_id": sid, "path": "d"}))
         assert [e["name"] for e in listed["entries"]] == ["[scrubbed]"]
         answers.append(listed)
         # an error naming the path does not carry the value either
-        missing = refusal(await client.call_tool("session_read_file", {"session_id": sid,
-                                                                       "path": f"d/{SECRET}/x"}))
+        missing = refusal(
+            await client.call_tool("session_read_file", {"session_id": sid, "path": f"d/{SECRET}/x"})
+        )
         answers.append(missing)
         await client.call_tool("session_destroy", {"session_id": sid})
     dumped = json.dumps(answers)
     assert SECRET not in dumped and SECRET[:8] not in dumped
-    assert all(SECRET.encode() not in base64.b64decode(a["content"]) for a in answers
-               if a.get("encoding") == "base64")
+    assert all(
+        SECRET.encode() not in base64.b64decode(a["content"])
+        for a in answers
+        if a.get("encoding") == "base64"
+    )

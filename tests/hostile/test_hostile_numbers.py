@@ -25,10 +25,14 @@ async def test_a_ttl_patch_with_a_bad_number_is_400(jp_fetch, value):
     await call(jp_fetch, "sessions", info["id"], method="DELETE")
 
 
-@pytest.mark.parametrize(("field", "value"), [("timeout_seconds", HUGE), ("timeout_seconds", "5"), ("argv", HUGE)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("timeout_seconds", HUGE), ("timeout_seconds", "5"), ("argv", HUGE)]
+)
 async def test_an_exec_with_a_bad_number_is_400(jp_fetch, field, value):
     _, info = await call(jp_fetch, "sessions", method="POST", body={})
     body = {"argv": ["true"], "timeout_seconds": 5, field: value}
-    status, answer = await call(jp_fetch, "sessions", info["id"], "exec", method="POST", raw=json.dumps(body).encode())
+    status, answer = await call(
+        jp_fetch, "sessions", info["id"], "exec", method="POST", raw=json.dumps(body).encode()
+    )
     assert (status, answer["error"], answer.get("field")) == (400, "SandboxRequestError", field), answer
     await call(jp_fetch, "sessions", info["id"], method="DELETE")

@@ -156,7 +156,10 @@ next(r for r in c.JupyterHub.load_roles if r["name"] == "tai-sandbox-admin")["us
             start_new_session=True,
         )
         self.wait_for(lambda: self.api("GET", "")[0] == 200, "the hub's API")
-        self.wait_for(lambda: self.service("GET", "status", token=self.driver_token)[0] in (403, 401), "the sandbox service")
+        self.wait_for(
+            lambda: self.service("GET", "status", token=self.driver_token)[0] in (403, 401),
+            "the sandbox service",
+        )
 
     def stop(self) -> None:
         """SIGTERM the hub (it stops the proxy, the service and the servers), then kill what is left."""
@@ -185,7 +188,9 @@ next(r for r in c.JupyterHub.load_roles if r["name"] == "tai-sandbox-admin")["us
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"the hub exited ({self.proc.returncode}) waiting for {what}:\n{self.log_tail()}")
+                raise AssertionError(
+                    f"the hub exited ({self.proc.returncode}) waiting for {what}:\n{self.log_tail()}"
+                )
             with contextlib.suppress(self.requests.RequestException):
                 if check():
                     self.remember_processes()
@@ -202,7 +207,9 @@ next(r for r in c.JupyterHub.load_roles if r["name"] == "tai-sandbox-admin")["us
     def _call(self, method: str, url: str, token: str | None, body=None, raw: bytes | None = None, **kw):
         headers = {"Authorization": f"token {token}"} if token else {}
         data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        r = self.requests.request(method, url, headers=headers, data=data, timeout=30, allow_redirects=False, **kw)
+        r = self.requests.request(
+            method, url, headers=headers, data=data, timeout=30, allow_redirects=False, **kw
+        )
         try:
             answer = r.json()
         except ValueError:
@@ -314,16 +321,20 @@ def hub(tmp_path_factory):
 
 def test_readme_shows_the_config_the_test_runs():
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## JupyterHub: the sandbox service"):]
-    block = section[section.index("```python\n") + len("```python\n"):]
+    section = readme[readme.index("## JupyterHub: the sandbox service") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
     assert block[: block.index("```")] == EXAMPLE.read_text()
 
 
 def test_serve_binds_where_the_hub_says():
     from jupyter_tai_sandbox.hub import server_argv
 
-    argv = server_argv({"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:10101", "JUPYTERHUB_SERVICE_PREFIX": "/services/x/"})
-    assert {"--ServerApp.ip=127.0.0.1", "--ServerApp.port=10101", "--ServerApp.base_url=/services/x/"} <= set(argv)
+    argv = server_argv(
+        {"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:10101", "JUPYTERHUB_SERVICE_PREFIX": "/services/x/"}
+    )
+    assert {"--ServerApp.ip=127.0.0.1", "--ServerApp.port=10101", "--ServerApp.base_url=/services/x/"} <= set(
+        argv
+    )
     assert any(a.endswith("hub.HubServiceIdentityProvider") for a in argv)
 
 
@@ -344,7 +355,9 @@ def test_the_authorizer_grants_sandbox_resources_and_admin_only_by_scope():
     assert not authorizer.is_authorized(None, filtered, "read", ADMIN_RESOURCE)
     for resource in ("kernels", "contents", "terminals", "sessions", "kernelspecs"):
         assert not authorizer.is_authorized(None, admin, "read", resource)
-    assert not authorizer.is_authorized(None, User(username="alice"), "read", AUTH_RESOURCE)  # not from the hub
+    assert not authorizer.is_authorized(
+        None, User(username="alice"), "read", AUTH_RESOURCE
+    )  # not from the hub
     assert not HubServiceAuthorizer(admin_scope="").is_authorized(None, admin, "read", ADMIN_RESOURCE)
 
 
@@ -352,8 +365,12 @@ def test_the_service_will_not_start_without_a_hub_token_or_an_access_scope(monke
     pytest.importorskip("jupyterhub")
     from jupyter_tai_sandbox.hub import HubServiceIdentityProvider
 
-    for name in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_SERVICE_NAME", "JUPYTERHUB_OAUTH_ACCESS_SCOPES",
-                 "JUPYTERHUB_OAUTH_SCOPES"):
+    for name in (
+        "JUPYTERHUB_API_TOKEN",
+        "JUPYTERHUB_SERVICE_NAME",
+        "JUPYTERHUB_OAUTH_ACCESS_SCOPES",
+        "JUPYTERHUB_OAUTH_SCOPES",
+    ):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(SystemExit, match="JUPYTERHUB_API_TOKEN"):
         HubServiceIdentityProvider().validate_security(None)
@@ -376,7 +393,9 @@ def test_the_service_takes_only_hub_users_with_its_access_scope(hub):
     assert hub.service("GET", "sessions", token="not-a-hub-token")[0] == 403
     assert hub.service("GET", "sessions", token=hub.driver_token)[0] == 403
     # a token of alice's without the service's access scope
-    status, body = hub.api("POST", "users/alice/tokens", {"note": "no service", "scopes": ["read:users!user=alice"]})
+    status, body = hub.api(
+        "POST", "users/alice/tokens", {"note": "no service", "scopes": ["read:users!user=alice"]}
+    )
     assert status == 201, body
     assert hub.service("GET", "sessions", token=body["token"])[0] == 403
     # alice's token with the scope: her (empty) listing
@@ -387,7 +406,9 @@ def test_the_service_takes_only_hub_users_with_its_access_scope(hub):
     from tornado.websocket import websocket_connect
 
     async def connect(token: str | None):
-        url = f"ws://127.0.0.1:{hub.port}/services/{SERVICE}/api/sandbox/sessions/sbx-0000000000000000/exec/ws"
+        url = (
+            f"ws://127.0.0.1:{hub.port}/services/{SERVICE}/api/sandbox/sessions/sbx-0000000000000000/exec/ws"
+        )
         headers = {"Authorization": f"token {token}"} if token else {}
         with pytest.raises(HTTPClientError) as refused:
             await websocket_connect(HTTPRequest(url, headers=headers))
@@ -405,8 +426,12 @@ def test_admin_is_the_operators_custom_scope(servers, alices):
     # carol's token with the admin scope sees and manages alice's sessions; without it, nothing of hers
     status, listed = hub.service("GET", "sessions", token=admin)
     assert status == 200 and alices["ephemeral"] in {s["id"] for s in listed["sessions"]}, listed
-    status, result = hub.service("POST", f"sessions/{alices['ephemeral']}/exec", token=admin,
-                                 body={"argv": ["echo", "admin"], "timeout_seconds": 30})
+    status, result = hub.service(
+        "POST",
+        f"sessions/{alices['ephemeral']}/exec",
+        token=admin,
+        body={"argv": ["echo", "admin"], "timeout_seconds": 30},
+    )
     assert (status, result.get("stdout")) == (200, "admin\n"), result
     status, listed = hub.service("GET", "sessions", token=plain)
     assert status == 200 and listed["sessions"] == [], listed
@@ -493,7 +518,10 @@ def test_exec_works_for_each_user_through_their_own_server(servers):
     for user in ("alice", "bob"):
         info = _create(servers, user)
         status, result = servers.sandbox(
-            user, "POST", f"sessions/{info['id']}/exec", body={"argv": ["sh", "-c", "echo hi $0", user], "timeout_seconds": 30}
+            user,
+            "POST",
+            f"sessions/{info['id']}/exec",
+            body={"argv": ["sh", "-c", "echo hi $0", user], "timeout_seconds": 30},
         )
         assert (status, result.get("stdout")) == (200, f"hi {user}\n"), result
         assert servers.sandbox(user, "DELETE", f"sessions/{info['id']}")[0] == 204
@@ -509,8 +537,12 @@ def test_a_terminal_through_each_users_server(servers):
         client = _client(hub, user)
         try:
             remote = await client.exec_start(
-                sid, ["sh", "-c", "[ -t 0 ] && echo tty; stty size; read line; echo got $line"],
-                timeout_seconds=30, pty=True, rows=30, cols=100,
+                sid,
+                ["sh", "-c", "[ -t 0 ] && echo tty; stty size; read line; echo got $line"],
+                timeout_seconds=30,
+                pty=True,
+                rows=30,
+                cols=100,
             )
             await remote.write(b"hello\r")
             out, code = b"", None
@@ -563,7 +595,12 @@ def test_bob_reaches_none_of_alices_sessions_execs_or_files(servers, alices):
             }
             for door, (status, body) in answers.items():
                 # exactly what an unknown id gets: 404, so ids leak nothing
-                assert (status, body.get("error")) == (404, "SandboxNotFoundError"), (door, method, path, body)
+                assert (status, body.get("error")) == (404, "SandboxNotFoundError"), (
+                    door,
+                    method,
+                    path,
+                    body,
+                )
     # bob's token on alice's server is refused by the hub's own auth
     assert hub.sandbox("alice", "GET", "sessions", as_user="bob")[0] == 403
     # nothing changed: alice's secret is where it was, nothing planted, her command still runs
@@ -603,7 +640,9 @@ def test_bobs_websocket_reaches_none_of_alices(servers, alices):
 
 def test_bob_cannot_take_alices_workspace_key_or_consumer(servers, alices):
     hub = servers
-    status, body = hub.sandbox("bob", "POST", "sessions", body={"durability": "persistent", "workspace_key": "alice-data"})
+    status, body = hub.sandbox(
+        "bob", "POST", "sessions", body={"durability": "persistent", "workspace_key": "alice-data"}
+    )
     assert (status, body.get("error")) == (404, "SandboxNotFoundError"), body
     status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"consumer": "user:alice"})
     assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body
@@ -650,8 +689,9 @@ class UserServer:
         self.runtime = hub.tmp / "homes" / user / ".local" / "share" / "jupyter" / "runtime"
 
     def request(self, method: str, path: str, body=None, timeout: float = 30):
-        status, answer = self.hub._call(method, f"{self.hub.url}/user/{self.user}/{path}", self.hub.tokens[self.user],
-                                        body)
+        status, answer = self.hub._call(
+            method, f"{self.hub.url}/user/{self.user}/{path}", self.hub.tokens[self.user], body
+        )
         assert 200 <= status < 300, (method, path, status, answer)
         return answer or None
 
@@ -691,17 +731,32 @@ def _install_sandboxed_kernelspec(hub: Hub, user: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_", "TAI_"))}
     env["HOME"] = str(hub.tmp / "homes" / user)
     subprocess.run(
-        [sys.executable, "-m", "jupyter_tai_sandbox.cli", "kernelspec", "install", "--user", "--name", "tai-hub-kernel",
-         "--image", PYTHON_IMAGE, "--ttl", "600"],
-        env=env, check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "jupyter_tai_sandbox.cli",
+            "kernelspec",
+            "install",
+            "--user",
+            "--name",
+            "tai-hub-kernel",
+            "--image",
+            PYTHON_IMAGE,
+            "--ttl",
+            "600",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
     )
     return "tai-hub-kernel"
 
 
 def test_a_code_tool_through_a_users_server(servers):
     # under JupyterHub a user is admin of their own server, so the fenced tier is theirs there
-    status, body = servers.sandbox("alice", "POST", "tools/sandbox_exec/run",
-                                   body={"argv": ["echo", "tool"], "timeout_seconds": 30})
+    status, body = servers.sandbox(
+        "alice", "POST", "tools/sandbox_exec/run", body={"argv": ["echo", "tool"], "timeout_seconds": 30}
+    )
     assert (status, body.get("stdout")) == (200, "tool\n"), body
 
 
@@ -745,26 +800,48 @@ def test_the_mcp_door_through_each_users_server(servers, alices):
     secret = "alice's mcp secret"
 
     async def run():
-        async with mcp_client(url["alice"], auth["alice"]) as alice, mcp_client(url["bob"], auth["bob"]) as bob:
+        async with (
+            mcp_client(url["alice"], auth["alice"]) as alice,
+            mcp_client(url["bob"], auth["bob"]) as bob,
+        ):
             made = {}
             for user, client in (("alice", alice), ("bob", bob)):
                 tools = {tool.name for tool in (await client.list_tools()).tools}
-                assert {"session_create", "session_exec", "session_exec_start", "session_exec_poll",
-                        "session_read_file", "sandbox_exec"} <= tools, tools
+                assert {
+                    "session_create",
+                    "session_exec",
+                    "session_exec_start",
+                    "session_exec_poll",
+                    "session_read_file",
+                    "sandbox_exec",
+                } <= tools, tools
                 info = data(await client.call_tool("session_create", {"ttl_seconds": 600}))
                 assert info["owner"] == user, info
                 made[user] = info["id"]
-                ran = data(await client.call_tool("session_exec", {"session_id": info["id"],
-                                                                   "script": f"echo mcp {user} $((6 * 7))"}))
+                ran = data(
+                    await client.call_tool(
+                        "session_exec", {"session_id": info["id"], "script": f"echo mcp {user} $((6 * 7))"}
+                    )
+                )
                 assert (ran["exit_code"], ran["stdout"]) == (0, f"mcp {user} 42\n"), ran
                 tool = data(await client.call_tool("sandbox_exec", {"argv": ["echo", f"tool {user}"]}))
                 assert tool["stdout"] == f"tool {user}\n", tool
             # the door's sessions are the user's at the service too
-            assert hub.service("GET", f"sessions/{made['alice']}", token=hub.tokens["alice"])[1]["owner"] == "alice"
-            data(await alice.call_tool("session_write_file", {"session_id": made["alice"], "path": "s.txt",
-                                                              "content": secret}))
-            started = data(await alice.call_tool("session_exec_start", {
-                "session_id": made["alice"], "script": "echo started; sleep 60", "timeout_seconds": 120}))
+            assert (
+                hub.service("GET", f"sessions/{made['alice']}", token=hub.tokens["alice"])[1]["owner"]
+                == "alice"
+            )
+            data(
+                await alice.call_tool(
+                    "session_write_file", {"session_id": made["alice"], "path": "s.txt", "content": secret}
+                )
+            )
+            started = data(
+                await alice.call_tool(
+                    "session_exec_start",
+                    {"session_id": made["alice"], "script": "echo started; sleep 60", "timeout_seconds": 120},
+                )
+            )
             for sid in (made["alice"], alices["ephemeral"], alices["persistent"]):
                 for tool, args in (
                     ("session_exec", {"argv": ["echo", "planted"]}),
@@ -783,15 +860,29 @@ def test_the_mcp_door_through_each_users_server(servers, alices):
                 refused = refusal(await bob.call_tool(tool, {"handle": started["handle"]}))
                 assert refused["error"] == "SandboxNotFoundError", (tool, refused)
             listed = {s["id"] for s in data(await bob.call_tool("session_status", {}))["sessions"]}
-            assert made["bob"] in listed and not listed & {made["alice"], alices["ephemeral"], alices["persistent"]}
+            assert made["bob"] in listed and not listed & {
+                made["alice"],
+                alices["ephemeral"],
+                alices["persistent"],
+            }
             # alice's command ran on, untouched; her file is hers
-            polled = data(await alice.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 5}))
-            assert polled["running"] and polled["output"] == [{"stream": "stdout", "text": "started\n"}], polled
-            read = data(await alice.call_tool("session_read_file", {"session_id": made["alice"], "path": "s.txt"}))
+            polled = data(
+                await alice.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 5})
+            )
+            assert polled["running"] and polled["output"] == [{"stream": "stdout", "text": "started\n"}], (
+                polled
+            )
+            read = data(
+                await alice.call_tool("session_read_file", {"session_id": made["alice"], "path": "s.txt"})
+            )
             assert read["content"] == secret
-            assert not data(await alice.call_tool("session_exec_kill", {"handle": started["handle"]}))["running"]
+            assert not data(await alice.call_tool("session_exec_kill", {"handle": started["handle"]}))[
+                "running"
+            ]
             for user, client in (("alice", alice), ("bob", bob)):
-                assert data(await client.call_tool("session_destroy", {"session_id": made[user]}))["destroyed"]
+                assert data(await client.call_tool("session_destroy", {"session_id": made[user]}))[
+                    "destroyed"
+                ]
 
     asyncio.run(run())
     _, listing = hub.sandbox("alice", "GET", f"sessions/{alices['persistent']}/files/")
@@ -805,7 +896,9 @@ DRIVE_FILE = b"bob's notes, read through the drive\n"
 def bobs(servers):
     """bob's session with a file he uploaded through his server (for the drive and the panel)."""
     info = _create(servers, "bob")
-    status, body = servers.sandbox("bob", "PUT", f"sessions/{info['id']}/files/docs/notes.txt", raw=DRIVE_FILE)
+    status, body = servers.sandbox(
+        "bob", "PUT", f"sessions/{info['id']}/files/docs/notes.txt", raw=DRIVE_FILE
+    )
     assert status in (200, 201), body
     return info["id"]
 
@@ -819,10 +912,15 @@ def test_the_sandbox_drive_requests_through_bobs_server(servers, alices, bobs):
     assert status == 200 and bobs in {s["id"] for s in top["sessions"]}, top
     assert not {s["id"] for s in top["sessions"]} & {alices["ephemeral"], alices["persistent"]}
     status, listing = hub.sandbox("bob", "GET", f"sessions/{bobs}/files/")
-    assert status == 200 and {"name": "docs", "type": "directory"}.items() <= next(
-        e for e in listing["entries"] if e["name"] == "docs").items(), listing
+    assert (
+        status == 200
+        and {"name": "docs", "type": "directory"}.items()
+        <= next(e for e in listing["entries"] if e["name"] == "docs").items()
+    ), listing
     status, listing = hub.sandbox("bob", "GET", f"sessions/{bobs}/files/docs")
-    assert status == 200 and [(e["name"], e["size"]) for e in listing["entries"]] == [("notes.txt", len(DRIVE_FILE))]
+    assert status == 200 and [(e["name"], e["size"]) for e in listing["entries"]] == [
+        ("notes.txt", len(DRIVE_FILE))
+    ]
     assert hub.sandbox("bob", "GET", f"sessions/{bobs}/files/docs/notes.txt") == (200, DRIVE_FILE)
     for path in ("files/", "files/secret.txt", "files/docs/notes.txt"):
         for sid in (alices["persistent"], "sbx-0000000000000000"):
@@ -847,10 +945,20 @@ def test_bobs_panel_and_drive_in_a_browser_through_the_hub(chromium_ready, serve
 
     hub = servers
     # no "official news?" toast over the panel (bob's own lab settings, in his home)
-    settings = hub.tmp / "homes" / "bob" / ".jupyter" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings = (
+        hub.tmp
+        / "homes"
+        / "bob"
+        / ".jupyter"
+        / "lab"
+        / "user-settings"
+        / "@jupyterlab"
+        / "apputils-extension"
+    )
     settings.mkdir(parents=True, exist_ok=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
-                                                                             "checkForUpdates": False}))
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     browser_network.forward(urllib.parse.urlsplit(hub.url).port)
     page.goto(f"{hub.url}/user/bob/lab")
     page.locator("#username_input").fill("bob")  # the hub's login form (the dummy authenticator)
@@ -900,7 +1008,9 @@ def test_bobs_panel_and_drive_in_a_browser_through_the_hub(chromium_ready, serve
         }""",
         [bobs, alices["ephemeral"], alices["persistent"]],
     )
-    assert bobs in answers["top"] and not set(answers["top"]) & {alices["ephemeral"], alices["persistent"]}, answers
+    assert bobs in answers["top"] and not set(answers["top"]) & {alices["ephemeral"], alices["persistent"]}, (
+        answers
+    )
     assert answers["file"] == DRIVE_FILE.decode(), answers
     assert set(answers["refused"].values()) == {404}, answers
 
@@ -924,8 +1034,12 @@ def test_stopping_bobs_server_destroys_his_sessions_and_never_alices(servers, al
     assert "bob" not in owners.values(), f"bob's sessions outlived his server: {owners}"
     assert {alices["ephemeral"], alices["persistent"]} <= set(owners), owners
     # bob's persistent workspace outlives the session, as it should; alice's command still runs
-    status, body = hub.sandbox("alice", "POST", f"sessions/{alices['ephemeral']}/exec",
-                               body={"argv": ["echo", "still here"], "timeout_seconds": 30})
+    status, body = hub.sandbox(
+        "alice",
+        "POST",
+        f"sessions/{alices['ephemeral']}/exec",
+        body={"argv": ["echo", "still here"], "timeout_seconds": 30},
+    )
     assert (status, body.get("stdout")) == (200, "still here\n"), body
     status, listed = hub.sandbox("alice", "GET", f"sessions/{alices['ephemeral']}/execs")
     assert running in [e["id"] for e in listed["execs"]], listed

@@ -33,7 +33,9 @@ from tests.support.docker import RUN_LABEL, docker_client, in_ci
 
 pytestmark = [pytest.mark.docker]
 
-DOCKERFILE = REPO / "jupyter_tai_sandbox" / "providers" / "docker" / "images" / "dockerfiles" / "python.Dockerfile"
+DOCKERFILE = (
+    REPO / "jupyter_tai_sandbox" / "providers" / "docker" / "images" / "dockerfiles" / "python.Dockerfile"
+)
 BASE = f"{PYTHON_BASE_IMAGE}:bookworm"
 
 
@@ -55,7 +57,9 @@ def test_the_dockerfile_makes_what_build_image_makes():
     assert re.search(r"^FROM debian:bookworm$", text, re.M)  # the suite build-image debootstraps
     for change in _CHANGES:
         assert re.search(rf"^{re.escape(change)}$", text, re.M), change
-    assert 'ARG PIP=""' in text and "--only-binary=:all: $PIP" in text  # build-image --pip installs wheels only
+    assert (
+        'ARG PIP=""' in text and "--only-binary=:all: $PIP" in text
+    )  # build-image --pip installs wheels only
 
 
 def test_the_built_python_image_has_the_dockerfiles_config():
@@ -86,8 +90,10 @@ def test_pip_packages_are_installed_from_cached_wheels_with_no_network(tmp_path,
         assert image.attrs["Config"]["Cmd"] == ["sh"] and not image.attrs["Config"].get("Entrypoint")
         assert not image.attrs["Config"].get("User")  # the base's user, not the build container's
         out = client.containers.run(
-            names[0], ["python3", "-c", f"import six, os; print(six.__name__, os.path.exists('{WHEELS_IN_IMAGE}'))"],
-            network_disabled=True, remove=True,
+            names[0],
+            ["python3", "-c", f"import six, os; print(six.__name__, os.path.exists('{WHEELS_IN_IMAGE}'))"],
+            network_disabled=True,
+            remove=True,
         )
         assert out == b"six False\n"  # installed, and the wheels are not left in the image
         cache = tmp_path / "cache" / "jupyter-tai-sandbox" / "wheels"
@@ -132,7 +138,11 @@ def test_docker_sessions_use_the_python_image_by_default_when_it_is_built():
     async def main() -> None:
         sandbox = DockerSandbox(extra_labels=RUN_LABEL)
         try:
-            assert sandbox.image == "" and sandbox.image_allowed(PYTHON_IMAGE) and sandbox.image_allowed(DEFAULT_IMAGE)
+            assert (
+                sandbox.image == ""
+                and sandbox.image_allowed(PYTHON_IMAGE)
+                and sandbox.image_allowed(DEFAULT_IMAGE)
+            )
             assert not sandbox.image_allowed("debian:bookworm")
             session = await sandbox.create(SessionSpec(consumer="default-image"))
             try:

@@ -177,7 +177,9 @@ def test_a_killed_client_takes_its_kernel_and_session_with_it(tmp_path, monkeypa
             assert line, "the client ended before its kernel was ready"
             lines.append(line)
         kernel_pid = int("".join(lines).split("OUTPUT")[1].split("]")[0].split(",")[-1].strip(" '\""))
-        assert list((tmp_path / "root" / ".sessions").glob("*.json"))  # (a live client's session: its sidecar)
+        assert list(
+            (tmp_path / "root" / ".sessions").glob("*.json")
+        )  # (a live client's session: its sidecar)
         os.kill(client.pid, signal.SIGKILL)
         client.wait(10)
 

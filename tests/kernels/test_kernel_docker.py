@@ -71,7 +71,9 @@ def test_a_vm_floor_fails_the_start_with_the_policy_message(tmp_path, monkeypatc
     sandboxes.register_sandbox(docker_sandbox(), policy=SandboxPolicy(isolation="vm"))
     started = time.monotonic()
     # a kernel-start error comes in lines of at most 72 characters: any whitespace between words
-    with pytest.raises(Exception, match=r"gives\s+isolation\s+'container'\s+at\s+most;\s+isolation\s+'vm'\s+was\s+requested"):
+    with pytest.raises(
+        Exception, match=r"gives\s+isolation\s+'container'\s+at\s+most;\s+isolation\s+'vm'\s+was\s+requested"
+    ):
         NotebookClient(notebook(), kernel_name=name, startup_timeout=60).execute()
     assert time.monotonic() - started < 10
     assert leftovers(engine) == []

@@ -64,7 +64,21 @@ def test_kernelspec_install_list_remove(tmp_path, monkeypatch, capsys):
     assert cli(["kernelspec", "list"]) == 0
     assert "Py (sbx)" in capsys.readouterr().out
     # a bad setting is refused before anything is written
-    assert cli(["kernelspec", "install", "--name", "bad", "--prefix", str(tmp_path / "p2"), "--persistent", "a b"]) == 1
+    assert (
+        cli(
+            [
+                "kernelspec",
+                "install",
+                "--name",
+                "bad",
+                "--prefix",
+                str(tmp_path / "p2"),
+                "--persistent",
+                "a b",
+            ]
+        )
+        == 1
+    )
     assert "workspace_key" in capsys.readouterr().err
     # the provisioner is found through its entry point
     from jupyter_client.provisioning import KernelProvisionerFactory
@@ -101,7 +115,9 @@ def test_removing_a_foreign_kernelspec_is_refused(tmp_path, monkeypatch, capsys)
     prefix = tmp_path / "prefix"
     folder = prefix / "share" / "jupyter" / "kernels" / "plain"
     folder.mkdir(parents=True)
-    (folder / "kernel.json").write_text(json.dumps({"argv": ["python3"], "display_name": "plain", "language": "python"}))
+    (folder / "kernel.json").write_text(
+        json.dumps({"argv": ["python3"], "display_name": "plain", "language": "python"})
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
     assert cli(["kernelspec", "remove", "plain"]) == 1
     assert "not a sandboxed kernel" in capsys.readouterr().err
@@ -131,11 +147,15 @@ def test_notebook_on_the_local_provider(tmp_path, monkeypatch):
 
 def test_a_refused_spec_fails_the_start_with_the_policy_message(tmp_path, monkeypatch):
     name = install_spec(tmp_path, monkeypatch)
-    sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="vm"))
+    sandboxes.register_sandbox(
+        LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="vm")
+    )
     nb = notebook()
     started = time.monotonic()
     # a kernel-start error comes in lines of at most 72 characters: any whitespace between words
-    with pytest.raises(Exception, match=r"gives\s+isolation\s+'none'\s+at\s+most;\s+isolation\s+'vm'\s+was\s+requested"):
+    with pytest.raises(
+        Exception, match=r"gives\s+isolation\s+'none'\s+at\s+most;\s+isolation\s+'vm'\s+was\s+requested"
+    ):
         NotebookClient(nb, kernel_name=name, startup_timeout=60).execute()
     assert time.monotonic() - started < 10
 
@@ -172,7 +192,9 @@ def test_signals_cross_the_seam_and_a_dead_tunnel_ends_the_kernel(tmp_path, monk
     from jupyter_client.manager import AsyncKernelManager
 
     name = install_spec(tmp_path, monkeypatch)
-    sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="none"))
+    sandboxes.register_sandbox(
+        LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="none")
+    )
 
     async def main() -> None:
         km = AsyncKernelManager(kernel_name=name)
@@ -214,7 +236,9 @@ def test_a_kernel_life_over_the_command_ceiling_is_refused_not_clamped(tmp_path,
     started = time.monotonic()
     with pytest.raises(Exception) as raised:
         NotebookClient(notebook(), kernel_name=name, startup_timeout=60).execute()
-    words = " ".join(str(raised.value).split())  # a kernel-start error comes in lines of at most 72 characters
+    words = " ".join(
+        str(raised.value).split()
+    )  # a kernel-start error comes in lines of at most 72 characters
     assert "ttl_seconds 100 (SandboxProvisioner.ttl_seconds, `kernelspec install --ttl`)" in words
     assert "over the operator's maximum command deadline of 50 s (SandboxPolicy.max_timeout_seconds" in words
     assert time.monotonic() - started < 10

@@ -74,8 +74,15 @@ def test_bytes_go_both_ways_byte_exact_and_each_half_close_is_passed_on() -> Non
         pair = await joined_pair()
         up, down = os.urandom(24 << 20), os.urandom(24 << 20)
         # both ways at once; each side ends its sending and still reads the other's to the end
-        _, _, got_up, got_down = await asyncio.wait_for(asyncio.gather(
-            send(pair.a_writer, up), send(pair.b_writer, down), read_all(pair.b_reader), read_all(pair.a_reader)), 60)
+        _, _, got_up, got_down = await asyncio.wait_for(
+            asyncio.gather(
+                send(pair.a_writer, up),
+                send(pair.b_writer, down),
+                read_all(pair.b_reader),
+                read_all(pair.a_reader),
+            ),
+            60,
+        )
         assert got_up == (len(up), hashlib.sha256(up).hexdigest())
         assert got_down == (len(down), hashlib.sha256(down).hexdigest())
         await asyncio.wait_for(pair.joined, 10)  # both ended: the pair is closed
@@ -88,6 +95,7 @@ def test_bytes_go_both_ways_byte_exact_and_each_half_close_is_passed_on() -> Non
 
 def test_an_answer_after_the_clients_end_of_stream_comes_back() -> None:
     """A half-closed client still gets its answer (a server that answers once it read everything)."""
+
     async def main() -> None:
         pair = await joined_pair()
         pair.a_writer.write(b"question")

@@ -166,7 +166,10 @@ async def tunnel_to_server(session, python: str):
 
 def test_many_connections_and_half_close(tmp_path):
     async def main() -> None:
-        async with local_session(tmp_path) as session, tunnel_to_server(session, sys.executable) as (tunnel, port):
+        async with (
+            local_session(tmp_path) as session,
+            tunnel_to_server(session, sys.executable) as (tunnel, port),
+        ):
             payloads = [os.urandom(1 + i * 997) for i in range(64)]
             answers = await asyncio.gather(*(talk(port, b"echo", p) for p in payloads))
             assert answers == payloads
@@ -192,7 +195,10 @@ def test_64_mib_both_ways_byte_exact(tmp_path):
 
 def test_a_slow_connection_does_not_stall_the_others(tmp_path):
     async def main() -> None:
-        async with local_session(tmp_path) as session, tunnel_to_server(session, sys.executable) as (tunnel, port):
+        async with (
+            local_session(tmp_path) as session,
+            tunnel_to_server(session, sys.executable) as (tunnel, port),
+        ):
             # one connection floods towards a reader that never reads; another sends into a sink that
             # the server reads, while a third one does echo round trips
             slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
@@ -213,7 +219,10 @@ def test_a_slow_connection_does_not_stall_the_others(tmp_path):
 
 def test_killing_the_relay_ends_every_connection(tmp_path):
     async def main() -> None:
-        async with local_session(tmp_path) as session, tunnel_to_server(session, sys.executable) as (tunnel, port):
+        async with (
+            local_session(tmp_path) as session,
+            tunnel_to_server(session, sys.executable) as (tunnel, port),
+        ):
             conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
             for _, writer in conns:
                 writer.write(b"echo\n")
@@ -244,7 +253,9 @@ def test_a_relay_that_cannot_start_says_why(tmp_path):
     async def main() -> None:
         async with local_session(tmp_path) as session:
             with pytest.raises(TunnelError, match="did not start"):
-                await Tunnel.start(session, python="/nonexistent/python3", timeout_seconds=60, start_timeout=10)
+                await Tunnel.start(
+                    session, python="/nonexistent/python3", timeout_seconds=60, start_timeout=10
+                )
 
     run(main())
 
@@ -292,7 +303,9 @@ async def python_docker_session(agent_transport: str = "auto"):
     from jupyter_tai_sandbox.providers.docker import DockerSandbox
     from tests.support.docker import RUN_LABEL
 
-    sandbox = DockerSandbox(image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0, agent_transport=agent_transport)
+    sandbox = DockerSandbox(
+        image=PYTHON_IMAGE, extra_labels=RUN_LABEL, pool_size=0, agent_transport=agent_transport
+    )
     session = await sandbox.create(SessionSpec(network="none", consumer="tunnel-test"))
     try:
         yield session
@@ -312,7 +325,9 @@ def test_tunnel_on_docker_with_network_none(python_engine):
 
 
 @pytest.mark.parametrize("agent_transport", ["auto", "exec"])
-def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no_relay(python_engine, agent_transport):
+def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no_relay(
+    python_engine, agent_transport
+):
     """On the agent the session opens its ports itself (SessionPorts): nothing runs in it for the forwarding.
     A server that reaches the agent's socket (root here) makes each connection itself in the container's
     network, a socket joined to the host's; through the engine's exec, the agent dials and carries it."""
@@ -364,13 +379,20 @@ def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no
             late = (await ports.forward(inner + 1 if inner < 65535 else inner - 1, connect_wait=5)).port
             waiting = asyncio.ensure_future(talk(late, b"echo", b"late"))
             await asyncio.sleep(0.5)
-            await session.exec(["python3", "-c", f"""
+            await session.exec(
+                [
+                    "python3",
+                    "-c",
+                    f"""
 import socket, os
 s = socket.socket(); s.bind(("127.0.0.1", {inner + 1 if inner < 65535 else inner - 1})); s.listen(1)
 c, _ = s.accept(); c.recv(5); data = b""
 while chunk := c.recv(100): data += chunk
 c.sendall(data); c.close()
-"""], timeout_seconds=30)
+""",
+                ],
+                timeout_seconds=30,
+            )
             assert await asyncio.wait_for(waiting, 10) == b"late"
             await server.kill()
             await ports.close()

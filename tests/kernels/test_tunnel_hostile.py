@@ -137,14 +137,23 @@ def test_a_4_gib_frame_header_written_into_the_relays_stdout_closes_the_tunnel_u
         ("credit-overflow", "CREDIT for more than was sent"),
     ],
 )
-def test_a_hostile_relay_breaking_the_protocol_closes_the_tunnel_within_the_window(tmp_path, caplog, mode, why):
+def test_a_hostile_relay_breaking_the_protocol_closes_the_tunnel_within_the_window(
+    tmp_path, caplog, mode, why
+):
     caplog.set_level(logging.WARNING, logger="jupyter_tai_sandbox.kernels.tunnel")
     window = 64 << 10
 
     async def main() -> None:
         async with local_session(tmp_path) as session:
             handle = await session.exec_start(
-                [sys.executable, "-u", "-c", FAKE_RELAY, mode, str(MAX_FRAME if mode != "past-window" else 32 << 10)],
+                [
+                    sys.executable,
+                    "-u",
+                    "-c",
+                    FAKE_RELAY,
+                    mode,
+                    str(MAX_FRAME if mode != "past-window" else 32 << 10),
+                ],
                 timeout_seconds=120,
             )
             tunnel = Tunnel(handle, window=window)
@@ -172,4 +181,3 @@ def test_a_hostile_relay_breaking_the_protocol_closes_the_tunnel_within_the_wind
                 await tunnel.close()
 
     run(main())
-

@@ -97,7 +97,9 @@ def test_interrupt_kills_the_remote_command(fresh_kernel, server):
     deadline = time.monotonic() + 5
     while not all(proc_gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(proc_gone(p) for p in pids), [Path(f"/proc/{p}/cmdline").read_bytes() for p in pids if not proc_gone(p)]
+    assert all(proc_gone(p) for p in pids), [
+        Path(f"/proc/{p}/cmdline").read_bytes() for p in pids if not proc_gone(p)
+    ]
     assert fresh_kernel.ok("print(6 * 7)").stdout == "42\n"  # the kernel carries on
     assert fresh_kernel.ok("%%sandbox\necho again").stdout == "again\n"
 
@@ -106,8 +108,10 @@ def test_interrupt_kills_the_remote_command(fresh_kernel, server):
 
 
 def test_interpreter_env_and_python_unbuffered(kernel):
-    run = kernel.ok('%%sandbox python3 --env GREETING=hello --env "PAIR=a=b"\n'
-                    'import os, sys\nprint(sys.version_info[0], os.environ["GREETING"], os.environ["PAIR"])')
+    run = kernel.ok(
+        '%%sandbox python3 --env GREETING=hello --env "PAIR=a=b"\n'
+        'import os, sys\nprint(sys.version_info[0], os.environ["GREETING"], os.environ["PAIR"])'
+    )
     assert run.stdout == "3 hello a=b\n"
     run = kernel.ok("%%sandbox 'sh -e'\necho one\nfalse\necho two")
     assert run.stdout == "one\n" and "exit status 1" in run.stderr
@@ -126,7 +130,7 @@ def test_in_hands_values_over_and_out_err_capture(kernel):
     assert run.stdout == "" and run.stderr == ""  # captured, not printed
     shown = kernel.ok("print(repr(captured)); print(repr(complaints))").stdout
     assert shown == "\"6\\n['1', '2', 'frozenset({3})']\\n\"\n'warning\\n'\n"
-    run = kernel.ok("%%sandbox --in data\ncat \"$data\"")
+    run = kernel.ok('%%sandbox --in data\ncat "$data"')
     assert json.loads(run.stdout) == {"xs": [1, 2, 3]}
 
 
@@ -161,13 +165,21 @@ def test_outputs_folder_is_displayed_with_mime_types(kernel):
         "open('outputs/ignored.txt', 'w').write('plain text is not displayed')\n"
     )
     shown = {d["metadata"]["sandbox_path"]: d["data"] for d in run.displays}
-    assert set(shown) == {"outputs/dot.png", "outputs/photo.jpg", "outputs/chart.svg", "outputs/table.html",
-                          "outputs/sub/data.json", "outputs/notes.md"}
+    assert set(shown) == {
+        "outputs/dot.png",
+        "outputs/photo.jpg",
+        "outputs/chart.svg",
+        "outputs/table.html",
+        "outputs/sub/data.json",
+        "outputs/notes.md",
+    }
     assert shown["outputs/dot.png"]["image/png"] == png
     assert "image/jpeg" in shown["outputs/photo.jpg"]
     # sandbox-written SVG, HTML and Markdown are shown inert (tests/magics/test_magics_outputs.py has the details)
     svg = shown["outputs/chart.svg"]
-    assert set(svg) == {"text/html", "text/plain"} and svg["text/html"].startswith('<img src="data:image/svg+xml;base64,')
+    assert set(svg) == {"text/html", "text/plain"} and svg["text/html"].startswith(
+        '<img src="data:image/svg+xml;base64,'
+    )
     assert '<iframe sandbox="" ' in shown["outputs/table.html"]["text/html"]
     assert "&lt;table&gt;" in shown["outputs/table.html"]["text/html"]
     assert shown["outputs/sub/data.json"]["application/json"] == {"k": [1, 2]}
@@ -184,7 +196,9 @@ def test_named_sessions_persistent_workspaces_and_line_magics(kernel, server, tm
     key = f"magics-{secrets.token_hex(3)}"
     kernel.ok("%%sandbox --session alpha\necho kept > alpha.txt")
     assert kernel.ok("%%sandbox --session alpha\ncat alpha.txt").stdout == "kept\n"
-    assert "No such file" in kernel.ok("%%sandbox\ncat alpha.txt").stderr  # the default session is another one
+    assert (
+        "No such file" in kernel.ok("%%sandbox\ncat alpha.txt").stderr
+    )  # the default session is another one
 
     run = kernel.ok(f"%sandbox new notes --persistent {key} --timeout 5")
     assert "session 'notes' started" in run.stdout
@@ -236,8 +250,17 @@ def test_put_and_get(kernel, tmp_path):
 def test_usage(kernel):
     reply = kernel.ok("%sandbox?").reply
     page = reply["payload"][0]["data"]["text/plain"]
-    for text in ("--session", "--persistent", "--in", "--out", "--raise", "put LOCAL [REMOTE]",
-                 "get REMOTE [LOCAL]", "connect URL", "rm NAME"):
+    for text in (
+        "--session",
+        "--persistent",
+        "--in",
+        "--out",
+        "--raise",
+        "put LOCAL [REMOTE]",
+        "get REMOTE [LOCAL]",
+        "connect URL",
+        "rm NAME",
+    ):
         assert text in page, text
 
 
@@ -247,7 +270,10 @@ def test_usage(kernel):
 BAD_INPUT = [
     ("%%sandbox --bogus\necho hi", "unrecognized arguments: --bogus"),
     ("%%sandbox --netwrok none\necho hi", "unrecognized arguments: --netwrok (did you mean --network?)"),
-    ("%%sandbox --sesion x --timout 3\necho hi", "did you mean: --sesion -> --session, --timout -> --timeout?"),
+    (
+        "%%sandbox --sesion x --timout 3\necho hi",
+        "did you mean: --sesion -> --session, --timout -> --timeout?",
+    ),
     ("%sandbox new x --persistant k", "unrecognized arguments: --persistant k (did you mean --persistent?)"),
     ("%sandbox rm x --workspcae", "(did you mean --workspace?)"),
     ("%sandbox stauts", "unknown subcommand 'stauts': did you mean status?"),
@@ -308,7 +334,9 @@ def test_provider_off_prints_the_setting_to_change(tmp_path):
         try:
             k.ok("%load_ext jupyter_tai_sandbox")
             line = k.run("%%sandbox\necho hi").error_line()
-            assert line.startswith("sandbox: no sandbox provider is installed") and "TAI_MCP_SANDBOX" in line, line
+            assert (
+                line.startswith("sandbox: no sandbox provider is installed") and "TAI_MCP_SANDBOX" in line
+            ), line
             assert "provider  off" in k.ok("%sandbox status").stdout
             assert "TAI_MCP_SANDBOX" in k.run("%sandbox sessions").error_line()
             assert k.ok("print('alive')").stdout == "alive\n"
@@ -367,7 +395,10 @@ def test_export_env_reaches_the_servers_kernels_not_the_process_environment(monk
             await manager.shutdown_kernel(kernel_id, now=True)
 
     environ = asyncio.run(kernel_environ())
-    assert (environ["TAI_SANDBOX_URL"], environ["TAI_SANDBOX_TOKEN"]) == ("http://127.0.0.1:1234/base/", "secret")
+    assert (environ["TAI_SANDBOX_URL"], environ["TAI_SANDBOX_TOKEN"]) == (
+        "http://127.0.0.1:1234/base/",
+        "secret",
+    )
     app._reaper = None
     app.sandbox = None
     asyncio.run(app.stop_extension())
@@ -376,17 +407,21 @@ def test_export_env_reaches_the_servers_kernels_not_the_process_environment(monk
     assert "TAI_SANDBOX_TOKEN" not in os.environ
 
 
-
-
 @contextlib.contextmanager
 def docker_kernel(tmp_path) -> Iterator[Any]:
     """A kernel of a live server on the docker provider (the minimal image), with the magics loaded."""
     from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
 
     docker_client()  # skips without an engine (fails in CI)
-    (key, value), = RUN_LABEL.items()
-    live = LiveServer(tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.image={TEST_IMAGE}",
-                                      f"--DockerSandbox.extra_labels={key}={value}")).start()
+    ((key, value),) = RUN_LABEL.items()
+    live = LiveServer(
+        tmp_path,
+        args=(
+            "--SandboxApp.provider=docker",
+            f"--DockerSandbox.image={TEST_IMAGE}",
+            f"--DockerSandbox.extra_labels={key}={value}",
+        ),
+    ).start()
     try:
         k = live.start_kernel()
         try:
@@ -417,8 +452,10 @@ def test_a_program_missing_from_the_image_names_the_image_that_has_it(tmp_path):
         run = k.run("%%sandbox python3\nprint('never')", timeout=60)
         error = " ".join(str(e.get("evalue", "")) for e in run.errors)
         assert "cannot run 'python3': no such program in the session" in error, run.errors
-        assert (f"python3 is not in the session's image {TEST_IMAGE}; {PYTHON_IMAGE} has it: "
-                "build it with `jupyter tai-sandbox build-image --python`") in error, run.errors
+        assert (
+            f"python3 is not in the session's image {TEST_IMAGE}; {PYTHON_IMAGE} has it: "
+            "build it with `jupyter tai-sandbox build-image --python`"
+        ) in error, run.errors
         # a program run from the body's shell is found in its "not found" line too
         run = k.run("%%sandbox\nno-such-tool --version", timeout=60)
         assert f"sandbox: no-such-tool is not in the session's image {TEST_IMAGE}" in run.stderr, run.stderr

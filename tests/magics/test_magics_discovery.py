@@ -35,8 +35,10 @@ def kernel_with_two_servers(server: LiveServer, runtime, real_first: bool):
         path = runtime / f"jpserver-{data['pid']}.json"
         path.write_text(json.dumps(data))
         os.utime(path, (started, started))
-    k.ok("import os\nos.environ.pop('TAI_SANDBOX_URL')\nos.environ.pop('TAI_SANDBOX_TOKEN', None)\n"
-         f"os.environ['JUPYTER_RUNTIME_DIR'] = {str(runtime)!r}")
+    k.ok(
+        "import os\nos.environ.pop('TAI_SANDBOX_URL')\nos.environ.pop('TAI_SANDBOX_TOKEN', None)\n"
+        f"os.environ['JUPYTER_RUNTIME_DIR'] = {str(runtime)!r}"
+    )
     k.ok("%load_ext jupyter_tai_sandbox")
     return k, info, fake_url
 

@@ -22,8 +22,13 @@ def kernel(server):
 
 def ttl_of(server, kernel, name: str) -> float:
     listing = kernel.ok("%sandbox sessions").stdout
-    sid = next(word for line in listing.splitlines() if line.split()[:1] == [name]
-               for word in line.split() if word.startswith("sbx-"))
+    sid = next(
+        word
+        for line in listing.splitlines()
+        if line.split()[:1] == [name]
+        for word in line.split()
+        if word.startswith("sbx-")
+    )
     info = server.request("GET", f"api/sandbox/sessions/{sid}?usage=0")
     return info["expires_at"] - info["created_at"]
 
@@ -50,13 +55,16 @@ def test_a_cell_timeout_takes_units(kernel):
     assert run.stdout == "started\n" and "deadline" in run.stderr
 
 
-@pytest.mark.parametrize(("line", "words"), [
-    ("%sandbox new x --ttl 5x", ["argument --ttl: '5x' is not a duration: give seconds", "1h30m"]),
-    ("%%sandbox --timeout soon\necho never", ["argument --timeout: 'soon' is not a duration"]),
-    ("%sandbox new x --ttl 30m1h", ["argument --ttl: '30m1h' gives its units out of order or twice"]),
-    ("%sandbox new x --ttl 0", ["argument --ttl: '0' is not a duration of more than 0 seconds"]),
-    ("%sandbox extend x soon", ["argument DURATION: 'soon' is not a duration", "1h30m"]),
-])
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("%sandbox new x --ttl 5x", ["argument --ttl: '5x' is not a duration: give seconds", "1h30m"]),
+        ("%%sandbox --timeout soon\necho never", ["argument --timeout: 'soon' is not a duration"]),
+        ("%sandbox new x --ttl 30m1h", ["argument --ttl: '30m1h' gives its units out of order or twice"]),
+        ("%sandbox new x --ttl 0", ["argument --ttl: '0' is not a duration of more than 0 seconds"]),
+        ("%sandbox extend x soon", ["argument DURATION: 'soon' is not a duration", "1h30m"]),
+    ],
+)
 def test_a_bad_duration_says_what_was_typed_and_the_forms(kernel, line, words):
     run = kernel.run(line)
     shown = run.error_line()

@@ -45,18 +45,22 @@ def test_a_dataframe_goes_as_parquet_and_comes_back(kernel):
 
 def test_a_frame_parquet_cannot_hold_goes_as_a_pickle_with_one_line(kernel):
     kernel.ok("mixed = pd.DataFrame({'v': [1, 'a', 2.5]})")
-    run = kernel.ok("%%sandbox --in mixed\necho \"$mixed\"")
+    run = kernel.ok('%%sandbox --in mixed\necho "$mixed"')
     assert run.stdout.strip().endswith("/.sandbox/in/mixed.pkl")
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sandbox: --in mixed: Parquet cannot hold this DataFrame"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "sandbox: --in mixed: Parquet cannot hold this DataFrame"
+    ), lines
     assert "sent as a pickle" in lines[0]
 
 
 def test_without_pyarrow_the_old_handoff_and_one_line(kernel):
     # pyarrow.parquet made unimportable (pandas itself keeps the rest of pyarrow for its strings)
-    kernel.ok("import sys\nsaved = sys.modules.pop('pyarrow.parquet', None)\nsys.modules['pyarrow.parquet'] = None")
+    kernel.ok(
+        "import sys\nsaved = sys.modules.pop('pyarrow.parquet', None)\nsys.modules['pyarrow.parquet'] = None"
+    )
     try:
-        run = kernel.ok("%%sandbox --in df\necho \"$df\"")
+        run = kernel.ok('%%sandbox --in df\necho "$df"')
         assert run.stdout.strip().endswith("/.sandbox/in/df.pkl")
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and "pyarrow is not importable in the kernel" in lines[0], lines
@@ -66,12 +70,17 @@ def test_without_pyarrow_the_old_handoff_and_one_line(kernel):
         assert "--out-df reads a Parquet file" in line and "pyarrow is not importable" in line, line
         assert "never" not in run.stdout
     finally:
-        kernel.ok("del sys.modules['pyarrow.parquet']\nif saved is not None: sys.modules['pyarrow.parquet'] = saved")
+        kernel.ok(
+            "del sys.modules['pyarrow.parquet']\nif saved is not None: sys.modules['pyarrow.parquet'] = saved"
+        )
 
 
 def test_out_df_when_the_cell_wrote_nothing_and_a_bad_path(kernel):
     run = kernel.ok("%%sandbox --out-df nothing\ntrue")
-    assert "sandbox: --out-df nothing: the cell wrote no .sandbox/out/nothing.parquet; nothing is unchanged" in run.stderr
+    assert (
+        "sandbox: --out-df nothing: the cell wrote no .sandbox/out/nothing.parquet; nothing is unchanged"
+        in run.stderr
+    )
     assert kernel.ok("print('nothing' in dir())").stdout == "False\n"
     run = kernel.run("%%sandbox --out-df bad=../../etc/x.parquet\ntrue")
     assert "leads outside the workspace" in run.error_line()

@@ -48,21 +48,41 @@ def test_both_parsers_read_session_options_alike():
     words = ["--network", "none", "--memory", "1g", "--cpu", "0.5", "--ttl", "60", "--persistent", "k"]
     cell = parse(CELL, ["python3", *words])
     new = parse(new_parser(), ["notes", *words, "--timeout", "5"])
-    assert spec_options(cell) == spec_options(new) == {
-        "network": "none", "memory": 1024, "cpu": 0.5, "ttl": 60.0, "persistent": "k",
-    }
+    assert (
+        spec_options(cell)
+        == spec_options(new)
+        == {
+            "network": "none",
+            "memory": 1024,
+            "cpu": 0.5,
+            "ttl": 60.0,
+            "persistent": "k",
+        }
+    )
     assert new.timeout == 5.0 and "timeout" not in spec_options(new)  # a deadline picks no session
     assert spec_body(spec_options(cell)) == {
-        "ttl_seconds": 60.0, "network": "none", "memory_mb": 1024, "cpu": 0.5,
-        "durability": "persistent", "workspace_key": "k",
+        "ttl_seconds": 60.0,
+        "network": "none",
+        "memory_mb": 1024,
+        "cpu": 0.5,
+        "durability": "persistent",
+        "workspace_key": "k",
     }
 
 
-@pytest.mark.parametrize(("typo", "meant"), [
-    ("--netwrok", "--network"), ("--netwrok=none", "--network"), ("--sesion", "--session"),
-    ("--timout", "--timeout"), ("--persistant", "--persistent"), ("-network", "--network"),
-    ("--trusted-output", "--trusted-outputs"), ("--raise-error", "--raise"),
-])
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("--netwrok", "--network"),
+        ("--netwrok=none", "--network"),
+        ("--sesion", "--session"),
+        ("--timout", "--timeout"),
+        ("--persistant", "--persistent"),
+        ("-network", "--network"),
+        ("--trusted-output", "--trusted-outputs"),
+        ("--raise-error", "--raise"),
+    ],
+)
 def test_closest_option(typo, meant):
     assert closest_option(CELL, typo) == meant
 

@@ -84,7 +84,7 @@ def test_svg_is_an_img_of_a_data_url():
     assert tag == "img" and set(attrs) == {"src", "alt"} and attrs["alt"] == "outputs/chart.svg"
     prefix = "data:image/svg+xml;base64,"
     assert attrs["src"].startswith(prefix)
-    assert base64.b64decode(attrs["src"][len(prefix):]).decode() == HOSTILE_SVG
+    assert base64.b64decode(attrs["src"][len(prefix) :]).decode() == HOSTILE_SVG
 
 
 def test_markdown_is_plain_text():
@@ -94,8 +94,10 @@ def test_markdown_is_plain_text():
 
 def test_images_and_json_are_unchanged():
     assert inert_display("outputs/a.png", b"\x89PNG")["image/png"] == base64.b64encode(b"\x89PNG").decode()
-    assert inert_display("outputs/a.json", b'{"k": [1]}') == {"application/json": {"k": [1]},
-                                                               "text/plain": "<sandbox outputs/a.json>"}
+    assert inert_display("outputs/a.json", b'{"k": [1]}') == {
+        "application/json": {"k": [1]},
+        "text/plain": "<sandbox outputs/a.json>",
+    }
     with pytest.raises(ValueError):
         inert_display("outputs/bad.json", b"{nope")
     with pytest.raises(ValueError):
@@ -112,7 +114,7 @@ def test_invalid_utf8_and_huge_documents_still_escape():
     data = b"<script>\xff\xfe</script>" * 1000
     fragment = inert_display("outputs/x.htm", data)["text/html"]
     assert "<script" not in fragment.lower()
-    assert re.search(r'height: (\d+)px', fragment).group(1) == "120"  # one line: the smallest frame
+    assert re.search(r"height: (\d+)px", fragment).group(1) == "120"  # one line: the smallest frame
 
 
 # ---------------------------------------------------------------- in a live kernel

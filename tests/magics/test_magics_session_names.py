@@ -50,7 +50,8 @@ def test_a_magics_session_lists_with_its_name_under_the_callers_label(tmp_path):
 def test_a_magics_session_keeps_the_callers_own_label_when_it_holds_credentials(tmp_path):
     own = f"user:{urllib.parse.quote(getpass.getuser(), safe='-._~@+')}"
     server = _server(
-        tmp_path, f"--SandboxPolicy.credentials={json.dumps({own: ['TAI_TEST_NAMES_TOKEN']})}",
+        tmp_path,
+        f"--SandboxPolicy.credentials={json.dumps({own: ['TAI_TEST_NAMES_TOKEN']})}",
         env={"TAI_TEST_NAMES_TOKEN": "s3cret"},
     )
     try:

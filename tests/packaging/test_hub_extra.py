@@ -38,8 +38,13 @@ def _jupyter() -> str:
 
 def test_serve_without_jupyterhub_says_to_install_the_hub_extra_in_one_line(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(NO_JUPYTERHUB)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
-    blocked = subprocess.run([sys.executable, "-c", "import jupyterhub"], env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import jupyterhub"], env=env, capture_output=True, text=True
+    )
     assert "ModuleNotFoundError" in blocked.stderr, blocked  # the shim works: jupyterhub cannot be imported
 
     done = subprocess.run(
@@ -58,4 +63,6 @@ def test_the_hub_extra_holds_jupyterhub_and_the_test_extra_uses_it():
     extras = extras[: extras.index("\n[")]
     assert re.search(r'^hub = \["jupyterhub>=6\.1,<7"\]$', extras, re.M), extras
     test_extra = extras[extras.index("\ntest = [") :]
-    assert re.search(r'^    "jupyter-tai-sandbox\[[a-z,]*\bhub\b[a-z,]*\]",$', test_extra[: test_extra.index("\n]")], re.M)
+    assert re.search(
+        r'^    "jupyter-tai-sandbox\[[a-z,]*\bhub\b[a-z,]*\]",$', test_extra[: test_extra.index("\n]")], re.M
+    )

@@ -108,16 +108,22 @@ def test_readme_docker_commands_typed_literally_give_a_working_docker_session(tm
     install, run = readme_docker_commands()
     clone = clean_clone(tmp_path / "clone")
     venv_bin = fresh_venv(tmp_path / "venv")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GO", "JUPYTER"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GO", "JUPYTER"))
+    }
     env.update(
         PATH=os.pathsep.join([str(venv_bin), without_go(os.environ["PATH"])]), VIRTUAL_ENV=str(venv_bin.parent),
         JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
     )  # fmt: skip
-    probe = subprocess.run(["bash", "-c", "command -v go; command -v pip"], env=env, capture_output=True, text=True)
+    probe = subprocess.run(
+        ["bash", "-c", "command -v go; command -v pip"], env=env, capture_output=True, text=True
+    )
     assert probe.stdout.strip() == str(venv_bin / "pip"), probe.stdout  # no go; the venv's pip
 
-    installed = subprocess.run(["bash", "-c", install], env=env, cwd=clone, capture_output=True, text=True, timeout=480)
+    installed = subprocess.run(
+        ["bash", "-c", install], env=env, cwd=clone, capture_output=True, text=True, timeout=480
+    )
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
 
     lab = TypedLab(tmp_path, run, cwd=clone, env=env).start()
@@ -125,12 +131,20 @@ def test_readme_docker_commands_typed_literally_give_a_working_docker_session(tm
         docker_session_runs_a_command(lab)
         # JupyterLab serves the panel: its page names the extension, whose entry point loads
         page = _get(lab, "lab").decode()
-        config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S)
+        config = re.search(
+            r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S
+        )
         assert config, page[:3000]
-        (panel,) = [e for e in json.loads(config.group(1))["federated_extensions"] if e["name"] == "jupyter-tai-sandbox"]
+        (panel,) = [
+            e
+            for e in json.loads(config.group(1))["federated_extensions"]
+            if e["name"] == "jupyter-tai-sandbox"
+        ]
         assert b"jupyter-tai-sandbox" in _get(lab, f"lab/extensions/jupyter-tai-sandbox/{panel['load']}")
     finally:
         lab.stop()
     log = lab.log_path.read_text(errors="replace")
-    assert re.search(r"^(built|jupyter-tai-sandbox/minimal:latest \(.*\) is up to date: kept)", log, re.M), log[:2000]
+    assert re.search(r"^(built|jupyter-tai-sandbox/minimal:latest \(.*\) is up to date: kept)", log, re.M), (
+        log[:2000]
+    )
     assert "Traceback" not in log, lab.log()

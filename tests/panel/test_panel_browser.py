@@ -248,5 +248,3 @@ def test_panel_shows_whole_json_errors(lab_process: LabProcess, page: Any) -> No
     new.click(force=True)  # a disabled button: no dialog
     page.wait_for_timeout(500)
     expect(page.locator(".jp-Dialog")).to_have_count(0)
-
-

@@ -48,7 +48,10 @@ def _rows_fit(panel: Any) -> list[dict[str, float]]:
         assert box is not None
         assert box["height"] <= 30, box  # one line, as the Running panel's rows
         assert frame["y"] <= box["y"] and box["y"] + box["height"] <= bottom, (box, frame)
-        assert frame["x"] <= box["x"] and box["x"] + box["width"] <= frame["x"] + frame["width"] + 1, (box, frame)
+        assert frame["x"] <= box["x"] and box["x"] + box["width"] <= frame["x"] + frame["width"] + 1, (
+            box,
+            frame,
+        )
         boxes.append(box)
     return boxes
 
@@ -75,7 +78,9 @@ def test_eight_sessions_show_one_line_each_in_the_sidebar_at_1440x900_without_pa
     rows = panel.locator(".jp-TaiSandbox-session")
     expect(rows).to_have_count(8)
     for session_id in made:
-        row = panel.locator(f'.jp-TaiSandbox-session[data-session-id="{session_id}"] .jp-TaiSandbox-sessionRow')
+        row = panel.locator(
+            f'.jp-TaiSandbox-session[data-session-id="{session_id}"] .jp-TaiSandbox-sessionRow'
+        )
         expect(row).to_be_visible()
         expect(row.locator(".jp-TaiSandbox-sessionLabel")).to_have_text(session_id)
         expect(row.locator(".jp-TaiSandbox-sessionMeta")).to_have_text(re.compile(r"^local · \d\dm \d\ds$"))
@@ -119,7 +124,9 @@ def test_eight_sessions_show_one_line_each_in_the_sidebar_at_1440x900_without_pa
     dialog = page.locator(".jp-Dialog")
     dialog.locator("input").fill("soon")
     dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
-    wait_for_notification(page, 'The extension must be seconds (90) or with units: 90s, 10m, 1h, 1h30m, 2d; "soon"')
+    wait_for_notification(
+        page, 'The extension must be seconds (90) or with units: 90s, 10m, 1h, 1h30m, 2d; "soon"'
+    )
     dialog = page.locator(".jp-Dialog")
     dialog.locator("input").fill("1h30m")
     dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
@@ -128,8 +135,11 @@ def test_eight_sessions_show_one_line_each_in_the_sidebar_at_1440x900_without_pa
     assert round(after["expires_at"] - before["expires_at"]) == 5400, (before, after)
     # still one line for every other session, all eight in view
     for session_id in made[:-1]:
-        expect(panel.locator(f'.jp-TaiSandbox-session[data-session-id="{session_id}"] .jp-TaiSandbox-sessionBody')
-               ).to_be_hidden()
+        expect(
+            panel.locator(
+                f'.jp-TaiSandbox-session[data-session-id="{session_id}"] .jp-TaiSandbox-sessionBody'
+            )
+        ).to_be_hidden()
     expect(panel.locator(".jp-TaiSandbox-sessionRow")).to_have_count(8)
     for row in panel.locator(".jp-TaiSandbox-sessionRow").all():
         expect(row).to_be_in_viewport()
@@ -147,7 +157,9 @@ def _jupyter_api(lab: Lab, method: str, path: str, body: Any = None) -> Any:
     return json.loads(raw) if raw else None
 
 
-def test_a_magics_session_lists_and_shows_by_its_name_and_notebook(lab_process: LabProcess, page: Any) -> None:
+def test_a_magics_session_lists_and_shows_by_its_name_and_notebook(
+    lab_process: LabProcess, page: Any
+) -> None:
     from jupyter_client import BlockingKernelClient
     from playwright.sync_api import expect
 
@@ -160,7 +172,9 @@ def test_a_magics_session_lists_and_shows_by_its_name_and_notebook(lab_process: 
     })  # fmt: skip
     kernel_id = started["kernel"]["id"]
     client = BlockingKernelClient()
-    client.load_connection_file(str(wait_for_connection_file(Path(lab_process.base / "runtime"), kernel_id, 60)))
+    client.load_connection_file(
+        str(wait_for_connection_file(Path(lab_process.base / "runtime"), kernel_id, 60))
+    )
     client.start_channels()
     try:
         client.wait_for_ready(timeout=60)
@@ -185,15 +199,24 @@ def test_a_magics_session_lists_and_shows_by_its_name_and_notebook(lab_process: 
         expect(sub).to_have_text("analysis one.ipynb")
         expect(sub).to_have_attribute("title", notebook)  # the path under the server's root
         expect(item.locator(".jp-TaiSandbox-magicsBadge")).to_have_text("%sandbox")
-        expect(item.locator(".jp-TaiSandbox-sessionRow")).to_have_attribute("title", re.compile(session["id"]))
+        expect(item.locator(".jp-TaiSandbox-sessionRow")).to_have_attribute(
+            "title", re.compile(session["id"])
+        )
         shot(page, "panel-magics-session-named")
         item.locator(".jp-TaiSandbox-sessionLabel").click()
-        expect(item.locator('.jp-TaiSandbox-field[data-field="%sandbox name"]')).to_have_text("%sandbox name: train")
-        expect(item.locator('.jp-TaiSandbox-field[data-field="notebook"]')).to_have_text(f"notebook: {notebook}")
+        expect(item.locator('.jp-TaiSandbox-field[data-field="%sandbox name"]')).to_have_text(
+            "%sandbox name: train"
+        )
+        expect(item.locator('.jp-TaiSandbox-field[data-field="notebook"]')).to_have_text(
+            f"notebook: {notebook}"
+        )
         shot(page, "panel-magics-session-details")
 
         # its Terminal opens, though it lives the magics' 8 h, past the operator's longest command
-        assert session["expires_at"] - time.time() > status["policy"]["max_timeout_seconds"], (session, status)
+        assert session["expires_at"] - time.time() > status["policy"]["max_timeout_seconds"], (
+            session,
+            status,
+        )
         terminal = open_terminal(page, session["id"])
         expect(terminal).to_have_attribute("data-phase", "running")
         type_line(page, terminal, "echo magics-terminal-$((6*7))")

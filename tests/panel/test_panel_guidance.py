@@ -177,7 +177,12 @@ def test_docker_dialog_shows_the_operators_limits(lab_process: LabProcess, page:
     )
     code, status = lab.api("GET", "status")
     assert code == 200, status
-    assert status["limits"] == {"default_cpu": 1.0, "max_cpu": 1.5, "default_memory_mb": 1024, "max_memory_mb": 4096}
+    assert status["limits"] == {
+        "default_cpu": 1.0,
+        "max_cpu": 1.5,
+        "default_memory_mb": 1024,
+        "max_memory_mb": 4096,
+    }
     panel = open_panel(page, lab)
     expect(panel.locator(".jp-TaiSandbox-status")).to_contain_text("Provider docker")
     # no warning: docker isolates

@@ -73,8 +73,9 @@ def test_sandboxed_kernel_from_the_launcher(lab_process: LabProcess, page: Any) 
     install_kernelspec(data_dir)
     # a command ceiling as long as the longest TTL: the kernel's life (its session's TTL and its commands'
     # deadline) is then the operator's whole maximum TTL
-    lab = lab_process.start("local", "--SandboxPolicy.max_timeout_seconds=86400",
-                            extra_env={"JUPYTER_DATA_DIR": str(data_dir)})
+    lab = lab_process.start(
+        "local", "--SandboxPolicy.max_timeout_seconds=86400", extra_env={"JUPYTER_DATA_DIR": str(data_dir)}
+    )
     specs = jupyter_api(lab, "GET", "kernelspecs")["kernelspecs"]
     assert specs[KERNEL_NAME]["spec"]["display_name"] == DISPLAY_NAME, sorted(specs)
 

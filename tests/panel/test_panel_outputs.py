@@ -61,7 +61,9 @@ def recorder(browser: Any) -> Iterator[Recorder]:
     server = Recorder()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    browser_network.forward(server.server_address[1])  # the browser's way to it (after the browser: its namespace)
+    browser_network.forward(
+        server.server_address[1]
+    )  # the browser's way to it (after the browser: its namespace)
     try:
         yield server
     finally:

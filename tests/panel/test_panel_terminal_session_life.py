@@ -29,8 +29,9 @@ pytestmark = [*BROWSER_MARKS, pytest.mark.slow(60)]
 MAGICS_TTL = 8 * 3600
 
 
-def test_the_terminal_opens_on_a_session_living_longer_than_the_longest_command(lab_process: LabProcess,
-                                                                                page: Any) -> None:
+def test_the_terminal_opens_on_a_session_living_longer_than_the_longest_command(
+    lab_process: LabProcess, page: Any
+) -> None:
     from playwright.sync_api import expect
 
     lab = lab_process.start("local")
@@ -57,7 +58,9 @@ def test_the_terminal_opens_on_a_session_living_longer_than_the_longest_command(
     wait_for_text(terminal, "again-42")
 
 
-def test_a_terminal_says_its_session_reached_its_ttl_and_was_reaped(lab_process: LabProcess, page: Any) -> None:
+def test_a_terminal_says_its_session_reached_its_ttl_and_was_reaped(
+    lab_process: LabProcess, page: Any
+) -> None:
     from playwright.sync_api import expect
 
     lab = lab_process.start("local", "--SandboxApp.reap_interval=1")
@@ -71,7 +74,9 @@ def test_a_terminal_says_its_session_reached_its_ttl_and_was_reaped(lab_process:
     wait_for_text(terminal, "alive-42")
 
     # its end moved to two seconds from now: the server's reaper takes it under the open terminal
-    code, moved = lab.api("PATCH", f"sessions/{session_id}", {"ttl_seconds": time.time() - info["created_at"] + 2})
+    code, moved = lab.api(
+        "PATCH", f"sessions/{session_id}", {"ttl_seconds": time.time() - info["created_at"] + 2}
+    )
     assert code == 200, moved
     expected = f"session {session_id} reached its TTL and was reaped"
     expect(terminal).to_have_attribute("data-phase", "gone", timeout=30_000)
@@ -82,7 +87,9 @@ def test_a_terminal_says_its_session_reached_its_ttl_and_was_reaped(lab_process:
     shot(page, "terminal-session-reaped")
 
 
-def test_the_panel_shows_why_a_docker_provider_cannot_start_a_session(lab_process: LabProcess, page: Any) -> None:
+def test_the_panel_shows_why_a_docker_provider_cannot_start_a_session(
+    lab_process: LabProcess, page: Any
+) -> None:
     """Issue 48 point 2: a provider that cannot work (here its configured image is not on the engine) is the
     status route's 503 with the fix, shown whole in the panel, New session off; a create is that 503 too."""
     import os
@@ -118,7 +125,9 @@ def test_the_panel_shows_why_a_docker_provider_cannot_start_a_session(lab_proces
         if "cannot create sessions" in logged:
             break
         time.sleep(0.1)
-    assert "the docker provider cannot create sessions" in logged and missing in logged, lab_process.log_tail()
+    assert "the docker provider cannot create sessions" in logged and missing in logged, (
+        lab_process.log_tail()
+    )
 
 
 def test_a_terminal_whose_session_went_with_its_server_says_so(lab_process: LabProcess, page: Any) -> None:

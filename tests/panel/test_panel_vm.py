@@ -39,7 +39,9 @@ def test_a_vm_session_is_paused_resumed_and_forked_from_the_panel(lab_process: L
         expect(pause).to_have_text("Resume")
         expect(item).to_have_class(re.compile(r"\bjp-mod-paused\b"))
         assert lab.api("GET", f"sessions/{info['id']}?usage=0")[1]["paused"] is True
-        code, refused = lab.api("POST", f"sessions/{info['id']}/exec", {"argv": ["true"], "timeout_seconds": 10})
+        code, refused = lab.api(
+            "POST", f"sessions/{info['id']}/exec", {"argv": ["true"], "timeout_seconds": 10}
+        )
         assert code == 409 and refused["error"] == "SandboxConflictError", refused
         shot(page, "vm-session-paused")
 
@@ -47,7 +49,9 @@ def test_a_vm_session_is_paused_resumed_and_forked_from_the_panel(lab_process: L
         expect(pause).to_have_text("Pause")
         expect(item).not_to_have_class(re.compile(r"\bjp-mod-paused\b"))
         assert lab.api("GET", f"sessions/{info['id']}?usage=0")[1]["paused"] is False
-        code, ran = lab.api("POST", f"sessions/{info['id']}/exec", {"argv": ["echo", "on"], "timeout_seconds": 30})
+        code, ran = lab.api(
+            "POST", f"sessions/{info['id']}/exec", {"argv": ["echo", "on"], "timeout_seconds": 30}
+        )
         assert code == 200 and ran["stdout"] == "on\n", ran
 
         # Fork: a second session appears in the panel, started from the first one's state

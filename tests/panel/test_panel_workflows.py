@@ -237,5 +237,3 @@ def test_sandbox_drive_open_edit_save(lab_process: LabProcess, page: Any) -> Non
         button = panel.locator(f".jp-TaiSandbox-{action}")
         button.focus()
         assert button.evaluate("b => document.activeElement === b"), action
-
-

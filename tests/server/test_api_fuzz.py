@@ -51,7 +51,9 @@ hypothesis_jsonschema = pytest.importorskip("hypothesis_jsonschema", reason='pip
 GenerationMode = schemathesis.GenerationMode
 
 SPEC = yaml.safe_load(files("jupyter_tai_sandbox").joinpath("api.yaml").read_text())
-REGISTRY = Registry().with_resource("urn:api", Resource.from_contents(SPEC, default_specification=DRAFT202012))
+REGISTRY = Registry().with_resource(
+    "urn:api", Resource.from_contents(SPEC, default_specification=DRAFT202012)
+)
 
 #: examples per route and generation mode (positive: fits the schema; negative: breaks it)
 EXAMPLES = 8
@@ -97,8 +99,11 @@ def jp_server_config(tmp_path):
         "local",
         tmp_path / "sandboxes",
         SandboxPolicy={"max_timeout_seconds": MAX_TIMEOUT_SECONDS, "max_sessions_per_user": 500},
-        SandboxApp={"presets_path": str(tmp_path / "presets.json"), "max_upload_bytes": 1 << 20,
-                    "max_output_bytes": 1 << 20},
+        SandboxApp={
+            "presets_path": str(tmp_path / "presets.json"),
+            "max_upload_bytes": 1 << 20,
+            "max_output_bytes": 1 << 20,
+        },
     )
 
 
@@ -170,8 +175,16 @@ class ErrorLog(logging.Handler):
         return lines
 
 
-def judge(method: str, path: str, request: str, status: int, content: bytes, content_type: str,
-          log: ErrorLog, positive: bool) -> list[Finding]:
+def judge(
+    method: str,
+    path: str,
+    request: str,
+    status: int,
+    content: bytes,
+    content_type: str,
+    log: ErrorLog,
+    positive: bool,
+) -> list[Finding]:
     """Everything wrong with one answer."""
     text = content[:2000].decode("utf-8", "replace")
     lines = log.take()
@@ -197,10 +210,24 @@ def judge(method: str, path: str, request: str, status: int, content: bytes, con
     if schema and body is not None:
         errors = list(Draft202012Validator(_rooted(schema), registry=REGISTRY).iter_errors(body))
         if errors:
-            found.append(Finding("body off the spec", method, path, request, status,
-                                 f"{errors[0].message[:300]} in {text[:300]}", lines))
-    if (positive and status == 400 and isinstance(body, dict) and body.get("error") == "SandboxRequestError"
-            and not _operator_limit(body.get("message", ""))):
+            found.append(
+                Finding(
+                    "body off the spec",
+                    method,
+                    path,
+                    request,
+                    status,
+                    f"{errors[0].message[:300]} in {text[:300]}",
+                    lines,
+                )
+            )
+    if (
+        positive
+        and status == 400
+        and isinstance(body, dict)
+        and body.get("error") == "SandboxRequestError"
+        and not _operator_limit(body.get("message", ""))
+    ):
         add("valid by the spec, refused as malformed")
     return found
 
@@ -260,7 +287,11 @@ class Server:
 @pytest.fixture
 def error_log(jp_serverapp):
     handler = ErrorLog()
-    loggers = [jp_serverapp.log, logging.getLogger("tornado.application"), logging.getLogger("tornado.general")]
+    loggers = [
+        jp_serverapp.log,
+        logging.getLogger("tornado.application"),
+        logging.getLogger("tornado.general"),
+    ]
     for logger in loggers:
         logger.addHandler(handler)
     yield handler
@@ -291,8 +322,11 @@ def report(findings: list[Finding]) -> None:
 
 def _operations() -> list[Any]:
     schema = schemathesis.openapi.from_dict(SPEC)
-    return [op for op in (r.ok() for r in schema.get_all_operations())
-            if (op.method.upper(), op.path) not in SKIPPED]
+    return [
+        op
+        for op in (r.ok() for r in schema.get_all_operations())
+        if (op.method.upper(), op.path) not in SKIPPED
+    ]
 
 
 def _describe(case: Any) -> str:
@@ -302,15 +336,31 @@ def _describe(case: Any) -> str:
     return f"{case.formatted_path}{query} {text[:500]}"
 
 
-def _fuzz_one_route(server: Server, log: ErrorLog, op: Any, mode: Any, stop_at: float,
-                    findings: list[Finding], counts: dict[str, int]) -> None:
+def _fuzz_one_route(
+    server: Server,
+    log: ErrorLog,
+    op: Any,
+    mode: Any,
+    stop_at: float,
+    findings: list[Finding],
+    counts: dict[str, int],
+) -> None:
     label = f"{op.method.upper()} {op.path} {mode.value}"
 
-    @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=op.as_strategy(generation_mode=mode), real=st.booleans(),
-           tool=st.sampled_from([None, "sandbox_status", "echo_text", "sandbox_exec"]),
-           where=st.sampled_from([None, "known", "known/file.txt", "known/", "."]))
+    @settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        case=op.as_strategy(generation_mode=mode),
+        real=st.booleans(),
+        tool=st.sampled_from([None, "sandbox_status", "echo_text", "sandbox_exec"]),
+        where=st.sampled_from([None, "known", "known/file.txt", "known/", "."]),
+    )
     def one(case: Any, real: bool, tool: str | None, where: str | None) -> None:
         if time.monotonic() > stop_at:
             return
@@ -326,17 +376,39 @@ def _fuzz_one_route(server: Server, log: ErrorLog, op: Any, mode: Any, stop_at: 
         try:
             answer = case.call(base_url=server.root, session=server.http, timeout=REQUEST_TIMEOUT)
         except requests.Timeout:
-            findings.append(Finding("hang", op.method.upper(), op.path, request, None,
-                                    f"no answer within {REQUEST_TIMEOUT} s", log.take()))
+            findings.append(
+                Finding(
+                    "hang",
+                    op.method.upper(),
+                    op.path,
+                    request,
+                    None,
+                    f"no answer within {REQUEST_TIMEOUT} s",
+                    log.take(),
+                )
+            )
             return
         except requests.ConnectionError as e:
-            findings.append(Finding("connection dropped", op.method.upper(), op.path, request, None,
-                                    str(e)[:300], log.take()))
+            findings.append(
+                Finding(
+                    "connection dropped", op.method.upper(), op.path, request, None, str(e)[:300], log.take()
+                )
+            )
             return
         counts[label] = counts.get(label, 0) + 1
         content_type = (answer.headers.get("content-type") or [""])[0]
-        findings.extend(judge(op.method.upper(), op.path, request, answer.status_code, answer.content,
-                              content_type, log, mode == GenerationMode.POSITIVE))
+        findings.extend(
+            judge(
+                op.method.upper(),
+                op.path,
+                request,
+                answer.status_code,
+                answer.content,
+                content_type,
+                log,
+                mode == GenerationMode.POSITIVE,
+            )
+        )
 
     with contextlib.suppress(Unsatisfiable):  # a route without parameters or body has no negative cases
         one()
@@ -358,8 +430,10 @@ def fuzz_rest(server: Server, log: ErrorLog) -> tuple[list[Finding], dict[str, i
 async def test_rest_routes_never_answer_5xx_or_hang(server, error_log):
     started = time.monotonic()
     findings, counts = await asyncio.to_thread(fuzz_rest, server, error_log)
-    print(f"REST fuzz: {sum(counts.values())} requests over {len(counts)} route/mode pairs "
-          f"in {time.monotonic() - started:.1f} s: {counts}")
+    print(
+        f"REST fuzz: {sum(counts.values())} requests over {len(counts)} route/mode pairs "
+        f"in {time.monotonic() - started:.1f} s: {counts}"
+    )
     assert sum(counts.values()) >= 100, counts  # the budget did not cut the run to nothing
     report(findings)
 
@@ -437,15 +511,33 @@ def hostile_cases() -> list[tuple[str, str, str, Any, str]]:
         ("tool-name-300", "PUT", "/tools/" + "t" * 300, {"description": "d"}),
         ("tool-run-10e400", "POST", "/tools/echo_text/run", {"text": BIG}),
         ("tool-run-nul", "POST", "/tools/echo_text/run", {"text": "a\x00b"}),
-        ("tool-run-exec-10e400", "POST", "/tools/sandbox_exec/run", {"argv": ["true"], "timeout_seconds": BIG}),
+        (
+            "tool-run-exec-10e400",
+            "POST",
+            "/tools/sandbox_exec/run",
+            {"argv": ["true"], "timeout_seconds": BIG},
+        ),
         ("tool-run-exec-cpu-10e400", "POST", "/tools/sandbox_exec/run", {"argv": ["true"], "cpu": BIG}),
         ("tool-run-exec-argv-nul", "POST", "/tools/sandbox_exec/run", {"argv": ["echo", "a\x00"]}),
         ("tool-run-exec-200KiB-arg", "POST", "/tools/sandbox_exec/run", {"argv": ["echo", "x" * 200_000]}),
-        ("preset-timeout-10e400", "PUT", "/tools/p1",
-         {**PRESET, "binding": {**PRESET["binding"], "timeout_seconds": BIG}}),
+        (
+            "preset-timeout-10e400",
+            "PUT",
+            "/tools/p1",
+            {**PRESET, "binding": {**PRESET["binding"], "timeout_seconds": BIG}},
+        ),
         ("preset-cpu-10e400", "PUT", "/tools/p2", {**PRESET, "session": {"cpu": BIG}}),
-        ("preset-schema-deep", "PUT", "/tools/p3", {**PRESET, "input_schema": json.loads(
-            "{" + '"not": {' * 200 + '"type": "object"' + "}" * 200 + ', "type": "object"}')}),
+        (
+            "preset-schema-deep",
+            "PUT",
+            "/tools/p3",
+            {
+                **PRESET,
+                "input_schema": json.loads(
+                    "{" + '"not": {' * 200 + '"type": "object"' + "}" * 200 + ', "type": "object"}'
+                ),
+            },
+        ),
     ]
     return [(case_id, method, path, body, _route(method, path)) for case_id, method, path, body in cases]
 
@@ -465,18 +557,24 @@ def _route(method: str, path: str) -> str:
 
 
 #: hostile cases that find a server bug: case id -> the bug (each a strict xfail below)
-_E2BIG = ("server bug: local exec of an argv/env the kernel refuses (one string over 128 KiB, or too many "
-          "arguments; under the 1 MiB ExecRequest bound) answers 500 SandboxError 'Argument list too long' "
-          "(E2BIG), not a 400 naming argv/env")
+_E2BIG = (
+    "server bug: local exec of an argv/env the kernel refuses (one string over 128 KiB, or too many "
+    "arguments; under the 1 MiB ExecRequest bound) answers 500 SandboxError 'Argument list too long' "
+    "(E2BIG), not a 400 naming argv/env"
+)
 #: hostile cases that once found a server bug (fixed): each is also its own regression test
 FOUND_BUGS: dict[str, str] = {
     "argv-one-200KiB-arg": _E2BIG,
     "argv-many-args": _E2BIG,
     "env-value-huge": _E2BIG,
-    "argv0-300-chars": ("server bug: local exec of a program name over NAME_MAX answers 500 SandboxError "
-                        "'File name too long' (ENAMETOOLONG), not a 4xx"),
-    "preset-schema-deep": ("server bug: PUT tools/{name} with an input_schema nested 200 levels deep answers "
-                           "500 InternalError (RecursionError in the JSON Schema check), not 400 PresetInvalidError"),
+    "argv0-300-chars": (
+        "server bug: local exec of a program name over NAME_MAX answers 500 SandboxError "
+        "'File name too long' (ENAMETOOLONG), not a 4xx"
+    ),
+    "preset-schema-deep": (
+        "server bug: PUT tools/{name} with an input_schema nested 200 levels deep answers "
+        "500 InternalError (RecursionError in the JSON Schema check), not 400 PresetInvalidError"
+    ),
 }
 
 
@@ -492,11 +590,15 @@ def _send_hostile(server: Server, log: ErrorLog, case: tuple[str, str, str, Any,
     try:
         answer = server.request(method, url_path, **kwargs)
     except requests.Timeout:
-        return [Finding("hang", method, route, case_id, None, f"no answer within {REQUEST_TIMEOUT} s", log.take())]
+        return [
+            Finding("hang", method, route, case_id, None, f"no answer within {REQUEST_TIMEOUT} s", log.take())
+        ]
     except requests.ConnectionError as e:
         return [Finding("connection dropped", method, route, case_id, None, str(e)[:300], log.take())]
     content_type = answer.headers.get("Content-Type", "")
-    found = judge(method, route, case_id, answer.status_code, answer.content, content_type, log, positive=False)
+    found = judge(
+        method, route, case_id, answer.status_code, answer.content, content_type, log, positive=False
+    )
     if not found and answer.status_code >= 400 and not content_type.startswith("application/json"):
         found.append(Finding("not JSON", method, route, case_id, answer.status_code, answer.text[:300]))
     return found
@@ -553,8 +655,14 @@ def _ws_starts() -> list[dict[str, Any]]:
     """Start messages: valid ones generated from WsStart, then each field broken in turn."""
     starts: list[dict[str, Any]] = []
 
-    @settings(max_examples=WS_EXAMPLES, derandomize=True, database=None, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=WS_EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(hypothesis_jsonschema.from_schema(_ws_schema("WsStart")))
     def collect(message: dict[str, Any]) -> None:
         starts.append(message)
@@ -589,7 +697,9 @@ def _ws_problem(first: Any, texts: list[Any]) -> str | None:
     finals = [t for t in texts if t.get("type") in ("exit", "error")]
     if len(finals) != 1 or texts[-1] is not finals[0]:
         return f"not exactly one final exit/error message, last: {texts}"
-    validator = Draft202012Validator(_rooted({"$ref": "#/components/schemas/WsServerMessage"}), registry=REGISTRY)
+    validator = Draft202012Validator(
+        _rooted({"$ref": "#/components/schemas/WsServerMessage"}), registry=REGISTRY
+    )
     for text in texts:
         errors = list(validator.iter_errors(text))
         if errors:
@@ -604,11 +714,20 @@ def _ws_problem(first: Any, texts: list[Any]) -> str | None:
 
 @pytest.mark.timeout(120)
 async def test_websocket_start_messages_end_with_one_json_message(jp_fetch, jp_ws_fetch):
-    answer = await jp_fetch("api", "sandbox", "sessions", method="POST", body=json.dumps({"ttl_seconds": 600}))
+    answer = await jp_fetch(
+        "api", "sandbox", "sessions", method="POST", body=json.dumps({"ttl_seconds": 600})
+    )
     sid = json.loads(answer.body)["id"]
     starts: list[Any] = await asyncio.to_thread(_ws_starts)
-    starts += ["not json", "[1, 2]", b"\x01binary first", json.dumps({"type": "resize", "rows": 5, "cols": 5}),
-               json.dumps({"type": "stdin", "data": "x"}), json.dumps({"type": "nope"}), '{"type": "start"}']
+    starts += [
+        "not json",
+        "[1, 2]",
+        b"\x01binary first",
+        json.dumps({"type": "resize", "rows": 5, "cols": 5}),
+        json.dumps({"type": "stdin", "data": "x"}),
+        json.dumps({"type": "nope"}),
+        '{"type": "start"}',
+    ]
     problems = []
     started = time.monotonic()
     for first in starts:
@@ -627,7 +746,9 @@ async def test_websocket_start_messages_end_with_one_json_message(jp_fetch, jp_w
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("bug", list(WS_FOUND_BUGS))
 async def test_a_found_websocket_bug_stays_fixed(bug, jp_fetch, jp_ws_fetch):
-    answer = await jp_fetch("api", "sandbox", "sessions", method="POST", body=json.dumps({"ttl_seconds": 600}))
+    answer = await jp_fetch(
+        "api", "sandbox", "sessions", method="POST", body=json.dumps({"ttl_seconds": 600})
+    )
     sid = json.loads(answer.body)["id"]
     texts = await asyncio.wait_for(_one_connection(jp_ws_fetch, sid, WS_FOUND_BUGS[bug]), WS_TIMEOUT)
     assert _ws_problem(WS_FOUND_BUGS[bug], texts) is None

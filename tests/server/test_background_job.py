@@ -18,9 +18,7 @@ ROOT = REPO
 @pytest.mark.timeout(240)
 def test_local_terminals_work_when_the_suite_runs_as_a_background_job():
     selection = "pty_ctrl_c or pty_window_and_resize or default_signals"
-    script = (
-        f'"$1" -m pytest -q -n 0 -p no:cacheprovider tests/providers/conformance/test_conformance_local.py -k "{selection}" & wait $!'
-    )
+    script = f'"$1" -m pytest -q -n 0 -p no:cacheprovider tests/providers/conformance/test_conformance_local.py -k "{selection}" & wait $!'
     run = subprocess.run(
         ["sh", "-c", script, "sh", sys.executable],
         cwd=ROOT,

@@ -29,8 +29,19 @@ def test_an_egress_ceiling_in_the_config_file_refuses_the_run(tmp_path, monkeypa
         f"c.LocalSandbox.root = {str(tmp_path / 'sbx')!r}\n"
         f"c.SandboxApp.presets = {{'echo_word': {ECHO!r}}}\n",
     )
-    code = cli.main(["preset", "--store", str(tmp_path / "p.json"), "run", "echo_word", "--provider", "local",
-                     "--input", json.dumps({"word": "hi"})])
+    code = cli.main(
+        [
+            "preset",
+            "--store",
+            str(tmp_path / "p.json"),
+            "run",
+            "echo_word",
+            "--provider",
+            "local",
+            "--input",
+            json.dumps({"word": "hi"}),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == cli.RUN_FAILED and "egress ceiling" in err, err
 
@@ -46,8 +57,19 @@ def test_a_config_file_named_on_the_command_line_wins(tmp_path, monkeypatch, cap
         "c.SandboxApp.provider = 'local'\n"
         f"c.SandboxApp.presets = {{'echo_word': {ECHO!r}}}\n"
     )
-    code = cli.main(["preset", "--config", str(extra), "--store", str(tmp_path / "p.json"), "run", "echo_word",
-                     "--input", json.dumps({"word": "hi"})])
+    code = cli.main(
+        [
+            "preset",
+            "--config",
+            str(extra),
+            "--store",
+            str(tmp_path / "p.json"),
+            "run",
+            "echo_word",
+            "--input",
+            json.dumps({"word": "hi"}),
+        ]
+    )
     captured = capsys.readouterr()
     assert (code, captured.out) == (0, "hi\n"), captured.err
 
@@ -57,8 +79,21 @@ def test_the_isolation_floor_can_be_lowered_for_a_local_run(tmp_path, monkeypatc
     monkeypatch.setenv("SANDBOX_LOCAL_ROOT", str(tmp_path / "sbx"))
     store = tmp_path / "p.json"
     (tmp_path / "echo.json").write_text(json.dumps(ECHO))
-    assert cli.main(["preset", "--store", str(store), "add", str(tmp_path / "echo.json"), "--name", "echo_word"]) == 0
-    run = ["preset", "--store", str(store), "run", "echo_word", "--provider", "local", "--input", '{"word": "x"}']
+    assert (
+        cli.main(["preset", "--store", str(store), "add", str(tmp_path / "echo.json"), "--name", "echo_word"])
+        == 0
+    )
+    run = [
+        "preset",
+        "--store",
+        str(store),
+        "run",
+        "echo_word",
+        "--provider",
+        "local",
+        "--input",
+        '{"word": "x"}',
+    ]
     assert cli.main(run) == cli.RUN_FAILED
     err = capsys.readouterr().err
     # the hint names this door's own flag, not the server's option (issue 25 point 8)

@@ -34,7 +34,9 @@ def jp_server_config(tmp_path):
 @pytest.fixture
 def client(jp_fetch, jp_serverapp, jp_http_port, jp_base_url):
     # jp_fetch starts the HTTP server the client talks to
-    client = SandboxClient(f"http://localhost:{jp_http_port}{jp_base_url}", jp_serverapp.identity_provider.token)
+    client = SandboxClient(
+        f"http://localhost:{jp_http_port}{jp_base_url}", jp_serverapp.identity_provider.token
+    )
     yield client
     client.close()
 
@@ -217,7 +219,9 @@ async def test_destroy_blocking_keeps_remove_workspace_and_typed_errors(client):
     await client.destroy(again["id"], remove_workspace=True)
     assert await asyncio.to_thread(client.destroy_blocking, "../status") is False  # sent quoted, not resolved
     stranger = SandboxClient(client.url, "not-the-token")
-    with pytest.raises(SandboxError, match="token is missing or wrong"):  # a refusal is an error, not "already gone"
+    with pytest.raises(
+        SandboxError, match="token is missing or wrong"
+    ):  # a refusal is an error, not "already gone"
         await asyncio.to_thread(stranger.destroy_blocking, info["id"])
 
 
@@ -260,8 +264,11 @@ def test_discovery_picks_the_server_started_first_and_warns(runtime, other_pid):
     server_file(runtime, os.getpid(), "http://newer/", now)
     server_file(runtime, other_pid, "http://older/", now - 60)
     for _ in range(3):  # deterministic, whatever order the folder lists them in
-        with pytest.warns(SeveralServersWarning, match=r"2 Jupyter servers are running; using the one started "
-                          r"first, http://older/ \(pid \d+\), not http://newer/.*TAI_SANDBOX_URL"):
+        with pytest.warns(
+            SeveralServersWarning,
+            match=r"2 Jupyter servers are running; using the one started "
+            r"first, http://older/ \(pid \d+\), not http://newer/.*TAI_SANDBOX_URL",
+        ):
             assert discover_server() == ("http://older/", f"token-{other_pid}")
     assert [s["url"] for s in running_servers()] == ["http://older/", "http://newer/"]
     server_file(runtime, os.getpid(), "http://newer/", now - 120)  # now this one is older

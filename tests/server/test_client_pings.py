@@ -11,7 +11,9 @@ from tests.support.server import server_config
 def jp_server_config(tmp_path):
     # the server pings every 100 ms and drops a client that has not answered within 1 s
     return server_config(
-        "local", tmp_path / "sandboxes", ServerApp={"tornado_settings": {"ws_ping_interval": 100, "ws_ping_timeout": 1000}}
+        "local",
+        tmp_path / "sandboxes",
+        ServerApp={"tornado_settings": {"ws_ping_interval": 100, "ws_ping_timeout": 1000}},
     )
 
 
@@ -19,7 +21,9 @@ async def test_the_servers_pings_are_answered_so_a_quiet_command_keeps_its_conne
     jp_fetch, jp_serverapp, jp_http_port, jp_base_url
 ):
     assert jp_serverapp.web_app.settings["ws_ping_interval"] == 100
-    client = SandboxClient(f"http://localhost:{jp_http_port}{jp_base_url}", jp_serverapp.identity_provider.token)
+    client = SandboxClient(
+        f"http://localhost:{jp_http_port}{jp_base_url}", jp_serverapp.identity_provider.token
+    )
     info = await client.create(ttl_seconds=60)
     remote = await client.exec_start(info["id"], ["sh", "-c", "sleep 3; echo still-here"], timeout_seconds=30)
     items = [item async for item in remote.output]

@@ -92,8 +92,14 @@ def test_a_websocket_command_outlives_a_killed_server_and_resumes_at_the_clients
     first.kill9()  # mid-stream: the socket dies with the server
     second = docker_servers()
     # the restarted server lists the command under its id, still running
-    wait_for(lambda: any(e["id"] == exec_id and e["running"] for e in second.call(
-        "GET", f"sessions/{sid}/execs")[1]["execs"]), 30, "the command was not listed after the restart")
+    wait_for(
+        lambda: any(
+            e["id"] == exec_id and e["running"]
+            for e in second.call("GET", f"sessions/{sid}/execs")[1]["execs"]
+        ),
+        30,
+        "the command was not listed after the restart",
+    )
 
     async def after() -> tuple[dict, bytearray, dict | None]:
         ws = await _ws(second, sid)
@@ -108,19 +114,31 @@ def test_a_websocket_command_outlives_a_killed_server_and_resumes_at_the_clients
 
     attached, rest, final = asyncio.run(after())
     assert attached == {"type": "attached", "exec_id": exec_id, "offset": len(seen)}, attached
-    numbers = [int(n) for n in bytes(seen + rest).decode().split()[:-1]]  # the last line may be cut by the kill
+    numbers = [
+        int(n) for n in bytes(seen + rest).decode().split()[:-1]
+    ]  # the last line may be cut by the kill
     assert numbers[:5] == [1, 2, 3, 4, 5]
-    assert numbers == list(range(1, len(numbers) + 1)), "the output skipped or repeated bytes across the restart"
+    assert numbers == list(range(1, len(numbers) + 1)), (
+        "the output skipped or repeated bytes across the restart"
+    )
     assert len(numbers) >= 350
     assert final is not None and final["type"] in ("exit", "error"), final
     # killed: gone from the list, and nothing of it runs in the session
-    wait_for(lambda: not second.call("GET", f"sessions/{sid}/execs")[1]["execs"], 30, "the killed command is listed")
-    status, ps = second.call("POST", f"sessions/{sid}/exec", {"argv": ["ps", "-o", "args"], "timeout_seconds": 30})
+    wait_for(
+        lambda: not second.call("GET", f"sessions/{sid}/execs")[1]["execs"],
+        30,
+        "the killed command is listed",
+    )
+    status, ps = second.call(
+        "POST", f"sessions/{sid}/exec", {"argv": ["ps", "-o", "args"], "timeout_seconds": 30}
+    )
     assert status == 200 and not re.search(r"while :", ps["stdout"]), ps
 
 
 def _running_loops(server: LiveServer, sid: str) -> list[str]:
-    status, ps = server.call("POST", f"sessions/{sid}/exec", {"argv": ["ps", "-o", "args"], "timeout_seconds": 30})
+    status, ps = server.call(
+        "POST", f"sessions/{sid}/exec", {"argv": ["ps", "-o", "args"], "timeout_seconds": 30}
+    )
     assert status == 200, ps
     return [line for line in ps["stdout"].splitlines() if "while :" in line]
 
@@ -163,7 +181,8 @@ def test_a_second_server_of_the_deployment_lists_a_command_and_an_attach_there_t
         # the second server lists it, read elsewhere
         listed = second.call("GET", f"sessions/{sid}/execs")[1]["execs"]
         assert [(e["id"], e["running"], e["attached"], e.get("elsewhere")) for e in listed] == [
-            (exec_id, True, True, True)], listed
+            (exec_id, True, True, True)
+        ], listed
         # the first server's client is told it left; the first server does not stop the command
         ws_second = await _ws(second, sid)
         await ws_second.write_message(json.dumps({"type": "attach", "exec_id": exec_id, "offset": 0}))
@@ -190,7 +209,9 @@ def test_a_second_server_of_the_deployment_lists_a_command_and_an_attach_there_t
 
 
 def test_a_sandboxed_kernels_session_outlives_a_killed_server_stays_listed_and_can_be_shut_down(
-    docker_servers, tmp_path, monkeypatch,
+    docker_servers,
+    tmp_path,
+    monkeypatch,
 ):
     from jupyter_tai_sandbox.kernels import kernelspecs
     from tests.support.docker import python_image
@@ -212,7 +233,9 @@ def test_a_sandboxed_kernels_session_outlives_a_killed_server_stays_listed_and_c
     mine = [s for s in sessions if s["consumer"] == f"kernel:{kernel_id}"]
     assert len(mine) == 1, sessions
     sid = mine[0]["id"]
-    status, ps = second.call("POST", f"sessions/{sid}/exec", {"argv": ["ps", "-o", "args"], "timeout_seconds": 30})
+    status, ps = second.call(
+        "POST", f"sessions/{sid}/exec", {"argv": ["ps", "-o", "args"], "timeout_seconds": 30}
+    )
     assert status == 200 and "ipykernel" in ps["stdout"], ps  # the kernel runs on
     assert second.call("DELETE", f"sessions/{sid}")[0] == 204
     assert second.call("GET", f"sessions/{sid}")[0] == 404
@@ -256,7 +279,9 @@ def test_the_python_client_resumes_both_streams_exactly_across_a_restart_by_thei
     assert asyncio.run(after()) == offsets  # the replay starts where each stream was left
     for name, data in got.items():
         numbers = [int(n) for n in bytes(data).decode().split()[:-1]]
-        assert numbers == list(range(1, len(numbers) + 1)), f"{name} skipped or repeated bytes across the restart"
+        assert numbers == list(range(1, len(numbers) + 1)), (
+            f"{name} skipped or repeated bytes across the restart"
+        )
         assert len(numbers) >= 190
 
 
@@ -272,8 +297,11 @@ def test_an_mcp_handle_is_polled_on_after_a_killed_server_from_its_next_offset(d
         headers = {"Authorization": f"token {server.token}"}
         async with mcp_client(mcp_url(server.port, "/"), headers) as client:
             while True:
-                answer = data(await client.call_tool("session_exec_poll", {
-                    "handle": handle, "offset": offset, "wait_seconds": 5}))
+                answer = data(
+                    await client.call_tool(
+                        "session_exec_poll", {"handle": handle, "offset": offset, "wait_seconds": 5}
+                    )
+                )
                 assert "skipped_bytes" not in answer, answer
                 text += "".join(o["text"] for o in answer["output"])
                 offset = answer["next_offset"]
@@ -283,17 +311,24 @@ def test_an_mcp_handle_is_polled_on_after_a_killed_server_from_its_next_offset(d
     async def before() -> tuple[str, int, str]:
         headers = {"Authorization": f"token {first.token}"}
         async with mcp_client(mcp_url(first.port, "/"), headers) as client:
-            started = data(await client.call_tool("session_exec_start", {
-                "session_id": sid, "script": script, "timeout_seconds": 120}))
+            started = data(
+                await client.call_tool(
+                    "session_exec_start", {"session_id": sid, "script": script, "timeout_seconds": 120}
+                )
+            )
         offset, text, _ = await poll(first, started["handle"], 0, "", lambda text, _: text.count("\n") >= 30)
         return started["handle"], offset, text
 
     handle, offset, text = asyncio.run(before())
     first.kill9()
     second = docker_servers()
-    _, text, answer = asyncio.run(poll(second, handle, offset, text, lambda _, a: not a["running"] and not a["more"]))
+    _, text, answer = asyncio.run(
+        poll(second, handle, offset, text, lambda _, a: not a["running"] and not a["more"])
+    )
     assert answer["exit_code"] == 0, answer
-    assert text == "".join(f"{i}\n" for i in range(1, 401)), "the poll skipped or repeated output across the restart"
+    assert text == "".join(f"{i}\n" for i in range(1, 401)), (
+        "the poll skipped or repeated output across the restart"
+    )
 
 
 def test_only_a_commands_owner_or_an_admin_takes_it_over_from_the_server_that_reads_it():
@@ -311,8 +346,12 @@ def test_only_a_commands_owner_or_an_admin_takes_it_over_from_the_server_that_re
     docker_client().close()
 
     async def main() -> None:
-        gate, other = (GatedSandbox(DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, pool_size=0),
-                                    SandboxPolicy()) for _ in range(2))
+        gate, other = (
+            GatedSandbox(
+                DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, pool_size=0), SandboxPolicy()
+            )
+            for _ in range(2)
+        )
         session = await gate.create(SessionSpec(consumer="restart-test", network="none"))
         seen_there = await other.get(session.id)
         first, second = LiveCommands(LiveCommandPolicy()), LiveCommands(LiveCommandPolicy())
@@ -332,7 +371,10 @@ def test_only_a_commands_owner_or_an_admin_takes_it_over_from_the_server_that_re
                 if command.final is not None:
                     break
                 await asyncio.sleep(0.05)
-            assert command.taken_over and command.final == {"type": "detached", "message": command.error["message"]}
+            assert command.taken_over and command.final == {
+                "type": "detached",
+                "message": command.error["message"],
+            }
             await taken.kill()
         finally:
             await first.close()

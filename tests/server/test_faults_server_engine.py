@@ -38,8 +38,17 @@ async def test_status_answers_within_a_second_while_the_engine_is_frozen(jp_fetc
         frozen_at = time.monotonic()
         # requests that need the engine, left running while status is polled
         engine_calls = [
-            asyncio.ensure_future(call(jp_fetch, "sessions", sid, "exec", method="POST",
-                                       body={"argv": ["echo", "x"], "timeout_seconds": 5}, request_timeout=30)),
+            asyncio.ensure_future(
+                call(
+                    jp_fetch,
+                    "sessions",
+                    sid,
+                    "exec",
+                    method="POST",
+                    body={"argv": ["echo", "x"], "timeout_seconds": 5},
+                    request_timeout=30,
+                )
+            ),
             asyncio.ensure_future(call(jp_fetch, "sessions", request_timeout=30)),
             asyncio.ensure_future(call(jp_fetch, "sessions", method="POST", body={}, request_timeout=30)),
         ]
@@ -50,7 +59,9 @@ async def test_status_answers_within_a_second_while_the_engine_is_frozen(jp_fetc
             slowest = max(slowest, time.monotonic() - started)
             # fast either way: the kind row, or 503 saying the engine does not answer (issue 25 point 7)
             assert (status == 200 and body["kind"] == "docker") or (
-                status == 503 and body["error"] == "SandboxUnavailableError" and "Docker engine" in body["message"]
+                status == 503
+                and body["error"] == "SandboxUnavailableError"
+                and "Docker engine" in body["message"]
             ), (status, body)
             await asyncio.sleep(0.2)
         answers = await asyncio.wait_for(asyncio.gather(*engine_calls), 20)
@@ -64,8 +75,15 @@ async def test_status_answers_within_a_second_while_the_engine_is_frozen(jp_fetc
             assert body["error"] == "SandboxUnavailableError"
     # after the thaw the server works again
     for _ in range(30):
-        status, result = await call(jp_fetch, "sessions", sid, "exec", method="POST",
-                                    body={"argv": ["echo", "back"], "timeout_seconds": 10}, request_timeout=30)
+        status, result = await call(
+            jp_fetch,
+            "sessions",
+            sid,
+            "exec",
+            method="POST",
+            body={"argv": ["echo", "back"], "timeout_seconds": 10},
+            request_timeout=30,
+        )
         if status == 200:
             break
         await asyncio.sleep(1)

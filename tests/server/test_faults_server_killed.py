@@ -26,7 +26,9 @@ def run_in_background(server: LiveServer, session_id: str, argv: list[str]) -> t
 
     def call() -> None:
         with contextlib.suppress(OSError):
-            server.call("POST", f"sessions/{session_id}/exec", {"argv": argv, "timeout_seconds": 600}, timeout=120)
+            server.call(
+                "POST", f"sessions/{session_id}/exec", {"argv": argv, "timeout_seconds": 600}, timeout=120
+            )
 
     thread = threading.Thread(target=call, daemon=True)
     thread.start()
@@ -56,8 +58,9 @@ def sleep_until(moment: float) -> None:
 def test_local_sessions_of_a_killed_server(tmp_path):
     first = sandbox_server(tmp_path, "local")
     try:
-        _, durable = first.call("POST", "sessions", {"durability": "persistent", "workspace_key": "keep-me",
-                                                   "ttl_seconds": 600})
+        _, durable = first.call(
+            "POST", "sessions", {"durability": "persistent", "workspace_key": "keep-me", "ttl_seconds": 600}
+        )
         assert first.call("PUT", f"sessions/{durable['id']}/files/data.bin", raw=PAYLOAD)[0] == 201
         _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 600})
         run_in_background(first, ephemeral["id"], ["sh", "-c", "sleep 300 & sleep 300"])
@@ -70,7 +73,9 @@ def test_local_sessions_of_a_killed_server(tmp_path):
     second = sandbox_server(tmp_path, "local")
     try:
         wait_for(lambda: not processes_marked(ephemeral["id"]), 30, "the dead server's commands still run")
-        wait_for(lambda: second.call("GET", "sessions")[1]["sessions"] == [], 30, "the orphans were not reaped")
+        wait_for(
+            lambda: second.call("GET", "sessions")[1]["sessions"] == [], 30, "the orphans were not reaped"
+        )
         # the persistent workspace kept its data, byte for byte
         _, again = second.call("POST", "sessions", {"durability": "persistent", "workspace_key": "keep-me"})
         assert second.call("GET", f"sessions/{again['id']}/files/data.bin") == (200, PAYLOAD)
@@ -92,8 +97,11 @@ def test_docker_sessions_of_a_killed_server(tmp_path):
     second = None
     try:
         try:
-            _, durable = first.call("POST", "sessions", {"durability": "persistent",
-                                                       "workspace_key": f"keep-{label}", "ttl_seconds": 600})
+            _, durable = first.call(
+                "POST",
+                "sessions",
+                {"durability": "persistent", "workspace_key": f"keep-{label}", "ttl_seconds": 600},
+            )
             assert first.call("PUT", f"sessions/{durable['id']}/files/data.bin", raw=PAYLOAD)[0] == 201
             _, ephemeral = first.call("POST", "sessions", {"ttl_seconds": 600})
             run_in_background(first, ephemeral["id"], ["sh", "-c", "sleep 300 & sleep 300"])
@@ -104,9 +112,14 @@ def test_docker_sessions_of_a_killed_server(tmp_path):
         sleep_until(ends + 0.5)
         second = sandbox_server(tmp_path, "docker", *extra)
         ours = {"label": [label]}
-        wait_for(lambda: not client.containers.list(all=True, filters=ours, sparse=True), 60,
-                 "containers left behind")
-        _, again = second.call("POST", "sessions", {"durability": "persistent", "workspace_key": f"keep-{label}"})
+        wait_for(
+            lambda: not client.containers.list(all=True, filters=ours, sparse=True),
+            60,
+            "containers left behind",
+        )
+        _, again = second.call(
+            "POST", "sessions", {"durability": "persistent", "workspace_key": f"keep-{label}"}
+        )
         assert second.call("GET", f"sessions/{again['id']}/files/data.bin") == (200, PAYLOAD)
         assert second.call("DELETE", f"sessions/{again['id']}?remove_workspace=1")[0] == 204
     finally:

@@ -69,8 +69,12 @@ async def test_an_mcp_started_command_is_listed_with_the_websocket_ones_and_can_
 ):
     sid = await new_session(jp_fetch)
     async with mcp_client(url, jp_auth_header) as client:
-        started = data(await client.call_tool("session_exec_start", {
-            "session_id": sid, "script": "echo from-mcp; sleep 30", "timeout_seconds": 30}))
+        started = data(
+            await client.call_tool(
+                "session_exec_start",
+                {"session_id": sid, "script": "echo from-mcp; sleep 30", "timeout_seconds": 30},
+            )
+        )
         handle = started["handle"]
         answer = data(await client.call_tool("session_exec_poll", {"handle": handle, "wait_seconds": 10}))
         assert answer["output"] == [{"stream": "stdout", "text": "from-mcp\n"}]
@@ -98,8 +102,11 @@ async def test_an_unwatched_command_of_either_door_is_killed_after_the_one_grace
     ws, started = await ws_start(jp_ws_fetch, sid, ["sleep", "30"])
     ws_id = started["exec_id"]
     async with mcp_client(url, jp_auth_header) as client:
-        handle = data(await client.call_tool("session_exec_start", {
-            "session_id": sid, "argv": ["sleep", "30"], "timeout_seconds": 30}))["handle"]
+        handle = data(
+            await client.call_tool(
+                "session_exec_start", {"session_id": sid, "argv": ["sleep", "30"], "timeout_seconds": 30}
+            )
+        )["handle"]
         ws.close()  # the websocket's command is now unwatched too
         t0 = time.monotonic()
         while execs.running_count() and time.monotonic() - t0 < 15:
@@ -115,14 +122,23 @@ async def test_an_unwatched_command_of_either_door_is_killed_after_the_one_grace
 
 
 def test_the_deprecated_per_door_names_configure_the_one_policy():
-    config = Config({
-        "SandboxApp": {"detach_grace_seconds": 7.0},
-        "SandboxMCP": {"handle_retention_seconds": 9.0, "handle_buffer_bytes": 4096,
-                       "max_running_commands_per_user": 3},
-    })
+    config = Config(
+        {
+            "SandboxApp": {"detach_grace_seconds": 7.0},
+            "SandboxMCP": {
+                "handle_retention_seconds": 9.0,
+                "handle_buffer_bytes": 4096,
+                "max_running_commands_per_user": 3,
+            },
+        }
+    )
     policy = SandboxApp(config=config).live_command_policy()
     assert (policy.grace_seconds, policy.retention_seconds, policy.buffer_bytes, policy.max_per_user) == (
-        7.0, 9.0, 4096, 3)
+        7.0,
+        9.0,
+        4096,
+        3,
+    )
     # the new name wins over a deprecated one
     config.SandboxApp.live_command_grace_seconds = 11.0
     config.SandboxMCP.handle_idle_timeout_seconds = 5.0

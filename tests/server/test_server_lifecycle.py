@@ -27,12 +27,18 @@ async def test_the_reaper_destroys_sessions_past_their_ttl(jp_fetch, jp_serverap
     assert (await call(jp_fetch, "sessions", long["id"]))[0] == 200
 
 
-async def test_shutdown_stops_its_sessions_and_keeps_persistent_workspaces(jp_fetch, jp_ws_fetch, jp_serverapp):
+async def test_shutdown_stops_its_sessions_and_keeps_persistent_workspaces(
+    jp_fetch, jp_ws_fetch, jp_serverapp
+):
     app = sandbox_app(jp_serverapp)
     sandbox = app.sandbox
     _, ephemeral = await call(jp_fetch, "sessions", method="POST", body={})
-    _, durable = await call(jp_fetch, "sessions", method="POST",
-                            body={"durability": "persistent", "workspace_key": "shutdown-keep"})
+    _, durable = await call(
+        jp_fetch,
+        "sessions",
+        method="POST",
+        body={"durability": "persistent", "workspace_key": "shutdown-keep"},
+    )
     await call(jp_fetch, "sessions", durable["id"], "files", "kept.txt", method="PUT", raw=b"kept")
     ws = await jp_ws_fetch("api", "sandbox", "sessions", ephemeral["id"], "exec", "ws")
     await ws.write_message('{"type": "start", "argv": ["sleep", "60"], "timeout_seconds": 60}')

@@ -18,8 +18,12 @@ async def test_status_reads_off_with_how_to_turn_it_on(jp_fetch):
 
 @pytest.mark.parametrize(
     ("method", "parts", "body"),
-    [("GET", ("sessions",), None), ("POST", ("sessions",), {}), ("GET", ("sessions", "sbx-1"), None),
-     ("POST", ("sessions", "sbx-1", "exec"), {"argv": ["true"], "timeout_seconds": 1})],
+    [
+        ("GET", ("sessions",), None),
+        ("POST", ("sessions",), {}),
+        ("GET", ("sessions", "sbx-1"), None),
+        ("POST", ("sessions", "sbx-1", "exec"), {"argv": ["true"], "timeout_seconds": 1}),
+    ],
 )
 async def test_routes_answer_503_naming_the_setting(jp_fetch, method, parts, body):
     status, reply = await call(jp_fetch, *parts, method=method, body=body)

@@ -27,18 +27,25 @@ def jp_server_config(tmp_path):
 
 
 async def limited_session(jp_fetch) -> str:
-    status, info = await call(jp_fetch, "sessions", method="POST",
-                              body={"ttl_seconds": 300, "memory_mb": LIMIT_MB, "network": "none"})
+    status, info = await call(
+        jp_fetch,
+        "sessions",
+        method="POST",
+        body={"ttl_seconds": 300, "memory_mb": LIMIT_MB, "network": "none"},
+    )
     assert status == 201, info
     assert info["spec"]["memory_mb"] == LIMIT_MB, info
     return info["id"]
 
 
-async def test_an_out_of_memory_kill_says_so_in_the_one_shot_result_and_the_websocket_exit(jp_fetch, jp_ws_fetch):
+async def test_an_out_of_memory_kill_says_so_in_the_one_shot_result_and_the_websocket_exit(
+    jp_fetch, jp_ws_fetch
+):
     session_id = await limited_session(jp_fetch)
     try:
-        status, result = await call(jp_fetch, "sessions", session_id, "exec", method="POST",
-                                    body={"argv": HOG, "timeout_seconds": 60})
+        status, result = await call(
+            jp_fetch, "sessions", session_id, "exec", method="POST", body={"argv": HOG, "timeout_seconds": 60}
+        )
         assert status == 200, result
         assert result["exit_code"] == 137 and result["reason"] == REASON, result
         assert "survived" not in result["stdout"]
@@ -49,18 +56,31 @@ async def test_an_out_of_memory_kill_says_so_in_the_one_shot_result_and_the_webs
         assert final == {"type": "exit", "exit_code": 137, "reason": REASON}, final
 
         # a SIGKILL that is not the OOM killer's: the status alone, no reason
-        status, result = await call(jp_fetch, "sessions", session_id, "exec", method="POST",
-                                    body={"argv": ["sh", "-c", "kill -9 $$"], "timeout_seconds": 30})
+        status, result = await call(
+            jp_fetch,
+            "sessions",
+            session_id,
+            "exec",
+            method="POST",
+            body={"argv": ["sh", "-c", "kill -9 $$"], "timeout_seconds": 30},
+        )
         assert status == 200 and result["exit_code"] == 137 and "reason" not in result, result
-        status, result = await call(jp_fetch, "sessions", session_id, "exec", method="POST",
-                                    body={"argv": ["sh", "-c", "echo fine"], "timeout_seconds": 30})
+        status, result = await call(
+            jp_fetch,
+            "sessions",
+            session_id,
+            "exec",
+            method="POST",
+            body={"argv": ["sh", "-c", "echo fine"], "timeout_seconds": 30},
+        )
         assert result == {"exit_code": 0, "encoding": "utf-8", "stdout": "fine\n", "stderr": ""}, result
     finally:
         await call(jp_fetch, "sessions", session_id, method="DELETE")
 
 
-async def test_the_python_client_carries_the_out_of_memory_reason(jp_fetch, jp_serverapp, jp_http_port,
-                                                                   jp_base_url, jp_auth_header):
+async def test_the_python_client_carries_the_out_of_memory_reason(
+    jp_fetch, jp_serverapp, jp_http_port, jp_base_url, jp_auth_header
+):
     session_id = await limited_session(jp_fetch)
     token = jp_auth_header["Authorization"].split()[-1]
     client = SandboxClient(f"http://localhost:{jp_http_port}{jp_base_url}", token=token)
@@ -72,15 +92,19 @@ async def test_the_python_client_carries_the_out_of_memory_reason(jp_fetch, jp_s
         await call(jp_fetch, "sessions", session_id, method="DELETE")
 
 
-async def test_an_out_of_memory_kill_says_so_in_the_mcp_tool_result(jp_serverapp, http_server, jp_http_port,
-                                                                    jp_base_url, jp_auth_header):
+async def test_an_out_of_memory_kill_says_so_in_the_mcp_tool_result(
+    jp_serverapp, http_server, jp_http_port, jp_base_url, jp_auth_header
+):
     url = mcp_url(jp_http_port, jp_base_url)
     async with mcp_client(url, jp_auth_header) as client:
         info = data(await client.call_tool("session_create", {"network": "none", "memory_mb": LIMIT_MB}))
         sid = info["id"]
         try:
-            ran = data(await client.call_tool("session_exec", {"session_id": sid, "argv": HOG,
-                                                               "timeout_seconds": 60}))
+            ran = data(
+                await client.call_tool(
+                    "session_exec", {"session_id": sid, "argv": HOG, "timeout_seconds": 60}
+                )
+            )
             assert (ran["exit_code"], ran["reason"]) == (137, REASON), ran
         finally:
             data(await client.call_tool("session_destroy", {"session_id": sid}))

@@ -56,7 +56,10 @@ class TestAgentBinaryMissing:
         status, created = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60})
         assert status == 503, created
         assert created["error"] == "SandboxUnavailableError", created
-        assert "session agent" in created["message"] and "python -m jupyter_tai_sandbox.agent" in created["message"]
+        assert (
+            "session agent" in created["message"]
+            and "python -m jupyter_tai_sandbox.agent" in created["message"]
+        )
         assert created["message"] != "Internal Server Error"
 
         app = sandbox_app(jp_serverapp)
@@ -68,7 +71,9 @@ class TestAgentBinaryMissing:
             app.log.removeHandler(keep)
         assert problem is not None and "python -m jupyter_tai_sandbox.agent" in problem
         errors = [r.getMessage() for r in seen if r.levelno >= logging.ERROR]
-        assert any("docker provider cannot create sessions" in m and "session agent" in m for m in errors), errors
+        assert any("docker provider cannot create sessions" in m and "session agent" in m for m in errors), (
+            errors
+        )
 
 
 class TestConfiguredImageMissing:
@@ -76,7 +81,9 @@ class TestConfiguredImageMissing:
     def jp_server_config(self, tmp_path):
         return server_config("docker", tmp_path / "sandboxes", DockerSandbox={"image": MISSING_IMAGE})
 
-    async def test_status_and_create_say_the_configured_image_is_missing_with_the_fix(self, jp_fetch, jp_serverapp):
+    async def test_status_and_create_say_the_configured_image_is_missing_with_the_fix(
+        self, jp_fetch, jp_serverapp
+    ):
         status, body = await call(jp_fetch, "status")
         assert status == 503, body
         assert body["error"] == "SandboxUnavailableError"
@@ -106,8 +113,11 @@ class TestWorkingProvider:
 class TestEngineUnreachable:
     @pytest.fixture
     def jp_server_config(self, tmp_path):
-        return server_config("docker", tmp_path / "sandboxes",
-                             DockerSandbox={"base_url": "unix:///tmp/no-engine-here.sock", "engine_timeout_seconds": 2.0})
+        return server_config(
+            "docker",
+            tmp_path / "sandboxes",
+            DockerSandbox={"base_url": "unix:///tmp/no-engine-here.sock", "engine_timeout_seconds": 2.0},
+        )
 
     async def test_a_create_and_the_start_log_say_the_engine_cannot_be_reached(self, jp_fetch, jp_serverapp):
         status, created = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60})

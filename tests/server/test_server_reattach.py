@@ -89,8 +89,11 @@ async def test_a_command_runs_on_across_a_disconnect_and_reattaches_from_an_offs
 async def test_attach_from_zero_replays_the_ring(jp_fetch, jp_ws_fetch):
     sid = await new_session(jp_fetch)
     ws = await jp_ws_fetch("api", "sandbox", "sessions", sid, "exec", "ws")
-    await ws.write_message(json.dumps({"type": "start", "argv": ["sh", "-c", "echo one; echo two >&2; sleep 30"],
-                                       "timeout_seconds": 30}))
+    await ws.write_message(
+        json.dumps(
+            {"type": "start", "argv": ["sh", "-c", "echo one; echo two >&2; sleep 30"], "timeout_seconds": 30}
+        )
+    )
     exec_id = json.loads(await ws.read_message())["exec_id"]
     await read_until(ws, lambda out: b"two" in out)
     ws.close()
@@ -107,8 +110,11 @@ async def test_attach_from_zero_replays_the_ring(jp_fetch, jp_ws_fetch):
 async def test_a_detached_command_is_killed_after_the_grace_time(jp_fetch, jp_ws_fetch):
     sid = await new_session(jp_fetch)
     ws = await jp_ws_fetch("api", "sandbox", "sessions", sid, "exec", "ws")
-    await ws.write_message(json.dumps({"type": "start", "argv": ["sh", "-c", "echo $$ > pid; exec sleep 60"],
-                                       "timeout_seconds": 60}))
+    await ws.write_message(
+        json.dumps(
+            {"type": "start", "argv": ["sh", "-c", "echo $$ > pid; exec sleep 60"], "timeout_seconds": 60}
+        )
+    )
     exec_id = json.loads(await ws.read_message())["exec_id"]
     await asyncio.sleep(0.3)
     ws.close()
@@ -119,8 +125,17 @@ async def test_a_detached_command_is_killed_after_the_grace_time(jp_fetch, jp_ws
         assert time.monotonic() < deadline, "the detached command outlived its grace time"
         await asyncio.sleep(0.2)
     _, pid = await call(jp_fetch, "sessions", sid, "files", "pid")
-    _, state = await call(jp_fetch, "sessions", sid, "exec", method="POST", body={
-        "argv": ["sh", "-c", f"cut -d' ' -f3 /proc/{pid.decode().strip()}/stat 2>/dev/null"], "timeout_seconds": 5})
+    _, state = await call(
+        jp_fetch,
+        "sessions",
+        sid,
+        "exec",
+        method="POST",
+        body={
+            "argv": ["sh", "-c", f"cut -d' ' -f3 /proc/{pid.decode().strip()}/stat 2>/dev/null"],
+            "timeout_seconds": 5,
+        },
+    )
     assert state["stdout"].strip() in ("", "Z")
     ws = await jp_ws_fetch("api", "sandbox", "sessions", sid, "exec", "ws")
     await ws.write_message(json.dumps({"type": "attach", "exec_id": exec_id}))
@@ -148,7 +163,9 @@ async def test_another_user_cannot_list_or_attach(jp_fetch, jp_ws_fetch):
     await read_until(ws, lambda out: False)
 
 
-async def test_the_client_attaches_from_where_it_left(jp_fetch, jp_serverapp, jp_base_url, jp_http_port, jp_auth_header):
+async def test_the_client_attaches_from_where_it_left(
+    jp_fetch, jp_serverapp, jp_base_url, jp_http_port, jp_auth_header
+):
     from jupyter_tai_sandbox.client import SandboxClient
     from jupyter_tai_sandbox.contract import ExitItem, OutputChunk
 
@@ -178,7 +195,9 @@ async def test_the_client_attaches_from_where_it_left(jp_fetch, jp_serverapp, jp
 def test_the_ring_resumes_each_stream_at_its_own_offset_and_keeps_what_it_still_holds():
     from jupyter_tai_sandbox.server.execs import OutputRing
 
-    ring = OutputRing(10, start=4, stream_starts={"stdout": 3, "stderr": 1})  # a restart's ring: 3 + 1 before it
+    ring = OutputRing(
+        10, start=4, stream_starts={"stdout": 3, "stderr": 1}
+    )  # a restart's ring: 3 + 1 before it
     for stream, data in [("stdout", b"abc"), ("stderr", b"XY"), ("stdout", b"de"), ("stderr", b"Z")]:
         ring.append(stream, data)
     assert (ring.start, ring.end, ring.stream_ends) == (4, 12, {"stdout": 8, "stderr": 4})
@@ -189,7 +208,11 @@ def test_the_ring_resumes_each_stream_at_its_own_offset_and_keeps_what_it_still_
     # by the combined offset: the ring's order
     assert pieces(6) == [("stdout", b"c"), ("stderr", b"XY"), ("stdout", b"de"), ("stderr", b"Z")]
     # by each stream's own offset: exactly the rest of each, wherever the other stream's bytes fell
-    assert pieces(streams={"stdout": 5, "stderr": 3}) == [("stdout", b"c"), ("stdout", b"de"), ("stderr", b"Z")]
+    assert pieces(streams={"stdout": 5, "stderr": 3}) == [
+        ("stdout", b"c"),
+        ("stdout", b"de"),
+        ("stderr", b"Z"),
+    ]
     assert pieces(streams={"stdout": 8, "stderr": 4}) == []
     ring.append("stdout", b"0123456789")  # a chunk as large as the ring: everything older goes
     assert (ring.stream_start("stdout"), ring.stream_start("stderr")) == (8, 4)
@@ -203,4 +226,8 @@ async def test_an_attach_with_bad_stream_offsets_is_refused_naming_the_field(jp_
         ws = await jp_ws_fetch("api", "sandbox", "sessions", sid, "exec", "ws")
         await ws.write_message(json.dumps({"type": "attach", "exec_id": "exe-0", "offsets": offsets}))
         answer = json.loads(await ws.read_message())
-        assert (answer["type"], answer["error"], answer.get("field")) == ("error", "SandboxRequestError", "offsets")
+        assert (answer["type"], answer["error"], answer.get("field")) == (
+            "error",
+            "SandboxRequestError",
+            "offsets",
+        )

@@ -26,8 +26,9 @@ async def new_session(jp_fetch, **spec):
 
 
 async def run(jp_fetch, sid, argv, **extra):
-    return await call(jp_fetch, "sessions", sid, "exec", method="POST",
-                      body={"argv": argv, "timeout_seconds": 30, **extra})
+    return await call(
+        jp_fetch, "sessions", sid, "exec", method="POST", body={"argv": argv, "timeout_seconds": 30, **extra}
+    )
 
 
 async def test_status_names_the_provider_and_policy(jp_fetch, provider):
@@ -46,12 +47,18 @@ async def test_session_lifecycle_over_rest(jp_fetch, provider):
     status, again = await call(jp_fetch, "sessions", sid)
     assert status == 200 and again["id"] == sid and 0 < again["seconds_left"] <= 60
     status, result = await run(jp_fetch, sid, ["sh", "-c", "cat; echo err >&2; exit 3"], stdin="hello")
-    assert status == 200 and (result["exit_code"], result["stdout"], result["stderr"]) == (3, "hello", "err\n")
+    assert status == 200 and (result["exit_code"], result["stdout"], result["stderr"]) == (
+        3,
+        "hello",
+        "err\n",
+    )
     status, _ = await call(jp_fetch, "sessions", sid, method="DELETE")
     assert status == 204
     status, body = await call(jp_fetch, "sessions", sid)
     # its owner is told why (a SandboxNotFoundError's subclass: issue 48)
-    assert status == 404 and body["error"] == "SandboxSessionGoneError" and body["reason"] == "destroyed", body
+    assert status == 404 and body["error"] == "SandboxSessionGoneError" and body["reason"] == "destroyed", (
+        body
+    )
 
 
 async def test_consumer_defaults_to_the_user(jp_fetch):
@@ -63,7 +70,9 @@ async def test_consumer_defaults_to_the_user(jp_fetch):
 async def test_exec_is_binary_safe_with_base64(jp_fetch):
     sid = await new_session(jp_fetch)
     data = bytes(range(256)) * 16
-    status, result = await run(jp_fetch, sid, ["cat"], stdin_b64=base64.b64encode(data).decode(), encoding="base64")
+    status, result = await run(
+        jp_fetch, sid, ["cat"], stdin_b64=base64.b64encode(data).decode(), encoding="base64"
+    )
     assert status == 200 and base64.b64decode(result["stdout"]) == data
     status, result = await run(jp_fetch, sid, ["sh", "-c", "printf '\\377ok'"])
     assert result["stdout"] == "\ufffdok"  # utf-8 encoding replaces what is not text
@@ -72,8 +81,17 @@ async def test_exec_is_binary_safe_with_base64(jp_fetch):
 
 async def test_timeout_is_504_with_byte_counts(jp_fetch):
     sid = await new_session(jp_fetch)
-    status, body = await call(jp_fetch, "sessions", sid, "exec", method="POST", body={
-        "argv": ["sh", "-c", "head -c 10 /dev/zero; head -c 4 /dev/zero >&2; exec sleep 30"], "timeout_seconds": 1})
+    status, body = await call(
+        jp_fetch,
+        "sessions",
+        sid,
+        "exec",
+        method="POST",
+        body={
+            "argv": ["sh", "-c", "head -c 10 /dev/zero; head -c 4 /dev/zero >&2; exec sleep 30"],
+            "timeout_seconds": 1,
+        },
+    )
     assert status == 504
     assert body["error"] == "SandboxExecTimeoutError"
     assert (body["stdout_bytes"], body["stderr_bytes"]) == (10, 4)
@@ -82,10 +100,14 @@ async def test_timeout_is_504_with_byte_counts(jp_fetch):
 
 async def test_files_upload_list_download(jp_fetch):
     sid = await new_session(jp_fetch)
-    status, body = await call(jp_fetch, "sessions", sid, "files", "data/in.bin", method="PUT", raw=b"\x00\x01binary")
+    status, body = await call(
+        jp_fetch, "sessions", sid, "files", "data/in.bin", method="PUT", raw=b"\x00\x01binary"
+    )
     assert status == 201 and body == {"path": "data/in.bin", "size": 8}
     status, listing = await call(jp_fetch, "sessions", sid, "files", "data")
-    assert status == 200 and [(e["name"], e["type"], e["size"]) for e in listing["entries"]] == [("in.bin", "file", 8)]
+    assert status == 200 and [(e["name"], e["type"], e["size"]) for e in listing["entries"]] == [
+        ("in.bin", "file", 8)
+    ]
     status, root = await call(jp_fetch, "sessions", sid, "files", "")
     assert "data" in [e["name"] for e in root["entries"]]
     status, content = await call(jp_fetch, "sessions", sid, "files", "data/in.bin")
@@ -95,7 +117,9 @@ async def test_files_upload_list_download(jp_fetch):
     await call(jp_fetch, "sessions", sid, method="DELETE")
 
 
-async def test_a_file_larger_than_the_body_buffer_streams_both_ways(jp_fetch, jp_http_port, jp_base_url, jp_serverapp):
+async def test_a_file_larger_than_the_body_buffer_streams_both_ways(
+    jp_fetch, jp_http_port, jp_base_url, jp_serverapp
+):
     sid = await new_session(jp_fetch)
     block = os.urandom(1 << 20)
 
@@ -103,8 +127,16 @@ async def test_a_file_larger_than_the_body_buffer_streams_both_ways(jp_fetch, jp
         for _ in range(BIG >> 20):
             await write(block)
 
-    status, body = await call(jp_fetch, "sessions", sid, "files", "big.bin", method="PUT", body_producer=produce,
-                              request_timeout=300)
+    status, body = await call(
+        jp_fetch,
+        "sessions",
+        sid,
+        "files",
+        "big.bin",
+        method="PUT",
+        body_producer=produce,
+        request_timeout=300,
+    )
     assert status == 201 and body["size"] == BIG
     received = 0
     mismatch = []
@@ -121,8 +153,9 @@ async def test_a_file_larger_than_the_body_buffer_streams_both_ways(jp_fetch, jp
     client = AsyncHTTPClient(force_instance=True, max_body_size=BIG * 2)
     url = f"http://localhost:{jp_http_port}{jp_base_url}api/sandbox/sessions/{sid}/files/big.bin"
     token = jp_serverapp.identity_provider.token
-    response = await client.fetch(url, headers={"Authorization": f"token {token}"}, streaming_callback=take,
-                                  request_timeout=300)
+    response = await client.fetch(
+        url, headers={"Authorization": f"token {token}"}, streaming_callback=take, request_timeout=300
+    )
     client.close()
     assert response.code == 200 and received == BIG and not mismatch
     await call(jp_fetch, "sessions", sid, method="DELETE")
@@ -134,7 +167,9 @@ async def test_delete_keeps_a_persistent_workspace_unless_asked(jp_fetch):
     assert (await call(jp_fetch, "sessions", sid, method="DELETE"))[0] == 204
     sid = await new_session(jp_fetch, durability="persistent", workspace_key="rest-keep")
     assert (await call(jp_fetch, "sessions", sid, "files", "kept.txt")) == (200, b"kept")
-    assert (await call(jp_fetch, "sessions", sid, method="DELETE", params={"remove_workspace": "1"}))[0] == 204
+    assert (await call(jp_fetch, "sessions", sid, method="DELETE", params={"remove_workspace": "1"}))[
+        0
+    ] == 204
     sid = await new_session(jp_fetch, durability="persistent", workspace_key="rest-keep")
     status, body = await call(jp_fetch, "sessions", sid, "files", "kept.txt")
     assert status == 404 and body["error"] == "SandboxNotFoundError"
@@ -204,14 +239,21 @@ async def test_bad_exec_bodies_are_400(jp_fetch, exec_body):
 )
 async def test_unknown_session_is_404_on_every_route(jp_fetch, method, suffix):
     body = {"argv": ["true"], "timeout_seconds": 5} if suffix == ("exec",) else None
-    status, reply = await call(jp_fetch, "sessions", "sbx-0000000000000000", *suffix, method=method, body=body)
+    status, reply = await call(
+        jp_fetch, "sessions", "sbx-0000000000000000", *suffix, method=method, body=body
+    )
     assert status == 404 and reply["error"] == "SandboxNotFoundError"
 
 
 @pytest.mark.parametrize(
     "path",
-    ["files/../outside.txt", "files/%2e%2e/outside.txt", "files/a/%2E%2E/%2e%2e/outside.txt", "files//etc/passwd",
-     "files/%2Fetc%2Fpasswd"],
+    [
+        "files/../outside.txt",
+        "files/%2e%2e/outside.txt",
+        "files/a/%2E%2E/%2e%2e/outside.txt",
+        "files//etc/passwd",
+        "files/%2Fetc%2Fpasswd",
+    ],
 )
 async def test_traversal_in_file_paths_is_refused(jp_fetch, jp_http_port, jp_base_url, jp_serverapp, path):
     sid = await new_session(jp_fetch)
@@ -252,7 +294,9 @@ async def test_an_oversized_upload_is_413_and_loses_nothing(jp_fetch, jp_servera
         for _ in range(5):
             await write(b"y" * 1000)
 
-    status, body = await call(jp_fetch, "sessions", sid, "files", "keep.txt", method="PUT", body_producer=chunked)
+    status, body = await call(
+        jp_fetch, "sessions", sid, "files", "keep.txt", method="PUT", body_producer=chunked
+    )
     assert status == 413 and body["error"] == "UploadTooLargeError"
     assert (await call(jp_fetch, "sessions", sid, "files", "keep.txt")) == (200, b"original")
     await call(jp_fetch, "sessions", sid, method="DELETE")
@@ -274,7 +318,9 @@ async def test_pause_and_resume_over_rest_or_a_typed_refusal_naming_the_operatio
     sid = await new_session(jp_fetch)
     status, body = await call(jp_fetch, "sessions", sid, "pause", method="POST")
     if provider == "local":  # the local provider cannot freeze host processes as a unit
-        assert status == 400 and body["error"] == "SandboxUnsupportedError" and body["operation"] == "pause", body
+        assert (
+            status == 400 and body["error"] == "SandboxUnsupportedError" and body["operation"] == "pause"
+        ), body
     else:
         assert status == 200 and body["paused"] is True, body
         status, refused = await run(jp_fetch, sid, ["true"])

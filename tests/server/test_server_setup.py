@@ -46,7 +46,9 @@ class TestAPluginsProvider:
         # a plugin registered its provider before the server started, without a policy
         self.plugin = LocalSandbox(root=str(tmp_path / "plugin"))
         sandboxes.register_sandbox(self.plugin)
-        return server_config("off", tmp_path / "sandboxes", SandboxPolicy={"isolation": "none", "egress": "none"})
+        return server_config(
+            "off", tmp_path / "sandboxes", SandboxPolicy={"isolation": "none", "egress": "none"}
+        )
 
     async def test_it_stays_and_the_servers_policy_is_in_force(self, jp_fetch, jp_serverapp):
         gate = sandboxes.require_sandbox()
@@ -70,8 +72,11 @@ class TestIdleCulling:
 
         _, info = await call(jp_fetch, "sessions", method="POST", body={})
         ws = await jp_ws_fetch("api", "sandbox", "sessions", info["id"], "exec", "ws")
-        await ws.write_message(json.dumps({"type": "start", "argv": ["sh", "-c", "sleep 1; echo tick; sleep 30"],
-                                           "timeout_seconds": 30}))
+        await ws.write_message(
+            json.dumps(
+                {"type": "start", "argv": ["sh", "-c", "sleep 1; echo tick; sleep 30"], "timeout_seconds": 30}
+            )
+        )
         assert json.loads(await ws.read_message())["type"] == "started"
         before = await last_activity()
         assert await ws.read_message() == b"\x01tick\n"  # a second later, with no REST call meanwhile

@@ -80,5 +80,7 @@ def test_docker_server_stopped_by_a_signal_removes_its_sessions(tmp_path, signum
         raise
     assert stop_with(server, signum) == 0, server.log()
     for made in (session, kept):
-        found = client.containers.list(all=True, filters={"label": f"jupyter-tai-sandbox.session={made['id']}"})
+        found = client.containers.list(
+            all=True, filters={"label": f"jupyter-tai-sandbox.session={made['id']}"}
+        )
         assert found == [], f"session {made['id']} outlived the server it belonged to"

@@ -64,8 +64,15 @@ async def test_a_terminal_opens_on_a_session_living_longer_than_the_longest_dead
     assert "max_timeout_seconds" in final["message"]
 
     # what the panel asks now (terminal.ts terminalTimeout): the lower of the TTL left and the maximum
-    ws = await start(jp_ws_fetch, info["id"], ["sh", "-c", "echo shell-open"], min(info["seconds_left"], maximum),
-                     pty=True, rows=24, cols=80)
+    ws = await start(
+        jp_ws_fetch,
+        info["id"],
+        ["sh", "-c", "echo shell-open"],
+        min(info["seconds_left"], maximum),
+        pty=True,
+        rows=24,
+        cols=80,
+    )
     out, _, final, _ = await read_all(ws)
     assert b"shell-open" in out and final == {"type": "exit", "exit_code": 0}, (out, final)
 
@@ -80,20 +87,29 @@ async def test_a_session_destroyed_under_an_open_terminal_says_so(jp_fetch, jp_w
     assert status == 204
     _, _, final, _ = await read_all(ws)
     expected = f"session {session_id} was destroyed"
-    assert final == {"type": "error", "error": "SandboxSessionGoneError", "message": expected,
-                     "session_id": session_id, "reason": "destroyed"}, final
+    assert final == {
+        "type": "error",
+        "error": "SandboxSessionGoneError",
+        "message": expected,
+        "session_id": session_id,
+        "reason": "destroyed",
+    }, final
     assert ws.close_code == 4404 and ws.close_reason == expected, (ws.close_code, ws.close_reason)
 
     # a later look-up (the panel's, a reattach) says the same, a 404
     status, body = await call(jp_fetch, "sessions", session_id)
-    assert status == 404 and body["error"] == "SandboxSessionGoneError" and body["reason"] == "destroyed", body
+    assert status == 404 and body["error"] == "SandboxSessionGoneError" and body["reason"] == "destroyed", (
+        body
+    )
     # to another user it stays a 404 like any unknown id (nothing tells someone else's session apart)
     execs = sandbox_app(jp_serverapp).execs
     assert execs.gone(session_id, Caller("someone-else")) is None
     assert execs.gone(session_id, Caller("an-admin", frozenset({"write"}))) is not None
 
 
-async def test_a_session_reaped_at_its_ttl_under_an_open_terminal_says_so(jp_fetch, jp_ws_fetch, jp_serverapp):
+async def test_a_session_reaped_at_its_ttl_under_an_open_terminal_says_so(
+    jp_fetch, jp_ws_fetch, jp_serverapp
+):
     info = await new_session(jp_fetch, 4)
     session_id = info["id"]
     ws = await start(jp_ws_fetch, session_id, ["sh", "-c", "echo ready; exec sleep 600"], 600, pty=True)

@@ -20,8 +20,12 @@ from tests.support.vm import need_qemu
 
 pytestmark = [pytest.mark.slow(30), pytest.mark.timeout(240)]
 
-COUNTER = ["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; "
-           "sleep 0.1; done"]
+COUNTER = [
+    "sh",
+    "-c",
+    "i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; "
+    "sleep 0.1; done",
+]
 
 
 def count(server, session_id: str) -> int | None:
@@ -32,8 +36,11 @@ def count(server, session_id: str) -> int | None:
 def test_a_paused_vm_session_survives_a_killed_server_and_counts_on_from_where_it_stopped(tmp_path):
     need_qemu()
     state = tempfile.mkdtemp(prefix="tai-vmr-", dir="/tmp")
-    extra = ["--VmSandbox.accel=tcg", f"--VmSandbox.state_dir={state}",
-             f"--VmSandbox.deployment=vm-restart-{secrets.token_hex(3)}"]
+    extra = [
+        "--VmSandbox.accel=tcg",
+        f"--VmSandbox.state_dir={state}",
+        f"--VmSandbox.deployment=vm-restart-{secrets.token_hex(3)}",
+    ]
     first = sandbox_server(tmp_path, "vm", *extra)
     second = None
     try:

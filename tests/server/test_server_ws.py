@@ -68,7 +68,9 @@ async def test_kill_over_the_websocket(jp_ws_fetch, jp_fetch):
 
 async def test_without_a_grace_a_disconnect_kills_the_command(jp_ws_fetch, jp_fetch):
     session_id = await new_session(jp_fetch)
-    ws = await open_exec(jp_ws_fetch, session_id, argv=["sh", "-c", "echo $$ > ws.pid; echo ready; exec sleep 60"])
+    ws = await open_exec(
+        jp_ws_fetch, session_id, argv=["sh", "-c", "echo $$ > ws.pid; echo ready; exec sleep 60"]
+    )
     assert json.loads(await ws.read_message())["type"] == "started"
     assert await ws.read_message() == b"\x01ready\n"
     _status, pid = await call(jp_fetch, "sessions", session_id, "files", "ws.pid")
@@ -76,8 +78,17 @@ async def test_without_a_grace_a_disconnect_kills_the_command(jp_ws_fetch, jp_fe
     ws.close()
     deadline = time.monotonic() + 10
     while True:
-        _, result = await call(jp_fetch, "sessions", session_id, "exec", method="POST", body={
-            "argv": ["sh", "-c", f"cat /proc/{pid}/stat 2>/dev/null | cut -d' ' -f3"], "timeout_seconds": 10})
+        _, result = await call(
+            jp_fetch,
+            "sessions",
+            session_id,
+            "exec",
+            method="POST",
+            body={
+                "argv": ["sh", "-c", f"cat /proc/{pid}/stat 2>/dev/null | cut -d' ' -f3"],
+                "timeout_seconds": 10,
+            },
+        )
         if result["stdout"].strip() in ("", "Z"):
             break
         assert time.monotonic() < deadline, f"process {pid} still runs after the client left"
@@ -86,8 +97,9 @@ async def test_without_a_grace_a_disconnect_kills_the_command(jp_ws_fetch, jp_fe
 
 async def test_timeout_ends_with_one_error_message_carrying_byte_counts(jp_ws_fetch, jp_fetch):
     session_id = await new_session(jp_fetch)
-    ws = await open_exec(jp_ws_fetch, session_id, argv=["sh", "-c", "head -c 7 /dev/zero; exec sleep 60"],
-                         timeout_seconds=1)
+    ws = await open_exec(
+        jp_ws_fetch, session_id, argv=["sh", "-c", "head -c 7 /dev/zero; exec sleep 60"], timeout_seconds=1
+    )
     _, _, final, _ = await read_all(ws, seconds=15)
     assert final["type"] == "error" and final["error"] == "SandboxExecTimeoutError"
     assert final["stdout_bytes"] == 7 and final["stderr_bytes"] == 0
@@ -95,8 +107,14 @@ async def test_timeout_ends_with_one_error_message_carrying_byte_counts(jp_ws_fe
 
 async def test_pty_start_with_size_and_resize(jp_ws_fetch, jp_fetch):
     session_id = await new_session(jp_fetch)
-    ws = await open_exec(jp_ws_fetch, session_id, argv=["sh", "-c", "read line; stty size; exit 0"], pty=True,
-                         rows=30, cols=100)
+    ws = await open_exec(
+        jp_ws_fetch,
+        session_id,
+        argv=["sh", "-c", "read line; stty size; exit 0"],
+        pty=True,
+        rows=30,
+        cols=100,
+    )
     assert json.loads(await ws.read_message())["type"] == "started"
     await ws.write_message(json.dumps({"type": "resize", "rows": 33, "cols": 111}))
     await ws.write_message(json.dumps({"type": "stdin", "data": "go\n"}))
@@ -119,9 +137,14 @@ async def test_requests_the_command_cannot_take_are_rejected_without_ending_it(j
 
 @pytest.mark.parametrize(
     "first",
-    [b"binary before start", "not json", json.dumps({"type": "kill"}), json.dumps({"type": "start", "argv": []}),
-     json.dumps({"type": "start", "argv": ["true"]}), json.dumps({"type": "start", "argv": ["true"],
-                                                                  "timeout_seconds": 5, "shell": True})],
+    [
+        b"binary before start",
+        "not json",
+        json.dumps({"type": "kill"}),
+        json.dumps({"type": "start", "argv": []}),
+        json.dumps({"type": "start", "argv": ["true"]}),
+        json.dumps({"type": "start", "argv": ["true"], "timeout_seconds": 5, "shell": True}),
+    ],
 )
 async def test_a_bad_first_message_ends_with_one_error(jp_ws_fetch, jp_fetch, first):
     session_id = await new_session(jp_fetch)
@@ -139,7 +162,9 @@ async def test_unknown_session_refuses_the_upgrade(jp_ws_fetch):
 
 async def test_the_python_client_drives_rest_and_websocket(jp_fetch, jp_serverapp, jp_http_port, jp_base_url):
     # jp_fetch starts the HTTP server the client talks to
-    client = SandboxClient(f"http://localhost:{jp_http_port}{jp_base_url}", jp_serverapp.identity_provider.token)
+    client = SandboxClient(
+        f"http://localhost:{jp_http_port}{jp_base_url}", jp_serverapp.identity_provider.token
+    )
     info = await client.create(ttl_seconds=120, consumer="client-test")
     sid = info["id"]
     try:

@@ -17,7 +17,9 @@ async def test_output_is_compressed_when_the_connection_negotiated_it(jp_ws_fetc
     assert status == 201, info
     size = 8 << 20
     ws = await jp_ws_fetch("api", "sandbox", "sessions", info["id"], "exec", "ws", compression_options={})
-    assert "permessage-deflate" in ws.headers.get("Sec-WebSocket-Extensions", ""), "compression not negotiated"
+    assert "permessage-deflate" in ws.headers.get("Sec-WebSocket-Extensions", ""), (
+        "compression not negotiated"
+    )
     argv = ["sh", "-c", f"head -c {size} /dev/zero; echo done >&2"]
     await ws.write_message(json.dumps({"type": "start", "argv": argv, "timeout_seconds": 60}))
     out, err, final, notes = await read_all(ws, seconds=60)

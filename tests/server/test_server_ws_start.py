@@ -22,7 +22,9 @@ def jp_server_config(tmp_path):
     )  # fmt: skip
 
 
-async def test_a_command_that_wrote_past_the_ring_before_its_start_answered_loses_no_byte(jp_fetch, jp_ws_fetch):
+async def test_a_command_that_wrote_past_the_ring_before_its_start_answered_loses_no_byte(
+    jp_fetch, jp_ws_fetch
+):
     _, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120})
     ws = await jp_ws_fetch("api", "sandbox", "sessions", info["id"], "exec", "ws")
     script = f"head -c {SIZE} /dev/zero; echo done >&2"
@@ -39,7 +41,9 @@ async def test_the_python_clients_one_shot_over_the_websocket_gets_every_byte(
     url = f"http://localhost:{jp_http_port}{jp_base_url}"
     client = SandboxClient(url, token=jp_serverapp.identity_provider.token)
     try:
-        remote = await client.exec_start(info["id"], ["head", "-c", str(SIZE), "/dev/zero"], timeout_seconds=60)
+        remote = await client.exec_start(
+            info["id"], ["head", "-c", str(SIZE), "/dev/zero"], timeout_seconds=60
+        )
         got = 0
         async for item in remote.output:
             got += len(getattr(item, "data", b""))

@@ -41,7 +41,9 @@ def test_a_new_expiry_is_durable_and_the_reaper_honours_it(kind, tmp_path, pool)
         assert session.id not in await first.reap()
         again = await second.get(session.id)
         assert (await again.info()).expires_at == pytest.approx(longer, abs=0.01)
-        assert [i.expires_at for i in await second.list() if i.id == session.id] == [pytest.approx(longer, abs=0.01)]
+        assert [i.expires_at for i in await second.list() if i.id == session.id] == [
+            pytest.approx(longer, abs=0.01)
+        ]
         result = await again.exec(["sh", "-c", "echo alive"], timeout_seconds=20)
         assert result.stdout == b"alive\n"
         # shortened: now the reaper takes it, in the provider that did not make the change too
@@ -77,7 +79,9 @@ def test_docker_ttl_records_are_one_per_session_and_go_with_it(tmp_path, monkeyp
         for ttl in (120, 180, 90):
             await session.set_expiry(created + ttl)
         assert len(records(session.id)) == 1  # each change replaced the older record
-        assert (await (await sandbox.get(session.id)).info()).expires_at == pytest.approx(created + 90, abs=0.01)
+        assert (await (await sandbox.get(session.id)).info()).expires_at == pytest.approx(
+            created + 90, abs=0.01
+        )
         await session.destroy()
         assert records(session.id) == []
         # a record whose session is gone (removed behind the provider's back) is swept by a reap
@@ -113,8 +117,9 @@ def jp_server_config(provider, tmp_path):
 
 
 async def test_patch_sets_the_ttl_within_the_operators_maximum(jp_fetch, provider):
-    status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60},
-                              headers=as_user("alice"))
+    status, info = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60}, headers=as_user("alice")
+    )
     assert status == 201, info
     sid, created = info["id"], info["created_at"]
 
@@ -136,7 +141,13 @@ async def test_patch_sets_the_ttl_within_the_operators_maximum(jp_fetch, provide
     # an end already past
     status, body = await patch({"ttl_seconds": 0.001})
     assert status == 400 and "ago" in body["message"]
-    for bad in ({"ttl_seconds": "1h"}, {"ttl_seconds": -5}, {}, {"ttl_seconds": 100, "extra": 1}, {"ttl_seconds": True}):
+    for bad in (
+        {"ttl_seconds": "1h"},
+        {"ttl_seconds": -5},
+        {},
+        {"ttl_seconds": 100, "extra": 1},
+        {"ttl_seconds": True},
+    ):
         status, body = await patch(bad)
         assert status == 400, (bad, body)
     status, seen = await call(jp_fetch, "sessions", sid, headers=as_user("alice"))

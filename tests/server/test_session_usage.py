@@ -21,8 +21,12 @@ def test_usage_on_each_provider(provider, tmp_path):
         session = await sandbox.create(spec)
         try:
             result = await session.exec(
-                ["sh", "-c", "mkdir -p d && head -c 3000000 /dev/urandom > d/big && i=0; "
-                 "while [ $i -lt 20000 ]; do i=$((i+1)); done"],
+                [
+                    "sh",
+                    "-c",
+                    "mkdir -p d && head -c 3000000 /dev/urandom > d/big && i=0; "
+                    "while [ $i -lt 20000 ]; do i=$((i+1)); done",
+                ],
                 timeout_seconds=60,
             )
             assert result.exit_code == 0, result
@@ -65,8 +69,14 @@ async def test_get_session_includes_usage(jp_fetch, provider):
     status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120})
     assert status == 201, info
     sid = info["id"]
-    status, _ = await call(jp_fetch, "sessions", sid, "exec", method="POST",
-                           body={"argv": ["sh", "-c", "head -c 100000 /dev/zero > f"], "timeout_seconds": 30})
+    status, _ = await call(
+        jp_fetch,
+        "sessions",
+        sid,
+        "exec",
+        method="POST",
+        body={"argv": ["sh", "-c", "head -c 100000 /dev/zero > f"], "timeout_seconds": 30},
+    )
     assert status == 200
     status, seen = await call(jp_fetch, "sessions", sid)
     assert status == 200 and set(seen["usage"]) == set(USAGE_FIELDS)

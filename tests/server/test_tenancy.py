@@ -37,8 +37,9 @@ def jp_server_config(provider, tmp_path, monkeypatch):
 
 
 async def create(jp_fetch, user, **spec):
-    status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 300, **spec},
-                              headers=as_user(user))
+    status, info = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 300, **spec}, headers=as_user(user)
+    )
     assert status == 201, info
     return info
 
@@ -58,26 +59,38 @@ async def test_another_users_session_answers_404_on_every_route(jp_fetch, jp_ws_
         ("POST", ("fork",), None),
         ("DELETE", (), None),
     ):
-        status, answer = await call(jp_fetch, "sessions", sid, *parts, method=method, body=body,
-                                    headers=as_user("bob"))
-        unknown = await call(jp_fetch, "sessions", "sbx-0000000000000000", *parts, method=method, body=body,
-                             headers=as_user("bob"))
+        status, answer = await call(
+            jp_fetch, "sessions", sid, *parts, method=method, body=body, headers=as_user("bob")
+        )
+        unknown = await call(
+            jp_fetch,
+            "sessions",
+            "sbx-0000000000000000",
+            *parts,
+            method=method,
+            body=body,
+            headers=as_user("bob"),
+        )
         assert (status, answer["error"]) == (404, "SandboxNotFoundError"), (method, parts, answer)
         assert unknown[0] == 404 and unknown[1]["error"] == answer["error"]  # no existence oracle
     with pytest.raises(HTTPClientError) as refused:
         await jp_ws_fetch("api", "sandbox", "sessions", sid, "exec", "ws", headers=as_user("bob"))
     assert refused.value.code == 404
     # bob's list does not show it; alice's and the admin's do
-    listed = {u: [s["id"] for s in (await call(jp_fetch, "sessions", headers=as_user(u)))[1]["sessions"]]
-              for u in ("alice", "bob", "admin")}
+    listed = {
+        u: [s["id"] for s in (await call(jp_fetch, "sessions", headers=as_user(u)))[1]["sessions"]]
+        for u in ("alice", "bob", "admin")
+    }
     assert sid in listed["alice"] and sid not in listed["bob"] and sid in listed["admin"]
     # the session is untouched: alice still uses it, the admin manages it
-    status, result = await call(jp_fetch, "sessions", sid, "exec", method="POST", body=exec_body,
-                                headers=as_user("alice"))
+    status, result = await call(
+        jp_fetch, "sessions", sid, "exec", method="POST", body=exec_body, headers=as_user("alice")
+    )
     assert (status, result["stdout"]) == (200, "hi\n")
     assert (await call(jp_fetch, "sessions", sid, "files", "planted.txt", headers=as_user("alice")))[0] == 404
-    status, result = await call(jp_fetch, "sessions", sid, "exec", method="POST", body=exec_body,
-                                headers=as_user("admin"))
+    status, result = await call(
+        jp_fetch, "sessions", sid, "exec", method="POST", body=exec_body, headers=as_user("admin")
+    )
     assert status == 200
     assert (await call(jp_fetch, "sessions", sid, method="DELETE", headers=as_user("admin")))[0] == 204
 
@@ -94,16 +107,25 @@ async def test_the_owners_websocket_works(jp_fetch, jp_ws_fetch):
 
 
 async def test_a_consumer_label_is_bound_to_the_caller(jp_fetch):
-    status, body = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:word_count"},
-                              headers=as_user("alice"))
+    status, body = await call(
+        jp_fetch, "sessions", method="POST", body={"consumer": "tool:word_count"}, headers=as_user("alice")
+    )
     assert (status, body["error"]) == (403, "SandboxForbiddenError") and "tool:word_count" in body["message"]
-    status, body = await call(jp_fetch, "sessions", method="POST", body={"owner": "bob"}, headers=as_user("alice"))
+    status, body = await call(
+        jp_fetch, "sessions", method="POST", body={"owner": "bob"}, headers=as_user("alice")
+    )
     assert (status, body["error"]) == (403, "SandboxForbiddenError")
     # the admin may name a consumer, and that session gets the consumer's credential
     info = await create(jp_fetch, "admin", consumer="tool:word_count")
-    status, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
-                                body={"argv": ["sh", "-c", "echo $WORD_COUNT_TOKEN"], "timeout_seconds": 5},
-                                headers=as_user("admin"))
+    status, result = await call(
+        jp_fetch,
+        "sessions",
+        info["id"],
+        "exec",
+        method="POST",
+        body={"argv": ["sh", "-c", "echo $WORD_COUNT_TOKEN"], "timeout_seconds": 5},
+        headers=as_user("admin"),
+    )
     assert result["stdout"] == "s3cret-value\n"
     await call(jp_fetch, "sessions", info["id"], method="DELETE", headers=as_user("admin"))
 
@@ -116,15 +138,24 @@ async def test_status_shows_the_credential_map_to_admins_only(jp_fetch):
 
 
 async def test_operator_limits_refuse_instead_of_clamping(jp_fetch):
-    status, body = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 1e308},
-                              headers=as_user("alice"))
+    status, body = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 1e308}, headers=as_user("alice")
+    )
     assert status == 400 and "max_ttl_seconds" in body["message"]
-    status, body = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 10**400},
-                              headers=as_user("alice"))
+    status, body = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 10**400}, headers=as_user("alice")
+    )
     assert status == 400 and body["error"] in ("SandboxSpecRejectedError", "SandboxRequestError")
     sid = (await create(jp_fetch, "alice"))["id"]
-    status, body = await call(jp_fetch, "sessions", sid, "exec", method="POST",
-                              body={"argv": ["true"], "timeout_seconds": 31}, headers=as_user("alice"))
+    status, body = await call(
+        jp_fetch,
+        "sessions",
+        sid,
+        "exec",
+        method="POST",
+        body={"argv": ["true"], "timeout_seconds": 31},
+        headers=as_user("alice"),
+    )
     assert (status, body["error"], body["field"]) == (400, "SandboxRequestError", "timeout_seconds")
     assert "max_timeout_seconds" in body["message"]
     await call(jp_fetch, "sessions", sid, method="DELETE", headers=as_user("alice"))
@@ -133,7 +164,9 @@ async def test_operator_limits_refuse_instead_of_clamping(jp_fetch):
 async def test_a_user_holds_at_most_max_sessions_per_user(jp_fetch):
     ids = [(await create(jp_fetch, "alice"))["id"] for _ in range(3)]
     status, body = await call(jp_fetch, "sessions", method="POST", body={}, headers=as_user("alice"))
-    assert (status, body["error"]) == (429, "SandboxQuotaError") and "max_sessions_per_user" in body["message"]
+    assert (status, body["error"]) == (429, "SandboxQuotaError") and "max_sessions_per_user" in body[
+        "message"
+    ]
     # another user is not held back by alice's sessions
     bob = await create(jp_fetch, "bob")
     for sid in ids:
@@ -144,30 +177,71 @@ async def test_a_user_holds_at_most_max_sessions_per_user(jp_fetch):
 async def test_removing_a_workspace_in_use_is_refused(jp_fetch):
     first = await create(jp_fetch, "alice", durability="persistent", workspace_key="shared-key")
     second = await create(jp_fetch, "alice", durability="persistent", workspace_key="shared-key")
-    status, body = await call(jp_fetch, "sessions", first["id"], method="DELETE",
-                              params={"remove_workspace": "1"}, headers=as_user("alice"))
+    status, body = await call(
+        jp_fetch,
+        "sessions",
+        first["id"],
+        method="DELETE",
+        params={"remove_workspace": "1"},
+        headers=as_user("alice"),
+    )
     assert (status, body["error"]) == (409, "SandboxConflictError") and "shared-key" in body["message"]
     # nothing was destroyed by the refusal
     assert (await call(jp_fetch, "sessions", first["id"], headers=as_user("alice")))[0] == 200
     await call(jp_fetch, "sessions", second["id"], method="DELETE", headers=as_user("alice"))
-    assert (await call(jp_fetch, "sessions", first["id"], method="DELETE", params={"remove_workspace": "1"},
-                       headers=as_user("alice")))[0] == 204
+    assert (
+        await call(
+            jp_fetch,
+            "sessions",
+            first["id"],
+            method="DELETE",
+            params={"remove_workspace": "1"},
+            headers=as_user("alice"),
+        )
+    )[0] == 204
 
 
 async def test_another_users_workspace_key_is_not_found(jp_fetch):
     alice = await create(jp_fetch, "alice", durability="persistent", workspace_key="alices-data")
-    await call(jp_fetch, "sessions", alice["id"], "files", "secret.txt", method="PUT", raw=b"alice's",
-               headers=as_user("alice"))
-    status, body = await call(jp_fetch, "sessions", method="POST", headers=as_user("bob"),
-                              body={"durability": "persistent", "workspace_key": "alices-data"})
+    await call(
+        jp_fetch,
+        "sessions",
+        alice["id"],
+        "files",
+        "secret.txt",
+        method="PUT",
+        raw=b"alice's",
+        headers=as_user("alice"),
+    )
+    status, body = await call(
+        jp_fetch,
+        "sessions",
+        method="POST",
+        headers=as_user("bob"),
+        body={"durability": "persistent", "workspace_key": "alices-data"},
+    )
     assert (status, body["error"]) == (404, "SandboxNotFoundError"), body
     # bob's refusal neither mounted nor touched it; the admin may name alice as the owner
-    admin = await create(jp_fetch, "admin", durability="persistent", workspace_key="alices-data", owner="alice")
+    admin = await create(
+        jp_fetch, "admin", durability="persistent", workspace_key="alices-data", owner="alice"
+    )
     assert await call(jp_fetch, "sessions", admin["id"], "files", "secret.txt", headers=as_user("admin")) == (
-        200, b"alice's")
-    assert (await call(jp_fetch, "sessions", alice["id"], method="DELETE", headers=as_user("alice")))[0] == 204
-    assert (await call(jp_fetch, "sessions", admin["id"], method="DELETE", params={"remove_workspace": "1"},
-                       headers=as_user("admin")))[0] == 204
+        200,
+        b"alice's",
+    )
+    assert (await call(jp_fetch, "sessions", alice["id"], method="DELETE", headers=as_user("alice")))[
+        0
+    ] == 204
+    assert (
+        await call(
+            jp_fetch,
+            "sessions",
+            admin["id"],
+            method="DELETE",
+            params={"remove_workspace": "1"},
+            headers=as_user("admin"),
+        )
+    )[0] == 204
 
 
 WORD_COUNT = {
@@ -178,10 +252,19 @@ WORD_COUNT = {
 
 
 async def test_replacing_a_fenced_preset_needs_the_fence(jp_fetch):
-    assert (await call(jp_fetch, "tools", "counter", method="PUT", body=WORD_COUNT, headers=as_user("admin")))[0] == 201
+    assert (
+        await call(jp_fetch, "tools", "counter", method="PUT", body=WORD_COUNT, headers=as_user("admin"))
+    )[0] == 201
     over_status = {"base": "sandbox_status", "description": "harmless?"}
-    status, body = await call(jp_fetch, "tools", "counter", method="PUT", body=over_status,
-                              params={"replace": "1"}, headers=as_user("alice"))
+    status, body = await call(
+        jp_fetch,
+        "tools",
+        "counter",
+        method="PUT",
+        body=over_status,
+        params={"replace": "1"},
+        headers=as_user("alice"),
+    )
     assert (status, body["error"]) == (403, "ToolAccessDeniedError")
     _, stored = await call(jp_fetch, "tools", "counter", headers=as_user("alice"))
     assert stored["base"] == "sandbox_exec"

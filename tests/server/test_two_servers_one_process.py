@@ -27,12 +27,18 @@ FOUR_MIB = 4 << 20
 
 
 def make_app(tmp_path, name: str, *, spill: int, ceiling: float, per_user: int) -> SandboxApp:
-    config = Config({
-        "SandboxApp": {"provider": "local", "presets_path": str(tmp_path / f"{name}-presets.json"),
-                       "max_spill_bytes": spill, "max_live_commands_per_user": per_user},
-        "SandboxPolicy": {"isolation": "none", "max_timeout_seconds": ceiling},
-        "LocalSandbox": {"root": str(tmp_path / name), "output_memory_limit": 256 << 10},
-    })
+    config = Config(
+        {
+            "SandboxApp": {
+                "provider": "local",
+                "presets_path": str(tmp_path / f"{name}-presets.json"),
+                "max_spill_bytes": spill,
+                "max_live_commands_per_user": per_user,
+            },
+            "SandboxPolicy": {"isolation": "none", "max_timeout_seconds": ceiling},
+            "LocalSandbox": {"root": str(tmp_path / name), "output_memory_limit": 256 << 10},
+        }
+    )
     app = SandboxApp(config=config)
     app.initialize_settings()
     return app

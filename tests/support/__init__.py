@@ -21,8 +21,10 @@ TOP_LEVEL = "TAI_SANDBOX_TEST_RUN" not in os.environ
 #: one id for the whole run, shared by its workers
 RUN_ID = os.environ.setdefault("TAI_SANDBOX_TEST_RUN", secrets.token_hex(5))
 #: this process's part of the run: an xdist worker (gw0...), the serial group, or main
-PART = os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("TAI_SANDBOX_TEST_PART") or (
-    "main" if TOP_LEVEL else f"nested-{secrets.token_hex(3)}"
+PART = (
+    os.environ.get("PYTEST_XDIST_WORKER")
+    or os.environ.get("TAI_SANDBOX_TEST_PART")
+    or ("main" if TOP_LEVEL else f"nested-{secrets.token_hex(3)}")
 )
 #: this process's deployment scope (DockerSandbox.deployment), inherited by every server it starts: the
 #: parts never see, reap or touch each other's sessions, nor anyone else's on a shared engine

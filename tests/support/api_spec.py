@@ -13,7 +13,9 @@ from referencing.jsonschema import DRAFT202012
 SPEC = yaml.safe_load(files("jupyter_tai_sandbox").joinpath("api.yaml").read_text())
 
 
-REGISTRY = Registry().with_resource("urn:api", Resource.from_contents(SPEC, default_specification=DRAFT202012))
+REGISTRY = Registry().with_resource(
+    "urn:api", Resource.from_contents(SPEC, default_specification=DRAFT202012)
+)
 
 
 METHODS = ("get", "post", "put", "delete", "patch")

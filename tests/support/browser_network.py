@@ -58,10 +58,15 @@ class BrowserNetwork:
         self.listeners: dict[int, socket.socket] = {}
         subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
         try:
-            subprocess.run(["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"],
+                check=True,
+                capture_output=True,
+            )
             self.chromium = root / "chromium-in-netns"
-            self.chromium.write_text(f'#!/bin/sh\nexec ip netns exec {self.name} {shlex.quote(chromium)} "$@"\n')
+            self.chromium.write_text(
+                f'#!/bin/sh\nexec ip netns exec {self.name} {shlex.quote(chromium)} "$@"\n'
+            )
             self.chromium.chmod(0o755)
         except BaseException:
             self.close()
@@ -132,7 +137,9 @@ def available() -> bool:
 
 def leftover_namespaces() -> list[str]:
     """This run's browser namespaces that still exist (each is removed with its browser)."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if available() else ""
+    listed = (
+        subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if available() else ""
+    )
     return [f"netns {line.split()[0]}" for line in listed.splitlines() if line.startswith(NAME_PREFIX)]
 
 

@@ -65,7 +65,7 @@ RUN_LABEL = {f"{LABEL}.test-run": f"{RUN_ID}-{PART}"}
 def leftovers(client) -> list[str]:
     """Containers, volumes and forks' images this test run made, and idle networks of its deployment, that
     still exist."""
-    (key, value), = RUN_LABEL.items()
+    ((key, value),) = RUN_LABEL.items()
     mine = {"label": f"{key}={value}"}
     found = [f"container {c.name}" for c in client.containers.list(all=True, filters=mine)]
     found += [f"volume {v.name}" for v in client.volumes.list(filters=mine)]
@@ -88,15 +88,23 @@ def run_leftovers(client) -> list[str]:
 
     def ours(labels: dict[str, str] | None) -> bool:
         labels = labels or {}
-        return labels.get(key, "").startswith(f"{RUN_ID}-") or labels.get(deployment, "").startswith(RUN_PREFIX)
+        return labels.get(key, "").startswith(f"{RUN_ID}-") or labels.get(deployment, "").startswith(
+            RUN_PREFIX
+        )
 
     # the low-level listing (one call, labels included): another run may remove a container between a
     # listing and a look at it
-    containers = {c["Id"]: c for flt in (key, deployment) for c in client.api.containers(all=True, filters={"label": flt})}
+    containers = {
+        c["Id"]: c
+        for flt in (key, deployment)
+        for c in client.api.containers(all=True, filters={"label": flt})
+    }
     found = [f"container {c['Names'][0].lstrip('/')}" for c in containers.values() if ours(c.get("Labels"))]
     volumes = {v.name: v for flt in (key, deployment) for v in client.volumes.list(filters={"label": flt})}
     found += [f"volume {name}" for name, v in volumes.items() if ours(v.attrs.get("Labels"))]
-    images = {i.id: i for flt in (key, deployment) for i in client.images.list(filters={"label": [flt, LABEL_FORK]})}
+    images = {
+        i.id: i for flt in (key, deployment) for i in client.images.list(filters={"label": [flt, LABEL_FORK]})
+    }
     found += [f"image {', '.join(i.tags) or i.id}" for i in images.values() if ours(i.labels)]
     for network in client.networks.list(filters={"label": deployment}):
         labels = network.attrs.get("Labels") or {}
@@ -134,7 +142,9 @@ def remove_deployment(client, deployment: str) -> None:
     for volume in client.volumes.list(filters=mine):
         with contextlib.suppress(NotFound):
             volume.remove(force=True)
-    for image in sorted(client.images.list(filters=mine), key=lambda i: i.attrs.get("Created", ""), reverse=True):
+    for image in sorted(
+        client.images.list(filters=mine), key=lambda i: i.attrs.get("Created", ""), reverse=True
+    ):
         with contextlib.suppress(NotFound):  # forks' images, the latest first (an image under another waits)
             client.images.remove(image.id, force=True)
     for network in client.networks.list(filters=mine):
@@ -152,7 +162,8 @@ def firewall_rules() -> set[str]:
             continue
         listed = subprocess.run([exe, "-w", "-S"], capture_output=True, text=True, check=False)
         rules |= {
-            f"{tool} {line}" for line in listed.stdout.splitlines()
+            f"{tool} {line}"
+            for line in listed.stdout.splitlines()
             if "tai-sbx:" in line or line.startswith(f"-N {CHAIN_PREFIX}")
         }
     return rules
@@ -248,7 +259,10 @@ def start_engine() -> None:
                     os.unlink(PIDFILE)
             with open(ENGINE_LOG, "ab") as log:
                 started = subprocess.Popen(
-                    ["nohup", "dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    ["nohup", "dockerd"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
         time.sleep(1)
@@ -315,7 +329,9 @@ def plant_foreign_sessions() -> dict[str, list[str]] | None:
         try:
             internal = await sandbox.create(SessionSpec(ttl_seconds=1, network="internal", owner="alice"))
             durable = await sandbox.create(
-                SessionSpec(ttl_seconds=1, durability="persistent", workspace_key=FOREIGN_WORKSPACE_KEY, owner="alice")
+                SessionSpec(
+                    ttl_seconds=1, durability="persistent", workspace_key=FOREIGN_WORKSPACE_KEY, owner="alice"
+                )
             )
             await durable.put_file("secret.txt", b"alice's")
             return {
@@ -339,7 +355,11 @@ def foreign_survivors(planted: dict[str, list[str]]) -> list[str]:
     client = docker.from_env(version="auto", timeout=120)
     missing = []
     try:
-        for kind, getter in (("containers", client.containers), ("volumes", client.volumes), ("networks", client.networks)):
+        for kind, getter in (
+            ("containers", client.containers),
+            ("volumes", client.volumes),
+            ("networks", client.networks),
+        ):
             for name in planted[kind]:
                 try:
                     getter.get(name)

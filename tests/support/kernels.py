@@ -58,7 +58,9 @@ def notebook() -> Any:
 
 
 def stdout(cell: Any) -> str:
-    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+    return "".join(
+        o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout"
+    )
 
 
 def install_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str, name: str = "sbx-test") -> str:

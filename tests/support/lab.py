@@ -223,8 +223,10 @@ def browser(browser_prerequisites: None, tmp_path_factory: pytest.TempPathFactor
             network = browser_network.BrowserNetwork(tmp_path_factory.mktemp("chromium"), CHROMIUM)
             executable = str(network.chromium)
         except (OSError, subprocess.CalledProcessError) as e:
-            warnings.warn(f"chromium runs on the host's network (Docker's churn may abort its requests): {e}",
-                          stacklevel=2)
+            warnings.warn(
+                f"chromium runs on the host's network (Docker's churn may abort its requests): {e}",
+                stacklevel=2,
+            )
     browser_network.current = network
     try:
         with sync_playwright() as p:
@@ -278,12 +280,16 @@ def load_lab(page: Any, url: str | None = None) -> None:
         else:
             page.goto(url)
         page.wait_for_function(
-            f"() => document.body.dataset.jpThemeName || document.querySelector('{THEME_ERROR}')", timeout=90_000
+            f"() => document.body.dataset.jpThemeName || document.querySelector('{THEME_ERROR}')",
+            timeout=90_000,
         )
         if attempt == attempts or page.locator(THEME_ERROR).count() == 0:
             return
-        warnings.warn(f"JupyterLab could not load its theme (load {attempt}); page loaded again. "
-                      f"Failed requests: {failed}", stacklevel=2)
+        warnings.warn(
+            f"JupyterLab could not load its theme (load {attempt}); page loaded again. "
+            f"Failed requests: {failed}",
+            stacklevel=2,
+        )
         failed.clear()
         time.sleep(0.5 * attempt)
 

@@ -23,8 +23,23 @@ from jupyter_client import AsyncKernelManager, BlockingKernelClient
 
 from tests.support import REPO, free_port
 
-__all__ = ["ANSI", "LOCAL_ARGS", "REPO", "Kernel", "LiveServer", "Run", "ServerKernelManager", "free_port",
-           "local_server", "magics_kernel", "proc_gone", "processes_marked", "sandbox_server", "wait_for", "wait_for_connection_file"]
+__all__ = [
+    "ANSI",
+    "LOCAL_ARGS",
+    "REPO",
+    "Kernel",
+    "LiveServer",
+    "Run",
+    "ServerKernelManager",
+    "free_port",
+    "local_server",
+    "magics_kernel",
+    "proc_gone",
+    "processes_marked",
+    "sandbox_server",
+    "wait_for",
+    "wait_for_connection_file",
+]
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LOCAL_ARGS = ("--SandboxApp.provider=local", "--SandboxPolicy.isolation=none")
@@ -55,9 +70,16 @@ class LiveServer:
     """
 
     def __init__(
-        self, tmp: Path, *, python: str = sys.executable, args: tuple[str, ...] = (),
-        env: dict[str, str] | None = None, root: Path | None = None, keep_sandbox_env: bool = False,
-        log_name: str = "server.log", token: str | None = None,
+        self,
+        tmp: Path,
+        *,
+        python: str = sys.executable,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        root: Path | None = None,
+        keep_sandbox_env: bool = False,
+        log_name: str = "server.log",
+        token: str | None = None,
     ) -> None:
         self.tmp = tmp
         self.python = python
@@ -70,7 +92,8 @@ class LiveServer:
             folder.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp / log_name.format(port=self.port)
         self.env = {
-            k: v for k, v in os.environ.items()
+            k: v
+            for k, v in os.environ.items()
             if keep_sandbox_env or not k.startswith(("TAI_SANDBOX_", "TAI_MCP_"))
         }
         self.env.update(JUPYTER_RUNTIME_DIR=str(self.runtime), JUPYTER_CONFIG_DIR=str(tmp / "config"))
@@ -81,14 +104,27 @@ class LiveServer:
 
     def start(self, wait: float = 90) -> LiveServer:
         command = [
-            self.python, "-m", "jupyter_server", "--no-browser", "--allow-root", f"--port={self.port}",
-            "--ip=127.0.0.1", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={self.root}", *self.args,
+            self.python,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--allow-root",
+            f"--port={self.port}",
+            "--ip=127.0.0.1",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            *self.args,
         ]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            command, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            cwd=self.root, preexec_fn=_default_sigint,
+            command,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            preexec_fn=_default_sigint,
         )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
@@ -132,7 +168,9 @@ class LiveServer:
         """A JSON request to ``path`` (under the server's base URL); raises on 4xx/5xx."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            self.url + path, method=method, data=data,
+            self.url + path,
+            method=method,
+            data=data,
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -146,7 +184,9 @@ class LiveServer:
         if raw is None and body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(f"{self.url}api/sandbox/{path}", data=data, method=method, headers=headers)
+        request = urllib.request.Request(
+            f"{self.url}api/sandbox/{path}", data=data, method=method, headers=headers
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 payload, status, kind = response.read(), response.status, response.headers.get_content_type()
@@ -173,12 +213,17 @@ def sandbox_server(home: Path, provider: str, *extra: str, wait: float = 60) -> 
     (restart one on the same ``home``): the run's deployment scope, a fast reaper, its log in
     ``home/server-<port>.log``."""
     return LiveServer(
-        home, root=home, keep_sandbox_env=True, log_name="server-{port}.log",
+        home,
+        root=home,
+        keep_sandbox_env=True,
+        log_name="server-{port}.log",
         env={"JUPYTER_DATA_DIR": str(home / "data")},
         args=(
             "--ServerApp.jpserver_extensions={'jupyter_tai_sandbox': True}",
-            f"--SandboxApp.provider={provider}", "--SandboxPolicy.isolation=none",
-            f"--LocalSandbox.root={home / 'sandboxes'}", "--SandboxApp.reap_interval=0.5",
+            f"--SandboxApp.provider={provider}",
+            "--SandboxPolicy.isolation=none",
+            f"--LocalSandbox.root={home / 'sandboxes'}",
+            "--SandboxApp.reap_interval=0.5",
             *extra,
         ),
     ).start(wait)

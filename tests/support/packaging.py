@@ -24,8 +24,14 @@ def clean_clone(dest: Path) -> Path:
         if in_ci():
             pytest.fail(f"{REPO} is not a git checkout: the packaging tests build from a clean clone of it")
         pytest.skip(f"{REPO} is not a git checkout: the packaging tests build from a clean clone of it")
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(dest)], check=True, timeout=120)
-    built = [p for p in ("jupyter_tai_sandbox/agent/bin", "jupyter_tai_sandbox/labextension") if (dest / p).exists()]
+    subprocess.run(
+        ["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(dest)], check=True, timeout=120
+    )
+    built = [
+        p
+        for p in ("jupyter_tai_sandbox/agent/bin", "jupyter_tai_sandbox/labextension")
+        if (dest / p).exists()
+    ]
     assert not built, f"a clean clone holds build output: {built}"
     return dest
 
@@ -51,7 +57,9 @@ def only_these_tools(folder: Path, tools: Iterable[str], *first: Path) -> str:
 
 def without_go(path: str) -> str:
     """``path`` without its folders that hold a ``go`` command (a user with no Go installed)."""
-    return os.pathsep.join(d for d in path.split(os.pathsep) if d and not os.path.exists(os.path.join(d, "go")))
+    return os.pathsep.join(
+        d for d in path.split(os.pathsep) if d and not os.path.exists(os.path.join(d, "go"))
+    )
 
 
 def installed_agent_binary(venv_bin: Path, env: dict[str, str], cwd: Path) -> str:
@@ -71,7 +79,9 @@ def serve_one_docker_session(tmp_path: Path, venv_bin: Path, env: dict[str, str]
         tmp_path, python=str(venv_bin / "python"), keep_sandbox_env=True, env=env,
         args=("--SandboxApp.provider=docker", *args),
     )  # fmt: skip
-    server.env = {k: v for k, v in server.env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GO", "NODE"))}
+    server.env = {
+        k: v for k, v in server.env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GO", "NODE"))
+    }
     server.start(wait=120)
     try:
         docker_session_runs_a_command(server)
@@ -96,7 +106,11 @@ def docker_session_runs_a_command(server: LiveServer) -> None:
             {"argv": ["sh", "-c", "echo hello from $(uname -s) in $PWD; exit 3"], "timeout_seconds": 60},
         )  # fmt: skip
         assert status == 200, (status, result, server.log())
-        assert (result["exit_code"], result["stdout"], result["stderr"]) == (3, "hello from Linux in /workspace\n", "")
+        assert (result["exit_code"], result["stdout"], result["stderr"]) == (
+            3,
+            "hello from Linux in /workspace\n",
+            "",
+        )
     finally:
         status, body = server.call("DELETE", f"sessions/{sid}")
     assert status == 204, (status, body)

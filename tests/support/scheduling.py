@@ -169,7 +169,12 @@ class SerialGroup:
         command = [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider", "-q", *self.nodeids]
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                command,
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 pass_fds=(write_end,),
             )
             os.close(write_end)
@@ -177,7 +182,9 @@ class SerialGroup:
             try:
                 with os.fdopen(read_end, "r") as reports:
                     for line in reports:
-                        report = hook.pytest_report_from_serializable(config=self.config, data=json.loads(line))
+                        report = hook.pytest_report_from_serializable(
+                            config=self.config, data=json.loads(line)
+                        )
                         if report.when == "setup":
                             hook.pytest_runtest_logstart(nodeid=report.nodeid, location=report.location)
                         hook.pytest_runtest_logreport(report=report)
@@ -193,7 +200,8 @@ class SerialGroup:
         if unreported or returncode not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             tail = Path(log_path).read_text(errors="replace")[-6000:]
             report_failure(
-                self.config, "tests/support/scheduling.py::the_serial_group_ran",
+                self.config,
+                "tests/support/scheduling.py::the_serial_group_ran",
                 f"the serial group's pytest exited {returncode}; tests it never reported: {unreported}\n"
                 f"its output ({log_path}):\n{tail}",
             )
@@ -291,7 +299,9 @@ class Timeline:
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        busy, total = (after - before for after, before in zip(busy_cpu_seconds(), self.cpu_before, strict=True))
+        busy, total = (
+            after - before for after, before in zip(busy_cpu_seconds(), self.cpu_before, strict=True)
+        )
         idle = ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in sorted(self.idle_at.items()))
         share = f"{100 * busy / total:.0f}%" if total else "unknown"
         terminalreporter.write_line(

@@ -38,13 +38,23 @@ def provider(request) -> str:
 
 def sandbox_app(jp_serverapp):
     """The running SandboxApp of a test server."""
-    return jp_serverapp.extension_manager.extensions["jupyter_tai_sandbox"].extension_points[
-        "jupyter_tai_sandbox"
-    ].app
+    return (
+        jp_serverapp.extension_manager.extensions["jupyter_tai_sandbox"]
+        .extension_points["jupyter_tai_sandbox"]
+        .app
+    )
 
 
-async def call(jp_fetch, *parts: str, method: str = "GET", body: Any = None, params=None, raw: bytes | None = None,
-               headers=None, **kwargs: Any):
+async def call(
+    jp_fetch,
+    *parts: str,
+    method: str = "GET",
+    body: Any = None,
+    params=None,
+    raw: bytes | None = None,
+    headers=None,
+    **kwargs: Any,
+):
     """A request to /api/sandbox/...; returns (status, parsed JSON or bytes), never raising on 4xx/5xx."""
     kwargs.update(method=method, params=params or {}, headers=headers or {})
     if raw is not None:
@@ -72,7 +82,11 @@ async def fetch_raw_path(port: int, base_url: str, path: str, token: str, method
     url = f"http://localhost:{port}{base_url.rstrip('/')}/{path.lstrip('/')}"
     try:
         response = await AsyncHTTPClient().fetch(
-            url, method=method, body=body, headers={"Authorization": f"token {token}"}, allow_nonstandard_methods=True
+            url,
+            method=method,
+            body=body,
+            headers={"Authorization": f"token {token}"},
+            allow_nonstandard_methods=True,
         )
     except HTTPClientError as e:
         response = e.response

@@ -50,7 +50,9 @@ def script(*args: str, check: bool = True, limit: float = SCRIPT_LIMIT) -> subpr
         ["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=limit, check=False
     )
     if check and done.returncode != 0:
-        raise RuntimeError(f".ci/swarm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        raise RuntimeError(
+            f".ci/swarm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
     return done
 
 
@@ -68,7 +70,9 @@ def leftovers_on_host() -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "/run/tai-sw/" in cmdline or ("tai-swarm-" in cmdline and ("containerd" in cmdline or "dockerd" in cmdline)):
+        if "/run/tai-sw/" in cmdline or (
+            "tai-swarm-" in cmdline and ("containerd" in cmdline or "dockerd" in cmdline)
+        ):
             found.append(f"process {pid}: {cmdline[:120]}")
     if ROOT.exists():
         found.append(f"folder {ROOT}")
@@ -84,7 +88,9 @@ EXTRA_ENGINES = in_ci() or os.environ.get("TAI_SANDBOX_EXTRA_ENGINES", "") == "1
 def running_swarm() -> Iterator[None]:
     """Start the swarm (after clearing one a dead run left behind); always tear it down."""
     if not EXTRA_ENGINES:
-        pytest.skip("starts a three-engine swarm in network namespaces: set TAI_SANDBOX_EXTRA_ENGINES=1 (CI runs it)")
+        pytest.skip(
+            "starts a three-engine swarm in network namespaces: set TAI_SANDBOX_EXTRA_ENGINES=1 (CI runs it)"
+        )
     reason = _unable()
     if reason is not None:
         if in_ci():

@@ -26,9 +26,19 @@ from tests.support.mcp import (
 from tests.support.server import sandbox_app, server_config
 
 SESSION_TOOLS = {
-    "session_create", "session_exec", "session_exec_start", "session_exec_poll", "session_exec_kill",
-    "session_read_file", "session_write_file", "session_list_files", "session_destroy", "session_status",
-    "session_pause", "session_resume", "session_fork",
+    "session_create",
+    "session_exec",
+    "session_exec_start",
+    "session_exec_poll",
+    "session_exec_kill",
+    "session_read_file",
+    "session_write_file",
+    "session_list_files",
+    "session_destroy",
+    "session_status",
+    "session_pause",
+    "session_resume",
+    "session_fork",
 }
 
 
@@ -71,7 +81,13 @@ async def test_initialize_and_tools_list_with_preset_schemas(url, as_user):
     async with mcp_client(url, as_user("alice")) as client:
         assert client.session.server_capabilities.tools.list_changed is True
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert SESSION_TOOLS | {"sandbox_exec", "sandbox_status", "word_count", "preset_put", "preset_remove"} <= set(tools)
+    assert SESSION_TOOLS | {
+        "sandbox_exec",
+        "sandbox_status",
+        "word_count",
+        "preset_put",
+        "preset_remove",
+    } <= set(tools)
     assert tools["word_count"].input_schema == WORD_COUNT["input_schema"]
     assert tools["word_count"].description.startswith("Count the words in a text.")
     assert tools["sandbox_exec"].input_schema["oneOf"] == [{"required": ["argv"]}, {"required": ["script"]}]
@@ -111,23 +127,41 @@ async def test_a_session_a_command_and_a_file_round_trip(url, as_user, audit):
         ran = data(await client.call_tool("session_exec", {"session_id": sid, "argv": ["echo", "hello"]}))
         assert ran["exit_code"] == 0 and ran["stdout"] == "hello\n" and ran["stdout_bytes"] == 6
         assert ran["truncated"] is False
-        ran = data(await client.call_tool("session_exec", {
-            "session_id": sid, "script": "cat; echo err >&2; exit 3", "stdin": "from stdin"}))
+        ran = data(
+            await client.call_tool(
+                "session_exec",
+                {"session_id": sid, "script": "cat; echo err >&2; exit 3", "stdin": "from stdin"},
+            )
+        )
         assert (ran["exit_code"], ran["stdout"], ran["stderr"]) == (3, "from stdin", "err\n")
         # the credential the policy injects for alice is scrubbed from what the agent reads
-        ran = data(await client.call_tool("session_exec", {"session_id": sid, "script": "echo $WORD_COUNT_TOKEN"}))
+        ran = data(
+            await client.call_tool("session_exec", {"session_id": sid, "script": "echo $WORD_COUNT_TOKEN"})
+        )
         assert ran["stdout"] == "[scrubbed]\n" and ran["stdout_bytes"] == len("s3cret-value\n")
-        written = data(await client.call_tool("session_write_file", {
-            "session_id": sid, "path": "data/notes.txt", "content": "héllo\nworld\n"}))
+        written = data(
+            await client.call_tool(
+                "session_write_file",
+                {"session_id": sid, "path": "data/notes.txt", "content": "héllo\nworld\n"},
+            )
+        )
         assert written["size"] == len("héllo\nworld\n".encode())
-        read = data(await client.call_tool("session_read_file", {"session_id": sid, "path": "data/notes.txt"}))
+        read = data(
+            await client.call_tool("session_read_file", {"session_id": sid, "path": "data/notes.txt"})
+        )
         assert read["content"] == "héllo\nworld\n" and read["truncated"] is False
-        raw = data(await client.call_tool("session_read_file", {
-            "session_id": sid, "path": "data/notes.txt", "encoding": "base64", "max_bytes": 3}))
+        raw = data(
+            await client.call_tool(
+                "session_read_file",
+                {"session_id": sid, "path": "data/notes.txt", "encoding": "base64", "max_bytes": 3},
+            )
+        )
         assert raw["content"] == "aMOp" and raw["truncated"] is True
         listed = data(await client.call_tool("session_list_files", {"session_id": sid, "path": "data"}))
         assert [e["name"] for e in listed["entries"]] == ["notes.txt"]
-        ran = data(await client.call_tool("session_exec", {"session_id": sid, "argv": ["cat", "data/notes.txt"]}))
+        ran = data(
+            await client.call_tool("session_exec", {"session_id": sid, "argv": ["cat", "data/notes.txt"]})
+        )
         assert ran["stdout"] == "héllo\nworld\n"
         status = data(await client.call_tool("session_status", {}))
         assert [s["id"] for s in status["sessions"]] == [sid] and status["provider"]["kind"] == "local"
@@ -136,8 +170,15 @@ async def test_a_session_a_command_and_a_file_round_trip(url, as_user, audit):
         gone = refusal(await client.call_tool("session_status", {"session_id": sid}))
         assert gone["error"] == "SandboxNotFoundError"
     by_tool = {r["tool"]: r for r in audit}
-    assert by_tool["session_create"] == {"user": "alice", "tool": "session_create", "session": sid, "outcome": "ok"}
-    assert by_tool["session_exec"]["session"] == sid and by_tool["session_exec"]["outcome"].startswith("ok exit_code=")
+    assert by_tool["session_create"] == {
+        "user": "alice",
+        "tool": "session_create",
+        "session": sid,
+        "outcome": "ok",
+    }
+    assert by_tool["session_exec"]["session"] == sid and by_tool["session_exec"]["outcome"].startswith(
+        "ok exit_code="
+    )
     assert audit[-1]["outcome"] == "error SandboxNotFoundError"
     assert "s3cret-value" not in json.dumps(audit)
 
@@ -146,8 +187,12 @@ async def test_long_output_is_cut_with_a_marker_and_counts(url, as_user, jp_serv
     sandbox_app(jp_serverapp).mcp_door.max_output_bytes = 1000
     async with mcp_client(url, as_user("alice")) as client:
         sid = data(await client.call_tool("session_create", {}))["id"]
-        ran = data(await client.call_tool("session_exec", {
-            "session_id": sid, "script": "i=0; while [ $i -lt 500 ]; do echo line$i; i=$((i+1)); done"}))
+        ran = data(
+            await client.call_tool(
+                "session_exec",
+                {"session_id": sid, "script": "i=0; while [ $i -lt 500 ]; do echo line$i; i=$((i+1)); done"},
+            )
+        )
         assert ran["truncated"] is True and ran["stdout_truncated"] is True
         assert ran["stdout_bytes"] > 3000 and "bytes truncated" in ran["stdout"]
         assert ran["stdout"].startswith("line0\n") and ran["stdout"].endswith("line499\n")
@@ -162,11 +207,18 @@ async def test_a_preset_runs_for_the_admin_and_the_fence_refuses_others(url, as_
         assert ran["stdout"] == "base\n"
     async with mcp_client(url, as_user("alice")) as client:
         refused = refusal(await client.call_tool("word_count", {"text": "one two"}))
-        assert refused["error"] == "ToolAccessDeniedError" and "jupyter_tai_sandbox:admin" in refused["message"]
-        assert refusal(await client.call_tool("sandbox_exec", {"argv": ["id"], "timeout_seconds": 5}))["error"] == "ToolAccessDeniedError"
+        assert (
+            refused["error"] == "ToolAccessDeniedError" and "jupyter_tai_sandbox:admin" in refused["message"]
+        )
+        assert (
+            refusal(await client.call_tool("sandbox_exec", {"argv": ["id"], "timeout_seconds": 5}))["error"]
+            == "ToolAccessDeniedError"
+        )
         assert data(await client.call_tool("sandbox_status", {}))["kind"] == "local"  # the open tier
-    assert [r["outcome"] for r in audit if r["tool"] == "word_count"] == ["ok exit_code=0",
-                                                                          "error ToolAccessDeniedError"]
+    assert [r["outcome"] for r in audit if r["tool"] == "word_count"] == [
+        "ok exit_code=0",
+        "error ToolAccessDeniedError",
+    ]
 
 
 async def test_authoring_is_fenced_and_the_tool_list_follows(url, as_user, jp_serverapp):
@@ -174,7 +226,9 @@ async def test_authoring_is_fenced_and_the_tool_list_follows(url, as_user, jp_se
         refused = refusal(await client.call_tool("preset_put", {"name": "shout", "definition": WORD_COUNT}))
         assert refused["error"] == "ToolAccessDeniedError"
         assert refusal(await client.call_tool("preset_remove", {"name": "word_count"}))["error"] in (
-            "ToolAccessDeniedError", "PresetConflictError")
+            "ToolAccessDeniedError",
+            "PresetConflictError",
+        )
     assert "shout" not in sandbox_app(jp_serverapp).tools.presets()
 
     notified = asyncio.Event()
@@ -186,12 +240,27 @@ async def test_authoring_is_fenced_and_the_tool_list_follows(url, as_user, jp_se
     async with mcp_client(url, as_user("bob"), message_handler=on_message) as watcher:
         await watcher.list_tools()
         async with mcp_client(url, as_user("admin")) as admin:
-            made = data(await admin.call_tool("preset_put", {"name": "shout", "definition": {
-                "description": "Upper-case a text.",
-                "input_schema": {"type": "object", "properties": {"text": {"type": "string"}},
-                                 "required": ["text"]},
-                "binding": {"argv": ["tr", "a-z", "A-Z"], "stdin": {"field": "text"}, "timeout_seconds": 10},
-            }}))
+            made = data(
+                await admin.call_tool(
+                    "preset_put",
+                    {
+                        "name": "shout",
+                        "definition": {
+                            "description": "Upper-case a text.",
+                            "input_schema": {
+                                "type": "object",
+                                "properties": {"text": {"type": "string"}},
+                                "required": ["text"],
+                            },
+                            "binding": {
+                                "argv": ["tr", "a-z", "A-Z"],
+                                "stdin": {"field": "text"},
+                                "timeout_seconds": 10,
+                            },
+                        },
+                    },
+                )
+            )
             assert made["name"] == "shout" and made["source"] == "store"
             await asyncio.wait_for(notified.wait(), 10)
             tools = {t.name: t for t in (await watcher.list_tools()).tools}
@@ -219,11 +288,14 @@ async def test_another_users_session_is_not_found(url, as_user):
             unknown = refusal(await bob.call_tool(tool, {"session_id": "sbx-0000000000000000", **args}))
             assert theirs["error"] == unknown["error"] == "SandboxNotFoundError", (tool, theirs)
         assert sid not in [s["id"] for s in data(await bob.call_tool("session_status", {}))["sessions"]]
-        started = data(await alice.call_tool("session_exec_start", {"session_id": sid, "argv": ["sleep", "5"]}))
+        started = data(
+            await alice.call_tool("session_exec_start", {"session_id": sid, "argv": ["sleep", "5"]})
+        )
         stolen = refusal(await bob.call_tool("session_exec_poll", {"handle": started["handle"]}))
         assert stolen["error"] == "SandboxNotFoundError"
         assert refusal(await bob.call_tool("session_exec_kill", {"handle": started["handle"]}))["error"] == (
-            "SandboxNotFoundError")
+            "SandboxNotFoundError"
+        )
         await alice.call_tool("session_destroy", {"session_id": sid})
 
 
@@ -237,14 +309,24 @@ async def test_each_tool_asks_the_authorizer_for_its_action(url, as_user):
 async def test_a_long_command_is_polled_to_its_exit(url, as_user):
     async with mcp_client(url, as_user("alice")) as client:
         sid = data(await client.call_tool("session_create", {}))["id"]
-        started = data(await client.call_tool("session_exec_start", {
-            "session_id": sid, "script": "for i in 1 2 3; do echo out$i; sleep 0.4; done; echo bad >&2; exit 7",
-            "timeout_seconds": 20}))
+        started = data(
+            await client.call_tool(
+                "session_exec_start",
+                {
+                    "session_id": sid,
+                    "script": "for i in 1 2 3; do echo out$i; sleep 0.4; done; echo bad >&2; exit 7",
+                    "timeout_seconds": 20,
+                },
+            )
+        )
         handle, offset, seen, polls = started["handle"], 0, [], 0
         while True:
             polls += 1
-            answer = data(await client.call_tool("session_exec_poll", {
-                "handle": handle, "offset": offset, "wait_seconds": 5}))
+            answer = data(
+                await client.call_tool(
+                    "session_exec_poll", {"handle": handle, "offset": offset, "wait_seconds": 5}
+                )
+            )
             assert answer["offset"] == offset
             seen.extend(answer["output"])
             offset = answer["next_offset"]
@@ -264,25 +346,43 @@ async def test_a_started_command_dies_with_its_deadline_its_handle_and_its_sessi
     async with mcp_client(url, as_user("alice")) as client:
         sid = data(await client.call_tool("session_create", {}))["id"]
         # the command's own deadline
-        started = data(await client.call_tool("session_exec_start", {
-            "session_id": sid, "argv": ["sleep", "30"], "timeout_seconds": 0.5}))
-        answer = data(await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 10}))
+        started = data(
+            await client.call_tool(
+                "session_exec_start", {"session_id": sid, "argv": ["sleep", "30"], "timeout_seconds": 0.5}
+            )
+        )
+        answer = data(
+            await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 10})
+        )
         assert not answer["running"] and answer["error"]["error"] == "SandboxExecTimeoutError"
         # a handle nobody polls (the agent went away) is killed (SandboxMCP.handle_idle_timeout_seconds = 1.5)
         marker = "idle-marker"
-        started = data(await client.call_tool("session_exec_start", {
-            "session_id": sid, "script": f"sleep 20; touch {marker}", "timeout_seconds": 25}))
+        started = data(
+            await client.call_tool(
+                "session_exec_start",
+                {"session_id": sid, "script": f"sleep 20; touch {marker}", "timeout_seconds": 25},
+            )
+        )
         t0 = time.monotonic()
         await asyncio.sleep(3.5)
-        answer = data(await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 0}))
+        answer = data(
+            await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 0})
+        )
         assert not answer["running"] and answer["error"]["error"] == "HandleExpired"
         assert time.monotonic() - t0 < 10
         # destroying the session kills what runs in it
-        started = data(await client.call_tool("session_exec_start", {
-            "session_id": sid, "argv": ["sleep", "25"], "timeout_seconds": 25}))
+        started = data(
+            await client.call_tool(
+                "session_exec_start", {"session_id": sid, "argv": ["sleep", "25"], "timeout_seconds": 25}
+            )
+        )
         data(await client.call_tool("session_destroy", {"session_id": sid}))
-        answer = data(await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 5}))
-        assert not answer["running"] and answer["error"]["error"] == "SandboxSessionGoneError", answer  # says why
+        answer = data(
+            await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 5})
+        )
+        assert not answer["running"] and answer["error"]["error"] == "SandboxSessionGoneError", (
+            answer
+        )  # says why
 
 
 async def test_bad_input_answers_an_error_naming_the_field(url, as_user):
@@ -294,17 +394,27 @@ async def test_bad_input_answers_an_error_naming_the_field(url, as_user):
         bad = refusal(await client.call_tool("session_exec", {"argv": ["true"]}))
         assert (bad["error"], bad["field"]) == ("ToolInputError", "session_id")
         sid = data(await client.call_tool("session_create", {}))["id"]
-        bad = refusal(await client.call_tool("session_exec", {"session_id": sid, "argv": ["true"], "nope": 1}))
+        bad = refusal(
+            await client.call_tool("session_exec", {"session_id": sid, "argv": ["true"], "nope": 1})
+        )
         assert bad["field"] == "nope"
-        bad = refusal(await client.call_tool("session_exec", {"session_id": sid, "argv": ["true"],
-                                                               "timeout_seconds": 31}))
+        bad = refusal(
+            await client.call_tool(
+                "session_exec", {"session_id": sid, "argv": ["true"], "timeout_seconds": 31}
+            )
+        )
         assert bad["field"] == "timeout_seconds" and "max_timeout_seconds" in bad["message"]
         bad = refusal(await client.call_tool("session_create", {"network": "everywhere"}))
         assert bad["field"] == "network"
-        bad = refusal(await client.call_tool("session_write_file", {"session_id": sid, "path": "x", "content": "%",
-                                                                     "encoding": "base64"}))
+        bad = refusal(
+            await client.call_tool(
+                "session_write_file", {"session_id": sid, "path": "x", "content": "%", "encoding": "base64"}
+            )
+        )
         assert bad["field"] == "content"
-        bad = refusal(await client.call_tool("session_read_file", {"session_id": sid, "path": "../../etc/passwd"}))
+        bad = refusal(
+            await client.call_tool("session_read_file", {"session_id": sid, "path": "../../etc/passwd"})
+        )
         assert bad["error"] in ("SandboxPathError", "SandboxNotFoundError")
         with pytest.raises(MCPError) as unknown:
             await client.call_tool("no_such_tool", {})
@@ -313,8 +423,14 @@ async def test_bad_input_answers_an_error_naming_the_field(url, as_user):
 
 
 INIT = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
 }
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -335,11 +451,16 @@ async def test_unauthenticated_and_cross_origin_requests_are_refused(url, jp_aut
         assert "Authorization: token <TOKEN>" in answer.json()["error"]["message"]
         # a browser page elsewhere: refused even with the token (MCP's DNS-rebinding rule), no CORS grant
         for origin in ("http://evil.example", f"http://attacker.localhost:{jp_http_port}"):
-            answer = await http.post(url, json=INIT, headers={**MCP_HEADERS, **jp_auth_header, "Origin": origin})
+            answer = await http.post(
+                url, json=INIT, headers={**MCP_HEADERS, **jp_auth_header, "Origin": origin}
+            )
             assert answer.status_code in (403, 404), origin
-            assert "access-control-allow-origin" not in answer.headers and "mcp-session-id" not in answer.headers
-        answer = await http.get(url, headers={**jp_auth_header, "Origin": "http://evil.example",
-                                              "Accept": "text/event-stream"})
+            assert (
+                "access-control-allow-origin" not in answer.headers and "mcp-session-id" not in answer.headers
+            )
+        answer = await http.get(
+            url, headers={**jp_auth_header, "Origin": "http://evil.example", "Accept": "text/event-stream"}
+        )
         assert answer.status_code in (403, 404)
         # the same request from the server's own origin (or no Origin, as CLI agents send) is served
         same = {**MCP_HEADERS, **jp_auth_header, "Origin": f"http://localhost:{jp_http_port}"}
@@ -347,8 +468,9 @@ async def test_unauthenticated_and_cross_origin_requests_are_refused(url, jp_aut
         assert answer.status_code == 200 and answer.headers["mcp-session-id"]
         assert "access-control-allow-origin" not in answer.headers
         # a preflight grants nothing without allow_origin
-        answer = await http.options(url, headers={"Origin": "http://evil.example",
-                                                  "Access-Control-Request-Method": "POST"})
+        answer = await http.options(
+            url, headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+        )
         assert "access-control-allow-origin" not in answer.headers
 
 
@@ -374,9 +496,16 @@ async def test_an_mcp_session_id_is_bound_to_its_user(url, as_user):
         opened = await http.post(url, json=INIT, headers={**MCP_HEADERS, **as_user("alice")})
         mcp_session = opened.headers["mcp-session-id"]
         listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-        hijack = await http.post(url, json=listing, headers={**MCP_HEADERS, **as_user("bob"),
-                                                             "Mcp-Session-Id": mcp_session,
-                                                             "Mcp-Protocol-Version": "2025-06-18"})
+        hijack = await http.post(
+            url,
+            json=listing,
+            headers={
+                **MCP_HEADERS,
+                **as_user("bob"),
+                "Mcp-Session-Id": mcp_session,
+                "Mcp-Protocol-Version": "2025-06-18",
+            },
+        )
         assert hijack.status_code == 404
 
 

@@ -13,8 +13,14 @@ from tests.support.mcp import AdminOnlyAdmin, HeaderUsers, MCPError, data, httpx
 from tests.support.server import sandbox_app, server_config
 
 INIT = {
-    "jsonrpc": "2.0", "id": 7, "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    "jsonrpc": "2.0",
+    "id": 7,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
 }
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -29,7 +35,8 @@ class OutsiderRefused(AdminOnlyAdmin):
 @pytest.fixture
 def jp_server_config(tmp_path):
     return server_config(
-        "local", tmp_path / "sandboxes",
+        "local",
+        tmp_path / "sandboxes",
         ServerApp={"identity_provider_class": HeaderUsers, "authorizer_class": OutsiderRefused},
     )
 
@@ -91,9 +98,13 @@ async def test_a_refusal_is_a_json_rpc_error_answering_the_request_id_with_the_h
         body = answer.json()
         assert body["jsonrpc"] == "2.0" and body["id"] == 7 and body["error"]["code"] == -32600
         assert body["error"]["data"]["error"] == "SandboxAuthenticationError"
-        assert "www-authenticate" not in answer.headers  # no 401 challenge: OAuth clients would start discovery
+        assert (
+            "www-authenticate" not in answer.headers
+        )  # no 401 challenge: OAuth clients would start discovery
         # a body that is not JSON-RPC: the error still is, answering id null
-        answer = await http.post(url, content=b"{not json", headers={**MCP_HEADERS, "Authorization": "token wrong"})
+        answer = await http.post(
+            url, content=b"{not json", headers={**MCP_HEADERS, "Authorization": "token wrong"}
+        )
         assert answer.status_code == 403 and answer.json()["id"] is None
 
 
@@ -103,8 +114,11 @@ async def test_without_the_mcp_package_the_client_reads_what_to_install(tmp_path
     shadow = tmp_path / "shadow" / "mcp"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text('raise ImportError("mcp is hidden from this server by the test")\n')
-    live = LiveServer(tmp_path, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp_path / 'sandboxes'}"),
-                      env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow.parent), str(REPO)]))}).start()
+    live = LiveServer(
+        tmp_path,
+        args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp_path / 'sandboxes'}"),
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow.parent), str(REPO)]))},
+    ).start()
     try:
         error = await refused(f"{live.url}api/sandbox/mcp", {"Authorization": f"token {live.token}"}, "auto")
     finally:

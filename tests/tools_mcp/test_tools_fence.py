@@ -58,8 +58,14 @@ async def test_rest_authoring_and_running_are_refused_but_sessions_work(jp_fetch
     assert (await call(jp_fetch, "tools"))[0] == 200
     status, info = await call(jp_fetch, "sessions", method="POST", body={})
     assert status == 201
-    status, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
-                                body={"argv": ["echo", "ok"], "timeout_seconds": 10})
+    status, result = await call(
+        jp_fetch,
+        "sessions",
+        info["id"],
+        "exec",
+        method="POST",
+        body={"argv": ["echo", "ok"], "timeout_seconds": 10},
+    )
     assert (status, result["stdout"]) == (200, "ok\n")
 
 

@@ -15,8 +15,15 @@ MAX_LINES = 600
 MODULES = {
     "fence": {"Principal", "Operator", "Decided", "OPERATOR_CLI", "OPERATOR_CONFIG", "fence"},
     "base_tools": {"BaseTool", "SandboxExecTool", "SandboxStatusTool", "BASE_TOOLS", "_workspace_lease"},
-    "binding": {"check_binding", "binding_problems", "preset_invalid", "_bind_list", "_bind_value", "validate_input",
-                "_field_of"},
+    "binding": {
+        "check_binding",
+        "binding_problems",
+        "preset_invalid",
+        "_bind_list",
+        "_bind_value",
+        "validate_input",
+        "_field_of",
+    },
     "presets": {"Preset", "parse_preset", "NAME_PATTERN", "SESSION_FIELDS"},
     "store": {"PresetStore", "default_store_path", "STORE_VERSION"},
     "registry": {"ToolRegistry"},
@@ -24,12 +31,37 @@ MODULES = {
 
 #: every public name the single-module jupyter_tai_sandbox.tools had (its own, and the project's it re-exported)
 PUBLIC = {
-    "ADMIN_RESOURCE", "BASE_TOOLS", "NAME_PATTERN", "OPERATOR_CLI", "OPERATOR_CONFIG", "SESSION_FIELDS",
-    "STORE_VERSION", "BaseTool", "Decided", "ExecRequest", "Operator", "Preset", "PresetConflictError",
-    "PresetInvalidError", "PresetStore", "PresetStoreError", "Principal", "SandboxError", "SandboxExecTool",
-    "SandboxNotFoundError", "SandboxSpecRejectedError", "SandboxStatusTool", "SessionSpec",
-    "ToolAccessDeniedError", "ToolInputError", "ToolRegistry", "check_binding", "default_store_path", "fence",
-    "parse_preset", "validate_input",
+    "ADMIN_RESOURCE",
+    "BASE_TOOLS",
+    "NAME_PATTERN",
+    "OPERATOR_CLI",
+    "OPERATOR_CONFIG",
+    "SESSION_FIELDS",
+    "STORE_VERSION",
+    "BaseTool",
+    "Decided",
+    "ExecRequest",
+    "Operator",
+    "Preset",
+    "PresetConflictError",
+    "PresetInvalidError",
+    "PresetStore",
+    "PresetStoreError",
+    "Principal",
+    "SandboxError",
+    "SandboxExecTool",
+    "SandboxNotFoundError",
+    "SandboxSpecRejectedError",
+    "SandboxStatusTool",
+    "SessionSpec",
+    "ToolAccessDeniedError",
+    "ToolInputError",
+    "ToolRegistry",
+    "check_binding",
+    "default_store_path",
+    "fence",
+    "parse_preset",
+    "validate_input",
 }
 
 
@@ -48,8 +80,13 @@ def test_each_module_is_small_and_documented(path):
 def test_each_name_lives_in_its_module(module):
     tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
     own = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
-    own |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    own |= {
+        t.id
+        for n in tree.body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Name)
+    }
     assert MODULES[module] <= own, MODULES[module] - own
 
 
@@ -58,8 +95,13 @@ def test_every_old_public_name_is_re_exported():
     for name in PUBLIC:
         assert hasattr(tools, name), name
     # the same objects, not copies: a check against one is a check against the other
-    assert tools.PresetInvalidError is importlib.import_module("jupyter_tai_sandbox.errors").PresetInvalidError
-    assert tools.SandboxSpecRejectedError is importlib.import_module("jupyter_tai_sandbox.contract").SandboxSpecRejectedError
+    assert (
+        tools.PresetInvalidError is importlib.import_module("jupyter_tai_sandbox.errors").PresetInvalidError
+    )
+    assert (
+        tools.SandboxSpecRejectedError
+        is importlib.import_module("jupyter_tai_sandbox.contract").SandboxSpecRejectedError
+    )
     assert tools.ADMIN_RESOURCE == importlib.import_module("jupyter_tai_sandbox.sessions").ADMIN_RESOURCE
     assert tools.BASE_TOOLS is importlib.import_module("jupyter_tai_sandbox.tools.base_tools").BASE_TOOLS
 

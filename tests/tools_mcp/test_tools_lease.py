@@ -23,7 +23,9 @@ APPEND = {
 
 def test_two_runs_on_one_workspace_key_take_turns(tmp_path):
     async def main() -> str:
-        sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "sbx")), policy=SandboxPolicy(isolation="none"))
+        sandboxes.register_sandbox(
+            LocalSandbox(root=str(tmp_path / "sbx")), policy=SandboxPolicy(isolation="none")
+        )
         registry = ToolRegistry(PresetStore(tmp_path / "presets.json"))
         registry.author(APPEND, principal=OPERATOR_CLI, name="append")
         first, second = await asyncio.gather(

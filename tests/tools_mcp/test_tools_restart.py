@@ -21,7 +21,9 @@ def test_a_restarted_server_lists_the_presets_authored_before(tmp_path):
     try:
         status, listing = second.call("GET", "tools", timeout=60)
         assert "word_count" in [t["name"] for t in listing["tools"]]
-        status, result = second.call("POST", "tools/word_count/run", {"text": "survives a restart"}, timeout=60)
+        status, result = second.call(
+            "POST", "tools/word_count/run", {"text": "survives a restart"}, timeout=60
+        )
         assert (status, result["stdout"].strip()) == (200, "3")
     finally:
         second.stop()

@@ -35,8 +35,10 @@ def jp_server_config(provider, scrub, tmp_path, monkeypatch):
         tmp_path / "sandboxes",
         SandboxApp={"presets_path": str(tmp_path / "presets.json"), "presets": {"leak": LEAK, "other": LEAK}},
         # only the consumer "tool:leak" (the tool's label) and sessions labelled "tool:ws" get it
-        SandboxPolicy={"credentials": {"tool:leak": ["TAI_TOOL_SECRET"], "tool:ws": ["TAI_TOOL_SECRET"]},
-                       "scrub_transcript": scrub},
+        SandboxPolicy={
+            "credentials": {"tool:leak": ["TAI_TOOL_SECRET"], "tool:ws": ["TAI_TOOL_SECRET"]},
+            "scrub_transcript": scrub,
+        },
     )
 
 
@@ -56,20 +58,39 @@ async def test_tool_results_are_scrubbed(jp_fetch, scrub):
 async def test_rest_exec_results_are_scrubbed(jp_fetch, scrub):
     status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:ws"})
     assert status == 201 and info["spec"]["env"] == ["TAI_TOOL_SECRET"]  # injected into spec.env
-    status, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
-                                body={"argv": ["sh", "-c", 'echo "$TAI_TOOL_SECRET" >&2; echo "$TAI_TOOL_SECRET"'],
-                                      "timeout_seconds": 10})
+    status, result = await call(
+        jp_fetch,
+        "sessions",
+        info["id"],
+        "exec",
+        method="POST",
+        body={
+            "argv": ["sh", "-c", 'echo "$TAI_TOOL_SECRET" >&2; echo "$TAI_TOOL_SECRET"'],
+            "timeout_seconds": 10,
+        },
+    )
     assert (result["stdout"], result["stderr"]) == (f"{shown(scrub)}\n", f"{shown(scrub)}\n")
     # exact bytes (base64) are scrubbed too, and stay exact otherwise
-    status, result = await call(jp_fetch, "sessions", info["id"], "exec", method="POST",
-                                body={"argv": ["sh", "-c", 'printf "\\377$TAI_TOOL_SECRET\\000"'],
-                                      "timeout_seconds": 10, "encoding": "base64"})
+    status, result = await call(
+        jp_fetch,
+        "sessions",
+        info["id"],
+        "exec",
+        method="POST",
+        body={
+            "argv": ["sh", "-c", 'printf "\\377$TAI_TOOL_SECRET\\000"'],
+            "timeout_seconds": 10,
+            "encoding": "base64",
+        },
+    )
     assert base64.b64decode(result["stdout"]) == b"\xff" + shown(scrub).encode() + b"\x00"
 
 
 async def ws_run(jp_ws_fetch, session_id, argv, stdin_frames=(), env=None):
     ws = await jp_ws_fetch("api", "sandbox", "sessions", session_id, "exec", "ws")
-    await ws.write_message(json.dumps({"type": "start", "argv": argv, "timeout_seconds": 60, "env": env or {}}))
+    await ws.write_message(
+        json.dumps({"type": "start", "argv": argv, "timeout_seconds": 60, "env": env or {}})
+    )
 
     async def feed():
         for frame in stdin_frames:
@@ -95,8 +116,13 @@ async def test_websocket_output_split_across_chunks_is_scrubbed(jp_fetch, jp_ws_
     _status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:ws"})
     head, tail = SECRET[:6], SECRET[6:]
     frames, final = await ws_run(
-        jp_ws_fetch, info["id"],
-        ["sh", "-c", 'printf %s "$A"; sleep 0.5; printf "%s\\n" "$B"; printf %s "$A" >&2; sleep 0.5; echo "$B" >&2'],
+        jp_ws_fetch,
+        info["id"],
+        [
+            "sh",
+            "-c",
+            'printf %s "$A"; sleep 0.5; printf "%s\\n" "$B"; printf %s "$A" >&2; sleep 0.5; echo "$B" >&2',
+        ],
         env={"A": head, "B": tail},
     )
     assert final == {"type": "exit", "exit_code": 0}
@@ -111,8 +137,12 @@ async def test_websocket_stays_binary_safe_with_scrubbing(jp_fetch, jp_ws_fetch,
     for offset in (0, 65535, 65536 - 3, 1 << 20, len(data) - len(SECRET)):
         data[offset : offset + len(SECRET)] = SECRET.encode()
     data = bytes(data)
-    frames, final = await ws_run(jp_ws_fetch, info["id"], ["cat"],
-                                 stdin_frames=[data[i : i + 100_000] for i in range(0, len(data), 100_000)])
+    frames, final = await ws_run(
+        jp_ws_fetch,
+        info["id"],
+        ["cat"],
+        stdin_frames=[data[i : i + 100_000] for i in range(0, len(data), 100_000)],
+    )
     assert final == {"type": "exit", "exit_code": 0}
     expected = data.replace(SECRET.encode(), b"[scrubbed]") if scrub else data
     assert b"".join(frames[1]) == expected

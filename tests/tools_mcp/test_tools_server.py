@@ -22,7 +22,7 @@ WORD_COUNT = {
     "binding": {"argv": ["wc", "-w"], "stdin": {"field": "text"}, "timeout_seconds": 30},
 }
 #: every way caller input could try to become shell syntax
-EVIL = "it's \"quoted\"; echo PWNED; $(touch {marker}) `touch {marker}` && exit 3\nline two $HOME ${{IFS}} | > * é✓"
+EVIL = 'it\'s "quoted"; echo PWNED; $(touch {marker}) `touch {marker}` && exit 3\nline two $HOME ${{IFS}} | > * é✓'
 ECHO_ALL = {
     "description": "Echo a value back through argv, the script's $1, env and stdin.",
     "input_schema": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]},
@@ -35,7 +35,10 @@ ECHO_ALL = {
 }
 ARGV_ECHO = {
     "description": "printf each value as an argv element.",
-    "input_schema": {"type": "object", "properties": {"values": {"type": "array", "items": {"type": "string"}}}},
+    "input_schema": {
+        "type": "object",
+        "properties": {"values": {"type": "array", "items": {"type": "string"}}},
+    },
     "binding": {"argv": ["printf", "<%s>", {"field": "values", "spread": True}]},
 }
 
@@ -116,12 +119,18 @@ async def test_nul_goes_through_stdin_and_is_refused_in_argv(jp_fetch):
     ("definition", "status", "words"),
     [
         ({**WORD_COUNT, "base": "nope"}, 400, "unknown base tool 'nope'"),
-        ({**WORD_COUNT, "input_schema": {"type": "object", "required": "text"}}, 400, "not valid JSON Schema"),
+        (
+            {**WORD_COUNT, "input_schema": {"type": "object", "required": "text"}},
+            400,
+            "not valid JSON Schema",
+        ),
         ({**WORD_COUNT, "binding": {"argv": ["wc", {"field": "words"}]}}, 400, "references field 'words'"),
         ({**WORD_COUNT, "name": "other"}, 400, "differs from 'word_count'"),
     ],
 )
-async def test_bad_presets_are_refused_and_nothing_is_persisted(jp_fetch, store_path, definition, status, words):
+async def test_bad_presets_are_refused_and_nothing_is_persisted(
+    jp_fetch, store_path, definition, status, words
+):
     got, body = await put(jp_fetch, "word_count", definition)
     assert (got, body["error"]) == (status, "PresetInvalidError") and words in body["message"], body
     assert not store_path.exists()
@@ -130,14 +139,26 @@ async def test_bad_presets_are_refused_and_nothing_is_persisted(jp_fetch, store_
 
 async def test_every_problem_of_a_preset_is_in_one_400(jp_fetch, store_path):
     """Issue 20.7 over REST: the body's message names each problem, and ``problems`` lists them."""
-    bad = {**WORD_COUNT, "extra": 1, "session": {"cpu": -1},
-           "binding": {"argv": ["wc", {"field": "words"}], "timeout_seconds": "soon"}}
+    bad = {
+        **WORD_COUNT,
+        "extra": 1,
+        "session": {"cpu": -1},
+        "binding": {"argv": ["wc", {"field": "words"}], "timeout_seconds": "soon"},
+    }
     got, body = await put(jp_fetch, "word_count", bad)
     assert (got, body["error"]) == (400, "PresetInvalidError"), body
     problems = body["problems"]
     assert len(problems) == 4 and all(f"- {p}" in body["message"] for p in problems), body
-    for words, problem in zip(["unknown preset field(s): extra", "session: ", "references field 'words'",
-                               "binding.timeout_seconds"], problems, strict=True):
+    for words, problem in zip(
+        [
+            "unknown preset field(s): extra",
+            "session: ",
+            "references field 'words'",
+            "binding.timeout_seconds",
+        ],
+        problems,
+        strict=True,
+    ):
         assert words in problem
     assert not store_path.exists()
 
@@ -149,7 +170,9 @@ async def test_name_clash_replace_and_delete(jp_fetch, store_path):
     assert (status, body["error"]) == (409, "PresetConflictError") and "replace=1" in body["message"]
     assert store_path.read_bytes() == before
     assert (await put(jp_fetch, "sandbox_exec", WORD_COUNT))[0] == 409
-    status, body = await put(jp_fetch, "word_count", {**WORD_COUNT, "description": "v2"}, params={"replace": "1"})
+    status, body = await put(
+        jp_fetch, "word_count", {**WORD_COUNT, "description": "v2"}, params={"replace": "1"}
+    )
     assert (status, body["description"]) == (200, "v2")
     assert (await do(jp_fetch, "/tools/{name}", "delete", "tools", "word_count"))[0] == 204
     assert (await do(jp_fetch, "/tools/{name}", "delete", "tools", "word_count"))[0] == 404
@@ -205,8 +228,9 @@ async def test_a_preset_can_ask_for_a_durable_workspace(jp_fetch, provider):
         assert outputs == ["1", "2"]
     finally:
         # remove the workspace: a session with the same key, destroyed with remove_workspace
-        _status, info = await call(jp_fetch, "sessions", method="POST",
-                                  body={"durability": "persistent", "workspace_key": key})
+        _status, info = await call(
+            jp_fetch, "sessions", method="POST", body={"durability": "persistent", "workspace_key": key}
+        )
         await call(jp_fetch, "sessions", info["id"], method="DELETE", params={"remove_workspace": "1"})
 
 
@@ -225,9 +249,21 @@ async def test_the_cli_door_authors_into_the_store_the_server_reads(jp_fetch, st
     # the CLI runs it too, as its own process on the same provider (the operator's environment)
     env = {**os.environ, "TAI_MCP_SANDBOX_ISOLATION": "none", "SANDBOX_LOCAL_ROOT": str(tmp_path / "cli-sbx")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "jupyter_tai_sandbox.cli", "preset", "--store", str(store_path), "run", "word_count",
-        "--provider", provider, "--input", '{"text": "one two three"}',
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "jupyter_tai_sandbox.cli",
+        "preset",
+        "--store",
+        str(store_path),
+        "run",
+        "word_count",
+        "--provider",
+        provider,
+        "--input",
+        '{"text": "one two three"}',
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert (proc.returncode, out.decode().strip()) == (0, "3"), err.decode()

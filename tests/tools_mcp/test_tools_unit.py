@@ -61,8 +61,9 @@ def test_the_difference_between_base_tools_is_explicit():
     assert BASE_TOOLS["sandbox_status"].fenced is False
     # a fixed-schema base tool refuses a declared schema; sandbox_exec requires one
     with pytest.raises(PresetInvalidError, match="fixed input schema"):
-        parse_preset({"name": "st", "description": "d", "base": "sandbox_status",
-                      "input_schema": {"type": "object"}})
+        parse_preset(
+            {"name": "st", "description": "d", "base": "sandbox_status", "input_schema": {"type": "object"}}
+        )
     assert parse_preset({"name": "st", "description": "d", "base": "sandbox_status"}).schema() == (
         BASE_TOOLS["sandbox_status"].input_schema
     )
@@ -82,11 +83,15 @@ def test_the_base_schema_defaults_network_to_egress():
     ("definition", "message"),
     [
         (with_(WORD_COUNT, base="no_such_tool"), "unknown base tool 'no_such_tool'"),
-        (with_(WORD_COUNT, input_schema={"type": "object", "properties": {"text": {"type": 7}}}),
-         "not valid JSON Schema at properties/text/type"),
+        (
+            with_(WORD_COUNT, input_schema={"type": "object", "properties": {"text": {"type": 7}}}),
+            "not valid JSON Schema at properties/text/type",
+        ),
         (with_(WORD_COUNT, input_schema={"type": "string"}), '"type": "object"'),
-        (with_(WORD_COUNT, binding={"argv": ["wc", {"field": "txt"}]}),
-         "references field 'txt', which input_schema does not declare"),
+        (
+            with_(WORD_COUNT, binding={"argv": ["wc", {"field": "txt"}]}),
+            "references field 'txt', which input_schema does not declare",
+        ),
         (with_(WORD_COUNT, binding={"argv": ["wc"], "stdin": {"field": "missing"}}), "'missing'"),
         (with_(WORD_COUNT, binding={"script": "cat", "env": {"X": {"field": "nope"}}}), "'nope'"),
         (with_(WORD_COUNT, binding={"argv": [{"field": "text"}]}), "argv[0], the program, is fixed"),
@@ -111,14 +116,22 @@ def test_bad_presets_are_refused_at_authoring_and_nothing_is_stored(registry, de
 
 def test_every_problem_of_a_definition_is_named_at_once(registry):
     """Issue 20.7: three mistakes, one PresetInvalidError (400) naming all three, one a line."""
-    bad = with_(WORD_COUNT, colour="red", name="no spaces",
-                binding={"argv": ["wc", {"field": "txt"}], "stdin": {"field": "text"}, "timeout_seconds": -1})
+    bad = with_(
+        WORD_COUNT,
+        colour="red",
+        name="no spaces",
+        binding={"argv": ["wc", {"field": "txt"}], "stdin": {"field": "text"}, "timeout_seconds": -1},
+    )
     with pytest.raises(PresetInvalidError) as refused:
         registry.author(bad, principal=ADMIN)
     error = refused.value
     assert error_status(error) == 400
-    expected = ["unknown preset field(s): colour", "invalid preset name 'no spaces'",
-                "references field 'txt'", "binding.timeout_seconds is a positive number"]
+    expected = [
+        "unknown preset field(s): colour",
+        "invalid preset name 'no spaces'",
+        "references field 'txt'",
+        "binding.timeout_seconds is a positive number",
+    ]
     assert len(error.problems) == len(expected) and error.details == {"problems": error.problems}
     for words, problem, line in zip(expected, error.problems, str(error).splitlines()[1:], strict=True):
         assert words in problem and line == f"- {problem}"
@@ -129,15 +142,30 @@ def test_every_problem_of_a_definition_is_named_at_once(registry):
 def test_problems_in_every_part_are_gathered():
     """Name, description, schema, session and binding are each checked, whatever the others hold."""
     with pytest.raises(PresetInvalidError) as refused:
-        parse_preset({"name": "7up", "description": " ", "base": "sandbox_exec",
-                      "input_schema": {"type": "object", "properties": {"text": {"type": 7}}, "required": "text"},
-                      "session": {"network": "moon", "ttl_seconds": 5},
-                      "binding": {"script": "", "env": {"1X": {"field": "nope"}}, "shell": "sh"}})
+        parse_preset(
+            {
+                "name": "7up",
+                "description": " ",
+                "base": "sandbox_exec",
+                "input_schema": {"type": "object", "properties": {"text": {"type": 7}}, "required": "text"},
+                "session": {"network": "moon", "ttl_seconds": 5},
+                "binding": {"script": "", "env": {"1X": {"field": "nope"}}, "shell": "sh"},
+            }
+        )
     problems = refused.value.problems
-    for words in ["invalid preset name '7up'", "needs a description", "at properties/text/type",
-                  "at required", "unknown session setting(s): ttl_seconds", "session: ", "unknown network 'moon'",
-                  "unknown binding field(s): shell", "binding.script is fixed shell text",
-                  "invalid environment variable name '1X'", "references field 'nope'"]:
+    for words in [
+        "invalid preset name '7up'",
+        "needs a description",
+        "at properties/text/type",
+        "at required",
+        "unknown session setting(s): ttl_seconds",
+        "session: ",
+        "unknown network 'moon'",
+        "unknown binding field(s): shell",
+        "binding.script is fixed shell text",
+        "invalid environment variable name '1X'",
+        "references field 'nope'",
+    ]:
         assert any(words in p for p in problems), (words, problems)
     # one problem stays the message itself, as before
     with pytest.raises(PresetInvalidError) as one:
@@ -185,7 +213,10 @@ def test_a_failed_write_leaves_the_store_and_its_folder_as_they_were(registry, m
     with pytest.raises(tools.PresetStoreError, match="No space left"):
         registry.author(with_(WORD_COUNT, name="second"), principal=ADMIN)
     assert registry.store.path.read_bytes() == before
-    assert sorted(p.name for p in registry.store.path.parent.iterdir()) == ["presets.json", "presets.json.lock"]
+    assert sorted(p.name for p in registry.store.path.parent.iterdir()) == [
+        "presets.json",
+        "presets.json.lock",
+    ]
 
 
 def test_the_store_is_reread_when_another_process_changes_it(registry, tmp_path):
@@ -220,28 +251,49 @@ def test_input_errors_name_the_failing_field(inputs, field):
 
 
 def test_nested_fields_are_named_by_path():
-    schema = {"type": "object", "properties": {"opts": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
+    schema = {
+        "type": "object",
+        "properties": {"opts": {"type": "object", "properties": {"n": {"type": "integer"}}}},
+    }
     with pytest.raises(ToolInputError) as refused:
         validate_input(schema, {"opts": {"n": "x"}})
     assert refused.value.field == "opts.n"
 
 
 def test_the_bind_kernel_routes_fields_into_argv_stdin_and_env_only():
-    preset = parse_preset({
-        "name": "p", "description": "d",
-        "input_schema": {"type": "object", "properties": {
-            "a": {"type": "string"}, "n": {"type": "integer", "default": 3},
-            "files": {"type": "array", "items": {"type": "string"}}, "opt": {"type": "string"}}},
-        "session": {"network": "none", "image": "img"},
-        "binding": {"script": 'printf "%s" "$1"', "args": [{"field": "a"}, {"field": "n"},
-                                                          {"field": "files", "spread": True}, {"field": "opt"}],
-                    "stdin": {"field": "a"}, "env": {"A": {"field": "a"}, "FIXED": "x"}},
-    })
+    preset = parse_preset(
+        {
+            "name": "p",
+            "description": "d",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "string"},
+                    "n": {"type": "integer", "default": 3},
+                    "files": {"type": "array", "items": {"type": "string"}},
+                    "opt": {"type": "string"},
+                },
+            },
+            "session": {"network": "none", "image": "img"},
+            "binding": {
+                "script": 'printf "%s" "$1"',
+                "args": [
+                    {"field": "a"},
+                    {"field": "n"},
+                    {"field": "files", "spread": True},
+                    {"field": "opt"},
+                ],
+                "stdin": {"field": "a"},
+                "env": {"A": {"field": "a"}, "FIXED": "x"},
+            },
+        }
+    )
     evil = "'; rm -rf / $(id) `id`\n\"x"
     data = validate_input(preset.schema(), {"a": evil, "files": ["f 1", "f;2"]})
     bound = BASE_TOOLS["sandbox_exec"].bind(preset, data)
     assert bound == {
-        "network": "none", "image": "img",
+        "network": "none",
+        "image": "img",
         "script": 'printf "%s" "$1"',  # the shell text is the author's, untouched
         "args": [evil, "3", "f 1", "f;2"],  # the absent optional field is dropped
         "stdin": evil,
@@ -289,7 +341,9 @@ def test_a_config_preset_is_applied_in_memory_not_stored(registry):
     assert registry.get("word_count").source == "config"
     assert not registry.store.path.exists()
     with pytest.raises(PresetInvalidError, match=r"SandboxApp.presets\['bad'\]: unknown base tool"):
-        registry.apply_manifest({"ok": with_(WORD_COUNT, name="ok"), "bad": with_(WORD_COUNT, name="bad", base="nope")})
+        registry.apply_manifest(
+            {"ok": with_(WORD_COUNT, name="ok"), "bad": with_(WORD_COUNT, name="bad", base="nope")}
+        )
     assert [p["name"] for p in registry.list_json()][2:] == ["word_count"]  # all or nothing
 
 
@@ -298,7 +352,9 @@ def test_a_config_preset_is_applied_in_memory_not_stored(registry):
 
 @pytest.fixture
 def local(tmp_path):
-    sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "sbx")), policy=SandboxPolicy(isolation="none"))
+    sandboxes.register_sandbox(
+        LocalSandbox(root=str(tmp_path / "sbx")), policy=SandboxPolicy(isolation="none")
+    )
 
 
 def test_run_goes_through_require_sandbox_and_the_policy(registry, local, monkeypatch):
@@ -341,9 +397,13 @@ def test_cli_add_list_run_rm(store_args, tmp_path, monkeypatch, capsys):
     assert cli.main([*store_args, "add", str(path), "--replace"]) == 0
     assert cli.main([*store_args, "list"]) == 0
     assert "word_count" in capsys.readouterr().out
-    code = cli.main([*store_args, "run", "word_count", "--provider", "local", "--input", '{"text": "a b c d"}'])
+    code = cli.main(
+        [*store_args, "run", "word_count", "--provider", "local", "--input", '{"text": "a b c d"}']
+    )
     assert (code, capsys.readouterr().out.strip()) == (0, "4")
-    assert cli.main([*store_args, "run", "word_count", "--provider", "local", "--input", '{"text": 1}']) == 125
+    assert (
+        cli.main([*store_args, "run", "word_count", "--provider", "local", "--input", '{"text": 1}']) == 125
+    )
     assert "input field 'text'" in capsys.readouterr().err
     assert cli.main([*store_args, "rm", "word_count"]) == 0
     assert cli.main([*store_args, "rm", "word_count"]) == 1

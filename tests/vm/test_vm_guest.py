@@ -64,14 +64,21 @@ def test_the_agent_answers_as_pid_1_of_the_guest_kernel(vm):
         try:
             assert client.info["version"] == 1 and client.info["pid"] == 1
             out, _, status = await (await client.start(["uname", "-r"])).collect()
-            assert status.code == 0 and out.decode().strip() == vm.guest.kernel_release  # not the host's kernel
+            assert (
+                status.code == 0 and out.decode().strip() == vm.guest.kernel_release
+            )  # not the host's kernel
             out, _, _ = await (await client.start(["cat", "/proc/1/cmdline"])).collect()
             assert out == b"/init\0vm\0"  # the kernel passed "-- vm" to /init
             out, _, _ = await (await client.start(["cat", "/proc/mounts"])).collect()
             mounts = {line.split()[1]: line.split()[2] for line in out.decode().splitlines()}
             assert {m: mounts.get(m) for m in ("/dev", "/dev/pts", "/proc", "/sys", "/tmp", "/run")} == {
-                "/dev": "devtmpfs", "/dev/pts": "devpts", "/proc": "proc", "/sys": "sysfs", "/tmp": "tmpfs",
-                "/run": "tmpfs"}
+                "/dev": "devtmpfs",
+                "/dev/pts": "devpts",
+                "/proc": "proc",
+                "/sys": "sysfs",
+                "/tmp": "tmpfs",
+                "/run": "tmpfs",
+            }
             out, _, _ = await (await client.start(["cat", "/sys/class/net/lo/flags"])).collect()
             assert int(out, 16) & 1  # lo is up
         finally:
@@ -182,7 +189,6 @@ def test_a_host_that_reconnects_at_once_gets_a_clean_connection(vm):
                 await client.close()
 
     vm.run(go())
-
 
 
 def test_a_client_cut_short_inside_a_frame_costs_the_next_client_a_try_not_the_port(vm):

@@ -30,9 +30,15 @@ def agent_failure(error: BaseException, what: str) -> SandboxError:
 class AgentChannel:
     """The session's one agent connection: ``await channel.client()`` gives a live one."""
 
-    def __init__(self, open_: Callable[[], Awaitable[AgentClient]], *, session_id: str,
-                 limit: float = OPEN_LIMIT_SECONDS, still_there: Callable[[], Awaitable[bool]] | None = None,
-                 answer_within: float = 2.0) -> None:
+    def __init__(
+        self,
+        open_: Callable[[], Awaitable[AgentClient]],
+        *,
+        session_id: str,
+        limit: float = OPEN_LIMIT_SECONDS,
+        still_there: Callable[[], Awaitable[bool]] | None = None,
+        answer_within: float = 2.0,
+    ) -> None:
         self._open = open_
         self._answer_within = answer_within
         #: whether the session's container still runs (asked by a client whose write waits: AgentClient.still_there)

@@ -100,7 +100,8 @@ class ContainerCommand(ExecHandle):
         #: another connection (a second server) attached the command: it runs on there, never stopped from here
         self._taken_over = False
         self._deadline = asyncio.get_running_loop().call_later(
-            timeout_seconds if deadline_in is None else deadline_in, self._on_deadline)
+            timeout_seconds if deadline_in is None else deadline_in, self._on_deadline
+        )
         self._output = self._iterate()
 
     @property
@@ -125,11 +126,14 @@ class ContainerCommand(ExecHandle):
             if e.code == "EBUSY":  # DETACHED: another connection took the command
                 self._taken_over = True
                 self._failure = SandboxConflictError(
-                    "another server attached to this command: it runs on there (attach to it there)")
+                    "another server attached to this command: it runs on there (attach to it there)"
+                )
             else:
                 self._failure = SandboxError(f"the command's exit status could not be read: {e}")
         except asyncio.CancelledError:
-            self._failure = SandboxError("the command's exit status could not be read: its session was destroyed")
+            self._failure = SandboxError(
+                "the command's exit status could not be read: its session was destroyed"
+            )
         finally:
             self._deadline.cancel()
             if self._feeder is not None:

@@ -92,8 +92,14 @@ async def _chunks(data: bytes | AsyncIterable[bytes], path: str, idle_seconds: f
 class WorkspaceFiles:
     """The file operations of one session's workspace (``root``), over its agent connection."""
 
-    def __init__(self, client: Callable[[], Awaitable[AgentClient]], root: str, *,
-                 idle_seconds: float = 60.0, user: Callable[[], Awaitable[tuple[int, int] | None]] | None = None) -> None:
+    def __init__(
+        self,
+        client: Callable[[], Awaitable[AgentClient]],
+        root: str,
+        *,
+        idle_seconds: float = 60.0,
+        user: Callable[[], Awaitable[tuple[int, int] | None]] | None = None,
+    ) -> None:
         self._client = client
         #: the session user (uid, gid) every operation runs as, with that user's rights (None: the agent's root)
         self._user = user
@@ -139,8 +145,9 @@ class WorkspaceFiles:
     async def put(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
         rel = self._file_path(path, "put_file")
         try:
-            await (await self._client()).write_stream(self.root, rel, _chunks(data, path, self.idle_seconds),
-                                                       user=await self._as())
+            await (await self._client()).write_stream(
+                self.root, rel, _chunks(data, path, self.idle_seconds), user=await self._as()
+            )
         except AgentError as e:
             raise file_error(e, path, "write") from None
 
@@ -177,8 +184,15 @@ class WorkspaceFiles:
                 raise SandboxPathError(f"{path!r} is not a folder") from None
             raise file_error(e, path, "list") from None
         return sorted(
-            ({"name": e["name"], "type": _KINDS.get(e.get("type"), "other"), "size": e.get("size", 0),
-              "mtime": e.get("mtime")} for e in entries),
+            (
+                {
+                    "name": e["name"],
+                    "type": _KINDS.get(e.get("type"), "other"),
+                    "size": e.get("size", 0),
+                    "mtime": e.get("mtime"),
+                }
+                for e in entries
+            ),
             key=lambda e: e["name"],
         )
 

@@ -83,7 +83,6 @@ def how_to_get(image: str) -> str:
 STATUS_PING_SECONDS = 0.5
 
 
-
 def spec_from_labels(labels: Mapping[str, str], env: Sequence[str] | None) -> SessionSpec:
     """The spec a session's labels record (env *names* only), with the values found in ``env``
     (``NAME=value`` items: the container's environment, or a pooled session's record)."""
@@ -128,7 +127,9 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
     ).tag(config=True)
 
     cap_add = List(
-        Unicode(), default_value=[], help="Linux capabilities added back to session containers (after cap_drop)."
+        Unicode(),
+        default_value=[],
+        help="Linux capabilities added back to session containers (after cap_drop).",
     ).tag(config=True)
 
     no_new_privileges = Bool(
@@ -292,7 +293,9 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
         await self._connect()
         return spec if spec.image is not None else dataclasses.replace(spec, image=self.default_image)
 
-    def _new_labels(self, session_id: str, spec: SessionSpec, now: float, expires: float, user: str) -> dict[str, str]:
+    def _new_labels(
+        self, session_id: str, spec: SessionSpec, now: float, expires: float, user: str
+    ) -> dict[str, str]:
         """A new session's labels: its spec, times and scope, the agent's mark, and its user when not root."""
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
         labels[LABEL_AGENT] = "1"
@@ -310,6 +313,7 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
                     f"workspace {key!r} is in use by another session: destroy that one first"
                 ) from None
             raise
+
 
 async def user_checked(session: S) -> S:
     """A new session once its user is found in its image; a user the image does not know fails the create

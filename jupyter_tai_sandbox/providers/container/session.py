@@ -135,10 +135,14 @@ class ContainerSite:
         """The container's record, made on first use (its channel made again once closed)."""
         found = self.containers.get(container_id)
         if found is None:
-            if len(self.containers) >= MAX_KNOWN_CONTAINERS:  # containers another server removed: forget the idle ones
+            if (
+                len(self.containers) >= MAX_KNOWN_CONTAINERS
+            ):  # containers another server removed: forget the idle ones
                 for key in [k for k, c in self.containers.items() if c.channel.idle or c.channel.closed]:
                     del self.containers[key]
-                self.session_containers = {s: c for s, c in self.session_containers.items() if c in self.containers}
+                self.session_containers = {
+                    s: c for s, c in self.session_containers.items() if c in self.containers
+                }
             found = self.containers[container_id] = KnownContainer(self._channel_to(container_id, session_id))
         elif found.channel.closed:
             found.channel = self._channel_to(container_id, session_id)
@@ -178,8 +182,12 @@ class ContainerSite:
         return known.channel.session_id if known is not None else container_id
 
     def _channel_to(self, container_id: str, session_id: str) -> AgentChannel:
-        return AgentChannel(lambda: self.open_agent(container_id), session_id=session_id,
-                            still_there=lambda: container_runs(self, container_id), answer_within=self.answer_within)
+        return AgentChannel(
+            lambda: self.open_agent(container_id),
+            session_id=session_id,
+            still_there=lambda: container_runs(self, container_id),
+            answer_within=self.answer_within,
+        )
 
     async def warm(self, container_id: str) -> None:
         """Open a container's agent connection and read its environment before any session is made in it (a
@@ -274,8 +282,9 @@ class ContainerSession(SandboxSession):
         self._env: dict[str, str] | None = None if env is None else self._base_env(env)
         self._known = site.known(container_id, session_id)
         self._channel = self._known.channel
-        self.files = WorkspaceFiles(self._client, site.workspace, idle_seconds=site.transfer_idle_seconds,
-                                    user=self.user_ids)
+        self.files = WorkspaceFiles(
+            self._client, site.workspace, idle_seconds=site.transfer_idle_seconds, user=self.user_ids
+        )
 
     @property
     def id(self) -> str:
@@ -301,8 +310,13 @@ class ContainerSession(SandboxSession):
 
     def _info(self) -> SessionInfo:
         return SessionInfo(
-            id=self._id, kind=self._site.kind, spec=self.spec, isolation=self._site.isolation,
-            workspace=self._site.workspace, created_at=self.created_at, expires_at=self.expires_at,
+            id=self._id,
+            kind=self._site.kind,
+            spec=self.spec,
+            isolation=self._site.isolation,
+            workspace=self._site.workspace,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
             paused=self._container in self._site.paused,
         )
 
@@ -337,7 +351,9 @@ class ContainerSession(SandboxSession):
         if self._env is None:
             found = self._known.env
             if found is None:
-                found = dict(await self._site.container_env(self._container)) if self._site.container_env else {}
+                found = (
+                    dict(await self._site.container_env(self._container)) if self._site.container_env else {}
+                )
                 self._known.env = found
             self._env = self._base_env(found)
         return self._env
@@ -348,7 +364,9 @@ class ContainerSession(SandboxSession):
         if not self._user:
             return None
         if not self._known.users_read:
-            self._known.user_ids = await resolve_user(self._user, self._image_file_reader(await self._client()))
+            self._known.user_ids = await resolve_user(
+                self._user, self._image_file_reader(await self._client())
+            )
             self._known.users_read = True
         return self._known.user_ids
 
@@ -388,9 +406,18 @@ class ContainerSession(SandboxSession):
         backstop = request.timeout_seconds + 2 * KILL_LIMIT_SECONDS
         ids = await self.user_ids()
         try:
-            agent_command = await client.start(request.argv, env=env, cwd=cwd, pty=pty, rows=rows, cols=cols,
-                                               timeout=backstop, label=request.label, root=self._root or None,
-                                               **_as(ids))
+            agent_command = await client.start(
+                request.argv,
+                env=env,
+                cwd=cwd,
+                pty=pty,
+                rows=rows,
+                cols=cols,
+                timeout=backstop,
+                label=request.label,
+                root=self._root or None,
+                **_as(ids),
+            )
         except AgentError as e:
             # a program that cannot start is the request's fault, named as the local provider names it
             # (never an invented exit status such as a shell's 127); the cwd was found just above
@@ -411,11 +438,22 @@ class ContainerSession(SandboxSession):
             in_background(agent_command.kill())
             raise
 
-    def _track(self, agent_command: AgentCommand, *, timeout_seconds: float, deadline_in: float | None = None,
-               pty: bool) -> ContainerCommand:
+    def _track(
+        self,
+        agent_command: AgentCommand,
+        *,
+        timeout_seconds: float,
+        deadline_in: float | None = None,
+        pty: bool,
+    ) -> ContainerCommand:
         command = ContainerCommand(
-            agent_command, timeout_seconds=timeout_seconds, deadline_in=deadline_in, pty=pty,
-            memory_limit=self._site.memory_limit, session_memory_mb=self.spec.memory_mb, log=self._site.log,
+            agent_command,
+            timeout_seconds=timeout_seconds,
+            deadline_in=deadline_in,
+            pty=pty,
+            memory_limit=self._site.memory_limit,
+            session_memory_mb=self.spec.memory_mb,
+            log=self._site.log,
             on_done=lambda c: self._site.commands.discard(self._id, c),
         )
         self._site.commands.add(self._id, command)
@@ -451,8 +489,9 @@ class ContainerSession(SandboxSession):
             return await super().attach_command(command_id, offsets)
         offsets = offsets or {}
         try:
-            agent_command = await client.attach(number, stdout=offsets.get("stdout", 0),
-                                                stderr=offsets.get("stderr", 0))
+            agent_command = await client.attach(
+                number, stdout=offsets.get("stdout", 0), stderr=offsets.get("stderr", 0)
+            )
         except AgentError as e:
             if e.code == "ESRCH":
                 return await super().attach_command(command_id, offsets)
@@ -482,14 +521,18 @@ class ContainerSession(SandboxSession):
             except NotReachableHere:
                 pass  # the agent dials
             except ConnectionRefusedError:
-                raise ConnectionRefusedError(f"nothing listens on {host}:{port} in session {self._id}") from None
+                raise ConnectionRefusedError(
+                    f"nothing listens on {host}:{port} in session {self._id}"
+                ) from None
             except OSError as e:
                 raise SandboxError(f"connecting to {host}:{port} in session {self._id}: {e}") from None
         try:
             return AgentPort(await client.connect_tcp(port, host))
         except AgentError as e:
             if e.code == "ECONNREFUSED":
-                raise ConnectionRefusedError(f"nothing listens on {host}:{port} in session {self._id}") from None
+                raise ConnectionRefusedError(
+                    f"nothing listens on {host}:{port} in session {self._id}"
+                ) from None
             raise SandboxError(f"connecting to {host}:{port} in session {self._id}: {e}") from None
 
     # ---------------------------------------------------------------- paths
@@ -504,8 +547,11 @@ class ContainerSession(SandboxSession):
             client = await (self._site.open_agent_elsewhere or self._site.open_agent)(self._container)
             try:
                 known = self._known
-                ids = known.user_ids if known.users_read or not self._user else await resolve_user(
-                    self._user, self._image_file_reader(client))
+                ids = (
+                    known.user_ids
+                    if known.users_read or not self._user
+                    else await resolve_user(self._user, self._image_file_reader(client))
+                )
                 files = WorkspaceFiles(lambda: _ready(client), self._site.workspace, user=lambda: _ready(ids))
                 return await files.resolve(path)
             finally:
@@ -515,7 +561,9 @@ class ContainerSession(SandboxSession):
             try:
                 return pool.submit(asyncio.run, look()).result(RESOLVE_LIMIT_SECONDS)
             except concurrent.futures.TimeoutError:
-                raise SandboxError(f"looking up {path!r} took longer than {RESOLVE_LIMIT_SECONDS:g} s") from None
+                raise SandboxError(
+                    f"looking up {path!r} took longer than {RESOLVE_LIMIT_SECONDS:g} s"
+                ) from None
             except AgentError as e:
                 raise SandboxError(f"looking up {path!r}: the session agent failed: {e}") from None
 
@@ -608,10 +656,16 @@ _BACKSTOP_UNKNOWN = 365 * 86400.0
 
 def _held(entry: Mapping[str, Any]) -> HeldCommand:
     return HeldCommand(
-        id=str(entry["id"]), label=entry.get("label") or None, pty=bool(entry.get("pty")),
-        running=bool(entry.get("running")), attached=bool(entry.get("attached")),
-        started=float(entry.get("started", 0.0)), deadline=entry.get("deadline") or None,
-        offsets={stream: (int(span[0]), int(span[1])) for stream, span in (entry.get("output") or {}).items()},
+        id=str(entry["id"]),
+        label=entry.get("label") or None,
+        pty=bool(entry.get("pty")),
+        running=bool(entry.get("running")),
+        attached=bool(entry.get("attached")),
+        started=float(entry.get("started", 0.0)),
+        deadline=entry.get("deadline") or None,
+        offsets={
+            stream: (int(span[0]), int(span[1])) for stream, span in (entry.get("output") or {}).items()
+        },
     )
 
 

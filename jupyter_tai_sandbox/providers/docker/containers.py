@@ -28,18 +28,28 @@ class ContainerStarts:
         self._arch: str | None = None
 
     def options(
-        self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str], network: str | None,
-        agent_volume: str, user: str = "",
+        self,
+        spec: SessionSpec,
+        name: str,
+        labels: Mapping[str, str],
+        volume_labels: Mapping[str, str],
+        network: str | None,
+        agent_volume: str,
+        user: str = "",
     ) -> dict[str, Any]:
         """The SDK's container options for ``spec`` (its limits already in force)."""
         sandbox = self._sandbox
         types = docker_sdk().types
         ceiling = sandbox.disk_limit_mb if sandbox.disk_limit_mb > 0 else None
         if spec.durability == "persistent":
-            mount = types.Mount(WORKSPACE, sandbox.scope.workspace_volume(str(spec.workspace_key)), type="volume")
+            mount = types.Mount(
+                WORKSPACE, sandbox.scope.workspace_volume(str(spec.workspace_key)), type="volume"
+            )
         else:
             driver = workspace_driver(ceiling) if ceiling else None
-            mount = types.Mount(WORKSPACE, None, type="volume", labels=dict(volume_labels), driver_config=driver)
+            mount = types.Mount(
+                WORKSPACE, None, type="volume", labels=dict(volume_labels), driver_config=driver
+            )
         options: dict[str, Any] = {
             "name": name,
             "labels": dict(labels),
@@ -75,8 +85,15 @@ class ContainerStarts:
         return options
 
     async def start(
-        self, spec: SessionSpec, name: str, labels: Mapping[str, str], volume_labels: Mapping[str, str],
-        network: str | None = None, *, user: str | None = None, image: str | None = None,
+        self,
+        spec: SessionSpec,
+        name: str,
+        labels: Mapping[str, str],
+        volume_labels: Mapping[str, str],
+        network: str | None = None,
+        *,
+        user: str | None = None,
+        image: str | None = None,
     ) -> str:
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections.
         ``user``: the session's user (None: the provider's, else the image's); ``image``: another than the
@@ -88,13 +105,17 @@ class ContainerStarts:
             arch = await self.engine_arch()
             for attempt in (1, 2):
                 volume = await self.agent_volumes.volume_for(arch, image)
-                options = self.options(spec, name, labels, volume_labels, network, agent_volume=volume, user=user)
+                options = self.options(
+                    spec, name, labels, volume_labels, network, agent_volume=volume, user=user
+                )
                 try:
                     return await self._engine.create_container(image, options)
                 except EngineRefusedError as e:
                     if attempt == 2 or not is_missing_agent(e):
                         raise
-                    self.agent_volumes.forget(arch, image)  # removed behind our back: the engine made an empty one
+                    self.agent_volumes.forget(
+                        arch, image
+                    )  # removed behind our back: the engine made an empty one
             raise AssertionError("unreachable")
         except MissingImageError:
             raise self.missing_image(image) from None
@@ -122,9 +143,13 @@ class ContainerStarts:
         missing stops every create, the operator's to fix (503)."""
         sandbox = self._sandbox
         if image == sandbox.default_image:
-            setting = "DockerSandbox.image" if sandbox.image else "the default image: DockerSandbox.image is empty"
+            setting = (
+                "DockerSandbox.image" if sandbox.image else "the default image: DockerSandbox.image is empty"
+            )
             return SandboxUnavailableError(
                 f"no session can start: the provider's image {image!r} ({setting}) is not on the Docker engine at "
                 f"{sandbox.base_url}: {how_to_get(image)}"
             )
-        return rejected(f"image {image!r} is not on the Docker engine at {sandbox.base_url}: {how_to_get(image)}")
+        return rejected(
+            f"image {image!r} is not on the Docker engine at {sandbox.base_url}: {how_to_get(image)}"
+        )

@@ -55,7 +55,9 @@ class ForkImages:
         lock, wanting = self._freezing.setdefault(container_id, (asyncio.Lock(), [0]))
         wanting[0] += 1
         try:
-            async with lock:  # two forks of one source: the second must not take the first's freeze for a user's
+            async with (
+                lock
+            ):  # two forks of one source: the second must not take the first's freeze for a user's
                 attrs = await self._engine.inspect_container(container_id, what="inspect a session")
                 was_paused = self._stays_paused[container_id] = bool((attrs.get("State") or {}).get("Paused"))
                 try:
@@ -84,8 +86,12 @@ class ForkImages:
                 self._freezing.pop(container_id, None)
 
     async def _commit(self, container_id: str, fork_id: str) -> str:
-        return await self._engine.commit(container_id, repository=FORK_REPOSITORY, tag=fork_id,
-                                         labels={**self._labels, LABEL_FORK: fork_id})
+        return await self._engine.commit(
+            container_id,
+            repository=FORK_REPOSITORY,
+            tag=fork_id,
+            labels={**self._labels, LABEL_FORK: fork_id},
+        )
 
     async def drop(self, fork_id: str) -> None:
         """Remove the fork ``fork_id``'s image, and the fork images it stood on that nothing uses any more (a

@@ -190,15 +190,23 @@ class WarmPool:
         owner = owner or self.owner
         now = time.time()
         session_id = new_session_id()
-        labels = {**self._labels, LABEL_POOL: owner, LABEL_CREATED: repr(now), LABEL_EXPIRES: repr(now + self.idle_seconds)}
-        container_id, user = await self._start(f"tai-{session_id}", labels, {**self._labels, LABEL_POOL: owner}, network)
+        labels = {
+            **self._labels,
+            LABEL_POOL: owner,
+            LABEL_CREATED: repr(now),
+            LABEL_EXPIRES: repr(now + self.idle_seconds),
+        }
+        container_id, user = await self._start(
+            f"tai-{session_id}", labels, {**self._labels, LABEL_POOL: owner}, network
+        )
         return Ready(container_id, session_id, time.time(), user, network)
 
     def wants(self, network: str) -> bool:
         """Whether a spare waits, or is the next refill, on the owner network ``network`` (so the network
         stays when its owner's last session ends)."""
         return any(r.network == network for r in self._ready) or (
-            len(self._ready) < self.size and self._next_network() == network != "")
+            len(self._ready) < self.size and self._next_network() == network != ""
+        )
 
     def take(self, network: str) -> Ready | None:
         """A fresh pooled container for a session on the owner network ``network``: that owner's spare, else
@@ -212,7 +220,8 @@ class WarmPool:
                 self._ready.remove(ready)  # stale, or a spare for an owner who stopped coming
                 self._spawn(self._engine.remove_container(ready.container_id))
         found = next((r for r in self._ready if r.network == network), None) or next(
-            (r for r in self._ready if not r.network), None)
+            (r for r in self._ready if not r.network), None
+        )
         if found is not None:
             self._ready.remove(found)
         self._takers[network] = now

@@ -23,8 +23,16 @@ class PoolNetworks:
     """The networks of the warm pool's containers: the holding network ``holding`` and owners' egress
     networks. Every join and removal holds the network's lock."""
 
-    def __init__(self, engine: DockerEngine, pool: WarmPool, bridges: SessionBridges, locks: NetworkLocks, *,
-                 holding: str, log: Any) -> None:
+    def __init__(
+        self,
+        engine: DockerEngine,
+        pool: WarmPool,
+        bridges: SessionBridges,
+        locks: NetworkLocks,
+        *,
+        holding: str,
+        log: Any,
+    ) -> None:
         self._engine = engine
         self._pool = pool
         self._bridges = bridges
@@ -41,7 +49,9 @@ class PoolNetworks:
             await self._bridges.ensure(network, kind)
             return await start(network)
 
-    async def claim(self, ready: Ready, labels: Mapping[str, str], env: Mapping[str, str], network: str) -> str | None:
+    async def claim(
+        self, ready: Ready, labels: Mapping[str, str], env: Mapping[str, str], network: str
+    ) -> str | None:
         """Make a pooled container the session's, moving it to its owner's egress network ``network`` unless
         it waits there already; its record, or None when that failed (the container is then removed)."""
         if ready.network == network:  # the owner's spare
@@ -75,8 +85,11 @@ class PoolNetworks:
         except SandboxNotFoundError:
             pass  # the session already ended
         except SandboxError as e:
-            self._log.warning("sandbox-docker: %s stays on the pool's network (it reaches nothing there): %s",
-                              container_id[:12], e)
+            self._log.warning(
+                "sandbox-docker: %s stays on the pool's network (it reaches nothing there): %s",
+                container_id[:12],
+                e,
+            )
 
     async def drop_idle(self, owner_networks: Iterable[str]) -> None:
         """Remove, when idle, the owner networks of pooled sessions a pool reap may just have removed (it

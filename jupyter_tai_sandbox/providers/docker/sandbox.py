@@ -114,12 +114,22 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         if self.agent_transport == "exec":
             self._engine.direct_agent = False
         self._bridges = SessionBridges(
-            self._engine, locks=self._networks, labels=self.own_labels, pick_subnet=self._pick_subnet,
+            self._engine,
+            locks=self._networks,
+            labels=self.own_labels,
+            pick_subnet=self._pick_subnet,
             firewall=self._host_firewall(self.base_url),
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
-        self._agent_site = agent_site(self, self._engine, CommandRegistry(), answer_within=self.engine_timeout_seconds,
-                                      current_end=self._current_end, set_paused=self._set_paused, fork=self._fork)
+        self._agent_site = agent_site(
+            self,
+            self._engine,
+            CommandRegistry(),
+            answer_within=self.engine_timeout_seconds,
+            current_end=self._current_end,
+            set_paused=self._set_paused,
+            fork=self._fork,
+        )
         self._forks = ForkImages(self._engine, self.own_labels, self._agent_site.paused)
         self._starts = ContainerStarts(self, self._engine)
         self._pool = WarmPool(
@@ -130,8 +140,9 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             labels=self.own_labels,
             log=self.log,
         )
-        self._pool_networks = PoolNetworks(self._engine, self._pool, self._bridges, self._networks,
-                                           holding=self.pool_network, log=self.log)
+        self._pool_networks = PoolNetworks(
+            self._engine, self._pool, self._bridges, self._networks, holding=self.pool_network, log=self.log
+        )
 
     @property
     def engine(self) -> DockerEngine:
@@ -160,14 +171,16 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
 
     # ------------------------------------------------------------ containers
 
-    async def _start_pooled(self, name: str, labels: dict[str, str], volume_labels: dict[str, str],
-                            network: str) -> tuple[str, str]:
+    async def _start_pooled(
+        self, name: str, labels: dict[str, str], volume_labels: dict[str, str], network: str
+    ) -> tuple[str, str]:
         """A pooled container for the default spec (see PoolNetworks.start_on for where it waits); its id and
         session user."""
         spec = self._limited(SessionSpec())
         user = await self._starts.session_user(self._image_of(spec))
         container_id = await self._pool_networks.start_on(
-            network, lambda on: self._starts.start(spec, name, labels, volume_labels, on, user=user))
+            network, lambda on: self._starts.start(spec, name, labels, volume_labels, on, user=user)
+        )
         # its agent connection and environment are ready before a claim: the first command goes at once
         with contextlib.suppress(SandboxError):
             await self._agent_site.warm(container_id)
@@ -193,7 +206,9 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         networks = set()
         for volume in records:
             with contextlib.suppress(KeyError, ValueError, SandboxError):
-                networks.add(str(self._network_of(self._session_from_pooled(self._pool.from_record(volume, {})).spec)))
+                networks.add(
+                    str(self._network_of(self._session_from_pooled(self._pool.from_record(volume, {})).spec))
+                )
         return networks - {"None"}
 
     # -------------------------------------------------------------- sessions
@@ -207,19 +222,41 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = self._new_labels(session_id, spec, now, expires, user)
-        return self._agent_site.remember(await user_checked(await self._create(spec, session_id, labels, now, expires, pooled)))
+        return self._agent_site.remember(
+            await user_checked(await self._create(spec, session_id, labels, now, expires, pooled))
+        )
 
-    async def _create(self, spec: SessionSpec, session_id: str, labels: dict[str, str], now: float,
-                      expires: float, pooled: Ready | None, image: str | None = None,
-                      own_image: bool = False) -> DockerSession:
+    async def _create(
+        self,
+        spec: SessionSpec,
+        session_id: str,
+        labels: dict[str, str],
+        now: float,
+        expires: float,
+        pooled: Ready | None,
+        image: str | None = None,
+        own_image: bool = False,
+    ) -> DockerSession:
         """The session's container: ``pooled`` (taken from the warm pool) when its claim works, else a new one
         (of ``image``: a fork's, committed for it when ``own_image``; else the spec's)."""
         if pooled is not None:
             record = await self._pool_networks.claim(pooled, labels, spec.env, str(self._network_of(spec)))
             if record is not None:
-                self.log.debug("sandbox-docker: created %s in pooled container %s", session_id, pooled.container_id[:12])
-                return DockerSession(self._agent_site, pooled.container_id, session_id, spec, now, expires,
-                                     engine=self._engine, record=record, extra_env=spec.env, user=labels.get(LABEL_USER, ""))
+                self.log.debug(
+                    "sandbox-docker: created %s in pooled container %s", session_id, pooled.container_id[:12]
+                )
+                return DockerSession(
+                    self._agent_site,
+                    pooled.container_id,
+                    session_id,
+                    spec,
+                    now,
+                    expires,
+                    engine=self._engine,
+                    record=record,
+                    extra_env=spec.env,
+                    user=labels.get(LABEL_USER, ""),
+                )
         if spec.durability == "persistent":
             await self._workspace(spec)
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
@@ -228,17 +265,29 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             async with self._networks.hold(network):
                 await self._bridges.ensure(network, spec.network)
                 try:
-                    container_id = await self._starts.start(spec, *names, network, user=labels.get(LABEL_USER, ""),
-                                                            image=image)
+                    container_id = await self._starts.start(
+                        spec, *names, network, user=labels.get(LABEL_USER, ""), image=image
+                    )
                 except BaseException:
                     with contextlib.suppress(SandboxError):
                         await self._bridges.drop(network)
                     raise
         else:
-            container_id = await self._starts.start(spec, *names, user=labels.get(LABEL_USER, ""), image=image)
+            container_id = await self._starts.start(
+                spec, *names, user=labels.get(LABEL_USER, ""), image=image
+            )
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
-        return DockerSession(self._agent_site, container_id, session_id, spec, now, expires, engine=self._engine,
-                             user=labels.get(LABEL_USER, ""), own_image=own_image)
+        return DockerSession(
+            self._agent_site,
+            container_id,
+            session_id,
+            spec,
+            now,
+            expires,
+            engine=self._engine,
+            user=labels.get(LABEL_USER, ""),
+            own_image=own_image,
+        )
 
     async def _fork(self, source: DockerSession) -> DockerSession:  # type: ignore[override]
         """A new session of the source's owner and spec holding its files now (see forks: the workspace,
@@ -246,13 +295,17 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         spec = source.spec
         if spec.durability == "persistent":
             raise SandboxUnsupportedError(
-                "a persistent workspace has one live session at a time: fork an ephemeral session", operation="fork")
+                "a persistent workspace has one live session at a time: fork an ephemeral session",
+                operation="fork",
+            )
         session_id = new_session_id()
         now = time.time()
         expires = now + spec.ttl_seconds
         labels = self._new_labels(session_id, spec, now, expires, source.user)
         async with self._forks.frozen(source.container_id, session_id) as (image, committed):
-            session = await self._create(spec, session_id, labels, now, expires, None, image=image, own_image=committed)
+            session = await self._create(
+                spec, session_id, labels, now, expires, None, image=image, own_image=committed
+            )
             try:
                 await self._engine.copy_folder(source.container_id, session.container_id, WORKSPACE)
             except BaseException:
@@ -262,9 +315,18 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         self.log.debug("sandbox-docker: forked %s from %s", session_id, source.id)
         return self._agent_site.remember(await user_checked(session))
 
-    def _session_from(self, container_id: str, labels: Mapping[str, str], env: Sequence[str] | None, *,
-                      record: str | None = None, pooled: bool = False) -> DockerSession:
-        return session_of(self._agent_site, self._engine, container_id, labels, env, record=record, pooled=pooled)
+    def _session_from(
+        self,
+        container_id: str,
+        labels: Mapping[str, str],
+        env: Sequence[str] | None,
+        *,
+        record: str | None = None,
+        pooled: bool = False,
+    ) -> DockerSession:
+        return session_of(
+            self._agent_site, self._engine, container_id, labels, env, record=record, pooled=pooled
+        )
 
     def _session_from_pooled(self, pooled: PooledSession) -> DockerSession:
         """A session in a pooled container: its spec env (not in the container's) goes to every exec."""
@@ -305,30 +367,44 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             return await self._get_pooled(session_id)
         self._agent_site.note_state(attrs["Id"], attrs)
         try:
-            return self._session_from(attrs["Id"], attrs["Config"].get("Labels") or {}, attrs["Config"].get("Env"))
+            return self._session_from(
+                attrs["Id"], attrs["Config"].get("Labels") or {}, attrs["Config"].get("Env")
+            )
         except (KeyError, ValueError, SandboxError) as e:
-            raise SandboxNotFoundError(f"container {attrs['Id'][:12]} has unreadable session labels: {e}") from None
+            raise SandboxNotFoundError(
+                f"container {attrs['Id'][:12]} has unreadable session labels: {e}"
+            ) from None
 
     async def list(self) -> list[SessionInfo]:
         await self._connect()
         summaries, records, pooled, ttls = await asyncio.gather(
-            self._engine.containers(LABEL_SESSION), self._pool.records(), self._pool.containers(),
+            self._engine.containers(LABEL_SESSION),
+            self._pool.records(),
+            self._pool.containers(),
             self._ttls.of(),
         )
         ttls = expiries(ttls)
         alive = {c["Id"] for c in pooled}
         infos = []
         for summary in summaries:
-            self._agent_site.note_state(summary["Id"], {"State": {"Paused": summary.get("State") == "paused"}})
+            self._agent_site.note_state(
+                summary["Id"], {"State": {"Paused": summary.get("State") == "paused"}}
+            )
             try:
-                infos.append(retimed(self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls)._info())
+                infos.append(
+                    retimed(
+                        self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls
+                    )._info()
+                )
             except (KeyError, ValueError, SandboxError):
                 continue
         for volume in records:
             if (volume.get("Labels") or {}).get(LABEL_RECORD) not in alive:
                 continue  # its container is gone: the reap removes the record
             try:
-                infos.append(retimed(self._session_from_pooled(self._pool.from_record(volume, {})), ttls)._info())
+                infos.append(
+                    retimed(self._session_from_pooled(self._pool.from_record(volume, {})), ttls)._info()
+                )
             except (KeyError, ValueError, SandboxError):
                 continue
         return sorted(infos, key=lambda i: i.created_at)

@@ -160,7 +160,9 @@ class EngineCalls:
             address = EngineAddress(self.base_url)
             docker = docker_sdk()
             if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="docker-engine")
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    WORKERS, thread_name_prefix="docker-engine"
+                )
 
             def connect() -> Any:
                 return docker.DockerClient(
@@ -191,12 +193,16 @@ class EngineCalls:
             status = getattr(getattr(error, "response", None), "status_code", None)
             detail = readable(error)
             return EngineRefusedError(
-                f"the Docker engine at {self.base_url} refused to {what}: {detail}", status=status, detail=detail
+                f"the Docker engine at {self.base_url} refused to {what}: {detail}",
+                status=status,
+                detail=detail,
             )
         if isinstance(error, (errors.DockerException, OSError)) or type(error).__module__.startswith(
             ("requests", "urllib3")
         ):
-            return SandboxUnavailableError(f"cannot reach the Docker engine at {self.base_url} to {what}: {error}")
+            return SandboxUnavailableError(
+                f"cannot reach the Docker engine at {self.base_url} to {what}: {error}"
+            )
         return error
 
     def unanswered(self, within: float, what: str) -> SandboxUnavailableError:
@@ -231,7 +237,9 @@ class EngineCalls:
                 raise self.unanswered(self.timeout, "run any call") from None
             raise
 
-    async def _held_thread(self, release: Callable[[], None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _held_thread(
+        self, release: Callable[[], None], fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
         loop = asyncio.get_running_loop()
         try:
             assert self._executor is not None
@@ -261,7 +269,9 @@ class EngineCalls:
         """:meth:`_call` bounded by ``slow_timeout``."""
         return await self._call_within(self.slow_timeout, what, fn, *args, **kwargs)
 
-    async def _call_within(self, within: float, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
+    async def _call_within(
+        self, within: float, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any
+    ) -> T:
         await self.connect()
         if isinstance(fn, str):
             fn = getattr(self._api, fn)
@@ -285,7 +295,9 @@ class EngineCalls:
         try:
             return dict(await self._call(f"inspect image {name}", "inspect_image", name))
         except SandboxNotFoundError:
-            raise MissingImageError(f"image {name!r} is not on the Docker engine at {self.base_url}", image=name) from None
+            raise MissingImageError(
+                f"image {name!r} is not on the Docker engine at {self.base_url}", image=name
+            ) from None
 
     async def image_user(self, name: str) -> str:
         """The image's USER ('' when it names none); MissingImageError when the engine lacks it."""
@@ -319,7 +331,9 @@ class EngineCalls:
         wanted = [label] if isinstance(label, str) else list(label)
         return wanted + [f"{k}={v}" for k, v in self.scope.items()]
 
-    async def inspect_container(self, container_id: str, *, what: str = "inspect a container") -> dict[str, Any]:
+    async def inspect_container(
+        self, container_id: str, *, what: str = "inspect a container"
+    ) -> dict[str, Any]:
         """The container's description; one of another deployment is SandboxNotFoundError, like none."""
         attrs = await self._call(what, "inspect_container", container_id)
         if not self.in_scope((attrs.get("Config") or {}).get("Labels")):

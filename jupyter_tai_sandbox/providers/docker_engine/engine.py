@@ -54,7 +54,11 @@ class DockerEngine(EngineExecs, EngineImages, EngineNetworks, EngineVolumes):
     # ---------------------------------------------------------- containers
 
     async def create_container(
-        self, image: str, options: Mapping[str, Any], *, what: str = "create a container",
+        self,
+        image: str,
+        options: Mapping[str, Any],
+        *,
+        what: str = "create a container",
     ) -> str:
         """Create and start a container (``options`` as the SDK's ``containers.create`` takes them).
 
@@ -69,7 +73,8 @@ class DockerEngine(EngineExecs, EngineImages, EngineNetworks, EngineVolumes):
                 container = self._client.containers.create(image, **options)
             except docker.errors.ImageNotFound as e:
                 raise MissingImageError(
-                    f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
+                    f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}",
+                    image=image,
                 ) from None
             try:
                 container.start()
@@ -105,7 +110,9 @@ class DockerEngine(EngineExecs, EngineImages, EngineNetworks, EngineVolumes):
         # a thread of its own: the engine object may be closed meanwhile
         threading.Thread(target=remove, name="docker-engine-late-remove", daemon=False).start()
 
-    async def containers(self, label: str | Sequence[str], *, what: str = "list containers") -> list[dict[str, Any]]:
+    async def containers(
+        self, label: str | Sequence[str], *, what: str = "list containers"
+    ) -> list[dict[str, Any]]:
         """Summaries of every container (all states) of the deployment carrying ``label`` (``key`` or
         ``key=value``; all of a list)."""
         await self.connect()

@@ -48,7 +48,12 @@ class EngineExecs(EngineCalls):
         self, container_id: str, cmd: Sequence[str], *, env: Mapping[str, str] | None, stdin: bool, tty: bool
     ) -> str:
         created = await self._call(
-            "create a command", "exec_create", container_id, list(cmd), stdin=stdin, tty=tty,
+            "create a command",
+            "exec_create",
+            container_id,
+            list(cmd),
+            stdin=stdin,
+            tty=tty,
             environment=dict(env or {}),
         )
         return str(created["Id"])
@@ -89,7 +94,9 @@ class EngineExecs(EngineCalls):
                 else:
                     self.direct_agent = True
                     return client
-        exec_id = await self.exec_create(container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False)
+        exec_id = await self.exec_create(
+            container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False
+        )
         reader, writer = await self.exec_start(exec_id, False)
         try:
             return await open_docker_streams(reader, writer)
@@ -134,7 +141,9 @@ class EngineExecs(EngineCalls):
         Bounded: an engine that does not answer by then is a SandboxUnavailableError.
         """
         loop = asyncio.get_running_loop()
-        give_up: float | None = None  # counted from the first answer: a wait for the caller's share is not the engine's
+        give_up: float | None = (
+            None  # counted from the first answer: a wait for the caller's share is not the engine's
+        )
         while True:
             left = within if give_up is None else max(give_up - loop.time(), 0.2)
             info = await self._call_within(left, "report a command's exit", "exec_inspect", exec_id)
@@ -147,7 +156,12 @@ class EngineExecs(EngineCalls):
             await asyncio.sleep(0.02)
 
     async def run(
-        self, container_id: str, cmd: Sequence[str], *, said: list[bytes] | None = None, limit: int = RUN_OUTPUT_LIMIT
+        self,
+        container_id: str,
+        cmd: Sequence[str],
+        *,
+        said: list[bytes] | None = None,
+        limit: int = RUN_OUTPUT_LIMIT,
     ) -> tuple[int, bytes, bytes]:
         """Run a helper command (no stdin, no tty) to its end: status, stdout, stderr.
 
@@ -173,7 +187,9 @@ class EngineExecs(EngineCalls):
             raise SandboxError("the engine did not report the helper command's exit status")
         return code, bytes(out), bytes(err)
 
-    def run_blocking(self, container_id: str, cmd: Sequence[str], *, limit: int = 64 << 10) -> tuple[int, bytes]:
+    def run_blocking(
+        self, container_id: str, cmd: Sequence[str], *, limit: int = 64 << 10
+    ) -> tuple[int, bytes]:
         """:meth:`run` for a synchronous caller, in the calling thread: status and stdout (stderr is
         dropped), output capped at ``limit`` bytes, three engine calls whatever the command does.
         Bounded by ``slow_timeout`` (a command still talking then is a SandboxUnavailableError)."""
@@ -244,13 +260,19 @@ class EngineExecs(EngineCalls):
 
         def read() -> bytes:
             api = self._api
-            response = api._get(api._url("/containers/{0}/archive", container_id), params={"path": path}, stream=True)
+            response = api._get(
+                api._url("/containers/{0}/archive", container_id), params={"path": path}, stream=True
+            )
             try:
                 api._raise_for_status(response)
                 with contextlib.suppress(KeyError, ValueError, TypeError):
-                    size = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))["size"]
+                    size = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))[
+                        "size"
+                    ]
                     if int(size) > limit:
-                        raise SandboxError(f"{path} in the container is {size} bytes, over the {limit} this reads")
+                        raise SandboxError(
+                            f"{path} in the container is {size} bytes, over the {limit} this reads"
+                        )
                 raw = bytearray()
                 for chunk in response.iter_content(64 << 10):
                     raw += chunk
@@ -261,7 +283,9 @@ class EngineExecs(EngineCalls):
             with tarfile.open(fileobj=io.BytesIO(bytes(raw)), mode="r|") as tar:
                 member = tar.next()
                 if member is not None and member.size > limit:
-                    raise SandboxError(f"{path} in the container is {member.size} bytes, over the {limit} this reads")
+                    raise SandboxError(
+                        f"{path} in the container is {member.size} bytes, over the {limit} this reads"
+                    )
                 handle = tar.extractfile(member) if member is not None else None
                 return handle.read(limit + 1)[:limit] if handle is not None else b""
 

@@ -29,8 +29,13 @@ class EngineImages(EngineCalls):
         The engine puts the container's own labels in the image too (and so in containers made from it):
         ``labels`` (with the deployment's) are added, and win over the container's of the same name."""
         made = await self._slow_call(
-            f"commit container {container_id[:12]}", "commit", container_id, repository=repository, tag=tag,
-            conf={"Labels": self.scoped_labels(labels)}, pause=False,
+            f"commit container {container_id[:12]}",
+            "commit",
+            container_id,
+            repository=repository,
+            tag=tag,
+            conf={"Labels": self.scoped_labels(labels)},
+            pause=False,
         )
         return str(made["Id"])
 
@@ -44,7 +49,9 @@ class EngineImages(EngineCalls):
 
     async def images(self, label: str) -> list[dict[str, Any]]:
         """Summaries of the deployment's images carrying ``label`` (``key`` or ``key=value``)."""
-        return list(await self._call("list images", "images", filters={"label": self.label_filter(label)}) or [])
+        return list(
+            await self._call("list images", "images", filters={"label": self.label_filter(label)}) or []
+        )
 
     async def remove_image(self, image_id: str) -> bool:
         """Remove an image (a missing one is fine); False when the engine refuses because something still
@@ -59,11 +66,19 @@ class EngineImages(EngineCalls):
             return False
         return True
 
-    async def import_image(self, archive: bytes, *, repository: str, tag: str, changes: Sequence[str]) -> None:
+    async def import_image(
+        self, archive: bytes, *, repository: str, tag: str, changes: Sequence[str]
+    ) -> None:
         """``archive`` (a tar of a root filesystem) as the image ``repository:tag`` (``changes``: Dockerfile
         instructions such as CMD): an image every deployment on the engine shares, as a built one."""
-        await self._slow_call(f"import image {repository}:{tag}", "import_image_from_data", archive,
-                              repository=repository, tag=tag, changes=list(changes))
+        await self._slow_call(
+            f"import image {repository}:{tag}",
+            "import_image_from_data",
+            archive,
+            repository=repository,
+            tag=tag,
+            changes=list(changes),
+        )
 
     async def run_long(self, what: str, within: float, fn: Callable[..., T], *args: Any) -> T:
         """A blocking function of the caller's that calls the engine (:attr:`api`) for a long while, such as an
@@ -78,7 +93,12 @@ class EngineImages(EngineCalls):
         def copy() -> None:
             chunks, _ = self._api.get_archive(source, f"{folder.rstrip('/')}/.", chunk_size=1 << 20)
             if not self._api.put_archive(target, folder, chunks):
-                raise EngineRefusedError(f"copy {folder} into container {target[:12]}: the engine refused",
-                                         status=None, detail="put_archive returned false")
+                raise EngineRefusedError(
+                    f"copy {folder} into container {target[:12]}: the engine refused",
+                    status=None,
+                    detail="put_archive returned false",
+                )
 
-        await self._call_within(max(self.slow_timeout, COPY_SECONDS), f"copy {folder} between containers", copy)
+        await self._call_within(
+            max(self.slow_timeout, COPY_SECONDS), f"copy {folder} between containers", copy
+        )

@@ -99,7 +99,9 @@ def check_deployment(name: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError("a deployment name cannot be empty")
     if len(name) > DEPLOYMENT_MAX_LENGTH or not name.isprintable():
-        raise ValueError(f"a deployment name is 1-{DEPLOYMENT_MAX_LENGTH} printable characters, not {name[:40]!r}")
+        raise ValueError(
+            f"a deployment name is 1-{DEPLOYMENT_MAX_LENGTH} printable characters, not {name[:40]!r}"
+        )
     return name
 
 

@@ -13,7 +13,9 @@ from typing import Any
 from .calls import EngineCalls, EngineRefusedError, docker_sdk, readable
 
 #: how long a network's removal waits for the endpoints of containers just removed to go
-LEAVING_WAIT_SECONDS = 10.0  # 3 s was not enough for a loaded engine (an egress network left in two -n 4 runs)
+LEAVING_WAIT_SECONDS = (
+    10.0  # 3 s was not enough for a loaded engine (an egress network left in two -n 4 runs)
+)
 
 
 class EngineNetworks(EngineCalls):
@@ -33,11 +35,26 @@ class EngineNetworks(EngineCalls):
         """Create the bridge network ``name`` unless it exists. ``subnet`` picks its IPv4 subnet from
         the engine's networks (every network, so it overlaps none; it raises when none is free); a
         subnet a concurrent creator took meanwhile is picked again."""
-        await self._slow_call(f"create network {name}", self._ensure_network, name, labels, subnet, "engine",
-                              driver="bridge", internal=internal, options=dict(options))
+        await self._slow_call(
+            f"create network {name}",
+            self._ensure_network,
+            name,
+            labels,
+            subnet,
+            "engine",
+            driver="bridge",
+            internal=internal,
+            options=dict(options),
+        )
 
-    def _ensure_network(self, name: str, labels: Mapping[str, str], subnet: Callable[[list[dict[str, Any]]], str],
-                        where: str, **create: Any) -> None:
+    def _ensure_network(
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        subnet: Callable[[list[dict[str, Any]]], str],
+        where: str,
+        **create: Any,
+    ) -> None:
         """(Blocking.) Create the network ``name`` (the engine's ``create`` options) unless it exists, on a subnet
         ``subnet`` picks from every network of the engine; a name another creator took meanwhile is found, a
         subnet taken meanwhile picked again. ``where``: the engine as an error names it ("this swarm")."""
@@ -48,19 +65,27 @@ class EngineNetworks(EngineCalls):
             if found:
                 if not self.in_scope(found[0].get("Labels")):
                     raise EngineRefusedError(
-                        f"network {name} belongs to another deployment on this {where}", status=409, detail="taken")
+                        f"network {name} belongs to another deployment on this {where}",
+                        status=409,
+                        detail="taken",
+                    )
                 return
-            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet(api.networks()))])
+            ipam = docker.types.IPAMConfig(
+                pool_configs=[docker.types.IPAMPool(subnet=subnet(api.networks()))]
+            )
             try:
-                api.create_network(name, check_duplicate=True, ipam=ipam, labels=self.scoped_labels(labels), **create)
+                api.create_network(
+                    name, check_duplicate=True, ipam=ipam, labels=self.scoped_labels(labels), **create
+                )
                 return
             except docker.errors.APIError as e:
                 if e.status_code == 409:  # another provider on this engine made it meanwhile
                     continue
                 if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
                     raise
-        raise EngineRefusedError(f"network {name}: every subnet picked was taken meanwhile", status=409,
-                                 detail="subnet race")
+        raise EngineRefusedError(
+            f"network {name}: every subnet picked was taken meanwhile", status=409, detail="subnet race"
+        )
 
     async def networks(self, label: str) -> list[dict[str, Any]]:
         """The deployment's networks carrying ``label``."""
@@ -68,10 +93,17 @@ class EngineNetworks(EngineCalls):
         return list(found or [])
 
     async def network_connect(self, container_id: str, network: str) -> None:
-        await self._slow_call(f"connect a container to {network}", "connect_container_to_network", container_id, network)
+        await self._slow_call(
+            f"connect a container to {network}", "connect_container_to_network", container_id, network
+        )
 
     async def network_disconnect(self, container_id: str, network: str) -> None:
-        await self._call(f"disconnect a container from {network}", "disconnect_container_from_network", container_id, network)
+        await self._call(
+            f"disconnect a container from {network}",
+            "disconnect_container_from_network",
+            container_id,
+            network,
+        )
 
     async def drop_network_if_idle(self, name: str, *, leaving: Collection[str] = ()) -> bool:
         """Remove network ``name`` when no container is on it; True when it is gone.

@@ -43,11 +43,14 @@ class EngineVolumes(EngineCalls):
     async def create_volume(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
         """Create a volume of the deployment; the engine returns an existing one of that name unchanged
         (check its labels): one of another deployment is an EngineRefusedError (409)."""
-        made = await self._call(f"create volume {name}", "create_volume", name, labels=self.scoped_labels(labels))
+        made = await self._call(
+            f"create volume {name}", "create_volume", name, labels=self.scoped_labels(labels)
+        )
         if not self.in_scope(made.get("Labels")):
             raise EngineRefusedError(
                 f"create volume {name}: another deployment on this engine holds that name",
-                status=409, detail="the name is taken",
+                status=409,
+                detail="the name is taken",
             )
         return made
 
@@ -56,8 +59,16 @@ class EngineVolumes(EngineCalls):
         found = await self._call("list volumes", "volumes", filters={"label": self.label_filter(label)})
         return list((found or {}).get("Volumes") or [])
 
-    async def fill_shared_volume(self, name: str, image: str, archive: bytes, *, labels: Mapping[str, str],
-                                 refill: bool = False, stale_seconds: float = 60.0) -> None:
+    async def fill_shared_volume(
+        self,
+        name: str,
+        image: str,
+        archive: bytes,
+        *,
+        labels: Mapping[str, str],
+        refill: bool = False,
+        stale_seconds: float = 60.0,
+    ) -> None:
         """Make the engine-wide volume ``name`` hold ``archive``, unless it does already (``refill``: even
         then). The volume is shared by every deployment on the engine, like an image, so it carries
         ``labels`` and no deployment's. It is filled through a container of ``image`` named ``<name>-fill``,
@@ -92,12 +103,17 @@ class EngineVolumes(EngineCalls):
                 mount = docker.types.Mount("/fill", name, type="volume", labels=dict(labels))
                 try:
                     made = api.create_container(
-                        image, name=filler, entrypoint=["/fill/none"], command=[], labels=dict(labels),
+                        image,
+                        name=filler,
+                        entrypoint=["/fill/none"],
+                        command=[],
+                        labels=dict(labels),
                         host_config=api.create_host_config(mounts=[mount], network_mode="none"),
                     )
                 except docker.errors.ImageNotFound as e:
                     raise MissingImageError(
-                        f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}", image=image
+                        f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}",
+                        image=image,
                     ) from None
                 except docker.errors.APIError as e:
                     if getattr(e.response, "status_code", None) == 409:

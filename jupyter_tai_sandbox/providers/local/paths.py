@@ -72,7 +72,9 @@ def path_errors(path: str, action: str) -> Iterator[None]:
     except SandboxError:
         raise
     except FileNotFoundError:
-        raise SandboxNotFoundError(f"cannot {action} {path!r}: no such file or folder in the workspace") from None
+        raise SandboxNotFoundError(
+            f"cannot {action} {path!r}: no such file or folder in the workspace"
+        ) from None
     except OSError as e:
         reason = e.strerror or str(e)
         if e.errno in _HOST_ERRNOS:

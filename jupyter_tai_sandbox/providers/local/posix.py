@@ -35,7 +35,9 @@ def exit_status(returncode: int) -> int:
 
 
 #: reset by Popen itself (``restore_signals``); Python ignores SIGPIPE in every process of its own
-_RESTORED_BY_POPEN = {getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)}
+_RESTORED_BY_POPEN = {
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+}
 _CATCHABLE = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP} - _RESTORED_BY_POPEN)
 
 

@@ -185,7 +185,9 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 # under the lease: a removal of this key cannot run meanwhile
                 claim_or_check_owner(self._root / ".owners", lease.key, spec.owner)
             if workspace.is_symlink() or (workspace.exists() and not workspace.is_dir()):
-                raise SandboxSpecRejectedError(f"{workspace} exists and is not a folder: it cannot be a workspace")
+                raise SandboxSpecRejectedError(
+                    f"{workspace} exists and is not a folder: it cannot be a workspace"
+                )
             workspace.mkdir(parents=True, exist_ok=True)
             self._write_sidecar(session_id, record)
         except BaseException:
@@ -206,7 +208,9 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         try:
             record = json.loads(self._sidecar(session_id).read_text())
         except (OSError, ValueError) as e:
-            raise SandboxNotFoundError(f"session {session_id}: its record is gone or unreadable ({e})") from None
+            raise SandboxNotFoundError(
+                f"session {session_id}: its record is gone or unreadable ({e})"
+            ) from None
         record["expires_at"] = expires_at
         self._write_sidecar(session_id, record)
 
@@ -246,7 +250,11 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         except (OSError, ValueError, TypeError, KeyError, SandboxError):
             return None
         origin = record.get("process")
-        if origin != _THIS_PROCESS and isinstance(origin, str) and process_identity(record.get("pid", 0)) == origin:
+        if (
+            origin != _THIS_PROCESS
+            and isinstance(origin, str)
+            and process_identity(record.get("pid", 0)) == origin
+        ):
             return None  # its server process still runs: the session is that server's, not ours
         workspace = self._workspace_of(session_id, spec)
         if expires_at <= time.time() or not workspace.is_dir() or workspace.is_symlink():
@@ -261,13 +269,16 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             # the commands its server left run without the deadlines that server enforced: stop them
             left = kill_marked(session_id)
             if left:
-                self.log.warning("sandbox-local: stopped %d process(es) a dead server left in %s", len(left), session_id)
+                self.log.warning(
+                    "sandbox-local: stopped %d process(es) a dead server left in %s", len(left), session_id
+                )
         session = self.session_class(self, session_id, spec, workspace, created_at)
         session.expires_at = expires_at
         session.lease = lease
         if record["spec"].get("env"):
             self.log.warning(
-                "sandbox-local: adopted session %s runs without its env values (never kept on disk)", session_id
+                "sandbox-local: adopted session %s runs without its env values (never kept on disk)",
+                session_id,
             )
         self._sessions[session_id] = session
         return session

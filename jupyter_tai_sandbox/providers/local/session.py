@@ -135,7 +135,9 @@ class LocalSession(ShellFileOps, SandboxSession):
             await command.start(args, env=env_, cwd=cwd_, stdin=stdin, holder=holder, window=request.window)
         except OSError as e:
             if e.errno in _NOT_RUNNABLE:  # the request's fault: a 4xx naming argv
-                raise SandboxRequestError(f"argv: could not start {args[0][:200]!r}: {e.strerror}", field="argv") from None
+                raise SandboxRequestError(
+                    f"argv: could not start {args[0][:200]!r}: {e.strerror}", field="argv"
+                ) from None
             raise SandboxError(f"could not start {args[0][:200]!r}: {e.strerror}") from e
         if not (pty or self._destroyed or self._spare_holder):
             self._spare_holder = spawn_group_holder()
@@ -188,7 +190,9 @@ class LocalSession(ShellFileOps, SandboxSession):
         with path_errors(path, "write"):
             target = self._host_path(path)
             if target == self.workspace:
-                raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
+                raise SandboxPathError(
+                    "put_file needs a file path inside the workspace, not the workspace itself"
+                )
             fd, temp = await asyncio.to_thread(self._open_upload, path, target)
             handle = os.fdopen(fd, "wb")
             try:

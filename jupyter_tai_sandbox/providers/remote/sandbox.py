@@ -105,7 +105,9 @@ def session_info(
             paused=bool(data.get("paused")),
         )
     except (KeyError, TypeError, ValueError, SandboxError) as e:
-        raise SandboxError(f"the remote sandbox server sent a session this provider cannot read: {e}") from None
+        raise SandboxError(
+            f"the remote sandbox server sent a session this provider cannot read: {e}"
+        ) from None
 
 
 class RemoteSession(SandboxSession):
@@ -135,7 +137,9 @@ class RemoteSession(SandboxSession):
     async def set_expiry(self, expires_at: float) -> SessionInfo:
         """The remote's PATCH: its own limits (its SandboxPolicy.max_ttl_seconds) apply, refused as 400."""
         ttl = expires_at - self._info.created_at
-        self._info = session_info(await self._client.extend(self._id, ttl), self._env, self._sandbox.own_consumer)
+        self._info = session_info(
+            await self._client.extend(self._id, ttl), self._env, self._sandbox.own_consumer
+        )
         return self._info
 
     @property
@@ -158,7 +162,9 @@ class RemoteSession(SandboxSession):
 
     async def fork(self) -> SandboxSession:
         data = await self._client.fork(self._id)
-        return self._sandbox.session_class(self._sandbox, session_info(data, self._env, self._sandbox.own_consumer))
+        return self._sandbox.session_class(
+            self._sandbox, session_info(data, self._env, self._sandbox.own_consumer)
+        )
 
     # ---------------------------------------------------------------- exec
 
@@ -216,7 +222,9 @@ class RemoteSession(SandboxSession):
     async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
         rel = self._relative(path)
         if not rel:
-            raise SandboxPathError("put_file needs a file path inside the workspace, not the workspace itself")
+            raise SandboxPathError(
+                "put_file needs a file path inside the workspace, not the workspace itself"
+            )
         await self._client.upload(self._id, rel, data)
 
     async def get_file(self, path: str) -> bytes:
@@ -226,7 +234,9 @@ class RemoteSession(SandboxSession):
         """The file as it arrives (a few pieces ahead of the reader at most)."""
         rel = self._relative(path)
         if not rel:
-            raise SandboxPathError("get_file needs a file path inside the workspace, not the workspace itself")
+            raise SandboxPathError(
+                "get_file needs a file path inside the workspace, not the workspace itself"
+            )
         async for chunk in self._client.iter_download(self._id, rel):
             yield chunk
 
@@ -355,7 +365,9 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             if self.client_cert:
                 context.load_cert_chain(self.client_cert, self.client_key or None)
         except (OSError, ssl.SSLError) as e:
-            raise SandboxUnavailableError(f"RemoteSandbox TLS settings (ca_file, client_cert, client_key): {e}") from None
+            raise SandboxUnavailableError(
+                f"RemoteSandbox TLS settings (ca_file, client_cert, client_key): {e}"
+            ) from None
         if not self.validate_cert:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
@@ -383,11 +395,15 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             isolation = status["max_isolation"]
             ceiling = (status.get("policy") or {}).get("egress", "egress")
             networks = frozenset(
-                n for n in status["networks"] if n in NETWORK_ORDER and network_rank(n) <= network_rank(ceiling)
+                n
+                for n in status["networks"]
+                if n in NETWORK_ORDER and network_rank(n) <= network_rank(ceiling)
             )
             limits = bool(status["supports_limits"])
         except (KeyError, TypeError, ValueError) as e:
-            raise SandboxUnavailableError(f"the remote's status cannot be read ({e!r}): is it this extension?") from None
+            raise SandboxUnavailableError(
+                f"the remote's status cannot be read ({e!r}): is it this extension?"
+            ) from None
         if isolation not in ISOLATION_ORDER:
             raise SandboxUnavailableError(f"the remote reports an unknown isolation {isolation!r}")
         self.kind, self.max_isolation, self.networks, self.supports_limits = kind, isolation, networks, limits
@@ -399,7 +415,11 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         own = status.get("consumer")
         #: the token's own consumer label on the remote (the prefix of the consumer labels sent)
         self.own_consumer = (
-            own if kind_of(own) == USER else user_label(self.principal) if self.principal is not None else None
+            own
+            if kind_of(own) == USER
+            else user_label(self.principal)
+            if self.principal is not None
+            else None
         )
 
     # ------------------------------------------------------------ sessions
@@ -428,7 +448,9 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         await self.remote_status()
         if not isinstance(session_id, str) or not session_id or "/" in session_id:
             raise SandboxNotFoundError(f"no remote sandbox session {session_id!r}")
-        return self.session_class(self, session_info(await self.client.info(session_id), own=self.own_consumer))
+        return self.session_class(
+            self, session_info(await self.client.info(session_id), own=self.own_consumer)
+        )
 
     async def list(self) -> list[SessionInfo]:
         await self.remote_status()

@@ -128,14 +128,22 @@ class SwarmEngine(DockerEngine):
     async def connect(self) -> None:
         await super().connect()
         if self._material is not None and not isinstance(self._address, TlsEngineAddress):
-            self._address = TlsEngineAddress(self.base_url, self._material.context(), limit=self._connect_limit)
+            self._address = TlsEngineAddress(
+                self.base_url, self._material.context(), limit=self._connect_limit
+            )
 
     # ------------------------------------------------------------ services
 
-    async def create_service(self, task_template: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> str:
+    async def create_service(
+        self, task_template: Mapping[str, Any], *, name: str, labels: Mapping[str, str]
+    ) -> str:
         """Create a one-replica service; its id."""
         created = await self._call(
-            "create a service", "create_service", dict(task_template), name=name, labels=self.scoped_labels(labels),
+            "create a service",
+            "create_service",
+            dict(task_template),
+            name=name,
+            labels=self.scoped_labels(labels),
             mode=docker_sdk().types.ServiceMode("replicated", replicas=1),
             endpoint_spec=docker_sdk().types.EndpointSpec(mode="dnsrr"),
         )
@@ -161,8 +169,11 @@ class SwarmEngine(DockerEngine):
                 spec = dict(current.get("Spec") or {})
                 spec["Labels"] = {**(spec.get("Labels") or {}), **changes}
                 try:
-                    response = api._post_json(api._url("/services/{0}/update", service_id), data=spec,
-                                              params={"version": current["Version"]["Index"]})
+                    response = api._post_json(
+                        api._url("/services/{0}/update", service_id),
+                        data=spec,
+                        params={"version": current["Version"]["Index"]},
+                    )
                     api._raise_for_status(response)
                     return
                 except docker.errors.APIError as e:
@@ -199,8 +210,17 @@ class SwarmEngine(DockerEngine):
     ) -> None:
         """Create the internal, attachable overlay network ``name`` unless it exists; ``subnet`` picks
         its IPv4 subnet from the manager's networks (see DockerEngine.ensure_network)."""
-        await self._call(f"create network {name}", self._ensure_network, name, labels, subnet, "swarm",
-                         driver="overlay", internal=True, attachable=True)
+        await self._call(
+            f"create network {name}",
+            self._ensure_network,
+            name,
+            labels,
+            subnet,
+            "swarm",
+            driver="overlay",
+            internal=True,
+            attachable=True,
+        )
 
     async def overlays(self, label: str) -> list[dict[str, Any]]:
         """The deployment's overlay networks carrying ``label``."""
@@ -227,7 +247,12 @@ class SwarmEngine(DockerEngine):
         return True
 
     async def network_disconnect(self, container_id: str, network: str) -> None:
-        await self._call(f"disconnect a container from {network}", "disconnect_container_from_network", container_id, network)
+        await self._call(
+            f"disconnect a container from {network}",
+            "disconnect_container_from_network",
+            container_id,
+            network,
+        )
 
     # -------------------------------------------------- configs (records)
 
@@ -235,7 +260,8 @@ class SwarmEngine(DockerEngine):
         """The deployment's swarm configs named exactly ``name``."""
         found = await self._call("list configs", "configs", filters={"name": name})
         return [
-            c for c in found or []
+            c
+            for c in found or []
             if c.get("Spec", {}).get("Name") == name and self.in_scope(c.get("Spec", {}).get("Labels"))
         ]
 

@@ -55,6 +55,7 @@ from .workspaces import WorkspaceRecords
 
 __all__ = ["LABEL_NODE", "SwarmSandbox", "SwarmSession"]
 
+
 class SwarmSandbox(ContainerSandbox):
     """sandbox-swarm: each session is a one-replica Docker Swarm service, its commands run on its node.
 
@@ -80,8 +81,12 @@ class SwarmSandbox(ContainerSandbox):
         Default: $DOCKER_HOST, else unix:///var/run/docker.sock.""",
     ).tag(config=True)
 
-    tls_ca = Unicode("", help="CA certificate (PEM) the manager's and the nodes' tcp:// engines are checked against.").tag(config=True)
-    tls_cert = Unicode("", help="Client certificate (PEM) for the manager's and the nodes' tcp:// engines.").tag(config=True)
+    tls_ca = Unicode(
+        "", help="CA certificate (PEM) the manager's and the nodes' tcp:// engines are checked against."
+    ).tag(config=True)
+    tls_cert = Unicode(
+        "", help="Client certificate (PEM) for the manager's and the nodes' tcp:// engines."
+    ).tag(config=True)
     tls_key = Unicode("", help="Client key (PEM) for tls_cert.").tag(config=True)
 
     engine_label = Unicode(
@@ -124,10 +129,17 @@ class SwarmSandbox(ContainerSandbox):
         self._engine.share.per_principal = self.engine_threads_per_user
         self._commands = CommandRegistry()
         self._workspaces = WorkspaceRecords(self._engine, self.scope, self.own_labels, self.log)
-        self._nodes = NodeEngines(tls=tls, timeout=self.node_timeout, agent_site=self._agent_site_for,
-                                  scope=self.scope.labels, direct_agent=self.agent_transport == "auto", log=self.log)
-        self._tasks = TaskWatch(self._engine, self._nodes, engine_label=self.engine_label,
-                                start_timeout=self.start_timeout)
+        self._nodes = NodeEngines(
+            tls=tls,
+            timeout=self.node_timeout,
+            agent_site=self._agent_site_for,
+            scope=self.scope.labels,
+            direct_agent=self.agent_transport == "auto",
+            log=self.log,
+        )
+        self._tasks = TaskWatch(
+            self._engine, self._nodes, engine_label=self.engine_label, start_timeout=self.start_timeout
+        )
 
     @property
     def manager(self) -> SwarmEngine:
@@ -135,7 +147,9 @@ class SwarmSandbox(ContainerSandbox):
 
     def _agent_site_for(self, engine: SwarmEngine) -> ContainerSite:
         engine.share.per_principal = self.engine_threads_per_user
-        return agent_site(self, engine, self._commands, answer_within=self.node_timeout, current_end=self._current_end)
+        return agent_site(
+            self, engine, self._commands, answer_within=self.node_timeout, current_end=self._current_end
+        )
 
     async def _current_end(self, session_id: str) -> float | None:
         """The session's end as its service's labels say now (another server may have moved it)."""
@@ -171,7 +185,9 @@ class SwarmSandbox(ContainerSandbox):
             session = await self._create(spec, image)
             if session is not None:
                 return await user_checked(session)
-        raise SandboxConflictError(f"workspace {spec.workspace_key!r} is being made by another session meanwhile")
+        raise SandboxConflictError(
+            f"workspace {spec.workspace_key!r} is being made by another session meanwhile"
+        )
 
     async def _create(self, spec: SessionSpec, image: str) -> SwarmSession | None:
         session_id = new_session_id()
@@ -181,8 +197,17 @@ class SwarmSandbox(ContainerSandbox):
         labels = self._new_labels(session_id, spec, now, expires, await self._session_user(image))
         pin = await self._workspaces.pin(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
-        template = task_template(self, spec, labels, network, pin, agent, constraints=self.constraints, spread=self.spread,
-                                 reserve_fraction=self.reserve_fraction)
+        template = task_template(
+            self,
+            spec,
+            labels,
+            network,
+            pin,
+            agent,
+            constraints=self.constraints,
+            spread=self.spread,
+            reserve_fraction=self.reserve_fraction,
+        )
         if network is not None:
             async with self._networks.hold(network):
                 await self.manager.ensure_overlay(
@@ -198,7 +223,11 @@ class SwarmSandbox(ContainerSandbox):
             session = await self._session_on(placement, session_id, spec, now, expires, service_id, labels)
             if spec.network == "none":
                 await session.engine.network_disconnect(session.container_id, "bridge")
-            if spec.durability == "persistent" and pin is None and not await self._workspaces.keep(spec, placement.node_id):
+            if (
+                spec.durability == "persistent"
+                and pin is None
+                and not await self._workspaces.keep(spec, placement.node_id)
+            ):
                 await self._teardown(session, False)
                 return None  # another session put this new workspace on another node first: go there
         except BaseException:
@@ -232,13 +261,17 @@ class SwarmSandbox(ContainerSandbox):
         try:
             session_id, spec, created, expires = self._spec_from(service)
         except (KeyError, ValueError, SandboxError) as e:
-            raise SandboxNotFoundError(f"service {service.get('ID', '?')[:12]} has unreadable session labels: {e}") from None
+            raise SandboxNotFoundError(
+                f"service {service.get('ID', '?')[:12]} has unreadable session labels: {e}"
+            ) from None
         tasks = await self.manager.tasks(service["ID"])
         if not tasks:
             raise SandboxNotFoundError(f"session {session_id} has no task")
         task = tasks[0]
         node = await self.manager.node(task["NodeID"]) if task.get("NodeID") else None
-        if (task.get("Status") or {}).get("State") == "starting":  # its node may run it already (TaskWatch.wait_running)
+        if (task.get("Status") or {}).get(
+            "State"
+        ) == "starting":  # its node may run it already (TaskWatch.wait_running)
             container_id = await self._tasks.running_on_node(task, node)
             if container_id is not None:
                 task = running(task, container_id)
@@ -252,22 +285,39 @@ class SwarmSandbox(ContainerSandbox):
         return await self._session_on(placement, session_id, spec, created, expires, service["ID"], labels)
 
     async def _session_on(
-        self, placement: Placement, session_id: str, spec: SessionSpec, created: float, expires: float,
-        service_id: str, labels: Mapping[str, str],
+        self,
+        placement: Placement,
+        session_id: str,
+        spec: SessionSpec,
+        created: float,
+        expires: float,
+        service_id: str,
+        labels: Mapping[str, str],
     ) -> SwarmSession:
         """The session of a running task, on its node's engine."""
         address = self._tasks.node_address(placement)
         site = await self._nodes.agent_site(address)
-        return site.remember(SwarmSession(
-            site, str(placement.container_id), session_id, spec, created, expires,
-            engine=await self._nodes.engine(address), user=labels.get(LABEL_USER, ""), service_id=service_id,
-            placement=placement,
-        ))
+        return site.remember(
+            SwarmSession(
+                site,
+                str(placement.container_id),
+                session_id,
+                spec,
+                created,
+                expires,
+                engine=await self._nodes.engine(address),
+                user=labels.get(LABEL_USER, ""),
+                service_id=service_id,
+                placement=placement,
+            )
+        )
 
     async def get(self, session_id: str) -> SandboxSession:
         if not is_session_id(session_id):
             raise SandboxNotFoundError(f"no swarm sandbox session {session_id!r}")
-        vouched = self._nodes.vouched(session_id)  # found here before, its agent connection open: no engine call
+        vouched = self._nodes.vouched(
+            session_id
+        )  # found here before, its agent connection open: no engine call
         if vouched is not None:
             return vouched
         await self._connect()
@@ -286,8 +336,13 @@ class SwarmSandbox(ContainerSandbox):
                 continue
             infos.append(
                 SessionInfo(
-                    id=session_id, kind=self.kind, spec=spec, isolation=self.max_isolation,
-                    workspace=WORKSPACE, created_at=created, expires_at=expires,
+                    id=session_id,
+                    kind=self.kind,
+                    spec=spec,
+                    isolation=self.max_isolation,
+                    workspace=WORKSPACE,
+                    created_at=created,
+                    expires_at=expires,
                 )
             )
         return sorted(infos, key=lambda i: i.created_at)
@@ -338,7 +393,10 @@ class SwarmSandbox(ContainerSandbox):
                     await self.manager.drop_overlay(network["Name"])
 
     async def _remove(
-        self, service_id: str, session: SwarmSession | None, network: str | None,
+        self,
+        service_id: str,
+        session: SwarmSession | None,
+        network: str | None,
     ) -> None:
         """Remove a service, its container now when its node answers (its agent would, later), and the
         owner's overlay network when it was the last to use it."""
@@ -355,7 +413,11 @@ class SwarmSandbox(ContainerSandbox):
 
     def _network_of(self, spec: SessionSpec) -> str | None:
         """Only internal sessions have an owner network (an overlay); egress is the node's default bridge."""
-        return self.scope.owner_network(self.internal_network, spec.owner) if spec.network == "internal" else None
+        return (
+            self.scope.owner_network(self.internal_network, spec.owner)
+            if spec.network == "internal"
+            else None
+        )
 
     async def _network_in_use(self, network: str) -> bool:
         """Whether a session service of this provider is on the owner network ``network``."""
@@ -369,13 +431,17 @@ class SwarmSandbox(ContainerSandbox):
         return False
 
     async def _retime(  # type: ignore[override]
-        self, session: SwarmSession, expires_at: float,
+        self,
+        session: SwarmSession,
+        expires_at: float,
     ) -> None:
         """A service's labels can change (its task keeps running): the new end goes in its expires label."""
         await self.manager.set_service_labels(session.service_id, {LABEL_EXPIRES: repr(float(expires_at))})
 
     async def _teardown(  # type: ignore[override]
-        self, session: SwarmSession, remove_workspace: bool,
+        self,
+        session: SwarmSession,
+        remove_workspace: bool,
     ) -> None:
         self._commands.abandon(session.id)
         spec = session.spec

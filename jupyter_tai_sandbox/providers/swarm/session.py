@@ -31,7 +31,9 @@ from .engine import SwarmEngine, TlsMaterial
 #: on a service: the swarm provider made it; on a workspace record: the node that holds the volume
 LABEL_NODE = f"{LABEL}.node"
 #: task states on the way to running (anything else, but running, has ended)
-STARTING_STATES = frozenset({"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting"})
+STARTING_STATES = frozenset(
+    {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
+)
 RECORD_PREFIX = "tai-ws-"
 
 
@@ -81,7 +83,8 @@ class NodeEngines:
         engine = self._engines.get(address)
         if engine is None:
             engine = self._engines[address] = SwarmEngine(
-                address, tls=self._tls, timeout=self._timeout, scope=self._scope)
+                address, tls=self._tls, timeout=self._timeout, scope=self._scope
+            )
             if not self._direct_agent:
                 engine.direct_agent = False
         await engine.connect()
@@ -100,7 +103,9 @@ class NodeEngines:
         volumes = self._agent_volumes.setdefault(address, AgentVolumes(engine))
         return await volumes.volume_for(arch, image)
 
-    async def fill_agent_volumes(self, nodes: list[dict[str, Any]], engine_label: str, image: str) -> tuple[str, str]:
+    async def fill_agent_volumes(
+        self, nodes: list[dict[str, Any]], engine_label: str, image: str
+    ) -> tuple[str, str]:
         """``(volume, arch)``: the agent volume filled on every ready node of ``nodes`` that names its engine in
         ``engine_label`` (a task may land on any of them). A swarm of several architectures runs sessions on the
         first listed node's, which the caller pins by a constraint."""
@@ -109,7 +114,9 @@ class NodeEngines:
             address = ((node.get("Spec") or {}).get("Labels") or {}).get(engine_label)
             if not address or (node.get("Status") or {}).get("State") != "ready":
                 continue
-            arch = str(((node.get("Description") or {}).get("Platform") or {}).get("Architecture") or "x86_64")
+            arch = str(
+                ((node.get("Description") or {}).get("Platform") or {}).get("Architecture") or "x86_64"
+            )
             by_arch.setdefault(arch, []).append(address)
         if not by_arch:
             raise SandboxUnavailableError(
@@ -174,7 +181,9 @@ class SwarmSession(DockerSession):
         try:
             return await super().info()
         except SandboxNotFoundError:
-            raise SandboxNotFoundError(f"no swarm sandbox session {self.id!r} (its container is gone)") from None
+            raise SandboxNotFoundError(
+                f"no swarm sandbox session {self.id!r} (its container is gone)"
+            ) from None
         except SandboxUnavailableError as e:
             raise SandboxUnavailableError(
                 f"session {self.id} runs on node {self.placement.hostname}, whose engine cannot be reached: {e}"
@@ -185,7 +194,15 @@ def placement_of(task: dict[str, Any], node: dict[str, Any] | None, engine_label
     status = task.get("Status") or {}
     container = (status.get("ContainerStatus") or {}).get("ContainerID") or None
     if node is None:
-        return Placement(task.get("NodeID", ""), "?", "removed", None, container, status.get("State", ""), status.get("Err", ""))
+        return Placement(
+            task.get("NodeID", ""),
+            "?",
+            "removed",
+            None,
+            container,
+            status.get("State", ""),
+            status.get("Err", ""),
+        )
     labels = (node.get("Spec") or {}).get("Labels") or {}
     return Placement(
         node["ID"],

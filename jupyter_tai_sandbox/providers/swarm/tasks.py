@@ -25,8 +25,16 @@ NODE_WATCH_SECONDS = 0.5
 
 
 def task_template(
-    sandbox: ContainerSandbox, spec: SessionSpec, labels: Mapping[str, str], network: str | None, pin: str | None,
-    agent: tuple[str, str], *, constraints: Sequence[str], spread: Sequence[str], reserve_fraction: float,
+    sandbox: ContainerSandbox,
+    spec: SessionSpec,
+    labels: Mapping[str, str],
+    network: str | None,
+    pin: str | None,
+    agent: tuple[str, str],
+    *,
+    constraints: Sequence[str],
+    spread: Sequence[str],
+    reserve_fraction: float,
 ) -> dict[str, Any]:
     """The service's task for ``spec`` under ``sandbox``'s settings: the agent as PID 1, from ``agent`` (its
     volume and architecture); on node ``pin`` when given (a persistent workspace's)."""
@@ -38,7 +46,9 @@ def task_template(
         volume_labels = {**sandbox.own_labels, LABEL_WORKSPACE: key}
         if spec.owner is not None:
             volume_labels[LABEL_OWNER] = spec.owner
-        mounts = [types.Mount(WORKSPACE, sandbox.scope.workspace_volume(key), type="volume", labels=volume_labels)]
+        mounts = [
+            types.Mount(WORKSPACE, sandbox.scope.workspace_volume(key), type="volume", labels=volume_labels)
+        ]
     else:
         # a plain anonymous volume: one with driver options is made by the node as a volume of its own,
         # which the node then leaves behind when the task goes (so the workspace is not capped on swarm)
@@ -92,7 +102,11 @@ def task_template(
 
 def running(task: dict[str, Any], container_id: str) -> dict[str, Any]:
     """``task`` as running ``container_id``: what its node's engine said before the manager heard it."""
-    status = {**(task.get("Status") or {}), "State": "running", "ContainerStatus": {"ContainerID": container_id}}
+    status = {
+        **(task.get("Status") or {}),
+        "State": "running",
+        "ContainerStatus": {"ContainerID": container_id},
+    }
     return {**task, "Status": status}
 
 
@@ -100,7 +114,9 @@ class TaskWatch:
     """Where the manager's tasks run: the wait for a new task to run, and its node and engine address (the
     node label ``engine_label``)."""
 
-    def __init__(self, manager: SwarmEngine, nodes: NodeEngines, *, engine_label: str, start_timeout: float) -> None:
+    def __init__(
+        self, manager: SwarmEngine, nodes: NodeEngines, *, engine_label: str, start_timeout: float
+    ) -> None:
         self._manager = manager
         self._nodes = nodes
         self.engine_label = engine_label
@@ -154,7 +170,9 @@ class TaskWatch:
             return None
         try:
             engine = await self._nodes.engine(address)
-            found = await engine.containers(f"com.docker.swarm.task.id={task['ID']}", what="find a task's container")
+            found = await engine.containers(
+                f"com.docker.swarm.task.id={task['ID']}", what="find a task's container"
+            )
         except SandboxError:
             return None
         return next((str(c["Id"]) for c in found if c.get("State") == "running"), None)

@@ -47,8 +47,9 @@ class WorkspaceRecords:
         node = await self._manager.node(node_id)
         if node is None:
             # the node left the swarm, and its volume with it: the key starts afresh
-            self._log.warning("sandbox-swarm: workspace %s was on node %s, gone from the swarm", spec.workspace_key,
-                              node_id)
+            self._log.warning(
+                "sandbox-swarm: workspace %s was on node %s, gone from the swarm", spec.workspace_key, node_id
+            )
             await self._manager.remove_config(record["ID"])
             return None
         state = (node.get("Status") or {}).get("State")

@@ -51,8 +51,9 @@ async def save(folder: Path, state: Path) -> None:
             await control.command("migrate-set-parameters", **{"max-bandwidth": COPY_BANDWIDTH})
             # a guest restored from a golden loaded it with x-ignore-shared, which changes the stream's format:
             # the copy's QEMU loads a plain stream, the whole memory in it
-            await control.command("migrate-set-capabilities",
-                                  capabilities=[{"capability": "x-ignore-shared", "state": False}])
+            await control.command(
+                "migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": False}]
+            )
             await control.command("migrate", uri=f"exec:cat > {state}")
             async with asyncio.timeout(COPY_SECONDS):
                 while True:

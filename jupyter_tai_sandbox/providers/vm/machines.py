@@ -54,8 +54,10 @@ class Machines:
         self.workspaces = self.root / "workspaces"
         longest = port_socket(self.sessions / ("x" * 20), PORTS - 1)
         if len(str(longest)) > MAX_SOCKET_PATH:
-            raise ValueError(f"{root} is too long a path for the agent's unix sockets (at most "
-                             f"{MAX_SOCKET_PATH - len(str(longest)) + len(str(root))} characters)")
+            raise ValueError(
+                f"{root} is too long a path for the agent's unix sockets (at most "
+                f"{MAX_SOCKET_PATH - len(str(longest)) + len(str(root))} characters)"
+            )
 
     def folder(self, session_id: str) -> Path:
         return self.sessions / session_id
@@ -80,7 +82,9 @@ class Machines:
         """Replace the session's record at once (readers see the old one or the new one)."""
         folder = self.folder(session_id)
         tmp = folder / f".{RECORD}.{os.getpid()}.{id(record)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)  # env values are secrets
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600
+        )  # env values are secrets
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
         tmp.replace(folder / RECORD)
@@ -114,7 +118,8 @@ class Machines:
         except VmError as e:
             if "lock" in str(e):  # QEMU locks a disk image it writes: another live session has the workspace
                 raise SandboxConflictError(
-                    "the persistent workspace is in use by another live session: destroy that one first") from None
+                    "the persistent workspace is in use by another live session: destroy that one first"
+                ) from None
             raise SandboxUnavailableError(f"the session's VM did not start: {e}") from None
 
     async def stop(self, session_id: str, *, keep_folder: bool = False) -> None:
@@ -133,7 +138,9 @@ class Machines:
 
     # ------------------------------------------------------------- agent ports
 
-    async def open_agent(self, session_id: str, *, timeout: float = PORT_WAIT_SECONDS, booting: bool = False) -> AgentClient:
+    async def open_agent(
+        self, session_id: str, *, timeout: float = PORT_WAIT_SECONDS, booting: bool = False
+    ) -> AgentClient:
         """A connection to the session's agent over a free port (its lock held while the connection is open)."""
         folder = self.folder(session_id)
         loop = asyncio.get_running_loop()
@@ -147,19 +154,25 @@ class Machines:
                     continue
                 try:
                     return await open_port(
-                        port_socket(folder, index), timeout=max(0.5, give_up - loop.time()),
-                        attempt=BOOT_ATTEMPT if booting else 2.0, running=lambda: self.running(session_id),
-                        on_close=lambda fd=fd: os.close(fd))
+                        port_socket(folder, index),
+                        timeout=max(0.5, give_up - loop.time()),
+                        attempt=BOOT_ATTEMPT if booting else 2.0,
+                        running=lambda: self.running(session_id),
+                        on_close=lambda fd=fd: os.close(fd),
+                    )
                 except BaseException as e:
                     os.close(fd)
                     if isinstance(e, VmError):
                         if not self.running(session_id):
-                            raise SandboxNotFoundError(f"session {session_id} is gone (its VM stopped)") from None
+                            raise SandboxNotFoundError(
+                                f"session {session_id} is gone (its VM stopped)"
+                            ) from None
                         raise SandboxError(f"the agent of session {session_id} did not answer: {e}") from None
                     raise
             if loop.time() >= give_up:
                 raise SandboxUnavailableError(
-                    f"every agent port of session {session_id} is in use ({PORTS}: other servers or look-ups)")
+                    f"every agent port of session {session_id} is in use ({PORTS}: other servers or look-ups)"
+                )
             await asyncio.sleep(0.05)
 
     # ------------------------------------------------------------- workspaces
@@ -181,14 +194,27 @@ class Machines:
         self.workspaces.mkdir(parents=True, exist_ok=True, mode=0o700)  # a workspace is its owner's only
         tmp = image.with_name(f".{image.name}.{os.getpid()}.{id(record)}")
         try:
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as f:
+            with os.fdopen(
+                os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb"
+            ) as f:
                 f.truncate(size_mb << 20)
             done = await asyncio.create_subprocess_exec(
-                "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "root_owner=0:0", str(tmp),
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                "mkfs.ext4",
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-E",
+                "root_owner=0:0",
+                str(tmp),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
             _, err = await done.communicate()
             if done.returncode != 0:
-                raise SandboxError(f"making the workspace's disk image failed: {err.decode(errors='replace')[-500:]}")
+                raise SandboxError(
+                    f"making the workspace's disk image failed: {err.decode(errors='replace')[-500:]}"
+                )
             image.with_suffix(".json").write_text(json.dumps(record))
             with contextlib.suppress(FileExistsError):  # another server made it meanwhile: theirs stays
                 os.link(tmp, image)
@@ -213,7 +239,8 @@ class Machines:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise SandboxError(f"removing workspace {key!r}: {e}") from None
                 raise SandboxConflictError(
-                    f"workspace {key!r} is in use by another session: destroy that one first") from None
+                    f"workspace {key!r} is in use by another session: destroy that one first"
+                ) from None
             image.unlink()
             with contextlib.suppress(FileNotFoundError):
                 image.with_suffix(".json").unlink()

@@ -57,7 +57,7 @@ def networks_unavailable(engine_url: str) -> str | None:
     """Why this server cannot seat vm sessions on the engine at ``engine_url``, or None when it can."""
     if not engine_url.startswith("unix://"):
         return f"the engine at {engine_url} is not on this host"
-    if not os.path.exists(engine_url[len("unix://"):]):
+    if not os.path.exists(engine_url[len("unix://") :]):
         return f"no Docker engine at {engine_url}"
     if os.geteuid() != 0:
         return "the server does not run as root"
@@ -90,8 +90,10 @@ class Seat:
     def guest_script(self, roots: Sequence[str] = ("",)) -> str:
         """The guest's root's shell lines that give its card the seat's address (and route, and resolvers in
         the ``/etc`` of each of ``roots``): a restored or forked guest's card has another's until then."""
-        lines = [f"ip link set eth0 down && ip link set eth0 address {self.mac} && ip addr flush dev eth0",
-                 f"ip addr add {self.address}/{self.prefix} dev eth0 && ip link set eth0 up"]
+        lines = [
+            f"ip link set eth0 down && ip link set eth0 address {self.mac} && ip addr flush dev eth0",
+            f"ip addr add {self.address}/{self.prefix} dev eth0 && ip link set eth0 up",
+        ]
         if self.gateway:
             lines.append(f"ip route replace default via {self.gateway}")
         resolv = "".join(f"nameserver {ns}\\n" for ns in self.nameservers)
@@ -120,39 +122,58 @@ def host_nameservers(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
 
 def _plumbing(seat_mac: str) -> str:
     """The seat namespace's lines: its interface gives up its address and joins a bridge with the tap."""
-    return "; ".join([
-        "set -e",
-        "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 || true",
-        f"ip link set eth0 down && ip link set eth0 address {seat_mac} && ip addr flush dev eth0",
-        f"ip tuntap add dev {TAP} mode tap && ip link add {SEAT_BRIDGE} type bridge",
-        f"ip link set eth0 master {SEAT_BRIDGE} && ip link set {TAP} master {SEAT_BRIDGE}",
-        f"ip link set eth0 up && ip link set {TAP} up && ip link set {SEAT_BRIDGE} up",
-    ])
+    return "; ".join(
+        [
+            "set -e",
+            "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 || true",
+            f"ip link set eth0 down && ip link set eth0 address {seat_mac} && ip addr flush dev eth0",
+            f"ip tuntap add dev {TAP} mode tap && ip link add {SEAT_BRIDGE} type bridge",
+            f"ip link set eth0 master {SEAT_BRIDGE} && ip link set {TAP} master {SEAT_BRIDGE}",
+            f"ip link set eth0 up && ip link set {TAP} up && ip link set {SEAT_BRIDGE} up",
+        ]
+    )
 
 
 class VmSeats:
     """A vm provider's seats on its engine, and its owners' bridges they sit on."""
 
-    def __init__(self, engine: DockerEngine, *, locks: NetworkLocks, labels: Mapping[str, str],
-                 pick_subnet: Any, firewall: HostFirewall) -> None:
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        locks: NetworkLocks,
+        labels: Mapping[str, str],
+        pick_subnet: Any,
+        firewall: HostFirewall,
+    ) -> None:
         self._engine = engine
         self._locks = locks
         self._labels = dict(labels)
-        self.bridges = SessionBridges(engine, locks=locks, firewall=firewall, labels=labels, pick_subnet=pick_subnet)
+        self.bridges = SessionBridges(
+            engine, locks=locks, firewall=firewall, labels=labels, pick_subnet=pick_subnet
+        )
         self._image: str | None = None
 
     async def seat(self, session_id: str, network: str, kind: str) -> Seat:
         """A seat for the session on ``network`` (made, with its firewall rules, when it is not there)."""
         image = await self._seat_image()
         options = {
-            "name": seat_name(session_id), "labels": {**self._labels, LABEL_SEAT: session_id},
-            "network": network, "hostname": "seat", "cap_drop": ["ALL"], "read_only": True,
-            "security_opt": ["no-new-privileges"], "mem_limit": "64m", "pids_limit": 32,
+            "name": seat_name(session_id),
+            "labels": {**self._labels, LABEL_SEAT: session_id},
+            "network": network,
+            "hostname": "seat",
+            "cap_drop": ["ALL"],
+            "read_only": True,
+            "security_opt": ["no-new-privileges"],
+            "mem_limit": "64m",
+            "pids_limit": 32,
         }
         async with self._locks.hold(network):
             await self.bridges.ensure(network, kind)
             try:
-                container_id = await self._engine.create_container(image, options, what="start a vm session's seat")
+                container_id = await self._engine.create_container(
+                    image, options, what="start a vm session's seat"
+                )
             except BaseException:
                 with contextlib.suppress(SandboxError):
                     await self.bridges.drop(network)
@@ -160,12 +181,23 @@ class VmSeats:
         try:
             info = await self._engine.inspect_container(container_id)
             attached = ((info.get("NetworkSettings") or {}).get("Networks") or {})[network]
-            seat = Seat(container_id=container_id, pid=int(info["State"]["Pid"]), address=attached["IPAddress"],
-                        prefix=int(attached["IPPrefixLen"]), mac=attached["MacAddress"],
-                        gateway=(attached.get("Gateway") or None) if kind == "egress" else None,
-                        nameservers=await asyncio.to_thread(host_nameservers) if kind == "egress" else ())
-            await _run([*seat.enter, "sh", "-c", _plumbing("02:" + ":".join(secrets.token_hex(5)[i:i + 2]
-                                                                              for i in range(0, 10, 2)))])
+            seat = Seat(
+                container_id=container_id,
+                pid=int(info["State"]["Pid"]),
+                address=attached["IPAddress"],
+                prefix=int(attached["IPPrefixLen"]),
+                mac=attached["MacAddress"],
+                gateway=(attached.get("Gateway") or None) if kind == "egress" else None,
+                nameservers=await asyncio.to_thread(host_nameservers) if kind == "egress" else (),
+            )
+            await _run(
+                [
+                    *seat.enter,
+                    "sh",
+                    "-c",
+                    _plumbing("02:" + ":".join(secrets.token_hex(5)[i : i + 2] for i in range(0, 10, 2))),
+                ]
+            )
             return seat
         except BaseException:
             with contextlib.suppress(Exception):
@@ -182,7 +214,9 @@ class VmSeats:
     async def seated(self, session_id: str) -> bool:
         """Whether the session's seat runs (True when the engine does not answer: nothing is known)."""
         try:
-            info = await self._engine.inspect_container(seat_name(session_id), what="inspect a vm session's seat")
+            info = await self._engine.inspect_container(
+                seat_name(session_id), what="inspect a vm session's seat"
+            )
         except SandboxNotFoundError:
             return False
         except SandboxError:
@@ -225,21 +259,29 @@ class VmSeats:
                 entry = tarfile.TarInfo("tai-agent")
                 entry.size, entry.mode, entry.mtime = len(data), 0o755, int(time.time())
                 tar.addfile(entry, io.BytesIO(data))
-            await self._engine.import_image(archive.getvalue(), repository=SEAT_IMAGE, tag=tag,
-                                            changes=['CMD ["/tai-agent", "serve"]'])
+            await self._engine.import_image(
+                archive.getvalue(), repository=SEAT_IMAGE, tag=tag, changes=['CMD ["/tai-agent", "serve"]']
+            )
         self._image = name
         return name
 
 
 async def _run(argv: list[str]) -> None:
-    process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     try:
         out, _ = await asyncio.wait_for(process.communicate(), PLUMB_SECONDS)
     except asyncio.TimeoutError:
         process.kill()
         await process.wait()
-        raise SandboxUnavailableError(f"setting up a vm session's network took over {PLUMB_SECONDS:g} s") from None
+        raise SandboxUnavailableError(
+            f"setting up a vm session's network took over {PLUMB_SECONDS:g} s"
+        ) from None
     if process.returncode != 0:
         raise SandboxUnavailableError(
-            f"setting up a vm session's network failed: {out.decode(errors='replace').strip()[-500:]}")
+            f"setting up a vm session's network failed: {out.decode(errors='replace').strip()[-500:]}"
+        )

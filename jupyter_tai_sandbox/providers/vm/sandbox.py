@@ -101,12 +101,16 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         Default: Jupyter's data dir + /tai-sandbox/vm. Keep it short: the agent's sockets live in it.""",
     ).tag(config=True)
 
-    default_cpu = Float(1.0, help="vCPUs a session gets when its spec names none (whole vCPUs).").tag(config=True)
+    default_cpu = Float(1.0, help="vCPUs a session gets when its spec names none (whole vCPUs).").tag(
+        config=True
+    )
     max_cpu = Float(2.0, help="Most vCPUs a spec may ask for; more is rejected.").tag(config=True)
     default_memory_mb = Integer(
         256, help="Guest memory (MiB) when a spec names none: a hard cap (the guest has no more)."
     ).tag(config=True)
-    max_memory_mb = Integer(2048, help="Most guest memory (MiB) a spec may ask for; more is rejected.").tag(config=True)
+    max_memory_mb = Integer(2048, help="Most guest memory (MiB) a spec may ask for; more is rejected.").tag(
+        config=True
+    )
 
     disk_limit_mb = Integer(
         1024,
@@ -201,14 +205,27 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         self._engine = DockerEngine(self.engine_url, scope=self.scope.labels)
         self._why_no_networks = networks_unavailable(self.engine_url)
         self._seats = VmSeats(
-            self._engine, locks=self._networks, labels=self.own_labels, pick_subnet=self._pick_subnet,
-            firewall=self._host_firewall(self.engine_url))
+            self._engine,
+            locks=self._networks,
+            labels=self.own_labels,
+            pick_subnet=self._pick_subnet,
+            firewall=self._host_firewall(self.engine_url),
+        )
         self._accel_checked = False
         self._probing: asyncio.Future[None] | None = None
         self._site = ContainerSite(
-            kind="vm", isolation="vm", open_agent=self._machines.open_agent, inspect=self._inspect,
-            teardown=self._teardown, log=self.log, commands=CommandRegistry(), retime=self._retime,
-            workspace=WORKSPACE, current_end=self._current_end, answer_within=2.0, set_paused=self._set_paused,
+            kind="vm",
+            isolation="vm",
+            open_agent=self._machines.open_agent,
+            inspect=self._inspect,
+            teardown=self._teardown,
+            log=self.log,
+            commands=CommandRegistry(),
+            retime=self._retime,
+            workspace=WORKSPACE,
+            current_end=self._current_end,
+            answer_within=2.0,
+            set_paused=self._set_paused,
             fork=self._fork,
         )
 
@@ -227,12 +244,16 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
         if spec.network in ("egress", "internal") and self._why_no_networks:
-            raise rejected(f"network: {spec.network!r} needs the server to run as root beside a Docker engine "
-                           f"(VmSandbox.engine_url), and here {self._why_no_networks}: ask for network 'none'")
+            raise rejected(
+                f"network: {spec.network!r} needs the server to run as root beside a Docker engine "
+                f"(VmSandbox.engine_url), and here {self._why_no_networks}: ask for network 'none'"
+            )
         self.check_spec(spec)
         if not self.image_allowed(spec.image):
-            raise rejected(f"image: {spec.image[:100]!r} is not one of the vm provider's images ({VM_IMAGE}, or "
-                           "one in VmSandbox.images)")
+            raise rejected(
+                f"image: {spec.image[:100]!r} is not one of the vm provider's images ({VM_IMAGE}, or "
+                "one in VmSandbox.images)"
+            )
         spec = self._limited(spec)
         return dataclasses.replace(spec, image=spec.image or VM_IMAGE)
 
@@ -256,7 +277,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         if not found["kvm"]["works"]:
             raise SandboxUnavailableError(
                 f"KVM does not work on this host, so the vm provider runs no session: {found['kvm']['reason'][:500]}. "
-                f"An operator may choose emulation with VmSandbox.accel = 'tcg' ({TCG_NOTE})")
+                f"An operator may choose emulation with VmSandbox.accel = 'tcg' ({TCG_NOTE})"
+            )
         self._accel_checked = True
 
     async def _the_guest(self) -> Guest:
@@ -286,24 +308,48 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             extra: list[str] = []
             if spec.durability == "persistent":
                 image = await self._workspace_image(spec)
-                extra = ["-drive", f"file={image},if=none,id=ws,format=raw,discard=unmap",
-                         "-device", "virtio-blk-device,drive=ws,serial=tai-ws"]
-            shape = {"accel": self.accel, "cpu": self.cpu_model, "memory_mb": int(spec.memory_mb or self.default_memory_mb),
-                     "cpus": int(spec.cpu or 1), "ports": PORTS, "nic": network is not None}
-            record: dict[str, Any] = {"labels": labels, "env": dict(spec.env), "expires_at": expires, "shape": shape,
-                                      "user": self.user}
+                extra = [
+                    "-drive",
+                    f"file={image},if=none,id=ws,format=raw,discard=unmap",
+                    "-device",
+                    "virtio-blk-device,drive=ws,serial=tai-ws",
+                ]
+            shape = {
+                "accel": self.accel,
+                "cpu": self.cpu_model,
+                "memory_mb": int(spec.memory_mb or self.default_memory_mb),
+                "cpus": int(spec.cpu or 1),
+                "ports": PORTS,
+                "nic": network is not None,
+            }
+            record: dict[str, Any] = {
+                "labels": labels,
+                "env": dict(spec.env),
+                "expires_at": expires,
+                "shape": shape,
+                "user": self.user,
+            }
             if spec.image != VM_IMAGE:
                 disk = await self._root_disk(str(spec.image))
                 shape["root"] = str(disk.path)
                 record["image_env"] = disk.env
-            self._machines.write(session_id, {**record, "starting": True})  # the reaper leaves it be meanwhile
+            self._machines.write(
+                session_id, {**record, "starting": True}
+            )  # the reaper leaves it be meanwhile
             seat = None if network is None else await self._seats.seat(session_id, network, spec.network)
             argv = qemu_argv(guest, folder, extra=extra, console=False, tap=TAP if seat else None, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
-            if await self._start_guest(session_id, (seat.enter if seat else []) + argv, golden, shape["memory_mb"]):
+            if await self._start_guest(
+                session_id, (seat.enter if seat else []) + argv, golden, shape["memory_mb"]
+            ):
                 record["golden"] = str(golden)  # a fork maps it too
-            await self._set_up_guest(self._session(session_id, labels, spec.env, expires), spec, self.user,
-                                     rooted="root" in shape, seat=seat)
+            await self._set_up_guest(
+                self._session(session_id, labels, spec.env, expires),
+                spec,
+                self.user,
+                rooted="root" in shape,
+                seat=seat,
+            )
             session = self._session(session_id, labels, spec.env, expires, self.user, record.get("image_env"))
             self._machines.write(session_id, record)
         except BaseException:
@@ -320,7 +366,9 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         try:
             folder.mkdir(parents=True, mode=0o700)
         except OSError as e:
-            raise SandboxUnavailableError(f"VmSandbox.state_dir cannot hold a session's folder: {e}") from None
+            raise SandboxUnavailableError(
+                f"VmSandbox.state_dir cannot hold a session's folder: {e}"
+            ) from None
 
     async def _golden(self, guest: Guest, shape: dict[str, Any]) -> Path | None:
         """The golden snapshot of ``shape`` (made now if need be); None when snapshots are off or it cannot be
@@ -333,7 +381,9 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             self.log.warning("sandbox-vm: no golden snapshot for %s, booting: %s", shape, e)
             return None
 
-    async def _start_guest(self, session_id: str, argv: list[str], golden: Path | None, memory_mb: int) -> bool:
+    async def _start_guest(
+        self, session_id: str, argv: list[str], golden: Path | None, memory_mb: int
+    ) -> bool:
         """Start the session's QEMU, restoring ``golden`` when given, and wait for its agent; a golden that does
         not restore (a QEMU that changed under it) is dropped and the guest boots. Whether it was restored."""
         qmp = self._machines.folder(session_id) / "qmp.sock"
@@ -346,14 +396,18 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             except (SandboxError, VmError, OSError, asyncio.TimeoutError) as e:
                 if not self._machines.folder(session_id).is_dir():
                     raise session_gone(session_id) from None  # destroyed meanwhile: not the golden's fault
-                self.log.warning("sandbox-vm: %s did not restore, dropping it and booting: %s", golden.name, e)
+                self.log.warning(
+                    "sandbox-vm: %s did not restore, dropping it and booting: %s", golden.name, e
+                )
                 await self._machines.stop(session_id, keep_folder=True)
                 for suffix in (".state", ".ram"):
                     with contextlib.suppress(FileNotFoundError):
                         golden.with_suffix(suffix).unlink()
         await self._machines.start(session_id, argv + qmp_args(qmp))
         # the boot's wait: its connection ends at a frame boundary, so the session's own opens at once
-        await (await self._machines.open_agent(session_id, timeout=self.boot_timeout_seconds, booting=True)).close()
+        await (
+            await self._machines.open_agent(session_id, timeout=self.boot_timeout_seconds, booting=True)
+        ).close()
         return False
 
     async def _workspace_image(self, spec: SessionSpec) -> Any:
@@ -362,42 +416,65 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         if found is not None and spec.owner is not None and found.get("owner") not in (None, spec.owner):
             raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
         return await self._machines.ensure_workspace(
-            key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb)
+            key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb
+        )
 
-    async def _set_up_guest(self, session: VmSession, spec: SessionSpec, user: str, *, rooted: bool,
-                            seat: Seat | None) -> None:
+    async def _set_up_guest(
+        self, session: VmSession, spec: SessionSpec, user: str, *, rooted: bool, seat: Seat | None
+    ) -> None:
         """Mount the workspace, by the guest's root (``session``'s user), for ``user``; with ``rooted``, make the
         session image's root too (vm/rootdisk.py); with a ``seat``, give the guest's card its address."""
         uid, _, gid = user.partition(":")
         uid, gid = uid or "0", gid or uid or "0"
         if spec.durability == "persistent":
-            script = (f"for d in /sys/block/vd*; do [ \"$(cat $d/serial 2>/dev/null)\" = tai-ws ] && dev=/dev/${{d##*/}}; "
-                      f"done; mount -t ext4 -o noatime,nosuid,nodev $dev {WORKSPACE} && chown {uid}:{gid} {WORKSPACE}")
+            script = (
+                f'for d in /sys/block/vd*; do [ "$(cat $d/serial 2>/dev/null)" = tai-ws ] && dev=/dev/${{d##*/}}; '
+                f"done; mount -t ext4 -o noatime,nosuid,nodev $dev {WORKSPACE} && chown {uid}:{gid} {WORKSPACE}"
+            )
         else:
-            script = (f"mount -t tmpfs -o size={self.disk_limit_mb}m,mode=0755,uid={uid},gid={gid},nosuid,nodev tmpfs "
-                      f"{WORKSPACE}")
+            script = (
+                f"mount -t tmpfs -o size={self.disk_limit_mb}m,mode=0755,uid={uid},gid={gid},nosuid,nodev tmpfs "
+                f"{WORKSPACE}"
+            )
         if rooted:
             script = f"{script}\n{setup_script(WORKSPACE, self.disk_limit_mb)}"
         if seat is not None:
             script = f"{script}\n{seat.guest_script(('', ROOT_DIR) if rooted else ('',))}"
         await _as_guest_root(session, script, "setting up the session's guest")
 
-    def _session(self, session_id: str, labels: dict[str, str], env: dict[str, str], expires: float,
-                 user: str = "", image_env: dict[str, str] | None = None) -> VmSession:
+    def _session(
+        self,
+        session_id: str,
+        labels: dict[str, str],
+        env: dict[str, str],
+        expires: float,
+        user: str = "",
+        image_env: dict[str, str] | None = None,
+    ) -> VmSession:
         """A session object; ``image_env`` (a session image's env) makes it one whose commands are chrooted into
         the image's root."""
         spec = spec_from_labels(labels, [f"{k}={v}" for k, v in env.items()])
         rooted = image_env is not None
-        return VmSession(self._site, session_id, session_id, spec, float(labels[LABEL_CREATED]), expires,
-                         env={**image_env, "HOME": WORKSPACE, **env} if rooted else env, user=user,
-                         root=ROOT_DIR if rooted else "")
+        return VmSession(
+            self._site,
+            session_id,
+            session_id,
+            spec,
+            float(labels[LABEL_CREATED]),
+            expires,
+            env={**image_env, "HOME": WORKSPACE, **env} if rooted else env,
+            user=user,
+            root=ROOT_DIR if rooted else "",
+        )
 
     async def _root_disk(self, image: str) -> Any:
         try:
             return await ensure_root_disk(self._engine, image, log=self.log)
         except MissingImageError:
-            raise rejected(f"image {image!r} is not on the Docker engine at {self.engine_url}: build or "
-                           "pull it there first") from None
+            raise rejected(
+                f"image {image!r} is not on the Docker engine at {self.engine_url}: build or "
+                "pull it there first"
+            ) from None
 
     def _found(self, session_id: str) -> VmSession | None:
         """The session as its record has it; None when it has no record of this deployment."""
@@ -409,8 +486,14 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             return None
         try:
             expires = float(record.get("expires_at") or labels[LABEL_EXPIRES])
-            session = self._session(session_id, labels, dict(record.get("env") or {}), expires,
-                                    str(record.get("user") or ""), record.get("image_env"))
+            session = self._session(
+                session_id,
+                labels,
+                dict(record.get("env") or {}),
+                expires,
+                str(record.get("user") or ""),
+                record.get("image_env"),
+            )
         except (KeyError, ValueError, SandboxError):
             return None
         self._site.note_state(session_id, _state(record, running=True))
@@ -439,7 +522,9 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         now = time.time()
         reaped: list[str] = []
         seats = await self._seat_summaries()
-        seated = {str((s.get("Labels") or {}).get(LABEL_SEAT)) for s in seats or () if s.get("State") == "running"}
+        seated = {
+            str((s.get("Labels") or {}).get(LABEL_SEAT)) for s in seats or () if s.get("State") == "running"
+        }
         for session_id in self._machines.ids():
             session = self._found(session_id)
             made = self._machines.made_at(session_id)
@@ -452,8 +537,12 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 continue  # a create or fork under way (here or on another server): its QEMU may not run yet
             # a session on a network whose seat is gone (an engine restart stops it) has lost its network (asked
             # again: a create that ended after the listing made its seat since)
-            unseated = (seats is not None and session.spec.network != "none" and session_id not in seated
-                        and not await self._seats.seated(session_id))
+            unseated = (
+                seats is not None
+                and session.spec.network != "none"
+                and session_id not in seated
+                and not await self._seats.seated(session_id)
+            )
             if session.expires_at <= now or not self._machines.running(session_id) or unseated:
                 with contextlib.suppress(SandboxNotFoundError):
                     await session.destroy(remove_workspace=False)
@@ -505,7 +594,9 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         process, the ephemeral workspace); made its own at its first handshake (clock, RNG seed)."""
         if source.spec.durability == "persistent":
             raise SandboxUnsupportedError(
-                "a persistent workspace has one live session at a time: fork an ephemeral session", operation="fork")
+                "a persistent workspace has one live session at a time: fork an ephemeral session",
+                operation="fork",
+            )
         record = self._machines.read(source.id)
         if record is None or "shape" not in record or not self._machines.running(source.id):
             raise session_gone(source.id)
@@ -521,15 +612,24 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         try:
             copy = {**record, "labels": labels, "expires_at": expires, "paused": False}
             self._machines.write(session_id, {**copy, "starting": True})
-            seat = None if network is None else await self._seats.seat(session_id, network, source.spec.network)
+            seat = (
+                None if network is None else await self._seats.seat(session_id, network, source.spec.network)
+            )
             await save(self._machines.folder(source.id), state)
-            await self._machines.start(session_id, (seat.enter if seat else []) + copy_argv(guest, folder, record, state))
+            await self._machines.start(
+                session_id, (seat.enter if seat else []) + copy_argv(guest, folder, record, state)
+            )
             # the copy's card has the source's address: it goes on the network once it has its own
             await run_loaded(self._machines, session_id, link=seat is None)
-            await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()  # clock and seed
+            await (
+                await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)
+            ).close()  # clock and seed
             if seat is not None:
-                await _as_guest_root(self._session(session_id, labels, {}, expires), seat.guest_script(
-                    ("", ROOT_DIR) if record.get("image_env") is not None else ("",)), "setting up the fork's network")
+                await _as_guest_root(
+                    self._session(session_id, labels, {}, expires),
+                    seat.guest_script(("", ROOT_DIR) if record.get("image_env") is not None else ("",)),
+                    "setting up the fork's network",
+                )
                 await qmp(folder, "set_link", name="net0", up=True)
             self._machines.write(session_id, copy)
         except BaseException:
@@ -543,8 +643,16 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             with contextlib.suppress(OSError):
                 state.unlink()
         self.log.debug("sandbox-vm: forked %s from %s", session_id, source.id)
-        return self._site.remember(self._session(session_id, labels, dict(record.get("env") or {}), expires,
-                                                 str(record.get("user") or ""), record.get("image_env")))
+        return self._site.remember(
+            self._session(
+                session_id,
+                labels,
+                dict(record.get("env") or {}),
+                expires,
+                str(record.get("user") or ""),
+                record.get("image_env"),
+            )
+        )
 
     async def _current_end(self, session_id: str) -> float | None:
         record = self._machines.read(session_id)
@@ -565,9 +673,13 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                     await qmp(self._machines.folder(session.id), "cont")  # its flush needs it running
             # the guest's page cache goes with QEMU: what the workspace holds is written out first
             with contextlib.suppress(Exception):
-                client = await asyncio.wait_for(self._machines.open_agent(session.id, timeout=2.0), SYNC_SECONDS)
+                client = await asyncio.wait_for(
+                    self._machines.open_agent(session.id, timeout=2.0), SYNC_SECONDS
+                )
                 try:
-                    command = await client.start(["sync"], env={"PATH": "/bin:/usr/bin:/sbin:/usr/sbin"}, cwd="/")
+                    command = await client.start(
+                        ["sync"], env={"PATH": "/bin:/usr/bin:/sbin:/usr/sbin"}, cwd="/"
+                    )
                     await asyncio.wait_for(command.collect(), SYNC_SECONDS)
                 finally:
                     await client.close()
@@ -606,8 +718,12 @@ async def _as_guest_root(session: VmSession, script: str, what: str) -> None:
     Bounded as a whole (its connection's opening too): a guest that does not answer fails the create."""
     try:
         async with asyncio.timeout(SETUP_SECONDS):
-            result = await session.run(ExecRequest(argv=["sh", "-c", script], timeout_seconds=SETUP_SECONDS / 2))
+            result = await session.run(
+                ExecRequest(argv=["sh", "-c", script], timeout_seconds=SETUP_SECONDS / 2)
+            )
     except TimeoutError:
-        raise SandboxUnavailableError(f"{what}: the guest's agent did not answer within {SETUP_SECONDS:g} s") from None
+        raise SandboxUnavailableError(
+            f"{what}: the guest's agent did not answer within {SETUP_SECONDS:g} s"
+        ) from None
     if result.exit_code != 0:
         raise SandboxError(f"{what} failed: {result.stderr.decode(errors='replace')[-1000:]}")

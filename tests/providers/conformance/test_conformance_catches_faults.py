@@ -57,7 +57,9 @@ def leaked_groups():
 #: each check waits on a group that never stops (its limit, then the suite's bounded closing destroy): one unit
 #: each, so they wait side by side
 KILL_CHECKS = [
-    pytest.param(check, says, marks=[pytest.mark.xdist_group(f"catches-faults-{check}"), pytest.mark.slow(30)])
+    pytest.param(
+        check, says, marks=[pytest.mark.xdist_group(f"catches-faults-{check}"), pytest.mark.slow(30)]
+    )
     for check, says in (
         ("group_stopped_after_exit", "still running"),
         ("deadline_kills_unread_command", "still running"),

@@ -46,7 +46,7 @@ def local_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
 @pytest.fixture(scope="module")
 def docker_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     client = docker_client()  # skips (fails in CI) without an engine
-    (key, value), = RUN_LABEL.items()
+    ((key, value),) = RUN_LABEL.items()
     yield from live_server(
         tmp_path_factory,
         "remote-over-docker",
@@ -102,7 +102,9 @@ def test_the_owner_is_the_remotes_principal_never_the_specs(local_remote: LiveSe
             with pytest.raises(SandboxForbiddenError, match="mallory"):
                 await remote.create(SessionSpec(owner="mallory", ttl_seconds=60))
             assert {info.id for info in await remote.list()} == before  # nothing was made
-            session = await remote.create(SessionSpec(owner=server_owner(), consumer="kernel:k1", ttl_seconds=60))
+            session = await remote.create(
+                SessionSpec(owner=server_owner(), consumer="kernel:k1", ttl_seconds=60)
+            )
             info = await session.info()
             assert info.owner == server_owner()  # the remote server's principal
             assert info.consumer == "kernel:k1"  # under the token's own label at the remote, as it was here
@@ -154,7 +156,12 @@ async def test_provider_remote_behind_a_servers_doors(jp_fetch, local_remote: Li
     assert status == 201, created
     assert created["kind"] == "local" and created["id"] in local_remote.session_ids()
     status, result = await call(
-        jp_fetch, "sessions", created["id"], "exec", method="POST", body={"argv": ["echo", "hi"], "timeout_seconds": 30}
+        jp_fetch,
+        "sessions",
+        created["id"],
+        "exec",
+        method="POST",
+        body={"argv": ["echo", "hi"], "timeout_seconds": 30},
     )
     assert (status, result["stdout"]) == (200, "hi\n"), result
     status, row = await call(jp_fetch, "status")

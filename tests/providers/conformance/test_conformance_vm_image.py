@@ -16,10 +16,21 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow(90)]
 
 #: the checks this class runs (the rest: a root is no part of them)
 ROOTED_CHECKS = {
-    "lifecycle", "streams_and_status", "interactive_seam", "kill_past_deadline", "group_stopped_after_exit",
-    "file_transfer", "workspace_paths", "pty_window_and_resize", "pty_ctrl_c", "commands_start_with_default_signals",
-    "pty_stop_ends_the_terminal_session", "setsid_command_is_stopped", "absent_program_is_a_typed_error",
-    "held_commands_are_listed_and_resumed_exactly", "fork_copies_the_session_or_is_refused",
+    "lifecycle",
+    "streams_and_status",
+    "interactive_seam",
+    "kill_past_deadline",
+    "group_stopped_after_exit",
+    "file_transfer",
+    "workspace_paths",
+    "pty_window_and_resize",
+    "pty_ctrl_c",
+    "commands_start_with_default_signals",
+    "pty_stop_ends_the_terminal_session",
+    "setsid_command_is_stopped",
+    "absent_program_is_a_typed_error",
+    "held_commands_are_listed_and_resumed_exactly",
+    "fork_copies_the_session_or_is_refused",
 }
 
 

@@ -31,8 +31,9 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.docker]
 
 
 async def _inspect(container: str) -> dict:
-    proc = await asyncio.create_subprocess_exec("docker", "inspect", container, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        "docker", "inspect", container, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
     out, _ = await proc.communicate()
     if proc.returncode:
         raise SandboxNotFoundError(f"no container {container}")
@@ -48,8 +49,16 @@ def make_session(s, *, opened: list | None = None) -> ContainerSession:
     async def teardown(session, remove_workspace):
         return None
 
-    site = ContainerSite(kind="test", isolation="container", open_agent=open_agent, inspect=_inspect,
-                         teardown=teardown, log=logging.getLogger("test"), memory_limit=1 << 20, workspace="/data")
+    site = ContainerSite(
+        kind="test",
+        isolation="container",
+        open_agent=open_agent,
+        inspect=_inspect,
+        teardown=teardown,
+        log=logging.getLogger("test"),
+        memory_limit=1 << 20,
+        workspace="/data",
+    )
     now = time.time()
     return ContainerSession(site, s.name, "sbx-test", SessionSpec(), now, now + 600, env={"GREETING": "hi"})
 
@@ -62,7 +71,9 @@ def test_exec_env_stdin_and_status(session):
     async def go():
         sess = make_session(session)
         try:
-            r = await sess.exec(["sh", "-c", 'echo "$GREETING $SANDBOX_WORKSPACE $PWD"; exit 3'], timeout_seconds=30)
+            r = await sess.exec(
+                ["sh", "-c", 'echo "$GREETING $SANDBOX_WORKSPACE $PWD"; exit 3'], timeout_seconds=30
+            )
             assert (r.exit_code, r.stdout) == (3, b"hi /data /data\n")
             big = bytes(range(256)) * (12 << 12)  # 12 MiB: far larger than any buffer
             r = await sess.exec(["cat"], stdin=big, timeout_seconds=60)
@@ -85,7 +96,9 @@ def test_one_connection_serves_every_call_and_is_reopened_when_dropped(session):
         opened: list = []
         sess = make_session(session, opened=opened)
         try:
-            results = await asyncio.gather(*(sess.exec(["echo", str(i)], timeout_seconds=30) for i in range(20)))
+            results = await asyncio.gather(
+                *(sess.exec(["echo", str(i)], timeout_seconds=30) for i in range(20))
+            )
             assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(20)]
             await sess.put_file("f.txt", b"x")
             assert len(opened) == 1
@@ -124,7 +137,9 @@ def test_deadline_kill_and_group_stops(session):
             assert rest == [ExitItem(137)]
             await h.kill()  # again, after the exit: never raises
             # a kill after the exit stops what the command left in its group while it holds the output
-            h = await sess.exec_start(["sh", "-c", "(sleep 31; echo late) & echo started"], timeout_seconds=60)
+            h = await sess.exec_start(
+                ["sh", "-c", "(sleep 31; echo late) & echo started"], timeout_seconds=60
+            )
             assert await h.output.__anext__() == OutputChunk("stdout", b"started\n")
             await asyncio.sleep(0.3)
             await h.kill()
@@ -155,7 +170,9 @@ def test_interactive_write_after_exit_late_reads_and_pty(session):
             assert len(data) == 5_000_000
             await h.kill()
             # a terminal: its size, and ^D at close_stdin
-            h = await sess.exec_start(["sh", "-c", "stty size; cat"], timeout_seconds=30, pty=True, rows=7, cols=33)
+            h = await sess.exec_start(
+                ["sh", "-c", "stty size; cat"], timeout_seconds=30, pty=True, rows=7, cols=33
+            )
             out = b""
             while b"7 33" not in out:
                 out += (await h.output.__anext__()).data

@@ -42,8 +42,12 @@ def bare_image(client):
         info.size, info.mode = len(data), 0o755
         tar.addfile(info, io.BytesIO(data))
     tag = f"tai-sbx-test/bare:{RUN_ID}".lower()
-    subprocess.run(["docker", "import", "--change", f"LABEL {LABEL_KEY}={LABEL_VALUE}", "-", tag],
-                   input=buf.getvalue(), check=True, capture_output=True)
+    subprocess.run(
+        ["docker", "import", "--change", f"LABEL {LABEL_KEY}={LABEL_VALUE}", "-", tag],
+        input=buf.getvalue(),
+        check=True,
+        capture_output=True,
+    )
     yield tag
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
@@ -101,6 +105,7 @@ def test_a_stalled_upload_is_aborted_after_the_idle_limit_and_writes_nothing(cli
             # atomic: the target keeps its old content and no temporary file is left beside it
             assert await session.get_file("kept.txt") == b"before"
             assert [e["name"] for e in await session.list_files(".")] == ["kept.txt"]
+
             # a source that keeps sending, however slowly, is not idle
             async def trickles():
                 for piece in (b"a", b"b", b"c"):
@@ -148,14 +153,18 @@ def test_root_session_code_cannot_replace_the_agent_the_server_connects_through(
     import hashlib
 
     async def main() -> None:
-        async with agent_session(agent_transport="exec") as session:  # through the relay session code may kill
+        async with agent_session(
+            agent_transport="exec"
+        ) as session:  # through the relay session code may kill
             result = await session.exec(["sh", "-c", REPLACE_THE_AGENT], timeout_seconds=60)
             assert "ALLOWED" not in result.stdout.decode(), result.stdout.decode()
             expected = hashlib.sha256(agent_binary().read_bytes()).hexdigest()
             assert result.stdout.decode().split()[0] == expected
             assert (await session.exec(["sh", "-c", KILL_THE_RELAYS], timeout_seconds=30)).exit_code == 0
             await asyncio.sleep(1.5)
-            again = await session.exec(["id", "-u"], timeout_seconds=30)  # a new connection, to the real agent
+            again = await session.exec(
+                ["id", "-u"], timeout_seconds=30
+            )  # a new connection, to the real agent
             assert (again.exit_code, again.stdout) == (0, b"0\n")
 
     asyncio.run(main())
@@ -216,19 +225,27 @@ def test_the_agent_volume_is_shared_by_deployments_and_old_builds_go_once_unused
         second = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=f"{RUN_ID}-agent-b")
         try:
             await second.check_available()  # its engine is connected by the status check, not by a create
-            sessions = [await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
-                        for sandbox in (first, second)]
-            mounts = [{m["Destination"]: m for m in client.api.inspect_container(s.container_id)["Mounts"]}["/.tai"]
-                      for s in sessions]
+            sessions = [
+                await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+                for sandbox in (first, second)
+            ]
+            mounts = [
+                {m["Destination"]: m for m in client.api.inspect_container(s.container_id)["Mounts"]}["/.tai"]
+                for s in sessions
+            ]
             assert mounts[0]["Name"] == mounts[1]["Name"] and not mounts[0]["RW"]
             assert mounts[0]["Name"].startswith(f"{AGENT_VOLUME_PREFIX}{client.info()['Architecture']}-")
             labels = client.api.inspect_volume(mounts[0]["Name"])["Labels"]
-            assert set(labels) == {LABEL_AGENT_BUILD}  # no deployment's: every deployment's leftover check passes
+            assert set(labels) == {
+                LABEL_AGENT_BUILD
+            }  # no deployment's: every deployment's leftover check passes
             client.api.create_volume(old, labels={LABEL_AGENT_BUILD: "000000000000"})
             for session in sessions:
                 await session.destroy()
             await first.reap()
-            names = {v["Name"] for v in client.api.volumes(filters={"label": LABEL_AGENT_BUILD})["Volumes"] or []}
+            names = {
+                v["Name"] for v in client.api.volumes(filters={"label": LABEL_AGENT_BUILD})["Volumes"] or []
+            }
             assert old not in names and mounts[0]["Name"] in names
         finally:
             with contextlib.suppress(Exception):
@@ -251,18 +268,29 @@ def test_servers_filling_the_agent_volume_at_once_fill_it_once_and_whole(client)
         tar.addfile(info, io.BytesIO(data))
 
     async def main() -> None:
-        engines = [DockerEngine("unix:///var/run/docker.sock", timeout=30, slow_timeout=60, scope={}) for _ in range(3)]
+        engines = [
+            DockerEngine("unix:///var/run/docker.sock", timeout=30, slow_timeout=60, scope={})
+            for _ in range(3)
+        ]
         try:
-            await asyncio.gather(*(e.fill_shared_volume(name, TEST_IMAGE, buf.getvalue(), labels=RUN_LABEL)
-                                   for e in engines))
+            await asyncio.gather(
+                *(e.fill_shared_volume(name, TEST_IMAGE, buf.getvalue(), labels=RUN_LABEL) for e in engines)
+            )
             # a fill lock a crash left behind (older than stale_seconds) is taken over and the fill redone
             client.containers.create(TEST_IMAGE, name=f"{name}-fill", entrypoint=["/none"], labels=RUN_LABEL)
-            await engines[0].fill_shared_volume(name, TEST_IMAGE, buf.getvalue(), labels=RUN_LABEL, stale_seconds=0)
+            await engines[0].fill_shared_volume(
+                name, TEST_IMAGE, buf.getvalue(), labels=RUN_LABEL, stale_seconds=0
+            )
         finally:
             for e in engines:
                 await e.close()
-        out = client.containers.run(TEST_IMAGE, ["sha256sum", "/v/agent"], remove=True, labels=RUN_LABEL,
-                                    volumes={name: {"bind": "/v", "mode": "ro"}})
+        out = client.containers.run(
+            TEST_IMAGE,
+            ["sha256sum", "/v/agent"],
+            remove=True,
+            labels=RUN_LABEL,
+            volumes={name: {"bind": "/v", "mode": "ro"}},
+        )
         assert out.split()[0].decode() == __import__("hashlib").sha256(data).hexdigest()
         assert client.containers.list(all=True, filters={"name": f"{name}-fill"}) == []
 
@@ -327,6 +355,7 @@ def test_a_session_is_found_again_with_no_engine_call_while_its_agent_answers(cl
             assert (await (await here.get(session.id)).info()).expires_at == moved
 
             await (await there.get(session.id)).destroy()
+
             async def gone() -> None:
                 while True:
                     try:
@@ -381,10 +410,14 @@ def test_a_session_user_runs_commands_and_file_operations_with_that_users_rights
             result = await session.exec(["sh", "-c", "id -u; id -g; stat -c %u /proc/1"], timeout_seconds=30)
             assert result.stdout.split() == [b"1000", b"1000", b"0"], result.stdout
             await session.put_file("made/by/api.txt", b"hi")
-            owners = await session.exec(["stat", "-c", "%u:%g", "made", "made/by/api.txt"], timeout_seconds=30)
+            owners = await session.exec(
+                ["stat", "-c", "%u:%g", "made", "made/by/api.txt"], timeout_seconds=30
+            )
             assert owners.stdout.split() == [b"1000:1000", b"1000:1000"]
-            locked = await session.exec(["sh", "-c", "echo x > locked && chmod 000 locked && mkdir shut && chmod 500 shut"],
-                                        timeout_seconds=30)
+            locked = await session.exec(
+                ["sh", "-c", "echo x > locked && chmod 000 locked && mkdir shut && chmod 500 shut"],
+                timeout_seconds=30,
+            )
             assert locked.exit_code == 0
             with pytest.raises(SandboxError, match=r"(?i)permission"):
                 await session.get_file("locked")
@@ -417,6 +450,7 @@ def test_the_images_user_is_the_session_user_when_none_is_configured(client):
     tag = f"tai-sbx-test/user:{RUN_ID}".lower()
     client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)
     try:
+
         async def main() -> None:
             sandbox = DockerSandbox(image=tag, extra_labels=RUN_LABEL)
             session = await sandbox.create(SessionSpec(image=tag, consumer="docker-tests", network="none"))
@@ -438,7 +472,9 @@ def test_the_docker_engine_fills_the_container_engine_seam():
     from jupyter_tai_sandbox.providers.container import ContainerEngine
     from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
 
-    assert isinstance(DockerEngine("unix:///var/run/docker.sock", timeout=1, slow_timeout=1, scope={}), ContainerEngine)
+    assert isinstance(
+        DockerEngine("unix:///var/run/docker.sock", timeout=1, slow_timeout=1, scope={}), ContainerEngine
+    )
 
 
 def test_nothing_is_left_behind(client):

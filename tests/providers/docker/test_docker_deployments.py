@@ -100,8 +100,12 @@ def test_internal_networks_of_one_owner_in_two_deployments_are_apart(client):
             net_b = other.scope.owner_network(other.internal_network, "carol")
             assert net_a != net_b
             assert client.networks.get(net_a).attrs["Labels"][LABEL_DEPLOYMENT] == ours
-            address = client.containers.get(b.container_id).attrs["NetworkSettings"]["Networks"][net_b]["IPAddress"]
-            listener = await b.exec_start(["nc", "-ll", "-p", "9000", "-e", "echo", "pong"], timeout_seconds=60)
+            address = client.containers.get(b.container_id).attrs["NetworkSettings"]["Networks"][net_b][
+                "IPAddress"
+            ]
+            listener = await b.exec_start(
+                ["nc", "-ll", "-p", "9000", "-e", "echo", "pong"], timeout_seconds=60
+            )
             try:
                 probe = f"nc -w 2 {address} 9000 </dev/null 2>&1; echo rc=$?"
                 # the listener answers inside its own deployment's network (once it listens)...

@@ -52,30 +52,43 @@ LOOK_FOR_LOOP = "grep -l 'fork[-]marker' /proc/[0-9]*/cmdline 2>/dev/null | wc -
 def test_a_fork_keeps_the_workspace_not_the_processes_and_the_two_diverge(client):
     async def main():
         sandbox = provider()
-        source = await sandbox.create(SessionSpec(image=TEST_IMAGE, consumer="docker-fork", ttl_seconds=900,
-                                                  env={"SECRET": "s3"}))
+        source = await sandbox.create(
+            SessionSpec(image=TEST_IMAGE, consumer="docker-fork", ttl_seconds=900, env={"SECRET": "s3"})
+        )
         forked = None
         try:
             await source.put_file("dir/data.bin", bytes(range(256)) * 4096)
             await out(source, "chmod 751 dir && ln -s dir/data.bin link && echo scratch > /tmp/scratch")
-            loop = await source.start(ExecRequest(
-                argv=["sh", "-c", "while :; do sleep 0.05; done # fork-marker"], timeout_seconds=120))
+            loop = await source.start(
+                ExecRequest(
+                    argv=["sh", "-c", "while :; do sleep 0.05; done # fork-marker"], timeout_seconds=120
+                )
+            )
             assert int(await out(source, LOOK_FOR_LOOP)) >= 1
 
             forked = await source.fork()
             assert forked.id != source.id and source.forkable
             info = await forked.info()
             assert (info.spec.owner, info.spec.ttl_seconds, info.spec.env, info.paused) == (
-                source.spec.owner, 900, {"SECRET": "s3"}, False)
+                source.spec.owner,
+                900,
+                {"SECRET": "s3"},
+                False,
+            )
             assert info.expires_at > (await source.info()).expires_at  # its TTL counts from the fork
             # the workspace's files, modes and links are in the copy; /tmp and the running loop are not
             assert await forked.get_file("dir/data.bin") == bytes(range(256)) * 4096
             assert (await out(forked, "stat -c %a dir; readlink link; echo $SECRET")).split() == [
-                "751", "dir/data.bin", "s3"]
+                "751",
+                "dir/data.bin",
+                "s3",
+            ]
             assert (await forked.exec(["cat", "/tmp/scratch"], timeout_seconds=10)).exit_code != 0
             assert int(await out(forked, LOOK_FOR_LOOP)) == 0
             # the source was thawed: its loop and its commands go on
-            assert int(await out(source, LOOK_FOR_LOOP)) >= 1 and any(h.running for h in await source.held_commands())
+            assert int(await out(source, LOOK_FOR_LOOP)) >= 1 and any(
+                h.running for h in await source.held_commands()
+            )
             assert not client.containers.get(source.container_id).attrs["State"]["Paused"]
 
             await source.put_file("after.txt", b"source only")
@@ -101,8 +114,13 @@ def test_a_writable_roots_changes_are_committed_and_each_forks_image_goes_when_n
         first = second = None
 
         def fork_images() -> list[str]:
-            return sorted(t for i in client.images.list(FORK_REPOSITORY, filters={"label": next(
-                f"{k}={v}" for k, v in RUN_LABEL.items())}) for t in i.tags)
+            return sorted(
+                t
+                for i in client.images.list(
+                    FORK_REPOSITORY, filters={"label": next(f"{k}={v}" for k, v in RUN_LABEL.items())}
+                )
+                for t in i.tags
+            )
 
         try:
             await out(source, "echo installed > /opt-marker && echo kept > /tmp/kept")
@@ -166,8 +184,9 @@ def test_a_persistent_session_cannot_fork(client):
     async def main():
         sandbox = provider()
         key = f"fork-{RUN_LABEL[next(iter(RUN_LABEL))]}"
-        source = await sandbox.create(SessionSpec(image=TEST_IMAGE, consumer="docker-fork",
-                                                  durability="persistent", workspace_key=key))
+        source = await sandbox.create(
+            SessionSpec(image=TEST_IMAGE, consumer="docker-fork", durability="persistent", workspace_key=key)
+        )
         try:
             with pytest.raises(SandboxUnsupportedError) as refused:
                 await source.fork()
@@ -225,7 +244,9 @@ def test_calls_during_a_fork_wait_for_it_and_a_users_pause_meanwhile_is_kept(cli
                 await asyncio.sleep(0.1)
                 return await action()
 
-            fork, ran = await asyncio.gather(source.fork(), meanwhile(lambda: source.exec(["true"], timeout_seconds=30)))
+            fork, ran = await asyncio.gather(
+                source.fork(), meanwhile(lambda: source.exec(["true"], timeout_seconds=30))
+            )
             forks.append(fork)
             assert ran.exit_code == 0 and not (await source.info()).paused
 

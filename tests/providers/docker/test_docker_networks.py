@@ -74,8 +74,10 @@ async def reach(session, address: str, port: int = 7070) -> bytes:
 
 
 def firewall_rules() -> str:
-    return "".join(subprocess.run([tool, "-w", "-S"], capture_output=True, text=True).stdout
-                   for tool in ("iptables", "ip6tables"))
+    return "".join(
+        subprocess.run([tool, "-w", "-S"], capture_output=True, text=True).stdout
+        for tool in ("iptables", "ip6tables")
+    )
 
 
 def firewall_dump() -> str:
@@ -129,9 +131,13 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
                 bridge = _docker_networks.bridge_name(next(iter(names)))
                 chain = _docker_networks.chain_name(bridge)
                 for way in ("-i", "-o"):
-                    assert any(r.startswith(f"-A FORWARD {way} {bridge} ") and r.endswith(f"-j {chain}")
-                               for r in rules), (bridge, way, rules)
-                own = [r.split(" -m ")[0] + " " + r.split()[-1] for r in rules if r.startswith(f"-A {chain} ")]
+                    assert any(
+                        r.startswith(f"-A FORWARD {way} {bridge} ") and r.endswith(f"-j {chain}")
+                        for r in rules
+                    ), (bridge, way, rules)
+                own = [
+                    r.split(" -m ")[0] + " " + r.split()[-1] for r in rules if r.startswith(f"-A {chain} ")
+                ]
                 assert own[0] == f"-A {chain} -i {bridge} -o {bridge} RETURN", own
                 for other in _docker_networks.OTHER_BRIDGES:
                     assert f"-A {chain} -i {bridge} -o {other} DROP" in own, own
@@ -191,7 +197,11 @@ def test_another_owners_bridge_stays_unreachable_while_the_engine_rewrites_its_r
     python_image().close()  # there, or a skip (a failure in CI)
     image = PYTHON_IMAGE
     foreign = client.containers.run(
-        image, ["python3", "-c", UDP_COUNTER, "14"], entrypoint=[], detach=True, labels=RUN_LABEL,
+        image,
+        ["python3", "-c", UDP_COUNTER, "14"],
+        entrypoint=[],
+        detach=True,
+        labels=RUN_LABEL,
         network_mode="bridge",
     )
     stop = threading.Event()
@@ -221,10 +231,14 @@ def test_another_owners_bridge_stays_unreachable_while_the_engine_rewrites_its_r
             churner.start()
             try:
                 floods = await asyncio.gather(
-                    bob.exec(["python3", "-c", UDP_FLOOD, "8", address_of(client, alice.container_id)],
-                             timeout_seconds=60),
-                    bob.exec(["python3", "-c", UDP_FLOOD, "8", foreign.attrs["NetworkSettings"]["IPAddress"]],
-                             timeout_seconds=60),
+                    bob.exec(
+                        ["python3", "-c", UDP_FLOOD, "8", address_of(client, alice.container_id)],
+                        timeout_seconds=60,
+                    ),
+                    bob.exec(
+                        ["python3", "-c", UDP_FLOOD, "8", foreign.attrs["NetworkSettings"]["IPAddress"]],
+                        timeout_seconds=60,
+                    ),
                 )
             finally:
                 stop.set()
@@ -428,7 +442,9 @@ def test_pooled_session_joins_its_owners_egress_network_not_the_pools(client):
             # it leaves the holding network just after the claim: internal, no host address, no traffic
             # between its containers, so it reaches nothing there meanwhile
             holding = client.api.inspect_network(sandbox.pool_network)
-            assert holding["Internal"] and holding["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+            assert (
+                holding["Internal"] and holding["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+            )
             for _ in range(100):
                 if sandbox.pool_network not in networks_of(client, pooled.container_id):
                     break
@@ -440,7 +456,6 @@ def test_pooled_session_joins_its_owners_egress_network_not_the_pools(client):
             await own.destroy()
         finally:
             await sandbox.close()
-
 
 
 def test_an_owners_spare_waits_on_their_network_and_serves_only_them(client):

@@ -33,8 +33,12 @@ def test_a_paused_container_runs_nothing_until_resumed_and_another_server_sees_i
         ours, other = provider(), provider()
         session = await ours.create(SessionSpec(image=TEST_IMAGE, consumer="docker-pause"))
         try:
-            handle = await session.start(ExecRequest(
-                argv=["sh", "-c", "while :; do cut -d' ' -f1 /proc/uptime; sleep 0.05; done"], timeout_seconds=60))
+            handle = await session.start(
+                ExecRequest(
+                    argv=["sh", "-c", "while :; do cut -d' ' -f1 /proc/uptime; sleep 0.05; done"],
+                    timeout_seconds=60,
+                )
+            )
             info = await session.pause()
             assert info.paused and session.pausable
             assert client.containers.get(session.container_id).attrs["State"]["Paused"]

@@ -85,7 +85,9 @@ def test_a_pooled_sessions_env_is_never_read_back_from_its_container(client, mon
         try:
             again, peak = await peak_bytes_during(later.get(session.id))
             assert again.spec.env == {"SECRET_TOKEN": "pooled-secret"}
-            result = await again.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN:$LD_PRELOAD"'], timeout_seconds=10)
+            result = await again.exec(
+                ["sh", "-c", 'printf %s "$SECRET_TOKEN:$LD_PRELOAD"'], timeout_seconds=10
+            )
             assert result.stdout == b"pooled-secret:"
             assert peak < 8 << 20, peak
             assert reads == []  # nothing of the container was read back
@@ -114,7 +116,8 @@ def test_reads_from_a_container_are_size_capped(client):
             session = await sandbox.create(spec())
             try:
                 made = await session.exec(
-                    ["sh", "-c", f"printf small > /workspace/small && truncate -s {SPARSE} /workspace/big"], timeout_seconds=20
+                    ["sh", "-c", f"printf small > /workspace/small && truncate -s {SPARSE} /workspace/big"],
+                    timeout_seconds=20,
                 )
                 assert made.exit_code == 0, made
                 engine = sandbox._engine
@@ -124,12 +127,16 @@ def test_reads_from_a_container_are_size_capped(client):
                     await engine.read_file(session.container_id, "/workspace/big")
                 assert time.monotonic() - started < 5
                 _, peak = await peak_bytes_during(
-                    asyncio.gather(engine.read_file(session.container_id, "/workspace/big"), return_exceptions=True)
+                    asyncio.gather(
+                        engine.read_file(session.container_id, "/workspace/big"), return_exceptions=True
+                    )
                 )
                 assert peak < (1 << 20) + (4 << 20)  # DockerEngine.read_file reads at most 1 MiB, peak
                 # a helper command's output is capped too (the container's programs are the session's)
                 with pytest.raises(SandboxError, match="more than"):
-                    await engine.run(session.container_id, ["sh", "-c", "yes | head -c 3000000"], limit=1 << 20)
+                    await engine.run(
+                        session.container_id, ["sh", "-c", "yes | head -c 3000000"], limit=1 << 20
+                    )
                 code, out, _ = await engine.run(session.container_id, ["sh", "-c", "printf ok"])
                 assert (code, out) == (0, b"ok")
             finally:

@@ -53,7 +53,9 @@ def test_network_egress_internal_and_none(client):
     there only with the host firewall off (its route out works), never with it on (as root, see
     test_docker_networks), internal and none never."""
 
-    async def probe(sandbox: DockerSandbox, network: str, port: int, gateway: str | None) -> tuple[bytes, bytes]:
+    async def probe(
+        sandbox: DockerSandbox, network: str, port: int, gateway: str | None
+    ) -> tuple[bytes, bytes]:
         session = await sandbox.create(spec(network=network))
         try:
             if gateway is None:  # its own bridge's (each owner network has a subnet of its own)
@@ -183,7 +185,12 @@ def test_vm_isolation_is_rejected(client):
 def test_unreachable_engine_is_a_typed_unavailability(tmp_path):
     url = f"unix://{tmp_path}/no-engine.sock"
     sandbox = DockerSandbox(base_url=url)
-    for action in (sandbox.create(SessionSpec()), sandbox.list(), sandbox.reap(), sandbox.get("sbx-0123456789abcdef")):
+    for action in (
+        sandbox.create(SessionSpec()),
+        sandbox.list(),
+        sandbox.reap(),
+        sandbox.get("sbx-0123456789abcdef"),
+    ):
         started = time.monotonic()
         with pytest.raises(SandboxUnavailableError) as caught:
             asyncio.run(action)
@@ -296,10 +303,14 @@ def test_pool_hands_out_started_containers_refills_and_never_reuses_one(client):
             assert session.container_id in waiting  # handed out: no container was started for it
             attrs = client.containers.get(session.container_id).attrs
             assert attrs["Name"] == f"/tai-{session.id}"
-            assert attrs["State"]["Running"] and attrs["Created"] < time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started + 1))
+            assert attrs["State"]["Running"] and attrs["Created"] < time.strftime(
+                "%Y-%m-%dT%H:%M:%S", time.gmtime(started + 1)
+            )
             result = await session.exec(["sh", "-c", "echo ran > mark; cat mark"], timeout_seconds=10)
             assert result.stdout == b"ran\n"
-            (info,) = [i for i in await sandbox.list() if i.id not in others]  # a pooled container is no session
+            (info,) = [
+                i for i in await sandbox.list() if i.id not in others
+            ]  # a pooled container is no session
             assert (info.id, info.consumer, info.spec.ttl_seconds) == (session.id, "pool-user", 120)
             assert info.expires_at - info.created_at == 120
             await pool_ready(sandbox, 2)  # refilled in the background
@@ -334,8 +345,12 @@ def test_pooled_session_env_reaches_commands_and_survives_a_restart(client):
             assert session.record is not None
             result = await session.exec(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10)
             assert result.stdout == b"pooled-secret"
-            handle = await session.exec_start(["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10, pty=True)
-            assert b"pooled-secret" in b"".join([i.data async for i in handle.output if isinstance(i, OutputChunk)])
+            handle = await session.exec_start(
+                ["sh", "-c", 'printf %s "$SECRET_TOKEN"'], timeout_seconds=10, pty=True
+            )
+            assert b"pooled-secret" in b"".join(
+                [i.data async for i in handle.output if isinstance(i, OutputChunk)]
+            )
             await handle.kill()
             attrs = client.containers.get(session.container_id).attrs
             assert "pooled-secret" not in json.dumps(attrs["Config"]["Labels"])
@@ -343,7 +358,10 @@ def test_pooled_session_env_reaches_commands_and_survives_a_restart(client):
             volume = client.volumes.get(f"tai-rec-{session.id}")
             assert "pooled-secret" in json.dumps(volume.attrs["Labels"])
             await sandbox._pool.settle()
-            found = await session.exec(["sh", "-c", "find /tmp /workspace -type f -exec grep -l pooled-secret {} +; true"], timeout_seconds=10)
+            found = await session.exec(
+                ["sh", "-c", "find /tmp /workspace -type f -exec grep -l pooled-secret {} +; true"],
+                timeout_seconds=10,
+            )
             assert found.stdout == b""
             later = provider()  # a restarted server
             try:

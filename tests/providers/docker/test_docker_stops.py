@@ -220,7 +220,9 @@ def test_a_kill_against_a_frozen_engine_raises_within_its_fixed_limit(client, tr
         finally:
             resume()
             timer.cancel()
-        assert KILL_LIMIT_SECONDS - 0.5 < took < KILL_LIMIT_SECONDS + 1.0, f"the kill raised after {took:.1f} s"
+        assert KILL_LIMIT_SECONDS - 0.5 < took < KILL_LIMIT_SECONDS + 1.0, (
+            f"the kill raised after {took:.1f} s"
+        )
         message = str(raised.value)
         assert f"{KILL_LIMIT_SECONDS:g} s" in message and "reported" in message, message
         await handle.kill()  # the engine answers again: the stop goes through

@@ -55,7 +55,9 @@ def test_the_owner_survives_a_restart_and_is_listed(client):
         sandbox = provider()
         session = await sandbox.create(spec(owner="alice"))
         try:
-            (container,) = client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session.id}"})
+            (container,) = client.containers.list(
+                all=True, filters={"label": f"{LABEL_SESSION}={session.id}"}
+            )
             assert container.labels[LABEL_OWNER] == "alice"
             later = provider()  # a restarted server
             again = await later.get(session.id)
@@ -206,7 +208,9 @@ def test_internal_networks_are_per_owner(client):
         return result.stdout
 
     async def address_of(session) -> str:
-        out = (await session.exec(["sh", "-c", "ip -4 -o addr show eth0"], timeout_seconds=10)).stdout.decode()
+        out = (
+            await session.exec(["sh", "-c", "ip -4 -o addr show eth0"], timeout_seconds=10)
+        ).stdout.decode()
         return out.split("inet ", 1)[1].split("/", 1)[0]
 
     async def main() -> None:
@@ -291,4 +295,6 @@ def test_removing_a_workspace_in_use_is_a_conflict_not_an_engine_error(client):
             await sandbox.close()
 
     run(main())
-    assert [v.name for v in client.volumes.list(filters={"name": provider().scope.workspace_volume(key)})] == []
+    assert [
+        v.name for v in client.volumes.list(filters={"name": provider().scope.workspace_volume(key)})
+    ] == []

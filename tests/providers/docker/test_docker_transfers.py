@@ -131,7 +131,9 @@ def test_eight_stalled_downloads_leave_other_sessions_and_creation_alone(client)
             made.append(await asyncio.wait_for(sandbox.create(spec()), 20))
             assert (await made[0].exec(["echo", "new"], timeout_seconds=10)).stdout == b"new\n"
             # and the stalled session itself still runs commands
-            assert (await asyncio.wait_for(stalled.exec(["echo", "me"], timeout_seconds=10), 10)).stdout == b"me\n"
+            assert (
+                await asyncio.wait_for(stalled.exec(["echo", "me"], timeout_seconds=10), 10)
+            ).stdout == b"me\n"
             assert time.monotonic() - started < 25
         finally:
             for chunks in streams:
@@ -237,11 +239,15 @@ done"""
             outside = await session.exec(["sh", "-c", "ls -a /tmp/outside; ls -a /etc"], timeout_seconds=10)
             assert b"up-" not in outside.stdout, outside.stdout
             assert (await session.exec(["ls", "-a", "/etc"], timeout_seconds=10)).stdout == etc_before
-            found = await session.exec(["sh", "-c", "find / -xdev -name 'up-*.txt' 2>/dev/null"], timeout_seconds=30)
+            found = await session.exec(
+                ["sh", "-c", "find / -xdev -name 'up-*.txt' 2>/dev/null"], timeout_seconds=30
+            )
             assert all(p.startswith("/workspace/") for p in found.stdout.decode().split()), found.stdout
             assert outcomes["written"] + outcomes["refused"] == 200
             assert outcomes["refused"] > 0  # the race was real
-            leftovers_ = await session.exec(["sh", "-c", "find /workspace -name '.tai-upload-*'"], timeout_seconds=10)
+            leftovers_ = await session.exec(
+                ["sh", "-c", "find /workspace -name '.tai-upload-*'"], timeout_seconds=10
+            )
             assert leftovers_.stdout == b""
         finally:
             if swapper is not None:
@@ -318,7 +324,9 @@ def test_one_shot_output_limit_stops_the_command_with_byte_counts(client):
             assert "max_output_bytes" in str(error)
             assert await left_after(session, "yes") == []
             # under the limit, a one-shot is whole
-            result = await session.run(ExecRequest(["sh", "-c", "head -c 1000 /dev/zero"], 30, output_limit=1 << 20))
+            result = await session.run(
+                ExecRequest(["sh", "-c", "head -c 1000 /dev/zero"], 30, output_limit=1 << 20)
+            )
             assert len(result.stdout) == 1000
         finally:
             await session.destroy()

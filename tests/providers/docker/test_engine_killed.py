@@ -46,10 +46,16 @@ def test_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client, t
     (live-restore off)."""
 
     async def main() -> None:
-        sandbox = fault_provider(engine_timeout_seconds=3, engine_slow_timeout_seconds=5, transfer_idle_seconds=3,
-                                 agent_transport=transport)
+        sandbox = fault_provider(
+            engine_timeout_seconds=3,
+            engine_slow_timeout_seconds=5,
+            transfer_idle_seconds=3,
+            agent_transport=transport,
+        )
         session = await sandbox.create(fault_spec())
-        running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=60)
+        running = await session.exec_start(
+            ["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=60
+        )
         os.kill(engine_pid(), signal.SIGKILL)
         try:
             await asyncio.sleep(0.5)

@@ -84,16 +84,22 @@ def test_a_fork_bomb_is_contained_and_stopped_at_its_deadline(client):
             took, result = await bomb
             # stopped at its deadline (or ended sooner, when its own shell died of a failed fork)
             assert took < 6 + 8, took
-            assert isinstance(result, SandboxExecTimeoutError) or getattr(result, "exit_code", None) is not None, result
+            assert (
+                isinstance(result, SandboxExecTimeoutError) or getattr(result, "exit_code", None) is not None
+            ), result
             deadline = time.monotonic() + 20
             count = b""
             while time.monotonic() < deadline:
-                took, found = await timed(session.exec(["sh", "-c", "ls -d /proc/[0-9]* | wc -l"], timeout_seconds=5), 10)
+                took, found = await timed(
+                    session.exec(["sh", "-c", "ls -d /proc/[0-9]* | wc -l"], timeout_seconds=5), 10
+                )
                 count = getattr(found, "stdout", b"").strip()
                 if count and int(count) < 12:
                     break
                 await asyncio.sleep(0.5)
-            assert count and int(count) < 12, f"the bomb is still running ({count!r} processes; the last look: {found!r})"
+            assert count and int(count) < 12, (
+                f"the bomb is still running ({count!r} processes; the last look: {found!r})"
+            )
             assert client.api.inspect_container(session.container_id)["HostConfig"]["PidsLimit"] == 128
         finally:
             await session.destroy()
@@ -144,11 +150,17 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
     session this provider holds an open agent connection to needs no engine on either; any other look-up does."""
 
     async def main() -> None:
-        sandbox = fault_provider(engine_timeout_seconds=2, engine_slow_timeout_seconds=3, transfer_idle_seconds=3,
-                                 agent_transport=transport)
+        sandbox = fault_provider(
+            engine_timeout_seconds=2,
+            engine_slow_timeout_seconds=3,
+            transfer_idle_seconds=3,
+            agent_transport=transport,
+        )
         session = await sandbox.create(fault_spec())
         await session.put_file("kept.txt", b"kept")
-        running = await session.exec_start(["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=4)
+        running = await session.exec_start(
+            ["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=4
+        )
         pid = engine_pid()
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -173,10 +185,15 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
                 if index == 1:  # vouched for by its open agent connection
                     assert result is not None and not isinstance(result, BaseException), result
                     assert result.id == session.id
-                elif transport == "auto" and index in (3, 4, 5):  # exec, get_file, put_file: the agent's alone
+                elif transport == "auto" and index in (
+                    3,
+                    4,
+                    5,
+                ):  # exec, get_file, put_file: the agent's alone
                     assert not isinstance(result, BaseException), result
                 else:
                     assert isinstance(result, SandboxUnavailableError), result
+
             # the command that was running ends (its deadline or the engine's answer), bounded
             async def drain() -> None:
                 async for _ in running.output:
@@ -187,7 +204,9 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
             with contextlib.suppress(SandboxError):
                 await running.kill()
             # the provider works again
-            assert (await asyncio.wait_for(session.exec(["echo", "back"], timeout_seconds=10), 20)).stdout == b"back\n"
+            assert (
+                await asyncio.wait_for(session.exec(["echo", "back"], timeout_seconds=10), 20)
+            ).stdout == b"back\n"
             assert await asyncio.wait_for(session.get_file("kept.txt"), 20) == b"kept"
             fresh = await asyncio.wait_for(sandbox.create(fault_spec()), 30)
             await fresh.destroy()
@@ -201,7 +220,10 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
         # a create the engine carried out only after the thaw, when its caller had given up, can be left
         # "Created" (the provider's late removal may run while the engine is still frozen): remove it here,
         # only this run's (another run on the engine may use the same consumer)
-        mine = ["jupyter-tai-sandbox.consumer=docker-fault-tests", *(f"{k}={v}" for k, v in RUN_LABEL.items())]
+        mine = [
+            "jupyter-tai-sandbox.consumer=docker-fault-tests",
+            *(f"{k}={v}" for k, v in RUN_LABEL.items()),
+        ]
         for _ in range(20):
             stale = client.containers.list(all=True, filters={"label": mine})
             for container in stale:
@@ -211,4 +233,3 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
                 break
             time.sleep(0.5)
     assert leftovers(client) == []
-

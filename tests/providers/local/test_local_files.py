@@ -37,7 +37,9 @@ def test_concurrent_uploads_to_one_path_never_mix(sandbox):
         assert results == [None] * 20, results
         data = await session.get_file("shared/one.bin")
         assert data in bodies, "the file mixes several uploads"
-        assert [e["name"] for e in await session.list_files("shared")] == ["one.bin"], "a temporary file was left"
+        assert [e["name"] for e in await session.list_files("shared")] == ["one.bin"], (
+            "a temporary file was left"
+        )
         await session.destroy()
 
     run(scenario())

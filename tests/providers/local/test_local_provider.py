@@ -240,7 +240,9 @@ def test_commands_run_and_stop_where_the_kernel_has_no_pidfd(sandbox, monkeypatc
         session = await sandbox.create(SessionSpec())
         result = await session.exec(["sh", "-c", "echo out; exit 3"], timeout_seconds=10)
         assert (result.exit_code, result.stdout) == (3, b"out\n")
-        handle = await session.exec_start(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], timeout_seconds=30)
+        handle = await session.exec_start(
+            ["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], timeout_seconds=30
+        )
         items = [item async for item in handle.output]
         assert items[-1] == ExitItem(0)
         pid = int(b"".join(i.data for i in items if isinstance(i, OutputChunk)))
@@ -395,4 +397,3 @@ def test_bad_arguments_raise_typed_errors_and_start_nothing(sandbox):
         await session.destroy()
 
     run(scenario())
-

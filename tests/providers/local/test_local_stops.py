@@ -142,7 +142,8 @@ def test_failed_one_shot_stops_a_command_that_called_setsid(sandbox):
         try:
             with pytest.raises(SandboxError):
                 await asyncio.wait_for(
-                    session.exec(["setsid", "sh", "-c", script], stdin=b"x" * (4 << 20), timeout_seconds=2), 10
+                    session.exec(["setsid", "sh", "-c", script], stdin=b"x" * (4 << 20), timeout_seconds=2),
+                    10,
                 )
             pid = int(await session.get_file("cmd.pid"))
             assert await wait_stopped(pid, 1)
@@ -236,7 +237,9 @@ def test_an_exit_status_that_cannot_be_read_raises_instead_of_255(sandbox):
 def test_a_pty_whose_status_never_arrives_raises_instead_of_a_made_up_one(sandbox):
     async def scenario():
         session = await sandbox.create(SessionSpec())
-        handle = await session.exec_start(["sh", "-c", "echo $PPID $$; exec sleep 30"], timeout_seconds=30, pty=True)
+        handle = await session.exec_start(
+            ["sh", "-c", "echo $PPID $$; exec sleep 30"], timeout_seconds=30, pty=True
+        )
         seen = b""
         while b"\n" not in seen:
             seen += (await asyncio.wait_for(handle.output.__anext__(), 10)).data

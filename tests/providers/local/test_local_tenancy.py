@@ -23,7 +23,9 @@ def persistent(key: str, owner: str | None, **more) -> SessionSpec:
 
 def test_the_owner_is_in_the_sidecar_and_survives_a_restart(sandbox, tmp_path):
     async def scenario():
-        scratch = await sandbox.create(SessionSpec(owner="alice", consumer="notebook", env={"TOKEN": "secret"}))
+        scratch = await sandbox.create(
+            SessionSpec(owner="alice", consumer="notebook", env={"TOKEN": "secret"})
+        )
         durable = await sandbox.create(persistent("proj", "bob"))
         await scratch.put_file("note.txt", b"kept")
         sidecar = json.loads((tmp_path / ".sessions" / f"{scratch.id}.json").read_text())
@@ -33,7 +35,11 @@ def test_the_owner_is_in_the_sidecar_and_survives_a_restart(sandbox, tmp_path):
         restarted = LocalSandbox(root=str(tmp_path))  # a new server process's provider on the same root
         adopted = await restarted.get(scratch.id)
         info = await adopted.info()
-        assert (info.owner, info.consumer, info.workspace) == ("alice", "notebook", str(tmp_path / ".ephemeral" / scratch.id))
+        assert (info.owner, info.consumer, info.workspace) == (
+            "alice",
+            "notebook",
+            str(tmp_path / ".ephemeral" / scratch.id),
+        )
         assert info.expires_at == (await scratch.info()).expires_at
         owners = {i.id: i.owner for i in await restarted.list()}
         assert owners == {scratch.id: "alice", durable.id: "bob"}
@@ -195,7 +201,9 @@ def test_a_removal_in_progress_elsewhere_refuses_new_sessions_on_the_key(sandbox
 
     async def scenario():
         other = subprocess.Popen(
-            [sys.executable, "-c", holder, str(tmp_path / ".locks")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, "-c", holder, str(tmp_path / ".locks")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         try:
             line = await asyncio.wait_for(asyncio.to_thread(other.stdout.readline), 30)
@@ -217,7 +225,9 @@ def test_a_removal_in_progress_elsewhere_refuses_new_sessions_on_the_key(sandbox
 def test_a_running_servers_sessions_stay_its_own_and_a_killed_ones_are_adopted(sandbox, tmp_path):
     async def scenario():
         other = subprocess.Popen(
-            [sys.executable, "-c", SECOND_SERVER, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, "-c", SECOND_SERVER, str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         try:
             line = await asyncio.wait_for(asyncio.to_thread(other.stdout.readline), 30)

@@ -151,9 +151,10 @@ def test_sessions_spread_over_nodes():
                 n = session.placement.hostname.rsplit("-", 1)[1]
                 local = docker.DockerClient(base_url=node_socket(int(n)), timeout=30)
                 try:
-                    assert local.containers.get(session.container_id).labels[
-                        "jupyter-tai-sandbox.session"
-                    ] == session.id
+                    assert (
+                        local.containers.get(session.container_id).labels["jupyter-tai-sandbox.session"]
+                        == session.id
+                    )
                 finally:
                     local.close()
             return nodes
@@ -175,11 +176,15 @@ def test_unix_engines_and_resources():
         try:
             session = await sandbox.create(SessionSpec(cpu=0.5, memory_mb=64))
             try:
-                result = await session.exec(["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"], timeout_seconds=30)
+                result = await session.exec(
+                    ["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"], timeout_seconds=30
+                )
                 assert result.stdout.strip() == str(64 << 20).encode()
                 manager = docker.DockerClient(base_url=node_socket(1), timeout=30)
                 try:
-                    resources = manager.services.get(session.service_id).attrs["Spec"]["TaskTemplate"]["Resources"]
+                    resources = manager.services.get(session.service_id).attrs["Spec"]["TaskTemplate"][
+                        "Resources"
+                    ]
                 finally:
                     manager.close()
                 assert resources["Limits"]["NanoCPUs"] == 500_000_000
@@ -206,18 +211,26 @@ def test_networks_across_nodes():
             alone = await on[2].create(SessionSpec(network="none"))
             made += [server, client, stranger, alone]
             assert server.placement.hostname == "tai-swarm-2" and client.placement.hostname == "tai-swarm-3"
-            address = (await server.exec(["sh", "-c", "ip -4 -o addr show eth0"], timeout_seconds=30)).stdout.split()[3]
+            address = (
+                await server.exec(["sh", "-c", "ip -4 -o addr show eth0"], timeout_seconds=30)
+            ).stdout.split()[3]
             ip = address.split(b"/")[0].decode()
-            listener = await server.exec_start(["sh", "-c", "echo hello-overlay | nc -l -p 8000"], timeout_seconds=60)
+            listener = await server.exec_start(
+                ["sh", "-c", "echo hello-overlay | nc -l -p 8000"], timeout_seconds=60
+            )
             try:
                 got = b""
                 for _ in range(40):
-                    got = (await client.exec(["sh", "-c", f"nc -w 2 {ip} 8000 </dev/null"], timeout_seconds=30)).stdout
+                    got = (
+                        await client.exec(["sh", "-c", f"nc -w 2 {ip} 8000 </dev/null"], timeout_seconds=30)
+                    ).stdout
                     if got:
                         break
                     await asyncio.sleep(0.25)
                 assert got == b"hello-overlay\n"
-                denied = await stranger.exec(["sh", "-c", f"nc -w 2 {ip} 8000 </dev/null"], timeout_seconds=30)
+                denied = await stranger.exec(
+                    ["sh", "-c", f"nc -w 2 {ip} 8000 </dev/null"], timeout_seconds=30
+                )
                 assert denied.stdout == b""
             finally:
                 await listener.kill()
@@ -246,7 +259,9 @@ def test_persistent_workspace_pinned_to_its_node():
     async def main():
         sandbox = swarm_sandbox()
         try:
-            first = await sandbox.create(SessionSpec(durability="persistent", workspace_key=key, owner="alice"))
+            first = await sandbox.create(
+                SessionSpec(durability="persistent", workspace_key=key, owner="alice")
+            )
             home = first.node_id
             await first.put_file("kept.txt", b"on my node")
             await first.destroy()
@@ -264,12 +279,17 @@ def test_persistent_workspace_pinned_to_its_node():
                     await again_sandbox.close()
             with pytest.raises(SandboxNotFoundError):
                 await sandbox.create(SessionSpec(durability="persistent", workspace_key=key, owner="mallory"))
-            last = await sandbox.create(SessionSpec(durability="persistent", workspace_key=key, owner="alice"))
+            last = await sandbox.create(
+                SessionSpec(durability="persistent", workspace_key=key, owner="alice")
+            )
             await last.destroy(remove_workspace=True)
             manager = docker.DockerClient(base_url=node_socket(1), timeout=30)
             try:
-                assert [c for c in manager.configs.list() if c.attrs["Spec"]["Labels"].get(
-                    "jupyter-tai-sandbox.workspace") == key] == []
+                assert [
+                    c
+                    for c in manager.configs.list()
+                    if c.attrs["Spec"]["Labels"].get("jupyter-tai-sandbox.workspace") == key
+                ] == []
             finally:
                 manager.close()
         finally:
@@ -332,7 +352,8 @@ def test_losing_a_workers_engine(transport):
             try:
                 wait_for(
                     lambda: manager.nodes.get(doomed.node_id).attrs["Status"]["State"] == "down",
-                    60, "the manager marking node 3 down",
+                    60,
+                    "the manager marking node 3 down",
                 )
             finally:
                 manager.close()
@@ -340,7 +361,9 @@ def test_losing_a_workers_engine(transport):
                 await asyncio.wait_for(sandbox.get(doomed.id), bound)
             assert doomed.id not in await sandbox.reap()  # a node that may return: not reaped yet
             script("start-node", "3")
-            if transport == "auto":  # the engine's restart stops what it ran before: the agent's calls end typed
+            if (
+                transport == "auto"
+            ):  # the engine's restart stops what it ran before: the agent's calls end typed
                 with pytest.raises(SandboxError):
                     await asyncio.wait_for(read_to_end(), 4 * bound)
                 with pytest.raises(SandboxError):
@@ -374,7 +397,11 @@ def test_read_only_root_and_missing_image():
             session = await sandbox.create(SessionSpec())
             try:
                 result = await session.exec(
-                    ["sh", "-c", "touch /x 2>/dev/null && echo root; touch /tmp/x && echo tmp; touch w && echo ws"],
+                    [
+                        "sh",
+                        "-c",
+                        "touch /x 2>/dev/null && echo root; touch /tmp/x && echo tmp; touch w && echo ws",
+                    ],
                     timeout_seconds=30,
                 )
                 assert result.stdout == b"tmp\nws\n"
@@ -399,7 +426,7 @@ def test_registered_as_swarm():
 
 def test_nothing_is_left_in_the_swarm():
     """Runs last: no service, container, volume, network or record of this run remains on any node."""
-    (key, value), = RUN_LABEL.items()
+    ((key, value),) = RUN_LABEL.items()
     mine = {"label": f"{key}={value}"}
     found = []
     for n in (1, 2, 3):

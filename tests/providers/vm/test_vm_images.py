@@ -55,11 +55,25 @@ def image() -> Iterator[str]:
         node = tarfile.TarInfo("opt/null")  # a hostile image's device node, open to all (here: /dev/null's)
         node.type, node.devmajor, node.devminor, node.mode = tarfile.CHRTYPE, 1, 3, 0o666
         dst.addfile(node)
-    (key, value), = RUN_LABEL.items()
+    ((key, value),) = RUN_LABEL.items()
     tag = f"tai-sbx-test/vm-root:{RUN_ID}".lower()
-    subprocess.run(["docker", "import", "--change", f"LABEL {key}={value}", "--change", "ENV IMAGE_SAYS=hello",
-                    "--change", "ENV PATH=/usr/sbin:/usr/bin:/sbin:/bin", "-", tag],
-                   input=out.getvalue(), check=True, capture_output=True)
+    subprocess.run(
+        [
+            "docker",
+            "import",
+            "--change",
+            f"LABEL {key}={value}",
+            "--change",
+            "ENV IMAGE_SAYS=hello",
+            "--change",
+            "ENV PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            "-",
+            tag,
+        ],
+        input=out.getvalue(),
+        check=True,
+        capture_output=True,
+    )
     image_id = client.images.get(tag).id.split(":", 1)[1]
     yield tag
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
@@ -85,10 +99,14 @@ async def out(session, script: str) -> str:
     return result.stdout.decode()
 
 
-def test_a_session_of_an_image_runs_in_its_files_with_its_env_and_keeps_its_writes_to_itself(image, state_dir):
+def test_a_session_of_an_image_runs_in_its_files_with_its_env_and_keeps_its_writes_to_itself(
+    image, state_dir
+):
     async def main():
         sandbox = VmSandbox(accel="tcg", state_dir=state_dir, deployment="vm-image-tests", images=[image])
-        other_server = VmSandbox(accel="tcg", state_dir=state_dir, deployment="vm-image-tests", images=[image])
+        other_server = VmSandbox(
+            accel="tcg", state_dir=state_dir, deployment="vm-image-tests", images=[image]
+        )
         sessions = []
         try:
             first = await sandbox.create(SessionSpec(image=image, ttl_seconds=600, **NONE))
@@ -96,7 +114,13 @@ def test_a_session_of_an_image_runs_in_its_files_with_its_env_and_keeps_its_writ
             assert (await first.info()).spec.image == image
             # the image's files and env, the workspace as its cwd, the guest's user
             assert (await out(first, "cat /etc/marker; echo $IMAGE_SAYS; pwd; id -u")).split() == [
-                "from", "the", "image", "hello", "/workspace", "1000"]
+                "from",
+                "the",
+                "image",
+                "hello",
+                "/workspace",
+                "1000",
+            ]
             with pytest.raises(SandboxRequestError, match="no such program"):
                 await first.exec(["python3", "-V"], timeout_seconds=30)  # not in this image
             # the image's files open no device node and honour no setuid bit; nor does the workspace
@@ -118,7 +142,10 @@ def test_a_session_of_an_image_runs_in_its_files_with_its_env_and_keeps_its_writ
             copy = await first.fork()
             sessions.append(copy)
             assert (await out(copy, "cat /tmp/kept /workspace/in.txt; echo; echo $IMAGE_SAYS")).split() == [
-                "overlay", "uploaded", "hello"]
+                "overlay",
+                "uploaded",
+                "hello",
+            ]
 
             found = await other_server.get(first.id)  # a restarted server finds it as it was made
             assert (await out(found, "cat /etc/marker")).strip() == "from the image"
@@ -133,8 +160,12 @@ def test_a_session_of_an_image_runs_in_its_files_with_its_env_and_keeps_its_writ
 
 def test_an_image_not_listed_or_not_on_the_engine_is_refused(image, state_dir):
     async def main():
-        sandbox = VmSandbox(accel="tcg", state_dir=state_dir, deployment="vm-image-tests",
-                            images=[image, "tai-sbx-test/absent:nowhere"])
+        sandbox = VmSandbox(
+            accel="tcg",
+            state_dir=state_dir,
+            deployment="vm-image-tests",
+            images=[image, "tai-sbx-test/absent:nowhere"],
+        )
         try:
             assert sandbox.image_allowed(image) and not sandbox.image_allowed("python:3.11")
             with pytest.raises(SandboxSpecRejectedError, match="not one of"):
@@ -150,8 +181,13 @@ def test_an_image_not_listed_or_not_on_the_engine_is_refused(image, state_dir):
 
 def test_the_reap_removes_a_root_disk_left_unused_not_one_a_vm_has_open(image, state_dir):
     async def main():
-        sandbox = VmSandbox(accel="tcg", state_dir=state_dir, deployment="vm-image-tests", images=[image],
-                            root_disk_idle_hours=1)
+        sandbox = VmSandbox(
+            accel="tcg",
+            state_dir=state_dir,
+            deployment="vm-image-tests",
+            images=[image],
+            root_disk_idle_hours=1,
+        )
         session = await sandbox.create(SessionSpec(image=image, **NONE))
         try:
             disk = Path(sandbox._machines.read(session.id)["shape"]["root"])

@@ -54,6 +54,7 @@ def sandbox(client, request) -> Iterator[VmSandbox]:
         assert client.containers.list(all=True, filters=mine) == [], "a seat was left"
         assert client.networks.list(filters=mine) == [], "an owner's bridge was left"
     finally:
+
         async def close() -> None:
             for info in await made.list():
                 with contextlib.suppress(Exception):
@@ -86,8 +87,9 @@ async def reach(session, address: str, port: int) -> bytes:
 
 
 async def serve_pong(session, port: int = 9000):
-    listener = await session.exec_start(["sh", "-c", f"while true; do echo pong | nc -l -p {port}; done"],
-                                        timeout_seconds=120)
+    listener = await session.exec_start(
+        ["sh", "-c", f"while true; do echo pong | nc -l -p {port}; done"], timeout_seconds=120
+    )
     await asyncio.sleep(0.3)
     return listener
 
@@ -133,8 +135,9 @@ def test_egress_routes_out_but_never_to_the_host(sandbox, client):
     with it on, neither the gateway, nor another address of the host, nor the metadata range."""
 
     async def main():
-        open_wall = VmSandbox(accel="tcg", state_dir=sandbox.state_dir, deployment=sandbox.deployment,
-                              egress_firewall="off")
+        open_wall = VmSandbox(
+            accel="tcg", state_dir=sandbox.state_dir, deployment=sandbox.deployment, egress_firewall="off"
+        )
         made = []
         try:
             with host_listener() as port:

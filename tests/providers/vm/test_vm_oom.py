@@ -32,7 +32,9 @@ def test_an_out_of_memory_kill_in_a_vm_session_says_so():
             try:
                 result = await session.exec(HOG, timeout_seconds=120)
                 assert result.exit_code == 137, result
-                assert result.reason == f"killed: out of memory (the session's limit is {LIMIT_MB} MiB)", result
+                assert result.reason == f"killed: out of memory (the session's limit is {LIMIT_MB} MiB)", (
+                    result
+                )
                 fine = await session.exec(["sh", "-c", "echo fine"], timeout_seconds=30)
                 assert (fine.exit_code, fine.stdout, fine.reason) == (0, b"fine\n", None)
             finally:

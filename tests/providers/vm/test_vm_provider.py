@@ -105,9 +105,14 @@ def test_what_the_provider_cannot_honour_is_rejected_before_anything_starts(stat
         assert sandbox.networks == {"none"}
         with pytest.raises(SandboxSpecRejectedError, match="not on this host: ask for network 'none'"):
             await sandbox.create(SessionSpec())  # the default network, egress: refused, saying why
-        for spec in (SessionSpec(network="egress"), SessionSpec(network="internal"), SessionSpec(cpu=1.5, **NONE),
-                     SessionSpec(memory_mb=64, **NONE), SessionSpec(image="python:3.11", **NONE),
-                     SessionSpec(cpu=3.0, **NONE)):
+        for spec in (
+            SessionSpec(network="egress"),
+            SessionSpec(network="internal"),
+            SessionSpec(cpu=1.5, **NONE),
+            SessionSpec(memory_mb=64, **NONE),
+            SessionSpec(image="python:3.11", **NONE),
+            SessionSpec(cpu=3.0, **NONE),
+        ):
             with pytest.raises(SandboxSpecRejectedError):
                 await sandbox.create(spec)
         assert sandbox._machines.ids() == []
@@ -123,7 +128,9 @@ def test_a_session_gets_the_vcpus_and_memory_its_spec_asks_for_and_no_more_and_t
         try:
             assert (await stdout_of(session, "nproc")).strip() == "2"
             # x86-64-v2 without AVX by default under TCG (VmSandbox.tcg_cpu)
-            flags = set((await stdout_of(session, "sh", "-c", "grep -m1 ^flags /proc/cpuinfo")).split(":")[1].split())
+            flags = set(
+                (await stdout_of(session, "sh", "-c", "grep -m1 ^flags /proc/cpuinfo")).split(":")[1].split()
+            )
             assert {"sse4_2", "popcnt", "ssse3"} <= flags and "avx" not in flags and "avx2" not in flags
             total_kib = int((await stdout_of(session, "sh", "-c", "grep MemTotal /proc/meminfo")).split()[1])
             assert 100 * 1024 < total_kib <= 192 * 1024
@@ -146,9 +153,13 @@ def test_a_restarted_server_finds_its_session_and_resumes_a_running_command_exac
     async def main():
         first = provider(state_dir)
         session = await first.create(SessionSpec(ttl_seconds=600, **NONE))
-        handle = await session.start(ExecRequest(
-            argv=["sh", "-c", "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; sleep 0.05; done"],
-            timeout_seconds=60, label="counting"))
+        handle = await session.start(
+            ExecRequest(
+                argv=["sh", "-c", "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; sleep 0.05; done"],
+                timeout_seconds=60,
+                label="counting",
+            )
+        )
         seen = b""
         async for item in handle.output:
             if isinstance(item, OutputChunk):
@@ -203,7 +214,9 @@ def test_a_persistent_workspace_holds_one_live_session_and_outlives_it(state_dir
             with pytest.raises(SandboxConflictError):
                 await sandbox.create(spec)
             with pytest.raises(SandboxNotFoundError):  # another owner's key is not theirs to name
-                await sandbox.create(SessionSpec(durability="persistent", workspace_key="notes", owner="bob", **NONE))
+                await sandbox.create(
+                    SessionSpec(durability="persistent", workspace_key="notes", owner="bob", **NONE)
+                )
         finally:
             await session.destroy()
         again = await sandbox.create(spec)
@@ -260,9 +273,13 @@ def test_a_paused_session_survives_a_server_restart_and_its_count_goes_on_where_
     async def main():
         first = provider(state_dir)
         session = await first.create(SessionSpec(ttl_seconds=600, **NONE))
-        handle = await session.start(ExecRequest(
-            argv=["sh", "-c", "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i; sleep 0.05; done"],
-            timeout_seconds=120, label="counting"))
+        handle = await session.start(
+            ExecRequest(
+                argv=["sh", "-c", "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i; sleep 0.05; done"],
+                timeout_seconds=120,
+                label="counting",
+            )
+        )
         seen = b""
         async for item in handle.output:
             if isinstance(item, OutputChunk):
@@ -308,9 +325,16 @@ def test_a_fork_starts_from_the_sources_state_and_the_two_diverge(state_dir):
         forked = None
         try:
             await source.put_file("before.txt", b"shared past")
-            await source.start(ExecRequest(
-                argv=["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > n.tmp; mv n.tmp n; sleep 0.05; done"],
-                timeout_seconds=120))
+            await source.start(
+                ExecRequest(
+                    argv=[
+                        "sh",
+                        "-c",
+                        "i=0; while :; do i=$((i+1)); echo $i > n.tmp; mv n.tmp n; sleep 0.05; done",
+                    ],
+                    timeout_seconds=120,
+                )
+            )
             await asyncio.sleep(0.5)
             forked = await source.fork()
             assert forked.id != source.id and source.forkable
@@ -356,8 +380,9 @@ def test_a_reaper_running_beside_creates_and_forks_takes_none_of_them(state_dir)
         sessions = []
         try:
             sessions.append(await sandbox.create(SessionSpec(**NONE)))
-            sessions.append(await sandbox.create(SessionSpec(durability="persistent", workspace_key="not-reaped",
-                                                             **NONE)))  # a cold boot: seconds without a guest
+            sessions.append(
+                await sandbox.create(SessionSpec(durability="persistent", workspace_key="not-reaped", **NONE))
+            )  # a cold boot: seconds without a guest
             sessions.append(await sessions[0].fork())
             for session in sessions:
                 assert (await session.exec(["true"], timeout_seconds=30)).exit_code == 0
@@ -382,9 +407,17 @@ def test_commands_run_as_an_unprivileged_guest_user_who_cannot_reach_the_agent(s
         try:
             assert (await stdout_of(session, "id", "-u")).strip() == "1000"
             await session.put_file("up.txt", b"mine")
-            assert (await stdout_of(session, "stat", "-c", "%u:%g", ".", "up.txt")).split() == ["1000:1000"] * 2
-            for attempt in ("kill -9 1", "cat /proc/1/environ", "ls /proc/1/fd", "cat /proc/1/mem",
-                            "cat /dev/vport0p1", "echo forged > /dev/vport0p2"):
+            assert (await stdout_of(session, "stat", "-c", "%u:%g", ".", "up.txt")).split() == [
+                "1000:1000"
+            ] * 2
+            for attempt in (
+                "kill -9 1",
+                "cat /proc/1/environ",
+                "ls /proc/1/fd",
+                "cat /proc/1/mem",
+                "cat /dev/vport0p1",
+                "echo forged > /dev/vport0p2",
+            ):
                 result = await session.exec(["sh", "-c", attempt], timeout_seconds=20)
                 assert result.exit_code != 0, (attempt, result.stdout)
             assert (await stdout_of(session, "echo", "alive")).strip() == "alive"  # the agent is untouched
@@ -426,10 +459,15 @@ def test_a_golden_snapshots_qemu_dies_with_the_process_making_it(tmp_path):
                 if entry.name.isdigit():
                     with contextlib.suppress(OSError):
                         argv = (entry / "cmdline").read_bytes().split(b"\0")
-                        if argv[0].endswith(b"qemu-system-x86_64") and str(tmp_path).encode() in b" ".join(argv):
+                        if argv[0].endswith(b"qemu-system-x86_64") and str(tmp_path).encode() in b" ".join(
+                            argv
+                        ):
                             qemu = int(entry.name)
-                            workdir = next(Path(a.decode().split("path=")[1].split(",")[0]).parent
-                                           for a in argv if b"agent.sock" in a)
+                            workdir = next(
+                                Path(a.decode().split("path=")[1].split(",")[0]).parent
+                                for a in argv
+                                if b"agent.sock" in a
+                            )
             time.sleep(0.05)
         assert qemu is not None, "the maker started no QEMU"
         maker.kill()

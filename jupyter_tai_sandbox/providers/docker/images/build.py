@@ -71,9 +71,7 @@ def _applets(busybox: str) -> list[str]:
     paths = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     missing = set(REQUIRED_APPLETS) - {p.rsplit("/", 1)[-1] for p in paths}
     if out.returncode != 0 or missing:
-        raise ImageBuildError(
-            f"{busybox} lacks applets {sorted(missing)}: install Debian's busybox-static"
-        )
+        raise ImageBuildError(f"{busybox} lacks applets {sorted(missing)}: install Debian's busybox-static")
     return paths
 
 
@@ -136,7 +134,11 @@ def ensure_minimal_image(
         except docker.errors.ImageNotFound:
             found = None
         previous = found["Id"] if found else None
-        if found and not force and ((found.get("Config") or {}).get("Labels") or {}).get(LABEL_ROOTFS) == digest:
+        if (
+            found
+            and not force
+            and ((found.get("Config") or {}).get("Labels") or {}).get(LABEL_ROOTFS) == digest
+        ):
             return previous, False
         changes = [*_CHANGES, f'LABEL {LABEL_ROOTFS}="{digest}"']
         client.import_image_from_data(data, repository=repository, tag=tag, changes=changes)
@@ -170,7 +172,9 @@ def apt_mirror(suite: str = DEFAULT_SUITE) -> str:
     files: list[str] = []
     for source in _APT_SOURCES:
         if os.path.isdir(source):
-            files += sorted(os.path.join(source, n) for n in os.listdir(source) if n.endswith((".list", ".sources")))
+            files += sorted(
+                os.path.join(source, n) for n in os.listdir(source) if n.endswith((".list", ".sources"))
+            )
         elif os.path.isfile(source):
             files.append(source)
     for path in files:
@@ -204,7 +208,10 @@ def image_exists(name: str) -> bool:
     docker_cli = shutil.which("docker")
     if docker_cli is None:
         raise ImageBuildError("the docker command is missing (Debian: apt-get install docker.io)")
-    return subprocess.run([docker_cli, "image", "inspect", name], capture_output=True, check=False).returncode == 0
+    return (
+        subprocess.run([docker_cli, "image", "inspect", name], capture_output=True, check=False).returncode
+        == 0
+    )
 
 
 def build_python_image(
@@ -232,9 +239,13 @@ def build_python_image(
     docker_cli = shutil.which("docker")
     if docker_cli is None:
         raise ImageBuildError("the docker command is missing (Debian: apt-get install docker.io)")
-    if not force and subprocess.run(
-        [docker_cli, "image", "inspect", name], capture_output=True, env=env, check=False
-    ).returncode == 0:
+    if (
+        not force
+        and subprocess.run(
+            [docker_cli, "image", "inspect", name], capture_output=True, env=env, check=False
+        ).returncode
+        == 0
+    ):
         _say(progress, f"{name} exists: kept (--force rebuilds it)")
         return None
     debootstrap = shutil.which("debootstrap") or next(
@@ -290,7 +301,9 @@ def build_python_image(
             tar.stdout.close()
             tar.wait()
         if imported.returncode != 0 or tar.returncode != 0:
-            raise ImageBuildError(f"docker import of {name} failed: {imported.stderr.strip() or 'tar failed'}")
+            raise ImageBuildError(
+                f"docker import of {name} failed: {imported.stderr.strip() or 'tar failed'}"
+            )
     image_id = imported.stdout.strip()
     _say(progress, f"built {name} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
     return image_id
@@ -306,7 +319,10 @@ def _install_in_root(root: str, packages: Sequence[str], progress: Callable[[str
         "LC_ALL": "C",
         "HOME": "/root",
     }
-    for step in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]):
+    for step in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+    ):
         _say(progress, f"chroot: {' '.join(step)}")
         done = subprocess.run(["chroot", root, *step], capture_output=True, text=True, env=env, check=False)
         for line in done.stdout.splitlines():

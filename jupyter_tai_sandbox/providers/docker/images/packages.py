@@ -60,8 +60,14 @@ class PythonTarget:
     def pip_options(self) -> list[str]:
         """pip's options selecting wheels for this Python: every manylinux its glibc runs, newest first."""
         major, minor = (int(p) for p in self.glibc.split(".")[:2])
-        platforms = [f"manylinux_{major}_{m}_{self.machine}" for m in range(minor, 16, -1)] if major == 2 else []
-        platforms += [f"manylinux2014_{self.machine}", f"manylinux2010_{self.machine}", f"manylinux1_{self.machine}"]
+        platforms = (
+            [f"manylinux_{major}_{m}_{self.machine}" for m in range(minor, 16, -1)] if major == 2 else []
+        )
+        platforms += [
+            f"manylinux2014_{self.machine}",
+            f"manylinux2010_{self.machine}",
+            f"manylinux1_{self.machine}",
+        ]
         options = ["--only-binary=:all:", "--python-version", self.version, "--implementation", "cp"]
         for platform in platforms:
             options += ["--platform", platform]
@@ -105,8 +111,12 @@ def fetch_wheels(
     if offline.returncode == 0:
         progress(f"wheels for {' '.join(requirements)}: all in the cache {cache}")
         return
-    progress(f"pip download {' '.join(requirements)} for Python {target.version} on {target.machine} into {cache} ...")
-    online = subprocess.run([*base, *target.pip_options(), *wanted], capture_output=True, text=True, check=False)
+    progress(
+        f"pip download {' '.join(requirements)} for Python {target.version} on {target.machine} into {cache} ..."
+    )
+    online = subprocess.run(
+        [*base, *target.pip_options(), *wanted], capture_output=True, text=True, check=False
+    )
     if online.returncode != 0:
         tail = "\n".join(online.stderr.strip().splitlines()[-12:])
         raise ImageBuildError(
@@ -157,7 +167,8 @@ def add_packages(
         lines = output.decode(errors="replace").strip().splitlines()
         if status != 0:
             raise ImageBuildError(
-                f"pip install of {' '.join(requirements)} in {base} failed (status {status}):\n" + "\n".join(lines[-15:])
+                f"pip install of {' '.join(requirements)} in {base} failed (status {status}):\n"
+                + "\n".join(lines[-15:])
             )
         for line in lines:
             if line.startswith("Successfully installed"):
@@ -165,7 +176,11 @@ def add_packages(
         container.exec_run(["rm", "-rf", WHEELS_IN_IMAGE], user="0")
         container.stop(timeout=1)
         repository, tag = _split(name)
-        changes = [*COMMIT_CHANGES, f'LABEL {LABEL_PIP}="{requirement_label(requirements)}"', f'LABEL {LABEL_BASE}="{base_id}"']
+        changes = [
+            *COMMIT_CHANGES,
+            f'LABEL {LABEL_PIP}="{requirement_label(requirements)}"',
+            f'LABEL {LABEL_BASE}="{base_id}"',
+        ]
         image = container.commit(repository=repository, tag=tag, changes="\n".join(changes))
         return str(image.id)
     finally:
@@ -202,7 +217,9 @@ def _docker_client(base_url: str | None) -> Any:
     try:
         return docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
     except docker.errors.DockerException as e:
-        raise ImageBuildError(f"cannot reach the Docker engine ({e}); is one running? (start one with: dockerd &)") from e
+        raise ImageBuildError(
+            f"cannot reach the Docker engine ({e}); is one running? (start one with: dockerd &)"
+        ) from e
 
 
 def build_with_packages(
@@ -242,7 +259,9 @@ def build_with_packages(
                 plain.tag(*base.rsplit(":", 1))  # an earlier `build-image --python` is the base
                 say(f"{base}: the Debian image {name} built earlier")
             else:
-                build_python_image(base, suite=suite, mirror=mirror, force=True, progress=progress, base_url=base_url)
+                build_python_image(
+                    base, suite=suite, mirror=mirror, force=True, progress=progress, base_url=base_url
+                )
         if not force and kept(client, name, base, pip):
             say(f"{name} has {' '.join(pip)} on {base} already: kept (--force rebuilds it)")
             return None

@@ -12,7 +12,9 @@ from .probe import probe
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("build", "probe") or any(a not in ("--fresh",) for a in argv[1:]):
-        print("usage: python -m jupyter_tai_sandbox.providers.vm.guest build | probe [--fresh]", file=sys.stderr)
+        print(
+            "usage: python -m jupyter_tai_sandbox.providers.vm.guest build | probe [--fresh]", file=sys.stderr
+        )
         return 64
     try:
         guest = build_guest()

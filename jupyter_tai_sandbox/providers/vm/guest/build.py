@@ -35,11 +35,44 @@ KERNEL_PACKAGE = "linux-image-cloud-amd64"  # a metapackage: it depends on the v
 BUSYBOX_PACKAGE = "busybox-static"
 #: the modules the guest loads (each with what it depends on, first): virtio over MMIO and the serial port
 #: the agent speaks on; block, rng, net, virtiofs and overlay for what comes next
-MODULES = ("virtio", "virtio_ring", "virtio_mmio", "virtio_console", "virtio_blk", "virtio_rng", "failover",
-           "net_failover", "virtio_net", "fuse", "virtiofs", "overlay", "ext4")
+MODULES = (
+    "virtio",
+    "virtio_ring",
+    "virtio_mmio",
+    "virtio_console",
+    "virtio_blk",
+    "virtio_rng",
+    "failover",
+    "net_failover",
+    "virtio_net",
+    "fuse",
+    "virtiofs",
+    "overlay",
+    "ext4",
+)
 #: the applets linked when the package's busybox cannot list its own here (every one it has, otherwise)
-APPLETS = ("sh", "sleep", "cat", "head", "echo", "true", "false", "ls", "kill", "ps", "yes", "wc", "id", "env",
-           "uname", "mkdir", "rm", "seq", "tail", "grep")
+APPLETS = (
+    "sh",
+    "sleep",
+    "cat",
+    "head",
+    "echo",
+    "true",
+    "false",
+    "ls",
+    "kill",
+    "ps",
+    "yes",
+    "wc",
+    "id",
+    "env",
+    "uname",
+    "mkdir",
+    "rm",
+    "seq",
+    "tail",
+    "grep",
+)
 #: ``-- vm``: the kernel gives init what follows ``--`` as its arguments. panic=-1 with QEMU's -no-reboot
 #: makes an agent that dies (the kernel panics when PID 1 exits) end QEMU instead of leaving it hung.
 CMDLINE = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init -- vm"
@@ -66,7 +99,9 @@ class Guest:
     @classmethod
     def load(cls, path: Path) -> Guest:
         info = json.loads((path / "guest.json").read_text())
-        return cls(path, path / info["kernel"], path / info["initrd"], info["cmdline"], info["kernel_release"], info)
+        return cls(
+            path, path / info["kernel"], path / info["initrd"], info["cmdline"], info["kernel_release"], info
+        )
 
 
 def cache_dir() -> Path:
@@ -82,7 +117,9 @@ def _run(argv: list[str], **kw: Any) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, **kw)
     except FileNotFoundError:
-        raise GuestBuildError(f"{argv[0]} is missing: the vm guest is built from Debian packages with apt") from None
+        raise GuestBuildError(
+            f"{argv[0]} is missing: the vm guest is built from Debian packages with apt"
+        ) from None
     if done.returncode != 0:
         raise GuestBuildError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     return done.stdout
@@ -107,10 +144,16 @@ def resolve_packages() -> dict[str, dict[str, str]]:
     meta = _candidate(KERNEL_PACKAGE)
     found = re.search(r"\b(linux-image-[^\s,(]+)", meta.get("Depends", ""))
     if not found:
-        raise GuestBuildError(f"{KERNEL_PACKAGE} {meta['Version']} depends on no linux-image package: {meta.get('Depends')}")
+        raise GuestBuildError(
+            f"{KERNEL_PACKAGE} {meta['Version']} depends on no linux-image package: {meta.get('Depends')}"
+        )
     image = found.group(1)
     return {
-        "kernel": {"package": image, "version": _candidate(image)["Version"], "via": f"{KERNEL_PACKAGE} {meta['Version']}"},
+        "kernel": {
+            "package": image,
+            "version": _candidate(image)["Version"],
+            "via": f"{KERNEL_PACKAGE} {meta['Version']}",
+        },
         "busybox": {"package": BUSYBOX_PACKAGE, "version": _candidate(BUSYBOX_PACKAGE)["Version"]},
     }
 
@@ -124,8 +167,14 @@ def _sha256(path: Path) -> str:
 
 
 def guest_key(packages: dict[str, dict[str, str]], agent_sha256: str) -> str:
-    inputs = {"recipe": RECIPE, "agent": agent_sha256, "cmdline": CMDLINE, "modules": MODULES, "applets": APPLETS,
-              **{k: [v["package"], v["version"]] for k, v in packages.items()}}
+    inputs = {
+        "recipe": RECIPE,
+        "agent": agent_sha256,
+        "cmdline": CMDLINE,
+        "modules": MODULES,
+        "applets": APPLETS,
+        **{k: [v["package"], v["version"]] for k, v in packages.items()},
+    }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -171,9 +220,16 @@ def _download(work: Path, package: str, version: str) -> Path:
     return debs[0]
 
 
-def _build(work: Path, out: Path, key: str, packages: dict[str, dict[str, str]], agent: Path, agent_sha: str) -> None:
-    record: dict[str, Any] = {"key": key, "recipe": RECIPE, "cmdline": CMDLINE,
-                              "agent": {"path": agent.name, "sha256": agent_sha}, "packages": {}}
+def _build(
+    work: Path, out: Path, key: str, packages: dict[str, dict[str, str]], agent: Path, agent_sha: str
+) -> None:
+    record: dict[str, Any] = {
+        "key": key,
+        "recipe": RECIPE,
+        "cmdline": CMDLINE,
+        "agent": {"path": agent.name, "sha256": agent_sha},
+        "packages": {},
+    }
     roots = {}
     for role, pkg in packages.items():
         deb = _download(work, pkg["package"], pkg["version"])
@@ -184,7 +240,7 @@ def _build(work: Path, out: Path, key: str, packages: dict[str, dict[str, str]],
     kernels = sorted((roots["kernel"] / "boot").glob("vmlinuz-*"))
     if len(kernels) != 1:
         raise GuestBuildError(f"{packages['kernel']['package']} holds {len(kernels)} kernels, not one")
-    release = kernels[0].name[len("vmlinuz-"):]
+    release = kernels[0].name[len("vmlinuz-") :]
     shutil.copyfile(kernels[0], out / "vmlinuz")
     modules = _module_order(roots["kernel"] / "lib" / "modules" / release, MODULES)
     busybox = roots["busybox"] / "bin" / "busybox"
@@ -193,12 +249,16 @@ def _build(work: Path, out: Path, key: str, packages: dict[str, dict[str, str]],
     applets = _applets(busybox)
     with (out / "initrd.img").open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
         _initramfs(gz, agent, busybox, release, modules, applets)
-    record.update({
-        "kernel": "vmlinuz", "initrd": "initrd.img", "kernel_release": release,
-        "modules": [f"/lib/modules/{release}/{rel}" for rel, _ in modules],
-        "busybox_applets": applets,
-        "sha256": {"vmlinuz": _sha256(out / "vmlinuz"), "initrd.img": _sha256(out / "initrd.img")},
-    })
+    record.update(
+        {
+            "kernel": "vmlinuz",
+            "initrd": "initrd.img",
+            "kernel_release": release,
+            "modules": [f"/lib/modules/{release}/{rel}" for rel, _ in modules],
+            "busybox_applets": applets,
+            "sha256": {"vmlinuz": _sha256(out / "vmlinuz"), "initrd.img": _sha256(out / "initrd.img")},
+        }
+    )
     (out / "guest.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -234,8 +294,11 @@ def _module_order(tree: Path, wanted: tuple[str, ...]) -> list[tuple[str, bytes]
     found = {p.name[: -len(".ko")].replace("-", "_"): p for p in tree.glob("kernel/**/*.ko")}
     builtin = set()
     with contextlib.suppress(FileNotFoundError):
-        builtin = {Path(line.strip()).name[: -len(".ko")].replace("-", "_")
-                   for line in (tree / "modules.builtin").read_text().splitlines() if line.strip()}
+        builtin = {
+            Path(line.strip()).name[: -len(".ko")].replace("-", "_")
+            for line in (tree / "modules.builtin").read_text().splitlines()
+            if line.strip()
+        }
     order: list[tuple[str, bytes]] = []
     seen: set[str] = set()
 
@@ -272,10 +335,25 @@ class _Cpio:
         self.ino += 1
         self._entry(self.ino, name, mode, data, rdev)
 
-    def _entry(self, ino: int, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)) -> None:
+    def _entry(
+        self, ino: int, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)
+    ) -> None:
         encoded = name.encode() + b"\0"
-        fields = (ino, mode, 0, 0, 2 if stat.S_ISDIR(mode) else 1, 0, len(data), 0, 0, rdev[0], rdev[1],
-                  len(encoded), 0)
+        fields = (
+            ino,
+            mode,
+            0,
+            0,
+            2 if stat.S_ISDIR(mode) else 1,
+            0,
+            len(data),
+            0,
+            0,
+            rdev[0],
+            rdev[1],
+            len(encoded),
+            0,
+        )
         header = b"070701" + b"".join(b"%08x" % v for v in fields) + encoded
         self.out.write(header + b"\0" * (-len(header) % 4) + data + b"\0" * (-len(data) % 4))
 
@@ -299,25 +377,55 @@ def _applets(busybox: Path) -> list[str]:
         done = subprocess.run([str(busybox), "--list-full"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         done = None
-    listed = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done and done.returncode == 0 else []
+    listed = (
+        [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        if done and done.returncode == 0
+        else []
+    )
     names = {path.rsplit("/", 1)[-1] for path in listed}
     if not listed or not set(APPLETS) <= names:
         return [f"bin/{applet}" for applet in APPLETS]
     return [path for path in listed if path != "bin/busybox"]
 
 
-def _initramfs(out: BinaryIO, agent: Path, busybox: Path, release: str, modules: list[tuple[str, bytes]],
-               applets: list[str]) -> None:
+def _initramfs(
+    out: BinaryIO,
+    agent: Path,
+    busybox: Path,
+    release: str,
+    modules: list[tuple[str, bytes]],
+    applets: list[str],
+) -> None:
     cpio = _Cpio(out)
-    for d in ("dev", "proc", "sys", "tmp", "run", "root", "etc", "bin", "sbin", "usr", "usr/bin", "usr/sbin",
-              "workspace", "lib", "lib/modules", f"lib/modules/{release}"):
+    for d in (
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "run",
+        "root",
+        "etc",
+        "bin",
+        "sbin",
+        "usr",
+        "usr/bin",
+        "usr/sbin",
+        "workspace",
+        "lib",
+        "lib/modules",
+        f"lib/modules/{release}",
+    ):
         cpio.dir(d, 0o1777 if d == "tmp" else 0o700 if d == "root" else 0o755)
-    cpio.add("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1))  # init's stdio, before the agent mounts devtmpfs
+    cpio.add(
+        "dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)
+    )  # init's stdio, before the agent mounts devtmpfs
     cpio.file("init", agent.read_bytes(), 0o755)
     cpio.file("bin/busybox", busybox.read_bytes(), 0o755)
     for path in applets:
         cpio.symlink(path, "/bin/busybox")
-    cpio.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+    cpio.file(
+        "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+    )
     cpio.file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
     made = {f"lib/modules/{release}"}
     for rel, data in modules:

@@ -35,8 +35,11 @@ def qemu_version(qemu: str = QEMU) -> str | None:
 
 
 def host_key(qemu: str = QEMU) -> dict[str, Any]:
-    return {"kernel": f"{platform.release()} {platform.version()}", "machine": platform.machine(),
-            "qemu": qemu_version(qemu)}
+    return {
+        "kernel": f"{platform.release()} {platform.version()}",
+        "machine": platform.machine(),
+        "qemu": qemu_version(qemu),
+    }
 
 
 async def _try(guest: Guest, accel: str, timeout: float, *, verbose: bool = False) -> dict[str, Any]:
@@ -57,7 +60,10 @@ async def _try(guest: Guest, accel: str, timeout: float, *, verbose: bool = Fals
 
 
 def _cache_file(key: dict[str, Any]) -> Path:
-    return cache_dir() / f"probe-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+    return (
+        cache_dir()
+        / f"probe-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+    )
 
 
 async def cached_probe(qemu: str = QEMU) -> dict[str, Any] | None:
@@ -80,20 +86,28 @@ async def probe(guest: Guest | None = None, *, fresh: bool = False, qemu: str = 
     path = _cache_file(key)
     result: dict[str, Any] = {"host": key, "probed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if key["qemu"] is None:
-        missing = {"works": False, "reason": f"{qemu} is missing: install Debian's qemu-system-x86 (.ci/vm-up)"}
+        missing = {
+            "works": False,
+            "reason": f"{qemu} is missing: install Debian's qemu-system-x86 (.ci/vm-up)",
+        }
         result["kvm"], result["emulated"] = missing, missing
     else:
         guest = guest or await asyncio.to_thread(build_guest)
         result["guest"] = guest.path.name
         if not os.path.exists("/dev/kvm"):
-            result["kvm"] = {"works": False, "reason": "/dev/kvm is missing (no KVM in this kernel, or not passed in)"}
+            result["kvm"] = {
+                "works": False,
+                "reason": "/dev/kvm is missing (no KVM in this kernel, or not passed in)",
+            }
         elif not os.access("/dev/kvm", os.R_OK | os.W_OK):
             result["kvm"] = {"works": False, "reason": "/dev/kvm is not readable and writable by this user"}
         else:
             result["kvm"] = await _try(guest, "kvm", KVM_TIMEOUT, verbose=True)  # where it stopped
             if not result["kvm"]["works"] and os.path.isdir("/sys/module/kvm_pvm"):
-                result["kvm"]["reason"] = ("/dev/kvm here is PVM (module kvm_pvm), which boots only guest kernels "
-                                           f"built for PVM, not Debian's: {result['kvm']['reason']}")
+                result["kvm"]["reason"] = (
+                    "/dev/kvm here is PVM (module kvm_pvm), which boots only guest kernels "
+                    f"built for PVM, not Debian's: {result['kvm']['reason']}"
+                )
         result["emulated"] = await _try(guest, "tcg", TCG_TIMEOUT)
     result["lines"] = describe(result)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,10 +119,16 @@ async def probe(guest: Guest | None = None, *, fresh: bool = False, qemu: str = 
 
 def describe(result: dict[str, Any]) -> list[str]:
     kvm, tcg = result["kvm"], result["emulated"]
-    lines = [f"kvm: works (agent answered {kvm['seconds']} s after QEMU started)" if kvm["works"]
-             else f"kvm: fails: {_first_lines(kvm['reason'])}"]
-    lines.append(f"emulated: works (agent answered {tcg['seconds']} s after QEMU started): {TCG_NOTE}"
-                 if tcg["works"] else f"emulated: fails: {_first_lines(tcg['reason'])}")
+    lines = [
+        f"kvm: works (agent answered {kvm['seconds']} s after QEMU started)"
+        if kvm["works"]
+        else f"kvm: fails: {_first_lines(kvm['reason'])}"
+    ]
+    lines.append(
+        f"emulated: works (agent answered {tcg['seconds']} s after QEMU started): {TCG_NOTE}"
+        if tcg["works"]
+        else f"emulated: fails: {_first_lines(tcg['reason'])}"
+    )
     return lines
 
 
@@ -116,5 +136,5 @@ def _first_lines(text: str, keep: int = 12) -> str:
     """The reason's first two lines and its last ones (a console's tail says most where it stopped)."""
     lines = text.strip().splitlines()
     if len(lines) > keep:
-        lines = [*lines[:2], "...", *lines[-(keep - 2):]]
+        lines = [*lines[:2], "...", *lines[-(keep - 2) :]]
     return "\n  ".join(lines)

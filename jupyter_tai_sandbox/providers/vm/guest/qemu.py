@@ -69,7 +69,7 @@ def host_tsc_khz() -> int | None:
         page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     except (OSError, AttributeError):
         return None
-    page.write(bytes.fromhex("0f31" "48c1e220" "4809d0" "c3"))  # rdtsc; shl rdx, 32; or rax, rdx; ret
+    page.write(bytes.fromhex("0f3148c1e2204809d0c3"))  # rdtsc; shl rdx, 32; or rax, rdx; ret
     code = ctypes.c_char.from_buffer(page)
     rdtsc = ctypes.CFUNCTYPE(ctypes.c_uint64)(ctypes.addressof(code))
     rates = []
@@ -88,9 +88,23 @@ def port_socket(workdir: Path, index: int = 0) -> Path:
     return workdir / ("agent.sock" if index == 0 else f"agent{index}.sock")
 
 
-def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpu: str = "max", cpus: int = 1, qemu: str = QEMU,
-              verbose: bool = False, ports: int = 1, extra: list[str] | None = None, console: bool = True,
-              root: str | None = None, nic: bool = False, tap: str | None = None) -> list[str]:
+def qemu_argv(
+    guest: Guest,
+    workdir: Path,
+    *,
+    memory_mb: int,
+    accel: str,
+    cpu: str = "max",
+    cpus: int = 1,
+    qemu: str = QEMU,
+    verbose: bool = False,
+    ports: int = 1,
+    extra: list[str] | None = None,
+    console: bool = True,
+    root: str | None = None,
+    nic: bool = False,
+    tap: str | None = None,
+) -> list[str]:
     """QEMU's command line. ``cpu``: the CPU model (a guest saved with one restores only with it); ``ports``: how many agent ports the guest gets (each takes one host connection at
     a time); ``extra``: more of QEMU's options (disks, a network); ``root``: a read-only disk image of a
     session image's files (serial ``tai-root``, see vm/rootdisk.py); ``nic``: a network card, on the tap interface
@@ -111,19 +125,64 @@ def qemu_argv(guest: Guest, workdir: Path, *, memory_mb: int, accel: str, cpu: s
         before, dashes, after = cmdline.partition(" -- ")
         cmdline = f"{before}{f' tsc_early_khz={khz}' if khz else ''} tsc=reliable{dashes}{after}"
     return [
-        qemu, "-M", MACHINE, "-accel", accel, "-cpu", cpu, "-smp", str(cpus), "-m", str(memory_mb),
-        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-        "-kernel", str(guest.kernel), "-initrd", str(guest.initrd), "-append", cmdline,
-        "-serial", f"file:{workdir / 'console.log'}" if console else "null",
-        "-device", "virtio-serial-device",
-        *[arg for i in range(ports) for arg in (
-            "-chardev", f"socket,id=tai{i},path={port_socket(workdir, i)},server=on,wait=off",
-            "-device", f"virtserialport,chardev=tai{i},name={'tai' if i == 0 else f'tai{i}'}",
-        )],
-        *(["-drive", f"file={root},if=none,id=root,format=raw,readonly=on",
-            "-device", "virtio-blk-device,drive=root,serial=tai-root"] if root else []),
-        *(["-netdev", f"tap,id=net0,ifname={tap},script=no,downscript=no,vnet_hdr=off" if tap else "hubport,id=net0,hubid=0",
-           "-device", "virtio-net-device,netdev=net0"] if nic else []),
+        qemu,
+        "-M",
+        MACHINE,
+        "-accel",
+        accel,
+        "-cpu",
+        cpu,
+        "-smp",
+        str(cpus),
+        "-m",
+        str(memory_mb),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        str(guest.kernel),
+        "-initrd",
+        str(guest.initrd),
+        "-append",
+        cmdline,
+        "-serial",
+        f"file:{workdir / 'console.log'}" if console else "null",
+        "-device",
+        "virtio-serial-device",
+        *[
+            arg
+            for i in range(ports)
+            for arg in (
+                "-chardev",
+                f"socket,id=tai{i},path={port_socket(workdir, i)},server=on,wait=off",
+                "-device",
+                f"virtserialport,chardev=tai{i},name={'tai' if i == 0 else f'tai{i}'}",
+            )
+        ],
+        *(
+            [
+                "-drive",
+                f"file={root},if=none,id=root,format=raw,readonly=on",
+                "-device",
+                "virtio-blk-device,drive=root,serial=tai-root",
+            ]
+            if root
+            else []
+        ),
+        *(
+            [
+                "-netdev",
+                f"tap,id=net0,ifname={tap},script=no,downscript=no,vnet_hdr=off"
+                if tap
+                else "hubport,id=net0,hubid=0",
+                "-device",
+                "virtio-net-device,netdev=net0",
+            ]
+            if nic
+            else []
+        ),
         *(extra or []),
     ]
 
@@ -172,11 +231,15 @@ class BootedVm:
             while True:
                 left = deadline - time.monotonic()
                 if exited.done():
-                    raise VmError(f"QEMU exited ({self.process.returncode}) before its agent answered:\n"
-                                  f"{self.console_tail()}")
+                    raise VmError(
+                        f"QEMU exited ({self.process.returncode}) before its agent answered:\n"
+                        f"{self.console_tail()}"
+                    )
                 if left <= 0:
-                    raise VmError(f"the guest's agent did not answer within {timeout:.0f} s ({last!r}):\n"
-                                  f"{self.console_tail()}")
+                    raise VmError(
+                        f"the guest's agent did not answer within {timeout:.0f} s ({last!r}):\n"
+                        f"{self.console_tail()}"
+                    )
                 bound = attempt or (RETRY_ATTEMPT if self.answered else BOOT_ATTEMPT)
                 opening = asyncio.ensure_future(self._open(min(left, bound)))
                 await asyncio.wait([opening, exited], return_when=asyncio.FIRST_COMPLETED)
@@ -190,7 +253,9 @@ class BootedVm:
                     return client
                 except (OSError, TimeoutError, AgentError) as e:  # no socket yet, or a try that timed out
                     last = e
-                    await asyncio.sleep(0.1)  # a host away for a moment is seen gone: the next try starts clean
+                    await asyncio.sleep(
+                        0.1
+                    )  # a host away for a moment is seen gone: the next try starts clean
         finally:
             exited.cancel()
             if opening is not None and not opening.done():  # connect itself was cancelled
@@ -209,10 +274,14 @@ class BootedVm:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-async def open_port_once(socket: Path, within: float, *, on_close: Callable[[], None] | None = None) -> AgentClient:
+async def open_port_once(
+    socket: Path, within: float, *, on_close: Callable[[], None] | None = None
+) -> AgentClient:
     """One try at a connection to the agent over the port whose host side is ``socket``, its handshake bounded
     by ``within`` seconds. ``on_close`` runs once the connection is closed."""
-    async with asyncio.timeout(within):  # the connect too: QEMU takes a port's next host only once it let the last go
+    async with asyncio.timeout(
+        within
+    ):  # the connect too: QEMU takes a port's next host only once it let the last go
         reader, writer = await asyncio.open_unix_connection(str(socket), limit=2 * p.MAX_FRAME_BODY)
     try:
         async with asyncio.timeout(within):
@@ -226,8 +295,14 @@ async def open_port_once(socket: Path, within: float, *, on_close: Callable[[], 
     return client
 
 
-async def open_port(socket: Path, *, timeout: float, attempt: float = RETRY_ATTEMPT,
-                    running: Callable[[], bool] | None = None, on_close: Callable[[], None] | None = None) -> AgentClient:
+async def open_port(
+    socket: Path,
+    *,
+    timeout: float,
+    attempt: float = RETRY_ATTEMPT,
+    running: Callable[[], bool] | None = None,
+    on_close: Callable[[], None] | None = None,
+) -> AgentClient:
     """A connection to the agent over a port of a running guest, tried again (each try bounded by ``attempt``)
     until ``timeout``; VmError once ``running()`` says QEMU is gone or the time is up."""
     deadline = time.monotonic() + timeout
@@ -274,7 +349,12 @@ async def port_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
     and a random seed, which the guest takes (a guest restored from a snapshot has the snapshot's)."""
     nonce = secrets.token_hex(16)
     # the time and a seed make a guest restored from a snapshot its own (its clock and RNG are the snapshot's)
-    hello = {"version": p.PROTOCOL_VERSION, "nonce": nonce, "time": time.time(), "seed": secrets.token_hex(32)}
+    hello = {
+        "version": p.PROTOCOL_VERSION,
+        "nonce": nonce,
+        "time": time.time(),
+        "seed": secrets.token_hex(32),
+    }
     writer.write(p.encode_json(p.HELLO, 0, hello))
     await writer.drain()
     buf = bytearray()
@@ -315,8 +395,15 @@ async def start_detached(argv: list[str], workdir: Path) -> int:
     log = os.open(workdir / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, "-daemonize", "-pidfile", str(pidfile), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True)
+            *argv,
+            "-daemonize",
+            "-pidfile",
+            str(pidfile),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
     finally:
         os.close(log)
     code = await process.wait()
@@ -326,8 +413,16 @@ async def start_detached(argv: list[str], workdir: Path) -> int:
     return int(pidfile.read_text().strip())
 
 
-async def boot(guest: Guest, *, memory_mb: int = 256, accel: str = "tcg", workdir: Path | str | None = None,
-               cpus: int = 1, qemu: str = QEMU, verbose: bool = False) -> BootedVm:
+async def boot(
+    guest: Guest,
+    *,
+    memory_mb: int = 256,
+    accel: str = "tcg",
+    workdir: Path | str | None = None,
+    cpus: int = 1,
+    qemu: str = QEMU,
+    verbose: bool = False,
+) -> BootedVm:
     """Start QEMU on ``guest``; :meth:`BootedVm.connect` waits for its agent. ``workdir`` (made when absent,
     removed by :meth:`BootedVm.close`) holds the port's socket: keep its path short (a unix socket's path is
     at most 107 bytes). ``accel`` is used as given: "kvm" where KVM does not work fails, it never falls back.
@@ -345,7 +440,8 @@ async def boot(guest: Guest, *, memory_mb: int = 256, accel: str = "tcg", workdi
     log = os.open(workdir / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+        )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

@@ -87,8 +87,15 @@ async def ensure_root_disk(engine: Any, image: str, *, log: Any = None) -> RootD
         if log is not None:
             log.info("sandbox-vm: making the root disk of image %s (once per image id)", image)
         started = time.monotonic()
-        await engine.run_long(f"make the root disk of {image}", BUILD_SECONDS, _make_locked, engine.api, found["Id"],
-                              target, engine.scoped_labels({}))
+        await engine.run_long(
+            f"make the root disk of {image}",
+            BUILD_SECONDS,
+            _make_locked,
+            engine.api,
+            found["Id"],
+            target,
+            engine.scoped_labels({}),
+        )
         if log is not None:
             log.info("sandbox-vm: made the root disk of %s in %.1f s", image, time.monotonic() - started)
     with contextlib.suppress(OSError):
@@ -105,13 +112,15 @@ def _make_locked(api: Any, image_id: str, target: Path, labels: dict[str, str]) 
 
 def _make(api: Any, image_id: str, target: Path, labels: dict[str, str]) -> None:
     work = Path(tempfile.mkdtemp(prefix=".root-", dir=target.parent))
-    container = api.create_container(image_id, command=["/none"], entrypoint=[], labels=labels,
-                                     network_disabled=True)["Id"]
+    container = api.create_container(
+        image_id, command=["/none"], entrypoint=[], labels=labels, network_disabled=True
+    )["Id"]
     try:
         files = work / "files"
         files.mkdir()
-        untar = subprocess.Popen(["tar", "-x", "--numeric-owner", "-C", str(files)], stdin=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
+        untar = subprocess.Popen(
+            ["tar", "-x", "--numeric-owner", "-C", str(files)], stdin=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         assert untar.stdin is not None
         try:
             for chunk in api.export(container, chunk_size=1 << 20):
@@ -119,19 +128,38 @@ def _make(api: Any, image_id: str, target: Path, labels: dict[str, str]) -> None
         finally:
             untar.stdin.close()
         if untar.wait() != 0:
-            raise SandboxError(f"unpacking the image's files failed: {untar.stderr.read().decode(errors='replace')[-500:]}")
+            raise SandboxError(
+                f"unpacking the image's files failed: {untar.stderr.read().decode(errors='replace')[-500:]}"
+            )
         size = sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(files) for n in names)
         image = work / "root.img"
         with open(image, "wb") as f:
             f.truncate((int(size * 1.3) >> 20 << 20) + (SLACK_MB << 20))
-        made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-i", "8192", "-L", "tai-root", "-d", str(files),
-                               str(image)], capture_output=True)
+        made = subprocess.run(
+            [
+                "mkfs.ext4",
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-i",
+                "8192",
+                "-L",
+                "tai-root",
+                "-d",
+                str(files),
+                str(image),
+            ],
+            capture_output=True,
+        )
         if made.returncode != 0:
             raise SandboxError(f"writing the root disk failed: {made.stderr.decode(errors='replace')[-500:]}")
         target.with_suffix(".json").write_text(json.dumps({"image": image_id, "made": time.time()}))
         os.replace(image, target)
     except FileNotFoundError as e:
-        raise SandboxUnavailableError(f"making a root disk needs tar and mkfs.ext4 (e2fsprogs): {e}") from None
+        raise SandboxUnavailableError(
+            f"making a root disk needs tar and mkfs.ext4 (e2fsprogs): {e}"
+        ) from None
     finally:
         with contextlib.suppress(Exception):
             api.remove_container(container, force=True)
@@ -171,5 +199,7 @@ def _attached() -> set[str]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                found.update(m.decode() for m in _ROOT_DRIVE.findall(Path(entry.path, "cmdline").read_bytes()))
+                found.update(
+                    m.decode() for m in _ROOT_DRIVE.findall(Path(entry.path, "cmdline").read_bytes())
+                )
     return found

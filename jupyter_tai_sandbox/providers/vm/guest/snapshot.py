@@ -53,27 +53,48 @@ def _qemu_tag(qemu: str = QEMU) -> str:
     return hashlib.sha256(said.encode()).hexdigest()[:8]
 
 
-def golden_path(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int, root: str | None = None,
-                nic: bool = False, cpu: str = "max") -> Path:
+def golden_path(
+    guest: Guest,
+    *,
+    accel: str,
+    memory_mb: int,
+    cpus: int,
+    ports: int,
+    root: str | None = None,
+    nic: bool = False,
+    cpu: str = "max",
+) -> Path:
     """The golden's name without suffix (its files: ``.ram``, ``.state``; ``.lock`` while it is made); one per
     CPU model, root disk (a restore must find the disk the golden was saved with), and with a network card or
     without (a restore must find the devices the golden was saved with)."""
     model = "" if cpu == "max" else f"-x{hashlib.sha256(cpu.encode()).hexdigest()[:8]}"
     disk = f"-r{hashlib.sha256(root.encode()).hexdigest()[:12]}" if root else ""
     card = "-n" if nic else ""
-    return guest.path / f"golden{GOLDEN_VERSION}-{_qemu_tag()}-{accel}{model}-m{memory_mb}-c{cpus}-p{ports}{disk}{card}"
+    return (
+        guest.path
+        / f"golden{GOLDEN_VERSION}-{_qemu_tag()}-{accel}{model}-m{memory_mb}-c{cpus}-p{ports}{disk}{card}"
+    )
 
 
 def memory_args(ram: Path, memory_mb: int, *, shared: bool) -> list[str]:
     """Guest memory backed by the file ``ram``: shared (the golden writes its memory there) or private."""
-    return ["-object", f"memory-backend-file,id=mem,size={memory_mb}M,mem-path={ram},share={'on' if shared else 'off'}",
-            "-machine", "memory-backend=mem"]
+    return [
+        "-object",
+        f"memory-backend-file,id=mem,size={memory_mb}M,mem-path={ram},share={'on' if shared else 'off'}",
+        "-machine",
+        "memory-backend=mem",
+    ]
 
 
 def restore_args(golden: Path, memory_mb: int, qmp: Path) -> list[str]:
     """QEMU's options that restore ``golden`` (the rest of its command line as for a boot); :func:`restore`
     then loads its state over the control socket ``qmp``."""
-    return [*memory_args(golden.with_suffix(".ram"), memory_mb, shared=False), *qmp_args(qmp), "-incoming", "defer"]
+    return [
+        *memory_args(golden.with_suffix(".ram"), memory_mb, shared=False),
+        *qmp_args(qmp),
+        "-incoming",
+        "defer",
+    ]
 
 
 def qmp_args(qmp: Path) -> list[str]:
@@ -84,7 +105,9 @@ async def restore(golden: Path, qmp: Path) -> None:
     """Load ``golden``'s device state into a QEMU started with :func:`restore_args`; the guest then runs."""
     control = await Qmp.connect(qmp)
     try:
-        await control.command("migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True}])
+        await control.command(
+            "migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True}]
+        )
         await control.command("migrate-incoming", uri=f"exec:cat {golden.with_suffix('.state')}")
     finally:
         control.close()
@@ -136,11 +159,29 @@ class Qmp:
         self._writer.close()
 
 
-async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, ports: int,
-                        root: str | None = None, nic: bool = False, cpu: str = "max") -> Path:
+async def ensure_golden(
+    guest: Guest,
+    *,
+    accel: str,
+    memory_mb: int,
+    cpus: int,
+    ports: int,
+    root: str | None = None,
+    nic: bool = False,
+    cpu: str = "max",
+) -> Path:
     """The golden of this shape, made now when there is none (one maker at a time, across processes)."""
-    path = await asyncio.to_thread(golden_path, guest, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
-                                   root=root, nic=nic, cpu=cpu)
+    path = await asyncio.to_thread(
+        golden_path,
+        guest,
+        accel=accel,
+        memory_mb=memory_mb,
+        cpus=cpus,
+        ports=ports,
+        root=root,
+        nic=nic,
+        cpu=cpu,
+    )
     if path.with_suffix(".state").exists():
         return path
     lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -152,11 +193,25 @@ async def ensure_golden(guest: Guest, *, accel: str, memory_mb: int, cpus: int, 
                 break
             except OSError:
                 if time.monotonic() > give_up:
-                    raise VmError(f"another process has been making {path.name} for {GOLDEN_TIMEOUT:.0f} s") from None
+                    raise VmError(
+                        f"another process has been making {path.name} for {GOLDEN_TIMEOUT:.0f} s"
+                    ) from None
                 await asyncio.sleep(POLL_SECONDS * 4)
         if not path.with_suffix(".state").exists():
-            await asyncio.wait_for(_make(guest, path, accel=accel, memory_mb=memory_mb, cpus=cpus, ports=ports,
-                                         root=root, nic=nic, cpu=cpu), GOLDEN_TIMEOUT)
+            await asyncio.wait_for(
+                _make(
+                    guest,
+                    path,
+                    accel=accel,
+                    memory_mb=memory_mb,
+                    cpus=cpus,
+                    ports=ports,
+                    root=root,
+                    nic=nic,
+                    cpu=cpu,
+                ),
+                GOLDEN_TIMEOUT,
+            )
         return path
     finally:
         os.close(lock)
@@ -171,24 +226,42 @@ def _never_outliving_its_maker(argv: list[str]) -> list[str]:
     return ["setpriv", "--pdeathsig", "KILL", "--", *bounded] if shutil.which("setpriv") else bounded
 
 
-async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: int, ports: int,
-                root: str | None, nic: bool, cpu: str) -> None:
+async def _make(
+    guest: Guest,
+    path: Path,
+    *,
+    accel: str,
+    memory_mb: int,
+    cpus: int,
+    ports: int,
+    root: str | None,
+    nic: bool,
+    cpu: str,
+) -> None:
     work = Path(tempfile.mkdtemp(prefix="tai-golden-"))
     ram, state = path.with_suffix(".ram"), path.with_suffix(".state")
     tmp_ram, tmp_state = (p.with_name(f".{p.name}.{os.getpid()}") for p in (ram, state))
-    argv = qemu_argv(guest, work, memory_mb=memory_mb, accel=accel, cpu=cpu, cpus=cpus, ports=ports, root=root, nic=nic)
+    argv = qemu_argv(
+        guest, work, memory_mb=memory_mb, accel=accel, cpu=cpu, cpus=cpus, ports=ports, root=root, nic=nic
+    )
     argv += [*memory_args(tmp_ram, memory_mb, shared=True), *qmp_args(work / "qmp.sock")]
     if shutil.which(argv[0]) is None:
         raise VmError(f"{argv[0]} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
     argv = _never_outliving_its_maker(argv)
     log = os.open(work / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+        )
     finally:
         os.close(log)
     try:
-        client = await open_port(port_socket(work, 0), timeout=BOOT_TIMEOUT, attempt=BOOT_ATTEMPT,
-                                 running=lambda: process.returncode is None)
+        client = await open_port(
+            port_socket(work, 0),
+            timeout=BOOT_TIMEOUT,
+            attempt=BOOT_ATTEMPT,
+            running=lambda: process.returncode is None,
+        )
         try:
             # a round trip: what the agent had of the boot's tries (a HELLO sent while it still started) is
             # behind it, so the snapshot holds an agent that waits for a host and nothing half-done
@@ -198,8 +271,9 @@ async def _make(guest: Guest, path: Path, *, accel: str, memory_mb: int, cpus: i
         await asyncio.sleep(SETTLE_SECONDS)  # and it has seen this host leave (it looks every 20 ms)
         qmp = await Qmp.connect(work / "qmp.sock")
         try:
-            await qmp.command("migrate-set-capabilities",
-                              capabilities=[{"capability": "x-ignore-shared", "state": True}])
+            await qmp.command(
+                "migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True}]
+            )
             # saved running (QEMU stops the source itself at the end): a restore then runs at once, where one
             # saved stopped would wait for a `cont`
             await qmp.command("migrate", uri=f"exec:cat > {tmp_state}")
