@@ -26,15 +26,6 @@ from .tools import PresetStore, ToolRegistry
 
 #: the web app setting the server's idle culling reads (any key ending in _last_activity)
 LAST_ACTIVITY_KEY = "jupyter_tai_sandbox_last_activity"
-#: deprecated names of the live-command settings: (config section, old name) -> the SandboxApp trait
-LIVE_COMMAND_ALIASES = {
-    ("SandboxApp", "detach_grace_seconds"): "live_command_grace_seconds",
-    ("SandboxMCP", "handle_idle_timeout_seconds"): "live_command_grace_seconds",
-    ("SandboxMCP", "handle_retention_seconds"): "live_command_retention_seconds",
-    ("SandboxApp", "exec_ring_bytes"): "live_command_buffer_bytes",
-    ("SandboxMCP", "handle_buffer_bytes"): "live_command_buffer_bytes",
-    ("SandboxMCP", "max_running_commands_per_user"): "max_live_commands_per_user",
-}
 
 
 class ServerAccess(sandboxes.SandboxAccess):
@@ -67,11 +58,6 @@ class ServerAccess(sandboxes.SandboxAccess):
     def status_info(self, *, show_credentials: bool = True) -> dict[str, Any]:
         self._adopt()
         return super().status_info(show_credentials=show_credentials)
-
-
-def _configured(config: Any, section: str, name: str) -> Any:
-    """A value the config sets for ``section.name`` (None when it does not), without creating the section."""
-    return config.get(section, {}).get(name)
 
 
 def _provider_classes() -> list[type]:
@@ -112,7 +98,7 @@ class SandboxApp(ExtensionApp):
         or 'module:Class' naming an external Sandbox provider class.""",
     ).tag(config=True)
 
-    reap_interval = Float(
+    reap_interval_seconds = Float(
         30.0,
         help="Seconds between two passes of the reaper, which destroys sessions past their TTL.",
     ).tag(config=True)
@@ -160,23 +146,20 @@ class SandboxApp(ExtensionApp):
         while nobody watches it (no websocket attached, no MCP poll) before it is killed, in seconds:
         attaching again (by exec id, from an output offset) or polling within it cancels the kill. An ended
         command nobody read to its end is kept as long for a reattach. The command's own deadline always
-        applies. 0 kills on disconnect. Replaces detach_grace_seconds and
-        SandboxMCP.handle_idle_timeout_seconds (still read, deprecated).""",
+        applies. 0 kills on disconnect.""",
     ).tag(config=True)
 
     live_command_retention_seconds = Float(
         600.0,
         help="""How long an ended live command that was polled over MCP keeps its output and exit for its
-        last polls, in seconds (a websocket gets the exit pushed once and the command is forgotten).
-        Replaces SandboxMCP.handle_retention_seconds (still read, deprecated).""",
+        last polls, in seconds (a websocket gets the exit pushed once and the command is forgotten).""",
     ).tag(config=True)
 
     live_command_buffer_bytes = Integer(
         1 << 20,
         help="""Bytes of each live command's most recent output the server keeps (its output ring) for a
         client that attaches again or polls late, from the offset it asks for as far back as the ring
-        reaches; older output is dropped (a poll reports how much). Replaces exec_ring_bytes and
-        SandboxMCP.handle_buffer_bytes (still read, deprecated).""",
+        reaches; older output is dropped (a poll reports how much).""",
     ).tag(config=True)
 
     max_live_commands_per_user = Integer(
@@ -184,7 +167,7 @@ class SandboxApp(ExtensionApp):
         help="""Most live commands one user may hold at once, those started over the exec websocket and over
         MCP together, detached and unpolled ones included (each keeps its output ring until it is forgotten;
         an ended one kept for its readers gives its place first); one more is refused with SandboxQuotaError
-        (429). 0 means no cap. Replaces SandboxMCP.max_running_commands_per_user (still read, deprecated).""",
+        (429). 0 means no cap.""",
     ).tag(config=True)
 
     max_live_commands_per_session = Integer(
@@ -192,14 +175,6 @@ class SandboxApp(ExtensionApp):
         help="""Most live commands one session may hold at once (websocket and MCP ones, detached ones
         included); one more is refused with SandboxQuotaError (429). 0 means no cap. The default is the
         session agent's own cap (64 commands held per session); the conformance suite runs 32 at once.""",
-    ).tag(config=True)
-
-    detach_grace_seconds = Float(
-        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_grace_seconds."
-    ).tag(config=True)
-
-    exec_ring_bytes = Integer(
-        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_buffer_bytes."
     ).tag(config=True)
 
     max_preset_bytes = Integer(
@@ -318,36 +293,12 @@ class SandboxApp(ExtensionApp):
             self.log.warning("jupyter_tai_sandbox: %s", refused)
 
     def live_command_policy(self) -> LiveCommandPolicy:
-        """The one policy of live commands, with the deprecated names read where the new one is left alone."""
-        settings = {new: getattr(self, new) for new in dict.fromkeys(LIVE_COMMAND_ALIASES.values())}
-        taken: dict[str, str] = {}
-        for (section, old), new in LIVE_COMMAND_ALIASES.items():
-            value = getattr(self, old) if section == "SandboxApp" else _configured(self.config, section, old)
-            if value is None:
-                continue
-            trait = self.traits()[new]
-            if settings[new] != trait.default_value or new in taken:
-                self.log.warning(
-                    "jupyter_tai_sandbox: %s.%s is deprecated and ignored: SandboxApp.%s = %r is in force",
-                    section,
-                    old,
-                    new,
-                    settings[new],
-                )
-                continue
-            settings[new] = trait.from_string(value) if isinstance(value, str) else value
-            taken[new] = f"{section}.{old}"
-            self.log.warning(
-                "jupyter_tai_sandbox: %s.%s is deprecated: set SandboxApp.%s (it applies to both doors)",
-                section,
-                old,
-                new,
-            )
+        """The one policy of live commands (both doors: the exec websocket and MCP)."""
         return LiveCommandPolicy(
-            grace_seconds=settings["live_command_grace_seconds"],
-            retention_seconds=settings["live_command_retention_seconds"],
-            buffer_bytes=settings["live_command_buffer_bytes"],
-            max_per_user=settings["max_live_commands_per_user"],
+            grace_seconds=self.live_command_grace_seconds,
+            retention_seconds=self.live_command_retention_seconds,
+            buffer_bytes=self.live_command_buffer_bytes,
+            max_per_user=self.max_live_commands_per_user,
             max_per_session=self.max_live_commands_per_session,
         )
 
@@ -496,7 +447,7 @@ class SandboxApp(ExtensionApp):
     async def _reap_forever(self) -> None:
         while True:
             await self.reap_once()
-            await asyncio.sleep(self.reap_interval)
+            await asyncio.sleep(self.reap_interval_seconds)
 
     async def reap_once(self) -> list[str]:
         if self.sandbox is None:

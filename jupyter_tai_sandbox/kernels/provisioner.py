@@ -220,7 +220,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         help="""The provider to install when this process has none configured (not in a server: nbclient, a
         script): local or docker. TAI_MCP_SANDBOX and the server config files come first.""",
     ).tag(config=True)
-    start_timeout = Float(
+    start_timeout_seconds = Float(
         60.0, help="Seconds for the session, the relay and the kernel's ports to come up."
     ).tag(config=True)
 
@@ -350,12 +350,12 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def _launch_kernel(self) -> KernelConnectionInfo:
         try:
-            return await asyncio.wait_for(self._launch(), self.start_timeout)
+            return await asyncio.wait_for(self._launch(), self.start_timeout_seconds)
         except asyncio.TimeoutError:
             await self._teardown()
             raise SandboxKernelError(
-                f"the sandboxed kernel did not come up within {self.start_timeout:g} s "
-                f"(SandboxProvisioner.start_timeout){self._stderr_note()}"
+                f"the sandboxed kernel did not come up within {self.start_timeout_seconds:g} s "
+                f"(SandboxProvisioner.start_timeout_seconds){self._stderr_note()}"
             ) from None
         except SandboxError as e:
             await self._teardown()
@@ -399,10 +399,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 if previous.get(name):
                     with contextlib.suppress(OSError):
                         forward = await tunnel.forward(
-                            inner, port=previous[name], connect_wait=self.start_timeout
+                            inner, port=previous[name], connect_wait=self.start_timeout_seconds
                         )
                 if forward is None:
-                    forward = await tunnel.forward(inner, connect_wait=self.start_timeout)
+                    forward = await tunnel.forward(inner, connect_wait=self.start_timeout_seconds)
                 listen[name] = forward.port
         if set(listen.values()) & set(inner_ports) and local:  # a restart's previous port taken meanwhile
             raise SandboxKernelError("port clash between the host listeners and the kernel's ports")
@@ -585,7 +585,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return max(recommended, 5.0)
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
-        return max(recommended, self.start_timeout)
+        return max(recommended, self.start_timeout_seconds)
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()

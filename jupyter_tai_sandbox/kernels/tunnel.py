@@ -277,7 +277,7 @@ class Tunnel:
         python: str = "python3",
         timeout_seconds: float,
         window: int = DEFAULT_WINDOW,
-        start_timeout: float = START_TIMEOUT,
+        start_timeout_seconds: float = START_TIMEOUT,
     ) -> Tunnel:
         """Start the relay in ``session`` (``python`` is the interpreter there) and wait for it to answer."""
         if not 0 < window < 1 << 31:
@@ -293,10 +293,10 @@ class Tunnel:
             raise TunnelError(f"the tunnel relay did not start: {e}") from None
         tunnel = cls(handle, window=window)
         try:
-            await asyncio.wait_for(asyncio.shield(tunnel._hello), start_timeout)
+            await asyncio.wait_for(asyncio.shield(tunnel._hello), start_timeout_seconds)
         except asyncio.TimeoutError:
             await tunnel.close()
-            raise TunnelError(f"the tunnel relay did not answer within {start_timeout:g} s") from None
+            raise TunnelError(f"the tunnel relay did not answer within {start_timeout_seconds:g} s") from None
         except BaseException:
             await tunnel.close()
             raise

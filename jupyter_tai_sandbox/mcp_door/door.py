@@ -75,7 +75,7 @@ class _DoorSessionManager(StreamableHTTPSessionManager):
                 raise SandboxQuotaError(
                     f"you already hold {held} open MCP sessions, the most one user may hold "
                     f"(SandboxMCP.max_sessions_per_user = {limit}): end one (DELETE with its Mcp-Session-Id) "
-                    f"or let one expire (SandboxMCP.session_idle_timeout = {self.session_idle_timeout or 0:g} s)"
+                    f"or let one expire (SandboxMCP.session_idle_timeout_seconds = {self.session_idle_timeout or 0:g} s)"
                 )
         return super()._admit_session(requestor)
 
@@ -95,7 +95,7 @@ class SandboxMCP(LoggingConfigurable):
         help="Answer each MCP POST with one JSON body instead of a Server-Sent Events stream.",
     ).tag(config=True)
 
-    session_idle_timeout = Float(
+    session_idle_timeout_seconds = Float(
         1800.0,
         help="Seconds an MCP session (Mcp-Session-Id) may stay idle before it is closed; the client re-initializes.",
     ).tag(config=True)
@@ -107,7 +107,7 @@ class SandboxMCP(LoggingConfigurable):
     max_sessions_per_user = Integer(
         20,
         help="""Most MCP sessions one user (principal) may hold open at once; one more initialize is refused
-        with 429 SandboxQuotaError until one of theirs ends (DELETE) or expires (session_idle_timeout), so one
+        with 429 SandboxQuotaError until one of theirs ends (DELETE) or expires (session_idle_timeout_seconds), so one
         user cannot fill max_sessions for everyone. 0 means no ceiling per user (max_sessions still applies).""",
     ).tag(config=True)
 
@@ -123,27 +123,7 @@ class SandboxMCP(LoggingConfigurable):
         SandboxApp.max_output_bytes still stops a command past it).""",
     ).tag(config=True)
 
-    # Deprecated: started commands are entries of the server's one live-command registry, under
-    # SandboxApp's live_command_* settings (SandboxApp reads these names from the config as aliases).
-    handle_idle_timeout_seconds = Float(
-        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_grace_seconds."
-    ).tag(config=True)
-
-    handle_retention_seconds = Float(
-        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_retention_seconds."
-    ).tag(config=True)
-
-    handle_buffer_bytes = Integer(
-        None, allow_none=True, help="Deprecated: use SandboxApp.live_command_buffer_bytes."
-    ).tag(config=True)
-
-    max_running_commands_per_user = Integer(
-        None,
-        allow_none=True,
-        help="Deprecated: use SandboxApp.max_live_commands_per_user (both doors count).",
-    ).tag(config=True)
-
-    tools_poll_interval = Float(
+    tools_poll_interval_seconds = Float(
         5.0,
         help="""Seconds between two looks at the preset store, so presets authored over REST or the CLI reach
         MCP clients as notifications/tools/list_changed. 0: only changes made over MCP notify.""",
@@ -200,7 +180,7 @@ class SandboxMCP(LoggingConfigurable):
                 json_response=self.json_response,
                 stateless=False,
                 security_settings=None,  # Host, Origin and auth are checked by the tornado handler
-                session_idle_timeout=self.session_idle_timeout or None,
+                session_idle_timeout=self.session_idle_timeout_seconds or None,
                 max_request_body_size=self.max_request_bytes,
                 max_sessions=self.max_sessions or None,
             )
@@ -281,8 +261,8 @@ class SandboxMCP(LoggingConfigurable):
                 self._listeners.pop(mcp_session_id, None)
 
     async def _watch_tools(self) -> None:
-        while self.tools_poll_interval > 0:
-            await asyncio.sleep(self.tools_poll_interval)
+        while self.tools_poll_interval_seconds > 0:
+            await asyncio.sleep(self.tools_poll_interval_seconds)
             await self._check_tools()
 
     def forget_session(self, mcp_session_id: str | None) -> None:

@@ -159,7 +159,7 @@ def agent_site(
         inspect=lambda container_id: engine.inspect_container(container_id, what="inspect a session"),
         teardown=provider._teardown,
         log=provider.log,
-        memory_limit=provider.output_memory_limit,
+        memory_limit=provider.output_memory_bytes,
         commands=commands,
         retime=provider._retime,
         workspace=WORKSPACE,

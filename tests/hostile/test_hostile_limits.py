@@ -47,7 +47,7 @@ def jp_server_config(tmp_path, monkeypatch):
         },
         SandboxApp={
             "presets_path": str(tmp_path / "presets.json"),
-            "detach_grace_seconds": 30.0,
+            "live_command_grace_seconds": 30.0,
             "max_live_commands_per_user": 4,
             "max_live_commands_per_session": 3,
         },

@@ -254,7 +254,7 @@ def test_a_relay_that_cannot_start_says_why(tmp_path):
         async with local_session(tmp_path) as session:
             with pytest.raises(TunnelError, match="did not start"):
                 await Tunnel.start(
-                    session, python="/nonexistent/python3", timeout_seconds=60, start_timeout=10
+                    session, python="/nonexistent/python3", timeout_seconds=60, start_timeout_seconds=10
                 )
 
     run(main())

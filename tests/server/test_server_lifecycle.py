@@ -12,7 +12,7 @@ from tests.support.server import call, sandbox_app, server_config
 
 @pytest.fixture
 def jp_server_config(provider, tmp_path):
-    return server_config(provider, tmp_path / "sandboxes", SandboxApp={"reap_interval": 0.2})
+    return server_config(provider, tmp_path / "sandboxes", SandboxApp={"reap_interval_seconds": 0.2})
 
 
 async def test_the_reaper_destroys_sessions_past_their_ttl(jp_fetch, jp_serverapp):

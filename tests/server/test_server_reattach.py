@@ -36,7 +36,7 @@ def jp_server_config(tmp_path):
         "local",
         tmp_path / "sandboxes",
         ServerApp={"identity_provider_class": HeaderUsers, "authorizer_class": NoAdmin},
-        SandboxApp={"detach_grace_seconds": GRACE, "exec_ring_bytes": 1 << 16},
+        SandboxApp={"live_command_grace_seconds": GRACE, "live_command_buffer_bytes": 1 << 16},
     )
 
 

@@ -21,7 +21,7 @@ EIGHT_HOURS = 8 * 3600  # the magics' default TTL
 @pytest.fixture
 def jp_server_config(provider, tmp_path):
     # the reaper is driven by the test (reap_once), not by its timer
-    return server_config(provider, tmp_path / "sandboxes", SandboxApp={"reap_interval": 3600})
+    return server_config(provider, tmp_path / "sandboxes", SandboxApp={"reap_interval_seconds": 3600})
 
 
 async def new_session(jp_fetch, ttl: float) -> dict:

@@ -16,7 +16,7 @@ from tests.support.server import call, read_all, server_config
 @pytest.fixture
 def jp_server_config(provider, tmp_path):
     # a grace of 0 keeps the kill on disconnect these tests pin (test_server_reattach covers the grace)
-    return server_config(provider, tmp_path / "sandboxes", SandboxApp={"detach_grace_seconds": 0})
+    return server_config(provider, tmp_path / "sandboxes", SandboxApp={"live_command_grace_seconds": 0})
 
 
 async def new_session(jp_fetch) -> str:

@@ -36,7 +36,7 @@ def make_app(tmp_path, name: str, *, spill: int, ceiling: float, per_user: int) 
                 "max_live_commands_per_user": per_user,
             },
             "SandboxPolicy": {"isolation": "none", "max_timeout_seconds": ceiling},
-            "LocalSandbox": {"root": str(tmp_path / name), "output_memory_limit": 256 << 10},
+            "LocalSandbox": {"root": str(tmp_path / name), "output_memory_bytes": 256 << 10},
         }
     )
     app = SandboxApp(config=config)

@@ -223,7 +223,7 @@ def sandbox_server(home: Path, provider: str, *extra: str, wait: float = 60) -> 
             f"--SandboxApp.provider={provider}",
             "--SandboxPolicy.isolation=none",
             f"--LocalSandbox.root={home / 'sandboxes'}",
-            "--SandboxApp.reap_interval=0.5",
+            "--SandboxApp.reap_interval_seconds=0.5",
             *extra,
         ),
     ).start(wait)

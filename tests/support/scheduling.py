@@ -1,11 +1,15 @@
-"""How the suite is scheduled over xdist workers (``-n 4 --dist loadgroup`` in pyproject's addopts).
+"""How the suite is scheduled over xdist workers (``python -m pytest -n 4``; pyproject's addopts add
+``--dist loadgroup --no-loadscope-reorder``, which do nothing without ``-n``). Only xdist's and pytest's
+public API: markers, hooks, ``workeroutput``.
 
 * Work units: each module is one unit (its tests run in order on one worker, so a last "nothing is
   left" test sees the whole module), unless its tests name an ``xdist_group`` (the browser tests
-  share one, so one ``jupyter lab`` runs at a time). Units start slowest first, by their ``slow`` marks.
+  share one, so one ``jupyter lab`` runs at a time): every other test gets an ``xdist_group`` named for
+  its module, and xdist's ``loadgroup`` keeps a group on one worker. Units start slowest first, by their
+  ``slow`` marks (the collection is sorted so; ``--no-loadscope-reorder`` keeps that order).
 * The serial group: tests marked ``alone`` (CPU floods) or ``disturbs_engine`` (they freeze, kill or
   restart the shared Docker engine) run by themselves, after every other test has finished.
-* Without xdist (``-n 0``) they are moved to the end of the run, engine killers last.
+* Without xdist (no ``-n``, or ``-n 0``) they are moved to the end of the run, engine killers last.
 * Under xdist every worker deselects them and says which they were; once the workers are done, the
   controller runs them in one more pytest process (``-n 0``) and feeds each of its reports into its own
   hooks, so they print in the same output, count in the same summary and durations table, and a
@@ -25,8 +29,6 @@ import time
 from pathlib import Path
 
 import pytest
-from _pytest.reports import TestReport
-from xdist.scheduler import LoadScopeScheduling
 
 from tests.support import ARTIFACTS, REPO
 from tests.support.docker import DISTURB
@@ -54,11 +56,23 @@ def is_controller(config: pytest.Config) -> bool:
     return not is_worker(config) and config.pluginmanager.getplugin("dsession") is not None
 
 
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def unit_of(item: pytest.Item) -> str:
+    """The item's ``xdist_group`` (the first mark's name, as xdist reads it), else its module."""
     mark = item.get_closest_marker("xdist_group")
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    return item.nodeid.split("::", 1)[0]
+    return module_of(item)
+
+
+def without_group(nodeid: str) -> str:
+    """A node id without the ``@group`` xdist's ``loadgroup`` appends on its workers (an ``@`` inside a
+    parametrization's brackets is the test's own)."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
 
 
 def slow_seconds(item: pytest.Item) -> float:
@@ -69,12 +83,16 @@ def slow_seconds(item: pytest.Item) -> float:
     return float(mark.args[0]) if mark.args else 60.0
 
 
-# tryfirst: the order is made before anything reads it
+# tryfirst: the groups and the order are made before anything reads them (xdist's worker appends the
+# ``@group`` to the node ids in its own, plain pytest_collection_modifyitems)
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(module_of(item)))
     modules: dict[tuple[str, str], float] = {}  # (unit, module): its slow seconds
     for item in items:
-        key = (unit_of(item), item.nodeid.split("::", 1)[0])
+        key = (unit_of(item), module_of(item))
         modules[key] = max(modules.get(key, 0.0), slow_seconds(item))
     seconds: dict[str, float] = {}
     for (unit, _), module_seconds in modules.items():
@@ -92,7 +110,7 @@ class WorkerLeavesTheSerialGroup:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         serial = [item for item in items if serial_rank(item)]
         if serial:
-            nodeids = [item.nodeid.split("@", 1)[0] for item in serial]  # no xdist group suffix
+            nodeids = [without_group(item.nodeid) for item in serial]
             config.workeroutput["serial_nodeids"] = nodeids  # type: ignore[attr-defined]
             config.hook.pytest_deselected(items=serial)
             items[:] = [item for item in items if not serial_rank(item)]
@@ -118,20 +136,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pass
 
 
-class ModuleOrGroupScheduling(LoadScopeScheduling):
-    """A module is one unit, as ``--dist loadfile``; tests that name an ``xdist_group`` (xdist appends
-    ``@group`` to their node ids under ``--dist loadgroup``) are one unit together, as ``loadgroup``."""
+class PlainNodeIds:
+    """The controller's side: a report's node id loses the ``@group`` the workers' xdist gave it, so the
+    output, the summary and the durations name each test as ``python -m pytest <nodeid>`` takes it."""
 
-    def _split_scope(self, nodeid: str) -> str:
-        if "@" in nodeid:
-            return nodeid.rsplit("@", 1)[-1]
-        return nodeid.split("::", 1)[0]
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    if config.getvalue("dist") == "loadgroup":
-        return ModuleOrGroupScheduling(config, log)
-    return None
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        report.nodeid = without_group(report.nodeid)
 
 
 class SerialGroup:
@@ -211,7 +222,7 @@ def report_failure(config: pytest.Config, nodeid: str, message: str) -> None:
     """A failed pseudo-test in this run's output and summary (it fails the exit status)."""
     path = nodeid.split("::", 1)[0]
     location = (path, 0, nodeid.split("::", 1)[1])
-    report = TestReport(nodeid, location, {}, "failed", message, "call")
+    report = pytest.TestReport(nodeid, location, {}, "failed", message, "call")
     config.hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
     config.hook.pytest_runtest_logreport(report=report)
     config.hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
@@ -225,7 +236,7 @@ class ReportsToController:
         self.out = os.fdopen(fd, "w", buffering=1)
 
     @pytest.hookimpl
-    def pytest_runtest_logreport(self, report: TestReport) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.out.write(json.dumps(data) + "\n")
 
@@ -288,7 +299,7 @@ class Timeline:
         self.out = open(ARTIFACTS / "timeline.tsv", "w", buffering=1)  # noqa: SIM115 (closed at the end)
 
     @pytest.hookimpl
-    def pytest_runtest_logreport(self, report: TestReport) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         worker = getattr(getattr(report, "node", None), "gateway", None)
         name = worker.id if worker is not None else PART
         start, stop = (getattr(report, key, 0.0) - self.started for key in ("start", "stop"))
@@ -315,6 +326,7 @@ class Timeline:
 def pytest_sessionstart(session: pytest.Session) -> None:
     # here, not in pytest_configure: xdist registers its controller in a trylast pytest_configure
     if is_controller(session.config):
+        session.config.pluginmanager.register(PlainNodeIds(), "tai-plain-nodeids")
         session.config.pluginmanager.register(SerialGroup(session.config), "tai-serial-group")
         session.config.pluginmanager.register(Timeline(), "tai-timeline")
 

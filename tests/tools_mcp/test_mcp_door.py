@@ -54,8 +54,12 @@ def jp_server_config(tmp_path, monkeypatch):
             "scrub_transcript": True,
             "max_timeout_seconds": 30.0,
         },
-        SandboxApp={"presets_path": str(tmp_path / "presets.json"), "presets": {"word_count": WORD_COUNT}},
-        SandboxMCP={"handle_idle_timeout_seconds": 1.5, "tools_poll_interval": 0.5},
+        SandboxApp={
+            "presets_path": str(tmp_path / "presets.json"),
+            "presets": {"word_count": WORD_COUNT},
+            "live_command_grace_seconds": 1.5,
+        },
+        SandboxMCP={"tools_poll_interval_seconds": 0.5},
     )
 
 
@@ -355,7 +359,7 @@ async def test_a_started_command_dies_with_its_deadline_its_handle_and_its_sessi
             await client.call_tool("session_exec_poll", {"handle": started["handle"], "wait_seconds": 10})
         )
         assert not answer["running"] and answer["error"]["error"] == "SandboxExecTimeoutError"
-        # a handle nobody polls (the agent went away) is killed (SandboxMCP.handle_idle_timeout_seconds = 1.5)
+        # a handle nobody polls (the agent went away) is killed (SandboxApp.live_command_grace_seconds = 1.5)
         marker = "idle-marker"
         started = data(
             await client.call_tool(

@@ -204,7 +204,7 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
         0: no per-user cap.""",
     ).tag(config=True)
 
-    output_memory_limit = Integer(
+    output_memory_bytes = Integer(
         DEFAULT_MEMORY_LIMIT,
         help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
     ).tag(config=True)

@@ -48,11 +48,11 @@ class LocalCommand(ExecHandle):
     """
 
     def __init__(
-        self, *, timeout_seconds: float, one_shot: bool, memory_limit: int, stdout_pipe_size: int = 0
+        self, *, timeout_seconds: float, one_shot: bool, memory_limit: int, stdout_pipe_bytes: int = 0
     ) -> None:
         loop = asyncio.get_running_loop()
         self._timeout_seconds = timeout_seconds
-        self._stdout_pipe_size = stdout_pipe_size
+        self._stdout_pipe_bytes = stdout_pipe_bytes
         self._one_shot = one_shot
         self._spool = OutputSpool(memory_limit)
         self._counts = {"stdout": 0, "stderr": 0}
@@ -111,9 +111,9 @@ class LocalCommand(ExecHandle):
             process = self._spawn(argv, env=env, cwd=cwd, stdin=stdin)
             self._process = process
             self._watch = ChildWatch(process.pid, self._process_reaped)
-            if self._stdout_pipe_size:
+            if self._stdout_pipe_bytes:
                 with contextlib.suppress(OSError):  # over the user's pipe allowance: keep the default
-                    fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, self._stdout_pipe_size)
+                    fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, self._stdout_pipe_bytes)
             for fd, pipe in ((1, process.stdout), (2, process.stderr)):
                 transport, _ = await loop.connect_read_pipe(lambda fd=fd: _PipeRelay(self, fd), pipe)
                 self._pipes.append(transport)

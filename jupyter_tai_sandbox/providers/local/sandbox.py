@@ -104,12 +104,12 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="Server environment variables passed on to commands (the rest of the server's environment is not).",
     ).tag(config=True)
 
-    output_memory_limit = Integer(
+    output_memory_bytes = Integer(
         DEFAULT_MEMORY_LIMIT,
         help="Bytes of a command's unread output kept in memory before it spills to a temporary file.",
     ).tag(config=True)
 
-    stdout_pipe_size = Integer(
+    stdout_pipe_bytes = Integer(
         256 << 10,
         min=0,
         max=16 << 20,

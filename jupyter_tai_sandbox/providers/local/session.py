@@ -44,8 +44,8 @@ class SessionHost(Protocol):
     """What a session uses of its provider (LocalSandbox), named without importing it."""
 
     inherit_env: list[str]
-    output_memory_limit: int
-    stdout_pipe_size: int
+    output_memory_bytes: int
+    stdout_pipe_bytes: int
     command_class: type[LocalCommand]
     pty_command_class: type[LocalCommand]
 
@@ -124,8 +124,8 @@ class LocalSession(ShellFileOps, SandboxSession):
         command = command_class(
             timeout_seconds=request.timeout_seconds,
             one_shot=one_shot,
-            memory_limit=self._sandbox.output_memory_limit,
-            stdout_pipe_size=self._sandbox.stdout_pipe_size,
+            memory_limit=self._sandbox.output_memory_bytes,
+            stdout_pipe_bytes=self._sandbox.stdout_pipe_bytes,
         )
         env_, cwd_ = self._command_env(request.env), self._command_cwd(request.cwd)
         stdin: bytes | bool | None = request.stdin if one_shot else True

@@ -180,7 +180,7 @@ class RemoteSession(SandboxSession):
             cols=request.cols,
         )
         return RemoteCommand(
-            self._client, self._id, remote, pty=request.pty, memory_limit=self._sandbox.output_memory_limit
+            self._client, self._id, remote, pty=request.pty, memory_limit=self._sandbox.output_memory_bytes
         )
 
     async def run(self, request: ExecRequest) -> ExecResult:
@@ -213,7 +213,9 @@ class RemoteSession(SandboxSession):
     def resolve(self, path: str) -> str:
         """The remote's answer (one blocking request: the contract makes resolve synchronous)."""
         rel = self._relative(path)
-        return self._client.resolve_blocking(self._id, rel or ".", timeout=self._sandbox.request_timeout)
+        return self._client.resolve_blocking(
+            self._id, rel or ".", timeout=self._sandbox.request_timeout_seconds
+        )
 
     async def resolve_path(self, path: str) -> str:
         """The remote's answer, asked asynchronously."""
@@ -311,7 +313,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="Verify an https remote's certificate and host name. Turn off only for a test setup.",
     ).tag(config=True)
 
-    request_timeout = Float(
+    request_timeout_seconds = Float(
         300.0,
         min=0.1,
         help="""Seconds one request to the remote may take, a file transfer whole; also the websocket's
@@ -323,7 +325,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         help="How often (at most) the remote's status is read again for kind, max_isolation and networks.",
     ).tag(config=True)
 
-    output_memory_limit = Integer(
+    output_memory_bytes = Integer(
         DEFAULT_MEMORY_LIMIT,
         help="Bytes of a command's unread output kept in memory here before it spills to a temporary file.",
     ).tag(config=True)
@@ -351,7 +353,9 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                     token = f.read().strip()
             except OSError as e:
                 raise SandboxUnavailableError(f"cannot read RemoteSandbox.token_file: {e}") from None
-        self.client = SandboxClient(url, token, request_timeout=self.request_timeout, ssl_context=self._tls())
+        self.client = SandboxClient(
+            url, token, request_timeout=self.request_timeout_seconds, ssl_context=self._tls()
+        )
         self._status: dict[str, Any] | None = None
         self._status_at = 0.0
         self.principal: str | None = None

@@ -114,11 +114,11 @@ class SwarmSandbox(ContainerSandbox):
         "reservations); 0: no reservation, 1: reserve the whole limit.",
     ).tag(config=True)
 
-    start_timeout = Float(
+    start_timeout_seconds = Float(
         60.0, help="Longest a create waits for its task to run (an unplaceable session is removed then)."
     ).tag(config=True)
 
-    node_timeout = Float(
+    node_timeout_seconds = Float(
         10.0, help="Longest a call to a node's engine may wait for it (a frozen node answers no later)."
     ).tag(config=True)
 
@@ -131,14 +131,17 @@ class SwarmSandbox(ContainerSandbox):
         self._workspaces = WorkspaceRecords(self._engine, self.scope, self.own_labels, self.log)
         self._nodes = NodeEngines(
             tls=tls,
-            timeout=self.node_timeout,
+            timeout=self.node_timeout_seconds,
             agent_site=self._agent_site_for,
             scope=self.scope.labels,
             direct_agent=self.agent_transport == "auto",
             log=self.log,
         )
         self._tasks = TaskWatch(
-            self._engine, self._nodes, engine_label=self.engine_label, start_timeout=self.start_timeout
+            self._engine,
+            self._nodes,
+            engine_label=self.engine_label,
+            start_timeout_seconds=self.start_timeout_seconds,
         )
 
     @property
@@ -148,7 +151,11 @@ class SwarmSandbox(ContainerSandbox):
     def _agent_site_for(self, engine: SwarmEngine) -> ContainerSite:
         engine.share.per_principal = self.engine_threads_per_user
         return agent_site(
-            self, engine, self._commands, answer_within=self.node_timeout, current_end=self._current_end
+            self,
+            engine,
+            self._commands,
+            answer_within=self.node_timeout_seconds,
+            current_end=self._current_end,
         )
 
     async def _current_end(self, session_id: str) -> float | None:

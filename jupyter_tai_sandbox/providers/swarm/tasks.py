@@ -115,19 +115,19 @@ class TaskWatch:
     node label ``engine_label``)."""
 
     def __init__(
-        self, manager: SwarmEngine, nodes: NodeEngines, *, engine_label: str, start_timeout: float
+        self, manager: SwarmEngine, nodes: NodeEngines, *, engine_label: str, start_timeout_seconds: float
     ) -> None:
         self._manager = manager
         self._nodes = nodes
         self.engine_label = engine_label
-        self.start_timeout = start_timeout
+        self.start_timeout_seconds = start_timeout_seconds
 
     async def wait_running(self, service_id: str, image: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """``(task, node)``: the service's task once it runs, with its node once read; a task that ends first,
         or no start in time, raises. Once the task is on a node, that node's engine is asked too: its container
         runs about 50-100 ms before the manager hears so from the node."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.start_timeout
+        give_up = loop.time() + self.start_timeout_seconds
         waiting = "no task yet"
         node: dict[str, Any] | None = None
         while loop.time() < give_up:
@@ -159,7 +159,7 @@ class TaskWatch:
                 waiting = f"{state}: {error}" if error else state
             await asyncio.sleep(POLL_SECONDS)
         raise SandboxUnavailableError(
-            f"the swarm did not start the session within {self.start_timeout:g} s ({waiting})"
+            f"the swarm did not start the session within {self.start_timeout_seconds:g} s ({waiting})"
         )
 
     async def running_on_node(self, task: dict[str, Any], node: dict[str, Any] | None) -> str | None:

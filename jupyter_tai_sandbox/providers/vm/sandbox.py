@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, observe, validate
+from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
 from ...contract import (
     ExecRequest,
@@ -143,15 +143,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         only.""",
     ).tag(config=True)
 
-    image_engine_url = Unicode(help="Deprecated: the old name of engine_url.").tag(config=True)
-
-    @observe("image_engine_url")
-    def _old_engine_url(self, change: Any) -> None:
-        self.log.warning("VmSandbox.image_engine_url is deprecated: use VmSandbox.engine_url")
-        self.engine_url = change["new"]
-
-    root_disk_idle_hours = Float(
-        168.0,
+    root_disk_idle_seconds = Float(
+        7 * 24 * 3600.0,
         help="""The reap removes a docker image's root disk (and its golden snapshots) that no create has used for
         this long and no QEMU on the host has open; the next session of the image makes it again. 0: never.""",
     ).tag(config=True)
@@ -552,8 +545,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         if seats is not None:
             with contextlib.suppress(SandboxError):
                 await self._seats.reap(seats, set(self._machines.ids()), now)
-        if self.root_disk_idle_hours > 0:
-            for disk in await asyncio.to_thread(remove_unused, self.root_disk_idle_hours * 3600):
+        if self.root_disk_idle_seconds > 0:
+            for disk in await asyncio.to_thread(remove_unused, self.root_disk_idle_seconds):
                 self.log.info("sandbox-vm: removed the root disk %s (unused)", disk.name)
         return reaped
 

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow(85)]
 #: the remote's own reaper passes once at its start and then not for an hour: the suite's
 #: TTL check asks RemoteSandbox.reap() which sessions it reaped, and a pass of the remote's
 #: reaper between the expiry and that call would take them first (a race, not a finding)
-QUIET_REAPER = "--SandboxApp.reap_interval=3600"
+QUIET_REAPER = "--SandboxApp.reap_interval_seconds=3600"
 
 
 def live_server(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str) -> Iterator[LiveServer]:

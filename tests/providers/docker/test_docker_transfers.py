@@ -339,7 +339,7 @@ def test_unread_output_past_the_spill_cap_stops_the_command(client, monkeypatch)
     monkeypatch.setattr(OutputSpool, "default_disk_limit", 4 << 20)
 
     async def main() -> None:
-        sandbox = provider(output_memory_limit=1 << 20)
+        sandbox = provider(output_memory_bytes=1 << 20)
         session = await sandbox.create(spec())
         try:
             handle = await session.exec_start(["yes"], timeout_seconds=60)

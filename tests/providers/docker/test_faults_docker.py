@@ -115,7 +115,7 @@ def test_yes_nobody_reads_keeps_memory_bounded_and_the_spill_within_its_cap(clie
     monkeypatch.setattr(OutputSpool, "default_disk_limit", cap)
 
     async def main() -> None:
-        sandbox = fault_provider(output_memory_limit=4 << 20)
+        sandbox = fault_provider(output_memory_bytes=4 << 20)
         session = await sandbox.create(fault_spec())
         try:
             before = rss_kib()

@@ -54,7 +54,7 @@ def test_unread_output_past_the_disk_cap_stops_the_command(tmp_path, monkeypatch
         await handle.kill()
         return stopped.value, received, time.monotonic() - started
 
-    error, received, took = run(with_session(tmp_path, action, output_memory_limit=1 << 20))
+    error, received, took = run(with_session(tmp_path, action, output_memory_bytes=1 << 20))
     assert "max_spill_bytes" in str(error) and took < 10
     # what was kept (memory and disk) is read first, then the error; never more than the caps
     assert 0 < received <= (1 << 20) + (4 << 20) + (1 << 16)

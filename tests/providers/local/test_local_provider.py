@@ -167,7 +167,7 @@ def system_pipe_size() -> int:
 
 @pytest.mark.parametrize(("configured", "seen"), [(None, 256 << 10), (1 << 20, 1 << 20), (0, None)])
 def test_stdout_pipe_has_the_configured_kernel_buffer(tmp_path, configured, seen):
-    traits = {} if configured is None else {"stdout_pipe_size": configured}
+    traits = {} if configured is None else {"stdout_pipe_bytes": configured}
     sandbox = LocalSandbox(root=str(tmp_path), **traits)
     seen = seen or system_pipe_size()
 
@@ -341,7 +341,7 @@ def test_interactive_output_ends_with_an_error_when_a_child_holds_stdin(sandbox)
 
 
 def test_unread_output_spills_to_disk_and_comes_back_whole_and_in_order(tmp_path):
-    sandbox = LocalSandbox(root=str(tmp_path), output_memory_limit=4096)
+    sandbox = LocalSandbox(root=str(tmp_path), output_memory_bytes=4096)
 
     async def scenario():
         session = await sandbox.create(SessionSpec())

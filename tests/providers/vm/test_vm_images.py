@@ -186,7 +186,7 @@ def test_the_reap_removes_a_root_disk_left_unused_not_one_a_vm_has_open(image, s
             state_dir=state_dir,
             deployment="vm-image-tests",
             images=[image],
-            root_disk_idle_hours=1,
+            root_disk_idle_seconds=3600,
         )
         session = await sandbox.create(SessionSpec(image=image, **NONE))
         try:
