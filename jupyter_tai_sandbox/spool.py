@@ -98,11 +98,14 @@ class OutputSpool:
         self._closed = True
         self._memory.clear()
         self._memory_bytes = 0
+        self._release_file()
+        self._changed.set()
+
+    def _release_file(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
         self._read_pos = self._write_pos = 0
-        self._changed.set()
 
     def get_nowait(self) -> tuple[OutputStream, bytes] | None:
         if self._memory:
@@ -129,6 +132,7 @@ class OutputSpool:
             if item is not None:
                 return item
             if self._closed:
+                self._release_file()  # drained: the temporary file goes now, not when the spool is collected
                 return None
             self._changed.clear()
             await self._changed.wait()

@@ -13,10 +13,11 @@ def test_spool_keeps_order_across_memory_and_spill_file():
         for stream, data in records[25:]:
             spool.put(stream, data)
         spool.close()
+        assert spool._file is not None  # it did spill
         while (item := await spool.get()) is not None:
             got.append(item)
         assert got == records
-        assert spool._file is not None  # it did spill
+        assert spool._file is None  # drained: its file is closed
 
     asyncio.run(scenario())
 
