@@ -145,6 +145,9 @@ async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
         )["Id"]
         sock = api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
+        # the descriptor in a socket of its own: the SDK's response keeps a file over the hijacked one,
+        # which would hold the descriptor open after the transport closed it (till the collector came)
+        raw = socket.socket(fileno=raw.detach())
         raw.setblocking(False)
         return raw
 
