@@ -1,8 +1,9 @@
 """Shared fixtures and the run's own checks. Coroutines run through ``asyncio.run`` (no pytest-asyncio:
 pytest-jupyter brings its own loop for the server tests).
 
-The suite runs on xdist workers (pyproject's addopts; ``-n 0`` runs it in one process); how it is
-scheduled, and the serial group of tests that run alone after the others, is tests/support/scheduling.py.
+The suite runs on as many xdist workers as the caller asks for (README's ``python -m pytest -n 4``; without
+``-n``, in one process); how it is scheduled, and the serial group of tests that run alone after the others,
+is tests/support/scheduling.py.
 """
 
 from __future__ import annotations
