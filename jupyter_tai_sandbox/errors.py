@@ -173,10 +173,11 @@ def error_body(error: BaseException | None, status: int) -> dict[str, Any]:
     if isinstance(error, SandboxError):
         return error.to_json()
     log_message = getattr(error, "log_message", None)
-    if log_message is not None or getattr(error, "reason", None):
+    reason = getattr(error, "reason", None)
+    if log_message is not None or reason:
         args = getattr(error, "args", ())
         try:
-            message = log_message % args if log_message and args else (log_message or error.reason or "")
+            message = log_message % args if log_message and args else (log_message or reason or "")
         except TypeError:
             message = log_message or ""
         return {"error": "HTTPError", "message": message or responses.get(status, "error")}

@@ -92,7 +92,7 @@ class HubServiceIdentityProvider(IdentityProvider):
 
     async def get_user(self, handler: Any) -> HubUser | None:
         if hasattr(handler, "_tai_hub_user"):
-            return handler._tai_hub_user  # type: ignore[no-any-return]
+            return handler._tai_hub_user
         handler._tai_hub_user = None
         hub_auth = self.hub_auth
         token = hub_auth.get_token(handler, in_cookie=False)
@@ -118,7 +118,7 @@ class HubServiceIdentityProvider(IdentityProvider):
             True  # no XSRF cookie or origin check for a token (jupyter_server's rule)
         )
         handler._tai_hub_user = HubUser(username=name, hub_scopes=frozenset(model.get("scopes", ())))
-        return handler._tai_hub_user  # type: ignore[no-any-return]
+        return handler._tai_hub_user
 
     def identity_model(self, user: User) -> dict[str, Any]:
         model = asdict(user)

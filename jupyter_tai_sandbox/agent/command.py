@@ -47,7 +47,7 @@ class ExitStatus:
         )
 
 
-def _quiet(fut: asyncio.Future) -> None:
+def _quiet(fut: asyncio.Future[Any]) -> None:
     """Mark a future's exception as seen (a command's exit nobody awaited after the connection ended)."""
     if not fut.cancelled():
         fut.exception()
@@ -60,7 +60,7 @@ class AgentConnection(Protocol):
 
     async def _send(self, data: bytes) -> None: ...
 
-    async def _answer(self, fut: asyncio.Future) -> Any: ...
+    async def _answer(self, fut: asyncio.Future[Any]) -> Any: ...
 
     def _send_nowait(self, data: bytes) -> None: ...
 
@@ -87,12 +87,12 @@ class AgentCommand:
         self.lost: list[dict[str, Any]] = []
         self.exit: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
         self.exit.add_done_callback(_quiet)
-        self._chunks: deque[tuple[str, bytes]] = deque()
+        self._chunks: deque[tuple[p.Stream, bytes]] = deque()
         self._wake = asyncio.Event()
         self._ungranted = 0
         self._stdin_credit = 0
         self._stdin_wake = asyncio.Event()
-        self._waiters: dict[str, deque[asyncio.Future]] = {}
+        self._waiters: dict[str, deque[asyncio.Future[Any]]] = {}
         self._failed: AgentError | None = None
         self._stdin_error: AgentError | None = None
         self._stdin_closed = False
@@ -101,7 +101,7 @@ class AgentCommand:
     # -- frames from the reader task
     def _on_frame(self, f: p.Frame) -> None:
         if f.type in (p.STDOUT, p.STDERR):
-            stream = "stdout" if f.type == p.STDOUT else "stderr"
+            stream: p.Stream = "stdout" if f.type == p.STDOUT else "stderr"
             offset, data = f.data()
             if offset != self.offsets[stream]:
                 raise p.ProtocolError(
@@ -194,7 +194,7 @@ class AgentCommand:
         """Every stream ended and the exit is known (or the command was killed and its exit is known)."""
         return self.exit.done() and (all(self.eof.values()) or self._killed)
 
-    async def read(self) -> tuple[str, bytes] | None:
+    async def read(self) -> tuple[p.Stream, bytes] | None:
         """The next ``(stream, bytes)`` in arrival order, or None once the output has ended."""
         while True:
             if self._chunks:
@@ -208,7 +208,7 @@ class AgentCommand:
             self._wake.clear()
             await self._wake.wait()
 
-    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
+    async def output(self) -> AsyncIterator[tuple[p.Stream, bytes]]:
         while (item := await self.read()) is not None:
             yield item
 
@@ -263,7 +263,7 @@ class AgentCommand:
     async def kill(self) -> dict[str, Any]:
         """Stop the command and its whole process group; its output then ends after what has arrived."""
         self._killed = True
-        reply = await self._request("kill", p.KILL)
+        reply: dict[str, Any] = await self._request("kill", p.KILL)
         self._wake.set()
         return reply
 

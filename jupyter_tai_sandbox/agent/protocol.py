@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">IBI")
 HEADER_SIZE = HEADER.size
 MAX_FRAME_BODY = 1 << 20
 MAX_PAYLOAD = MAX_FRAME_BODY - 5
+#: a command's output streams (a STDOUT or STDERR frame's)
+Stream = Literal["stdout", "stderr"]
 U64 = struct.Struct(">Q")
 
 # client -> agent
@@ -119,7 +121,8 @@ class Frame:
     def u64(self) -> int:
         if len(self.payload) != U64.size:
             raise ProtocolError(f"frame 0x{self.type:02x} must carry 8 bytes")
-        return U64.unpack(self.payload)[0]
+        value: int = U64.unpack(self.payload)[0]
+        return value
 
 
 def encode(type_: int, id_: int, payload: bytes | bytearray | memoryview = b"") -> bytes:

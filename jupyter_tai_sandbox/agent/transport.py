@@ -144,7 +144,7 @@ async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
             container, [AGENT_PATH, "connect"], stdin=True, stdout=True, stderr=True, tty=False
         )["Id"]
         sock = api.exec_start(exec_id, socket=True)
-        raw = getattr(sock, "_sock", sock)
+        raw: socket.socket = getattr(sock, "_sock", sock)
         # the descriptor in a socket of its own: the SDK's response keeps a file over the hijacked one,
         # which would hold the descriptor open after the transport closed it (till the collector came)
         raw = socket.socket(fileno=raw.detach())

@@ -150,38 +150,50 @@ class SandboxClient:
     # ------------------------------------------------------------------- REST
 
     async def status(self) -> dict[str, Any]:
-        return await self._request("GET", "status")
+        answer: dict[str, Any] = await self._request("GET", "status")
+        return answer
 
     async def sessions(self) -> list[dict[str, Any]]:
-        return (await self._request("GET", "sessions"))["sessions"]
+        answer: list[dict[str, Any]] = (await self._request("GET", "sessions"))["sessions"]
+        return answer
 
     async def create(self, **spec: Any) -> dict[str, Any]:
-        return await self._request("POST", "sessions", body=spec)
+        answer: dict[str, Any] = await self._request("POST", "sessions", body=spec)
+        return answer
 
     async def info(self, session_id: str, *, usage: bool = False) -> dict[str, Any]:
         """The session; with ``usage`` also what it uses now (``usage``: CPU, memory, disk; costs a
         measurement on the server, so it is off unless asked for)."""
-        return await self._request("GET", "sessions", session_id, params={"usage": "1" if usage else "0"})
+        answer: dict[str, Any] = await self._request(
+            "GET", "sessions", session_id, params={"usage": "1" if usage else "0"}
+        )
+        return answer
 
     async def extend(self, session_id: str, ttl_seconds: float) -> dict[str, Any]:
         """Set the session's TTL to ``ttl_seconds`` counted from its creation (within the operator's
         maximum); the session's new info."""
-        return await self._request("PATCH", "sessions", session_id, body={"ttl_seconds": ttl_seconds})
+        answer: dict[str, Any] = await self._request(
+            "PATCH", "sessions", session_id, body={"ttl_seconds": ttl_seconds}
+        )
+        return answer
 
     async def pause(self, session_id: str) -> dict[str, Any]:
         """Freeze every process of the session where it is (its info, ``paused`` true); exec and file calls
         then answer SandboxConflictError until :meth:`resume`. SandboxUnsupportedError where the provider
         cannot."""
-        return await self._request("POST", "sessions", session_id, "pause")
+        answer: dict[str, Any] = await self._request("POST", "sessions", session_id, "pause")
+        return answer
 
     async def resume(self, session_id: str) -> dict[str, Any]:
         """Let a paused session run on from where it was (its info)."""
-        return await self._request("POST", "sessions", session_id, "resume")
+        answer: dict[str, Any] = await self._request("POST", "sessions", session_id, "resume")
+        return answer
 
     async def fork(self, session_id: str) -> dict[str, Any]:
         """A new session of yours started from this one's state now (the new session's info); what the copy
         keeps is the provider's to say (vm: memory and processes). SandboxUnsupportedError where it cannot."""
-        return await self._request("POST", "sessions", session_id, "fork")
+        answer: dict[str, Any] = await self._request("POST", "sessions", session_id, "fork")
+        return answer
 
     async def destroy(self, session_id: str, remove_workspace: bool = False) -> None:
         await self._request(
@@ -219,7 +231,10 @@ class SandboxClient:
     async def list_files(self, session_id: str, path: str = "") -> list[dict[str, Any]]:
         """A folder's entries; a path that is a file is SandboxPathError (never its content)."""
         params = {"type": "directory"}
-        return (await self._request("GET", "sessions", session_id, "files", path, params=params))["entries"]
+        answer: list[dict[str, Any]] = (
+            await self._request("GET", "sessions", session_id, "files", path, params=params)
+        )["entries"]
+        return answer
 
     async def remove(self, session_id: str, path: str) -> None:
         """Delete a workspace file, or a folder with what it holds."""
@@ -231,9 +246,10 @@ class SandboxClient:
 
     async def resolve(self, session_id: str, path: str) -> str:
         """The absolute path of a workspace path as the session's commands see it (SandboxPathError outside)."""
-        return (await self._request("GET", "sessions", session_id, "resolve", params={"path": path}))[
+        answer: str = (await self._request("GET", "sessions", session_id, "resolve", params={"path": path}))[
             "resolved"
         ]
+        return answer
 
     def resolve_blocking(self, session_id: str, path: str, timeout: float | None = None) -> str:
         """``resolve`` without an event loop: one plain blocking request (for a synchronous caller)."""
@@ -243,7 +259,8 @@ class SandboxClient:
             with urllib.request.urlopen(
                 request, timeout=timeout or self.request_timeout, context=self._blocking_ssl()
             ) as response:
-                return json.loads(response.read())["resolved"]
+                answer: str = json.loads(response.read())["resolved"]
+                return answer
         except urllib.error.HTTPError as e:
             raise error_from_body(e.code, e.read()) from None
         except OSError as e:
@@ -254,8 +271,10 @@ class SandboxClient:
 
     async def upload(self, session_id: str, path: str, data: bytes | AsyncIterable[bytes]) -> dict[str, Any]:
         """Upload ``data`` (bytes, or chunks streamed as they come) to a workspace path."""
+        answer: dict[str, Any]
         if isinstance(data, (bytes, bytearray, memoryview)):
-            return await self._request("PUT", "sessions", session_id, "files", path, body=bytes(data))
+            answer = await self._request("PUT", "sessions", session_id, "files", path, body=bytes(data))
+            return answer
 
         stop = asyncio.Event()
 
@@ -278,7 +297,8 @@ class SandboxClient:
                 await unless_stopped(write(chunk))
 
         try:
-            return await self._request("PUT", "sessions", session_id, "files", path, body_producer=produce)
+            answer = await self._request("PUT", "sessions", session_id, "files", path, body_producer=produce)
+            return answer
         except asyncio.CancelledError:
             # the HTTP client runs the body producer on its own: a cancelled upload must stop sending (its
             # connection then closes, and the server drops the partial temp file) rather than go on unseen
@@ -290,7 +310,8 @@ class SandboxClient:
         await self._request("POST", "sessions", session_id, "files", path, body={"type": "directory"})
 
     async def download(self, session_id: str, path: str) -> bytes:
-        return await self._request("GET", "sessions", session_id, "files", path)
+        answer: bytes = await self._request("GET", "sessions", session_id, "files", path)
+        return answer
 
     async def iter_download(self, session_id: str, path: str, queue_chunks: int = 4) -> AsyncIterator[bytes]:
         """A workspace file's bytes as they arrive, never more than ``queue_chunks`` pieces ahead of
@@ -428,7 +449,8 @@ class SandboxClient:
 
     async def execs(self, session_id: str) -> list[dict[str, Any]]:
         """The session's running interactive commands: id, argv, pty, started, owner, attached, offset."""
-        return (await self._request("GET", "sessions", session_id, "execs"))["execs"]
+        answer: list[dict[str, Any]] = (await self._request("GET", "sessions", session_id, "execs"))["execs"]
+        return answer
 
     async def _exec_socket(self, session_id: str) -> WebSocketClientConnection:
         request = HTTPRequest(

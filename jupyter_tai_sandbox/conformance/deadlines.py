@@ -300,8 +300,8 @@ class StopChecks(SuiteBase):
             writer = asyncio.create_task(handle.write(data))
             await asyncio.sleep(self.t(0.5))
             await handle.kill()
-            done, _ = await asyncio.wait({writer}, timeout=self.t(5))
-            expect(writer in done, "a pending write did not end after kill()")
+            written, _ = await asyncio.wait({writer}, timeout=self.t(5))
+            expect(writer in written, "a pending write did not end after kill()")
             error = writer.exception()
             expect(
                 error is None or isinstance(error, SandboxError),

@@ -30,7 +30,7 @@ class ExecChecks(SuiteBase):
             f"a command killed by SIGKILL reported {result.exit_code}, expected 137",
         )
         for argv, what in (([], "empty argv"), ("echo hi", "a string argv")):
-            await expect_raises(SandboxError, session.exec(argv, timeout_seconds=5), what)  # type: ignore[arg-type]
+            await expect_raises(SandboxError, session.exec(argv, timeout_seconds=5), what)
         for timeout in (0, -1, float("nan")):
             await expect_raises(
                 SandboxError, session.exec(["echo"], timeout_seconds=timeout), f"timeout_seconds={timeout}"
@@ -117,15 +117,15 @@ class ExecChecks(SuiteBase):
         await handle.kill()
         # slow: a reader pausing between chunks
         handle = await session.exec_start(["sh", "-c", script], timeout_seconds=self.t(60))
-        out, err = bytearray(), bytearray()
+        slow_out, slow_err = bytearray(), bytearray()
         items = []
         async for item in handle.output:
             items.append(item)
             if isinstance(item, OutputChunk):
-                (out if item.stream == "stdout" else err).extend(item.data)
+                (slow_out if item.stream == "stdout" else slow_err).extend(item.data)
                 await asyncio.sleep(0.05 if len(items) < 20 else 0)
-        expect(len(out) == size, f"slow read got {len(out)} of {size} stdout bytes")
-        expect(bytes(err) == b"done\n", f"slow read got stderr {bytes(err)!r}")
+        expect(len(slow_out) == size, f"slow read got {len(slow_out)} of {size} stdout bytes")
+        expect(bytes(slow_err) == b"done\n", f"slow read got stderr {bytes(slow_err)!r}")
         expect_one_exit(items, 0, "slow read")
         await handle.kill()
         # one-shot

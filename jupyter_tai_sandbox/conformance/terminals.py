@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from ..contract import (
     ExecHandle,
@@ -49,7 +50,11 @@ class PtyChecks(SuiteBase):
     async def check_pty_window_and_resize(self) -> None:
         """A pty command starts on a 24x80 terminal (or the rows x cols asked), and follows a resize."""
         session = await self.session()
-        for size, expected in (({}, b"24 80"), ({"rows": 30, "cols": 100}, b"30 100")):
+        sizes: tuple[tuple[dict[str, Any], bytes], ...] = (
+            ({}, b"24 80"),
+            ({"rows": 30, "cols": 100}, b"30 100"),
+        )
+        for size, expected in sizes:
             handle = await session.exec_start(["stty", "size"], timeout_seconds=self.t(30), pty=True, **size)
             out, _, items = await drain(handle)
             expect(expected in out, f"stty size on a pty started with {size or 'no size'} printed {out!r}")

@@ -70,7 +70,7 @@ def out_frame_targets(specs: list[str] | None) -> list[tuple[str, str]]:
             )
         targets.append((var, path or f"{HANDOFF_DIR}/out/{var}.parquet"))
     if targets:
-        why = "pandas is not importable in the kernel (pip install pandas)"
+        why: str | None = "pandas is not importable in the kernel (pip install pandas)"
         try:
             import pandas  # noqa: F401
         except ImportError:

@@ -209,7 +209,7 @@ class SandboxMagics(LineSubcommands):
                 print(f"sandbox: {hint}", file=sys.stderr, flush=True)
         if args.raise_error and (exit_code or timed_out is not None):
             raise SandboxCommandError(
-                exit_code if timed_out is None else None,
+                exit_code if timed_out is None else None,  # type: ignore[arg-type]  # None: killed at its deadline
                 shlex.join(interpreter),
                 outcome.stdout,
                 outcome.stderr,

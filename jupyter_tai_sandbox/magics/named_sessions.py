@@ -19,7 +19,7 @@ import urllib.parse
 import warnings
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.magic import Magics
 
@@ -29,6 +29,9 @@ from ..contract.values import MAX_CONSUMER_CHARS
 from ..images import PYTHON_IMAGE
 from .options import SandboxMagicError, options_differ, options_label, spec_body, spec_only
 from .stream import LoopThread
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 T = TypeVar("T")
 
@@ -70,6 +73,8 @@ class NamedSession:
 
 class NamedSessions(Magics):
     """The kernel's sessions by name, the current one, and the client that reaches them."""
+
+    shell: InteractiveShell  # type: ignore[assignment]  # IPython's Magics declares it None; a loaded extension has its shell
 
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)

@@ -102,7 +102,7 @@ class ExecWebSocketHandler(
         self.touch()
         await super().get(session_id=session_id)
 
-    def open(self, session_id: str) -> None:  # type: ignore[override]
+    def open(self, session_id: str) -> None:
         super().open()  # starts the ping loop
 
     async def on_message(self, message: str | bytes) -> None:

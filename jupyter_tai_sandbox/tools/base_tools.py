@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar, Protocol
 
 from .. import sandboxes
-from ..contract import ExecRequest, SandboxError, SessionSpec
+from ..contract import ExecRequest, SandboxDurability, SandboxError, SessionSpec
 from ..errors import ToolInputError
 from .binding import _bind_list, _bind_value, binding_problems, preset_invalid
 
@@ -192,7 +192,7 @@ class SandboxExecTool(BaseTool):
         access: sandboxes.SandboxAccess | None = None,
     ) -> dict[str, Any]:
         timeout = inputs.get("timeout_seconds", 60)
-        durability = inputs.get("durability") or (
+        durability: SandboxDurability = inputs.get("durability") or (
             "persistent" if inputs.get("workspace_key") else "ephemeral"
         )
         spec = SessionSpec(
@@ -208,9 +208,9 @@ class SandboxExecTool(BaseTool):
             owner=owner,
         )
         if "argv" in inputs:
-            argv = list(inputs["argv"])
+            argv = tuple(inputs["argv"])
         else:
-            argv = ["sh", "-c", inputs["script"], "sandbox_exec", *inputs.get("args", [])]
+            argv = ("sh", "-c", inputs["script"], "sandbox_exec", *inputs.get("args", []))
         stdin = inputs.get("stdin")
         access = access or sandboxes.PROCESS_ACCESS  # the server's own sandbox, or the process default
         sandbox = access.require()  # the policy gate: isolation, egress, credentials at create;

@@ -46,7 +46,7 @@ class Operator(Principal):
 class Decided(Principal):
     """A principal whose admin actions were decided up front (e.g. by jupyter_server's Authorizer)."""
 
-    name: str = "user"  # type: ignore[assignment]
+    name: str = "user"
     door: str = "rest"
     allowed: frozenset[str] = frozenset()
     owner: str | None = None

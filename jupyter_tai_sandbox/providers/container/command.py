@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from ...agent import AgentCommand, AgentError
 from ...contract import (
@@ -38,7 +39,7 @@ KILL_LIMIT_SECONDS = 5.0
 #: stdin is handed to the agent in pieces this large (its credit bounds what it queues)
 _WRITE_CHUNK = 1 << 18
 #: background work of commands whose handle nobody holds any more (kept referenced until it ends)
-_BACKGROUND: set[asyncio.Task[None]] = set()
+_BACKGROUND: set[asyncio.Future[Any]] = set()
 
 
 def check_window(rows: int, cols: int) -> None:
@@ -48,8 +49,8 @@ def check_window(rows: int, cols: int) -> None:
         raise SandboxSpecRejectedError(f"invalid terminal size {rows}x{cols}")
 
 
-def in_background(coro: object) -> None:
-    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+def in_background(coro: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(coro)
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -114,8 +115,8 @@ class ContainerCommand(ExecHandle):
         try:
             while (item := await self._cmd.read()) is not None:
                 stream, data = item
-                self._counts[stream] += len(data)  # type: ignore[index]
-                self._spool.put(stream, data)  # type: ignore[arg-type]
+                self._counts[stream] += len(data)
+                self._spool.put(stream, data)
             if self._stopping:
                 await self._cut_output()
             status = await self._cmd.wait()
@@ -154,8 +155,8 @@ class ContainerCommand(ExecHandle):
         self._held = self._cmd.cut or not all(self._cmd.eof.values())
         while (item := await self._cmd.read()) is not None:
             stream, data = item
-            self._counts[stream] += len(data)  # type: ignore[index]
-            self._spool.put(stream, data)  # type: ignore[arg-type]
+            self._counts[stream] += len(data)
+            self._spool.put(stream, data)
 
     async def _release(self) -> None:
         """Let the agent forget the finished command (it holds at most 64). Never while a kill of it is

@@ -32,7 +32,7 @@ import contextlib
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from ...contract import (
     SandboxError,
@@ -260,24 +260,38 @@ class EngineCalls:
         future.add_done_callback(done)
         return await asyncio.wrap_future(future)
 
+    # a call names the SDK's method (its result is the engine's JSON: Any) or passes a callable (its result's type)
+    @overload
+    async def _call(self, what: str, fn: str, *args: Any, **kwargs: Any) -> Any: ...
+    @overload
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
     async def _call(self, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
         """Run a quick blocking SDK call (a callable, or the name of a low-level API method) in a
         worker thread, with its errors typed and its time bounded by ``timeout``."""
         return await self._call_within(self.timeout, what, fn, *args, **kwargs)
 
+    @overload
+    async def _slow_call(self, what: str, fn: str, *args: Any, **kwargs: Any) -> Any: ...
+    @overload
+    async def _slow_call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
     async def _slow_call(self, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any) -> T:
         """:meth:`_call` bounded by ``slow_timeout``."""
         return await self._call_within(self.slow_timeout, what, fn, *args, **kwargs)
 
+    @overload
+    async def _call_within(self, within: float, what: str, fn: str, *args: Any, **kwargs: Any) -> Any: ...
+    @overload
+    async def _call_within(
+        self, within: float, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T: ...
     async def _call_within(
         self, within: float, what: str, fn: Callable[..., T] | str, *args: Any, **kwargs: Any
     ) -> T:
         await self.connect()
-        if isinstance(fn, str):
-            fn = getattr(self._api, fn)
+        call: Callable[..., T] = getattr(self._api, fn) if isinstance(fn, str) else fn
         release = await self._share()  # waiting for one's own share is no engine's delay
         try:
-            return await self._bounded(self._held_thread(release, fn, *args, **kwargs), within, what)
+            return await self._bounded(self._held_thread(release, call, *args, **kwargs), within, what)
         except Exception as e:
             raise self.translate(e, what) from None
 

@@ -131,7 +131,7 @@ class _Demux:
         self.remaining = 0  # payload bytes of the current frame still to come
 
     def feed(self, data: bytes) -> list[tuple[OutputStream, bytes]]:
-        pieces: list[tuple[OutputStream, list[bytes]]] = []
+        pieces: list[tuple[OutputStream, list[memoryview]]] = []
         view = memoryview(data)
         at = 0
         while at < len(view):

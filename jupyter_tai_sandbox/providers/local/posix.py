@@ -41,7 +41,7 @@ _RESTORED_BY_POPEN = {
 _CATCHABLE = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP} - _RESTORED_BY_POPEN)
 
 
-def inherited_signal_state() -> tuple[list[int], set[int]]:
+def inherited_signal_state() -> tuple[list[signal.Signals], set[int]]:
     """The signals this process ignores (that a child would inherit ignored) and the calling thread's
     blocked mask (that a child would inherit blocked)."""
     ignored = [s for s in _CATCHABLE if signal.getsignal(s) == signal.SIG_IGN]

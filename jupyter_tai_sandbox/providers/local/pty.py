@@ -96,10 +96,8 @@ class LocalPtyCommand(LocalCommand):
             self._pipes.append(self._status_pipe)
             self._output_pipe, _ = await loop.connect_read_pipe(lambda: _PipeRelay(self, 1), files[1])
             self._pipes.append(self._output_pipe)
-            self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
-                lambda: _PipeRelay(self, 0), files[2]
-            )
-            self._pipes.append(self._stdin)  # type: ignore[arg-type]
+            self._stdin, _ = await loop.connect_write_pipe(lambda: _PipeRelay(self, 0), files[2])
+            self._pipes.append(self._stdin)
             self._supervisor = asyncio.create_task(self._supervise())
         except BaseException:  # a cancelled start stops what it started
             self._release_group(stop_group=True)

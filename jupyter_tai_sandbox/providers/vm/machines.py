@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -158,7 +159,7 @@ class Machines:
                         timeout=max(0.5, give_up - loop.time()),
                         attempt=BOOT_ATTEMPT if booting else 2.0,
                         running=lambda: self.running(session_id),
-                        on_close=lambda fd=fd: os.close(fd),
+                        on_close=functools.partial(os.close, fd),
                     )
                 except BaseException as e:
                     os.close(fd)

@@ -139,7 +139,7 @@ def ensure_minimal_image(
             and not force
             and ((found.get("Config") or {}).get("Labels") or {}).get(LABEL_ROOTFS) == digest
         ):
-            return previous, False
+            return found["Id"], False
         changes = [*_CHANGES, f'LABEL {LABEL_ROOTFS}="{digest}"']
         client.import_image_from_data(data, repository=repository, tag=tag, changes=changes)
         built = client.inspect_image(name)["Id"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -27,7 +28,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ....agent.binary import agent_binary
 
@@ -328,7 +329,7 @@ def _module_order(tree: Path, wanted: tuple[str, ...]) -> list[tuple[str, bytes]
 class _Cpio:
     """A newc cpio archive (what the kernel unpacks into its rootfs), written entry by entry."""
 
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: io.BufferedIOBase) -> None:
         self.out, self.ino = out, 0
 
     def add(self, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)) -> None:
@@ -389,7 +390,7 @@ def _applets(busybox: Path) -> list[str]:
 
 
 def _initramfs(
-    out: BinaryIO,
+    out: io.BufferedIOBase,
     agent: Path,
     busybox: Path,
     release: str,

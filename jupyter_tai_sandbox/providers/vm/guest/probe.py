@@ -92,7 +92,8 @@ async def probe(guest: Guest | None = None, *, fresh: bool = False, qemu: str = 
         }
         result["kvm"], result["emulated"] = missing, missing
     else:
-        guest = guest or await asyncio.to_thread(build_guest)
+        if guest is None:
+            guest = await asyncio.to_thread(build_guest)
         result["guest"] = guest.path.name
         if not os.path.exists("/dev/kvm"):
             result["kvm"] = {

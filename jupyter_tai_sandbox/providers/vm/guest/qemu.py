@@ -324,7 +324,8 @@ class _ClosingWriter:
     """A stream writer that runs ``on_close`` once, when it is closed."""
 
     def __init__(self, writer: asyncio.StreamWriter, on_close: Callable[[], None]) -> None:
-        self._writer, self._on_close = writer, on_close
+        self._writer = writer
+        self._on_close: Callable[[], None] | None = on_close
 
     def close(self) -> None:
         try:

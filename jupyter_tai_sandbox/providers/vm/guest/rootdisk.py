@@ -121,7 +121,7 @@ def _make(api: Any, image_id: str, target: Path, labels: dict[str, str]) -> None
         untar = subprocess.Popen(
             ["tar", "-x", "--numeric-owner", "-C", str(files)], stdin=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        assert untar.stdin is not None
+        assert untar.stdin is not None and untar.stderr is not None
         try:
             for chunk in api.export(container, chunk_size=1 << 20):
                 untar.stdin.write(chunk)
@@ -195,7 +195,7 @@ _ROOT_DRIVE = re.compile(rb"file=([^,\x00]+),if=none,id=root,")
 
 def _attached() -> set[str]:
     """The root disks the command lines of this host's processes name (QEMU's ``-drive ...,id=root``)."""
-    found = set()
+    found: set[str] = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
