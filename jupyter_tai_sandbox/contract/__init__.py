@@ -57,7 +57,6 @@ from .interfaces import (
     Sandbox,
     SandboxSession,
 )
-from .limits import SessionLimits, normal_image
 from .values import (
     DEFAULT_TTL_SECONDS,
     DEFAULT_WINDOW,
@@ -136,7 +135,6 @@ __all__ = [
     "SandboxUnavailableError",
     "SandboxUnsupportedError",
     "SessionInfo",
-    "SessionLimits",
     "SessionSpec",
     "check_window_side",
     "for_door",
@@ -144,7 +142,6 @@ __all__ = [
     "isolation_floor_refusal",
     "isolation_rank",
     "network_rank",
-    "normal_image",
     "out_of_memory",
     "session_gone",
     "usage_record",

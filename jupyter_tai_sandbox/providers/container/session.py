@@ -402,6 +402,8 @@ class ContainerSession(SandboxSession):
         rows, cols = request.window
         if pty:
             env = {"TERM": PTY_TERM, **env}
+        # the agent's own deadline is a backstop for a server that is gone; the handle's comes first
+        backstop = request.timeout_seconds + 2 * KILL_LIMIT_SECONDS
         ids = await self.user_ids()
         try:
             agent_command = await client.start(
@@ -411,8 +413,7 @@ class ContainerSession(SandboxSession):
                 pty=pty,
                 rows=rows,
                 cols=cols,
-                # the agent's own deadline is a backstop for a server that is gone; the handle's comes first
-                timeout_seconds=request.timeout_seconds + 2 * KILL_LIMIT_SECONDS,
+                timeout=backstop,
                 label=request.label,
                 root=self._root or None,
                 **_as(ids),
