@@ -39,11 +39,13 @@ from .contract import (
     PortConnection,
     Sandbox,
     SandboxIsolation,
+    SandboxRequestError,
     SandboxSession,
     SessionInfo,
+    SessionLimits,
     SessionSpec,
 )
-from .policy import SandboxPolicy, StreamScrubber
+from .policy import Principal, SandboxPolicy, StreamScrubber
 from .spool import spilling_at_most
 
 #: The output limit of a gate registered without one: SandboxApp.max_output_bytes's default.
@@ -106,14 +108,27 @@ class GatedSandbox(Sandbox):
     def admit(self, request: ExecRequest, *, one_shot: bool) -> ExecRequest:
         """``request`` as the provider runs it: over the timeout ceiling is refused (never clamped); a
         one-shot gets the output limit (the lower of its own and the gate's)."""
-        request.check_limit(self.policy.max_timeout_seconds)
+        ceiling = self.policy.max_timeout_seconds
+        if ceiling and request.timeout_seconds > ceiling:
+            raise SandboxRequestError(
+                f"timeout_seconds: {request.timeout_seconds:g} s is over the operator's maximum of {ceiling:g} s "
+                "(SandboxPolicy.max_timeout_seconds)",
+                field="timeout_seconds",
+            )
         limit = self.output_limit
         if one_shot and limit and (request.output_limit is None or request.output_limit > limit):
             request = dataclasses.replace(request, output_limit=limit)
         return request
 
-    async def create(self, spec: SessionSpec) -> GatedSession:
-        return GatedSession(await self.provider.create(self.policy.apply(spec)), self)
+    def effective_spec(self, spec: SessionSpec, caller: Principal | None = None) -> SessionSpec:
+        """``spec`` as the provider must honour it, for ``caller`` (see SandboxPolicy.effective_spec)."""
+        return self.policy.effective_spec(spec, self.provider.session_limits(), caller)
+
+    async def create(self, spec: SessionSpec, caller: Principal | None = None) -> GatedSession:
+        return GatedSession(await self.provider.create(self.effective_spec(spec, caller)), self)
+
+    def session_limits(self) -> SessionLimits:
+        return self.provider.session_limits()
 
     def image_allowed(self, image: str | None) -> bool:
         return self.provider.image_allowed(image)
@@ -274,7 +289,7 @@ class GatedSession(SandboxSession):
 
     async def fork(self) -> GatedSession:
         """The copy, behind the gate; the policy in force now must still admit the source's spec."""
-        self.gate.policy.apply((await self.session.info()).spec)
+        self.gate.effective_spec((await self.session.info()).spec)
         return GatedSession(await self.session.fork(), self.gate)
 
     async def usage(self) -> dict[str, Any]:

@@ -7,14 +7,16 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from .contract import (
+    DEFAULT_TTL_SECONDS,
     ISOLATION_ORDER,
     NETWORK_ORDER,
+    SandboxForbiddenError,
     SandboxRequestError,
     SandboxSpecRejectedError,
     SessionSpec,
@@ -22,9 +24,12 @@ from .contract import (
     network_rank,
 )
 from .contract.durations import parse_duration
+from .contract.limits import SessionLimits
 from .labels import credential_key_problem
 
 SCRUBBED = "[scrubbed]"
+#: the consumer label of a spec that names none (SessionSpec's default): a door gives it the caller's own
+UNSET_CONSUMER = "default"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 #: Egress ceiling spellings: "open" is the seeds' word for the default full egress.
@@ -216,8 +221,28 @@ class SandboxPolicy(LoggingConfigurable):
         names += [n for n in self.credentials.get(consumer, []) if n not in names]
         return names
 
-    def apply(self, spec: SessionSpec) -> SessionSpec:
-        """The spec as the provider must honour it, or SandboxSpecRejectedError."""
+    def effective_spec(
+        self, spec: SessionSpec, limits: SessionLimits, caller: Principal | None = None
+    ) -> SessionSpec:
+        """The one place a request becomes the spec a provider must honour, or a typed refusal.
+
+        With a ``caller`` (a door acting for a user): the session is the caller's (naming another owner or
+        another's consumer label is an admin act, SandboxForbiddenError), and a caller who is not an admin
+        asks only for an image on the provider's list. Then, for everyone: the TTL within the operator's
+        maximum (an unset one, the package default, becomes the maximum when that is lower; any other TTL
+        over it is refused), the isolation floor, the egress ceiling, durable workspaces, the consumer's
+        credentials in ``env``; last, the provider's ``limits`` (what it cannot honour is refused, an unset
+        cpu, memory or image gets its default). Deciding a decided spec again changes nothing.
+        """
+        if caller is not None:
+            spec = _bound_to(spec, caller, limits)
+        if self.max_ttl_seconds and spec.ttl_seconds > self.max_ttl_seconds:
+            if spec.ttl_seconds != DEFAULT_TTL_SECONDS:
+                raise SandboxSpecRejectedError(
+                    f"ttl_seconds {spec.ttl_seconds:g} is over the operator's maximum of {self.max_ttl_seconds:g} s "
+                    "(SandboxPolicy.max_ttl_seconds, TAI_MCP_SANDBOX_MAX_TTL_SECONDS)"
+                )
+            spec = spec.replace(ttl_seconds=self.max_ttl_seconds)
         floor = self.isolation
         requested = spec.isolation
         effective = (
@@ -228,11 +253,6 @@ class SandboxPolicy(LoggingConfigurable):
                 f"network={spec.network!r} exceeds the operator's egress ceiling {self.egress!r} "
                 "(TAI_MCP_SANDBOX_EGRESS): ask for "
                 + " or ".join(repr(n) for n in NETWORK_ORDER[: network_rank(self.egress) + 1])
-            )
-        if self.max_ttl_seconds and spec.ttl_seconds > self.max_ttl_seconds:
-            raise SandboxSpecRejectedError(
-                f"ttl_seconds {spec.ttl_seconds:g} is over the operator's maximum of {self.max_ttl_seconds:g} s "
-                "(SandboxPolicy.max_ttl_seconds, TAI_MCP_SANDBOX_MAX_TTL_SECONDS)"
             )
         if spec.durability == "persistent" and not self.durable:
             raise SandboxSpecRejectedError(
@@ -247,7 +267,7 @@ class SandboxPolicy(LoggingConfigurable):
                     "environment: set it, or remove it from TAI_MCP_SANDBOX_CREDENTIALS"
                 )
             env[name] = os.environ[name]
-        return spec.replace(isolation=effective, env=env)
+        return limits.apply(spec.replace(isolation=effective, env=env))
 
     def injected_values(self) -> list[str]:
         names = {n for names in self.credentials.values() for n in names}
@@ -351,3 +371,46 @@ class StreamScrubber:
         if not tail or self._pattern is None:
             return tail
         return self._pattern.sub(lambda _m: self.replacement, tail)
+
+
+class Principal(Protocol):
+    """Who a door acts for (``jupyter_tai_sandbox.sessions.Caller``), as the policy sees it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def manages_all(self) -> bool: ...
+
+    @property
+    def consumer(self) -> str: ...
+
+    def owns_consumer(self, consumer: str) -> bool: ...
+
+
+def _bound_to(spec: SessionSpec, caller: Principal, limits: SessionLimits) -> SessionSpec:
+    """``spec`` as ``caller``'s: its owner and consumer label (an unset one is the caller's own), and, for a
+    caller who is not an admin, an image on the provider's list."""
+    if caller.manages_all:
+        owner, consumer = spec.owner or caller.name, spec.consumer
+    else:
+        if spec.owner is not None and spec.owner != caller.name:
+            raise SandboxForbiddenError(
+                "a session belongs to the user who creates it: naming another owner needs write on "
+                "jupyter_tai_sandbox:admin"
+            )
+        owner, consumer = caller.name, spec.consumer
+        if consumer != UNSET_CONSUMER and not caller.owns_consumer(consumer):
+            raise SandboxForbiddenError(
+                f"the consumer label picks the operator's credentials: yours is {caller.consumer!r} (or "
+                f"'{caller.consumer}/<label>'); naming another ({consumer!r}) needs write on "
+                "jupyter_tai_sandbox:admin"
+            )
+        if not limits.image_allowed(spec.image):
+            raise SandboxForbiddenError(
+                f"image {spec.image!r} is not on the operator's allow-list ({limits.images_setting}); "
+                "leave image unset for the default"
+            )
+    if consumer == UNSET_CONSUMER:
+        consumer = caller.consumer
+    return spec.replace(owner=owner, consumer=consumer)

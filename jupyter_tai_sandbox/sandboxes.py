@@ -287,19 +287,17 @@ def describe(
     return info
 
 
-#: the operator's cpu/memory settings a provider with limits may have (DockerSandbox's traits), shown
-#: by the status route so a New session form can say what an empty field means
+#: the cpu/memory bounds of a provider with limits the status route shows, so a New session form can say what an
+#: empty field means
 LIMIT_SETTINGS = ("default_cpu", "max_cpu", "default_memory_mb", "max_memory_mb")
 
 
 def provider_limits(provider: Sandbox) -> dict[str, float]:
-    """The provider's cpu/memory defaults and maxima it has of LIMIT_SETTINGS (0: none)."""
-    limits: dict[str, float] = {}
-    for name in LIMIT_SETTINGS:
-        value = getattr(provider, name, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-            limits[name] = value
-    return limits
+    """The provider's cpu/memory defaults and maxima (0: none), from its session limits; none at all when it
+    declares no bound (a remote provider: its server decides)."""
+    limits = provider.session_limits()
+    values = {name: getattr(limits, name) for name in LIMIT_SETTINGS}
+    return values if any(values.values()) else {}
 
 
 def floor_refusal(kind: str, floor: str, max_isolation: str) -> str | None:

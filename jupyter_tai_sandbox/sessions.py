@@ -34,7 +34,6 @@ from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvide
 
 from . import labels, sandboxes
 from .contract import (
-    DEFAULT_TTL_SECONDS,
     SandboxSession,
     SessionInfo,
     SessionSpec,
@@ -136,31 +135,10 @@ class SessionRegistry:
 
     # ------------------------------------------------------------- create
 
-    def spec_for(self, caller: Caller, data: Mapping[str, Any]) -> SessionSpec:
-        """The spec a caller's JSON body asks for, with its owner and consumer bound to the caller."""
-        data = dict(data)
-        owner = data.pop("owner", None)
-        if owner is not None and owner != caller.name and not caller.manages_all:
-            raise SandboxForbiddenError(
-                "a session belongs to the user who creates it: naming another owner needs write on "
-                "jupyter_tai_sandbox:admin"
-            )
-        consumer = data.pop("consumer", None)
-        if consumer is not None and not caller.owns_consumer(consumer) and not caller.manages_all:
-            raise SandboxForbiddenError(
-                f"the consumer label picks the operator's credentials: yours is {caller.consumer!r} (or "
-                f"'{caller.consumer}/<label>'); naming another ({consumer!r}) needs write on "
-                "jupyter_tai_sandbox:admin"
-            )
-        max_ttl = getattr(self.policy, "max_ttl_seconds", 0)
-        if "ttl_seconds" not in data and max_ttl and max_ttl < DEFAULT_TTL_SECONDS:
-            data["ttl_seconds"] = max_ttl  # an unset TTL is the default within the operator's maximum
-        return SessionSpec.from_json(
-            {**data, "owner": owner or caller.name, "consumer": consumer or caller.consumer}
-        )
-
     async def create(self, spec: SessionSpec, caller: Caller | None = None) -> SandboxSession:
-        """Create through the policy gate; a caller's own limits are checked first.
+        """Create through the policy gate, the spec decided for ``caller`` first (SandboxPolicy.effective_spec:
+        an owner or consumer not theirs, an image off the list, a TTL over the maximum are refused before
+        anything is counted), then within its owner's quota.
 
         The owner's slot is reserved before the first await and released when the create
         ends (a failed create gives it back), so concurrent creates cannot pass the quota.
@@ -168,20 +146,8 @@ class SessionRegistry:
         any other against the session quota.
         """
         sandbox = self.access.require()
-
-        def check_image() -> None:
-            if (
-                caller is not None
-                and not caller.manages_all
-                and spec.image is not None
-                and not sandbox.image_allowed(spec.image)
-            ):
-                raise SandboxForbiddenError(
-                    f"image {spec.image!r} is not on the operator's allow-list "
-                    "(DockerSandbox.allowed_images, VmSandbox.images); leave image unset for the default"
-                )
-
-        return await self._made(spec, caller, lambda: sandbox.create(spec), check_image)
+        spec = sandbox.effective_spec(spec, caller)
+        return await self._made(spec, caller, lambda: sandbox.create(spec))
 
     async def fork(self, source: SandboxSession, caller: Caller | None = None) -> SandboxSession:
         """Fork ``source`` (a session the caller may manage) through the gate: the copy is a new session of the
@@ -194,7 +160,6 @@ class SessionRegistry:
         spec: SessionSpec,
         caller: Caller | None,
         make: Callable[[], Awaitable[SandboxSession]],
-        check: Callable[[], None] | None = None,
     ) -> SandboxSession:
         """A new session of ``spec`` by ``make``, within its owner's quota (see :meth:`create`)."""
         owner = spec.owner or (caller.name if caller is not None else None)
@@ -207,8 +172,6 @@ class SessionRegistry:
         try:
             if caller is not None and slot is not None:
                 await self._check_quota(slot)
-                if check is not None:
-                    check()
             session = await make()
             self.ids.add(session.id)
             return session

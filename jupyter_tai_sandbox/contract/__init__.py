@@ -57,6 +57,7 @@ from .interfaces import (
     Sandbox,
     SandboxSession,
 )
+from .limits import SessionLimits, normal_image
 from .values import (
     DEFAULT_TTL_SECONDS,
     DEFAULT_WINDOW,
@@ -135,6 +136,7 @@ __all__ = [
     "SandboxUnavailableError",
     "SandboxUnsupportedError",
     "SessionInfo",
+    "SessionLimits",
     "SessionSpec",
     "check_window_side",
     "for_door",
@@ -142,6 +144,7 @@ __all__ = [
     "isolation_floor_refusal",
     "isolation_rank",
     "network_rank",
+    "normal_image",
     "out_of_memory",
     "session_gone",
     "usage_record",

@@ -19,8 +19,8 @@ from .errors import (
     SandboxNotFoundError,
     SandboxSpecRejectedError,
     SandboxUnsupportedError,
-    isolation_floor_refusal,
 )
+from .limits import SessionLimits
 from .values import (
     ExecRequest,
     ExecResult,
@@ -29,7 +29,6 @@ from .values import (
     SandboxIsolation,
     SessionInfo,
     SessionSpec,
-    isolation_rank,
 )
 
 
@@ -281,28 +280,22 @@ class Sandbox(abc.ABC):
     #: whether its sessions can be forked (SandboxSession.fork)
     forkable: bool = False
 
-    def check_spec(self, spec: SessionSpec) -> None:
-        """Reject (loudly) a spec this provider cannot honour; never downgrade it."""
-        wanted = spec.isolation or self.max_isolation
-        if isolation_rank(wanted) > isolation_rank(self.max_isolation):
-            raise isolation_floor_refusal(self.kind, self.max_isolation, wanted)
-        if spec.network not in self.networks:
-            raise SandboxSpecRejectedError(
-                f"the {self.kind} provider cannot honour network={spec.network!r}; it supports "
-                f"{', '.join(sorted(self.networks))}"
-            )
-        if not self.supports_limits and (spec.cpu is not None or spec.memory_mb is not None):
-            raise SandboxSpecRejectedError(
-                f"the {self.kind} provider cannot enforce cpu/memory_mb caps and never runs a capped "
-                "request uncapped: drop the caps or use a container provider"
-            )
-
-    def effective_isolation(self, spec: SessionSpec) -> SandboxIsolation:
-        return spec.isolation or self.max_isolation
+    def session_limits(self) -> SessionLimits:
+        """What this provider can give a session, as data (its isolation, networks, cpu and memory bounds and
+        defaults, images): the policy decides a spec within them, and :meth:`create` runs
+        ``session_limits().apply(spec)`` itself for a spec handed to it directly. A provider with settings of
+        its own (maxima, defaults, an image list) overrides this."""
+        return SessionLimits(
+            kind=self.kind,
+            settings=type(self).__name__,
+            max_isolation=self.max_isolation,
+            networks=frozenset(self.networks),
+            supports_limits=self.supports_limits,
+        )
 
     def image_allowed(self, image: str | None) -> bool:
         """Whether a non-admin caller may ask for ``image`` (the operator's allow-list); any by default."""
-        return True
+        return self.session_limits().image_allowed(image)
 
     @abc.abstractmethod
     async def create(self, spec: SessionSpec) -> SandboxSession: ...

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..contract import ExecRequest, SandboxRequestError
+from ..contract import ExecRequest, SandboxRequestError, SessionSpec
 from ..errors import SandboxForbiddenError
 from ..policy import SCRUBBED
 from ..sessions import AUTH_RESOURCE, Caller
@@ -191,7 +191,7 @@ class DoorTools:
 
     async def _session_create(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         registry = self.app.registry
-        spec = registry.spec_for(request.caller, data)
+        spec = SessionSpec.from_json(data)
         session = await registry.create(spec, request.caller)
         return dict((await session.info()).to_json())
 

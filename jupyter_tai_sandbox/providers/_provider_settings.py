@@ -4,7 +4,6 @@ cpu and memory limits (docker and swarm through the container base, and vm), and
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -94,35 +93,18 @@ class LimitSettings(LoggingConfigurable):
         4096, help="Most memory (MiB) a spec may ask for; more is rejected (0: no maximum)."
     ).tag(config=True)
 
-    def _limited(self, spec: SessionSpec) -> SessionSpec:
-        """The spec with the operator's cpu and memory limits in force; out-of-range asks are rejected."""
-        max_cpu, max_mem, name = self.max_cpu, self.max_memory_mb, type(self).__name__
-        if spec.cpu is not None:
-            if spec.cpu < self.min_cpu:
-                raise rejected(
-                    f"cpu: {spec.cpu:g} is under {self.limits_floor}'s minimum of {self.min_cpu:g} CPU"
-                )
-            if max_cpu > 0 and spec.cpu > max_cpu:
-                raise rejected(
-                    f"cpu: {spec.cpu:g} is over the operator's maximum of {max_cpu:g} CPUs ({name}.max_cpu)"
-                )
-        if spec.memory_mb is not None:
-            if spec.memory_mb < self.min_memory_mb:
-                raise rejected(
-                    f"memory_mb: {spec.memory_mb} is under {self.limits_floor}'s minimum of {self.min_memory_mb} MiB"
-                )
-            if max_mem > 0 and spec.memory_mb > max_mem:
-                raise rejected(
-                    f"memory_mb: {spec.memory_mb} is over the operator's maximum of {max_mem} MiB ({name}.max_memory_mb)"
-                )
-        cpu, memory = spec.cpu, spec.memory_mb
-        if cpu is None and self.default_cpu > 0:
-            cpu = min(self.default_cpu, max_cpu) if max_cpu > 0 else self.default_cpu
-        if memory is None and self.default_memory_mb > 0:
-            memory = min(self.default_memory_mb, max_mem) if max_mem > 0 else self.default_memory_mb
-        if (cpu, memory) == (spec.cpu, spec.memory_mb):
-            return spec
-        return dataclasses.replace(spec, cpu=cpu, memory_mb=memory)
+    def limit_fields(self) -> dict[str, Any]:
+        """These settings as :class:`SessionLimits` fields (the provider's ``session_limits`` adds its own)."""
+        return {
+            "supports_limits": True,
+            "min_cpu": self.min_cpu,
+            "min_memory_mb": self.min_memory_mb,
+            "floor_owner": self.limits_floor,
+            "max_cpu": self.max_cpu,
+            "max_memory_mb": self.max_memory_mb,
+            "default_cpu": self.default_cpu,
+            "default_memory_mb": self.default_memory_mb,
+        }
 
 
 class NetworkSettings(LoggingConfigurable):

@@ -23,6 +23,7 @@ from ..contract import (
     SandboxRequestError,
     SandboxSession,
     SandboxUnavailableError,
+    SessionSpec,
 )
 from ..errors import UploadTooLargeError
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin, parse_json_object
@@ -85,7 +86,7 @@ class SessionsHandler(SandboxAPIHandler):
     @authorized
     async def post(self) -> None:
         caller = await self.caller()
-        spec = self.sessions.spec_for(caller, self.read_json())
+        spec = SessionSpec.from_json(self.read_json())
         session = await self.sessions.create(spec, caller)
         self.touch()
         self.set_header("Location", self.request.path.rstrip("/") + "/" + session.id)

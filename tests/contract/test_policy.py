@@ -1,7 +1,20 @@
 import pytest
 
-from jupyter_tai_sandbox.contract import SandboxSpecRejectedError, SessionSpec
+from jupyter_tai_sandbox.contract import NETWORK_ORDER, SandboxSpecRejectedError, SessionLimits, SessionSpec
 from jupyter_tai_sandbox.policy import SCRUBBED, SandboxPolicy
+
+#: a provider that gives everything and sets no bound: the policy's own decisions show alone
+ANY_PROVIDER = SessionLimits(
+    kind="test",
+    settings="TestSandbox",
+    max_isolation="vm",
+    networks=frozenset(NETWORK_ORDER),
+    supports_limits=True,
+)
+
+
+def decided(policy: SandboxPolicy, spec: SessionSpec) -> SessionSpec:
+    return policy.effective_spec(spec, ANY_PROVIDER)
 
 
 def test_defaults_are_container_floor_open_egress_durable_on_scrub_off():
@@ -68,7 +81,7 @@ def test_egress_aliases_open_and_closed():
     ],
 )
 def test_isolation_floor_raises_a_spec_to_at_least_the_floor(floor, requested, effective):
-    spec = SandboxPolicy(isolation=floor).apply(SessionSpec(isolation=requested))
+    spec = decided(SandboxPolicy(isolation=floor), SessionSpec(isolation=requested))
     assert spec.isolation == effective
 
 
@@ -83,18 +96,18 @@ def test_isolation_floor_raises_a_spec_to_at_least_the_floor(floor, requested, e
 def test_egress_ceiling_rejects_more_network_than_it_allows(ceiling, allowed, rejected):
     policy = SandboxPolicy(egress=ceiling)
     for network in allowed:
-        assert policy.apply(SessionSpec(network=network)).network == network
+        assert decided(policy, SessionSpec(network=network)).network == network
     for network in rejected:
         with pytest.raises(SandboxSpecRejectedError, match="TAI_MCP_SANDBOX_EGRESS"):
-            policy.apply(SessionSpec(network=network))
+            decided(policy, SessionSpec(network=network))
 
 
 def test_durable_switch_off_rejects_persistent_sessions():
     persistent = SessionSpec(durability="persistent", workspace_key="work")
-    assert SandboxPolicy(durable=True).apply(persistent).durability == "persistent"
+    assert decided(SandboxPolicy(durable=True), persistent).durability == "persistent"
     with pytest.raises(SandboxSpecRejectedError, match="TAI_MCP_SANDBOX_DURABLE"):
-        SandboxPolicy(durable=False).apply(persistent)
-    assert SandboxPolicy(durable=False).apply(SessionSpec()).durability == "ephemeral"
+        decided(SandboxPolicy(durable=False), persistent)
+    assert decided(SandboxPolicy(durable=False), SessionSpec()).durability == "ephemeral"
 
 
 def test_credentials_are_injected_per_consumer(monkeypatch):
@@ -102,9 +115,9 @@ def test_credentials_are_injected_per_consumer(monkeypatch):
     monkeypatch.setenv("SHARED_KEY", "tok-shared")
     monkeypatch.setenv("NOT_GRANTED", "tok-other")
     policy = SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN"], "*": ["SHARED_KEY"]})
-    agent = policy.apply(SessionSpec(consumer="tool:agent", env={"OWN": "1"}))
+    agent = decided(policy, SessionSpec(consumer="tool:agent", env={"OWN": "1"}))
     assert agent.env == {"OWN": "1", "AGENT_TOKEN": "tok-agent", "SHARED_KEY": "tok-shared"}
-    other = policy.apply(SessionSpec(consumer="user:notebook"))
+    other = decided(policy, SessionSpec(consumer="user:notebook"))
     assert other.env == {"SHARED_KEY": "tok-shared"}
 
 
@@ -112,7 +125,7 @@ def test_a_granted_credential_missing_from_the_server_rejects_loudly(monkeypatch
     monkeypatch.delenv("MISSING_TOKEN", raising=False)
     policy = SandboxPolicy(credentials={"tool:agent": ["MISSING_TOKEN"]})
     with pytest.raises(SandboxSpecRejectedError, match="MISSING_TOKEN"):
-        policy.apply(SessionSpec(consumer="tool:agent"))
+        decided(policy, SessionSpec(consumer="tool:agent"))
 
 
 def test_scrubber_replaces_injected_credential_values(monkeypatch):
@@ -126,8 +139,8 @@ def test_scrubber_replaces_injected_credential_values(monkeypatch):
     assert off.redact(text) == on.scrub(text)
 
 
-def test_apply_leaves_the_callers_spec_unchanged(monkeypatch):
+def test_deciding_leaves_the_callers_spec_unchanged(monkeypatch):
     monkeypatch.setenv("AGENT_TOKEN", "tok")
     spec = SessionSpec(consumer="tool:agent")
-    SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN"]}).apply(spec)
+    decided(SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN"]}), spec)
     assert spec.env == {} and spec.isolation is None

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import fnmatch
 import json
 import os
 import re
@@ -29,6 +27,7 @@ from ...contract import (
     SandboxNotFoundError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
+    SessionLimits,
     SessionSpec,
 )
 from ...images import DEFAULT_IMAGE, PYTHON_IMAGE
@@ -57,13 +56,6 @@ _IMAGE_REF = re.compile(
     r"(?:@sha256:[0-9a-f]{64})?$"
     r"|^(?:sha256:)?[0-9a-f]{12,64}$"
 )
-
-
-def normal_image(ref: str) -> str:
-    """``name`` as ``name:latest`` (a reference with a tag, a digest or a glob is left as it is)."""
-    if "@" in ref or any(c in ref for c in "*?[") or ":" in ref.rsplit("/", 1)[-1]:
-        return ref
-    return ref + ":latest"
 
 
 def how_to_get(image: str) -> str:
@@ -249,14 +241,23 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
             self._auto_image = PYTHON_IMAGE if await self._engine.has_image(PYTHON_IMAGE) else DEFAULT_IMAGE
         self._image_chosen = True
 
-    def image_allowed(self, image: str | None) -> bool:
-        """Whether a caller who is not an admin may ask for ``image`` (None: the default one). With
-        ``image`` empty, both of the package's own images are allowed."""
-        if image is None:
-            return True
-        wanted = normal_image(image)
-        configured = [self.image] if self.image else [DEFAULT_IMAGE, PYTHON_IMAGE]
-        return any(fnmatch.fnmatchcase(wanted, normal_image(p)) for p in [*configured, *self.allowed_images])
+    def session_limits(self) -> SessionLimits:
+        """The operator's cpu and memory bounds and defaults, and the images a caller who is not an admin may ask
+        for: the configured one, or with ``image`` empty both of the package's own, and ``allowed_images``. The
+        default image is named once known (an empty ``image`` is chosen when the engine is first reached)."""
+        name = type(self).__name__
+        configured = (self.image,) if self.image else (DEFAULT_IMAGE, PYTHON_IMAGE)
+        known = self.image or self._image_chosen
+        return SessionLimits(
+            kind=self.kind,
+            settings=name,
+            max_isolation=self.max_isolation,
+            networks=frozenset(self.networks),
+            default_image=self.default_image if known else None,
+            images=(*configured, *self.allowed_images),
+            images_setting=f"{name}.allowed_images",
+            **self.limit_fields(),
+        )
 
     def _image_of(self, spec: SessionSpec) -> str:
         image = spec.image or self.default_image
@@ -283,15 +284,14 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
         raise NotImplementedError
 
     async def _prepared(self, spec: SessionSpec) -> SessionSpec:
-        """``spec`` as a create runs it: checked, its limits in force, its image named (info() says which
-        image a session runs), once the engine is reached."""
+        """``spec`` as a create runs it: within the provider's limits (refused before the engine is asked), its
+        image named once the engine is reached (info() says which image a session runs)."""
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
-        self.check_spec(spec)
-        spec = self._limited(spec)
+        spec = self.session_limits().apply(spec)
         self._image_of(spec)
         await self._connect()
-        return spec if spec.image is not None else dataclasses.replace(spec, image=self.default_image)
+        return self.session_limits().apply(spec)
 
     def _new_labels(
         self, session_id: str, spec: SessionSpec, now: float, expires: float, user: str

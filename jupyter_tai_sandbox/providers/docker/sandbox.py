@@ -176,7 +176,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     ) -> tuple[str, str]:
         """A pooled container for the default spec (see PoolNetworks.start_on for where it waits); its id and
         session user."""
-        spec = self._limited(SessionSpec())
+        spec = self.session_limits().apply(SessionSpec())
         user = await self._starts.session_user(self._image_of(spec))
         container_id = await self._pool_networks.start_on(
             network, lambda on: self._starts.start(spec, name, labels, volume_labels, on, user=user)
@@ -188,7 +188,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
 
     def _poolable(self, spec: SessionSpec) -> bool:
         """A spec a pooled container can serve: the default one (its limits in force), env aside."""
-        default = self._limited(SessionSpec())
+        default = self.session_limits().apply(SessionSpec())
         return (
             self.pool_size > 0
             and spec.image in (None, self.default_image)

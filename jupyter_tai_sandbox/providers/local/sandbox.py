@@ -144,7 +144,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def create(self, spec: SessionSpec) -> SandboxSession:
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
-        self.check_spec(spec)
+        spec = self.session_limits().apply(spec)
         session_id = new_session_id()
         workspace = self._workspace_of(session_id, spec)
         now = time.time()

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import math
 import os
 import re
 import shutil
@@ -36,6 +34,7 @@ from ...contract import (
     SandboxUnavailableError,
     SandboxUnsupportedError,
     SessionInfo,
+    SessionLimits,
     SessionSpec,
     session_gone,
 )
@@ -224,14 +223,20 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
 
     # -------------------------------------------------------------- policy
 
-    def image_allowed(self, image: str | None) -> bool:
-        return image in (None, VM_IMAGE) or image in self.images
-
-    def _limited(self, spec: SessionSpec) -> SessionSpec:
-        spec = super()._limited(spec)
-        if spec.cpu is not None and spec.cpu != math.floor(spec.cpu):
-            raise rejected(f"cpu: {spec.cpu:g}: the vm provider gives whole vCPUs")
-        return spec
+    def session_limits(self) -> SessionLimits:
+        """Whole vCPUs within the operator's bounds; the vm image, or one in ``images``, whoever asks."""
+        return SessionLimits(
+            kind=self.kind,
+            settings="VmSandbox",
+            max_isolation=self.max_isolation,
+            networks=frozenset(self.networks),
+            whole_cpus=True,
+            default_image=VM_IMAGE,
+            images=(VM_IMAGE, *self.images),
+            images_setting="VmSandbox.images",
+            only_listed_images=True,
+            **self.limit_fields(),
+        )
 
     async def _prepared(self, spec: SessionSpec) -> SessionSpec:
         if not isinstance(spec, SessionSpec):
@@ -241,14 +246,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 f"network: {spec.network!r} needs the server to run as root beside a Docker engine "
                 f"(VmSandbox.engine_url), and here {self._why_no_networks}: ask for network 'none'"
             )
-        self.check_spec(spec)
-        if not self.image_allowed(spec.image):
-            raise rejected(
-                f"image: {spec.image[:100]!r} is not one of the vm provider's images ({VM_IMAGE}, or "
-                "one in VmSandbox.images)"
-            )
-        spec = self._limited(spec)
-        return dataclasses.replace(spec, image=spec.image or VM_IMAGE)
+        return self.session_limits().apply(spec)
 
     async def check_available(self) -> None:
         """QEMU is there, and with accel 'kvm' the probe has not found KVM failing here (status stays fast: a

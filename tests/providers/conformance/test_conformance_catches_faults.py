@@ -10,6 +10,7 @@ import pytest
 
 from jupyter_tai_sandbox.conformance import NOT_A_CERTIFICATION, run_sandbox_conformance
 from jupyter_tai_sandbox.providers.local import LocalCommand, LocalSandbox, LocalSession
+from tests.support.conformance import accept_everything
 
 pytestmark = [pytest.mark.slow(16)]
 
@@ -97,7 +98,7 @@ def test_suite_reports_paths_that_escape_the_workspace(tmp_path):
 
 def test_suite_reports_a_provider_that_accepts_what_it_cannot_honour(tmp_path):
     sandbox = provider(tmp_path)
-    sandbox.check_spec = lambda spec: None  # never rejects anything
+    accept_everything(sandbox)  # never rejects anything
     failures = asyncio.run(run_sandbox_conformance(sandbox, only=["rejects_what_it_cannot_honour"]))
     assert failed_checks(failures) == {"rejects_what_it_cannot_honour"}
     assert "was accepted" in failures[0], failures

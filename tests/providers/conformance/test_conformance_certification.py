@@ -17,6 +17,7 @@ from jupyter_tai_sandbox.conformance import (
 )
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 from jupyter_tai_sandbox.testing import ConformanceWeakenedWarning, SandboxConformance
+from tests.support.conformance import accept_everything
 
 CHEAP = "consumer_label"  # a check that takes a fraction of a second
 
@@ -73,7 +74,7 @@ def test_options_the_suite_cannot_run_with_raise(sandbox, options):
 
 
 def test_failures_come_first_and_the_notice_still_follows(sandbox):
-    sandbox.check_spec = lambda spec: None  # accepts what it cannot honour
+    accept_everything(sandbox)  # accepts what it cannot honour
     entries = run(run_sandbox_conformance(sandbox, only=["rejects_what_it_cannot_honour", CHEAP]))
     assert entries[0].startswith("rejects_what_it_cannot_honour: "), entries
     assert notices(entries) == entries[1:] and len(entries) == 2
@@ -123,8 +124,7 @@ class BrokenLocal(SandboxConformance):
 
     def make_sandbox(self, tmp_path):
         sandbox = LocalSandbox(root=str(tmp_path))
-        sandbox.check_spec = lambda spec: None
-        return sandbox
+        return accept_everything(sandbox)
 
 
 def test_the_pytest_face_fails_a_check_with_what_the_suite_saw(tmp_path):
