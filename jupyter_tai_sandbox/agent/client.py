@@ -273,7 +273,7 @@ class AgentClient:
         pty: bool = False,
         rows: int = 24,
         cols: int = 80,
-        timeout: float | None = None,
+        timeout_seconds: float | None = None,
         window: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
@@ -300,8 +300,8 @@ class AgentClient:
             req["root"] = root
         if pty:
             req["rows"], req["cols"] = rows, cols
-        if timeout is not None:
-            req["timeout_ms"] = max(1, int(timeout * 1000))
+        if timeout_seconds is not None:
+            req["timeout_ms"] = max(1, int(timeout_seconds * 1000))
         for _ in range(8):
             id_ = self._new_id()
             cmd = AgentCommand(self, id_, pty=pty, window=window)

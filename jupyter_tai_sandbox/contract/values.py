@@ -337,7 +337,7 @@ class ExecRequest:
 
     ``stdin`` is for one-shot runs only; ``pty``, ``rows`` and ``cols`` for
     interactive ones. The operator's timeout ceiling is not the request's: the gated
-    session (``jupyter_tai_sandbox.gate``) checks it with :meth:`check_limit` on every
+    session (``jupyter_tai_sandbox.gate``) checks it on every
     run and start. Every bad field raises :class:`SandboxRequestError` naming it.
     """
 
@@ -420,16 +420,6 @@ class ExecRequest:
         """The terminal size a pty command starts with."""
         return (self.rows or DEFAULT_WINDOW[0], self.cols or DEFAULT_WINDOW[1])
 
-    def check_limit(self, max_timeout_seconds: float | None) -> ExecRequest:
-        """Refuse a deadline past the operator's ceiling (never clamp it silently)."""
-        if max_timeout_seconds and self.timeout_seconds > max_timeout_seconds:
-            raise _bad(
-                "timeout_seconds",
-                f"{self.timeout_seconds:g} s is over the operator's maximum of {max_timeout_seconds:g} s "
-                "(SandboxPolicy.max_timeout_seconds)",
-            )
-        return self
-
     #: the JSON fields of each kind of request
     ONE_SHOT_FIELDS = frozenset({"argv", "timeout_seconds", "env", "cwd", "stdin", "stdin_b64"})
     INTERACTIVE_FIELDS = frozenset({"argv", "timeout_seconds", "env", "cwd", "pty", "rows", "cols"})
@@ -440,7 +430,6 @@ class ExecRequest:
         data: Any,
         *,
         interactive: bool = False,
-        max_timeout_seconds: float | None = None,
         ignore: frozenset[str] = frozenset(),
     ) -> ExecRequest:
         """A request from a JSON object (REST body, websocket start, tool binding).
@@ -479,7 +468,7 @@ class ExecRequest:
             except (binascii.Error, TypeError, ValueError):
                 raise _bad("stdin_b64", "not valid base64") from None
         env = data.get("env")
-        request = cls(
+        return cls(
             argv=data["argv"],
             timeout_seconds=data["timeout_seconds"],
             env={} if env is None else env,
@@ -489,4 +478,3 @@ class ExecRequest:
             rows=data.get("rows"),
             cols=data.get("cols"),
         )
-        return request.check_limit(max_timeout_seconds)

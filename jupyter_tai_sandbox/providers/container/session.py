@@ -402,8 +402,6 @@ class ContainerSession(SandboxSession):
         rows, cols = request.window
         if pty:
             env = {"TERM": PTY_TERM, **env}
-        # the agent's own deadline is a backstop for a server that is gone; the handle's comes first
-        backstop = request.timeout_seconds + 2 * KILL_LIMIT_SECONDS
         ids = await self.user_ids()
         try:
             agent_command = await client.start(
@@ -413,7 +411,8 @@ class ContainerSession(SandboxSession):
                 pty=pty,
                 rows=rows,
                 cols=cols,
-                timeout=backstop,
+                # the agent's own deadline is a backstop for a server that is gone; the handle's comes first
+                timeout_seconds=request.timeout_seconds + 2 * KILL_LIMIT_SECONDS,
                 label=request.label,
                 root=self._root or None,
                 **_as(ids),
