@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
+from ._docker_sandbox import spec_from_labels
 from .container import ContainerSession
-from .container.sandbox import spec_from_labels
 from .docker_engine import DockerEngine
 from .docker_engine.names import (
     LABEL_CREATED,

@@ -11,7 +11,7 @@ from typing import Any
 from ...contract import SandboxError, SandboxUnavailableError, SessionSpec
 from .._docker_agent import AGENT_USER_CAPABILITIES, AgentVolumes, is_missing_agent, with_agent
 from .._docker_disk import scratch_tmpfs, workspace_driver
-from ..container.sandbox import ContainerSandbox, how_to_get, rejected
+from .._docker_sandbox import ContainerSandbox, how_to_get, rejected
 from ..docker_engine import DockerEngine, EngineRefusedError, MissingImageError, docker_sdk
 from ..docker_engine.names import LABEL_AGENT, WORKSPACE
 

@@ -25,13 +25,13 @@ from .._docker_agent import (
     checked_agent_binary,
 )
 from .._docker_networks import SessionBridges
-from .._docker_session import DockerSession, find_container, session_of
-from .._provider_settings import BridgeSettings
-from ..container import KILL_LIMIT_SECONDS, CommandRegistry
-from ..container.sandbox import (
+from .._docker_sandbox import (
     ContainerSandbox,
     user_checked,
 )
+from .._docker_session import DockerSession, find_container, session_of
+from .._provider_settings import BridgeSettings
+from ..container import KILL_LIMIT_SECONDS, CommandRegistry
 from ..docker_engine import (
     DockerEngine,
 )

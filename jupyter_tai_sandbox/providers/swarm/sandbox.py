@@ -30,8 +30,8 @@ from ...contract import (
 )
 from .._common import new_session_id
 from .._docker_agent import agent_site
+from .._docker_sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
 from ..container import CommandRegistry, ContainerSite
-from ..container.sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
 from ..docker_engine import EngineRefusedError
 from ..docker_engine.names import (
     LABEL_CREATED,

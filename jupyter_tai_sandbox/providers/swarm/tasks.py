@@ -11,7 +11,7 @@ from ...agent.client import AGENT_DIR, AGENT_PATH
 from ...contract import SandboxError, SandboxUnavailableError, SessionSpec
 from .._docker_agent import AGENT_USER_CAPABILITIES
 from .._docker_disk import SCRATCH
-from ..container.sandbox import ContainerSandbox, rejected
+from .._docker_sandbox import ContainerSandbox, rejected
 from ..docker_engine import docker_sdk
 from ..docker_engine.names import LABEL_OWNER, LABEL_SESSION, LABEL_USER, LABEL_WORKSPACE, WORKSPACE
 from .engine import SwarmEngine

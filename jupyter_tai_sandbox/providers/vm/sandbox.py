@@ -39,9 +39,9 @@ from ...contract import (
     session_gone,
 )
 from .._common import ProviderMeta, new_session_id
+from .._docker_sandbox import spec_from_labels
 from .._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
 from ..container import CommandRegistry
-from ..container.sandbox import spec_from_labels
 from ..container.session import ContainerSession, ContainerSite
 from ..docker_engine import DockerEngine, MissingImageError
 from ..docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from traitlets import Bool, Enum, Float, Integer, List, Unicode, default
 
-from ...contract import (
+from ..contract import (
     Sandbox,
     SandboxConflictError,
     SandboxError,
@@ -30,12 +30,12 @@ from ...contract import (
     SessionLimits,
     SessionSpec,
 )
-from ...images import DEFAULT_IMAGE, PYTHON_IMAGE
-from ...spool import DEFAULT_MEMORY_LIMIT
-from .._common import ProviderMeta
-from .._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected
-from ..docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
-from ..docker_engine.names import (
+from ..images import DEFAULT_IMAGE, PYTHON_IMAGE
+from ..spool import DEFAULT_MEMORY_LIMIT
+from ._common import ProviderMeta
+from ._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected
+from .docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
+from .docker_engine.names import (
     LABEL_AGENT,
     LABEL_OWNER,
     LABEL_SPEC,
@@ -45,7 +45,7 @@ from ..docker_engine.names import (
 )
 
 if TYPE_CHECKING:
-    from .session import ContainerSession
+    from .container.session import ContainerSession
 
 S = TypeVar("S", bound="ContainerSession")
 
