@@ -411,7 +411,7 @@ class SandboxApp(ExtensionApp):
     def _checked_at_start(provider: Sandbox) -> bool:
         """Whether the start asks the provider: a container provider answers with a ping and an image look-up;
         a vm one would boot a guest to probe KVM, which its status route starts when someone asks."""
-        from .providers.container.sandbox import ContainerSandbox
+        from .providers._docker_sandbox import ContainerSandbox
 
         return isinstance(provider, ContainerSandbox)
 
