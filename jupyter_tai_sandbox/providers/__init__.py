@@ -13,7 +13,10 @@ Shared by several::
     _docker_agent         the session agent on an engine: its read-only volume, PID 1 (docker and swarm)
     _docker_disk          the disk ceiling: tmpfs workspace and scratch (docker and swarm)
     _docker_session       DockerSession, and how a session's container is found (docker and swarm)
-    container/            the container base: session, commands and files over the agent, ContainerSandbox
+    _docker_sandbox       ContainerSandbox: the base of providers on the Docker Engine API (docker, swarm): its
+                          settings, images and limits, spec labels, workspace owners
+    container/            the engine-neutral container base: session, commands and files over the agent, and
+                          ContainerEngine, the seam an engine adapter fills
     docker_engine/        the Docker Engine API adapter (docker, swarm, vm): DockerEngine (engine), its
                           calls by what they touch (calls, volumes, networks, execs, images), stream,
                           names (labels, prefixes and paths on an engine)

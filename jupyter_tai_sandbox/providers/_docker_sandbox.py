@@ -1,4 +1,4 @@
-"""The container base: what every container provider shares, whatever its engine.
+"""The base of providers on the Docker Engine API (docker, swarm): what they share of a provider.
 
 :class:`ContainerSandbox` holds the operator's settings of a container provider (images, limits,
 hardening, networks, the deployment scope, each trait with its help), the policy derived from
