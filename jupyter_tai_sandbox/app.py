@@ -7,6 +7,8 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from jupyter_server._tz import utcnow
@@ -257,6 +259,8 @@ class SandboxApp(ExtensionApp):
 
     def _install_provider(self) -> None:
         """Start the configured provider; one that cannot start leaves the routes answering 503 saying why."""
+        access = self.access
+        assert access is not None  # made by initialize_settings, the one caller
         try:
             provider = self._make_provider()
         except Exception as e:  # any failure of a provider's start, reported, never a half-loaded server
@@ -264,7 +268,7 @@ class SandboxApp(ExtensionApp):
             if sandboxes.PROVIDER_CHOICES not in message:
                 message += f". Use {sandboxes.PROVIDER_CHOICES}."
             self.log.error("jupyter_tai_sandbox: %s", message)
-            self.access.failure = message
+            access.failure = message
             sandboxes.mark_failed(message)
             return
         previous = sandboxes.installed()
@@ -281,7 +285,7 @@ class SandboxApp(ExtensionApp):
             spill_limit=self.max_spill_bytes,
             replace=True,
         )
-        self.sandbox = self.access.gate_for(provider)
+        self.sandbox = access.gate_for(provider)
         self.log.info(
             "jupyter_tai_sandbox: %s provider, isolation floor %s, egress ceiling %s",
             provider.kind,
@@ -314,7 +318,7 @@ class SandboxApp(ExtensionApp):
     def _make_provider(self) -> Sandbox:
         cls = sandboxes.load_provider_class(self.provider)
         if issubclass(cls, Configurable):
-            return cls(parent=self)  # type: ignore[call-arg]
+            return cls(parent=self)
         return cls()
 
     def initialize_handlers(self) -> None:
@@ -323,7 +327,11 @@ class SandboxApp(ExtensionApp):
 
         web_app = getattr(self.serverapp, "web_app", None)
         log_request = web_app.settings.get("log_function") if web_app is not None else None
-        if log_request is not None and not getattr(log_request, "quiet_for_expected_errors", False):
+        if (
+            web_app is not None
+            and log_request is not None
+            and not getattr(log_request, "quiet_for_expected_errors", False)
+        ):
             web_app.settings["log_function"] = quiet_log_request(log_request)
         from .server.tool_handlers import tool_handlers
         from .server.ws import ExecWebSocketHandler
@@ -339,7 +347,9 @@ class SandboxApp(ExtensionApp):
         self.stop_cleanly_on_sigint(serverapp)
         self.start_reaper()
         if self.sandbox is not None and self._checked_at_start(self.sandbox.provider):
-            self._provider_check = asyncio.ensure_future(self.report_provider_problem())
+            self._provider_check: asyncio.Future[str | None] | None = asyncio.ensure_future(
+                self.report_provider_problem()
+            )
         self.export_server_env(serverapp)
         from . import mcp_door
 
@@ -393,7 +403,7 @@ class SandboxApp(ExtensionApp):
         if stop is None:
             return
         signal.signal(signal.SIGINT, stop)
-        self._restore_sigint = signal.default_int_handler
+        self._restore_sigint: Callable[[int, FrameType | None], Any] | None = signal.default_int_handler
 
     def _give_back_sigint(self) -> None:
         previous = getattr(self, "_restore_sigint", None)
@@ -420,6 +430,7 @@ class SandboxApp(ExtensionApp):
         session agent and the image are there) and log why not, with the fix, at once rather than at the
         first create. Returns the problem, or None."""
         sandbox = self.sandbox
+        assert sandbox is not None  # asked only of a server with a provider
         try:
             await sandbox.check_available()
         except SandboxError as e:

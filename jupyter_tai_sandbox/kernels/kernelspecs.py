@@ -54,15 +54,16 @@ def kernelspec_json(
     # validate what a session would be asked for now, not at the first kernel start
     from ..contract import SessionSpec
 
+    ttl: dict[str, Any] = {"ttl_seconds": ttl_seconds} if ttl_seconds is not None else {}
     SessionSpec(
         image=config.get("image"),
-        isolation=isolation,  # type: ignore[arg-type]
-        network="egress" if network == "auto" else network,  # type: ignore[arg-type]
+        isolation=isolation,  # type: ignore[arg-type]  # any str: SessionSpec's check of it is the point
+        network="egress" if network == "auto" else network,  # type: ignore[arg-type]  # as isolation
         durability="persistent" if workspace_key else "ephemeral",
         workspace_key=workspace_key,
         cpu=cpu,
         memory_mb=memory_mb,
-        **({"ttl_seconds": ttl_seconds} if ttl_seconds is not None else {}),
+        **ttl,
     )
     return {
         "argv": list(KERNEL_ARGV),

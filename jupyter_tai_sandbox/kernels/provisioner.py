@@ -182,7 +182,7 @@ def _ensure_provider(fallback: str) -> None:
     sandboxes.register_sandbox(provider, policy=SandboxPolicy(config=config))
 
 
-class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
+class SandboxProvisioner(KernelProvisionerBase):
     """Runs the kernel in a sandbox session; its ZMQ ports come to the host through a tunnel.
 
     Settings come from the kernelspec's ``metadata.kernel_provisioner.config``.
@@ -425,7 +425,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         wrapped = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', pid_file, *argv]
         self._handle = await session.exec_start(wrapped, timeout_seconds=life, env=self._env)
         self._watch = asyncio.create_task(self._follow(self._handle), name=f"kernel-{self.kernel_id}")
-        self.connection_info = {**info, **listen}
+        self.connection_info = {**info, **listen}  # type: ignore[typeddict-item]  # listen's keys: its own *_port
         self.log.info(
             "sandboxed kernel %s: %s session %s (%s, network %s), ports forwarded to %s",
             self.kernel_id,

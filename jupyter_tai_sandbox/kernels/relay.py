@@ -24,7 +24,7 @@ window = 0
 #: the largest DATA payload one frame carries (argv[2])
 max_frame = 0
 out_lock = threading.Lock()
-conns = {}
+conns = {}  # type: dict[int, Conn]  # a type comment: the session's python3 may predate dict[...]
 
 
 def send(cid, kind, data=b""):

@@ -44,7 +44,7 @@ class _DoorServer(Server[Any]):
 
     def create_initialization_options(
         self, notification_options=None, experimental_capabilities=None, extensions=None
-    ):  # type: ignore[no-untyped-def]
+    ):
         return super().create_initialization_options(
             notification_options or NotificationOptions(tools_changed=True),
             experimental_capabilities,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import select
 import subprocess
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from ...contract import (
     ExitItem,
     OutputChunk,
     OutputItem,
+    OutputStream,
     SandboxError,
     SandboxExecTimeoutError,
 )
@@ -115,13 +117,11 @@ class LocalCommand(ExecHandle):
                 with contextlib.suppress(OSError):  # over the user's pipe allowance: keep the default
                     fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, self._stdout_pipe_bytes)
             for fd, pipe in ((1, process.stdout), (2, process.stderr)):
-                transport, _ = await loop.connect_read_pipe(lambda fd=fd: _PipeRelay(self, fd), pipe)
+                transport, _ = await loop.connect_read_pipe(functools.partial(_PipeRelay, self, fd), pipe)
                 self._pipes.append(transport)
             if process.stdin is not None:
-                self._stdin, _ = await loop.connect_write_pipe(  # type: ignore[assignment]
-                    lambda: _PipeRelay(self, 0), process.stdin
-                )
-                self._pipes.append(self._stdin)  # type: ignore[arg-type]
+                self._stdin, _ = await loop.connect_write_pipe(lambda: _PipeRelay(self, 0), process.stdin)
+                self._pipes.append(self._stdin)
             if isinstance(stdin, bytes):
                 self._feeder = asyncio.create_task(self._feed(stdin))
             self._supervisor = asyncio.create_task(self._supervise())
@@ -154,7 +154,7 @@ class LocalCommand(ExecHandle):
     # -------------------------------------------------- subprocess protocol
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        stream = "stdout" if fd == 1 else "stderr"
+        stream: OutputStream = "stdout" if fd == 1 else "stderr"
         self._counts[stream] += len(data)
         self._spool.put(stream, data)
 

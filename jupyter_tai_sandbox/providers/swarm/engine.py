@@ -120,9 +120,11 @@ class SwarmEngine(DockerEngine):
         timeout: float = DEFAULT_TIMEOUT,
         scope: Mapping[str, str] | None = None,
     ) -> None:
-        use_tls = tls is not None and base_url.startswith(("tcp://", "https://"))
-        super().__init__(base_url, tls=tls.sdk() if use_tls else None, timeout=timeout, scope=scope)
-        self._material = tls if use_tls else None
+        material = tls if tls is not None and base_url.startswith(("tcp://", "https://")) else None
+        super().__init__(
+            base_url, tls=material.sdk() if material is not None else None, timeout=timeout, scope=scope
+        )
+        self._material = material
         self._connect_limit = timeout
 
     async def connect(self) -> None:
