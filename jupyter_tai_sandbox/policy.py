@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from .contract import (
     SandboxRequestError,
     SandboxSpecRejectedError,
     SessionSpec,
+    isolation_floor_refusal,
     isolation_rank,
     network_rank,
 )
@@ -267,7 +269,7 @@ class SandboxPolicy(LoggingConfigurable):
                     "environment: set it, or remove it from TAI_MCP_SANDBOX_CREDENTIALS"
                 )
             env[name] = os.environ[name]
-        return limits.apply(spec.replace(isolation=effective, env=env))
+        return within_limits(spec.replace(isolation=effective, env=env), limits)
 
     def injected_values(self) -> list[str]:
         names = {n for names in self.credentials.values() for n in names}
@@ -414,3 +416,66 @@ def _bound_to(spec: SessionSpec, caller: Principal, limits: SessionLimits) -> Se
     if consumer == UNSET_CONSUMER:
         consumer = caller.consumer
     return spec.replace(owner=owner, consumer=consumer)
+
+
+def within_limits(spec: SessionSpec, limits: SessionLimits) -> SessionSpec:
+    """``spec`` within a provider's ``limits``: what it cannot honour is refused loudly (never downgraded), an
+    unset cpu, memory or image gets its default. Applying it twice changes nothing. The last step of
+    :meth:`SandboxPolicy.effective_spec`; a provider handed a spec directly runs it itself."""
+    wanted = spec.isolation or limits.max_isolation
+    if isolation_rank(wanted) > isolation_rank(limits.max_isolation):
+        raise isolation_floor_refusal(limits.kind, limits.max_isolation, wanted)
+    if spec.network not in limits.networks:
+        raise SandboxSpecRejectedError(
+            f"the {limits.kind} provider cannot honour network={spec.network!r}; it supports "
+            f"{', '.join(sorted(limits.networks))}"
+        )
+    if not limits.supports_limits:
+        if spec.cpu is not None or spec.memory_mb is not None:
+            raise SandboxSpecRejectedError(
+                f"the {limits.kind} provider cannot enforce cpu/memory_mb caps and never runs a capped "
+                "request uncapped: drop the caps or use a container provider"
+            )
+    else:
+        spec = _capped(spec, limits)
+    if limits.only_listed_images and not limits.image_allowed(spec.image):
+        raise SandboxSpecRejectedError(
+            f"image: {str(spec.image)[:100]!r} is not one of the {limits.kind} provider's images "
+            f"({limits.default_image}, or one in {limits.images_setting})"
+        )
+    if spec.image is None and limits.default_image is not None:
+        spec = dataclasses.replace(spec, image=limits.default_image)
+    return spec
+
+
+def _capped(spec: SessionSpec, limits: SessionLimits) -> SessionSpec:
+    max_cpu, max_mem = limits.max_cpu, limits.max_memory_mb
+    if spec.cpu is not None:
+        if spec.cpu < limits.min_cpu:
+            raise SandboxSpecRejectedError(
+                f"cpu: {spec.cpu:g} is under {limits.floor_owner}'s minimum of {limits.min_cpu:g} CPU"
+            )
+        if max_cpu > 0 and spec.cpu > max_cpu:
+            raise SandboxSpecRejectedError(
+                f"cpu: {spec.cpu:g} is over the operator's maximum of {max_cpu:g} CPUs ({limits.settings}.max_cpu)"
+            )
+    if spec.memory_mb is not None:
+        if spec.memory_mb < limits.min_memory_mb:
+            raise SandboxSpecRejectedError(
+                f"memory_mb: {spec.memory_mb} is under {limits.floor_owner}'s minimum of {limits.min_memory_mb} MiB"
+            )
+        if max_mem > 0 and spec.memory_mb > max_mem:
+            raise SandboxSpecRejectedError(
+                f"memory_mb: {spec.memory_mb} is over the operator's maximum of {max_mem} MiB "
+                f"({limits.settings}.max_memory_mb)"
+            )
+    cpu, memory = spec.cpu, spec.memory_mb
+    if cpu is None and limits.default_cpu > 0:
+        cpu = min(limits.default_cpu, max_cpu) if max_cpu > 0 else limits.default_cpu
+    if memory is None and limits.default_memory_mb > 0:
+        memory = min(limits.default_memory_mb, max_mem) if max_mem > 0 else limits.default_memory_mb
+    if limits.whole_cpus and cpu is not None and cpu != int(cpu):
+        raise SandboxSpecRejectedError(f"cpu: {cpu:g}: the {limits.kind} provider gives whole vCPUs")
+    if (cpu, memory) == (spec.cpu, spec.memory_mb):
+        return spec
+    return dataclasses.replace(spec, cpu=cpu, memory_mb=memory)

@@ -283,7 +283,7 @@ class Sandbox(abc.ABC):
     def session_limits(self) -> SessionLimits:
         """What this provider can give a session, as data (its isolation, networks, cpu and memory bounds and
         defaults, images): the policy decides a spec within them, and :meth:`create` runs
-        ``session_limits().apply(spec)`` itself for a spec handed to it directly. A provider with settings of
+        the policy's ``within_limits(spec, self.session_limits())`` itself for a spec handed to it directly. A provider with settings of
         its own (maxima, defaults, an image list) overrides this."""
         return SessionLimits(
             kind=self.kind,

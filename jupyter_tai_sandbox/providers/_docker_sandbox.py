@@ -31,6 +31,7 @@ from ..contract import (
     SessionSpec,
 )
 from ..images import DEFAULT_IMAGE, PYTHON_IMAGE
+from ..policy import within_limits
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta
 from ._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected
@@ -288,10 +289,10 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
         image named once the engine is reached (info() says which image a session runs)."""
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
-        spec = self.session_limits().apply(spec)
+        spec = within_limits(spec, self.session_limits())
         self._image_of(spec)
         await self._connect()
-        return self.session_limits().apply(spec)
+        return within_limits(spec, self.session_limits())
 
     def _new_labels(
         self, session_id: str, spec: SessionSpec, now: float, expires: float, user: str

@@ -19,6 +19,7 @@ from ...contract import (
     session_gone,
 )
 from ...images import PYTHON_IMAGE
+from ...policy import within_limits
 from .._common import new_session_id
 from .._docker_agent import (
     agent_site,
@@ -176,7 +177,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     ) -> tuple[str, str]:
         """A pooled container for the default spec (see PoolNetworks.start_on for where it waits); its id and
         session user."""
-        spec = self.session_limits().apply(SessionSpec())
+        spec = within_limits(SessionSpec(), self.session_limits())
         user = await self._starts.session_user(self._image_of(spec))
         container_id = await self._pool_networks.start_on(
             network, lambda on: self._starts.start(spec, name, labels, volume_labels, on, user=user)
@@ -188,7 +189,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
 
     def _poolable(self, spec: SessionSpec) -> bool:
         """A spec a pooled container can serve: the default one (its limits in force), env aside."""
-        default = self.session_limits().apply(SessionSpec())
+        default = within_limits(SessionSpec(), self.session_limits())
         return (
             self.pool_size > 0
             and spec.image in (None, self.default_image)

@@ -64,6 +64,7 @@ from ...contract import (
     SessionSpec,
     session_gone,
 )
+from ...policy import within_limits
 from ...spool import DEFAULT_MEMORY_LIMIT
 from .._common import ProviderMeta, new_session_id
 from .command import LocalCommand
@@ -144,7 +145,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     async def create(self, spec: SessionSpec) -> SandboxSession:
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
-        spec = self.session_limits().apply(spec)
+        spec = within_limits(spec, self.session_limits())
         session_id = new_session_id()
         workspace = self._workspace_of(session_id, spec)
         now = time.time()

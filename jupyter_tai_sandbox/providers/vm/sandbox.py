@@ -38,6 +38,7 @@ from ...contract import (
     SessionSpec,
     session_gone,
 )
+from ...policy import within_limits
 from .._common import ProviderMeta, new_session_id
 from .._docker_sandbox import spec_from_labels
 from .._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
@@ -246,7 +247,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 f"network: {spec.network!r} needs the server to run as root beside a Docker engine "
                 f"(VmSandbox.engine_url), and here {self._why_no_networks}: ask for network 'none'"
             )
-        return self.session_limits().apply(spec)
+        return within_limits(spec, self.session_limits())
 
     async def check_available(self) -> None:
         """QEMU is there, and with accel 'kvm' the probe has not found KVM failing here (status stays fast: a
