@@ -76,7 +76,7 @@ class HubServiceIdentityProvider(IdentityProvider):
     token_generated = False
 
     @property
-    def token(self) -> str:  # type: ignore[override]
+    def token(self) -> str:  # type: ignore[override]  # a read-only property over the IdentityProvider's trait
         return ""
 
     @property

@@ -126,7 +126,7 @@ async def _in_namespace(pid: int, cgroup_mark: str, make: Callable[[], socket.so
             elif error is not None:
                 done.set_exception(error)
             else:
-                done.set_result(sock)  # type: ignore[arg-type]
+                done.set_result(sock)  # type: ignore[arg-type]  # no error: make() returned the socket
 
         try:
             loop.call_soon_threadsafe(hand)

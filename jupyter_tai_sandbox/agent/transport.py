@@ -42,7 +42,7 @@ class DockerExecProtocol(asyncio.BufferedProtocol):
 
     # -- the reading side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # typed BaseTransport: a socket's is a Transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return memoryview(self._buf)[self._keep :]

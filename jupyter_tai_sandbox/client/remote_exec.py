@@ -12,10 +12,10 @@ from typing import Any
 
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
-from ..contract import ExitItem, OutputChunk, OutputItem, SandboxError, SandboxUnavailableError
+from ..contract import ExitItem, OutputChunk, OutputItem, OutputStream, SandboxError, SandboxUnavailableError
 from ..errors import error_from_json
 
-_STREAMS = {1: "stdout", 2: "stderr"}
+_STREAMS: dict[int, OutputStream] = {1: "stdout", 2: "stderr"}
 #: largest stdin frame sent over the exec websocket (the server's message limit is 10 MiB)
 STDIN_FRAME_BYTES = 1 << 20
 
@@ -79,7 +79,7 @@ class RemoteExec:
             if isinstance(message, bytes):
                 stream = _STREAMS[message[0]]
                 self.offsets[stream] += len(message) - 1
-                yield OutputChunk(stream, message[1:])  # type: ignore[arg-type]
+                yield OutputChunk(stream, message[1:])
                 continue
             data = json.loads(message)
             if data.get("type") == "rejected":

@@ -268,8 +268,8 @@ class SandboxProvisioner(KernelProvisionerBase):
 
         return SessionSpec(
             image=self.image,
-            isolation=self.isolation,  # type: ignore[arg-type]
-            network=network,  # type: ignore[arg-type]
+            isolation=self.isolation,  # type: ignore[arg-type]  # a config str: SessionSpec checks it
+            network=network,  # type: ignore[arg-type]  # as isolation
             durability="persistent" if self.workspace_key else "ephemeral",
             workspace_key=self.workspace_key,
             ttl_seconds=ttl,
@@ -331,7 +331,7 @@ class SandboxProvisioner(KernelProvisionerBase):
         """The SessionRegistry of this server's sandbox extension (kernel manager -> mapping manager -> server)."""
         server = getattr(getattr(self.parent, "parent", None), "parent", None)
         with contextlib.suppress(AttributeError, KeyError, TypeError):
-            extension = server.extension_manager.extensions["jupyter_tai_sandbox"]  # type: ignore[union-attr]
+            extension = server.extension_manager.extensions["jupyter_tai_sandbox"]  # type: ignore[union-attr]  # None: AttributeError, suppressed
             registry = extension.extension_points["jupyter_tai_sandbox"].app.registry
             if registry is not None and getattr(registry, "policy", None) is not None:
                 return registry

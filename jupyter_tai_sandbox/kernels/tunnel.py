@@ -57,7 +57,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..contract import ExecRequest, ExitItem, OutputChunk, SandboxError, SandboxRequestError, SandboxSession
+from ..contract import (
+    ExecHandle,
+    ExecRequest,
+    ExitItem,
+    OutputChunk,
+    SandboxError,
+    SandboxRequestError,
+    SandboxSession,
+)
 from ..gate import start_transport
 from . import relay
 from .relay import CREDIT, DATA, EOF, HEADER, HELLO, OPEN, RESET
@@ -249,7 +257,7 @@ class Tunnel:
     for whatever reason, and :attr:`exit_reason` says why.
     """
 
-    def __init__(self, handle: object, *, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, handle: ExecHandle, *, window: int = DEFAULT_WINDOW) -> None:
         self.handle = handle
         self.window = window
         self.closed = asyncio.Event()
@@ -368,7 +376,7 @@ class Tunnel:
                     part = self._out.popleft()
                     parts.append(part)
                     size += len(part)
-                await self.handle.write(b"".join(parts))  # type: ignore[attr-defined]
+                await self.handle.write(b"".join(parts))
         except SandboxError as e:
             self._die(f"writing to the relay failed: {e}")
 
@@ -376,7 +384,7 @@ class Tunnel:
         buf = bytearray()
         reason = "the relay ended"
         try:
-            async for item in self.handle.output:  # type: ignore[attr-defined]
+            async for item in self.handle.output:
                 if isinstance(item, OutputChunk):
                     if item.stream == "stderr":
                         self._stderr_tail = (self._stderr_tail + item.data)[-4000:]
@@ -394,7 +402,7 @@ class Tunnel:
             log.warning("tunnel closed (relay killed): %s", reason)
             self._die(reason)
             with contextlib.suppress(SandboxError):
-                await self.handle.kill()  # type: ignore[attr-defined]
+                await self.handle.kill()
         except SandboxError as e:
             reason = f"the relay failed: {e}"
         except asyncio.CancelledError:
@@ -464,7 +472,7 @@ class Tunnel:
     async def close(self) -> None:
         """Kill the relay: every connection ends and the listeners close. Idempotent."""
         with contextlib.suppress(SandboxError):
-            await self.handle.kill()  # type: ignore[attr-defined]
+            await self.handle.kill()
         # the output ends promptly after a kill; bound the wait anyway
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(self._reader), 10.0)

@@ -31,6 +31,7 @@ import posixpath
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -249,7 +250,7 @@ class SandboxMagics(LineSubcommands):
         env: dict[str, str],
         body: str | None,
         script: str,
-        folders: list[str] = (),  # type: ignore[assignment]
+        folders: Sequence[str] = (),
     ) -> Snapshot:
         client = await self._get_client()
         for folder in folders:  # where --out-df files go, so the cell can write them at once

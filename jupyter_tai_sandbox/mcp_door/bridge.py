@@ -88,11 +88,11 @@ class JSONRPCErrorsMixin(JSONErrorsMixin):
         status = error_status(error, status_code)
         if status == 403 and not isinstance(error, SandboxError):
             error = self._authentication_error(error) or error
-        request = self.request  # type: ignore[attr-defined]
+        request = self.request
         request_id = _request_id(request.body) if request.method == "POST" else None
-        self.set_status(status)  # type: ignore[attr-defined]
-        self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
-        self.finish(json.dumps(jsonrpc_refusal(error_body(error, status), status, request_id)))  # type: ignore[attr-defined]
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(jsonrpc_refusal(error_body(error, status), status, request_id)))
 
 
 def door_of(app: Any) -> Any:

@@ -10,6 +10,7 @@ workspace by the provider's own ``resolve_path``. Each script says what it found
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from ..contract import (
     ExecResult,
@@ -17,6 +18,14 @@ from ..contract import (
     SandboxNotFoundError,
     SandboxPathError,
 )
+
+if TYPE_CHECKING:
+    from ..contract import SandboxSession
+
+    # the mixin is checked as the session class it is mixed into
+    _Session = SandboxSession
+else:
+    _Session = object
 
 #: a script's exit status: the path it was given does not exist
 EXIT_MISSING = 18
@@ -26,7 +35,7 @@ EXIT_EXISTS = 17
 FILE_OP_TIMEOUT = 60
 
 
-class ShellFileOps:
+class ShellFileOps(_Session):
     """``remove_path`` / ``move_path`` / ``make_folder`` for a session class (list it before SandboxSession).
 
     Uses the session's ``exec`` and ``resolve_path``, which every session has.
@@ -59,13 +68,13 @@ class ShellFileOps:
         )
 
     async def _confined(self, path: str, what: str) -> str:
-        resolved, workspace = await asyncio.gather(self.resolve_path(path), self.resolve_path("."))  # type: ignore[attr-defined]
+        resolved, workspace = await asyncio.gather(self.resolve_path(path), self.resolve_path("."))
         if resolved.rstrip("/") == workspace.rstrip("/"):
             raise SandboxPathError(f"cannot {what} the workspace itself: name a path inside it")
         return resolved
 
     async def _file_op(self, script: str, *paths: str, what: str) -> None:
-        result: ExecResult = await self.exec(  # type: ignore[attr-defined]
+        result: ExecResult = await self.exec(
             ["sh", "-c", script, "sh", *paths], timeout_seconds=FILE_OP_TIMEOUT
         )
         if result.exit_code == EXIT_MISSING:

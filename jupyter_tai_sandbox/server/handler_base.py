@@ -20,11 +20,18 @@ from ..errors import TOKEN_HOW, SandboxAuthenticationError, SandboxRequestError,
 from ..sessions import ADMIN_RESOURCE, AUTH_RESOURCE, Caller, principal_name
 
 if TYPE_CHECKING:
+    from jupyter_server.base.handlers import JupyterHandler
+
     from ..policy import SandboxPolicy
     from ..sandboxes import SandboxAccess
     from ..sessions import SessionRegistry
     from ..tools import ToolRegistry
     from .execs import LiveCommands
+
+    # the mixins below are checked as the handlers they are mixed into (every one is a JupyterHandler)
+    _Handler = JupyterHandler
+else:
+    _Handler = object
 
 
 class SandboxAppState(Protocol):
@@ -86,7 +93,7 @@ class SandboxHandlerMixin(ExtensionHandlerMixin):
         self.sandbox_app.touch()
 
 
-class JSONErrorsMixin:
+class JSONErrorsMixin(_Handler):
     """Errors answered as ``{"error": ..., "message": ...}`` with their status; expected ones logged briefly."""
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
@@ -94,16 +101,16 @@ class JSONErrorsMixin:
         status = error_status(error, status_code)
         if status == 403 and not isinstance(error, SandboxError):
             error = self._authentication_error(error) or error
-        self.set_status(status)  # type: ignore[attr-defined]
-        self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
-        self.finish(json.dumps(error_body(error, status)))  # type: ignore[attr-defined]
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(error_body(error, status)))
 
     def _authentication_error(self, error: BaseException | None) -> SandboxAuthenticationError | None:
         """jupyter_server's bare 403 for a request with no valid token, or its _xsrf refusal, as a typed
         error saying the token is missing or wrong and how to pass it; None for an authorizer's refusal."""
         message = str(getattr(error, "log_message", None) or "")
         try:
-            user = self.current_user  # type: ignore[attr-defined]
+            user = self.current_user
         except Exception:  # the user was never resolved (the refusal came first)
             user = None
         if user is None:
@@ -123,12 +130,12 @@ class JSONErrorsMixin:
         if (isinstance(value, SandboxError) and status != 500) or status == 504:
             # an expected outcome (a bad field, a deadline, the engine down or slow): one line, no traceback;
             # what the operator may need to act on (a 5xx: the engine, a used-up range) at warning
-            request = self.request  # type: ignore[attr-defined]
+            request = self.request
             level = logging.WARNING if status >= 500 and status != 504 else logging.INFO
-            self.log.log(level, "%s %s: %d %s: %s", request.method, request.path, status, typ.__name__, value)  # type: ignore[attr-defined]
+            self.log.log(level, "%s %s: %d %s: %s", request.method, request.path, status, typ.__name__, value)
             self.expected_error = True
         else:
-            super().log_exception(typ, value, tb)  # type: ignore[misc]
+            super().log_exception(typ, value, tb)
 
 
 def quiet_log_request(log_request: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -145,7 +152,7 @@ def quiet_log_request(log_request: Callable[[Any], None]) -> Callable[[Any], Non
             return
         log_request(handler)
 
-    log.quiet_for_expected_errors = True  # type: ignore[attr-defined]
+    log.quiet_for_expected_errors = True  # type: ignore[attr-defined]  # a mark on the function, read by getattr
     return log
 
 

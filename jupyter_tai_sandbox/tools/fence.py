@@ -35,7 +35,7 @@ class Operator(Principal):
     door: str = "cli"
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # derived from door where Principal stores a field
         return f"operator ({self.door})"
 
     def may(self, action: str) -> bool:

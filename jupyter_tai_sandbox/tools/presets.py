@@ -100,7 +100,7 @@ def parse_preset(definition: Any, *, name: str | None = None, source: str = "sto
     binding = data.get("binding") or {}
     preset = Preset(
         name=preset_name,  # type: ignore[arg-type]  # checked above; a bad one is only reported
-        description=description,  # type: ignore[arg-type]
+        description=description,  # type: ignore[arg-type]  # as name
         base=base_name,
         input_schema=copy.deepcopy(schema),
         session=dict(session) if isinstance(session, dict) else {},

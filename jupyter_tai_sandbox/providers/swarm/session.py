@@ -173,7 +173,7 @@ class SwarmSession(DockerSession):
 
     @property
     def engine(self) -> SwarmEngine:
-        return self._engine  # type: ignore[return-value]
+        return self._engine  # type: ignore[return-value]  # a swarm session is made with its SwarmEngine
 
     async def info(self) -> SessionInfo:
         """The container on its node, and the end as the service's labels say now."""
