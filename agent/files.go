@@ -346,7 +346,9 @@ func runFileOp(typ byte, req fileRequest) (map[string]any, []byte, error) {
 	case tFileList:
 		return listDir(rootfd, req.Path)
 	case tFileRead:
-		fd, err := openBeneath(rootfd, req.Path, syscall.O_RDONLY, 0)
+		// O_NONBLOCK: opening a FIFO planted by session code must not wait for a writer (a regular
+		// file's reads ignore the flag); anything but a regular file is refused at once
+		fd, err := openBeneath(rootfd, req.Path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -355,8 +357,12 @@ func runFileOp(typ byte, req fileRequest) (map[string]any, []byte, error) {
 		if err := syscall.Fstat(fd, &st); err != nil {
 			return nil, nil, err
 		}
-		if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		switch st.Mode & syscall.S_IFMT {
+		case syscall.S_IFREG:
+		case syscall.S_IFDIR:
 			return nil, nil, syscall.EISDIR
+		default: // a FIFO, socket or device: never read (a device may not end, a FIFO may never answer)
+			return nil, nil, syscall.ENODEV
 		}
 		n := min(max(req.Length, 0), maxReadChunk)
 		buf := make([]byte, fileDataHeader+n)

@@ -56,7 +56,7 @@ func errnoName(err error) string {
 			"ENOSYS": syscall.ENOSYS, "EBADF": syscall.EBADF, "ENOSPC": syscall.ENOSPC, "EROFS": syscall.EROFS,
 			"ECONNREFUSED": syscall.ECONNREFUSED, "ETIMEDOUT": syscall.ETIMEDOUT,
 			"EHOSTUNREACH": syscall.EHOSTUNREACH, "ENETUNREACH": syscall.ENETUNREACH,
-			"EADDRNOTAVAIL": syscall.EADDRNOTAVAIL} {
+			"EADDRNOTAVAIL": syscall.EADDRNOTAVAIL, "ENODEV": syscall.ENODEV, "ENXIO": syscall.ENXIO} {
 			if e == v {
 				return name
 			}

@@ -47,6 +47,8 @@ def file_error(error: AgentError, path: str, what: str) -> SandboxError:
         return SandboxPathError(f"cannot use {path!r}: a part of it is not a folder")
     if code == "EISDIR":
         return SandboxPathError(f"cannot {what} {path!r}: it is a folder")
+    if code in ("ENODEV", "ENXIO"):  # the agent opens no FIFO, socket or device for a read
+        return SandboxPathError(f"cannot {what} {path!r}: it is not a regular file (a FIFO, socket or device)")
     if code in ("EEXIST", "ENOTEMPTY"):
         return SandboxConflictError(f"{path!r}: the target exists already in the session workspace")
     return SandboxError(f"cannot {what} {path!r}: {error.message or code} [{code}]")

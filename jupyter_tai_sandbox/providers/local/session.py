@@ -15,7 +15,7 @@ import stat
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from ...contract import (
     ExecHandle,
@@ -225,27 +225,40 @@ class LocalSession(ShellFileOps, SandboxSession):
             raise
         return fd, temp
 
-    def _file_to_read(self, path: str) -> Path:
+    def _open_to_read(self, path: str) -> BinaryIO:
+        """The workspace file ``path`` open for reading; anything but a regular file is refused at once (opened
+        non-blocking: a FIFO planted by session code never waits for a writer, a device is never read)."""
         self._check_live()
         with path_errors(path, "read"):
             target = self._host_path(path)
             try:
-                mode = target.stat().st_mode
+                fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise SandboxNotFoundError(f"no file {path!r} in the session workspace") from None
+            except OSError as e:
+                if e.errno in (errno.ENXIO, errno.ENODEV):  # a socket
+                    raise SandboxPathError(
+                        f"cannot read {path!r}: it is not a regular file (a FIFO, socket or device)"
+                    ) from None
+                raise
+        mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise SandboxPathError(f"{path!r} is not a regular file")
-        return target
+            os.close(fd)
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
+            raise SandboxPathError(f"cannot read {path!r}: it is {kind}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
 
     async def get_file(self, path: str) -> bytes:
-        target = self._file_to_read(path)
-        with path_errors(path, "read"):
-            return await asyncio.to_thread(target.read_bytes)
+        handle = await asyncio.to_thread(self._open_to_read, path)
+        try:
+            with path_errors(path, "read"):
+                return await asyncio.to_thread(handle.read)
+        finally:
+            handle.close()
 
     async def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        target = self._file_to_read(path)
-        with path_errors(path, "read"):
-            handle = await asyncio.to_thread(open, target, "rb")
+        handle = await asyncio.to_thread(self._open_to_read, path)
         try:
             while True:
                 with path_errors(path, "read"):
