@@ -1,29 +1,30 @@
-"""README's `%%sandbox` example runs as written, on both providers: the cells are read out of README.md
-and executed in a kernel a live server started (the docker run uses the Python image, as README says)."""
+"""The user pages' examples run as written: the `%%sandbox` session of docs/users/magics.md, found by its
+label (``<!-- example: magics-session -->``), on both providers, executed in a kernel a live server started
+(the docker run uses the Python image, as the page says); and rules every page's shell and Python blocks
+keep (README's and docs/'s)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.providers.docker.images.packages import LABEL_PIP
-from tests.support import REPO
+from tests.support.doc_blocks import block, fenced_blocks, pages
 from tests.support.live_server import LOCAL_ARGS, LiveServer
 
-README = REPO / "README.md"
+MAGICS_PAGE = "users/magics.md"
 
 
-def readme_session() -> list[tuple[str, str | None]]:
-    """The IPython session in README's magics section: (cell code, what it shows) pairs."""
-    text = README.read_text()
-    section = text[text.index("## Notebook magics") :]
-    block = section[section.index("```\n") + 4 :]
-    block = block[: block.index("```")]
+def magics_session() -> list[tuple[str, str | None]]:
+    """The IPython session of the magics page: (cell code, what it shows) pairs."""
     cells: list[list[str]] = []
     shown: list[list[str]] = []
-    for line in block.splitlines():
+    for line in block(MAGICS_PAGE, "magics-session").splitlines():
         if match := re.match(r"In \[\d+\]: ?(.*)", line):
             cells.append([match.group(1)])
             shown.append([])
@@ -36,8 +37,8 @@ def readme_session() -> list[tuple[str, str | None]]:
     return [("\n".join(code), "\n".join(out) or None) for code, out in zip(cells, shown, strict=True)]
 
 
-def run_readme(kernel) -> None:
-    for code, shown in readme_session():
+def run_magics_session(kernel) -> None:
+    for code, shown in magics_session():
         if shown is not None and code.isidentifier():  # an expression cell: compare its repr
             assert kernel.ok(f"print(repr({code}))").stdout.strip() == shown, code
             continue
@@ -47,24 +48,24 @@ def run_readme(kernel) -> None:
             assert (run.stdout + run.stderr).strip().splitlines() == shown.splitlines(), (code, run.streams)
 
 
-def test_the_session_is_read_out_of_readme():
-    cells = readme_session()
+def test_the_session_is_read_out_of_the_magics_page():
+    cells = magics_session()
     assert cells[0][0] == "%load_ext jupyter_tai_sandbox" and any("%%sandbox python3" in c for c, _ in cells)
 
 
-def test_readme_magics_run_as_written_on_local(tmp_path):
+def test_the_magics_page_runs_as_written_on_local(tmp_path):
     live = LiveServer(tmp_path, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp_path / 'sandboxes'}")).start()
     try:
         kernel = live.start_kernel()
         try:
-            run_readme(kernel)
+            run_magics_session(kernel)
         finally:
             kernel.shutdown()
     finally:
         live.stop()
 
 
-def test_readme_magics_run_as_written_on_docker(tmp_path):
+def test_the_magics_page_runs_as_written_on_docker(tmp_path):
     from tests.support.docker import RUN_LABEL, docker_client, in_ci
 
     client = docker_client()  # skips without an engine (fails in CI)
@@ -89,31 +90,50 @@ def test_readme_magics_run_as_written_on_docker(tmp_path):
     try:
         kernel = live.start_kernel()
         try:
-            run_readme(kernel)
+            run_magics_session(kernel)
         finally:
             kernel.shutdown()
     finally:
         live.stop()
 
 
-def _code_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+def test_every_file_a_curl_uploads_is_made_before_it():
+    for path in pages():
+        for text in fenced_blocks(path, "bash"):
+            for match in re.finditer(r"--data-binary @([\w./-]+)", text):
+                before = text[: match.start()]
+                assert re.search(rf"> *{re.escape(match.group(1))}\b", before), (
+                    f"{path} uploads {match.group(1)} without making it first:\n{text}"
+                )
 
 
-def test_every_file_a_readme_curl_uploads_is_made_before_it():
-    for block in _code_blocks("bash"):
-        for match in re.finditer(r"--data-binary @([\w./-]+)", block):
-            before = block[: match.start()]
-            assert re.search(rf"> *{re.escape(match.group(1))}\b", before), (
-                f"README uploads {match.group(1)} without making it first:\n{block}"
-            )
+def test_a_snippet_with_top_level_await_says_it_is_for_a_notebook():
+    for path in pages():
+        text = path.read_text()
+        for code in fenced_blocks(path, "python"):
+            top_level = [
+                line for line in code.splitlines() if re.match(r"(async with|async for|await) ", line)
+            ]
+            if top_level:
+                start = text.index(code)
+                said = text[max(0, start - 600) : start + len(code)]
+                assert "notebook" in said and "asyncio.run" in said, (path, code)
 
 
-def test_a_readme_snippet_with_top_level_await_says_it_is_for_a_notebook():
-    text = README.read_text()
-    for block in _code_blocks("python"):
-        top_level = [line for line in block.splitlines() if re.match(r"(async with|async for|await) ", line)]
-        if top_level:
-            start = text.index(block)
-            said = text[max(0, start - 600) : start + len(block)]
-            assert "notebook" in said and "asyncio.run" in said, block
+def test_the_python_api_page_runs_as_written_on_local(tmp_path):
+    """docs/users/python-api.md's example, run the way the page says (the local provider, the floor lowered)."""
+    script = tmp_path / "example.py"
+    script.write_text(block("users/python-api.md", "python-api"))
+    env = {
+        **os.environ,
+        "TAI_MCP_SANDBOX": "local",
+        "TAI_MCP_SANDBOX_ISOLATION": "none",
+        "SANDBOX_LOCAL_ROOT": str(tmp_path / "sandboxes"),
+    }
+    ran = subprocess.run(
+        [sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "0 b'hello\\ndata'", lines
+    assert lines[-1] == "b'a,b\\n1,2\\n'", lines
