@@ -140,9 +140,9 @@ class ContainerSite:
             ):  # containers another server removed: forget the idle ones
                 for key in [k for k, c in self.containers.items() if c.channel.idle or c.channel.closed]:
                     del self.containers[key]
-                self.session_containers = {
-                    s: c for s, c in self.session_containers.items() if c in self.containers
-                }
+                # in place: the site is a frozen dataclass (assigning the field raised FrozenInstanceError)
+                for gone in [s for s, c in self.session_containers.items() if c not in self.containers]:
+                    del self.session_containers[gone]
             found = self.containers[container_id] = KnownContainer(self._channel_to(container_id, session_id))
         elif found.channel.closed:
             found.channel = self._channel_to(container_id, session_id)
