@@ -1,7 +1,7 @@
 """README's docker commands, typed literally, give a working docker session.
 
-The two commands are read out of README's "The two commands" section (its bash block with the Docker
-extra) and run by bash as written, in a ``git clone`` of this checkout's HEAD, with a fresh venv's bin first
+The two commands are README's block labelled ``<!-- example: docker-commands -->`` (the same block as the
+quickstart page's, which a test checks) and run by bash as written, in a ``git clone`` of this checkout's HEAD, with a fresh venv's bin first
 on PATH (a user who made and activated one) and no Go on PATH at all (Node.js stays: README says the panel's
 build needs it). What the test adds, and only to place the server, by one rule: after the second command's
 ``jupyter lab`` it appends ``--no-browser``, ``--ip=127.0.0.1``, a free ``--port`` (with
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
+from tests.support.doc_blocks import README, block
 from tests.support.live_server import LiveServer
 from tests.support.packaging import clean_clone, docker_session_runs_a_command, fresh_venv, without_go
 
@@ -35,13 +35,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow(170), pytest.mark.timeout(600
 
 
 def readme_docker_commands() -> list[str]:
-    """The bash block of README's "The two commands" that installs the Docker extra: its command lines."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("## The two commands\n")
-    section = text[start : text.index("\n## ", start + 1)]
-    blocks = [b for b in re.findall(r"```bash\n(.*?)```", section, flags=re.S) if ".[docker]" in b]
-    assert len(blocks) == 1, blocks
-    return [line for line in blocks[0].splitlines() if line.strip()]
+    """README's labelled docker block (``<!-- example: docker-commands -->``): its command lines."""
+    lines = [line for line in block(README, "docker-commands").splitlines() if line.strip()]
+    assert any(".[docker]" in line for line in lines), lines
+    return lines
+
+
+def test_the_quickstart_page_gives_readmes_docker_commands():
+    assert block("users/quickstart.md", "docker-commands") == block(README, "docker-commands")
 
 
 def test_readme_has_two_docker_commands_install_then_images_and_lab():
