@@ -18,6 +18,7 @@ import pytest
 
 from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
 from jupyter_tai_sandbox.kernels.tunnel import Tunnel, TunnelError
+from tests.support.aio import run
 from tests.support.kernels import local_session
 
 pytestmark = pytest.mark.timeout(180)
@@ -73,10 +74,6 @@ while True:
 
 PATTERN = bytes(range(256)) * 4096
 BIG = 64 << 20
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 async def start_server(session, python: str) -> tuple[object, int]:

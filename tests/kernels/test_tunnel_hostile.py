@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from jupyter_tai_sandbox.kernels.tunnel import MAX_FRAME, Tunnel
+from tests.support.aio import run
 from tests.support.kernels import local_session
 
 pytestmark = pytest.mark.timeout(120)
@@ -97,10 +98,6 @@ def gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 async def closes_promptly(tunnel: Tunnel, within: float = 10.0) -> str:

@@ -12,12 +12,9 @@ from jupyter_tai_sandbox.contract import (
     SandboxPathError,
     SessionSpec,
 )
+from tests.support.aio import run
 
 MIB = 1 << 20
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 async def chunks(body: bytes, size: int = 64 << 10):

@@ -11,10 +11,7 @@ from jupyter_tai_sandbox.contract import ExecRequest, OutputChunk, SessionSpec
 from jupyter_tai_sandbox.errors import OutputTooLargeError
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 from jupyter_tai_sandbox.spool import OutputSpool
-
-
-def run(coro):
-    return asyncio.run(coro)
+from tests.support.aio import run
 
 
 async def with_session(tmp_path, action, **traits):

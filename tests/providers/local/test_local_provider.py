@@ -21,11 +21,8 @@ from jupyter_tai_sandbox.contract import (
     SessionSpec,
 )
 from jupyter_tai_sandbox.providers.local import LocalSandbox
+from tests.support.aio import run
 from tests.support.processes import kill_quietly, running, wait_stopped
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 @pytest.mark.parametrize(

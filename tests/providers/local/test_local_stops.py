@@ -21,11 +21,8 @@ from jupyter_tai_sandbox.contract import (
     SandboxExecTimeoutError,
     SessionSpec,
 )
+from tests.support.aio import run
 from tests.support.processes import kill_quietly, pids_running, running, wait_stopped
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def unique_sleep() -> tuple[str, str]:

@@ -11,10 +11,7 @@ import pytest
 from jupyter_tai_sandbox.contract import SandboxNotFoundError, SandboxPathError, SessionSpec
 from jupyter_tai_sandbox.errors import SandboxConflictError
 from jupyter_tai_sandbox.providers.local import LocalSandbox
-
-
-def run(coro):
-    return asyncio.run(coro)
+from tests.support.aio import run
 
 
 def persistent(key: str, owner: str | None, **more) -> SessionSpec:

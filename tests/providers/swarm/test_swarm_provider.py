@@ -25,6 +25,7 @@ from jupyter_tai_sandbox.contract import (
     SessionSpec,
 )
 from jupyter_tai_sandbox.testing import SandboxConformance
+from tests.support.aio import run
 from tests.support.docker import RUN_LABEL
 from tests.support.swarm import (
     leftovers_on_host,
@@ -60,10 +61,6 @@ def swarm():
     assert left == [], f"the swarm left things behind on the host: {left}"
     after = _host_state()
     assert after == before, f"the host's networking changed: {before} -> {after}"
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 class TestSwarmConformance(SandboxConformance):
