@@ -1,11 +1,4 @@
-"""Real containers running the session agent, for the container base's tests (the agent tests' fixtures)."""
+"""Real containers running the session agent, for the container base's tests: the agent tests' fixtures
+(tests/support/agent.py)."""
 
-from tests.agent.conftest import (  # noqa: F401 - fixtures
-    agent_path,
-    bare_session,
-    docker_api,
-    hostile_binary,
-    images,
-    nothing_left_behind,
-    session,
-)
+from tests.support.agent import *  # noqa: F403 - its __all__: the fixtures
