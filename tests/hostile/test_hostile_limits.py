@@ -14,22 +14,22 @@ import json
 
 import pytest
 
-from tests.support.mcp import AdminOnlyAdmin, HeaderUsers, data, httpx2, mcp_client, mcp_url, refusal
+from tests.support.mcp import (
+    MCP_HEADERS,
+    AdminOnlyAdmin,
+    HeaderUsers,
+    data,
+    httpx2,
+    initialize,
+    mcp_client,
+    mcp_url,
+    refusal,
+)
 from tests.support.server import call, sandbox_app, server_config
 
 SECRET = "s3cret-value-0123456789"
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "hostile", "version": "0"},
-    },
-}
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+INIT = initialize(client="hostile")
 
 
 @pytest.fixture

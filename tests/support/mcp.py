@@ -27,6 +27,24 @@ WORD_COUNT = {
 }
 
 
+#: what a raw HTTP request to the MCP door sends
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def initialize(request_id: int = 1, client: str = "t") -> dict[str, Any]:
+    """A JSON-RPC ``initialize`` request of MCP client ``client``, as a raw HTTP request's body."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": client, "version": "0"},
+        },
+    }
+
+
 def mcp_url(port: int, base_url: str) -> str:
     return f"http://localhost:{port}{base_url.rstrip('/')}/api/sandbox/mcp"
 

@@ -13,12 +13,14 @@ import time
 import pytest
 
 from tests.support.mcp import (
+    MCP_HEADERS,
     WORD_COUNT,
     AdminOnlyAdmin,
     HeaderUsers,
     MCPError,
     data,
     httpx2,
+    initialize,
     mcp_client,
     mcp_url,
     refusal,
@@ -426,17 +428,7 @@ async def test_bad_input_answers_an_error_naming_the_field(url, as_user):
         await client.call_tool("session_destroy", {"session_id": sid})
 
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "0"},
-    },
-}
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+INIT = initialize()
 
 
 async def test_unauthenticated_and_cross_origin_requests_are_refused(url, jp_auth_header, jp_http_port):

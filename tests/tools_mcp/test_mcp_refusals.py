@@ -9,20 +9,20 @@ import pytest
 
 from tests.support import REPO
 from tests.support.live_server import LOCAL_ARGS, LiveServer
-from tests.support.mcp import AdminOnlyAdmin, HeaderUsers, MCPError, data, httpx2, mcp_client, mcp_url
+from tests.support.mcp import (
+    MCP_HEADERS,
+    AdminOnlyAdmin,
+    HeaderUsers,
+    MCPError,
+    data,
+    httpx2,
+    initialize,
+    mcp_client,
+    mcp_url,
+)
 from tests.support.server import sandbox_app, server_config
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 7,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "0"},
-    },
-}
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+INIT = initialize(7)
 
 
 class OutsiderRefused(AdminOnlyAdmin):
