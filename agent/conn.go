@@ -197,7 +197,11 @@ func isEOF(err error) bool {
 }
 
 func decodeControl(p []byte, v any) error {
-	if len(p) > maxControlLen {
+	return decodeJSON(p, maxControlLen, v)
+}
+
+func decodeJSON(p []byte, limit int, v any) error {
+	if len(p) > limit {
 		return fmt.Errorf("control payload of %d bytes", len(p))
 	}
 	d := json.NewDecoder(strings.NewReader(string(p)))
@@ -219,7 +223,7 @@ func (cn *conn) handle(f frame) error {
 		return cn.write(tPong, f.id, f.payload)
 	case tStart:
 		var req startRequest
-		if err := decodeControl(f.payload, &req); err != nil {
+		if err := decodeJSON(f.payload, maxStartLen, &req); err != nil {
 			return err
 		}
 		a.start(cn, f.id, req)
@@ -293,7 +297,11 @@ func checkShape(f frame) error {
 		if len(f.payload) != 0 {
 			return fmt.Errorf("frame 0x%02x takes no payload", f.typ)
 		}
-	case tStart, tResize, tSignal, tAttach, tConnect:
+	case tStart:
+		if len(f.payload) == 0 || len(f.payload) > maxStartLen || f.payload[0] != '{' {
+			return errors.New("START takes a JSON object")
+		}
+	case tResize, tSignal, tAttach, tConnect:
 		if len(f.payload) == 0 || len(f.payload) > maxControlLen || f.payload[0] != '{' {
 			return fmt.Errorf("frame 0x%02x takes a JSON object", f.typ)
 		}

@@ -4,9 +4,11 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +25,7 @@ const (
 	resolveBeneath       = 0x08
 	maxUploads           = 16
 	maxListEntries       = 10000
+	listPageBytes        = maxPayload - 64<<10 // a FILE_LIST page's entries, with room for the reply's own keys
 	maxDeleteDepth       = 256
 	fileDataHeader       = 8 // u64 file size before the bytes of a FILE_DATA reply
 	maxReadChunk         = maxPayload - fileDataHeader
@@ -86,7 +89,8 @@ type fileRequest struct {
 	Mode      uint32 `json:"mode"`
 	Parents   bool   `json:"parents"`
 	Recursive bool   `json:"recursive"`
-	Uid       *int   `json:"uid"` // with gid: the user whose rights the operation runs with (what it creates is theirs)
+	After     string `json:"after"` // FILE_LIST: the page after this name (the names come sorted)
+	Uid       *int   `json:"uid"`   // with gid: the user whose rights the operation runs with (what it creates is theirs)
 	Gid       *int   `json:"gid"`
 }
 
@@ -344,7 +348,7 @@ func runFileOp(typ byte, req fileRequest) (map[string]any, []byte, error) {
 		}
 		return statJSON(&st), nil, nil
 	case tFileList:
-		return listDir(rootfd, req.Path)
+		return listDir(rootfd, req.Path, req.After)
 	case tFileRead:
 		// O_NONBLOCK: opening a FIFO planted by session code must not wait for a writer (a regular
 		// file's reads ignore the flag); anything but a regular file is refused at once
@@ -415,7 +419,10 @@ func runFileOp(typ byte, req fileRequest) (map[string]any, []byte, error) {
 	return nil, nil, syscall.ENOSYS
 }
 
-func listDir(rootfd int, path string) (map[string]any, []byte, error) {
+// listDir lists a folder a page at a time, its names sorted: the entries after the name “after“, as many as
+// fit one reply frame (with room to spare) and at most maxListEntries; "next" names the last one when more
+// follow (the client asks again with it as “after“), and "truncated" says so too.
+func listDir(rootfd int, path, after string) (map[string]any, []byte, error) {
 	fd, err := openBeneath(rootfd, path, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, nil, err
@@ -425,22 +432,31 @@ func listDir(rootfd int, path string) (map[string]any, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	sort.Strings(names)
+	if after != "" {
+		names = names[sort.Search(len(names), func(i int) bool { return names[i] > after }):]
+	}
 	entries := []map[string]any{}
-	truncated := false
+	size, last := 0, ""
 	for _, name := range names {
-		if len(entries) >= maxListEntries {
-			truncated = true
-			break
-		}
 		var st syscall.Stat_t
 		if fstatat(fd, name, &st) != nil {
 			continue // gone meanwhile
 		}
 		e := statJSON(&st)
 		e["name"] = name
+		encoded, err := json.Marshal(e)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(entries) == maxListEntries || size+len(encoded)+1 > listPageBytes {
+			return map[string]any{"entries": entries, "truncated": true, "next": last}, nil, nil
+		}
+		size += len(encoded) + 1
 		entries = append(entries, e)
+		last = name
 	}
-	return map[string]any{"entries": entries, "truncated": truncated}, nil, nil
+	return map[string]any{"entries": entries, "truncated": false}, nil, nil
 }
 
 func readNames(fd int) ([]string, error) {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -149,10 +151,32 @@ func TestFilesListDoesNotFollowSymlinksAndIsBounded(t *testing.T) {
 		must(t, err)
 		f.Close()
 	}
-	reply, _, err = op(tFileList, fileRequest{Root: root, Path: "big"})
-	must(t, err)
-	if n := len(reply["entries"].([]map[string]any)); n != maxListEntries || reply["truncated"] != true {
-		t.Fatalf("%d entries, truncated %v", n, reply["truncated"])
+	// a folder past one reply frame comes in pages, in name order, each within a frame
+	var names []string
+	pages, after := 0, ""
+	for {
+		reply, _, err = op(tFileList, fileRequest{Root: root, Path: "big", After: after})
+		must(t, err)
+		pages++
+		encoded, err := json.Marshal(reply)
+		must(t, err)
+		if len(encoded) > maxPayload {
+			t.Fatalf("page %d is %d bytes, over a frame", pages, len(encoded))
+		}
+		for _, e := range reply["entries"].([]map[string]any) {
+			names = append(names, e["name"].(string))
+		}
+		next, more := reply["next"].(string)
+		if more != (reply["truncated"] == true) {
+			t.Fatalf("next %q with truncated %v", next, reply["truncated"])
+		}
+		if !more {
+			break
+		}
+		after = next
+	}
+	if len(names) != maxListEntries+1 || pages < 2 || !sort.StringsAreSorted(names) {
+		t.Fatalf("%d names in %d pages (sorted: %v)", len(names), pages, sort.StringsAreSorted(names))
 	}
 }
 

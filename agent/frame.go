@@ -17,8 +17,19 @@ const (
 	dataChunk     = 512 << 10 // output sent in chunks this size at most, so one busy command shares the link
 	offsetSize    = 8
 	creditSize    = 8
-	maxControlLen = 64 << 10 // JSON payloads (START, ATTACH, ...) stay small
+	maxControlLen = 64 << 10 // JSON payloads (ATTACH, RESIZE, file requests...) stay small
+	// a START carries the contract's 1 MiB of argv and env (MAX_COMMAND_BYTES), JSON-escaped: at most 6 bytes a byte
+	maxStartLen  = 8 << 20
+	maxStartBody = maxStartLen + 5
 )
+
+// maxBody is the longest frame body (type, id, payload) a frame of type typ may have.
+func maxBody(typ byte) uint32 {
+	if typ == tStart {
+		return maxStartBody
+	}
+	return maxFrameBody
+}
 
 // Frame types, client to agent.
 const (
@@ -65,7 +76,7 @@ type frame struct {
 
 var errFrameTooLarge = errors.New("frame too large")
 
-// readFrame reads one frame; a length below 5 or above maxFrameBody is a protocol error.
+// readFrame reads one frame; a length below 5 or above its type's maxBody is a protocol error.
 func readFrame(r io.Reader) (frame, error) {
 	var h [headerSize]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -75,7 +86,7 @@ func readFrame(r io.Reader) (frame, error) {
 	if n < 5 {
 		return frame{}, fmt.Errorf("frame length %d below the header", n)
 	}
-	if n > maxFrameBody {
+	if n > maxBody(h[4]) {
 		return frame{}, errFrameTooLarge
 	}
 	f := frame{typ: h[4], id: binary.BigEndian.Uint32(h[5:9])}

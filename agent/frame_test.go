@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -217,7 +218,7 @@ func TestCheckShapeEveryClientType(t *testing.T) {
 	bad := map[byte][][]byte{
 		tCredit:     {nil, make([]byte, 7), make([]byte, 9)},
 		tStdinClose: {{0}}, tKill: {{0}}, tRelease: {{0}}, tList: {{0}},
-		tStart:  {nil, []byte(`[]`), []byte(" {}"), append([]byte("{"), make([]byte, maxControlLen)...)},
+		tStart:  {nil, []byte(`[]`), []byte(" {}"), append([]byte("{"), make([]byte, maxStartLen)...)},
 		tResize: {nil}, tSignal: {nil}, tAttach: {nil}, tConnect: {nil},
 		tFileStat: {nil, []byte(`"x"`)}, tFileRename: {nil}, tFileMkdir: {nil}, tFileDelete: {nil},
 		tFileList: {nil}, tFileRead: {nil}, tUploadOpen: {nil},
@@ -259,6 +260,35 @@ func TestDecodeControlRefusesUnknownFieldsAndOversize(t *testing.T) {
 	big := `{"label":"` + strings.Repeat("x", maxControlLen) + `"}`
 	if err := decodeControl([]byte(big), &startRequest{}); err == nil || !strings.Contains(err.Error(), "control payload") {
 		t.Fatalf("a %d-byte payload: %v", len(big), err)
+	}
+}
+
+// A START carries the contract's 1 MiB of argv and env however it is escaped; no other frame grows with it.
+func TestAStartFrameCarriesTheContractsArgvAndEnvJSONEscaped(t *testing.T) {
+	arg := strings.Repeat("\x01", 128<<10-1) // one string at Linux's MAX_ARG_STRLEN, each byte 6 in JSON
+	argv := make([]string, 8)
+	for i := range argv {
+		argv[i] = arg
+	}
+	payload, err := json.Marshal(map[string]any{"argv": argv})
+	must(t, err)
+	if len(payload) <= maxFrameBody {
+		t.Fatalf("the payload (%d bytes) does not test past one ordinary frame", len(payload))
+	}
+	f, err := readFrame(bytes.NewReader(encode(tStart, 3, payload)))
+	must(t, err)
+	if err := checkShape(f); err != nil {
+		t.Fatal(err)
+	}
+	var req startRequest
+	if err := decodeJSON(f.payload, maxStartLen, &req); err != nil || len(req.Argv) != 8 {
+		t.Fatalf("%v %d", err, len(req.Argv))
+	}
+	if _, err := readFrame(bytes.NewReader(encode(tAttach, 3, payload))); err != errFrameTooLarge {
+		t.Fatalf("an ATTACH of %d bytes: %v", len(payload), err)
+	}
+	if _, err := readFrame(bytes.NewReader(encode(tStart, 3, make([]byte, maxStartLen+1)))); err != errFrameTooLarge {
+		t.Fatalf("a START past its limit: %v", err)
 	}
 }
 

@@ -85,10 +85,10 @@ func FuzzStart(f *testing.F) {
 			return
 		}
 		var req startRequest
-		if err := decodeControl(p, &req); err != nil {
+		if err := decodeJSON(p, maxStartLen, &req); err != nil {
 			return
 		}
-		if len(p) > maxControlLen {
+		if len(p) > maxStartLen {
 			t.Fatalf("a %d-byte payload decoded", len(p))
 		}
 		cred := req.credential()

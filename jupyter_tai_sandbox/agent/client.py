@@ -7,6 +7,7 @@ command (:class:`~.command.AgentCommand`).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import itertools
 import secrets
@@ -48,8 +49,15 @@ def _as_user(user: tuple[int, int] | None) -> dict[str, int]:
     return {} if user is None else {"uid": int(user[0]), "gid": int(user[1])}
 
 
+#: the most entries a listing gives (the agent's own cap of one page, kept across pages)
+MAX_LIST_ENTRIES = 10_000
+
+
 class AgentClient:
     """One connection to a session agent."""
+
+    #: the task feeding this client, when it has one (open_docker_streams sets it)
+    pump: asyncio.Task[None] | None = None
 
     def __init__(
         self,
@@ -67,7 +75,7 @@ class AgentClient:
         self._ended: asyncio.Future[AgentError] = asyncio.get_running_loop().create_future()
         self._write_lock = asyncio.Lock()
         self._commands: dict[int, AgentCommand] = {}
-        self._pending: dict[tuple[str, int], asyncio.Future] = {}
+        self._pending: dict[tuple[str, int], asyncio.Future[Any]] = {}
         self._ids = itertools.count(secrets.randbelow(1 << 30) + 1)
         self._lost: AgentError | None = None
         self.info: dict[str, Any] = {}
@@ -147,7 +155,7 @@ class AgentClient:
             if not drain.done():
                 drain.cancel()
 
-    async def _answer(self, fut: asyncio.Future) -> Any:
+    async def _answer(self, fut: asyncio.Future[Any]) -> Any:
         """What ``fut`` (an answer, or a write's drain) comes to; while it waits ``answer_within`` seconds,
         :attr:`still_there` says whether to wait on."""
         if self.still_there is None or fut.done():
@@ -396,7 +404,8 @@ class AgentClient:
     async def list(self) -> list[dict[str, Any]]:
         """Every command the agent holds: running, or finished and not yet released."""
         id_ = self._new_id()
-        return await self._call("list", id_, p.encode(p.LIST, id_))
+        commands: builtins.list[dict[str, Any]] = await self._call("list", id_, p.encode(p.LIST, id_))
+        return commands
 
     async def ping(self) -> None:
         id_ = self._new_id()
@@ -412,13 +421,23 @@ class AgentClient:
 
     async def stat(self, root: str, path: str, *, user: tuple[int, int] | None = None) -> dict[str, Any]:
         """``{"type": "file"|"dir"|"symlink"|"other", "size", "mode", "mtime"}`` (symlinks inside followed)."""
-        return await self._file(p.FILE_STAT, {"root": root, "path": path}, user)
+        found: dict[str, Any] = await self._file(p.FILE_STAT, {"root": root, "path": path}, user)
+        return found
 
     async def listdir(
         self, root: str, path: str = ".", *, user: tuple[int, int] | None = None
-    ) -> list[dict[str, Any]]:
-        reply = await self._file(p.FILE_LIST, {"root": root, "path": path}, user)
-        return reply["entries"]
+    ) -> builtins.list[dict[str, Any]]:
+        """The folder's entries, names sorted, at most :data:`MAX_LIST_ENTRIES` (the agent answers in pages
+        that each fit a frame; the next page starts after the last name of the one before)."""
+        entries: builtins.list[dict[str, Any]] = []
+        request: dict[str, Any] = {"root": root, "path": path}
+        while True:
+            reply = await self._file(p.FILE_LIST, request, user)
+            entries += reply["entries"]
+            after = reply.get("next")
+            if not after or len(entries) >= MAX_LIST_ENTRIES:
+                return entries[:MAX_LIST_ENTRIES]
+            request = {**request, "after": after}
 
     async def read_file(
         self,
@@ -512,7 +531,8 @@ class AgentClient:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._call("file", id_, p.encode(p.UPLOAD_ABORT, id_)))
             raise
-        return reply["size"]
+        size: int = reply["size"]
+        return size
 
     async def mkdir(
         self, root: str, path: str, *, parents: bool = False, user: tuple[int, int] | None = None
@@ -544,9 +564,7 @@ class AgentClient:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        pump = getattr(
-            self, "pump", None
-        )  # the task feeding this client, when it has one (open_docker_streams)
+        pump = self.pump
         if pump is not None and not pump.done():
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

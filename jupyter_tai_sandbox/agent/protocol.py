@@ -1,7 +1,7 @@
 """The session agent's wire format (agent/PROTOCOL.md): pure encoding and decoding, no I/O.
 
 A frame is ``length (u32 BE) | type (u8) | id (u32 BE) | payload`` where ``length`` counts type, id and
-payload and is at most :data:`MAX_FRAME_BODY`.
+payload and is at most :data:`MAX_FRAME_BODY` (a START's payload: :data:`MAX_START_PAYLOAD`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ HEADER = struct.Struct(">IBI")
 HEADER_SIZE = HEADER.size
 MAX_FRAME_BODY = 1 << 20
 MAX_PAYLOAD = MAX_FRAME_BODY - 5
+#: a START carries the contract's 1 MiB of argv and env (MAX_COMMAND_BYTES) JSON-escaped: at most 6 bytes a byte
+MAX_START_PAYLOAD = 8 << 20
 #: a command's output streams (a STDOUT or STDERR frame's)
 Stream = Literal["stdout", "stderr"]
 U64 = struct.Struct(">Q")
@@ -127,8 +129,9 @@ class Frame:
 
 def encode(type_: int, id_: int, payload: bytes | bytearray | memoryview = b"") -> bytes:
     """One frame as bytes (the payload copied once, whatever buffer it comes in)."""
-    if len(payload) > MAX_PAYLOAD:
-        raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    limit = MAX_START_PAYLOAD if type_ == START else MAX_PAYLOAD
+    if len(payload) > limit:
+        raise ValueError(f"payload of {len(payload)} bytes exceeds {limit}")
     return HEADER.pack(len(payload) + 5, type_, id_) + payload
 
 
