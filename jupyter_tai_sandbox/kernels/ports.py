@@ -22,6 +22,7 @@ from typing import Any
 
 from ..contract import PortConnection, SandboxError, SandboxNotFoundError, SandboxSession
 from . import splice
+from .peers import admitted
 from .tunnel import Forward, TunnelError
 
 #: the most bytes read from a host socket at once
@@ -77,9 +78,10 @@ class SessionPorts:
             if self.closed.is_set():
                 client.close()
                 return
-            if (
-                len(self._pumps) >= MAX_CONNECTIONS
-            ):  # anyone on the host may dial the listener: a flood is refused
+            if not admitted(client):  # another local account: never the kernel's client
+                client.close()
+                continue
+            if len(self._pumps) >= MAX_CONNECTIONS:  # the user's own flood is refused too
                 log.debug(
                     "forwarding to port %d: %d connections open, one more refused",
                     remote_port,

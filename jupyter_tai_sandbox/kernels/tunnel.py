@@ -68,6 +68,7 @@ from ..contract import (
 )
 from ..gate import start_transport
 from . import relay
+from .peers import admitted
 from .relay import CREDIT, DATA, EOF, HEADER, HELLO, OPEN, RESET
 
 #: bytes of one connection's data in flight (per direction) before its sender waits for CREDIT
@@ -339,8 +340,9 @@ class Tunnel:
     def _accept(
         self, remote_port: int, wait_ms: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        if self.closed.is_set():
-            writer.transport.abort()
+        connection = writer.get_extra_info("socket")
+        if self.closed.is_set() or connection is None or not admitted(connection):
+            writer.transport.abort()  # closed, or another local account: never the kernel's client
             return
         cid = self._last_id = next(self._ids)
         self._send(cid, OPEN, struct.pack(">HI", remote_port, wait_ms))
