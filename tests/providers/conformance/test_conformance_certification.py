@@ -3,7 +3,7 @@ name or a weakened run never returns a bare ``[]``, and the CLI never says "cert
 
 from __future__ import annotations
 
-import asyncio
+import functools
 
 import pytest
 
@@ -17,6 +17,7 @@ from jupyter_tai_sandbox.conformance import (
 )
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 from jupyter_tai_sandbox.testing import ConformanceWeakenedWarning, SandboxConformance
+from tests.support import aio
 from tests.support.conformance import accept_everything
 
 CHEAP = "consumer_label"  # a check that takes a fraction of a second
@@ -27,8 +28,8 @@ def sandbox(tmp_path):
     return LocalSandbox(root=str(tmp_path))
 
 
-def run(coroutine):
-    return asyncio.run(asyncio.wait_for(coroutine, 60))
+#: each coroutine of these tests is bounded to 60 s
+run = functools.partial(aio.run, timeout=60)
 
 
 def notices(entries: list[str]) -> list[str]:
