@@ -25,6 +25,7 @@ Everything else on a session (files, info, TTL, destroy) goes to the provider's 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any
@@ -36,6 +37,7 @@ from .contract import (
     HeldCommand,
     OutputChunk,
     OutputItem,
+    OutputStream,
     PortConnection,
     Sandbox,
     SandboxIsolation,
@@ -52,7 +54,7 @@ from .spool import spilling_at_most
 DEFAULT_OUTPUT_LIMIT = 64 << 20
 #: Output scrubbed in one piece past this size is scrubbed off the event loop.
 _SCRUB_INLINE_BYTES = 1 << 16
-_STREAMS = ("stdout", "stderr")
+_STREAMS: tuple[OutputStream, ...] = ("stdout", "stderr")
 
 
 class GatedSandbox(Sandbox):
@@ -77,32 +79,32 @@ class GatedSandbox(Sandbox):
         self.spill_limit = spill_limit
 
     # read from the provider each time: a remote provider learns them from its server
-    @property  # type: ignore[override]
-    def kind(self) -> str:
+    @property
+    def kind(self) -> str:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return self.provider.kind
 
-    @property  # type: ignore[override]
-    def max_isolation(self) -> SandboxIsolation:
+    @property
+    def max_isolation(self) -> SandboxIsolation:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return self.provider.max_isolation
 
-    @property  # type: ignore[override]
-    def networks(self) -> frozenset[str]:
+    @property
+    def networks(self) -> frozenset[str]:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return self.provider.networks
 
-    @property  # type: ignore[override]
-    def supports_limits(self) -> bool:
+    @property
+    def supports_limits(self) -> bool:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return self.provider.supports_limits
 
-    @property  # type: ignore[override]
-    def isolation_note(self) -> str | None:
+    @property
+    def isolation_note(self) -> str | None:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return getattr(self.provider, "isolation_note", None)
 
-    @property  # type: ignore[override]
-    def pausable(self) -> bool:
+    @property
+    def pausable(self) -> bool:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return bool(getattr(self.provider, "pausable", False))
 
-    @property  # type: ignore[override]
-    def forkable(self) -> bool:
+    @property
+    def forkable(self) -> bool:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return bool(getattr(self.provider, "forkable", False))
 
     def admit(self, request: ExecRequest, *, one_shot: bool) -> ExecRequest:
@@ -139,7 +141,7 @@ class GatedSandbox(Sandbox):
     async def list(self) -> list[SessionInfo]:
         return await self.provider.list()
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> builtins.list[str]:
         return await self.provider.reap()
 
     async def check_available(self) -> None:
@@ -160,6 +162,9 @@ class GatedExecResult(ExecResult):
 class GatedSession(SandboxSession):
     """A provider's session behind the gate: ``run``/``start`` apply the exec-time policy; the rest
     (and any attribute of the provider's own) is the provider session's."""
+
+    session: SandboxSession
+    gate: GatedSandbox
 
     def __init__(self, session: SandboxSession, gate: GatedSandbox) -> None:
         if isinstance(session, GatedSession):
@@ -206,7 +211,7 @@ class GatedSession(SandboxSession):
         return self._scrubbed(handle)
 
     def _scrubbed(self, handle: ExecHandle) -> ExecHandle:
-        scrubbers = {}
+        scrubbers: dict[OutputStream, StreamScrubber] = {}
         for stream in _STREAMS:
             scrubber = self.gate.policy.stream_scrubber()
             if scrubber is not None:
@@ -216,8 +221,8 @@ class GatedSession(SandboxSession):
 
     # ------------------------------ commands the session holds, scrubbed alike
 
-    @property  # type: ignore[override]
-    def holds_commands(self) -> bool:
+    @property
+    def holds_commands(self) -> bool:  # type: ignore[override]  # the session's, read each time; SandboxSession has a plain attribute
         return self.session.holds_commands
 
     async def held_commands(self) -> list[HeldCommand]:
@@ -232,8 +237,8 @@ class GatedSession(SandboxSession):
 
     # --------------------------------------------------- the rest, as is
 
-    @property  # type: ignore[override]
-    def opens_ports(self) -> bool:
+    @property
+    def opens_ports(self) -> bool:  # type: ignore[override]  # the session's, read each time; SandboxSession has a plain attribute
         return self.session.opens_ports
 
     async def open_port(self, port: int, host: str = "127.0.0.1") -> PortConnection:
@@ -246,7 +251,7 @@ class GatedSession(SandboxSession):
     async def get_file(self, path: str) -> bytes:
         return await self.session.get_file(path)
 
-    def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:  # type: ignore[override]
+    def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
         return self.session.iter_file(path, chunk_size)
 
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
@@ -273,8 +278,8 @@ class GatedSession(SandboxSession):
     async def set_expiry(self, expires_at: float) -> SessionInfo:
         return await self.session.set_expiry(expires_at)
 
-    @property  # type: ignore[override]
-    def pausable(self) -> bool:
+    @property
+    def pausable(self) -> bool:  # type: ignore[override]  # the session's, read each time; SandboxSession has a plain attribute
         return self.session.pausable
 
     async def pause(self) -> SessionInfo:
@@ -283,8 +288,8 @@ class GatedSession(SandboxSession):
     async def resume(self) -> SessionInfo:
         return await self.session.resume()
 
-    @property  # type: ignore[override]
-    def forkable(self) -> bool:
+    @property
+    def forkable(self) -> bool:  # type: ignore[override]  # the session's, read each time; SandboxSession has a plain attribute
         return self.session.forkable
 
     async def fork(self) -> GatedSession:
@@ -302,9 +307,9 @@ class ScrubbedHandle(ExecHandle):
     ``byte_counts`` are the bytes the command wrote on each stream so far, before the scrub.
     """
 
-    def __init__(self, handle: ExecHandle, scrubbers: dict[str, StreamScrubber]) -> None:
+    def __init__(self, handle: ExecHandle, scrubbers: dict[OutputStream, StreamScrubber]) -> None:
         self.handle = handle
-        self.byte_counts = dict.fromkeys(_STREAMS, 0)
+        self.byte_counts: dict[str, int] = dict.fromkeys(_STREAMS, 0)
         self._scrubbers = scrubbers
         self._output = self._scrubbed()
 
@@ -338,7 +343,7 @@ class ScrubbedHandle(ExecHandle):
         for stream, scrubber in self._scrubbers.items():
             tail = scrubber.flush()
             if tail:
-                tails.append(OutputChunk(stream, tail))  # type: ignore[arg-type]
+                tails.append(OutputChunk(stream, tail))
         return tails
 
     async def write(self, data: bytes) -> None:

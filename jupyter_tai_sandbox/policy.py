@@ -176,7 +176,7 @@ class SandboxPolicy(LoggingConfigurable):
         if not raw:
             return {}
         try:
-            value = json.loads(raw)
+            value: dict[str, list[str]] = json.loads(raw)  # as the trait's validator then checks
         except ValueError as e:
             raise ValueError(
                 'TAI_MCP_SANDBOX_CREDENTIALS must be JSON like {"consumer": ["ENV_NAME"]}: ' + str(e)
@@ -185,7 +185,7 @@ class SandboxPolicy(LoggingConfigurable):
 
     @validate("isolation")
     def _check_isolation(self, proposal: Any) -> str:
-        value = proposal["value"].strip().lower()
+        value: str = proposal["value"].strip().lower()
         if value not in ISOLATION_ORDER:
             raise ValueError(
                 f"isolation floor {proposal['value']!r} is unknown: use one of {', '.join(ISOLATION_ORDER)}"
@@ -194,7 +194,7 @@ class SandboxPolicy(LoggingConfigurable):
 
     @validate("egress")
     def _check_egress(self, proposal: Any) -> str:
-        value = proposal["value"].strip().lower()
+        value: str = proposal["value"].strip().lower()
         value = _EGRESS_ALIASES.get(value, value)
         if value not in NETWORK_ORDER:
             raise ValueError(

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound="SandboxError")
+_Raised = TypeVar("_Raised", bound=BaseException)
 
 
 class SandboxError(Exception):
@@ -242,13 +243,14 @@ def isolation_floor_refusal(
     return error
 
 
-def for_door(error: BaseException, door: str) -> BaseException:
+def for_door(error: _Raised, door: str) -> _Raised | SandboxSpecRejectedError:
     """``error`` with its hint made valid for ``door``: an isolation-floor refusal is re-worded, any
     other error is returned as it is."""
     floor = getattr(error, "isolation_floor", None)
     if floor is None:
         return error
-    return isolation_floor_refusal(*floor, door=door)
+    kind, max_isolation, wanted = floor
+    return isolation_floor_refusal(kind, max_isolation, wanted, door=door)
 
 
 #: the error classes (what the server's table registers for the wire); the refusal builders above are not

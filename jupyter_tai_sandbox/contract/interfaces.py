@@ -10,6 +10,7 @@ workspace file operations from ``jupyter_tai_sandbox.providers._shell_files.Shel
 from __future__ import annotations
 
 import abc
+import builtins
 import socket
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -308,7 +309,7 @@ class Sandbox(abc.ABC):
     async def list(self) -> list[SessionInfo]: ...
 
     @abc.abstractmethod
-    async def reap(self) -> list[str]:
+    async def reap(self) -> builtins.list[str]:
         """Destroy every session past its TTL (persistent workspaces survive); return their ids."""
 
     async def check_available(self) -> None:  # noqa: B027 - optional hook

@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeGuard, get_args
 
 from .errors import SandboxRequestError, SandboxSpecRejectedError
 
@@ -153,7 +153,7 @@ class SessionSpec:
             raise _reject(str(e)) from None
 
 
-def is_positive_number(value: Any) -> bool:
+def is_positive_number(value: Any) -> TypeGuard[float]:
     """A JSON or Python number that is finite and > 0 (bools, strings and 10**400 are not)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
@@ -341,7 +341,8 @@ class ExecRequest:
     run and start. Every bad field raises :class:`SandboxRequestError` naming it.
     """
 
-    argv: tuple[str, ...]
+    #: any sequence of strings (a list from JSON); held as a tuple once checked
+    argv: Sequence[str]
     timeout_seconds: float
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None

@@ -9,7 +9,7 @@ import io
 import posixpath
 import secrets
 
-from traitlets.config import Configurable
+from traitlets import MetaHasTraits
 
 from ..contract import (
     MAX_PATH_BYTES,
@@ -134,5 +134,5 @@ def workspace_relative(path: str, workspace: str) -> str:
     return rel
 
 
-class ProviderMeta(type(Configurable), abc.ABCMeta):
-    """Lets a provider be both a traitlets Configurable and a contract ABC."""
+class ProviderMeta(MetaHasTraits, abc.ABCMeta):
+    """Lets a provider be both a traitlets Configurable (its metaclass is MetaHasTraits) and a contract ABC."""

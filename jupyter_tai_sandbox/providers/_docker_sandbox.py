@@ -90,6 +90,8 @@ def spec_from_labels(labels: Mapping[str, str], env: Sequence[str] | None) -> Se
 class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
     """A container provider's settings and policy (see the module's docstring)."""
 
+    _engine: DockerEngine  # set by each subclass's __init__
+
     max_isolation = "container"
     networks = frozenset({"egress", "internal", "none"})
     supports_limits = True

@@ -5,7 +5,7 @@ cpu and memory limits (docker and swarm through the container base, and vm), and
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Dict, Enum, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
@@ -154,6 +154,12 @@ class BridgeSettings(NetworkSettings):
     """Session networks that are bridges of a Docker engine on the server's host (docker, vm): the owners'
     egress bridges, and the host firewall that keeps their sessions from the host."""
 
+    if TYPE_CHECKING:
+        # DeploymentSettings', the other base of every provider with bridges
+
+        @property
+        def scope(self) -> Deployment: ...
+
     egress_network = Unicode(
         "tai-sbx-egress",
         help="""Base name of the Docker networks that network='egress' sessions join: one bridge per owner
@@ -177,7 +183,7 @@ class BridgeSettings(NetworkSettings):
         if spec.network == "none":
             return None
         base = self.internal_network if spec.network == "internal" else self.egress_network
-        return self.scope.owner_network(base, spec.owner)  # type: ignore[attr-defined]
+        return self.scope.owner_network(base, spec.owner)
 
     def _host_firewall(self, engine_url: str) -> HostFirewall:
         """The host firewall of the owners' bridges on the engine at ``engine_url``."""
@@ -185,6 +191,6 @@ class BridgeSettings(NetworkSettings):
             self.egress_firewall,
             engine_url,
             self.scope.tag,
-            self.log,  # type: ignore[attr-defined]
+            self.log,
             setting=f"{type(self).__name__}.egress_firewall",
         )

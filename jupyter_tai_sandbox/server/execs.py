@@ -155,7 +155,7 @@ class LiveCommands:
             id="exe-" + secrets.token_hex(8),
             session_id=session_id,
             owner=owner,
-            argv=request.argv,
+            argv=tuple(request.argv),  # a tuple already (ExecRequest holds one): typed as one here
             pty=request.pty,
             door=door,
             started_at=now,

@@ -277,11 +277,11 @@ class FileHandler(SandboxAPIHandler):
     def max_upload_bytes(self) -> int:
         return self.sandbox_app.max_upload_bytes
 
-    async def prepare(self) -> None:
+    async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's, which drops JupyterHandler's keyword
         await super().prepare()
         if self.request.method == "PUT":
             # a streamed body arrives before put() runs: the upload is admitted, by the same decorators, first
-            await self._admit_upload()
+            await self._admit_upload()  # type: ignore[misc]  # tornado types @authenticated's result Optional
 
     @web.authenticated
     @authorized
@@ -292,7 +292,7 @@ class FileHandler(SandboxAPIHandler):
             raise UploadTooLargeError(
                 f"the upload is {length} bytes; the limit is {limit} (SandboxApp.max_upload_bytes)"
             )
-        self.request.connection.set_max_body_size(limit + (1 << 20))
+        self.request.connection.set_max_body_size(limit + (1 << 20))  # type: ignore[union-attr]  # an HTTP1Connection
         path = self.path_kwargs.get("path") or ""
         if not path or path.endswith("/"):
             raise SandboxPathError("PUT needs a file path inside the workspace, e.g. files/data/input.csv")

@@ -48,7 +48,9 @@ def file_error(error: AgentError, path: str, what: str) -> SandboxError:
     if code == "EISDIR":
         return SandboxPathError(f"cannot {what} {path!r}: it is a folder")
     if code in ("ENODEV", "ENXIO"):  # the agent opens no FIFO, socket or device for a read
-        return SandboxPathError(f"cannot {what} {path!r}: it is not a regular file (a FIFO, socket or device)")
+        return SandboxPathError(
+            f"cannot {what} {path!r}: it is not a regular file (a FIFO, socket or device)"
+        )
     if code in ("EEXIST", "ENOTEMPTY"):
         return SandboxConflictError(f"{path!r}: the target exists already in the session workspace")
     return SandboxError(f"cannot {what} {path!r}: {error.message or code} [{code}]")
@@ -189,7 +191,7 @@ class WorkspaceFiles:
             (
                 {
                     "name": e["name"],
-                    "type": _KINDS.get(e.get("type"), "other"),
+                    "type": _KINDS.get(e.get("type", ""), "other"),
                     "size": e.get("size", 0),
                     "mtime": e.get("mtime"),
                 }

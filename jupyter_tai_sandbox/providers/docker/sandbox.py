@@ -4,6 +4,7 @@ provider package's docstring)."""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
@@ -290,7 +291,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             own_image=own_image,
         )
 
-    async def _fork(self, source: DockerSession) -> DockerSession:  # type: ignore[override]
+    async def _fork(self, source: DockerSession) -> DockerSession:
         """A new session of the source's owner and spec holding its files now (see forks: the workspace,
         and the root filesystem's changes where it is writable; not /tmp, memory or processes)."""
         spec = source.spec
@@ -378,13 +379,13 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
 
     async def list(self) -> list[SessionInfo]:
         await self._connect()
-        summaries, records, pooled, ttls = await asyncio.gather(
+        summaries, records, pooled, ttl_records = await asyncio.gather(
             self._engine.containers(LABEL_SESSION),
             self._pool.records(),
             self._pool.containers(),
             self._ttls.of(),
         )
-        ttls = expiries(ttls)
+        ttls = expiries(ttl_records)
         alive = {c["Id"] for c in pooled}
         infos = []
         for summary in summaries:
@@ -410,7 +411,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
                 continue
         return sorted(infos, key=lambda i: i.created_at)
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> builtins.list[str]:
         await self._connect()
         now = time.time()
         reaped = []

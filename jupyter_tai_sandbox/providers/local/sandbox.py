@@ -40,6 +40,7 @@ adoption, reaping).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import re
@@ -314,7 +315,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 forget_owner(self._root / ".owners", session.lease.key)
         self._sidecar(session.id).unlink(missing_ok=True)
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> builtins.list[str]:
         now = time.time()
         # the sidecar has the last word on a session's end (another provider object may have moved it)
         await asyncio.to_thread(self._reread_expiries, list(self._sessions.values()))
@@ -328,14 +329,14 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             self.log.info("sandbox-local: reaped %s", ", ".join(reaped))
         return reaped
 
-    def _reread_expiries(self, sessions: list[LocalSession]) -> None:
+    def _reread_expiries(self, sessions: builtins.list[LocalSession]) -> None:
         for session in sessions:
             try:
                 session.expires_at = float(json.loads(self._sidecar(session.id).read_text())["expires_at"])
             except (OSError, ValueError, TypeError, KeyError):
                 continue
 
-    def _reap_orphans(self, now: float) -> list[str]:
+    def _reap_orphans(self, now: float) -> builtins.list[str]:
         """Expired sessions an earlier server process left behind (found by their sidecar)."""
         reaped = []
         folder = self._root / ".sessions"

@@ -26,6 +26,7 @@ request (lexical escapes are refused here without one).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import dataclasses
 import os
@@ -460,7 +461,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         await self.remote_status()
         return [session_info(data, own=self.own_consumer) for data in await self.client.sessions()]
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> builtins.list[str]:
         """Destroy the listed sessions past their TTL (persistent workspaces survive); their ids."""
         now = time.time()
         reaped = []

@@ -12,6 +12,7 @@ Its modules: the provider package's docstring.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import time
 from collections.abc import Mapping
@@ -31,7 +32,7 @@ from ...contract import (
 from .._common import new_session_id
 from .._docker_agent import agent_site
 from .._docker_sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
-from ..container import CommandRegistry, ContainerSite
+from ..container import CommandRegistry, ContainerCommand, ContainerSite
 from ..docker_engine import EngineRefusedError
 from ..docker_engine.names import (
     LABEL_CREATED,
@@ -70,6 +71,8 @@ class SwarmSandbox(ContainerSandbox):
     SandboxUnavailableError and leaves the others alone. Not on a service (API 1.41): ``no_new_privileges``
     and the warm pool. README's "Running on a cluster (Docker Swarm)" says it all at length.
     """
+
+    _engine: SwarmEngine  # the manager's (ContainerSandbox types it DockerEngine)
 
     kind = "swarm"
     max_isolation = "container"
@@ -127,7 +130,7 @@ class SwarmSandbox(ContainerSandbox):
         tls = TlsMaterial(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user
-        self._commands = CommandRegistry()
+        self._commands: CommandRegistry[ContainerCommand] = CommandRegistry()
         self._workspaces = WorkspaceRecords(self._engine, self.scope, self.own_labels, self.log)
         self._nodes = NodeEngines(
             tls=tls,
@@ -146,7 +149,7 @@ class SwarmSandbox(ContainerSandbox):
 
     @property
     def manager(self) -> SwarmEngine:
-        return self._engine  # type: ignore[return-value]
+        return self._engine
 
     def _agent_site_for(self, engine: SwarmEngine) -> ContainerSite:
         engine.share.per_principal = self.engine_threads_per_user
@@ -354,7 +357,7 @@ class SwarmSandbox(ContainerSandbox):
             )
         return sorted(infos, key=lambda i: i.created_at)
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> builtins.list[str]:
         """Destroy sessions past their TTL, and remove services whose task ended or whose node left."""
         await self._connect()
         now = time.time()
@@ -437,7 +440,7 @@ class SwarmSandbox(ContainerSandbox):
                 return True
         return False
 
-    async def _retime(  # type: ignore[override]
+    async def _retime(
         self,
         session: SwarmSession,
         expires_at: float,
@@ -445,7 +448,7 @@ class SwarmSandbox(ContainerSandbox):
         """A service's labels can change (its task keeps running): the new end goes in its expires label."""
         await self.manager.set_service_labels(session.service_id, {LABEL_EXPIRES: repr(float(expires_at))})
 
-    async def _teardown(  # type: ignore[override]
+    async def _teardown(
         self,
         session: SwarmSession,
         remove_workspace: bool,

@@ -49,7 +49,7 @@ MAX_SOCKET_PATH = 107
 class Machines:
     """The session folders and workspace images of one deployment under ``root``."""
 
-    def __init__(self, root: Path, tag: str) -> None:
+    def __init__(self, root: str | Path, tag: str) -> None:
         self.root = Path(root) / tag
         self.sessions = self.root / "sessions"
         self.workspaces = self.root / "workspaces"

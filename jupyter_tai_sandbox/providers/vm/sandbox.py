@@ -13,11 +13,13 @@ on a network sits on its owner's bridge of the Docker engine, as a docker sessio
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +171,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             raise TraitError(f"VmSandbox.user must be 'uid' or 'uid:gid' (numbers) or '', not {value!r}")
         return value
 
-    @property  # type: ignore[override]
-    def networks(self) -> frozenset[str]:
+    @property
+    def networks(self) -> frozenset[str]:  # type: ignore[override]  # depends on the bridges; Sandbox has a plain attribute
         """``none`` always; ``egress`` and ``internal`` where the server can seat sessions on the engine's
         bridges (``networks``)."""
         return frozenset({"none"}) if self._why_no_networks else frozenset({"egress", "internal", "none"})
@@ -180,8 +182,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         """QEMU's -cpu for new guests: the host's under KVM, :attr:`tcg_cpu` under TCG."""
         return "max" if self.accel == "kvm" else self.tcg_cpu
 
-    @property  # type: ignore[override]
-    def isolation_note(self) -> str | None:
+    @property
+    def isolation_note(self) -> str | None:  # type: ignore[override]  # depends on the accelerator; Sandbox has a plain attribute
         return f"emulated: {TCG_NOTE}" if self.accel == "tcg" else None
 
     @default("state_dir")
@@ -306,7 +308,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                     "-device",
                     "virtio-blk-device,drive=ws,serial=tai-ws",
                 ]
-            shape = {
+            shape: dict[str, Any] = {
                 "accel": self.accel,
                 "cpu": self.cpu_model,
                 "memory_mb": int(spec.memory_mb or self.default_memory_mb),
@@ -438,7 +440,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         self,
         session_id: str,
         labels: dict[str, str],
-        env: dict[str, str],
+        env: Mapping[str, str],
         expires: float,
         user: str = "",
         image_env: dict[str, str] | None = None,
@@ -454,7 +456,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             spec,
             float(labels[LABEL_CREATED]),
             expires,
-            env={**image_env, "HOME": WORKSPACE, **env} if rooted else env,
+            env={**image_env, "HOME": WORKSPACE, **env} if image_env is not None else env,
             user=user,
             root=ROOT_DIR if rooted else "",
         )
@@ -510,7 +512,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 infos.append(session._info())
         return sorted(infos, key=lambda i: i.created_at)
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> builtins.list[str]:
         now = time.time()
         reaped: list[str] = []
         seats = await self._seat_summaries()
@@ -549,7 +551,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 self.log.info("sandbox-vm: removed the root disk %s (unused)", disk.name)
         return reaped
 
-    async def _seat_summaries(self) -> list[dict[str, Any]] | None:
+    async def _seat_summaries(self) -> builtins.list[dict[str, Any]] | None:
         """The deployment's seats on the engine; None when it has none to have (no networks here) or the engine
         does not answer (then no session is taken for one that lost its seat)."""
         if self._why_no_networks:
