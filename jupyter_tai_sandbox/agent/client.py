@@ -25,6 +25,10 @@ READ_SIZE = 1 << 20
 #: the agent's folder in a session: a read-only mount in a provider's sessions (PROTOCOL.md, Injection)
 AGENT_DIR = "/.tai"
 AGENT_PATH = "/.tai/agent"
+#: the user a relay (``agent connect``, run by ``docker exec``) runs as: not root and no session's, so that with the
+#: agent binary unreadable to it (mode 0711) the kernel makes the relay non-dumpable from its exec on, and session
+#: code (root without CAP_SYS_PTRACE, even after a setuid to this user) can never open its /proc/<pid>/fd
+RELAY_USER = "65533:65533"
 
 __all__ = [
     "AGENT_DIR",
@@ -128,7 +132,9 @@ class AgentClient:
 
     @classmethod
     async def docker_exec(cls, container: str, *, docker: str = "docker", **kw: Any) -> AgentClient:
-        return await cls.over_command([docker, "exec", "-i", container, AGENT_PATH, "connect"], **kw)
+        return await cls.over_command(
+            [docker, "exec", "-i", "-u", RELAY_USER, container, AGENT_PATH, "connect"], **kw
+        )
 
     # -- the wire
     async def _send(self, data: bytes) -> None:

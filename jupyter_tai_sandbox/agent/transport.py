@@ -15,7 +15,7 @@ import contextlib
 import socket
 from typing import Any
 
-from .client import AGENT_PATH, AgentClient, AgentConnectionLost
+from .client import AGENT_PATH, RELAY_USER, AgentClient, AgentConnectionLost
 from .netns import agent_socket
 
 DOCKER_HEADER = 8
@@ -141,7 +141,13 @@ async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
 
     def start() -> socket.socket:
         exec_id = api.exec_create(
-            container, [AGENT_PATH, "connect"], stdin=True, stdout=True, stderr=True, tty=False
+            container,
+            [AGENT_PATH, "connect"],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            user=RELAY_USER,
         )["Id"]
         sock = api.exec_start(exec_id, socket=True)
         raw: socket.socket = getattr(sock, "_sock", sock)

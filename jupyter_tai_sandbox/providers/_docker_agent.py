@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import AgentBinaryMissing, AgentClient, agent_binary
-from ..agent.client import AGENT_DIR, AGENT_PATH
+from ..agent.client import AGENT_DIR, AGENT_PATH, RELAY_USER
 from ..agent.transport import open_docker_api, open_docker_streams
 from ..contract import SandboxError, SandboxUnavailableError
 from .container import CommandRegistry, ContainerSite
@@ -64,7 +64,8 @@ def _archive(path: Path, mtime_ns: int) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo("agent")
-        info.size, info.mode = len(data), 0o755
+        # executable by anyone, readable by root alone: a relay exec'd as RELAY_USER is non-dumpable from its start
+        info.size, info.mode = len(data), 0o711
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
@@ -189,6 +190,7 @@ def open_agent_on_any_loop(engine: DockerEngine):
                 api.exec_create,
                 container_id,
                 [AGENT_PATH, "connect"],
+                user=RELAY_USER,
                 stdin=True,
                 stdout=True,
                 stderr=True,

@@ -166,7 +166,7 @@ def test_exit_codes_and_signals_are_exact(session):
             assert await sleeper.signal(signal.SIGTERM, group=False)
             term = await sleeper.wait()
             assert (term.signal, term.returncode, term.killed) == (signal.SIGTERM, 143, False)
-            timed = await client.start(["sleep", "100"], timeout=0.3)
+            timed = await client.start(["sleep", "100"], timeout_seconds=0.3)
             status = await timed.wait()
             assert status.signal == signal.SIGKILL and status.timed_out
         finally:
@@ -353,7 +353,7 @@ def test_a_commands_label_and_deadline_are_listed_back_and_an_oversized_label_is
         client = await session.client()
         try:
             label = '{"exec": "exe-1", "note": "' + "é" * 100 + '"}'
-            cmd = await client.start(["sleep", "30"], timeout=20, label=label)
+            cmd = await client.start(["sleep", "30"], timeout_seconds=20, label=label)
             plain = await client.start(["true"])
             listed = {c["id"]: c for c in await client.list()}
             assert listed[cmd.id]["label"] == label

@@ -200,7 +200,8 @@ def started_session(docker_api, image: str, agent: Path) -> Iterator[Session]:
         detach=True,
     )
     try:
-        container.put_archive("/.tai", _tar({"agent": (agent.read_bytes(), 0o755)}))
+        # as the providers install it: executable by anyone, readable by root alone (a relay is non-dumpable)
+        container.put_archive("/.tai", _tar({"agent": (agent.read_bytes(), 0o711)}))
         container.start()
         yield Session(docker_api, container)
     finally:

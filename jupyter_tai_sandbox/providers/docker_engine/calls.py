@@ -123,11 +123,13 @@ class EngineCalls:
         self.share = FairShare(threads_per_principal, setting="DockerSandbox.engine_threads_per_user")
         #: calls made into the engine so far: blocking ones (each takes a worker thread), exec streams opened
         self.calls = 0
-        #: whether open_agent connects to an agent's socket itself: None tries it (and keeps to the relay after
-        #: a first failure), True once it worked, False never (the relay: one engine exec per connection)
+        #: whether open_agent connects to an agent's socket itself: None or True try it for each container (True
+        #: once it worked), False never (the operator's agent_transport = "exec": one engine exec per connection)
         self.direct_agent: bool | None = None
-        #: why the direct connection could not be used here (None: it was not refused)
+        #: why the direct connection could not be used here last (None: it was not refused)
         self.direct_refusal: str | None = None
+        #: containers whose agent this host cannot reach directly (another host's): the relay for them alone
+        self.relay_only: set[str] = set()
         #: each container's PID 1 on this host and its full id, as a direct port connection last found them
         self._pids: dict[str, tuple[int, str]] = {}
 

@@ -24,12 +24,15 @@ import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ...agent.client import AGENT_PATH, AgentClient, AgentConnectionLost
+from ...agent.client import AGENT_PATH, RELAY_USER, AgentClient, AgentConnectionLost
 from ...agent.netns import NotReachableHere, tcp_socket
 from ...agent.transport import open_docker_streams, open_in_netns
 from ...contract import SandboxError, SandboxUnavailableError
 from .calls import EngineCalls
 from .stream import EngineAddress, read_output, start_exec
+
+#: containers remembered as reachable through the relay only (their engine is another host's)
+RELAY_ONLY_REMEMBERED = 4096
 
 #: the most :meth:`DockerEngine.read_file` reads of a container's file (a session may have written it)
 READ_FILE_LIMIT = 1 << 20
@@ -45,7 +48,14 @@ class EngineExecs(EngineCalls):
     # --------------------------------------------------------------- execs
 
     async def exec_create(
-        self, container_id: str, cmd: Sequence[str], *, env: Mapping[str, str] | None, stdin: bool, tty: bool
+        self,
+        container_id: str,
+        cmd: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        stdin: bool,
+        tty: bool,
+        user: str = "",
     ) -> str:
         created = await self._call(
             "create a command",
@@ -55,6 +65,7 @@ class EngineExecs(EngineCalls):
             stdin=stdin,
             tty=tty,
             environment=dict(env or {}),
+            user=user,
         )
         return str(created["Id"])
 
@@ -77,25 +88,26 @@ class EngineExecs(EngineCalls):
         """A new connection to the container's session agent: straight to its socket when this process can
         enter the container's network namespace (root on the engine's host, whatever the engine's address:
         a local engine reached over TCP, as a swarm node can be, too; see ``direct_agent``), else one exec of
-        its ``connect`` relay. Another host's engine fails the cgroup check on its first container (its
-        process id names no such container here): the relay from then on."""
-        if self.direct_agent is not False and os.geteuid() == 0:
+        its ``connect`` relay. A container of another host's engine fails the cgroup check (its process id names
+        no such container here): the relay for that container from then on, never for the others."""
+        if self.direct_agent is not False and os.geteuid() == 0 and container_id not in self.relay_only:
             attrs = await self.inspect_container(container_id, what="find a session's agent")
             pid = int((attrs.get("State") or {}).get("Pid") or 0)
             if pid > 0:
                 try:
                     client = await open_in_netns(pid, str(attrs["Id"]))
                 except NotReachableHere as e:
-                    if self.direct_agent is None:  # it never worked here: the relay from now on
-                        self.direct_agent = False
-                        self.direct_refusal = str(e)
+                    if len(self.relay_only) >= RELAY_ONLY_REMEMBERED:
+                        self.relay_only.clear()  # tried again: cheap, and a gone container's id is never asked
+                    self.relay_only.add(container_id)
+                    self.direct_refusal = str(e)
                 except OSError as e:
                     raise AgentConnectionLost(f"the session agent's socket: {e}") from None
                 else:
                     self.direct_agent = True
                     return client
         exec_id = await self.exec_create(
-            container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False
+            container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False, user=RELAY_USER
         )
         reader, writer = await self.exec_start(exec_id, False)
         try:
