@@ -24,7 +24,7 @@ SandboxDurability = Literal["ephemeral", "persistent"]
 OutputStream = Literal["stdout", "stderr"]
 
 #: Isolation levels, weakest first: a provider giving level N satisfies every level <= N.
-ISOLATION_ORDER: tuple[str, ...] = get_args(SandboxIsolation)
+ISOLATION_ORDER: tuple[SandboxIsolation, ...] = get_args(SandboxIsolation)
 #: Network reach, narrowest first: a ceiling of N admits every request <= N.
 NETWORK_ORDER: tuple[str, ...] = ("none", "internal", "egress")
 DURABILITIES: tuple[str, ...] = get_args(SandboxDurability)

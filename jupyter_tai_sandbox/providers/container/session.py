@@ -606,7 +606,7 @@ class ContainerSession(SandboxSession):
     # ---------------------------------------------------------- pause, resume
 
     @property
-    def pausable(self) -> bool:  # type: ignore[override]
+    def pausable(self) -> bool:  # type: ignore[override]  # the site's; SandboxSession has a plain attribute
         return self._site.set_paused is not None
 
     async def pause(self) -> SessionInfo:
@@ -627,7 +627,7 @@ class ContainerSession(SandboxSession):
         return self._info()
 
     @property
-    def forkable(self) -> bool:  # type: ignore[override]
+    def forkable(self) -> bool:  # type: ignore[override]  # as pausable
         return self._site.fork is not None
 
     async def fork(self) -> SandboxSession:

@@ -140,7 +140,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     def _workspace_of(self, session_id: str, spec: SessionSpec) -> Path:
         if spec.durability == "persistent":
-            return self._root / spec.workspace_key  # type: ignore[operator]
+            return self._root / spec.workspace_key  # type: ignore[operator]  # a persistent spec has its key
         return self._root / ".ephemeral" / session_id
 
     async def create(self, spec: SessionSpec) -> SandboxSession:
@@ -181,7 +181,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         lease = None
         private_folder(self._root)
         if spec.durability == "persistent":
-            lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]
+            lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]  # a persistent spec has its key
         try:
             if lease is not None:
                 # under the lease: a removal of this key cannot run meanwhile
@@ -264,7 +264,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         lease = None
         if spec.durability == "persistent":
             try:
-                lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]
+                lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]  # a persistent spec has its key
             except SandboxError:
                 return None
         if origin != _THIS_PROCESS:

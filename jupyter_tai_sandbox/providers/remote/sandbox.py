@@ -144,7 +144,7 @@ class RemoteSession(SandboxSession):
         return self._info
 
     @property
-    def pausable(self) -> bool:  # type: ignore[override]
+    def pausable(self) -> bool:  # type: ignore[override]  # the remote's; SandboxSession has a plain attribute
         """As the remote's status says (an older remote says nothing: it decides, answering
         SandboxUnsupportedError where it cannot)."""
         return self._sandbox.pausable
@@ -158,7 +158,7 @@ class RemoteSession(SandboxSession):
         return self._info
 
     @property
-    def forkable(self) -> bool:  # type: ignore[override]
+    def forkable(self) -> bool:  # type: ignore[override]  # as pausable
         return self._sandbox.forkable
 
     async def fork(self) -> SandboxSession:
@@ -271,7 +271,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     kind = "remote"
     # until the remote's status is read: admit everything, the remote decides
-    max_isolation: SandboxIsolation = ISOLATION_ORDER[-1]  # type: ignore[assignment]
+    max_isolation: SandboxIsolation = ISOLATION_ORDER[-1]
     networks = frozenset(NETWORK_ORDER)
     supports_limits = True
     pausable = True
