@@ -45,18 +45,22 @@ func (r startRequest) credential() *syscall.Credential {
 	return cred
 }
 
+// errnoNames are the errno values the agent names in an ERROR frame's code (frames.json's error_codes hold
+// them and the codes the agent sends by name).
+var errnoNames = map[string]syscall.Errno{"ENOENT": syscall.ENOENT, "EACCES": syscall.EACCES,
+	"ENOEXEC": syscall.ENOEXEC, "ENOTDIR": syscall.ENOTDIR, "EPERM": syscall.EPERM, "E2BIG": syscall.E2BIG,
+	"ENOMEM": syscall.ENOMEM, "EAGAIN": syscall.EAGAIN, "EISDIR": syscall.EISDIR, "ELOOP": syscall.ELOOP,
+	"ETXTBSY": syscall.ETXTBSY, "EMFILE": syscall.EMFILE, "EXDEV": syscall.EXDEV,
+	"EEXIST": syscall.EEXIST, "ENOTEMPTY": syscall.ENOTEMPTY, "EINVAL": syscall.EINVAL,
+	"ENOSYS": syscall.ENOSYS, "EBADF": syscall.EBADF, "ENOSPC": syscall.ENOSPC, "EROFS": syscall.EROFS,
+	"ECONNREFUSED": syscall.ECONNREFUSED, "ETIMEDOUT": syscall.ETIMEDOUT,
+	"EHOSTUNREACH": syscall.EHOSTUNREACH, "ENETUNREACH": syscall.ENETUNREACH,
+	"EADDRNOTAVAIL": syscall.EADDRNOTAVAIL, "ENODEV": syscall.ENODEV, "ENXIO": syscall.ENXIO}
+
 func errnoName(err error) string {
 	var e syscall.Errno
 	if errors.As(err, &e) {
-		for name, v := range map[string]syscall.Errno{"ENOENT": syscall.ENOENT, "EACCES": syscall.EACCES,
-			"ENOEXEC": syscall.ENOEXEC, "ENOTDIR": syscall.ENOTDIR, "EPERM": syscall.EPERM, "E2BIG": syscall.E2BIG,
-			"ENOMEM": syscall.ENOMEM, "EAGAIN": syscall.EAGAIN, "EISDIR": syscall.EISDIR, "ELOOP": syscall.ELOOP,
-			"ETXTBSY": syscall.ETXTBSY, "EMFILE": syscall.EMFILE, "EXDEV": syscall.EXDEV,
-			"EEXIST": syscall.EEXIST, "ENOTEMPTY": syscall.ENOTEMPTY, "EINVAL": syscall.EINVAL,
-			"ENOSYS": syscall.ENOSYS, "EBADF": syscall.EBADF, "ENOSPC": syscall.ENOSPC, "EROFS": syscall.EROFS,
-			"ECONNREFUSED": syscall.ECONNREFUSED, "ETIMEDOUT": syscall.ETIMEDOUT,
-			"EHOSTUNREACH": syscall.EHOSTUNREACH, "ENETUNREACH": syscall.ENETUNREACH,
-			"EADDRNOTAVAIL": syscall.EADDRNOTAVAIL, "ENODEV": syscall.ENODEV, "ENXIO": syscall.ENXIO} {
+		for name, v := range errnoNames {
 			if e == v {
 				return name
 			}
