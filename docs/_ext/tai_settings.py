@@ -460,7 +460,8 @@ class EnvironmentDirective(SphinxDirective):
 # ------------------------------------------------------------------ the check
 
 
-SETTING_MENTION = re.compile(r"(?<![\w.])(?P<cls>[A-Z][A-Za-z]+)\.(?P<attr>[A-Za-z_]\w*)")
+#: Class.attr, alone or after a config file's `c.` (not after another name's dot: module.Class.attr is Python)
+SETTING_MENTION = re.compile(r"(?:(?<=\bc\.)|(?<![\w.]))(?P<cls>[A-Z][A-Za-z]+)\.(?P<attr>[A-Za-z_]\w*)")
 EXACT_SETTING = re.compile(r"^(?:--|c\.)?(?P<name>[A-Z][A-Za-z]+\.[A-Za-z_]\w*)(?:\s*=.*)?$", re.S)
 
 
