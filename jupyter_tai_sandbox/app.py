@@ -13,7 +13,7 @@ from typing import Any
 
 from jupyter_server._tz import utcnow
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Float, Integer, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Integer, Unicode, default, validate
 from traitlets.config import Configurable
 
 from . import sandboxes
@@ -98,6 +98,14 @@ class SandboxApp(ExtensionApp):
         Docker Swarm service per session, see SwarmSandbox), 'remote' (the sessions of another server
         running this extension, see RemoteSandbox), 'vm' (one QEMU microVM per session, see VmSandbox),
         or 'module:Class' naming an external Sandbox provider class.""",
+    ).tag(config=True)
+
+    adopt_sessions = Bool(
+        False,
+        help="""At start, take every live session of this server's deployment as its own: the reaper and this
+        server's stop destroy them like those it made. The JupyterHub service (`jupyter tai-sandbox serve`)
+        turns it on, so a service restarted after a crash still stops what the one before it made. Leave it
+        off where several servers share one deployment (each would stop the others' sessions).""",
     ).tag(config=True)
 
     reap_interval_seconds = Float(
@@ -345,6 +353,8 @@ class SandboxApp(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.stop_cleanly_on_sigint(serverapp)
+        if self.adopt_sessions and self.sandbox is not None:
+            await self.adopt_deployment_sessions()
         self.start_reaper()
         if self.sandbox is not None and self._checked_at_start(self.sandbox.provider):
             self._provider_check: asyncio.Future[str | None] | None = asyncio.ensure_future(
@@ -473,6 +483,20 @@ class SandboxApp(ExtensionApp):
             await self.execs.end_session(session_id, "ttl")
         return reaped
 
+    async def adopt_deployment_sessions(self) -> None:
+        """Take the live sessions of this server's deployment as this server's (SandboxApp.adopt_sessions)."""
+        assert self.sandbox is not None
+        try:
+            found = await self.sandbox.list()
+        except SandboxError as e:
+            self.log.warning("jupyter_tai_sandbox: the sessions of the deployment could not be listed: %s", e)
+            return
+        self.registry.ids.update(info.id for info in found)
+        if found:
+            self.log.info(
+                "jupyter_tai_sandbox: took %d session(s) of the deployment as this server's", len(found)
+            )
+
     async def stop_extension(self) -> None:
         """Stop every session this server started (persistent workspaces are kept)."""
         from . import mcp_door
@@ -493,6 +517,9 @@ class SandboxApp(ExtensionApp):
         execs = getattr(self, "execs", None)  # None when the settings were never initialized
         if execs is not None:
             await execs.close()
+        registry = getattr(self, "registry", None)
+        if registry is not None:
+            registry.stopping = True  # no create starts now, and one under way is destroyed as it ends
         sandbox = self.sandbox
         if sandbox is None:
             failure = self.access.failure if self.access is not None else None

@@ -174,6 +174,8 @@ def server_argv(environ: Any = None) -> list[str]:
         f"--ServerApp.authorizer_class={HubServiceAuthorizer.__module__}.HubServiceAuthorizer",
         "--ServerApp.open_browser=False",
         "--ServerApp.terminals_enabled=False",
+        # the sessions of the service's deployment are its own, a crash's survivors included: its stop ends them
+        "--SandboxApp.adopt_sessions=True",
     ]
     url = environ.get("JUPYTERHUB_SERVICE_URL")
     if url:

@@ -22,6 +22,7 @@ An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import getpass
 import re
@@ -34,7 +35,9 @@ from jupyter_server.auth.identity import IdentityProvider, LegacyIdentityProvide
 
 from . import labels, sandboxes
 from .contract import (
+    SandboxError,
     SandboxSession,
+    SandboxUnavailableError,
     SessionInfo,
     SessionSpec,
     is_positive_number,
@@ -132,6 +135,8 @@ class SessionRegistry:
             tuple[int, tuple[str, str], str]
         ] = []  # (mark, slot, id): creates done while a count ran
         self._mark = 0
+        #: set when the server stops: no create starts, and one that was under way is destroyed as it ends
+        self.stopping = False
 
     # ------------------------------------------------------------- create
 
@@ -162,6 +167,8 @@ class SessionRegistry:
         make: Callable[[], Awaitable[SandboxSession]],
     ) -> SandboxSession:
         """A new session of ``spec`` by ``make``, within its owner's quota (see :meth:`create`)."""
+        if self.stopping:
+            raise _stopping()
         owner = spec.owner or (caller.name if caller is not None else None)
         if caller is not None:
             act_for(caller.name)  # the provider's work from here on counts against the caller's share
@@ -173,6 +180,11 @@ class SessionRegistry:
             if caller is not None and slot is not None:
                 await self._check_quota(slot)
             session = await make()
+            if self.stopping:  # the server's stop has destroyed what it held: this one would outlive it
+                made, session = session, None
+                with contextlib.suppress(SandboxError):
+                    await made.destroy(remove_workspace=False)
+                raise _stopping()
             self.ids.add(session.id)
             return session
         finally:
@@ -300,3 +312,9 @@ class SessionRegistry:
 
     def forget(self, session_id: str) -> None:
         self.ids.discard(session_id)
+
+
+def _stopping() -> SandboxUnavailableError:
+    return SandboxUnavailableError(
+        "the server is stopping: it makes no new session (try again once it is back)"
+    )

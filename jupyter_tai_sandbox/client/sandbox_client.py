@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import http.client
 import json
 import ssl
 import urllib.error
@@ -50,13 +51,19 @@ _ABANDON_SECONDS = 10.0
 
 
 def error_from_body(status: int, body: bytes) -> SandboxError:
-    """The exception a JSON error body stands for."""
+    """The exception a JSON error body stands for. An answer that is not the API's (a proxy's or a hub's HTML
+    page: the server is stopped, restarting or not routed) is the server's unavailability, said in plain
+    words, never its page."""
     try:
         data = json.loads(body)
         message = data["message"]
         data["error"]
     except (ValueError, KeyError, TypeError):
-        return SandboxError(f"HTTP {status}: {body[:200].decode(errors='replace')}")
+        reason = http.client.responses.get(status, "")
+        return SandboxUnavailableError(
+            f"the sandbox API did not answer (HTTP {status}{f' {reason}' if reason else ''}, not its own "
+            "error): its server is stopped, restarting or not reachable; try again shortly"
+        )
     return error_from_json(data, fallback=f"HTTP {status}: {message}")
 
 
