@@ -14,7 +14,7 @@ import pytest
 
 from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.providers.docker.images.packages import LABEL_PIP
-from tests.support.doc_blocks import block, fenced_blocks, pages
+from tests.support.doc_blocks import DOCS, block, fenced_blocks, pages
 from tests.support.live_server import LOCAL_ARGS, LiveServer
 
 MAGICS_PAGE = "users/magics.md"
@@ -137,3 +137,59 @@ def test_the_python_api_page_runs_as_written_on_local(tmp_path):
     lines = ran.stdout.splitlines()
     assert lines[0] == "0 b'hello\\ndata'", lines
     assert lines[-1] == "b'a,b\\n1,2\\n'", lines
+
+
+_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def _trait(cls_name: str, name: str):
+    """The configurable trait ``cls_name.name`` of a settings class the docs name, or None."""
+    from jupyter_tai_sandbox.app import SandboxApp
+    from jupyter_tai_sandbox.mcp_door import SandboxMCP
+    from jupyter_tai_sandbox.policy import SandboxPolicy
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+    from jupyter_tai_sandbox.providers.local import LocalSandbox
+    from jupyter_tai_sandbox.providers.remote import RemoteSandbox
+    from jupyter_tai_sandbox.providers.swarm import SwarmSandbox
+    from jupyter_tai_sandbox.providers.vm import VmSandbox
+
+    classes = {c.__name__: c for c in (SandboxApp, SandboxMCP, SandboxPolicy, DockerSandbox, LocalSandbox,
+                                       RemoteSandbox, SwarmSandbox, VmSandbox)}  # fmt: skip
+    cls = classes.get(cls_name)
+    return None if cls is None else cls.class_traits(config=True).get(name)
+
+
+def test_the_limits_page_gives_each_caps_default_as_the_code_has_it():
+    """docs/operators/limits.md is the one hand-written table of settings: each numeric default it gives is
+    the trait's own (a bare `name` after `Class.other` in a row is Class's; sizes in KiB/MiB/GiB are bytes
+    for a *_bytes setting, MiB for a *_mb one)."""
+    checked = 0
+    for row in (DOCS / "operators" / "limits.md").read_text().splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] == "cap" or set(cells[0]) <= {"-", " "} or "`" in cells[1]:
+            continue
+        settings: list[tuple[str, str]] = []
+        current = ""
+        for name in re.findall(r"`([A-Za-z_.*]+)`", cells[2]):
+            cls_name, _, trait = name.rpartition(".")
+            current = cls_name or current
+            if _trait(current, trait) is not None and _trait(current, trait).__class__.__name__ in (
+                "Int",
+                "Float",
+            ):
+                settings.append((current, trait))
+        numbers = re.findall(r"(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB)?", cells[1])
+        if not settings or not numbers:
+            continue
+        if len(numbers) == 1:
+            numbers = numbers * len(settings)
+        for (cls_name, trait), (number, unit) in zip(settings, numbers, strict=False):
+            value = float(number)
+            if unit and trait.endswith("_bytes"):
+                value *= _UNITS[unit]
+            default = getattr(_trait(cls_name, trait), "default_value", None)
+            assert value == default, (
+                f"limits.md gives {cls_name}.{trait} = {cells[1]!r}; the code's is {default!r}"
+            )
+            checked += 1
+    assert checked >= 40, checked  # every numeric row is read
