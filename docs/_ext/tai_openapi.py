@@ -18,7 +18,7 @@ import yaml
 from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
-from tai_nodes import literal_text, section, table
+from tai_nodes import inline, literal_text, section, table
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 
@@ -214,7 +214,7 @@ class OpenApiDirective(SphinxDirective):
                     ref += literal_text(name)
                     description.append(ref)
                     description.append(nodes.Text(": "))
-                description.append(nodes.Text(" ".join(str(resolved.get("description", "")).split())))
+                description += inline(" ".join(str(resolved.get("description", "")).split()))
                 schemas: list[nodes.Node] = []
                 for i, (_kind, content) in enumerate((resolved.get("content") or {}).items()):
                     if i:

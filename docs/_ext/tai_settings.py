@@ -14,7 +14,8 @@ And on every page: inline code, text or a code block that names a setting of one
 (``SandboxPolicy.max_ttl_seconds``, ``--SandboxApp.provider=local``, ``c.DockerSandbox.max_cpu``) is
 checked: a name that is neither a setting nor another attribute of its class is a warning (an error under
 ``-W``); inline code that is exactly a setting, or exactly an environment variable the package reads,
-becomes a link to its entry.
+becomes a link to its entry; so does inline code that is exactly an error class of the error table (to its
+row in the errors reference).
 """
 
 from __future__ import annotations
@@ -490,6 +491,9 @@ class CheckSettingNames(SphinxTransform):
 
     def apply(self, **kwargs: Any) -> None:
         env_names = set(environment())
+        from jupyter_tai_sandbox.errors import ERROR_CLASSES
+
+        error_names = set(ERROR_CLASSES)
         if self.env.current_document.docname in self.HISTORY:
             return
         for node in list(self.document.findall(lambda n: isinstance(n, (nodes.Text, nodes.literal_block)))):
@@ -517,6 +521,12 @@ class CheckSettingNames(SphinxTransform):
             elif text.lstrip("$") in env_names:
                 ref = envvar_ref(text.lstrip("$"))
                 ref.children = [literal.deepcopy()]
+                literal.replace_self(ref)
+            elif text in error_names:
+                ref = addnodes.pending_xref(
+                    "", refdomain="std", reftype="ref", reftarget=f"error-{text.lower()}", refexplicit=True
+                )
+                ref += literal.deepcopy()
                 literal.replace_self(ref)
 
 
