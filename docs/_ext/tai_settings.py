@@ -14,7 +14,7 @@ And on every page: inline code, text or a code block that names a setting of one
 (``SandboxPolicy.max_ttl_seconds``, ``--SandboxApp.provider=local``, ``c.DockerSandbox.max_cpu``) is
 checked: a name that is neither a setting nor another attribute of its class is a warning (an error under
 ``-W``); inline code that is exactly a setting, or exactly an environment variable the package reads,
-becomes a link to its entry; so does inline code that is exactly an error class of the error table (to its
+becomes a link to its entry, and so does a setting named in plain text; so does inline code that is exactly an error class of the error table (to its
 row in the errors reference).
 """
 
@@ -528,6 +528,44 @@ class CheckSettingNames(SphinxTransform):
                 )
                 ref += literal.deepcopy()
                 literal.replace_self(ref)
+        for text_node in list(self.document.findall(nodes.Text)):
+            if _inside(text_node, SKIP_TEXT) or _inside_link(text_node):
+                continue
+            _link_mentions(text_node)
+
+
+#: where a setting named in plain text stays plain: code, titles, a signature
+SKIP_TEXT = (nodes.literal, nodes.FixedTextElement, nodes.title, nodes.rubric, nodes.field_name, nodes.raw)
+
+
+def _inside(node: nodes.Node, kinds: tuple[type, ...]) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, kinds):
+            return True
+        parent = parent.parent
+    return False
+
+
+def _link_mentions(text_node: nodes.Text) -> None:
+    """A setting named in plain text (``... than SandboxPolicy.max_sessions_per_user is 429``) links to its entry."""
+    text = str(text_node)
+    pieces: list[nodes.Node] = []
+    at = 0
+    for match in SETTING_MENTION.finditer(text):
+        name = f"{match['cls']}.{match['attr']}"
+        if name not in settings_by_name():
+            continue
+        pieces.append(nodes.Text(text[at : match.start()]))
+        ref = addnodes.pending_xref(
+            "", refdomain="std", reftype="confval", reftarget=name, refexplicit=True, refwarn=True
+        )
+        ref += nodes.inline(name, name)
+        pieces.append(ref)
+        at = match.end()
+    if pieces and text_node.parent is not None:
+        pieces.append(nodes.Text(text[at:]))
+        text_node.parent.replace(text_node, pieces)
 
 
 def _inside_link(node: nodes.Node) -> bool:
