@@ -5,6 +5,7 @@ keep (README's and docs/'s)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -120,10 +121,49 @@ def test_a_snippet_with_top_level_await_says_it_is_for_a_notebook():
                 assert "notebook" in said and "asyncio.run" in said, (path, code)
 
 
-def test_the_python_api_page_runs_as_written_on_local(tmp_path):
-    """docs/users/python-api.md's example, run the way the page says (the local provider, the floor lowered)."""
+def test_the_quickstarts_shell_walk_through_runs_as_written(tmp_path):
+    """docs/users/quickstart.md's curl block, run by bash against a live local server: the only change is
+    the server's address (the page's http://localhost:8888 becomes the test server's); the token comes from
+    `jupyter server list`, as the page says."""
+    live = LiveServer(tmp_path, args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp_path / 'sandboxes'}")).start()
+    try:
+        script = block("users/quickstart.md", "rest-curl").replace(
+            "http://localhost:8888", live.url.rstrip("/")
+        )
+        work = tmp_path / "work"
+        work.mkdir()
+        ran = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script], env=live.env, cwd=work, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        answers, text = [], ran.stdout.strip()
+        while text:  # curl prints each JSON answer as it came, without a newline
+            value, end = json.JSONDecoder().raw_decode(text)
+            answers.append(value)
+            text = text[end:].lstrip()
+        status, executed, uploaded, listing = answers  # the DELETE answers no body
+        assert status["kind"] == "local", status
+        assert executed == {"exit_code": 0, "encoding": "utf-8", "stdout": "hello\n", "stderr": ""}, executed
+        assert uploaded == {"path": "data.csv", "size": 8}, uploaded
+        assert [e["name"] for e in listing["entries"]] == ["data.csv"], listing
+        assert live.session_ids() == set()  # the walk-through destroyed its session
+    finally:
+        live.stop()
+
+
+@pytest.mark.parametrize(
+    ("page", "label", "last"),
+    [
+        ("users/python-api.md", "python-api", "b'a,b\\n1,2\\n'"),
+    ],
+    ids=["python-api-page"],
+)
+def test_the_python_examples_run_as_written_on_local(tmp_path, page, label, last):
+    """The Python API page's example and README's, run the way they say (the local provider, the floor
+    lowered)."""
     script = tmp_path / "example.py"
-    script.write_text(block("users/python-api.md", "python-api"))
+    script.write_text(block(page, label))
     env = {
         **os.environ,
         "TAI_MCP_SANDBOX": "local",
@@ -136,7 +176,7 @@ def test_the_python_api_page_runs_as_written_on_local(tmp_path):
     assert ran.returncode == 0, ran.stderr
     lines = ran.stdout.splitlines()
     assert lines[0] == "0 b'hello\\ndata'", lines
-    assert lines[-1] == "b'a,b\\n1,2\\n'", lines
+    assert lines[-1] == last, lines
 
 
 _UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
