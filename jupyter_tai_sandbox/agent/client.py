@@ -563,7 +563,7 @@ class AgentClient:
         if self.process is not None:
             try:
                 await asyncio.wait_for(self.process.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()
                 await self.process.wait()

@@ -140,7 +140,7 @@ class SandboxClient:
                 streaming_callback=streaming_callback,
                 timeout=self.request_timeout,
             )
-        except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11 on
+        except TimeoutError:  # the builtin TimeoutError from 3.11 on
             raise SandboxUnavailableError(
                 f"no answer from the sandbox API at {self.url} within {self.request_timeout:g} s"
             ) from None

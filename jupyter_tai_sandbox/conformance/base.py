@@ -183,7 +183,7 @@ class SuiteBase:
             await asyncio.wait_for(check(), timeout=limit)
         except CheckFailed as e:
             return f"{name}: {e}"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"{name}: did not finish within {limit:g}s"
         except Exception as e:
             return f"{name}: raised {type(e).__name__}: {e}"
@@ -208,7 +208,7 @@ class SuiteBase:
         for session in self.created:
             try:
                 await asyncio.wait_for(session.destroy(remove_workspace=True), limit)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.failures.append(f"cleanup: destroying session {session.id} took longer than {limit:g}s")
             except SandboxError:
                 pass

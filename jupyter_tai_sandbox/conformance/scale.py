@@ -51,7 +51,7 @@ class ScaleChecks(SuiteBase):
             await asyncio.sleep(self.t(0.5))  # it fills whatever buffers the provider has for it
             try:
                 beside = await asyncio.wait_for(read_all(readers), self.t(60) + 4 * alone)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise CheckFailed(
                     f"{readers} read commands did not finish beside one unread command (alone: {alone:.1f}s)"
                 ) from None
@@ -111,7 +111,7 @@ class ScaleChecks(SuiteBase):
             await asyncio.wait_for(asyncio.shield(upload), self.t(10))
         except asyncio.CancelledError:
             pass
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise CheckFailed("a cancelled upload did not end within 10s") from None
         except SandboxError:
             pass
@@ -146,7 +146,7 @@ class ScaleChecks(SuiteBase):
         expect(took < self.t(15), f"destroy() during an upload took {took:.1f}s")
         try:
             await asyncio.wait_for(upload, self.t(10))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise CheckFailed("an upload whose session was destroyed did not end within 10s") from None
         except SandboxError:
             pass

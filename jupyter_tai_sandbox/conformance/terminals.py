@@ -32,7 +32,7 @@ class PtyChecks(SuiteBase):
             left = deadline - time.monotonic()
             try:
                 item = await asyncio.wait_for(handle.output.__anext__(), max(0.01, left))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise CheckFailed(
                     f"{what}: no {pattern!r} within {self.t(timeout):g}s: {bytes(seen[-300:])!r}"
                 ) from None

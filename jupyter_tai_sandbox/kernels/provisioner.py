@@ -351,7 +351,7 @@ class SandboxProvisioner(KernelProvisionerBase):
     async def _launch_kernel(self) -> KernelConnectionInfo:
         try:
             return await asyncio.wait_for(self._launch(), self.start_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._teardown()
             raise SandboxKernelError(
                 f"the sandboxed kernel did not come up within {self.start_timeout_seconds:g} s "

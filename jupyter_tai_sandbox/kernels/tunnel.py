@@ -303,7 +303,7 @@ class Tunnel:
         tunnel = cls(handle, window=window)
         try:
             await asyncio.wait_for(asyncio.shield(tunnel._hello), start_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await tunnel.close()
             raise TunnelError(f"the tunnel relay did not answer within {start_timeout_seconds:g} s") from None
         except BaseException:

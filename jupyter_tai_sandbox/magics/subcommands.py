@@ -402,7 +402,7 @@ class LineSubcommands(NamedSessions):
 
         try:
             client, status = self._run(connect(), find_server=False)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SandboxUnavailableError(f"no answer from {args.url} within 30 s") from None
         if not isinstance(status, dict) or "kind" not in status:
             raise SandboxUnavailableError(

@@ -219,7 +219,7 @@ class SandboxMCP(LoggingConfigurable):
             self._stop.set()
         try:
             await asyncio.wait_for(task, 10)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             task.cancel()
         except Exception as e:  # the SDK's shutdown failing must not stop the server's
             self.log.warning("jupyter_tai_sandbox: the MCP door stopped with %s", e)

@@ -221,7 +221,7 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
             ping.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             await asyncio.wait_for(asyncio.shield(ping), STATUS_PING_SECONDS)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SandboxUnavailableError(
                 f"the Docker engine at {self._engine.base_url} did not answer a ping within "
                 f"{STATUS_PING_SECONDS:g} s (stopped or overloaded)"

@@ -375,7 +375,7 @@ class LiveCommands:
                 expires_at = _last_known_end(session) or command.session_end
                 ended_by_ttl = expires_at is not None and expires_at <= time.time() + 1
                 return self.mark_gone(command.session_id, "ttl" if ended_by_ttl else "destroyed")
-            except (SandboxError, asyncio.TimeoutError):
+            except (TimeoutError, SandboxError):
                 return None
             command.session_end = info.expires_at
             if info.expires_at <= time.time():

@@ -733,7 +733,7 @@ async def test_websocket_start_messages_end_with_one_json_message(jp_fetch, jp_w
     for first in starts:
         try:
             texts = await asyncio.wait_for(_one_connection(jp_ws_fetch, sid, first), WS_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             problems.append(f"hang: start {str(first)[:200]}")
             continue
         problem = _ws_problem(first, texts)

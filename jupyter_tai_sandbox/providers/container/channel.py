@@ -75,7 +75,7 @@ class AgentChannel:
                 self._client = await asyncio.wait_for(self._open(), self._limit)
                 self._client.still_there = self._still_there
                 self._client.answer_within = self._answer_within
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise SandboxError(
                     f"the agent of session {self.session_id} did not answer within {self._limit:g} s"
                 ) from None

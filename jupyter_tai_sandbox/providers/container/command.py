@@ -176,7 +176,7 @@ class ContainerCommand(ExecHandle):
             self._stopping = True
             try:
                 await asyncio.wait_for(asyncio.shield(self._cmd.kill()), KILL_LIMIT_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise SandboxError(
                     f"the stop did not finish within {KILL_LIMIT_SECONDS:g} s; it had reported nothing "
                     "(the session agent did not answer the kill)"

@@ -217,7 +217,7 @@ class EngineCalls:
     async def _bounded(self, awaitable: Any, within: float, what: str) -> Any:
         try:
             return await asyncio.wait_for(awaitable, within)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self.unanswered(within, what) from None
 
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

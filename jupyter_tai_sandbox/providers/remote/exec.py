@@ -174,7 +174,7 @@ class RemoteCommand(ExecHandle):
             if self._final is None:
                 try:
                     await asyncio.wait_for(asyncio.shield(self._ended.wait()), KILL_WAIT_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise SandboxError(
                         f"the remote server stopped the command but sent no exit within {KILL_WAIT_SECONDS:g} s"
                     ) from None

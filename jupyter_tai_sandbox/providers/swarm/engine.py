@@ -71,7 +71,7 @@ class TlsEngineAddress(EngineAddress):
             transport, _ = await asyncio.wait_for(
                 loop.create_connection(lambda: protocol, self.host, self.port, ssl=self._context), self._limit
             )
-        except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError, ssl.SSLError) as e:
             raise SandboxUnavailableError(f"cannot reach the Docker engine at {self.url}: {e}") from e
         return reader, TlsHalfCloseWriter(transport, protocol, reader, loop)
 

@@ -275,7 +275,7 @@ async def _run(argv: list[str]) -> None:
     )
     try:
         out, _ = await asyncio.wait_for(process.communicate(), PLUMB_SECONDS)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         process.kill()
         await process.wait()
         raise SandboxUnavailableError(

@@ -371,7 +371,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             return None
         try:
             return await ensure_golden(guest, **shape)
-        except (VmError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, VmError, OSError) as e:
             self.log.warning("sandbox-vm: no golden snapshot for %s, booting: %s", shape, e)
             return None
 
@@ -387,7 +387,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 await asyncio.wait_for(restore(golden, qmp), RESTORE_SECONDS)
                 await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()
                 return True
-            except (SandboxError, VmError, OSError, asyncio.TimeoutError) as e:
+            except (TimeoutError, SandboxError, VmError, OSError) as e:
                 if not self._machines.folder(session_id).is_dir():
                     raise session_gone(session_id) from None  # destroyed meanwhile: not the golden's fault
                 self.log.warning(
