@@ -152,6 +152,43 @@ def test_the_quickstarts_shell_walk_through_runs_as_written(tmp_path):
         live.stop()
 
 
+def _curl_lines(text: str, url: str) -> list[str]:
+    """The curl commands of a shell block (continuation lines joined), the page's server address replaced."""
+    joined = re.sub(r"\\\n\s*", "", text)
+    return [
+        line.replace("http://localhost:8888", url) for line in joined.splitlines() if line.startswith("curl ")
+    ]
+
+
+def test_the_code_tools_page_authors_and_runs_its_preset_over_rest(tmp_path):
+    """docs/users/code-tools.md: its word_count definition, PUT by the page's curl line and run by the
+    page's curl line against a live local server, answers what the page's comment shows."""
+    live = LiveServer(
+        tmp_path,
+        args=(*LOCAL_ARGS, f"--LocalSandbox.root={tmp_path / 'sandboxes'}",
+              f"--SandboxApp.presets_path={tmp_path / 'presets.json'}"),
+    ).start()  # fmt: skip
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "word_count.json").write_text(block("users/code-tools.md", "preset-word-count"))
+        env = {**live.env, "TOKEN": live.token}
+        url = live.url.rstrip("/")
+        (author,) = _curl_lines(block("users/code-tools.md", "preset-author"), url)
+        run_block = block("users/code-tools.md", "preset-run")
+        (run,) = _curl_lines(run_block, url)
+        for line in (author, run):
+            ran = subprocess.run(
+                ["bash", "-c", f"{line} -sS --fail-with-body"], env=env, cwd=work, capture_output=True, text=True,
+                timeout=120,
+            )  # fmt: skip
+            assert ran.returncode == 0, (line, ran.stdout, ran.stderr)
+        shown = re.search(r"^# (\{.*\})$", run_block, re.M)
+        assert shown and json.loads(ran.stdout) == json.loads(shown.group(1)), ran.stdout
+    finally:
+        live.stop()
+
+
 @pytest.mark.parametrize(
     ("page", "label", "last"),
     [
