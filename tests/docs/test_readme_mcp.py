@@ -3,6 +3,7 @@ a live server with the pinned `mcp` SDK, and the tools it lists are the ones the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -74,3 +75,10 @@ def test_the_magics_page_gives_the_magics_default_ttl_and_timeout():
     options = " ".join(passage("users/magics.md", "magics-options").split())
     assert f"lives {DEFAULT_TTL / 3600:g} h unless `--ttl`" in options
     assert DEFAULT_TIMEOUT == 3600 and "the command's deadline (default one hour)" in options
+
+
+def test_the_pages_agent_host_config_is_json_naming_the_door_and_the_token_header():
+    config = json.loads(block(MCP_PAGE, "mcp-claude-code"))
+    (server,) = config["mcpServers"].values()
+    assert server["type"] == "http" and server["url"].endswith("/api/sandbox/mcp"), server
+    assert server["headers"] == {"Authorization": "token ${JUPYTER_TOKEN}"}, server
