@@ -44,6 +44,27 @@ def clean_sandbox_slot(monkeypatch):
     sandboxes.unregister_sandbox()
 
 
+@pytest.fixture
+def jp_ws_fetch(jp_ws_fetch):
+    """pytest-jupyter's, and every websocket it opened is closed at the test's end (one a test read to its
+    end stays open on the client's side: tornado warns of it when collected, in whatever test runs then)."""
+    opened = []
+
+    def fetch(*parts, **kwargs):
+        connecting = jp_ws_fetch(*parts, **kwargs)
+
+        def done(future) -> None:
+            if not future.cancelled() and future.exception() is None:
+                opened.append(future.result())
+
+        connecting.add_done_callback(done)
+        return connecting
+
+    yield fetch
+    for ws in opened:
+        ws.close()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test whose name or parameters say docker needs the engine: it carries the ``docker`` mark. One that
     disturbs the engine skips unless CI=true or TAI_SANDBOX_DISTURB_ENGINE=1."""
