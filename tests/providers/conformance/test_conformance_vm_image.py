@@ -8,9 +8,8 @@ import pytest
 
 from jupyter_tai_sandbox.conformance import check_names
 from jupyter_tai_sandbox.testing import SandboxConformance
-from tests.providers.conformance.test_conformance_vm import NothingLeftOfTheCheck, vm_sandbox
 from tests.support.docker import TEST_IMAGE, docker_client
-from tests.support.vm import need_qemu
+from tests.support.vm import NothingLeftOfTheCheck, need_qemu, vm_sandbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(90)]
 
