@@ -31,6 +31,7 @@ from tests.support.kernels import (
     install_spec,
     notebook,
     run_notebook,
+    started_kernel,
     stdout,
 )
 
@@ -189,20 +190,13 @@ def test_signals_cross_the_seam_and_a_dead_tunnel_ends_the_kernel(tmp_path, monk
     """SIGINT through the seam (interrupt_mode signal works too); the relay's death ends the kernel."""
     import signal
 
-    from jupyter_client.manager import AsyncKernelManager
-
     name = install_spec(tmp_path, monkeypatch)
     sandboxes.register_sandbox(
         LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="none")
     )
 
     async def main() -> None:
-        km = AsyncKernelManager(kernel_name=name)
-        await km.start_kernel()
-        kc = km.client()
-        kc.start_channels()
-        try:
-            await kc.wait_for_ready(timeout=60)
+        async with started_kernel(name) as (km, kc):
             msg_id = kc.execute("import time; time.sleep(60)")
             await asyncio.sleep(1.0)
             started = time.monotonic()
@@ -219,9 +213,6 @@ def test_signals_cross_the_seam_and_a_dead_tunnel_ends_the_kernel(tmp_path, monk
             while await km.is_alive():
                 assert time.monotonic() < deadline, "the kernel outlived its tunnel"
                 await asyncio.sleep(0.1)
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
         assert [i for i in await sandboxes.require_sandbox().list() if i.consumer.startswith("kernel:")] == []
 
     asyncio.run(main())
@@ -246,8 +237,6 @@ def test_a_kernel_life_over_the_command_ceiling_is_refused_not_clamped(tmp_path,
 
 
 def test_a_kernels_default_life_is_the_longest_both_maxima_allow(tmp_path, monkeypatch):
-    from jupyter_client.manager import AsyncKernelManager
-
     assert SandboxProvisioner()._life(SandboxPolicy(max_ttl_seconds=7200, max_timeout_seconds=600)) == 600
     assert SandboxProvisioner()._life(SandboxPolicy(max_ttl_seconds=300, max_timeout_seconds=600)) == 300
     assert SandboxProvisioner()._life(SandboxPolicy(max_ttl_seconds=0, max_timeout_seconds=0)) == 24 * 3600
@@ -257,16 +246,8 @@ def test_a_kernels_default_life_is_the_longest_both_maxima_allow(tmp_path, monke
     sandboxes.register_sandbox(LocalSandbox(root=str(tmp_path / "root")), policy=policy)
 
     async def main() -> None:
-        km = AsyncKernelManager(kernel_name=name)
-        await km.start_kernel()
-        kc = km.client()
-        kc.start_channels()
-        try:
-            await kc.wait_for_ready(timeout=60)
+        async with started_kernel(name) as (km, _):
             info = await km.provisioner.session.info()
             assert info.expires_at - info.created_at == pytest.approx(600, abs=1)
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
 
     asyncio.run(main())

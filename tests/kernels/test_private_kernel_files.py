@@ -19,7 +19,7 @@ from jupyter_tai_sandbox.contract import SessionSpec
 from jupyter_tai_sandbox.kernels.provisioner import KERNEL_DIR
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.local import LocalSandbox
-from tests.support.kernels import install_spec
+from tests.support.kernels import install_spec, started_kernel
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,7 +29,6 @@ def mode(path: str | os.PathLike[str]) -> int:
 
 
 def test_a_local_kernels_connection_file_is_0600_in_0700_folders(tmp_path, monkeypatch):
-    from jupyter_client.manager import AsyncKernelManager
 
     name = install_spec(tmp_path, monkeypatch)
     root = tmp_path / "root"
@@ -38,12 +37,7 @@ def test_a_local_kernels_connection_file_is_0600_in_0700_folders(tmp_path, monke
     sandboxes.register_sandbox(LocalSandbox(root=str(root)), policy=SandboxPolicy(isolation="none"))
 
     async def main() -> dict[str, int]:
-        km = AsyncKernelManager(kernel_name=name)
-        await km.start_kernel()
-        kc = km.client()
-        kc.start_channels()
-        try:
-            await kc.wait_for_ready(timeout=60)
+        async with started_kernel(name) as (km, _):
             session = km.provisioner.session
             connection_file = session.resolve(f"{KERNEL_DIR}/kernel-{km.kernel_id}.json")
             with open(connection_file) as f:
@@ -54,9 +48,6 @@ def test_a_local_kernels_connection_file_is_0600_in_0700_folders(tmp_path, monke
                 "local root": mode(root),
                 "host connection file": mode(km.connection_file),
             }
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
 
     modes = asyncio.run(main())
     assert modes == {

@@ -7,11 +7,13 @@ import contextlib
 import queue
 import socket
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
+from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 
 from jupyter_tai_sandbox.cli import main as cli
@@ -29,6 +31,21 @@ async def local_session(tmp_path):
     finally:
         await session.destroy()
         await sandbox.close()
+
+
+@contextlib.asynccontextmanager
+async def started_kernel(name: str) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """A kernel of kernelspec ``name`` started here (no server) and its client, ready; shut down at once after."""
+    km = AsyncKernelManager(kernel_name=name)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
 
 
 #: the interrupted cell's deadline in nbclient; the interrupt must land within INTERRUPT_LIMIT after it
