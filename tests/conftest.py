@@ -76,7 +76,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class EngineChecks:
-    """Once per run, in the process that started it (the xdist controller, or the only one with -n 0):
+    """Once per run, in the process that started it (the xdist controller, or the only one without -n):
     another deployment's sessions, workspace and network are planted past their TTL before any test,
     and after the last one (the serial group included) they must all be there, untouched by any test,
     reaper or server of ours; and nothing any part of this run made may be left on the engine."""

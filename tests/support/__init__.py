@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: screenshots and logs a failed test leaves for a human (ignored by git)
 ARTIFACTS = REPO / "tests" / "artifacts"
 
-#: True in the process that started the run (the xdist controller, or the only process with -n 0): it
+#: True in the process that started the run (the xdist controller, or the only process without -n): it
 #: plants the foreign deployment and checks, at the end, that the whole run left nothing on the engine.
 #: Its workers and the serial group's process inherit the run's id.
 TOP_LEVEL = "TAI_SANDBOX_TEST_RUN" not in os.environ
