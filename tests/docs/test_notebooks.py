@@ -21,7 +21,7 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, in_ci
+from tests.support.docker import RUN_FILTER, docker_client, in_ci, server_args
 from tests.support.live_server import ANSI, LOCAL_ARGS, REPO, LiveServer, ServerKernelManager
 
 pytestmark = [pytest.mark.slow(176)]
@@ -106,10 +106,7 @@ def test_getting_started_notebook(tmp_path):
 
 def test_getting_started_notebook_on_docker_with_the_default_image(tmp_path):
     docker_client()  # skips without an engine (fails in CI)
-    ((key, value),) = RUN_LABEL.items()
-    server = LiveServer(
-        tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")
-    ).start()
+    server = LiveServer(tmp_path, args=server_args(image=None)).start()
     try:
         check_getting_started(execute(server, "getting-started.ipynb"), provider="docker")
         assert (server.root / "by-size.csv").exists()
@@ -119,15 +116,7 @@ def test_getting_started_notebook_on_docker_with_the_default_image(tmp_path):
 
 def test_docker_isolation_notebook(tmp_path):
     client = docker_client()  # skips without an engine (fails in CI)
-    ((key, value),) = RUN_LABEL.items()
-    server = LiveServer(
-        tmp_path,
-        args=(
-            "--SandboxApp.provider=docker",
-            f"--DockerSandbox.image={TEST_IMAGE}",
-            f"--DockerSandbox.extra_labels={key}={value}",
-        ),
-    ).start()
+    server = LiveServer(tmp_path, args=server_args()).start()
     try:
         out = execute(server, "docker-isolation.ipynb")
     finally:
@@ -147,7 +136,7 @@ def test_docker_isolation_notebook(tmp_path):
     assert "sandbox: exit status 137" in text(out["memory"], "stderr")
     after = text(out["memory-after"], "stdout")
     assert "still answers" in after and str(32 * 1024 * 1024) in after
-    mine = {"label": f"{key}={value}"}
+    mine = {"label": RUN_FILTER}
     assert not client.containers.list(all=True, filters=mine)  # server shutdown removed them
 
 

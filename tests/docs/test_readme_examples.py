@@ -67,7 +67,7 @@ def test_the_magics_page_runs_as_written_on_local(tmp_path):
 
 
 def test_the_magics_page_runs_as_written_on_docker(tmp_path):
-    from tests.support.docker import RUN_LABEL, docker_client, in_ci
+    from tests.support.docker import docker_client, in_ci, server_args
 
     client = docker_client()  # skips without an engine (fails in CI)
     try:
@@ -83,11 +83,8 @@ def test_the_magics_page_runs_as_written_on_docker(tmp_path):
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    ((key, value),) = RUN_LABEL.items()
     # the server's default configuration: no image named, so sessions get the Python image
-    live = LiveServer(
-        tmp_path, args=("--SandboxApp.provider=docker", f"--DockerSandbox.extra_labels={key}={value}")
-    ).start()
+    live = LiveServer(tmp_path, args=server_args(image=None)).start()
     try:
         kernel = live.start_kernel()
         try:

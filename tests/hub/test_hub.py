@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, browser_network, free_port
-from tests.support.docker import docker_client, in_ci
+from tests.support.docker import docker_client, in_ci, remove_deployment
 from tests.support.lab import missing_prerequisites, open_panel_tab, shot
 from tests.support.live_server import Kernel, wait_for_connection_file
 from tests.support.processes import running
@@ -272,33 +272,6 @@ def _engine_sessions(deployment: str) -> list:
     return asyncio.run(listing())
 
 
-def _remove_deployment(deployment: str) -> None:
-    """Destroy every session and workspace the test's deployment left (ours only)."""
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
-    async def remove():
-        sandbox = DockerSandbox(deployment=deployment)
-        try:
-            for info in await sandbox.list():
-                with contextlib.suppress(Exception):
-                    await (await sandbox.get(info.id)).destroy(remove_workspace=True)
-        finally:
-            await sandbox.close()
-
-    asyncio.run(remove())
-    import docker
-
-    client = docker.from_env(version="auto", timeout=30)
-    try:
-        from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_DEPLOYMENT
-
-        for volume in client.volumes.list(filters={"label": f"{LABEL_DEPLOYMENT}={deployment}"}):
-            with contextlib.suppress(Exception):
-                volume.remove(force=True)
-    finally:
-        client.close()
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     try:
@@ -316,7 +289,11 @@ def hub(tmp_path_factory):
         yield hub
     finally:
         hub.stop()
-        _remove_deployment(hub.deployment)
+        client = docker_client()
+        try:
+            remove_deployment(client, hub.deployment)  # what the hub's servers left, ours only
+        finally:
+            client.close()
 
 
 def test_the_docs_show_the_config_the_test_runs():

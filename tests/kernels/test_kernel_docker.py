@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 from jupyter_tai_sandbox import sandboxes
 from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.policy import SandboxPolicy
-from tests.support.docker import RUN_LABEL, leftovers, python_image
+from tests.support.docker import RUN_FILTER, RUN_LABEL, leftovers, python_image
 from tests.support.kernels import check_notebook, install_spec, notebook, run_notebook
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.docker]
@@ -27,7 +27,7 @@ def engine():
         yield client
     finally:
         # whatever happened, nothing of this run stays on the engine
-        for container in client.containers.list(all=True, filters={"label": "=".join(*RUN_LABEL.items())}):
+        for container in client.containers.list(all=True, filters={"label": RUN_FILTER}):
             container.remove(force=True)
         client.close()
 

@@ -338,20 +338,14 @@ def test_only_a_commands_owner_or_an_admin_takes_it_over_from_the_server_that_re
     from jupyter_tai_sandbox.contract import ExecRequest, SessionSpec
     from jupyter_tai_sandbox.gate import GatedSandbox
     from jupyter_tai_sandbox.policy import SandboxPolicy
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
     from jupyter_tai_sandbox.server.execs import LiveCommandPolicy, LiveCommands
     from jupyter_tai_sandbox.sessions import Caller
-    from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
+    from tests.support.docker import docker_client, provider
 
     docker_client().close()
 
     async def main() -> None:
-        gate, other = (
-            GatedSandbox(
-                DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, pool_size=0), SandboxPolicy()
-            )
-            for _ in range(2)
-        )
+        gate, other = (GatedSandbox(provider(pool_size=0), SandboxPolicy()) for _ in range(2))
         session = await gate.create(SessionSpec(consumer="restart-test", network="none"))
         seen_there = await other.get(session.id)
         first, second = LiveCommands(LiveCommandPolicy()), LiveCommands(LiveCommandPolicy())

@@ -1,4 +1,6 @@
-"""Helpers for the tests that need a real Docker engine.
+"""Helpers for the tests that need a real Docker engine: the one docker provider factory (``provider``) and
+session spec (``spec``) the tests make sessions with, the ``client`` fixture the folder conftests load, what
+this run left on the engine, and stopping and starting the engine.
 
 Outside CI the docker tests skip, saying how to start an engine, when none
 answers; with ``CI=true`` a missing engine fails them instead.
@@ -6,7 +8,9 @@ answers; with ``CI=true`` a missing engine fails them instead.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -20,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_tai_sandbox.contract import SessionSpec
 from jupyter_tai_sandbox.providers._docker_networks import BRIDGE_PREFIX, CHAIN_PREFIX
-from jupyter_tai_sandbox.providers.docker import LABEL
+from jupyter_tai_sandbox.providers.docker import LABEL, DockerSandbox
 from jupyter_tai_sandbox.providers.docker.images.build import DEFAULT_IMAGE, PYTHON_IMAGE, build_minimal_image
 from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_FORK
 from tests.support import PART, RUN_ID, RUN_PREFIX
@@ -60,13 +65,47 @@ def docker_client():  # -> docker.DockerClient
 #: Put on everything this part of the test run makes (DockerSandbox.extra_labels), so runs sharing an engine,
 #: and the xdist workers of one run, stay apart.
 RUN_LABEL = {f"{LABEL}.test-run": f"{RUN_ID}-{PART}"}
+#: RUN_LABEL as the engine's label filter (and a ``--DockerSandbox.extra_labels`` option's value): key=value
+RUN_FILTER = "=".join(*RUN_LABEL.items())
+
+
+def provider(**traits) -> DockerSandbox:
+    """The tests' docker provider: the test image, this part of the run's label on all it makes, ``traits``."""
+    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+
+
+def spec(consumer: str = "docker-tests", **changes) -> SessionSpec:
+    """A session of the test image, for ``consumer`` (a module's own, where it looks its sessions up by it)."""
+    return SessionSpec(**{"image": TEST_IMAGE, "consumer": consumer, **changes})
+
+
+def server_args(image: str | None = TEST_IMAGE) -> tuple[str, ...]:
+    """A live server's options for the docker provider: sessions of ``image`` (None: the provider's default)
+    with this part of the run's label."""
+    named = (f"--DockerSandbox.image={image}",) if image else ()
+    return ("--SandboxApp.provider=docker", *named, f"--DockerSandbox.extra_labels={RUN_FILTER}")
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A client of the live engine for one test module (the test image built), or skip (fail in CI)."""
+    client = docker_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def nothing_left(client):
+    """After the module's last test: nothing this part of the run made is left on the engine (a module's
+    ``pytest.mark.usefixtures("nothing_left")``)."""
+    yield
+    assert leftovers(client) == []
 
 
 def leftovers(client) -> list[str]:
     """Containers, volumes and forks' images this test run made, and idle networks of its deployment, that
     still exist."""
-    ((key, value),) = RUN_LABEL.items()
-    mine = {"label": f"{key}={value}"}
+    mine = {"label": RUN_FILTER}
     found = [f"container {c.name}" for c in client.containers.list(all=True, filters=mine)]
     found += [f"volume {v.name}" for v in client.volumes.list(filters=mine)]
     forks = {"label": [mine["label"], LABEL_FORK]}  # the provider's own images (a test may build others)
@@ -119,11 +158,7 @@ def remove_deployment(client, deployment: str) -> None:
     """Remove everything of ``deployment`` (a test's own, after a failed check left its server no chance
     to): its sessions by its own provider, as its server would (networks with their firewall rules,
     workspaces), then whatever a half-made session left, by force."""
-    import asyncio
-
     from docker.errors import NotFound
-
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
 
     async def destroy_sessions() -> None:
         sandbox = DockerSandbox(image=TEST_IMAGE, deployment=deployment)
@@ -182,6 +217,25 @@ def stale_firewall_rules(before: set[str]) -> list[str]:
         return bool(bridge) and not Path("/sys/class/net", bridge).exists()
 
     return sorted(rule for rule in firewall_rules() - before if bridge_gone(rule))
+
+
+async def running_in(session, pid: int) -> bool:
+    """Whether ``pid`` (of the container's pid namespace) is alive, not a zombie, by its /proc entry."""
+    probe = await session.exec(
+        ["sh", "-c", 'read -r l </proc/$1/stat && set -- ${l##*) } && [ "$1" != Z ]', "sh", str(pid)],
+        timeout_seconds=10,
+    )
+    return probe.exit_code == 0
+
+
+async def wait_stopped_in(session, pid: int, seconds: float = 3.0) -> bool:
+    """Whether ``pid`` of ``session`` is gone (or a zombie) within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while await running_in(session, pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 @contextmanager
@@ -280,22 +334,12 @@ disturbs_engine = pytest.mark.disturbs_engine("freezes")
 kills_engine = pytest.mark.disturbs_engine("kills")
 
 
-def fault_provider(**traits):  # -> DockerSandbox
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def fault_spec(**changes):  # -> SessionSpec
-    from jupyter_tai_sandbox.contract import SessionSpec
-
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-fault-tests", **changes})
+#: the fault tests' sessions (one of them finds its containers by this consumer)
+fault_spec = functools.partial(spec, consumer="docker-fault-tests")
 
 
 async def timed(awaitable, limit: float) -> tuple[float, object]:
     """(seconds taken, result or exception), never longer than ``limit``."""
-    import asyncio
-
     started = time.monotonic()
     try:
         result: object = await asyncio.wait_for(awaitable, limit)
@@ -314,11 +358,6 @@ FOREIGN_WORKSPACE_KEY = "shared-key"
 def plant_foreign_sessions() -> dict[str, list[str]] | None:
     """Sessions, a workspace and an owner network of another deployment, all past their TTL (so any
     reaper that saw them would take them); what was made, or None when no engine answers."""
-    import asyncio
-
-    from jupyter_tai_sandbox.contract import SessionSpec
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
     try:
         client = docker_client()
     except BaseException:  # skip/fail outcomes: the tests that need an engine report them

@@ -96,12 +96,10 @@ async def fetch_raw_path(port: int, base_url: str, path: str, token: str, method
 def make_provider(kind: str, root, **traits):
     if kind == "local":
         return LocalSandbox(root=str(root))
-    from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
+    from tests.support import docker
 
-    docker_client()  # skips (fails in CI) without an engine
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+    docker.docker_client()  # skips (fails in CI) without an engine
+    return docker.provider(**traits)
 
 
 async def read_all(ws, seconds: float = 30):

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.testing import SandboxConformance
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from tests.support.docker import TEST_IMAGE, docker_client, leftovers, provider
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(110)]
 
@@ -26,7 +25,7 @@ class TestDockerConformance(SandboxConformance):
     image = TEST_IMAGE
 
     def make_sandbox(self, tmp_path):
-        return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
+        return provider()
 
 
 # a unit of its own (it runs beside the plain class on another worker), checked on its own worker
@@ -35,7 +34,7 @@ class TestDockerWarmPoolConformance(TestDockerConformance):
     """Sessions handed out from a warm pool of started containers."""
 
     def make_sandbox(self, tmp_path):
-        return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, pool_size=2)
+        return provider(pool_size=2)
 
     @pytest.fixture(scope="class", autouse=True)
     def nothing_is_left_after_the_class(self, engine):

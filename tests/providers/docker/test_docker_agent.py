@@ -18,18 +18,11 @@ from jupyter_tai_sandbox.agent import agent_binary
 from jupyter_tai_sandbox.contract import SandboxError, SandboxNotFoundError, SessionSpec
 from jupyter_tai_sandbox.providers.container import TransferIdleError
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
-from tests.support.docker import RUN_ID, RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from tests.support.docker import RUN_ID, RUN_LABEL, TEST_IMAGE, leftovers, provider
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 LABEL_KEY, LABEL_VALUE = next(iter(RUN_LABEL.items()))
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +70,7 @@ def test_an_image_without_a_shell_or_tmp_serves_a_session(client, bare_image):
 @contextlib.asynccontextmanager
 async def agent_session(**traits):
     """A session on the agent of a provider with ``traits``, destroyed with its provider after."""
-    sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
+    sandbox = provider(**traits)
     session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
     try:
         yield session
@@ -221,8 +214,8 @@ def test_the_agent_volume_is_shared_by_deployments_and_old_builds_go_once_unused
     old = f"{AGENT_VOLUME_PREFIX}test-{RUN_ID}".lower()
 
     async def main() -> None:
-        first = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=f"{RUN_ID}-agent-a")
-        second = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=f"{RUN_ID}-agent-b")
+        first = provider(deployment=f"{RUN_ID}-agent-a")
+        second = provider(deployment=f"{RUN_ID}-agent-b")
         try:
             await second.check_available()  # its engine is connected by the status check, not by a create
             sessions = [
@@ -313,7 +306,7 @@ def test_every_session_object_of_a_container_shares_one_agent_connection(client,
     done; echo $n"""
 
     async def main() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, agent_transport=transport)
+        sandbox = provider(agent_transport=transport)
         session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
         try:
             for _ in range(5):
@@ -339,8 +332,8 @@ def test_a_session_is_found_again_with_no_engine_call_while_its_agent_answers(cl
     info() gives the end it moved, and once it destroys the session the next look-up here is a 404."""
 
     async def main() -> None:
-        here = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, agent_transport=transport)
-        there = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, agent_transport=transport)
+        here = provider(agent_transport=transport)
+        there = provider(agent_transport=transport)
         session = await here.create(SessionSpec(consumer="docker-tests", network="none", ttl_seconds=600))
         try:
             assert (await session.exec(["true"], timeout_seconds=30)).exit_code == 0
@@ -379,9 +372,9 @@ def test_an_upload_ends_promptly_when_another_server_destroys_its_session(client
     that waits asks whether the container still runs (AgentClient.still_there): the upload fails, no hang."""
 
     async def main() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
+        sandbox = provider()
         session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
-        elsewhere = await DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL).get(session.id)
+        elsewhere = await provider().get(session.id)
 
         async def endless():
             while True:
@@ -434,7 +427,7 @@ def test_a_session_user_named_is_read_from_the_image_and_one_it_lacks_fails_the_
         async with agent_session(user="nobody") as session:
             result = await session.exec(["id", "-u"], timeout_seconds=30)
             assert result.stdout == b"65534\n"
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, user="nosuchuser")
+        sandbox = provider(user="nosuchuser")
         try:
             with pytest.raises(SandboxError, match="no user 'nosuchuser'"):
                 await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))

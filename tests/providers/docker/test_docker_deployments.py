@@ -14,20 +14,9 @@ import pytest
 
 from jupyter_tai_sandbox.contract import SandboxNotFoundError, SessionSpec
 from jupyter_tai_sandbox.providers.docker import LABEL_DEPLOYMENT, DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
+from tests.support.docker import provider
 
 pytestmark = [pytest.mark.docker]
-
-
-@pytest.fixture(scope="module")
-def client():
-    engine = docker_client()
-    yield engine
-    engine.close()
-
-
-def provider(deployment: str, **traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, deployment=deployment, **traits)
 
 
 def two_deployments() -> tuple[str, str]:
@@ -39,7 +28,7 @@ def test_a_deployment_sees_gets_and_reaps_only_its_own_sessions(client):
     ours, theirs = two_deployments()
 
     async def main() -> None:
-        mine, other = provider(ours), provider(theirs)
+        mine, other = provider(deployment=ours), provider(deployment=theirs)
         expired = await other.create(SessionSpec(ttl_seconds=0.5, owner="alice"))
         live = await other.create(SessionSpec(ttl_seconds=600, owner="alice"))
         own = await mine.create(SessionSpec(ttl_seconds=600, owner="bob"))
@@ -68,7 +57,7 @@ def test_the_same_workspace_key_in_two_deployments_is_two_volumes(client):
     key = f"shared-{secrets.token_hex(3)}"
 
     async def main() -> None:
-        mine, other = provider(ours), provider(theirs)
+        mine, other = provider(deployment=ours), provider(deployment=theirs)
         try:
             theirs_ws = await other.create(SessionSpec(durability="persistent", workspace_key=key))
             await theirs_ws.put_file("secret.txt", b"theirs")
@@ -92,7 +81,7 @@ def test_internal_networks_of_one_owner_in_two_deployments_are_apart(client):
     ours, theirs = two_deployments()
 
     async def main() -> None:
-        mine, other = provider(ours), provider(theirs)
+        mine, other = provider(deployment=ours), provider(deployment=theirs)
         a = await mine.create(SessionSpec(network="internal", owner="carol"))
         b = await other.create(SessionSpec(network="internal", owner="carol"))
         try:
@@ -134,8 +123,8 @@ def test_the_warm_pool_takes_no_other_deployments_containers(client):
     ours, theirs = two_deployments()
 
     async def main() -> None:
-        other = provider(theirs, pool_size=1)
-        mine = provider(ours)
+        other = provider(deployment=theirs, pool_size=1)
+        mine = provider(deployment=ours)
         try:
             session = await other.create(SessionSpec())
             await other._pool.settle()

@@ -13,14 +13,9 @@ import asyncio
 import pytest
 
 from jupyter_tai_sandbox.contract import ExecRequest, SandboxError, SessionSpec
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
+from tests.support.docker import docker_client, provider
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.docker]
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
 
 
 async def sh(session, script: str) -> tuple[int, str]:

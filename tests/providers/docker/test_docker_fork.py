@@ -14,21 +14,9 @@ from jupyter_tai_sandbox.contract import (
 )
 from jupyter_tai_sandbox.providers.docker import LABEL_POOL, DockerSandbox
 from jupyter_tai_sandbox.providers.docker.forks import FORK_REPOSITORY
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from tests.support.docker import RUN_FILTER, RUN_LABEL, TEST_IMAGE, provider
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow(20)]
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    assert leftovers(client) == []
-    client.close()
-
-
-def provider(**settings) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **settings)
+pytestmark = [pytest.mark.docker, pytest.mark.slow(20), pytest.mark.usefixtures("nothing_left")]
 
 
 async def ended(sandbox: DockerSandbox, *sessions) -> None:
@@ -115,11 +103,7 @@ def test_a_writable_roots_changes_are_committed_and_each_forks_image_goes_when_n
 
         def fork_images() -> list[str]:
             return sorted(
-                t
-                for i in client.images.list(
-                    FORK_REPOSITORY, filters={"label": next(f"{k}={v}" for k, v in RUN_LABEL.items())}
-                )
-                for t in i.tags
+                t for i in client.images.list(FORK_REPOSITORY, filters={"label": RUN_FILTER}) for t in i.tags
             )
 
         try:

@@ -24,7 +24,9 @@ from tests.support.docker import (
     docker_client,
     host_listener,
     leftovers,
+    provider,
     python_image,
+    spec,
 )
 from tests.support.server import call, server_config
 
@@ -33,21 +35,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow(55)]
 #: ranges of these tests' own, away from the default one other tests use at the same time
 TINY_POOL = "10.215.77.0/26"
 OWN_POOL = "10.215.0.0/20"
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(owner: str, **changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "network-tests", "owner": owner, **changes})
 
 
 def networks_of(client, container_id: str) -> dict:
@@ -105,11 +92,11 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
         sandbox = provider()
         made = []
         try:
-            alice = await sandbox.create(spec("alice"))
+            alice = await sandbox.create(spec(owner="alice"))
             made.append(alice)
-            alice2 = await sandbox.create(spec("alice"))
+            alice2 = await sandbox.create(spec(owner="alice"))
             made.append(alice2)
-            bob = await sandbox.create(spec("bob"))
+            bob = await sandbox.create(spec(owner="bob"))
             made.append(bob)
             nets = {s: networks_of(client, s.container_id) for s in (alice, alice2, bob)}
             # each owner has an egress bridge of its own, never the default one, inter-container traffic off
@@ -291,7 +278,7 @@ def test_egress_session_cannot_reach_the_host_and_its_rules_go_with_the_network(
         sandbox = provider()
         try:
             with host_listener() as port:
-                session = await sandbox.create(spec("carol"))
+                session = await sandbox.create(spec(owner="carol"))
                 ((name, settings),) = networks_of(client, session.container_id).items()
                 bridge = bridge_name(name)
                 rules = firewall_rules()
@@ -321,8 +308,8 @@ def test_a_network_left_by_a_crash_is_reclaimed_by_the_reaper(client, monkeypatc
     async def main() -> None:
         sandbox = provider()
         try:
-            session = await sandbox.create(spec("dave", network="internal"))
-            egress = await sandbox.create(spec("dave"))
+            session = await sandbox.create(spec(owner="dave", network="internal"))
+            egress = await sandbox.create(spec(owner="dave"))
             names = [*networks_of(client, session.container_id), *networks_of(client, egress.container_id)]
             for container_id in (session.container_id, egress.container_id):
                 client.api.remove_container(
@@ -345,7 +332,7 @@ def test_the_reaper_removes_the_rules_and_chain_of_a_bridge_removed_behind_its_b
     async def main() -> None:
         sandbox = provider()
         try:
-            session = await sandbox.create(spec("gina"))
+            session = await sandbox.create(spec(owner="gina"))
             (name,) = networks_of(client, session.container_id)
             bridge = bridge_name(name)
             chain = _docker_networks.chain_name(bridge)
@@ -371,7 +358,7 @@ def test_sessions_of_one_owner_destroyed_together_take_their_network_with_them(c
         sandbox = provider()
         try:
             for _ in range(3):
-                sessions = await asyncio.gather(*(sandbox.create(spec("frank")) for _ in range(4)))
+                sessions = await asyncio.gather(*(sandbox.create(spec(owner="frank")) for _ in range(4)))
                 (name,) = networks_of(client, sessions[0].container_id)
                 await asyncio.gather(*(session.destroy() for session in sessions))
                 assert not client.networks.list(names=[name]), f"{name} outlived every session on it"
@@ -386,7 +373,7 @@ def test_a_network_within_its_grace_is_left_to_its_creator(client, monkeypatch):
     async def main() -> None:
         sandbox = provider()
         try:
-            session = await sandbox.create(spec("erin"))
+            session = await sandbox.create(spec(owner="erin"))
             (name,) = networks_of(client, session.container_id)
             client.api.remove_container(session.container_id, force=True, v=True)
             await sandbox.reap()
@@ -405,7 +392,7 @@ def test_session_subnets_come_from_the_configured_range(client):
         sandbox = provider(network_pool=OWN_POOL, network_prefix=28)
         try:
             sessions = [
-                await sandbox.create(spec(owner, network=mode))
+                await sandbox.create(spec(owner=owner, network=mode))
                 for owner in ("f1", "f2")
                 for mode in ("egress", "internal")
             ]
@@ -438,7 +425,7 @@ def test_pooled_session_joins_its_owners_egress_network_not_the_pools(client):
             assert sandbox._pool.ready_count() == 1
             pooled = await sandbox.create(SessionSpec(owner="gina"))
             assert pooled.record is not None  # it came from the pool
-            own = await sandbox.create(spec("gina", network="internal"))
+            own = await sandbox.create(spec(owner="gina", network="internal"))
             # it leaves the holding network just after the claim: internal, no host address, no traffic
             # between its containers, so it reaches nothing there meanwhile
             holding = client.api.inspect_network(sandbox.pool_network)

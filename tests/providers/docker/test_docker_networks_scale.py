@@ -12,8 +12,7 @@ import time
 import pytest
 
 from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from tests.support.docker import TEST_IMAGE, leftovers, provider
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(89)]
 
@@ -23,16 +22,9 @@ CONCURRENCY = 6
 POOL = "10.216.0.0/16"
 
 
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
-
-
 def test_internal_sessions_of_200_owners_each_on_a_network_of_their_own_that_no_other_reaches(client):
     async def main() -> None:
-        sandbox = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, network_pool=POOL)
+        sandbox = provider(network_pool=POOL)
         gate = asyncio.Semaphore(CONCURRENCY)
         sessions: dict[str, object] = {}
 

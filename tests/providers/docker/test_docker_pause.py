@@ -10,22 +10,9 @@ import time
 import pytest
 
 from jupyter_tai_sandbox.contract import ExecRequest, OutputChunk, SandboxConflictError, SessionSpec
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from tests.support.docker import TEST_IMAGE, provider
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow(15)]
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    assert leftovers(client) == []
-    client.close()
-
-
-def provider() -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
+pytestmark = [pytest.mark.docker, pytest.mark.slow(15), pytest.mark.usefixtures("nothing_left")]
 
 
 def test_a_paused_container_runs_nothing_until_resumed_and_another_server_sees_it_paused(client):

@@ -14,10 +14,10 @@ import tracemalloc
 
 import pytest
 
-from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
+from jupyter_tai_sandbox.contract import SandboxError
 from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
+from tests.support.docker import provider, spec
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.docker]
 
@@ -25,19 +25,6 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.docker]
 OLD_ENV_FILE = "/tmp/.tai-sbx-env.json"
 #: a sparse file (no disk used): what the old code would have read whole
 SPARSE = 128 << 20
-
-
-@pytest.fixture(scope="module")
-def client():
-    return docker_client()
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(**changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-tests", **changes})
 
 
 async def pool_ready(sandbox: DockerSandbox, count: int, seconds: float = 20.0) -> None:

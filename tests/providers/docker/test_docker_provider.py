@@ -23,24 +23,17 @@ from jupyter_tai_sandbox.contract import (
     SessionSpec,
 )
 from jupyter_tai_sandbox.providers.docker import LABEL_POOL, LABEL_SESSION, LABEL_SPEC, DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, host_listener, leftovers
+from tests.support.docker import (
+    RUN_FILTER,
+    TEST_IMAGE,
+    host_listener,
+    leftovers,
+    provider,
+    spec,
+    wait_stopped_in,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(65)]
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(**changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-tests", **changes})
 
 
 def container_attrs(client, session_id: str) -> dict:
@@ -198,24 +191,6 @@ def test_unreachable_engine_is_a_typed_unavailability(tmp_path):
         assert time.monotonic() - started < 30
 
 
-async def running_in(session, pid: int) -> bool:
-    """Whether ``pid`` (of the container's pid namespace) is alive, not a zombie."""
-    probe = await session.exec(
-        ["sh", "-c", 'read -r l </proc/$1/stat && set -- ${l##*) } && [ "$1" != Z ]', "sh", str(pid)],
-        timeout_seconds=10,
-    )
-    return probe.exit_code == 0
-
-
-async def wait_stopped_in(session, pid: int, seconds: float = 3.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while await running_in(session, pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
 def test_every_deadline_stop_of_held_output_is_noted(client):
     """A deadline stop of a command whose output a process it started still holds is noted in the
     timeout error, every time, and comes promptly."""
@@ -285,9 +260,6 @@ async def pool_ready(sandbox: DockerSandbox, count: int, seconds: float = 20.0) 
 
 def pooled_ids(client) -> set[str]:
     return {c.id for c in client.containers.list(all=True, filters={"label": [LABEL_POOL, RUN_FILTER]})}
-
-
-RUN_FILTER = "{}={}".format(*next(iter(RUN_LABEL.items())))
 
 
 def test_pool_hands_out_started_containers_refills_and_never_reuses_one(client):

@@ -22,48 +22,14 @@ from jupyter_tai_sandbox.contract import (
     OutputChunk,
     SandboxError,
     SandboxExecTimeoutError,
-    SessionSpec,
 )
-from jupyter_tai_sandbox.providers.docker import KILL_LIMIT_SECONDS, DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, disturbs_engine, docker_client
+from jupyter_tai_sandbox.providers.docker import KILL_LIMIT_SECONDS
+from tests.support.docker import disturbs_engine, provider, running_in, spec, wait_stopped_in
 
 pytestmark = [pytest.mark.docker]
 
 #: the command itself leaves its group, records its own pid, says it is ready, then sleeps
 ESCAPE = ["setsid", "sh", "-c", "echo $$ > own.pid; echo ready; exec sleep 30"]
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(**changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-stop-tests", **changes})
-
-
-async def running_in(session, pid: int) -> bool:
-    """Whether ``pid`` (of the container's pid namespace) is alive, not a zombie, by its /proc entry."""
-    probe = await session.exec(
-        ["sh", "-c", 'read -r l </proc/$1/stat && set -- ${l##*) } && [ "$1" != Z ]', "sh", str(pid)],
-        timeout_seconds=10,
-    )
-    return probe.exit_code == 0
-
-
-async def wait_stopped(session, pid: int, seconds: float = 3.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while await running_in(session, pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 async def pid_file(session, name: str = "own.pid", seconds: float = 10.0) -> int:
@@ -113,7 +79,7 @@ def test_the_deadline_stops_a_command_that_called_setsid(client):
         took = time.monotonic() - started
         assert took < 3.0, f"the deadline answered after {took:.1f} s"
         assert raised.value.note is None  # the command itself ended: its output was not held
-        assert await wait_stopped(session, await pid_file(session))
+        assert await wait_stopped_in(session, await pid_file(session))
 
     in_session(scenario)
 
@@ -129,7 +95,7 @@ def test_kill_stops_an_interactive_command_that_called_setsid(client, pty):
         items = [item async for item in handle.output]
         assert time.monotonic() - started < 3.0
         assert items[-1] == ExitItem(137)
-        assert await wait_stopped(session, pid)
+        assert await wait_stopped_in(session, pid)
 
     in_session(scenario)
 
@@ -141,7 +107,7 @@ def test_a_cancelled_one_shot_stops_a_command_that_called_setsid(client):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await wait_stopped(session, pid)
+        assert await wait_stopped_in(session, pid)
 
     in_session(scenario)
 
@@ -156,7 +122,7 @@ def test_close_stops_interactive_commands_that_called_setsid(client):
             await read_until(handle, b"ready")
             pid = await pid_file(session)
             await sandbox.close()  # the server's shutdown: its interactive commands are stopped
-            assert await wait_stopped(await later.get(session.id), pid)
+            assert await wait_stopped_in(await later.get(session.id), pid)
         finally:
             await (await later.get(session.id)).destroy()
             await later.close()

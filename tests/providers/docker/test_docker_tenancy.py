@@ -4,7 +4,7 @@ engine refusals a user can cause answered as typed 4xx-class errors."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import ipaddress
 import secrets
 
@@ -14,37 +14,19 @@ from jupyter_tai_sandbox.contract import (
     SandboxNotFoundError,
     SandboxPathError,
     SandboxSpecRejectedError,
-    SessionSpec,
 )
-from jupyter_tai_sandbox.providers.docker import LABEL_OWNER, LABEL_SESSION, DockerSandbox
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, host_listener
+from jupyter_tai_sandbox.providers.docker import LABEL_OWNER, LABEL_SESSION
+from tests.support import aio
+from tests.support.docker import RUN_FILTER, TEST_IMAGE, host_listener, provider, spec
 
 pytestmark = [pytest.mark.docker]
 
-RUN_FILTER = "{}={}".format(*next(iter(RUN_LABEL.items())))
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(**changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-tenancy-tests", **changes})
+#: each coroutine of these tests is bounded to 120 s
+run = functools.partial(aio.run, timeout=120)
 
 
 def our_containers(client) -> list:
     return client.containers.list(all=True, filters={"label": RUN_FILTER})
-
-
-def run(coro, seconds: float = 120):
-    return asyncio.run(asyncio.wait_for(coro, seconds))
 
 
 # ------------------------------------------------------------------ (a) owner

@@ -19,30 +19,13 @@ from jupyter_tai_sandbox.contract import (
     SandboxError,
     SandboxExecTimeoutError,
     SandboxPathError,
-    SessionSpec,
 )
 from jupyter_tai_sandbox.errors import OutputTooLargeError
 from jupyter_tai_sandbox.providers.container import TransferIdleError
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.spool import OutputSpool
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from tests.support.docker import leftovers, provider, spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(64)]
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
-
-
-def provider(**traits) -> DockerSandbox:
-    return DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL, **traits)
-
-
-def spec(**changes) -> SessionSpec:
-    return SessionSpec(**{"image": TEST_IMAGE, "consumer": "docker-transfer-tests", **changes})
 
 
 BIG = 48 << 20  # far more than every buffer on the way (pipe, engine, sockets)

@@ -19,22 +19,15 @@ from jupyter_tai_sandbox.contract import SandboxError, SandboxUnavailableError
 from tests.support.docker import (
     docker_client,
     engine_pid,
-    fault_provider,
     fault_spec,
     kills_engine,
     leftovers,
+    provider,
     start_engine,
     timed,
 )
 
 pytestmark = [pytest.mark.docker]
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
 
 
 @kills_engine
@@ -46,7 +39,7 @@ def test_a_killed_engine_fails_calls_fast_and_its_leftovers_are_reaped(client, t
     (live-restore off)."""
 
     async def main() -> None:
-        sandbox = fault_provider(
+        sandbox = provider(
             engine_timeout_seconds=3,
             engine_slow_timeout_seconds=5,
             transfer_idle_seconds=3,

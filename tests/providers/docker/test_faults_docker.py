@@ -27,24 +27,16 @@ from jupyter_tai_sandbox.contract import (
 from jupyter_tai_sandbox.errors import OutputTooLargeError
 from jupyter_tai_sandbox.spool import OutputSpool
 from tests.support.docker import (
-    RUN_LABEL,
+    RUN_FILTER,
     disturbs_engine,
-    docker_client,
     engine_pid,
-    fault_provider,
     fault_spec,
     leftovers,
+    provider,
     timed,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(44)]
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
 
 
 def rss_kib() -> int:
@@ -71,7 +63,7 @@ def test_a_fork_bomb_is_contained_and_stopped_at_its_deadline(client):
     """busybox sh takes no ``:`` as a function name: the bomb is ``b(){ b|b& }`` in a loop."""
 
     async def main() -> None:
-        sandbox = fault_provider(pids_limit=128)
+        sandbox = provider(pids_limit=128)
         session = await sandbox.create(fault_spec())
         other = await sandbox.create(fault_spec())
         try:
@@ -115,7 +107,7 @@ def test_yes_nobody_reads_keeps_memory_bounded_and_the_spill_within_its_cap(clie
     monkeypatch.setattr(OutputSpool, "default_disk_limit", cap)
 
     async def main() -> None:
-        sandbox = fault_provider(output_memory_bytes=4 << 20)
+        sandbox = provider(output_memory_bytes=4 << 20)
         session = await sandbox.create(fault_spec())
         try:
             before = rss_kib()
@@ -150,7 +142,7 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
     session this provider holds an open agent connection to needs no engine on either; any other look-up does."""
 
     async def main() -> None:
-        sandbox = fault_provider(
+        sandbox = provider(
             engine_timeout_seconds=2,
             engine_slow_timeout_seconds=3,
             transfer_idle_seconds=3,
@@ -220,10 +212,7 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
         # a create the engine carried out only after the thaw, when its caller had given up, can be left
         # "Created" (the provider's late removal may run while the engine is still frozen): remove it here,
         # only this run's (another run on the engine may use the same consumer)
-        mine = [
-            "jupyter-tai-sandbox.consumer=docker-fault-tests",
-            *(f"{k}={v}" for k, v in RUN_LABEL.items()),
-        ]
+        mine = ["jupyter-tai-sandbox.consumer=docker-fault-tests", RUN_FILTER]
         for _ in range(20):
             stale = client.containers.list(all=True, filters={"label": mine})
             for container in stale:

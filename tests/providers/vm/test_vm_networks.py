@@ -20,7 +20,7 @@ from jupyter_tai_sandbox.contract import SessionSpec
 from jupyter_tai_sandbox.providers.vm import VmSandbox
 from jupyter_tai_sandbox.providers.vm.networks import LABEL_SEAT, host_nameservers
 from tests.support import DEPLOYMENT
-from tests.support.docker import docker_client, host_listener
+from tests.support.docker import host_listener
 from tests.support.vm import missing, need_qemu
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(90), pytest.mark.timeout(300)]
@@ -31,13 +31,6 @@ def qemu() -> None:
     need_qemu()
     if os.geteuid() != 0:
         missing("root (a vm session's seat is set up by the server as root)")
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
 
 
 @pytest.fixture
