@@ -7,21 +7,19 @@ environment the extension exports (no setup in the kernel).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.live_server import (
     LiveServer,
+    docker_kernel,
     free_port,
     local_server,
     magics_kernel,
@@ -405,32 +403,6 @@ def test_export_env_reaches_the_servers_kernels_not_the_process_environment(monk
     assert "start_kernel" not in vars(Server.kernel_manager)
     assert os.environ["TAI_SANDBOX_URL"] == "http://before/"
     assert "TAI_SANDBOX_TOKEN" not in os.environ
-
-
-@contextlib.contextmanager
-def docker_kernel(tmp_path) -> Iterator[Any]:
-    """A kernel of a live server on the docker provider (the minimal image), with the magics loaded."""
-    from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
-
-    docker_client()  # skips without an engine (fails in CI)
-    ((key, value),) = RUN_LABEL.items()
-    live = LiveServer(
-        tmp_path,
-        args=(
-            "--SandboxApp.provider=docker",
-            f"--DockerSandbox.image={TEST_IMAGE}",
-            f"--DockerSandbox.extra_labels={key}={value}",
-        ),
-    ).start()
-    try:
-        k = live.start_kernel()
-        try:
-            k.ok("%load_ext jupyter_tai_sandbox")
-            yield k
-        finally:
-            k.shutdown()
-    finally:
-        live.stop()
 
 
 def test_interrupt_kills_the_command_in_a_docker_session(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.magics.test_magics import docker_kernel
+from tests.support.live_server import docker_kernel
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow(20)]
 

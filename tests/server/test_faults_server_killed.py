@@ -7,32 +7,22 @@ Each test runs a real ``jupyter server`` subprocess (the extension, one provider
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-import threading
 import time
 
 import pytest
 
 from tests.support import DEPLOYMENT
-from tests.support.live_server import LiveServer, processes_marked, sandbox_server, wait_for
+from tests.support.live_server import (
+    LiveServer,
+    processes_marked,
+    run_in_background,
+    sandbox_server,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow(65)]
 PAYLOAD = secrets.token_bytes(1 << 16)
-
-
-def run_in_background(server: LiveServer, session_id: str, argv: list[str]) -> threading.Thread:
-    """A one-shot exec whose request the SIGKILL will cut off."""
-
-    def call() -> None:
-        with contextlib.suppress(OSError):
-            server.call(
-                "POST", f"sessions/{session_id}/exec", {"argv": argv, "timeout_seconds": 600}, timeout=120
-            )
-
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    return thread
 
 
 def end_soon(server: LiveServer, *sessions: dict, seconds: float = 3) -> float:

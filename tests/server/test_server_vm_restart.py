@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.test_faults_server_killed import run_in_background
-from tests.support.live_server import sandbox_server, wait_for
+from tests.support.live_server import run_in_background, sandbox_server, wait_for
 from tests.support.vm import need_qemu
 
 pytestmark = [pytest.mark.slow(30), pytest.mark.timeout(240)]

@@ -11,6 +11,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,11 +32,13 @@ __all__ = [
     "LiveServer",
     "Run",
     "ServerKernelManager",
+    "docker_kernel",
     "free_port",
     "local_server",
     "magics_kernel",
     "proc_gone",
     "processes_marked",
+    "run_in_background",
     "sandbox_server",
     "wait_for",
     "wait_for_connection_file",
@@ -390,3 +393,36 @@ def magics_kernel(server: LiveServer, setup: str = "") -> Iterator[Any]:
     k.ok("%load_ext jupyter_tai_sandbox" + (f"\n{setup}" if setup else ""))
     yield k
     k.shutdown()
+
+
+def run_in_background(server: LiveServer, session_id: str, argv: list[str]) -> threading.Thread:
+    """A one-shot exec of ``argv`` in ``server``'s session, in a thread of its own: a request that a SIGKILL of
+    the server cuts off."""
+
+    def call() -> None:
+        with contextlib.suppress(OSError):
+            server.call(
+                "POST", f"sessions/{session_id}/exec", {"argv": argv, "timeout_seconds": 600}, timeout=120
+            )
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def docker_kernel(tmp_path) -> Iterator[Any]:
+    """A kernel of a live server on the docker provider (the minimal image), with the magics loaded."""
+    from tests.support.docker import docker_client, server_args
+
+    docker_client()  # skips without an engine (fails in CI)
+    live = LiveServer(tmp_path, args=server_args()).start()
+    try:
+        k = live.start_kernel()
+        try:
+            k.ok("%load_ext jupyter_tai_sandbox")
+            yield k
+        finally:
+            k.shutdown()
+    finally:
+        live.stop()
