@@ -22,7 +22,7 @@ from jupyter_tai_sandbox.kernels import kernelspecs
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.sessions import server_owner
 from tests.support.mcp import mcp_client, mcp_url
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 from tests.support.users import AdminOnlyAdmin, HeaderUsers, as_user
 
 pytestmark = pytest.mark.timeout(240)
@@ -76,14 +76,8 @@ async def env_of(jp_fetch, user, name, **spec):
     )
     assert status == 201, info
     try:
-        status, result = await call(
-            jp_fetch,
-            "sessions",
-            info["id"],
-            "exec",
-            method="POST",
-            body={"argv": ["sh", "-c", f'printf %s "${name}"'], "timeout_seconds": 10},
-            headers=as_user(user),
+        status, result = await exec_call(
+            jp_fetch, info["id"], ["sh", "-c", f'printf %s "${name}"'], 10, headers=as_user(user)
         )
         assert status == 200, result
         return result["stdout"], info["consumer"]
@@ -226,15 +220,7 @@ async def test_a_kernel_session_belongs_to_the_user_who_started_it(jp_fetch, san
             assert (await call(jp_fetch, "sessions", mine["id"], "files", key_file, headers=as_user(other)))[
                 0
             ] == 404
-            status, _ = await call(
-                jp_fetch,
-                "sessions",
-                mine["id"],
-                "exec",
-                method="POST",
-                body={"argv": ["true"], "timeout_seconds": 5},
-                headers=as_user(other),
-            )
+            status, _ = await exec_call(jp_fetch, mine["id"], ["true"], 5, headers=as_user(other))
             assert status == 404
         # the restart is the same kernel: still alice's, though bob asks for it
         await jp_fetch(

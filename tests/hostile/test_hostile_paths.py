@@ -22,11 +22,11 @@ from jupyter_tai_sandbox import sandboxes
 from jupyter_tai_sandbox.contract import MAX_PATH_DEPTH, SandboxPathTooDeepError, SessionSpec
 from jupyter_tai_sandbox.errors import SandboxQuotaError
 from jupyter_tai_sandbox.fair_share import act_for
-from jupyter_tai_sandbox.providers.docker import DockerSandbox
 from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client
+from tests.support import docker
+from tests.support.docker import TEST_IMAGE
 from tests.support.mcp import AdminOnlyAdmin, HeaderUsers
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 
 pytestmark = [pytest.mark.docker]
 
@@ -36,19 +36,12 @@ DEEP = "/".join(["d"] * 2000)
 DEEPEST = "/".join(["d"] * MAX_PATH_DEPTH)
 
 
-@pytest.fixture(scope="module")
-def client():
-    client = docker_client()
-    yield client
-    client.close()
-
-
 # ------------------------------------------------------------ provider: O(1) engine calls
 
 
 def test_listing_resolving_and_cwd_cost_the_same_engine_calls_at_any_depth(client):
     async def main():
-        provider = DockerSandbox(image=TEST_IMAGE, extra_labels=RUN_LABEL)
+        provider = docker.provider()
         session = await provider.create(SessionSpec(image=TEST_IMAGE, consumer="deep-paths"))
         engine = provider.engine
         try:
@@ -170,15 +163,7 @@ async def create(jp_fetch, user):
 
 
 async def run(jp_fetch, user, sid, argv):
-    return await call(
-        jp_fetch,
-        "sessions",
-        sid,
-        "exec",
-        method="POST",
-        body={"argv": argv, "timeout_seconds": 60},
-        headers={"X-Test-User": user},
-    )
+    return await exec_call(jp_fetch, sid, argv, 60, headers={"X-Test-User": user})
 
 
 async def test_a_path_past_the_depth_cap_answers_its_typed_error_through_rest(jp_fetch):

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.support.docker import disturbs_engine, engine_pid
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 
 pytestmark = [disturbs_engine, pytest.mark.docker]
 FROZEN_SECONDS = 5.0
@@ -38,17 +38,7 @@ async def test_status_answers_within_a_second_while_the_engine_is_frozen(jp_fetc
         frozen_at = time.monotonic()
         # requests that need the engine, left running while status is polled
         engine_calls = [
-            asyncio.ensure_future(
-                call(
-                    jp_fetch,
-                    "sessions",
-                    sid,
-                    "exec",
-                    method="POST",
-                    body={"argv": ["echo", "x"], "timeout_seconds": 5},
-                    request_timeout=30,
-                )
-            ),
+            asyncio.ensure_future(exec_call(jp_fetch, sid, ["echo", "x"], 5, request_timeout=30)),
             asyncio.ensure_future(call(jp_fetch, "sessions", request_timeout=30)),
             asyncio.ensure_future(call(jp_fetch, "sessions", method="POST", body={}, request_timeout=30)),
         ]
@@ -75,15 +65,7 @@ async def test_status_answers_within_a_second_while_the_engine_is_frozen(jp_fetc
             assert body["error"] == "SandboxUnavailableError"
     # after the thaw the server works again
     for _ in range(30):
-        status, result = await call(
-            jp_fetch,
-            "sessions",
-            sid,
-            "exec",
-            method="POST",
-            body={"argv": ["echo", "back"], "timeout_seconds": 10},
-            request_timeout=30,
-        )
+        status, result = await exec_call(jp_fetch, sid, ["echo", "back"], 10, request_timeout=30)
         if status == 200:
             break
         await asyncio.sleep(1)

@@ -10,7 +10,7 @@ import pytest
 
 from jupyter_tai_sandbox.client import SandboxClient
 from tests.support.mcp import data, mcp_client, mcp_url
-from tests.support.server import call, read_all, server_config
+from tests.support.server import call, exec_call, read_all, server_config
 
 pytestmark = pytest.mark.docker
 
@@ -43,9 +43,7 @@ async def test_an_out_of_memory_kill_says_so_in_the_one_shot_result_and_the_webs
 ):
     session_id = await limited_session(jp_fetch)
     try:
-        status, result = await call(
-            jp_fetch, "sessions", session_id, "exec", method="POST", body={"argv": HOG, "timeout_seconds": 60}
-        )
+        status, result = await exec_call(jp_fetch, session_id, HOG, 60)
         assert status == 200, result
         assert result["exit_code"] == 137 and result["reason"] == REASON, result
         assert "survived" not in result["stdout"]
@@ -56,23 +54,9 @@ async def test_an_out_of_memory_kill_says_so_in_the_one_shot_result_and_the_webs
         assert final == {"type": "exit", "exit_code": 137, "reason": REASON}, final
 
         # a SIGKILL that is not the OOM killer's: the status alone, no reason
-        status, result = await call(
-            jp_fetch,
-            "sessions",
-            session_id,
-            "exec",
-            method="POST",
-            body={"argv": ["sh", "-c", "kill -9 $$"], "timeout_seconds": 30},
-        )
+        status, result = await exec_call(jp_fetch, session_id, ["sh", "-c", "kill -9 $$"], 30)
         assert status == 200 and result["exit_code"] == 137 and "reason" not in result, result
-        status, result = await call(
-            jp_fetch,
-            "sessions",
-            session_id,
-            "exec",
-            method="POST",
-            body={"argv": ["sh", "-c", "echo fine"], "timeout_seconds": 30},
-        )
+        status, result = await exec_call(jp_fetch, session_id, ["sh", "-c", "echo fine"], 30)
         assert result == {"exit_code": 0, "encoding": "utf-8", "stdout": "fine\n", "stderr": ""}, result
     finally:
         await call(jp_fetch, "sessions", session_id, method="DELETE")

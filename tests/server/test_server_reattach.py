@@ -13,7 +13,7 @@ from jupyter_server.auth.identity import IdentityProvider, User
 from tornado.httpclient import HTTPClientError
 
 from jupyter_tai_sandbox.sessions import ADMIN_RESOURCE
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 
 GRACE = 2.0
 
@@ -125,16 +125,8 @@ async def test_a_detached_command_is_killed_after_the_grace_time(jp_fetch, jp_ws
         assert time.monotonic() < deadline, "the detached command outlived its grace time"
         await asyncio.sleep(0.2)
     _, pid = await call(jp_fetch, "sessions", sid, "files", "pid")
-    _, state = await call(
-        jp_fetch,
-        "sessions",
-        sid,
-        "exec",
-        method="POST",
-        body={
-            "argv": ["sh", "-c", f"cut -d' ' -f3 /proc/{pid.decode().strip()}/stat 2>/dev/null"],
-            "timeout_seconds": 5,
-        },
+    _, state = await exec_call(
+        jp_fetch, sid, ["sh", "-c", f"cut -d' ' -f3 /proc/{pid.decode().strip()}/stat 2>/dev/null"], 5
     )
     assert state["stdout"].strip() in ("", "Z")
     ws = await jp_ws_fetch("api", "sandbox", "sessions", sid, "exec", "ws")

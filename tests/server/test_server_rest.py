@@ -7,7 +7,7 @@ import os
 import pytest
 from tornado.httpclient import AsyncHTTPClient
 
-from tests.support.server import call, fetch_raw_path, sandbox_app, server_config
+from tests.support.server import call, exec_call, fetch_raw_path, sandbox_app, server_config
 
 pytestmark = [pytest.mark.slow(51)]
 
@@ -25,12 +25,6 @@ async def new_session(jp_fetch, **spec):
     return info["id"]
 
 
-async def run(jp_fetch, sid, argv, **extra):
-    return await call(
-        jp_fetch, "sessions", sid, "exec", method="POST", body={"argv": argv, "timeout_seconds": 30, **extra}
-    )
-
-
 async def test_status_names_the_provider_and_policy(jp_fetch, provider):
     status, body = await call(jp_fetch, "status")
     assert status == 200
@@ -46,7 +40,7 @@ async def test_session_lifecycle_over_rest(jp_fetch, provider):
     assert sid in [s["id"] for s in listing["sessions"]]
     status, again = await call(jp_fetch, "sessions", sid)
     assert status == 200 and again["id"] == sid and 0 < again["seconds_left"] <= 60
-    status, result = await run(jp_fetch, sid, ["sh", "-c", "cat; echo err >&2; exit 3"], stdin="hello")
+    status, result = await exec_call(jp_fetch, sid, ["sh", "-c", "cat; echo err >&2; exit 3"], stdin="hello")
     assert status == 200 and (result["exit_code"], result["stdout"], result["stderr"]) == (
         3,
         "hello",
@@ -70,27 +64,19 @@ async def test_consumer_defaults_to_the_user(jp_fetch):
 async def test_exec_is_binary_safe_with_base64(jp_fetch):
     sid = await new_session(jp_fetch)
     data = bytes(range(256)) * 16
-    status, result = await run(
+    status, result = await exec_call(
         jp_fetch, sid, ["cat"], stdin_b64=base64.b64encode(data).decode(), encoding="base64"
     )
     assert status == 200 and base64.b64decode(result["stdout"]) == data
-    status, result = await run(jp_fetch, sid, ["sh", "-c", "printf '\\377ok'"])
+    status, result = await exec_call(jp_fetch, sid, ["sh", "-c", "printf '\\377ok'"])
     assert result["stdout"] == "\ufffdok"  # utf-8 encoding replaces what is not text
     await call(jp_fetch, "sessions", sid, method="DELETE")
 
 
 async def test_timeout_is_504_with_byte_counts(jp_fetch):
     sid = await new_session(jp_fetch)
-    status, body = await call(
-        jp_fetch,
-        "sessions",
-        sid,
-        "exec",
-        method="POST",
-        body={
-            "argv": ["sh", "-c", "head -c 10 /dev/zero; head -c 4 /dev/zero >&2; exec sleep 30"],
-            "timeout_seconds": 1,
-        },
+    status, body = await exec_call(
+        jp_fetch, sid, ["sh", "-c", "head -c 10 /dev/zero; head -c 4 /dev/zero >&2; exec sleep 30"], 1
     )
     assert status == 504
     assert body["error"] == "SandboxExecTimeoutError"
@@ -112,7 +98,7 @@ async def test_files_upload_list_download(jp_fetch):
     assert "data" in [e["name"] for e in root["entries"]]
     status, content = await call(jp_fetch, "sessions", sid, "files", "data/in.bin")
     assert status == 200 and content == b"\x00\x01binary"
-    status, result = await run(jp_fetch, sid, ["cat", "data/in.bin"], encoding="base64")
+    status, result = await exec_call(jp_fetch, sid, ["cat", "data/in.bin"], encoding="base64")
     assert base64.b64decode(result["stdout"]) == b"\x00\x01binary"
     await call(jp_fetch, "sessions", sid, method="DELETE")
 
@@ -267,14 +253,14 @@ async def test_traversal_in_file_paths_is_refused(jp_fetch, jp_http_port, jp_bas
             assert reply["error"] in ("SandboxPathError", "SandboxNotFoundError")
         else:
             assert status == 404  # tornado refused the path before the handler
-    status, result = await run(jp_fetch, sid, ["sh", "-c", "ls ../outside.txt /etc/escaped 2>&1; true"])
+    status, result = await exec_call(jp_fetch, sid, ["sh", "-c", "ls ../outside.txt /etc/escaped 2>&1; true"])
     assert "escaped" not in result["stdout"] or "No such" in result["stdout"]
     await call(jp_fetch, "sessions", sid, method="DELETE")
 
 
 async def test_symlinks_out_of_the_workspace_are_refused(jp_fetch):
     sid = await new_session(jp_fetch)
-    await run(jp_fetch, sid, ["sh", "-c", "ln -s / out && ln -s /etc/passwd pw"])
+    await exec_call(jp_fetch, sid, ["sh", "-c", "ln -s / out && ln -s /etc/passwd pw"])
     for parts in (("out", "etc", "passwd"), ("pw",), ("out",)):
         status, body = await call(jp_fetch, "sessions", sid, "files", "/".join(parts))
         assert status == 400 and body["error"] == "SandboxPathError", (parts, body)
@@ -323,12 +309,12 @@ async def test_pause_and_resume_over_rest_or_a_typed_refusal_naming_the_operatio
         ), body
     else:
         assert status == 200 and body["paused"] is True, body
-        status, refused = await run(jp_fetch, sid, ["true"])
+        status, refused = await exec_call(jp_fetch, sid, ["true"])
         assert status == 409 and refused["error"] == "SandboxConflictError", refused
         status, again = await call(jp_fetch, "sessions", sid)
         assert status == 200 and again["paused"] is True
         status, body = await call(jp_fetch, "sessions", sid, "resume", method="POST")
         assert status == 200 and body["paused"] is False, body
-        status, result = await run(jp_fetch, sid, ["echo", "on"])
+        status, result = await exec_call(jp_fetch, sid, ["echo", "on"])
         assert status == 200 and result["stdout"] == "on\n"
     await call(jp_fetch, "sessions", sid, method="DELETE")

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 from tests.support.vm import keep_machine_cache, need_qemu
 
 
@@ -44,17 +44,8 @@ async def test_a_vm_session_over_rest_runs_commands_and_files_and_is_deleted(jp_
     assert status == 201, info
     assert (info["kind"], info["isolation"], info["image"]) == ("vm", "vm", "jupyter-tai-sandbox/vm-guest")
     sid = info["id"]
-    status, result = await call(
-        jp_fetch,
-        "sessions",
-        sid,
-        "exec",
-        method="POST",
-        body={
-            "argv": ["sh", "-c", "cat; uname -s; echo err >&2; exit 3"],
-            "stdin": "hello ",
-            "timeout_seconds": 30,
-        },
+    status, result = await exec_call(
+        jp_fetch, sid, ["sh", "-c", "cat; uname -s; echo err >&2; exit 3"], 30, stdin="hello "
     )
     assert status == 200 and (result["exit_code"], result["stdout"], result["stderr"]) == (
         3,
@@ -98,13 +89,6 @@ async def test_a_vm_session_of_the_default_network_routes_out_through_its_owners
         pytest.skip("vm sessions on a network need the server to run as root")
     status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60})
     assert status == 201 and info["network"] == "egress", info
-    status, result = await call(
-        jp_fetch,
-        "sessions",
-        info["id"],
-        "exec",
-        method="POST",
-        body={"argv": ["sh", "-c", "ip route; ls /sys/class/net"], "timeout_seconds": 30},
-    )
+    status, result = await exec_call(jp_fetch, info["id"], ["sh", "-c", "ip route; ls /sys/class/net"], 30)
     assert status == 200 and "default via" in result["stdout"] and "eth0" in result["stdout"], result
     assert (await call(jp_fetch, "sessions", info["id"], method="DELETE"))[0] == 204

@@ -10,7 +10,7 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_tai_sandbox.client import SandboxClient
 from jupyter_tai_sandbox.contract import ExitItem, OutputChunk, SandboxExecTimeoutError, SandboxNotFoundError
-from tests.support.server import call, read_all, server_config
+from tests.support.server import call, exec_call, read_all, server_config
 
 
 @pytest.fixture
@@ -78,16 +78,8 @@ async def test_without_a_grace_a_disconnect_kills_the_command(jp_ws_fetch, jp_fe
     ws.close()
     deadline = time.monotonic() + 10
     while True:
-        _, result = await call(
-            jp_fetch,
-            "sessions",
-            session_id,
-            "exec",
-            method="POST",
-            body={
-                "argv": ["sh", "-c", f"cat /proc/{pid}/stat 2>/dev/null | cut -d' ' -f3"],
-                "timeout_seconds": 10,
-            },
+        _, result = await exec_call(
+            jp_fetch, session_id, ["sh", "-c", f"cat /proc/{pid}/stat 2>/dev/null | cut -d' ' -f3"], 10
         )
         if result["stdout"].strip() in ("", "Z"):
             break

@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_tai_sandbox.contract import USAGE_FIELDS, SessionSpec
 from jupyter_tai_sandbox.providers.local.session import disk_usage
-from tests.support.server import call, make_provider, server_config
+from tests.support.server import call, exec_call, make_provider, server_config
 
 MiB = 1 << 20
 
@@ -69,14 +69,7 @@ async def test_get_session_includes_usage(jp_fetch, provider):
     status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120})
     assert status == 201, info
     sid = info["id"]
-    status, _ = await call(
-        jp_fetch,
-        "sessions",
-        sid,
-        "exec",
-        method="POST",
-        body={"argv": ["sh", "-c", "head -c 100000 /dev/zero > f"], "timeout_seconds": 30},
-    )
+    status, _ = await exec_call(jp_fetch, sid, ["sh", "-c", "head -c 100000 /dev/zero > f"], 30)
     assert status == 200
     status, seen = await call(jp_fetch, "sessions", sid)
     assert status == 200 and set(seen["usage"]) == set(USAGE_FIELDS)

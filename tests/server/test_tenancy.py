@@ -15,7 +15,7 @@ from jupyter_server.auth.identity import IdentityProvider, PasswordIdentityProvi
 from tornado.httpclient import HTTPClientError
 
 from jupyter_tai_sandbox.sessions import principal_name, server_owner
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 from tests.support.users import AdminOnlyAdmin, HeaderUsers, as_user
 
 
@@ -117,14 +117,8 @@ async def test_a_consumer_label_is_bound_to_the_caller(jp_fetch):
     assert (status, body["error"]) == (403, "SandboxForbiddenError")
     # the admin may name a consumer, and that session gets the consumer's credential
     info = await create(jp_fetch, "admin", consumer="tool:word_count")
-    status, result = await call(
-        jp_fetch,
-        "sessions",
-        info["id"],
-        "exec",
-        method="POST",
-        body={"argv": ["sh", "-c", "echo $WORD_COUNT_TOKEN"], "timeout_seconds": 5},
-        headers=as_user("admin"),
+    status, result = await exec_call(
+        jp_fetch, info["id"], ["sh", "-c", "echo $WORD_COUNT_TOKEN"], 5, headers=as_user("admin")
     )
     assert result["stdout"] == "s3cret-value\n"
     await call(jp_fetch, "sessions", info["id"], method="DELETE", headers=as_user("admin"))
@@ -147,15 +141,7 @@ async def test_operator_limits_refuse_instead_of_clamping(jp_fetch):
     )
     assert status == 400 and body["error"] in ("SandboxSpecRejectedError", "SandboxRequestError")
     sid = (await create(jp_fetch, "alice"))["id"]
-    status, body = await call(
-        jp_fetch,
-        "sessions",
-        sid,
-        "exec",
-        method="POST",
-        body={"argv": ["true"], "timeout_seconds": 31},
-        headers=as_user("alice"),
-    )
+    status, body = await exec_call(jp_fetch, sid, ["true"], 31, headers=as_user("alice"))
     assert (status, body["error"], body["field"]) == (400, "SandboxRequestError", "timeout_seconds")
     assert "max_timeout_seconds" in body["message"]
     await call(jp_fetch, "sessions", sid, method="DELETE", headers=as_user("alice"))

@@ -71,6 +71,25 @@ async def call(
     return response.code, decode(response)
 
 
+async def exec_call(
+    jp_fetch,
+    session_id: str,
+    argv: list[str],
+    timeout_seconds: float = 30,
+    *,
+    headers=None,
+    request_timeout: float | None = None,
+    **body: Any,
+):
+    """A one-shot command over REST (POST sessions/<id>/exec, ``body`` adds stdin, encoding...): (status,
+    parsed JSON), never raising on 4xx/5xx."""
+    extra = {} if request_timeout is None else {"request_timeout": request_timeout}
+    request = {"argv": argv, "timeout_seconds": timeout_seconds, **body}
+    return await call(
+        jp_fetch, "sessions", session_id, "exec", method="POST", body=request, headers=headers, **extra
+    )
+
+
 def decode(response) -> Any:
     if response.body and response.headers.get("Content-Type", "").startswith("application/json"):
         return json.loads(response.body)

@@ -12,7 +12,7 @@ from jupyter_server.auth.authorizer import Authorizer
 
 from jupyter_tai_sandbox import cli
 from jupyter_tai_sandbox.tools import ADMIN_RESOURCE
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 
 WORD_COUNT = {
     "description": "Count the words in a text.",
@@ -58,14 +58,7 @@ async def test_rest_authoring_and_running_are_refused_but_sessions_work(jp_fetch
     assert (await call(jp_fetch, "tools"))[0] == 200
     status, info = await call(jp_fetch, "sessions", method="POST", body={})
     assert status == 201
-    status, result = await call(
-        jp_fetch,
-        "sessions",
-        info["id"],
-        "exec",
-        method="POST",
-        body={"argv": ["echo", "ok"], "timeout_seconds": 10},
-    )
+    status, result = await exec_call(jp_fetch, info["id"], ["echo", "ok"], 10)
     assert (status, result["stdout"]) == (200, "ok\n")
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.support.server import call, server_config
+from tests.support.server import call, exec_call, server_config
 
 SECRET = "s3cr3t-Value-42"
 LEAK = {
@@ -58,30 +58,13 @@ async def test_tool_results_are_scrubbed(jp_fetch, scrub):
 async def test_rest_exec_results_are_scrubbed(jp_fetch, scrub):
     status, info = await call(jp_fetch, "sessions", method="POST", body={"consumer": "tool:ws"})
     assert status == 201 and info["spec"]["env"] == ["TAI_TOOL_SECRET"]  # injected into spec.env
-    status, result = await call(
-        jp_fetch,
-        "sessions",
-        info["id"],
-        "exec",
-        method="POST",
-        body={
-            "argv": ["sh", "-c", 'echo "$TAI_TOOL_SECRET" >&2; echo "$TAI_TOOL_SECRET"'],
-            "timeout_seconds": 10,
-        },
+    status, result = await exec_call(
+        jp_fetch, info["id"], ["sh", "-c", 'echo "$TAI_TOOL_SECRET" >&2; echo "$TAI_TOOL_SECRET"'], 10
     )
     assert (result["stdout"], result["stderr"]) == (f"{shown(scrub)}\n", f"{shown(scrub)}\n")
     # exact bytes (base64) are scrubbed too, and stay exact otherwise
-    status, result = await call(
-        jp_fetch,
-        "sessions",
-        info["id"],
-        "exec",
-        method="POST",
-        body={
-            "argv": ["sh", "-c", 'printf "\\377$TAI_TOOL_SECRET\\000"'],
-            "timeout_seconds": 10,
-            "encoding": "base64",
-        },
+    status, result = await exec_call(
+        jp_fetch, info["id"], ["sh", "-c", 'printf "\\377$TAI_TOOL_SECRET\\000"'], 10, encoding="base64"
     )
     assert base64.b64decode(result["stdout"]) == b"\xff" + shown(scrub).encode() + b"\x00"
 

@@ -16,9 +16,9 @@ import pytest
 
 from jupyter_tai_sandbox.providers.remote import RemoteSandbox
 from jupyter_tai_sandbox.testing import SandboxConformance
-from tests.support.docker import RUN_LABEL, TEST_IMAGE, docker_client, leftovers
+from tests.support.docker import TEST_IMAGE, docker_client, leftovers, server_args
 from tests.support.live_server import LOCAL_ARGS, LiveServer
-from tests.support.server import call
+from tests.support.server import call, exec_call
 
 pytestmark = [pytest.mark.slow(85)]
 
@@ -46,14 +46,8 @@ def local_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
 @pytest.fixture(scope="module")
 def docker_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     client = docker_client()  # skips (fails in CI) without an engine
-    ((key, value),) = RUN_LABEL.items()
     yield from live_server(
-        tmp_path_factory,
-        "remote-over-docker",
-        "--SandboxApp.provider=docker",
-        "--SandboxPolicy.isolation=none",
-        f"--DockerSandbox.image={TEST_IMAGE}",
-        f"--DockerSandbox.extra_labels={key}={value}",
+        tmp_path_factory, "remote-over-docker", *server_args(), "--SandboxPolicy.isolation=none"
     )
     assert leftovers(client) == [], "the remote docker server left containers, volumes or networks behind"
     client.close()
@@ -155,14 +149,7 @@ async def test_provider_remote_behind_a_servers_doors(jp_fetch, local_remote: Li
     status, created = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120})
     assert status == 201, created
     assert created["kind"] == "local" and created["id"] in local_remote.session_ids()
-    status, result = await call(
-        jp_fetch,
-        "sessions",
-        created["id"],
-        "exec",
-        method="POST",
-        body={"argv": ["echo", "hi"], "timeout_seconds": 30},
-    )
+    status, result = await exec_call(jp_fetch, created["id"], ["echo", "hi"], 30)
     assert (status, result["stdout"]) == (200, "hi\n"), result
     status, row = await call(jp_fetch, "status")
     assert (row["kind"], row["max_isolation"], row["networks"]) == ("local", "none", ["egress"])
