@@ -393,7 +393,8 @@ def _add_serve_command(commands: Any) -> None:
     serve.set_defaults(run=_serve, takes_server_options=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``jupyter tai-sandbox`` (the docs' command reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="jupyter tai-sandbox", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser(
@@ -437,6 +438,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_preset_commands(commands)
     _add_kernelspec_commands(commands)
     _add_serve_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "takes_server_options", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -1,8 +1,7 @@
 """The command-line reference, generated from ``jupyter tai-sandbox``'s argparse parser at build time.
 
-``jupyter_tai_sandbox.cli.main`` builds its parser and parses in one function; the directive runs it with an
-parse that stops before anything runs and hands the parser back, so the page shows exactly
-the parser the command uses. Each (sub)command is a section whose HTML id is ``cli-`` and its words
+``jupyter_tai_sandbox.cli.build_parser`` is the parser the command uses, so the page shows exactly what it
+parses. Each (sub)command is a section whose HTML id is ``cli-`` and its words
 (``cli.html#cli-kernelspec-install``), with its usage, help and a table of its arguments.
 """
 
@@ -17,30 +16,11 @@ from sphinx.util.docutils import SphinxDirective
 from tai_nodes import inline, literal_text, paragraphs, section, table
 
 
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        super().__init__("parser captured")
-        self.parser = parser
-
-
 def command_parser() -> argparse.ArgumentParser:
-    """The parser ``jupyter tai-sandbox`` builds (captured at its first parse; nothing runs)."""
+    """The parser ``jupyter tai-sandbox`` uses."""
     from jupyter_tai_sandbox import cli
 
-    real = argparse.ArgumentParser.parse_known_args
-
-    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        raise _Captured(self)
-
-    # the parse of main()'s own parser, the first parse it makes, raises with the parser in hand
-    argparse.ArgumentParser.parse_known_args = capture  # type: ignore[method-assign]
-    try:
-        cli.main([])
-    except _Captured as captured:
-        return captured.parser
-    finally:
-        argparse.ArgumentParser.parse_known_args = real  # type: ignore[method-assign]
-    raise RuntimeError("jupyter_tai_sandbox.cli.main did not parse its arguments")
+    return cli.build_parser()
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
