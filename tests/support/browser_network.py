@@ -48,6 +48,7 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        source.close()  # each socket is closed by the one thread that reads it (it was left to the collector)
 
 
 class BrowserNetwork:
