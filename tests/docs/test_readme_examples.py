@@ -15,7 +15,7 @@ import pytest
 
 from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.providers.docker.images.packages import LABEL_PIP
-from tests.support.doc_blocks import DOCS, block, fenced_blocks, pages
+from tests.support.doc_blocks import DOCS, README, block, fenced_blocks, pages
 from tests.support.live_server import LOCAL_ARGS, LiveServer
 
 MAGICS_PAGE = "users/magics.md"
@@ -190,8 +190,9 @@ def test_the_code_tools_page_authors_and_runs_its_preset_over_rest(tmp_path):
     ("page", "label", "last"),
     [
         ("users/python-api.md", "python-api", "b'a,b\\n1,2\\n'"),
+        (README, "readme-python", "0 b'hello\\ndata'"),
     ],
-    ids=["python-api-page"],
+    ids=["python-api-page", "readme"],
 )
 def test_the_python_examples_run_as_written_on_local(tmp_path, page, label, last):
     """The Python API page's example and README's, run the way they say (the local provider, the floor

@@ -41,8 +41,9 @@ def readme_docker_commands() -> list[str]:
     return lines
 
 
-def test_the_quickstart_page_gives_readmes_docker_commands():
-    assert block("users/quickstart.md", "docker-commands") == block(README, "docker-commands")
+def test_the_quickstart_page_gives_readmes_commands():
+    for label in ("docker-commands", "local-command"):
+        assert block("users/quickstart.md", label) == block(README, label), label
 
 
 def test_readme_has_two_docker_commands_install_then_images_and_lab():
