@@ -161,7 +161,7 @@ class NamedSessions(Magics):
         info = await client.create(**(await self._labelled(client, name, body)))
         if body.get("image") not in (None, PYTHON_IMAGE) and info.get("kind") == "local":
             # the contract keeps image inert on local (recorded, not used): say so rather than accept it
-            # silently (the project's Python image is what README's cells name to run on both providers)
+            # silently (the project's Python image is what the docs' cells name to run on both providers)
             print(
                 f"sandbox: --image {body['image']} has no effect on the local provider (commands run on this "
                 f"host, not in an image); session {name!r} started without it",

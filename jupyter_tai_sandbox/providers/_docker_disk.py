@@ -12,7 +12,7 @@ does an anonymous volume. With a ceiling, nothing a session writes lands on the 
 
 The kernel enforces each size (a write past it fails with ENOSPC). Both are memory: pages a
 session's processes write are charged to its memory limit, so the tighter of the two applies.
-A persistent workspace is a named volume on the engine's storage and is not capped here (see README).
+A persistent workspace is a named volume on the engine's storage and is not capped here (see the docs: operators/providers/docker.md).
 """
 
 from __future__ import annotations

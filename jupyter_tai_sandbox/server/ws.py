@@ -1,6 +1,6 @@
 """Interactive exec over a websocket, terminal-like, with commands that survive a closed tab.
 
-Protocol (documented in README, "Websocket protocol"):
+Protocol (documented in docs/developers/websocket.md):
 
 client -> server
   text  {"type": "start", "argv": [...], "timeout_seconds": N, "pty": false,

@@ -92,8 +92,8 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     (``docker_engine``), so it sees, gets, lists, reaps, pools and counts only its deployment's sessions:
     servers that name one deployment share its sessions, others on the engine never see them. A session's
     labels (session, deployment, consumer, owner, created, expires, spec with env *names* only) let any
-    server of the deployment find, list and reap it; the env values live only in the container. README's
-    "The docker provider" states the whole behaviour; the provider package's docstring says where each part lives.
+    server of the deployment find, list and reap it; the env values live only in the container. The docs'
+    page operators/providers/docker.md states the whole behaviour; the provider package's docstring says where each part lives.
     """
 
     kind = "docker"

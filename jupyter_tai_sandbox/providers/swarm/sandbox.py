@@ -69,7 +69,7 @@ class SwarmSandbox(ContainerSandbox):
     disconnected before it is handed out. A persistent workspace is a volume on one node, recorded on the
     manager, and pins its sessions there. A node that is down makes its sessions answer
     SandboxUnavailableError and leaves the others alone. Not on a service (API 1.41): ``no_new_privileges``
-    and the warm pool. README's "Running on a cluster (Docker Swarm)" says it all at length.
+    and the warm pool. The docs' page operators/providers/swarm.md says it all at length.
     """
 
     _engine: SwarmEngine  # the manager's (ContainerSandbox types it DockerEngine)

@@ -69,7 +69,7 @@ SETUP_SECONDS = 60.0
 
 
 class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
-    """sandbox-vm: one QEMU microVM per session (see the module's docstring; README's "The vm provider")."""
+    """sandbox-vm: one QEMU microVM per session (see the module's docstring and the docs' operators/providers/vm.md)."""
 
     kind = "vm"
     max_isolation = "vm"
@@ -130,8 +130,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
     images = List(
         Unicode(),
         help="""Docker images a session may name (exactly as listed): each becomes the session's root, its
-        files on a read-only disk made once per image id from the engine at engine_url (README "The vm
-        provider": a minute or so for a large image, the first time), under a writable tmpfs, the workspace
+        files on a read-only disk made once per image id from the engine at engine_url (the docs' vm
+        provider page: a minute or so for a large image, the first time), under a writable tmpfs, the workspace
         bound in; commands get the image's env. A session that names no image runs the package's own guest
         (busybox).""",
     ).tag(config=True)
