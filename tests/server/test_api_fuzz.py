@@ -245,8 +245,10 @@ def _deadline_answer(status: int, content: bytes) -> bool:
 
 def _operator_limit(message: str) -> bool:
     """Refusals the spec can only describe in words: operator maxima, the argv+env byte bound, surrogates, a
-    program the session cannot start (the fuzz's random argv[0] rarely names one that exists)."""
-    return any(word in message for word in ("maximum", "the limit is", "lone surrogate", "could not start"))
+    program the session cannot start (the fuzz's random argv[0] rarely names one that exists), a TTL whose
+    end is already past (PATCH's description)."""
+    words = ("maximum", "the limit is", "lone surrogate", "could not start", "would have ended the session")
+    return any(word in message for word in words)
 
 
 # ------------------------------------------------------------------ the live server
