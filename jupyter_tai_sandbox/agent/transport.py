@@ -135,21 +135,21 @@ class DockerExecProtocol(asyncio.BufferedProtocol):
             self.transport.close()
 
 
+def create_relay_exec(api: Any, container: str) -> str:
+    """Create (not start) the exec of a container's ``connect`` relay, as RELAY_USER, through the engine API (a
+    ``docker.APIClient``); its id. Blocking: call it in a thread."""
+    created = api.exec_create(
+        container, [AGENT_PATH, "connect"], stdin=True, stdout=True, stderr=True, tty=False, user=RELAY_USER
+    )
+    return str(created["Id"])
+
+
 async def open_docker_api(api: Any, container: str, **kw: Any) -> AgentClient:
     """Connect to a container's agent through the engine API (a ``docker.APIClient``): one exec of
     ``/.tai/agent connect`` whose hijacked socket is the channel. The SDK's blocking calls run in a thread."""
 
     def start() -> socket.socket:
-        exec_id = api.exec_create(
-            container,
-            [AGENT_PATH, "connect"],
-            stdin=True,
-            stdout=True,
-            stderr=True,
-            tty=False,
-            user=RELAY_USER,
-        )["Id"]
-        sock = api.exec_start(exec_id, socket=True)
+        sock = api.exec_start(create_relay_exec(api, container), socket=True)
         raw: socket.socket = getattr(sock, "_sock", sock)
         # the descriptor in a socket of its own: the SDK's response keeps a file over the hijacked one,
         # which would hold the descriptor open after the transport closed it (till the collector came)

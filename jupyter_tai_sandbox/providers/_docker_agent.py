@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import AgentBinaryMissing, AgentClient, agent_binary
-from ..agent.client import AGENT_DIR, AGENT_PATH, RELAY_USER
-from ..agent.transport import open_docker_api, open_docker_streams
+from ..agent.client import AGENT_DIR, AGENT_PATH
+from ..agent.transport import create_relay_exec, open_docker_api, open_docker_streams
 from ..contract import SandboxError, SandboxUnavailableError
 from .container import CommandRegistry, ContainerSite
 from .docker_engine import DockerEngine
@@ -185,18 +185,7 @@ def open_agent_on_any_loop(engine: DockerEngine):
         if address is None:  # the engine never connected: the SDK's socket (a unix or plain tcp engine)
             return await open_docker_api(engine.api, container_id)
         api = engine.api
-        exec_id = (
-            await asyncio.to_thread(
-                api.exec_create,
-                container_id,
-                [AGENT_PATH, "connect"],
-                user=RELAY_USER,
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                tty=False,
-            )
-        )["Id"]
+        exec_id = await asyncio.to_thread(create_relay_exec, api, container_id)
         reader, writer = await start_exec(address, str(api._version), exec_id, False)
         try:
             return await open_docker_streams(reader, writer)
