@@ -31,6 +31,8 @@ from .build import cache_dir
 
 #: the longest making one root disk may take (exporting and writing a large image)
 BUILD_SECONDS = 900.0
+#: how often a create waiting for another process's making of the same root disk looks again
+LOCK_POLL_SECONDS = 0.25
 #: free room left in a root disk beyond the image's files (its own metadata, a little slack)
 SLACK_MB = 64
 #: where the guest mounts the image's files, the overlay's tmpfs, and the root commands are chrooted into
@@ -104,10 +106,26 @@ async def ensure_root_disk(engine: Any, image: str, *, log: Any = None) -> RootD
 
 
 def _make_locked(api: Any, image_id: str, target: Path, labels: dict[str, str]) -> None:
-    with open(target.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process making it: wait, then find it made
+    """Make ``target`` unless another process is making it: then wait for it, at most BUILD_SECONDS (a lock
+    held longer, by a stuck maker or anyone who can open the file, is a typed error, not a hang)."""
+    lock = os.open(target.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        give_up = time.monotonic() + BUILD_SECONDS
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > give_up:
+                    raise SandboxUnavailableError(
+                        f"another process has been making the root disk {target.name} for "
+                        f"{BUILD_SECONDS:.0f} s; try again later"
+                    ) from None
+                time.sleep(LOCK_POLL_SECONDS)
         if not target.exists():
             _make(api, image_id, target, labels)
+    finally:
+        os.close(lock)
 
 
 def _make(api: Any, image_id: str, target: Path, labels: dict[str, str]) -> None:
