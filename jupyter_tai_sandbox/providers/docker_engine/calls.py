@@ -128,8 +128,9 @@ class EngineCalls:
         self.direct_agent: bool | None = None
         #: why the direct connection could not be used here last (None: it was not refused)
         self.direct_refusal: str | None = None
-        #: containers whose agent this host cannot reach directly (another host's): the relay for them alone
-        self.relay_only: set[str] = set()
+        #: containers whose agent this host could not reach directly (another host's): the relay for them alone,
+        #: until the monotonic time given (then the direct path is tried again)
+        self.relay_until: dict[str, float] = {}
         #: each container's PID 1 on this host and its full id, as a direct port connection last found them
         self._pids: dict[str, tuple[int, str]] = {}
 

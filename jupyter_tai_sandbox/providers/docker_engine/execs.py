@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import tarfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from .stream import EngineAddress, read_output, start_exec
 
 #: containers remembered as reachable through the relay only (their engine is another host's)
 RELAY_ONLY_REMEMBERED = 4096
+#: how long a container whose agent this host could not reach directly uses the relay before it is tried again
+RELAY_RETRY_SECONDS = 60.0
 
 #: the most :meth:`DockerEngine.read_file` reads of a container's file (a session may have written it)
 READ_FILE_LIMIT = 1 << 20
@@ -89,22 +92,28 @@ class EngineExecs(EngineCalls):
         enter the container's network namespace (root on the engine's host, whatever the engine's address:
         a local engine reached over TCP, as a swarm node can be, too; see ``direct_agent``), else one exec of
         its ``connect`` relay. A container of another host's engine fails the cgroup check (its process id names
-        no such container here): the relay for that container from then on, never for the others."""
-        if self.direct_agent is not False and os.geteuid() == 0 and container_id not in self.relay_only:
+        no such container here): the relay for that container for RELAY_RETRY_SECONDS, then the direct path is
+        tried again; never the relay for the others."""
+        if (
+            self.direct_agent is not False
+            and os.geteuid() == 0
+            and self.relay_until.get(container_id, 0.0) <= time.monotonic()
+        ):
             attrs = await self.inspect_container(container_id, what="find a session's agent")
             pid = int((attrs.get("State") or {}).get("Pid") or 0)
             if pid > 0:
                 try:
                     client = await open_in_netns(pid, str(attrs["Id"]))
                 except NotReachableHere as e:
-                    if len(self.relay_only) >= RELAY_ONLY_REMEMBERED:
-                        self.relay_only.clear()  # tried again: cheap, and a gone container's id is never asked
-                    self.relay_only.add(container_id)
+                    if len(self.relay_until) >= RELAY_ONLY_REMEMBERED:
+                        self.relay_until.clear()  # tried again: cheap, and a gone container's id is never asked
+                    self.relay_until[container_id] = time.monotonic() + RELAY_RETRY_SECONDS
                     self.direct_refusal = str(e)
                 except OSError as e:
                     raise AgentConnectionLost(f"the session agent's socket: {e}") from None
                 else:
                     self.direct_agent = True
+                    self.relay_until.pop(container_id, None)
                     return client
         exec_id = await self.exec_create(
             container_id, [AGENT_PATH, "connect"], env=None, stdin=True, tty=False, user=RELAY_USER

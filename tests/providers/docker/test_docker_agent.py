@@ -208,6 +208,45 @@ def test_a_direct_connection_believes_only_the_containers_agent(client):
     asyncio.run(main())
 
 
+def test_a_container_sent_to_the_relay_is_tried_directly_again_after_the_retry_time(client):
+    """A direct connection refused for one container (another host's: NotReachableHere) sends that container
+    alone through the exec relay, and only for RELAY_RETRY_SECONDS: the fallback is never permanent."""
+    import time
+
+    async def main() -> None:
+        sandbox = provider()
+        session = await sandbox.create(SessionSpec(consumer="docker-tests", network="none"))
+        try:
+            engine = sandbox._engine
+            cid = session.container_id
+
+            def relays_running() -> int:
+                execs = [
+                    client.api.exec_inspect(e) for e in client.api.inspect_container(cid)["ExecIDs"] or []
+                ]
+                return sum(e["Running"] and e["ProcessConfig"]["arguments"] == ["connect"] for e in execs)
+
+            async def relays_of_one_connection() -> int:
+                agent = await engine.open_agent(cid)
+                try:
+                    assert (await (await agent.start(["true"])).wait()).code == 0
+                    return relays_running()
+                finally:
+                    await agent.close()
+
+            assert await relays_of_one_connection() == 0  # direct
+            engine.relay_until[cid] = time.monotonic() + 3600  # as a NotReachableHere leaves it
+            assert await relays_of_one_connection() == 1  # through an exec of the relay
+            engine.relay_until[cid] = time.monotonic() - 1  # its retry time has come
+            assert await relays_of_one_connection() == 0
+            assert cid not in engine.relay_until  # direct again, and forgotten
+        finally:
+            await session.destroy()
+            await sandbox.close()
+
+    asyncio.run(main())
+
+
 def test_the_agent_volume_is_shared_by_deployments_and_old_builds_go_once_unused(client):
     from jupyter_tai_sandbox.providers._docker_agent import AGENT_VOLUME_PREFIX, LABEL_AGENT_BUILD
 
