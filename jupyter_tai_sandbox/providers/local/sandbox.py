@@ -1,8 +1,9 @@
 """sandbox-local: each session's commands run as plain host subprocesses. No isolation.
 
-The workspace is a host directory: ``<root>/<workspace_key>`` for a persistent
-session (created or adopted, never removed by a reap), a fresh directory under
-``<root>/.ephemeral/`` otherwise (removed on destroy and reap). Only
+The workspace is a host directory: for a persistent session (created or adopted,
+never removed by a reap) ``<root>/<workspace_key>`` (seed 002's path) or
+``<root>/.by-owner/<owner tag>/<workspace_key>``, as below; a fresh directory
+under ``<root>/.ephemeral/`` otherwise (removed on destroy and reap). Only
 ``isolation="none"`` and ``network="egress"`` are honoured; cpu/memory caps are
 rejected. ``image`` is inert: recorded in info() and the session's sidecar file.
 
@@ -19,12 +20,19 @@ status that cannot be read raises SandboxError; none is ever made up.
 
 Tenancy: the session's owner (``spec.owner``) is in its sidecar, so a later server
 process on the same root finds the session again (get/list adopt the sessions of
-a server that has ended; their env values were never on disk). A persistent
-workspace's owner is recorded in ``<root>/.owners/`` when a session with an owner
-first uses the key; a session of another owner is refused (not found) and never
-mounts it. Each live persistent session holds its key's lease (a shared flock in
-``<root>/.locks/``); removing the workspace is refused with SandboxConflictError
-while another session, in any server process on this root, holds the key.
+a server that has ended; their env values were never on disk). Workspace keys are
+a namespace per owner (the rule is :mod:`.._workspaces`): ``<root>/<key>`` is the
+workspace of a session without an owner, of the owner recorded for it in
+``<root>/.owners/<key>.json`` (so a workspace made before keys were per owner stays
+its owner's), and of the server's own principal (``home_owner``: the account
+running the server, every caller of a single-user server) when no other owner is
+recorded for it. Any other owner's ``key`` is
+``<root>/.by-owner/<sha-256 of the owner, 32 hex>/<key>``, with its own
+``.owners/`` record and ``.locks/`` lease beside it in that folder: bob asking for
+alice's key gets his own, new workspace, never hers and never a refusal. Each live
+persistent session holds its workspace's lease (a shared flock in the ``.locks/``
+beside it); removing the workspace is refused with SandboxConflictError while
+another session, in any server process on this root, holds it.
 
 The root is mode 0700 (made so, or tightened when it is this account's): workspaces
 hold what other OS accounts must not read, such as a sandboxed kernel's connection
@@ -68,6 +76,7 @@ from ...contract import (
 from ...policy import within_limits
 from ...spool import DEFAULT_MEMORY_LIMIT
 from .._common import ProviderMeta, new_session_id
+from .._workspaces import owner_tag, unscoped_serves
 from .command import LocalCommand
 from .paths import private_folder
 from .posix import kill_marked, process_identity
@@ -79,6 +88,8 @@ __all__ = ["LocalCommand", "LocalPtyCommand", "LocalSandbox", "LocalSession"]
 
 _SESSION_ID = re.compile(r"sbx-[0-9a-f]{16}")
 _THIS_PROCESS = process_identity(os.getpid())
+#: the folder (under the root) of the per-owner workspace folders
+_BY_OWNER = ".by-owner"
 
 
 class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
@@ -94,11 +105,18 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     root = Unicode(
         help="""Folder holding the workspaces (SANDBOX_LOCAL_ROOT): persistent ones at
-        <root>/<workspace_key>, ephemeral ones under <root>/.ephemeral/, session sidecar
-        files under <root>/.sessions/, workspace owners under <root>/.owners/ and the
-        per-key lease files under <root>/.locks/. Made mode 0700 (tightened when it exists and is
-        this account's). Default: <jupyter data dir>/tai_sandbox/local.""",
+        <root>/<workspace_key> (no owner, the home owner's, or one recorded to its owner) or
+        <root>/.by-owner/<owner tag>/<workspace_key> (any other owner's), ephemeral ones under
+        <root>/.ephemeral/, session sidecar files under <root>/.sessions/, workspace owners under
+        .owners/ and the per-workspace lease files under .locks/ beside the workspaces. Made mode 0700
+        (tightened when it exists and is this account's). Default: <jupyter data dir>/tai_sandbox/local.""",
     ).tag(config=True)
+
+    home_owner = Unicode(
+        help="""The principal whose persistent workspaces are <root>/<workspace_key> when no other owner
+        is recorded for that path (other owners' are under <root>/.by-owner/). Default: the account
+        running the server (the one principal of a server that authenticates by token or password).""",
+    )
 
     inherit_env = List(
         Unicode(),
@@ -121,6 +139,12 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         this much of its user's pipe allowance. 0 keeps the system default (64 KiB).""",
     ).tag(config=True)
 
+    @default("home_owner")
+    def _home_owner_default(self) -> str:
+        from ...sessions import server_owner
+
+        return server_owner()
+
     @default("root")
     def _root_default(self) -> str:
         return os.environ.get("SANDBOX_LOCAL_ROOT") or os.path.join(
@@ -139,16 +163,41 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         return self._root / ".sessions" / f"{session_id}.json"
 
     def _workspace_of(self, session_id: str, spec: SessionSpec) -> Path:
-        if spec.durability == "persistent":
-            return self._root / spec.workspace_key  # type: ignore[operator]  # a persistent spec has its key
-        return self._root / ".ephemeral" / session_id
+        """The session's workspace folder (blocking: a persistent one reads owner records).
+
+        A persistent workspace's lease and owner record are in ``.locks/`` and ``.owners/`` of its parent.
+        """
+        if spec.durability != "persistent":
+            return self._root / ".ephemeral" / session_id
+        key = str(spec.workspace_key)
+        unscoped = self._root / key
+        if spec.owner is None:
+            return unscoped
+        scoped = self._scoped(spec.owner) / key
+        record = read_owner(self._root / ".owners", key)
+        has_scoped = (scoped.parent / ".owners" / f"{key}.json").exists()
+        if unscoped_serves(
+            spec.owner,
+            None if record is None else record["owner"],
+            home=spec.owner == self.home_owner,
+            has_scoped=has_scoped,
+        ):
+            return unscoped
+        return scoped
+
+    def _scoped(self, owner: str) -> Path:
+        """The folder of ``owner``'s own workspaces (those not at ``<root>/<key>``)."""
+        return self._root / _BY_OWNER / owner_tag(owner)
 
     async def create(self, spec: SessionSpec) -> SandboxSession:
         if not isinstance(spec, SessionSpec):
             raise SandboxSpecRejectedError("create() needs a SessionSpec")
         spec = within_limits(spec, self.session_limits())
         session_id = new_session_id()
-        workspace = self._workspace_of(session_id, spec)
+        try:
+            workspace = await asyncio.to_thread(self._workspace_of, session_id, spec)
+        except OSError as e:
+            raise SandboxError(f"cannot read the owner records under {self._root}: {e}") from e
         now = time.time()
         session = self.session_class(self, session_id, spec, workspace, now)
         record = {
@@ -181,11 +230,11 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         lease = None
         private_folder(self._root)
         if spec.durability == "persistent":
-            lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]  # a persistent spec has its key
+            lease = WorkspaceLease(workspace.parent / ".locks", workspace.name)
         try:
             if lease is not None:
-                # under the lease: a removal of this key cannot run meanwhile
-                claim_or_check_owner(self._root / ".owners", lease.key, spec.owner)
+                # under the lease: a removal of this workspace cannot run meanwhile
+                claim_or_check_owner(workspace.parent / ".owners", lease.key, spec.owner)
             if workspace.is_symlink() or (workspace.exists() and not workspace.is_dir()):
                 raise SandboxSpecRejectedError(
                     f"{workspace} exists and is not a folder: it cannot be a workspace"
@@ -258,13 +307,16 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             and process_identity(record.get("pid", 0)) == origin
         ):
             return None  # its server process still runs: the session is that server's, not ours
-        workspace = self._workspace_of(session_id, spec)
+        try:
+            workspace = self._recorded_workspace(session_id, spec, record.get("workspace"))
+        except (OSError, SandboxError):
+            return None
         if expires_at <= time.time() or not workspace.is_dir() or workspace.is_symlink():
             return None  # the reaper's to remove
         lease = None
         if spec.durability == "persistent":
             try:
-                lease = WorkspaceLease(self._root / ".locks", spec.workspace_key)  # type: ignore[arg-type]  # a persistent spec has its key
+                lease = WorkspaceLease(workspace.parent / ".locks", workspace.name)
             except SandboxError:
                 return None
         if origin != _THIS_PROCESS:
@@ -285,8 +337,21 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self._sessions[session_id] = session
         return session
 
+    def _recorded_workspace(self, session_id: str, spec: SessionSpec, recorded: object) -> Path:
+        """An adopted session's workspace: the one its sidecar names when that is one of its spec's places
+        (its owner's scoped one, or the key's unscoped one), else the one its spec leads to now (blocking)."""
+        if spec.durability == "persistent" and isinstance(recorded, str):
+            key = str(spec.workspace_key)
+            places = {self._root / key}
+            if spec.owner is not None:
+                places.add(self._scoped(spec.owner) / key)
+            if Path(recorded) in places:
+                return Path(recorded)
+        return self._workspace_of(session_id, spec)
+
     async def workspace_owner(self, workspace_key: str) -> str | None:
-        """The owner recorded for a persistent workspace key, None when there is none (a hook for the server)."""
+        """The owner recorded for the unscoped workspace ``<root>/<workspace_key>``, None when there is none
+        (a hook for the server)."""
         record = await asyncio.to_thread(read_owner, self._root / ".owners", workspace_key)
         return None if record is None else record["owner"]
 
@@ -312,7 +377,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         if workspace is not None:
             shutil.rmtree(workspace, ignore_errors=True)
             if session.lease is not None:  # held exclusive: the key is free again
-                forget_owner(self._root / ".owners", session.lease.key)
+                forget_owner(workspace.parent / ".owners", session.lease.key)
         self._sidecar(session.id).unlink(missing_ok=True)
 
     async def reap(self) -> builtins.list[str]:

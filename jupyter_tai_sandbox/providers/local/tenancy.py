@@ -1,11 +1,12 @@
 """Who owns a sandbox-local persistent workspace, and who holds it: owner records and key leases.
 
 Both live beside the workspaces, never inside one (a session's commands can write
-anywhere in their workspace):
+anywhere in their workspace), in the folder holding the workspace (``<root>`` for
+``<root>/<key>``, ``<root>/.by-owner/<owner tag>`` for an owner's own ones):
 
-- ``<root>/.owners/<key>.json`` names the owner (the principal) that first used the
-  key. A session with an owner may only mount a workspace recorded as its own.
-- ``<root>/.locks/<key>.lock`` is the per-workspace_key lease (seed 002): every live
+- ``.owners/<key>.json`` names the owner (the principal) that first used the
+  workspace. A session with an owner may only mount a workspace recorded as its own.
+- ``.locks/<key>.lock`` is the workspace's lease (seed 002's per-workspace_key lease): every live
   persistent session holds a shared ``flock`` on it for its life, in whichever server
   process on this root it lives. Removing the workspace takes it exclusive without
   waiting, and is refused while anyone else holds it. ``<key>.gate`` serializes those
