@@ -35,6 +35,7 @@ from ..policy import within_limits
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta
 from ._provider_settings import DeploymentSettings, LimitSettings, NetworkSettings, rejected
+from ._workspaces import unscoped_serves
 from .docker_engine import WORKERS, WORKERS_PER_PRINCIPAL, DockerEngine, EngineRefusedError
 from .docker_engine.names import (
     LABEL_AGENT,
@@ -268,10 +269,24 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
             raise rejected(f"image: {image[:100]!r} is not a valid image reference (for example 'name:tag')")
         return image
 
-    async def _workspace(self, spec: SessionSpec) -> None:
-        """Make the persistent workspace volume (recording its owner), or check who owns it."""
+    async def _workspace_volume(self, engine: DockerEngine, spec: SessionSpec) -> str:
+        """The name of the volume that is the spec's persistent workspace on ``engine`` (keys are a namespace
+        per owner, see providers/_workspaces): the key's unscoped volume for a spec without an owner, or when
+        its recorded owner is the spec's (made before keys were per owner); else the owner's own volume."""
         key = str(spec.workspace_key)
-        name = self.scope.workspace_volume(key)
+        unscoped = self.scope.workspace_volume(key)
+        if spec.owner is None:
+            return unscoped
+        found = await engine.volume(unscoped)
+        recorded = None if found is None else (found.get("Labels") or {}).get(LABEL_OWNER)
+        if unscoped_serves(spec.owner, recorded):
+            return unscoped
+        return self.scope.workspace_volume(key, spec.owner)
+
+    async def _workspace(self, spec: SessionSpec) -> str:
+        """Make the persistent workspace volume (recording its key and owner) if it is new; its name."""
+        key = str(spec.workspace_key)
+        name = await self._workspace_volume(self._engine, spec)
         volume = await self._engine.volume(name)
         if volume is None:
             labels = {**self.own_labels, LABEL_WORKSPACE: key}
@@ -280,7 +295,9 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
             volume = await self._engine.create_volume(name, labels)  # an existing one comes back unchanged
         recorded = (volume.get("Labels") or {}).get(LABEL_OWNER)
         if spec.owner is not None and recorded is not None and recorded != spec.owner:
-            raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
+            # only two owners whose tags meet get here: never mount another's
+            raise SandboxNotFoundError(f"no workspace {key!r} can be made for this owner: name another key")
+        return name
 
     async def _connect(self) -> None:
         """Reach the engine (once); a provider may choose its default image there (docker does)."""
@@ -306,10 +323,12 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
             labels[LABEL_USER] = user
         return labels
 
-    async def _remove_workspace(self, engine: DockerEngine, key: str) -> None:
-        """Remove persistent workspace ``key``'s volume on ``engine``; one a session still uses is a conflict."""
+    async def _remove_workspace(self, engine: DockerEngine, spec: SessionSpec) -> None:
+        """Remove the spec's persistent workspace volume on ``engine`` (its owner's: see
+        :meth:`_workspace_volume`); one a session still uses is a conflict."""
+        key = str(spec.workspace_key)
         try:
-            await engine.remove_volume(self.scope.workspace_volume(key))
+            await engine.remove_volume(await self._workspace_volume(engine, spec))
         except EngineRefusedError as e:
             if e.status == 409:
                 raise SandboxConflictError(

@@ -36,15 +36,17 @@ class ContainerStarts:
         network: str | None,
         agent_volume: str,
         user: str = "",
+        workspace: str | None = None,
     ) -> dict[str, Any]:
-        """The SDK's container options for ``spec`` (its limits already in force)."""
+        """The SDK's container options for ``spec`` (its limits already in force); ``workspace``: the volume
+        of a persistent spec's workspace (DockerSandbox._workspace)."""
         sandbox = self._sandbox
         types = docker_sdk().types
         ceiling = sandbox.disk_limit_mb if sandbox.disk_limit_mb > 0 else None
         if spec.durability == "persistent":
-            mount = types.Mount(
-                WORKSPACE, sandbox.scope.workspace_volume(str(spec.workspace_key)), type="volume"
-            )
+            if workspace is None:
+                raise SandboxError("a persistent session's container needs its workspace volume named")
+            mount = types.Mount(WORKSPACE, workspace, type="volume")
         else:
             driver = workspace_driver(ceiling) if ceiling else None
             mount = types.Mount(
@@ -94,10 +96,11 @@ class ContainerStarts:
         *,
         user: str | None = None,
         image: str | None = None,
+        workspace: str | None = None,
     ) -> str:
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections.
         ``user``: the session's user (None: the provider's, else the image's); ``image``: another than the
-        spec's (a fork's)."""
+        spec's (a fork's); ``workspace``: a persistent spec's workspace volume."""
         image = image or self._sandbox._image_of(spec)
         try:
             if user is None:
@@ -106,7 +109,14 @@ class ContainerStarts:
             for attempt in (1, 2):
                 volume = await self.agent_volumes.volume_for(arch, image)
                 options = self.options(
-                    spec, name, labels, volume_labels, network, agent_volume=volume, user=user
+                    spec,
+                    name,
+                    labels,
+                    volume_labels,
+                    network,
+                    agent_volume=volume,
+                    user=user,
+                    workspace=workspace,
                 )
                 try:
                     return await self._engine.create_container(image, options)

@@ -259,8 +259,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
                     extra_env=spec.env,
                     user=labels.get(LABEL_USER, ""),
                 )
-        if spec.durability == "persistent":
-            await self._workspace(spec)
+        workspace = await self._workspace(spec) if spec.durability == "persistent" else None
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
         network = self._network_of(spec)
         if network is not None:
@@ -268,7 +267,12 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
                 await self._bridges.ensure(network, spec.network)
                 try:
                     container_id = await self._starts.start(
-                        spec, *names, network, user=labels.get(LABEL_USER, ""), image=image
+                        spec,
+                        *names,
+                        network,
+                        user=labels.get(LABEL_USER, ""),
+                        image=image,
+                        workspace=workspace,
                     )
                 except BaseException:
                     with contextlib.suppress(SandboxError):
@@ -276,7 +280,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
                     raise
         else:
             container_id = await self._starts.start(
-                spec, *names, user=labels.get(LABEL_USER, ""), image=image
+                spec, *names, user=labels.get(LABEL_USER, ""), image=image, workspace=workspace
             )
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
         return DockerSession(
@@ -475,7 +479,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             async with self._networks.hold(network):
                 await self._bridges.drop(network, leaving=(session.container_id,))
         if remove_workspace and spec.durability == "persistent":
-            await self._remove_workspace(self._engine, str(spec.workspace_key))
+            await self._remove_workspace(self._engine, spec)
         self.log.debug("sandbox-docker: destroyed %s", session.id)
 
     async def close(self) -> None:

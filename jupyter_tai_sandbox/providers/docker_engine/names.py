@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...contract import SessionSpec
+from .._workspaces import owner_tag
 
 WORKSPACE = "/workspace"
 LABEL = "jupyter-tai-sandbox"
@@ -128,9 +129,14 @@ class Deployment:
     def owns(self, labels: Mapping[str, str] | None) -> bool:
         return (labels or {}).get(LABEL_DEPLOYMENT) == self.name
 
-    def workspace_volume(self, key: str) -> str:
-        """``tai-sbx-<deployment tag>-<key>``: two deployments' same key are two volumes."""
-        return f"{VOLUME_PREFIX}{self.tag}-{key}"
+    def workspace_volume(self, key: str, owner: str | None = None) -> str:
+        """A persistent workspace's volume: ``tai-sbx-<deployment tag>-<key>`` unscoped (no owner, and the
+        volumes made before keys were per owner), ``tai-sbx-<deployment tag>_<owner tag>-<key>`` an owner's
+        own. Two deployments' same key are two volumes; the character after the fixed-length deployment tag
+        (``-`` or ``_``) keeps the two kinds of names apart whatever the key (see providers/_workspaces)."""
+        if owner is None:
+            return f"{VOLUME_PREFIX}{self.tag}-{key}"
+        return f"{VOLUME_PREFIX}{self.tag}_{owner_tag(owner)}-{key}"
 
     def owner_network(self, base: str, owner: str | None) -> str:
         """The internal network of ``owner``'s sessions: ``base`` plus a short hash of deployment and owner."""

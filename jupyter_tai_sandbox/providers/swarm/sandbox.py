@@ -33,7 +33,7 @@ from .._common import new_session_id
 from .._docker_agent import agent_site
 from .._docker_sandbox import ContainerSandbox, rejected, spec_from_labels, user_checked
 from ..container import CommandRegistry, ContainerCommand, ContainerSite
-from ..docker_engine import EngineRefusedError
+from ..docker_engine import DockerEngine, EngineRefusedError
 from ..docker_engine.names import (
     LABEL_CREATED,
     LABEL_EXPIRES,
@@ -172,6 +172,10 @@ class SwarmSandbox(ContainerSandbox):
     async def _connect(self) -> None:
         await self._engine.connect()
 
+    async def _workspace_volume(self, engine: DockerEngine, spec: SessionSpec) -> str:
+        """The spec's workspace volume, as the manager's workspace records say (whichever node ``engine`` is)."""
+        return await self._workspaces.volume(spec)
+
     # ------------------------------------------------------------ the agent
 
     async def _session_user(self, image: str) -> str:
@@ -206,6 +210,7 @@ class SwarmSandbox(ContainerSandbox):
         agent = await self._nodes.fill_agent_volumes(await self.manager.nodes(), self.engine_label, image)
         labels = self._new_labels(session_id, spec, now, expires, await self._session_user(image))
         pin = await self._workspaces.pin(spec) if spec.durability == "persistent" else None
+        workspace = await self._workspaces.volume(spec) if spec.durability == "persistent" else None
         network = self._network_of(spec)
         template = task_template(
             self,
@@ -214,6 +219,7 @@ class SwarmSandbox(ContainerSandbox):
             network,
             pin,
             agent,
+            workspace=workspace,
             constraints=self.constraints,
             spread=self.spread,
             reserve_fraction=self.reserve_fraction,
@@ -457,9 +463,8 @@ class SwarmSandbox(ContainerSandbox):
         spec = session.spec
         await self._remove(session.service_id, session, self._network_of(spec))
         if remove_workspace and spec.durability == "persistent":
-            key = str(spec.workspace_key)
-            await self._remove_workspace(session.engine, key)
-            await self._workspaces.forget(key)
+            await self._remove_workspace(session.engine, spec)
+            await self._workspaces.forget(spec)
         self.log.debug("sandbox-swarm: destroyed %s", session.id)
 
     async def close(self) -> None:

@@ -37,10 +37,11 @@ STARTING_STATES = frozenset(
 RECORD_PREFIX = "tai-ws-"
 
 
-def record_name(deployment: Deployment, key: str) -> str:
-    """The swarm config recording where the deployment's workspace ``key`` lives (config names take
-    64 characters)."""
-    return RECORD_PREFIX + hashlib.sha256(f"{deployment.name}\0{key}".encode()).hexdigest()[:32]
+def record_name(deployment: Deployment, key: str, owner: str | None = None) -> str:
+    """The swarm config recording where the deployment's workspace ``key`` lives: the key's unscoped
+    one (``owner`` None), or ``owner``'s own (config names take 64 characters)."""
+    named = f"{deployment.name}\0{key}" if owner is None else f"{deployment.name}\0{key}\0{owner}"
+    return RECORD_PREFIX + hashlib.sha256(named.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,14 @@ def task_template(
     pin: str | None,
     agent: tuple[str, str],
     *,
+    workspace: str | None = None,
     constraints: Sequence[str],
     spread: Sequence[str],
     reserve_fraction: float,
 ) -> dict[str, Any]:
     """The service's task for ``spec`` under ``sandbox``'s settings: the agent as PID 1, from ``agent`` (its
-    volume and architecture); on node ``pin`` when given (a persistent workspace's)."""
+    volume and architecture); on node ``pin`` when given (a persistent workspace's); ``workspace``: the
+    volume of a persistent spec's workspace (WorkspaceRecords.volume)."""
     types = docker_sdk().types
     session_id = labels[LABEL_SESSION]
     ceiling = sandbox.disk_limit_mb if sandbox.disk_limit_mb > 0 else None
@@ -46,9 +48,9 @@ def task_template(
         volume_labels = {**sandbox.own_labels, LABEL_WORKSPACE: key}
         if spec.owner is not None:
             volume_labels[LABEL_OWNER] = spec.owner
-        mounts = [
-            types.Mount(WORKSPACE, sandbox.scope.workspace_volume(key), type="volume", labels=volume_labels)
-        ]
+        if workspace is None:
+            raise SandboxError("a persistent session's task needs its workspace volume named")
+        mounts = [types.Mount(WORKSPACE, workspace, type="volume", labels=volume_labels)]
     else:
         # a plain anonymous volume: one with driver options is made by the node as a volume of its own,
         # which the node then leaves behind when the task goes (so the workspace is not capped on swarm)

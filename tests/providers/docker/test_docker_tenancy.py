@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import secrets
 
 import pytest
 
 from jupyter_tai_sandbox.contract import (
-    SandboxNotFoundError,
     SandboxPathError,
     SandboxSpecRejectedError,
+    SessionSpec,
 )
-from jupyter_tai_sandbox.providers.docker import LABEL_OWNER, LABEL_SESSION
+from jupyter_tai_sandbox.policy import SandboxPolicy
+from jupyter_tai_sandbox.providers.docker import LABEL_OWNER, LABEL_SESSION, LABEL_WORKSPACE
+from jupyter_tai_sandbox.sessions import Caller
 from tests.support import aio
 from tests.support.docker import RUN_FILTER, TEST_IMAGE, host_listener, provider, spec
 
@@ -58,33 +61,172 @@ def test_the_owner_survives_a_restart_and_is_listed(client):
 # ------------------------------------------------------------- (b) workspaces
 
 
-def test_a_workspace_records_its_owner_and_another_owner_never_mounts_it(client):
+def persistent(key: str, owner: str | None) -> SessionSpec:
+    return spec(durability="persistent", workspace_key=key, owner=owner)
+
+
+def mounted_volume(client, session) -> str:
+    """The name of the volume at /workspace in the session's container."""
+    mounts = client.containers.get(session.container_id).attrs["Mounts"]
+    (name,) = [m["Name"] for m in mounts if m["Destination"] == "/workspace"]
+    return name
+
+
+def drop_volumes(client, *names: str) -> None:
+    for name in names:
+        for v in client.volumes.list(filters={"name": name}):
+            if v.name == name:
+                v.remove(force=True)
+
+
+def test_an_owners_volume_name_never_equals_an_unscoped_one():
+    from jupyter_tai_sandbox.providers.docker_engine.names import Deployment
+    from jupyter_tai_sandbox.providers.swarm.session import record_name
+
+    scope = Deployment("someone@host:/config")
+    owners = ["alice", "bob", "a-b", "a_b", "", "x" * 300, "\u00e9l\u00e8ve", "alice-notes"]
+    keys = ["notes", "a-b", "a_b", "a.b", "x" * 64, "0"]
+    unscoped = {scope.workspace_volume(k) for k in keys}
+    scoped = {scope.workspace_volume(k, o) for k in keys for o in owners}
+    assert len(scoped) == len(keys) * len(owners)
+    assert not unscoped & scoped
+    assert all(len(name) <= 255 for name in scoped)  # a volume name is a folder name on the engine's disk
+    records = {record_name(scope, k) for k in keys} | {record_name(scope, k, o) for k in keys for o in owners}
+    assert len(records) == len(keys) * (len(owners) + 1)
+    assert all(len(name) <= 64 for name in records)  # a swarm config name
+
+
+def test_two_owners_same_key_are_two_workspaces(client):
     key = f"test-{secrets.token_hex(4)}"
-    volume = provider().scope.workspace_volume(key)
+    scope = provider().scope
+    alices, bobs = scope.workspace_volume(key, "alice"), scope.workspace_volume(key, "bob")
 
     async def main() -> None:
         sandbox = provider()
         try:
-            alice = await sandbox.create(spec(durability="persistent", workspace_key=key, owner="alice"))
+            alice = await sandbox.create(persistent(key, "alice"))
             await alice.put_file("secret.txt", b"alice's")
-            assert client.volumes.get(volume).attrs["Labels"][LABEL_OWNER] == "alice"
-            before = {c.id for c in our_containers(client)}
-            with pytest.raises(SandboxNotFoundError, match="no workspace"):
-                await sandbox.create(spec(durability="persistent", workspace_key=key, owner="bob"))
-            assert {c.id for c in our_containers(client)} == before  # nothing was started for bob
+            assert mounted_volume(client, alice) == alices
+            assert client.volumes.get(alices).attrs["Labels"][LABEL_OWNER] == "alice"
+            bob = await sandbox.create(persistent(key, "bob"))  # his own, new and empty
+            assert mounted_volume(client, bob) == bobs
+            assert client.volumes.get(bobs).attrs["Labels"][LABEL_OWNER] == "bob"
+            assert (await bob.exec(["ls", "-A", "/workspace"], timeout_seconds=10)).stdout == b""
+            await bob.put_file("secret.txt", b"bob's")
+            # removing his own never waits on, or is refused for, alice's live session on hers
+            await bob.destroy(remove_workspace=True)
+            assert not [v for v in client.volumes.list(filters={"name": bobs}) if v.name == bobs]
+            assert await alice.get_file("secret.txt") == b"alice's"
             await alice.destroy()
-            # the same owner again, and no owner (direct use, an admin door), mount it
-            again = await sandbox.create(spec(durability="persistent", workspace_key=key, owner="alice"))
+            again = await provider().create(persistent(key, "alice"))  # a restarted server too
             assert await again.get_file("secret.txt") == b"alice's"
-            await again.destroy()
-            admin = await sandbox.create(spec(durability="persistent", workspace_key=key))
-            assert await admin.get_file("secret.txt") == b"alice's"
-            await admin.destroy(remove_workspace=True)
+            await again.destroy(remove_workspace=True)
+            names = {scope.workspace_volume(key), alices, bobs}
+            assert not [v for v in client.volumes.list() if v.name in names]
         finally:
             await sandbox.close()
-            for v in client.volumes.list(filters={"name": volume}):
-                if v.name == volume:
-                    v.remove(force=True)
+            drop_volumes(client, alices, bobs)
+
+    run(main())
+
+
+def test_a_key_held_by_another_owner_is_not_revealed(client):
+    taken, free = f"test-{secrets.token_hex(4)}", f"test-{secrets.token_hex(4)}"
+    scope = provider().scope
+
+    async def main() -> None:
+        sandbox = provider()
+
+        async def answer(key: str) -> dict:
+            session = await sandbox.create(persistent(key, "bob"))
+            info = (await session.info()).to_json()
+            listing = (await session.exec(["ls", "-A", "/workspace"], timeout_seconds=10)).stdout
+            await session.destroy(remove_workspace=True)
+            for name in ("id", "created_at", "expires_at", "seconds_left"):
+                info.pop(name)
+            return {"info": json.loads(json.dumps(info).replace(key, "<key>")), "files": listing}
+
+        try:
+            alice = await sandbox.create(persistent(taken, "alice"))
+            await alice.put_file("x.txt", b"x")
+            # a key alice holds (her session live) and one nobody holds: the same answer
+            assert await answer(taken) == await answer(free)
+            assert await alice.get_file("x.txt") == b"x"
+            await alice.destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+            drop_volumes(
+                client, *(scope.workspace_volume(k, o) for k in (taken, free) for o in ("alice", "bob"))
+            )
+
+    run(main())
+
+
+def test_a_legacy_workspace_stays_its_owners(client):
+    key = f"test-{secrets.token_hex(4)}"
+    sandbox = provider()
+    legacy = sandbox.scope.workspace_volume(key)
+    bobs = sandbox.scope.workspace_volume(key, "bob")
+
+    async def main() -> None:
+        try:
+            # alice's volume as the provider made it before keys were per owner: the unscoped name, her label
+            client.volumes.create(
+                legacy, labels={**sandbox.own_labels, LABEL_WORKSPACE: key, LABEL_OWNER: "alice"}
+            )
+            direct = await sandbox.create(persistent(key, None))  # no owner: the unscoped volume, as before
+            assert mounted_volume(client, direct) == legacy
+            await direct.put_file("old.txt", b"from before")
+            await direct.destroy()
+            alice = await sandbox.create(persistent(key, "alice"))
+            assert mounted_volume(client, alice) == legacy
+            assert await alice.get_file("old.txt") == b"from before"
+            bob = await sandbox.create(persistent(key, "bob"))
+            assert mounted_volume(client, bob) == bobs
+            assert (await bob.exec(["ls", "-A", "/workspace"], timeout_seconds=10)).stdout == b""
+            await bob.destroy(remove_workspace=True)
+            assert client.volumes.get(legacy).name == legacy, "bob's removal took alice's volume"
+            await alice.destroy(remove_workspace=True)  # hers: the legacy volume
+            assert not [v for v in client.volumes.list(filters={"name": legacy}) if v.name == legacy]
+        finally:
+            await sandbox.close()
+            drop_volumes(client, legacy, bobs)
+
+    run(main())
+
+
+def test_an_admin_naming_an_owner_shares_that_owners_workspace(client):
+    key = f"test-{secrets.token_hex(4)}"
+    scope = provider().scope
+
+    async def main() -> None:
+        sandbox = provider()
+        policy, admin = SandboxPolicy(), Caller("admin", frozenset({"read", "write"}))
+        try:
+            alice = await sandbox.create(persistent(key, "alice"))
+            await alice.put_file("secret.txt", b"alice's")
+            await alice.destroy()
+            named = policy.effective_spec(persistent(key, "alice"), sandbox.session_limits(), caller=admin)
+            assert named.owner == "alice"
+            shared = await sandbox.create(named)
+            assert await shared.get_file("secret.txt") == b"alice's"
+            await shared.destroy()
+            own = policy.effective_spec(persistent(key, None), sandbox.session_limits(), caller=admin)
+            mine = await sandbox.create(own)  # the admin's own key of that name is another workspace
+            assert (await mine.exec(["ls", "-A", "/workspace"], timeout_seconds=10)).stdout == b""
+            await mine.destroy(remove_workspace=True)
+            # no owner at all (the Python API used directly): the unscoped volume, not alice's
+            direct = await sandbox.create(persistent(key, None))
+            assert mounted_volume(client, direct) == scope.workspace_volume(key)
+            assert (await direct.exec(["ls", "-A", "/workspace"], timeout_seconds=10)).stdout == b""
+            await direct.destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+            drop_volumes(
+                client,
+                scope.workspace_volume(key),
+                *(scope.workspace_volume(key, o) for o in ("alice", "admin")),
+            )
 
     run(main())
 

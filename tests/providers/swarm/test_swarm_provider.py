@@ -274,8 +274,13 @@ def test_persistent_workspace_pinned_to_its_node():
                     await again.destroy()
                 finally:
                     await again_sandbox.close()
+            # another owner's key of that name is her own new workspace (keys are a namespace per owner)
+            mallory = await sandbox.create(
+                SessionSpec(durability="persistent", workspace_key=key, owner="mallory")
+            )
             with pytest.raises(SandboxNotFoundError):
-                await sandbox.create(SessionSpec(durability="persistent", workspace_key=key, owner="mallory"))
+                await mallory.get_file("kept.txt")
+            await mallory.destroy(remove_workspace=True)
             last = await sandbox.create(
                 SessionSpec(durability="persistent", workspace_key=key, owner="alice")
             )
