@@ -375,7 +375,7 @@ def plant_foreign_sessions() -> dict[str, list[str]] | None:
             await durable.put_file("secret.txt", b"alice's")
             return {
                 "containers": [internal.container_id, durable.container_id],
-                "volumes": [sandbox.scope.workspace_volume(FOREIGN_WORKSPACE_KEY)],
+                "volumes": [sandbox.scope.workspace_volume(FOREIGN_WORKSPACE_KEY, "alice")],
                 "networks": [sandbox.scope.owner_network(sandbox.internal_network, "alice")],
             }
         finally:
