@@ -96,8 +96,8 @@ class SandboxAccess:
     def __init__(self) -> None:
         self.gate: GatedSandbox | None = None
         self.failure: str | None = None
-        #: one tool run at a time per persistent workspace (sandbox_exec's lease), per holder
-        self.workspace_leases: dict[str, asyncio.Lock] = {}
+        #: one tool run at a time per persistent workspace, (owner, workspace_key) (sandbox_exec's lease), per holder
+        self.workspace_leases: dict[tuple[str | None, str], asyncio.Lock] = {}
 
     def require(self) -> GatedSandbox:
         """The holder's provider behind its gate, or a loud SandboxUnavailableError."""

@@ -45,6 +45,7 @@ from .contract import (
 )
 from .errors import SandboxConflictError, SandboxForbiddenError, SandboxQuotaError, SandboxRequestError
 from .fair_share import act_for
+from .providers._workspaces import workspace_identity
 
 #: what a session id may look like (anything else is answered like an unknown id, before a provider sees it)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -297,10 +298,15 @@ class SessionRegistry:
         if remove_workspace:
             info = await session.info()
             if info.workspace_key is not None:
+                # the same workspace: the same owner's key (keys are a namespace per owner; another
+                # owner's session on a key of that name is on another workspace, and never mentioned)
+                mine = workspace_identity(info.owner, info.workspace_key)
                 holders = [
                     other.id
                     for other in await self.access.require().list()
-                    if other.workspace_key == info.workspace_key and other.id != session.id
+                    if other.workspace_key is not None
+                    and workspace_identity(other.owner, other.workspace_key) == mine
+                    and other.id != session.id
                 ]
                 if holders:
                     raise SandboxConflictError(

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol
 from .. import sandboxes
 from ..contract import ExecRequest, SandboxDurability, SandboxError, SessionSpec
 from ..errors import ToolInputError
+from ..providers._workspaces import workspace_identity
 from .binding import _bind_list, _bind_value, binding_problems, preset_invalid
 
 #: Extra seconds a tool's session lives past its command's deadline (it is destroyed right after).
@@ -226,7 +227,7 @@ class SandboxExecTool(BaseTool):
             one_shot=True,
         )
         # seed 002's per-workspace_key lease: runs on one durable workspace take turns
-        async with _workspace_lease(access.workspace_leases, spec.workspace_key):
+        async with _workspace_lease(access.workspace_leases, owner, spec.workspace_key):
             session = await sandbox.create(spec)
             try:
                 result = await session.run(request)
@@ -241,12 +242,15 @@ class SandboxExecTool(BaseTool):
 
 
 @contextlib.asynccontextmanager
-async def _workspace_lease(leases: dict[str, asyncio.Lock], workspace_key: str | None) -> AsyncIterator[None]:
-    """One tool run at a time per persistent workspace (in this server: ``leases`` is its own)."""
+async def _workspace_lease(
+    leases: dict[tuple[str | None, str], asyncio.Lock], owner: str | None, workspace_key: str | None
+) -> AsyncIterator[None]:
+    """One tool run at a time per persistent workspace (in this server: ``leases`` is its own); keys are a
+    namespace per owner, so two owners' runs on keys of one name never wait on each other."""
     if workspace_key is None:
         yield
         return
-    async with leases.setdefault(workspace_key, asyncio.Lock()):
+    async with leases.setdefault(workspace_identity(owner, workspace_key), asyncio.Lock()):
         yield
 
 

@@ -187,7 +187,10 @@ async def test_removing_a_workspace_in_use_is_refused(jp_fetch):
     )[0] == 204
 
 
-async def test_another_users_workspace_key_is_not_found(jp_fetch):
+async def test_two_users_same_workspace_key_are_two_workspaces(jp_fetch):
+    """Workspace keys are a namespace per owner (issue 50 finding 7): bob asking for a key alice holds gets
+    his own, new workspace, with the very answer a key nobody holds gets; alice keeps hers; an admin naming
+    alice as the owner shares hers."""
     alice = await create(jp_fetch, "alice", durability="persistent", workspace_key="alices-data")
     await call(
         jp_fetch,
@@ -199,15 +202,36 @@ async def test_another_users_workspace_key_is_not_found(jp_fetch):
         raw=b"alice's",
         headers=as_user("alice"),
     )
-    status, body = await call(
-        jp_fetch,
-        "sessions",
-        method="POST",
-        headers=as_user("bob"),
-        body={"durability": "persistent", "workspace_key": "alices-data"},
+
+    async def bobs(key: str) -> dict:
+        """bob's session on ``key``: what the create and a listing answer, then removed with its workspace."""
+        info = await create(jp_fetch, "bob", durability="persistent", workspace_key=key)
+        status, listing = await call(jp_fetch, "sessions", info["id"], "files", "", headers=as_user("bob"))
+        assert status == 200
+        missing = await call(jp_fetch, "sessions", info["id"], "files", "secret.txt", headers=as_user("bob"))
+        # removing his own never waits on, or is refused for, alice's live session on hers
+        status, _ = await call(
+            jp_fetch,
+            "sessions",
+            info["id"],
+            method="DELETE",
+            params={"remove_workspace": "1"},
+            headers=as_user("bob"),
+        )
+        assert status == 204
+        for name in ("id", "created_at", "expires_at", "seconds_left"):
+            info.pop(name)
+        answer = json.loads(json.dumps({"info": info, "listing": listing}).replace(key, "<key>"))
+        return {**answer, "secret": missing[0]}
+
+    held, free = await bobs("alices-data"), await bobs("nobody-holds-it")
+    assert held == free
+    assert held["secret"] == 404 and held["info"]["owner"] == "bob"
+    # alice's is untouched; the admin may name alice as the owner to share hers
+    assert await call(jp_fetch, "sessions", alice["id"], "files", "secret.txt", headers=as_user("alice")) == (
+        200,
+        b"alice's",
     )
-    assert (status, body["error"]) == (404, "SandboxNotFoundError"), body
-    # bob's refusal neither mounted nor touched it; the admin may name alice as the owner
     admin = await create(
         jp_fetch, "admin", durability="persistent", workspace_key="alices-data", owner="alice"
     )
@@ -215,19 +239,43 @@ async def test_another_users_workspace_key_is_not_found(jp_fetch):
         200,
         b"alice's",
     )
+    # the admin's own key of that name is another workspace
+    own = await create(jp_fetch, "admin", durability="persistent", workspace_key="alices-data")
+    assert (await call(jp_fetch, "sessions", own["id"], "files", "secret.txt", headers=as_user("admin")))[
+        0
+    ] == 404
     assert (await call(jp_fetch, "sessions", alice["id"], method="DELETE", headers=as_user("alice")))[
         0
     ] == 204
-    assert (
-        await call(
-            jp_fetch,
-            "sessions",
-            admin["id"],
-            method="DELETE",
-            params={"remove_workspace": "1"},
-            headers=as_user("admin"),
-        )
-    )[0] == 204
+    for sid in (own["id"], admin["id"]):
+        assert (
+            await call(
+                jp_fetch,
+                "sessions",
+                sid,
+                method="DELETE",
+                params={"remove_workspace": "1"},
+                headers=as_user("admin"),
+            )
+        )[0] == 204
+
+
+async def test_a_key_another_user_keeps_is_still_yours_to_use(jp_fetch):
+    """No squatting: bob keeping the key a notebook uses does not refuse it to alice."""
+    bob = await create(jp_fetch, "bob", durability="persistent", workspace_key="getting-started-notes")
+    alice = await create(jp_fetch, "alice", durability="persistent", workspace_key="getting-started-notes")
+    assert alice["owner"] == "alice"
+    for user, sid in (("bob", bob["id"]), ("alice", alice["id"])):
+        assert (
+            await call(
+                jp_fetch,
+                "sessions",
+                sid,
+                method="DELETE",
+                params={"remove_workspace": "1"},
+                headers=as_user(user),
+            )
+        )[0] == 204
 
 
 WORD_COUNT = {

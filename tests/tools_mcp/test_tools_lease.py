@@ -8,6 +8,7 @@ from jupyter_tai_sandbox import sandboxes
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 from jupyter_tai_sandbox.tools import OPERATOR_CLI, PresetStore, ToolRegistry
+from jupyter_tai_sandbox.tools.fence import Decided
 
 APPEND = {
     "description": "Note a run's start and end in a durable workspace.",
@@ -38,3 +39,23 @@ def test_two_runs_on_one_workspace_key_take_turns(tmp_path):
     runs = [line.split()[1] for line in log if line.startswith("start")]
     # never interleaved: each start is followed by its own end
     assert log[:4] == [f"start {runs[0]}", f"end {runs[0]}", f"start {runs[1]}", f"end {runs[1]}"], log
+
+
+def test_two_owners_runs_on_one_key_name_are_on_two_workspaces(tmp_path):
+    async def main() -> list[str]:
+        sandboxes.register_sandbox(
+            LocalSandbox(root=str(tmp_path / "sbx")), policy=SandboxPolicy(isolation="none")
+        )
+        registry = ToolRegistry(PresetStore(tmp_path / "presets.json"))
+        registry.author(APPEND, principal=OPERATOR_CLI, name="append")
+        users = [
+            Decided(name=name, door="mcp", allowed=frozenset({"execute"}), owner=name)
+            for name in ("alice", "bob")
+        ]
+        results = await asyncio.gather(
+            *(registry.run("append", {"name": user.owner}, principal=user) for user in users)
+        )
+        return [result["stdout"] for result in results]
+
+    # keys are a namespace per owner: each log holds its own owner's run only
+    assert asyncio.run(main()) == ["start alice\nend alice\n", "start bob\nend bob\n"]

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import getpass
 import json
 import os
 import re
@@ -141,9 +142,11 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     @default("home_owner")
     def _home_owner_default(self) -> str:
-        from ...sessions import server_owner
-
-        return server_owner()
+        # the server's principal when callers authenticate by token or password (sessions.server_owner)
+        try:
+            return getpass.getuser()
+        except (KeyError, OSError):  # pragma: no cover - a uid without a passwd entry
+            return "owner"
 
     @default("root")
     def _root_default(self) -> str:

@@ -15,7 +15,7 @@ from jupyter_tai_sandbox.contract import SandboxNotFoundError, SandboxPathError,
 from jupyter_tai_sandbox.errors import SandboxConflictError
 from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.local import LocalSandbox
-from jupyter_tai_sandbox.sessions import Caller
+from jupyter_tai_sandbox.sessions import Caller, server_owner
 from tests.support.aio import run
 
 
@@ -182,6 +182,10 @@ def test_no_owner_and_the_home_owner_keep_the_seed_path(tmp_path):
             await session.destroy()
 
     run(scenario())
+
+
+def test_the_home_owner_is_the_servers_own_principal(sandbox):
+    assert sandbox.home_owner == server_owner()
 
 
 def test_the_home_owner_keeps_a_workspace_of_its_own_once_it_has_one(tmp_path):
