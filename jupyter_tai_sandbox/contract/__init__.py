@@ -25,7 +25,8 @@ fence
     The admin tier of code tools: authoring or running one needs
     ``jupyter_tai_sandbox:admin``, checked at the tool chokepoints, not per route.
 workspace key
-    The name of a persistent workspace (volume ``tai-sbx-<key>``) that outlives sessions.
+    The name of a persistent workspace that outlives sessions, within its owner's names: alice's
+    ``notes`` and bob's ``notes`` are two workspaces (see ``providers/_workspaces``).
 holder
     The small shell process a provider keeps in a command's process group, so the
     group keeps its id (and a stop never signals a reused one) until the handle is done.

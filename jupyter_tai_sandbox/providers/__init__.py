@@ -9,6 +9,7 @@ Shared by several::
     _common               session ids, deadline and output errors, path confinement, the provider metaclass
     _provider_settings    the deployment scope, cpu and memory limits, session networks' names and range
     _shell_files          remove, move and make folders as shell commands (for a provider without its own)
+    _workspaces           whose a persistent workspace is: keys are a namespace per owner (every provider's rule)
     _docker_networks      owner bridges: their subnets, locks and host firewall (docker and vm)
     _docker_agent         the session agent on an engine: its read-only volume, PID 1 (docker and swarm)
     _docker_disk          the disk ceiling: tmpfs workspace and scratch (docker and swarm)
