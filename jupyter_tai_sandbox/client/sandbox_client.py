@@ -24,6 +24,7 @@ import contextlib
 import http.client
 import json
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -87,6 +88,8 @@ class SandboxClient:
         self.ssl_context = ssl_context
         self._http = HTTPConnections(self.url, ssl_context)
         self._http_loop: asyncio.AbstractEventLoop | None = None
+        #: time.monotonic() of the last request the API did not answer (a SandboxUnavailableError), 0.0: none
+        self.unavailable_at = 0.0
 
     # ---------------------------------------------------------------- plumbing
 
@@ -130,6 +133,21 @@ class SandboxClient:
         if body is None and method in ("POST", "PUT") and body_producer is None:
             body = b""
         url = self._url(*parts, params=params)
+        try:
+            return await self._answer(method, url, headers, body, body_producer, streaming_callback)
+        except SandboxUnavailableError:
+            self.unavailable_at = time.monotonic()
+            raise
+
+    async def _answer(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: Any,
+        body_producer: BodyProducer | None,
+        streaming_callback: StreamingCallback | None,
+    ) -> Any:
         try:
             response = await self._connections().fetch(
                 method,

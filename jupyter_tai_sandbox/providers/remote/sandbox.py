@@ -381,13 +381,16 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     # -------------------------------------------------------------- status
 
     async def check_available(self) -> None:
-        """The remote answers its status (asked again once ``status_refresh_seconds`` old): a service that is
-        stopped or restarting is a typed 503 on this server's status route too, not a 200 that creates fail."""
+        """The remote answers its status (asked again once ``status_refresh_seconds`` old, or once a call found
+        the remote down): a service that is stopped or restarting is a typed 503 on this server's status route
+        too, not a 200 that creates fail."""
         await self.remote_status()
 
     async def remote_status(self, refresh: bool = False) -> dict[str, Any]:
         """The remote's status row; kind, max_isolation, networks and supports_limits follow it."""
         stale = time.monotonic() - self._status_at > self.status_refresh_seconds
+        # a call the remote did not answer since: it is read again, so the status route says it is down
+        stale = stale or self.client.unavailable_at > self._status_at
         if self._status is None or refresh or stale:
             status = await self.client.status()
             if status.get("kind") in (None, "off"):
