@@ -1,6 +1,8 @@
 """A running session VM's control: QMP commands to its QEMU (stop, cont), and the copy of a running guest
 into a new VM (fork): its memory and devices saved with QMP ``migrate`` to a file in the new session's folder,
-loaded by a QEMU started with the same machine (``-incoming``), which then runs on apart."""
+loaded by a QEMU started with the same machine (``-incoming defer``, then ``migrate-incoming``), which then
+runs on apart. Both go through a descriptor of the file the server opens and hands QEMU (QMP ``getfd``): a
+confined QEMU reaches no path of the host's."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ async def save(folder: Path, state: Path) -> None:
             await control.command(
                 "migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": False}]
             )
-            await control.command("migrate", uri=f"exec:cat > {state}")
+            await control.migrate_out(state)
             async with asyncio.timeout(COPY_SECONDS):
                 while True:
                     status = (await control.command("query-migrate")).get("status")
@@ -71,22 +73,25 @@ async def save(folder: Path, state: Path) -> None:
         control.close()
 
 
-def copy_argv(guest: Guest, folder: Path, record: dict[str, Any], state: Path) -> list[str]:
-    """The command line of a VM that loads ``state``, saved from the session ``record`` describes: the same
-    machine, its memory on the same golden file when the source's was."""
+def copy_argv(guest: Guest, folder: Path, record: dict[str, Any]) -> list[str]:
+    """The command line of a VM that loads a state saved from the session ``record`` describes (given it by
+    :func:`run_loaded`): the same machine, its memory an object of the same name when the source's was a
+    golden's."""
     shape = record["shape"]
     argv = qemu_argv(guest, folder, console=False, tap=TAP if shape.get("nic") else None, **shape)
-    if record.get("golden"):
-        argv += memory_args(Path(record["golden"]).with_suffix(".ram"), shape["memory_mb"], shared=False)
-    return [*argv, *qmp_args(folder / "qmp.sock"), "-incoming", f"exec:cat {state}"]
+    if record.get("golden"):  # the same memory object as the source's (its contents all in the state)
+        argv += memory_args(None, shape["memory_mb"])
+    return [*argv, *qmp_args(folder / "qmp.sock"), "-incoming", "defer"]
 
 
-async def run_loaded(machines: Machines, session_id: str, *, link: bool = True) -> None:
-    """Wait until the session's QEMU has loaded its incoming state, then let the guest run (a state saved from
-    a stopped guest loads stopped); without ``link``, its network card's link is down until QMP ``set_link``."""
+async def run_loaded(machines: Machines, session_id: str, state: Path, *, link: bool = True) -> None:
+    """Load ``state`` into the session's QEMU (started with :func:`copy_argv`), wait until it is loaded, then
+    let the guest run (a state saved from a stopped guest loads stopped); without ``link``, its network card's
+    link is down until QMP ``set_link``."""
     control = await _connect(machines.folder(session_id))  # one connection: QEMU takes one client at a time
     try:
         async with asyncio.timeout(COPY_SECONDS):
+            await control.migrate_incoming(state)
             while True:
                 status = (await control.command("query-status")).get("status")
                 if status != "inmigrate" and not link:

@@ -9,10 +9,11 @@
         workspaces/<hash>.img     a persistent workspace (an ext4 disk image), <hash>.json its key and owner
 
 QEMU runs as a daemon of its own, so a session outlives the server that made it; any server of the
-deployment finds it from its folder. A pid counts only while ``/proc/<pid>/cmdline`` names the folder's agent
-socket (pids are reused). The guest has PORTS agent ports, each taking one host connection at a time: a
-connection holds its port's lock file (``flock``, let go with the connection or its process), so two
-servers' connections never share a port.
+deployment finds it from its folder. With a root server it runs as a uid of its own, chrooted into its
+folder, which it cannot read (``guest.qemu.confined``): the folder and all in it stay root's. A pid
+counts only while ``/proc/<pid>/cmdline`` names the folder's agent socket (pids are reused). The guest
+has PORTS agent ports, each taking one host connection at a time: a connection holds its port's lock file
+(``flock``, let go with the connection or its process), so two servers' connections never share a port.
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ from typing import Any
 
 from ...agent import AgentClient
 from ...contract import SandboxConflictError, SandboxError, SandboxNotFoundError, SandboxUnavailableError
-from .guest.qemu import BOOT_ATTEMPT, VmError, open_port, port_socket, start_detached
+from .guest.qemu import (
+    BOOT_ATTEMPT,
+    QEMU_UIDS,
+    VmError,
+    confinable,
+    confined,
+    free_uid,
+    open_port,
+    port_socket,
+    start_detached,
+)
 
 #: agent ports per guest: a server's connection, a synchronous look-up's, another server's, one spare
 PORTS = 4
@@ -49,8 +60,9 @@ MAX_SOCKET_PATH = 107
 class Machines:
     """The session folders and workspace images of one deployment under ``root``."""
 
-    def __init__(self, root: str | Path, tag: str) -> None:
+    def __init__(self, root: str | Path, tag: str, *, qemu_uids: tuple[int, int] | None = QEMU_UIDS) -> None:
         self.root = Path(root) / tag
+        self.qemu_uids = qemu_uids
         self.sessions = self.root / "sessions"
         self.workspaces = self.root / "workspaces"
         longest = port_socket(self.sessions / ("x" * 20), PORTS - 1)
@@ -113,9 +125,23 @@ class Machines:
     def running(self, session_id: str) -> bool:
         return self.pid(session_id) is not None
 
-    async def start(self, session_id: str, argv: list[str]) -> int:
+    async def start(
+        self,
+        session_id: str,
+        argv: list[str],
+        *,
+        enter: list[str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+    ) -> int:
+        """Start the session's QEMU (``argv``, run through ``enter``: a seat's namespace; inheriting
+        ``pass_fds``) as a daemon; confined
+        (:func:`.guest.qemu.confined`: a uid of its own, chrooted into the session's folder) when the server is
+        root and :attr:`qemu_uids` is set. Its pid."""
+        folder = self.folder(session_id)
+        if self.qemu_uids is not None and confinable():
+            argv = confined(argv, uid=free_uid(*self.qemu_uids), root=folder)
         try:
-            return await start_detached(argv, self.folder(session_id))
+            return await start_detached([*(enter or []), *argv], folder, pass_fds=pass_fds)
         except VmError as e:
             if "lock" in str(e):  # QEMU locks a disk image it writes: another live session has the workspace
                 raise SandboxConflictError(

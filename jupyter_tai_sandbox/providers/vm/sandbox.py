@@ -51,9 +51,9 @@ from ..docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, i
 from .control import copy_argv, qmp, run_loaded, save
 from .guest.build import Guest, GuestBuildError, build_guest
 from .guest.probe import TCG_NOTE, cached_probe, probe
-from .guest.qemu import BOOT_TIMEOUT, QEMU, TCG_CPU, VmError, qemu_argv
+from .guest.qemu import BOOT_TIMEOUT, QEMU, QEMU_UIDS, TCG_CPU, VmError, qemu_argv
 from .guest.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
-from .guest.snapshot import ensure_golden, qmp_args, restore, restore_args
+from .guest.snapshot import ensure_golden, qmp_args, restore, restore_args, sealed_memory
 from .machines import PORTS, Machines
 from .networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable
 
@@ -164,6 +164,35 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         BOOT_TIMEOUT, help="Longest a create waits for a new guest's agent to answer."
     ).tag(config=True)
 
+    qemu_uids = Unicode(
+        f"{QEMU_UIDS[0]}-{QEMU_UIDS[1]}",
+        help="""The uids ('first-last') a session's QEMU runs as when the server runs as root: each QEMU (a
+        golden snapshot's too) a uid of its own, no process's at its start, with no capabilities, no
+        groups, chrooted into its session's folder, which it cannot read, and under its seccomp filter. The
+        default lies above what accounts, Docker's and LXD's user namespaces and systemd's containers are
+        given; pick another range if this host hands those uids out. '': QEMU runs as root (with its seccomp
+        filter alone). A server that does not run as root runs QEMU as its own user.""",
+    ).tag(config=True)
+
+    @validate("qemu_uids")
+    def _valid_qemu_uids(self, proposal: Any) -> str:
+        value = str(proposal["value"]).strip()
+        if value:
+            found = re.fullmatch(r"(\d{1,10})-(\d{1,10})", value)
+            if not found or not 0 < int(found[1]) <= int(found[2]) < 2**32 - 1:
+                raise TraitError(
+                    f"VmSandbox.qemu_uids must be 'first-last' (uids, 0 < first <= last < 4294967295) or '', "
+                    f"not {value!r}"
+                )
+        return value
+
+    @property
+    def _qemu_uids(self) -> tuple[int, int] | None:
+        if not self.qemu_uids:
+            return None
+        first, _, last = self.qemu_uids.partition("-")
+        return int(first), int(last)
+
     @validate("user")
     def _valid_user(self, proposal: Any) -> str:
         value = str(proposal["value"]).strip()
@@ -193,7 +222,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         try:
-            self._machines = Machines(self.state_dir, self.scope.tag)
+            self._machines = Machines(self.state_dir, self.scope.tag, qemu_uids=self._qemu_uids)
         except ValueError as e:
             raise TraitError(f"{type(self).__name__}.state_dir: {e}") from None
         self._guest: asyncio.Future[Guest] | None = None
@@ -334,7 +363,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             argv = qemu_argv(guest, folder, extra=extra, console=False, tap=TAP if seat else None, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
             if await self._start_guest(
-                session_id, (seat.enter if seat else []) + argv, golden, shape["memory_mb"]
+                session_id, argv, golden, shape["memory_mb"], enter=seat.enter if seat else None
             ):
                 record["golden"] = str(golden)  # a fork maps it too
             await self._set_up_guest(
@@ -370,20 +399,35 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         if not self.golden_snapshots:
             return None
         try:
-            return await ensure_golden(guest, **shape)
+            return await ensure_golden(guest, **shape, qemu_uids=self._qemu_uids)
         except (TimeoutError, VmError, OSError) as e:
             self.log.warning("sandbox-vm: no golden snapshot for %s, booting: %s", shape, e)
             return None
 
     async def _start_guest(
-        self, session_id: str, argv: list[str], golden: Path | None, memory_mb: int
+        self,
+        session_id: str,
+        argv: list[str],
+        golden: Path | None,
+        memory_mb: int,
+        *,
+        enter: list[str] | None,
     ) -> bool:
         """Start the session's QEMU, restoring ``golden`` when given, and wait for its agent; a golden that does
         not restore (a QEMU that changed under it) is dropped and the guest boots. Whether it was restored."""
         qmp = self._machines.folder(session_id) / "qmp.sock"
         if golden is not None:
             try:
-                await self._machines.start(session_id, argv + restore_args(golden, memory_mb, qmp))
+                memory = await asyncio.to_thread(sealed_memory, golden.with_suffix(".ram"))
+                try:
+                    await self._machines.start(
+                        session_id,
+                        argv + restore_args(memory, memory_mb, qmp),
+                        enter=enter,
+                        pass_fds=(memory,),
+                    )
+                finally:
+                    os.close(memory)
                 await asyncio.wait_for(restore(golden, qmp), RESTORE_SECONDS)
                 await (await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)).close()
                 return True
@@ -397,7 +441,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 for suffix in (".state", ".ram"):
                     with contextlib.suppress(FileNotFoundError):
                         golden.with_suffix(suffix).unlink()
-        await self._machines.start(session_id, argv + qmp_args(qmp))
+        await self._machines.start(session_id, argv + qmp_args(qmp), enter=enter)
         # the boot's wait: its connection ends at a frame boundary, so the session's own opens at once
         await (
             await self._machines.open_agent(session_id, timeout=self.boot_timeout_seconds, booting=True)
@@ -611,10 +655,10 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             )
             await save(self._machines.folder(source.id), state)
             await self._machines.start(
-                session_id, (seat.enter if seat else []) + copy_argv(guest, folder, record, state)
+                session_id, copy_argv(guest, folder, record), enter=seat.enter if seat else None
             )
             # the copy's card has the source's address: it goes on the network once it has its own
-            await run_loaded(self._machines, session_id, link=seat is None)
+            await run_loaded(self._machines, session_id, state, link=seat is None)
             await (
                 await self._machines.open_agent(session_id, timeout=RESTORE_SECONDS)
             ).close()  # clock and seed

@@ -315,6 +315,87 @@ def test_a_paused_session_survives_a_server_restart_and_its_count_goes_on_where_
     asyncio.run(main())
 
 
+def qemu_status(pid: int) -> dict[str, str]:
+    """``/proc/<pid>/status``'s fields by name."""
+    return dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+
+
+def test_a_vm_sessions_qemu_runs_unprivileged_under_seccomp(state_dir):
+    """A session's QEMU (restored from a golden, a fork's loaded from a saved state, a persistent one's booted)
+    runs as a uid of its own in VmSandbox.qemu_uids, with no group, no capability and none to gain, under its
+    seccomp filter, chrooted into its session's folder, which stays root's, and holds a golden's memory only
+    as a sealed memfd no one can write: its guest still runs commands, pauses, resumes and forks, and a
+    destroy leaves nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("QEMU is confined only by a server that runs as root")  # CI runs as root
+
+    async def main():
+        sandbox = provider(state_dir)
+        first, last = map(int, sandbox.qemu_uids.split("-"))
+        source = await sandbox.create(SessionSpec(ttl_seconds=600, **NONE))
+        persistent = await sandbox.create(
+            SessionSpec(durability="persistent", workspace_key="confined", **NONE)
+        )
+        forked = None
+        try:
+            await source.put_file("note.txt", b"kept")
+            assert (await source.pause()).paused
+            assert not (await source.resume()).paused
+            forked = await source.fork()
+            uids = []
+            for session in (source, forked, persistent):
+                pid = sandbox._machines.pid(session.id)
+                status = qemu_status(pid)
+                uid = int(status["Uid"].split()[0])
+                assert first <= uid <= last, status["Uid"]
+                assert status["Uid"].split() == [str(uid)] * 4 and status["Gid"].split() == [str(uid)] * 4
+                assert status["Groups"].split() == [str(uid)]
+                for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+                    assert int(status[field], 16) == 0, (field, status[field])
+                # the bounding set held only what -runas and -chroot needed (setgid, setuid, sys_chroot)
+                assert int(status["CapBnd"], 16) & ~((1 << 6) | (1 << 7) | (1 << 18)) == 0, status["CapBnd"]
+                assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+                folder = sandbox._machines.folder(session.id)
+                assert os.readlink(f"/proc/{pid}/root") == str(folder)
+                # what QEMU's root holds is root's alone: its uid cannot even list it
+                assert folder.stat().st_uid == 0 and folder.stat().st_mode & 0o077 == 0
+                assert all(entry.stat().st_uid == 0 for entry in folder.iterdir())
+                uids.append(uid)
+                # what it holds open: a golden's memory only as a sealed memfd, which nothing can write
+                held = {fd.name: os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+                assert not [target for target in held.values() if target.endswith(".ram")], held
+                sealed = [fd for fd, target in held.items() if target.startswith("/memfd:tai-golden")]
+                assert bool(sealed) == (session is source), held  # the fork loaded it all; the other booted
+                for fd in sealed:
+                    with (
+                        open(f"/proc/{pid}/fd/{fd}", "r+b", buffering=0) as memory,
+                        pytest.raises(PermissionError),
+                    ):
+                        memory.write(b"\0")
+                assert (await stdout_of(session, "echo", "runs")).strip() == "runs"
+            assert len(set(uids)) == 3  # each QEMU a uid of its own: none can signal another
+            assert (await forked.get_file("note.txt")) == b"kept"
+        finally:
+            for session in (forked, source, persistent):
+                if session is not None:
+                    await session.destroy()
+            await sandbox.close()
+        # the server killed its unprivileged QEMUs and removed their folders
+        assert sandbox._machines.ids() == []
+        assert not [
+            p for p in Path("/proc").iterdir() if p.name.isdigit() and state_dir.encode() in _cmdline(p)
+        ]
+
+    asyncio.run(main())
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_fork_starts_from_the_sources_state_and_the_two_diverge(state_dir):
     """fork copies the guest now: the workspace's files and a running counter are in both; afterwards what one
     writes the other never sees, both counters go on, and the copy has its own clock and RNG."""

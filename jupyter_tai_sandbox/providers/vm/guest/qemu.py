@@ -41,6 +41,12 @@ from .build import Guest
 QEMU = "qemu-system-x86_64"
 #: QEMU's seccomp sandbox for every VM (see qemu_argv)
 SECCOMP = "on,obsolete=deny,resourcecontrol=deny"
+#: the uids a QEMU runs as when the server is root (:func:`confined`), a fresh one per QEMU: above the
+#: ranges accounts, Docker's and LXD's user namespaces and systemd's containers are given by default
+QEMU_UIDS = (2_000_000_000, 2_000_999_999)
+#: the capabilities a confined QEMU starts with (as root, to open its files and devices): -runas's
+#: setgid, setgroups and setuid, and -chroot's chroot; a tap device's attach adds net_admin
+START_CAPS = ("setuid", "setgid", "sys_chroot")
 #: the CPU model of a TCG guest by default: x86-64-v2 without AVX (TCG emulates SSE faster than AVX)
 TCG_CPU = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"
 MACHINE = "microvm,pit=on,pic=on,rtc=on"
@@ -141,8 +147,9 @@ def qemu_argv(
         "-nodefaults",
         "-no-user-config",
         # a seccomp filter (QEMU's own): no obsolete system calls, no scheduler or resource control. Privilege
-        # changes stay (-daemonize's setsid needs them) and so does spawning (migration to and from a file is
-        # exec:cat until QEMU 8.2's file: URI)
+        # changes stay (-daemonize's setsid and -runas's setuid need them; a QEMU that ran them has no
+        # capabilities left to gain any with) and so does spawning (-daemonize forks after the filter is in;
+        # a confined QEMU has nothing to exec: its root is a folder it cannot read)
         "-sandbox",
         SECCOMP,
         "-display",
@@ -192,6 +199,46 @@ def qemu_argv(
         ),
         *(extra or []),
     ]
+
+
+def free_uid(first: int, last: int) -> int:
+    """A uid in ``first``..``last`` that no process on the host runs as: picked at random, so two servers
+    that pick at once meet once in ``last - first`` tries."""
+    used: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with (
+                contextlib.suppress(OSError, ValueError, IndexError),
+                open(f"/proc/{entry.name}/status") as f,
+            ):
+                for line in f:
+                    if line.startswith("Uid:"):
+                        used.update(int(uid) for uid in line.split()[1:])
+                        break
+    while True:
+        uid = first + secrets.randbelow(last - first + 1)
+        if uid not in used:
+            return uid
+
+
+def confined(argv: list[str], *, uid: int, root: Path) -> list[str]:
+    """``argv`` (QEMU's) run unprivileged: QEMU opens its files and devices as root, then, before the guest's
+    first instruction, chroots into ``root`` (a folder of root's, mode 0700, that it cannot read) and becomes
+    ``uid`` (group ``uid``, no other group), its capabilities gone with root; it starts with a bounding set of
+    :data:`START_CAPS` alone (setpriv, where installed), so it never held more. Whatever it reaches
+    afterwards it reaches through what it opened: no path of the host's."""
+    caps = [*START_CAPS, *(["net_admin"] if any(a.startswith("tap,") for a in argv) else [])]
+    wrapper = (
+        ["setpriv", f"--bounding-set=-all,{','.join(f'+{cap}' for cap in caps)}", "--inh-caps=-all", "--"]
+        if shutil.which("setpriv")
+        else []
+    )
+    return [*wrapper, *argv, "-runas", f"{uid}:{uid}", "-chroot", str(root)]
+
+
+def confinable() -> bool:
+    """Whether QEMU can be confined here: the server runs as root (else QEMU runs as the server's user)."""
+    return os.geteuid() == 0
 
 
 @dataclass
@@ -396,9 +443,10 @@ def _find_reply(buf: bytearray, nonce: str) -> tuple[dict[str, Any] | None, int]
     return None, keep
 
 
-async def start_detached(argv: list[str], workdir: Path) -> int:
+async def start_detached(argv: list[str], workdir: Path, *, pass_fds: tuple[int, ...] = ()) -> int:
     """Start QEMU with ``argv`` as a daemon of its own (it outlives the server: a restarted server finds it by
-    its pid file), once it has set its devices up; its pid. VmError with QEMU's words when it refuses."""
+    its pid file), once it has set its devices up; its pid. ``pass_fds``: descriptors it inherits. VmError with
+    QEMU's words when it refuses."""
     pidfile = workdir / "qemu.pid"
     log = os.open(workdir / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
@@ -411,6 +459,7 @@ async def start_detached(argv: list[str], workdir: Path) -> int:
             stdout=log,
             stderr=log,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     finally:
         os.close(log)

@@ -2,33 +2,50 @@
 every create of that shape restores instead of booting.
 
 A golden is made by booting the guest, waiting for its agent, then QMP ``migrate`` to a file (QEMU's
-migration stream: devices and the guest's memory; an idle guest's few dirtied pages converge at once). A create starts QEMU with the same devices and
-``-incoming exec:cat FILE``: the guest resumes where the golden stopped, its agent serving its ports. The
-restored guest is made its own at its first handshake: the host's seed goes into its RNG and the host's clock
-becomes its clock (PROTOCOL.md, "Over a VM's port").
+migration stream: devices and the guest's memory; an idle guest's few dirtied pages converge at once). A
+create starts QEMU with the same devices, the golden's memory as a sealed memfd (:func:`sealed_memory`) and
+``-incoming defer``, then hands it the saved state's descriptor to load (``migrate-incoming fd:``): the guest
+resumes where the golden stopped, its agent serving its ports. The restored guest is made its own at its
+first handshake: the host's seed goes into its RNG and the host's clock becomes its clock (PROTOCOL.md,
+"Over a VM's port").
 
-Goldens live beside their guest in the cache (``golden3-*.ram``/``.state``), made once under a lock file; a golden that
-cannot be made (QEMU refuses to migrate) leaves the creates booting cold.
+Goldens live beside their guest in the cache (``golden3-*.ram``/``.state``), made once under a lock file; a
+golden that cannot be made (QEMU refuses to migrate) leaves the creates booting cold.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from .build import Guest
-from .qemu import BOOT_ATTEMPT, BOOT_TIMEOUT, QEMU, VmError, open_port, port_socket, qemu_argv
+from .qemu import (
+    BOOT_ATTEMPT,
+    BOOT_TIMEOUT,
+    QEMU,
+    QEMU_UIDS,
+    VmError,
+    confinable,
+    confined,
+    free_uid,
+    open_port,
+    port_socket,
+    qemu_argv,
+)
 
 #: how long making a golden may take (a cold boot, the save)
 GOLDEN_TIMEOUT = 120.0
@@ -76,25 +93,92 @@ def golden_path(
     )
 
 
-def memory_args(ram: Path, memory_mb: int, *, shared: bool) -> list[str]:
-    """Guest memory backed by the file ``ram``: shared (the golden writes its memory there) or private."""
-    return [
-        "-object",
-        f"memory-backend-file,id=mem,size={memory_mb}M,mem-path={ram},share={'on' if shared else 'off'}",
-        "-machine",
-        "memory-backend=mem",
-    ]
+def memory_args(ram: Path | None, memory_mb: int, *, shared: bool = False) -> list[str]:
+    """Guest memory backed by the file ``ram``: shared (the golden writes its memory there) or private; with
+    no ``ram``, anonymous memory of the same name (a fork's, which loads all of it)."""
+    backend = (
+        f"memory-backend-file,id=mem,size={memory_mb}M,mem-path={ram},share={'on' if shared else 'off'}"
+        if ram is not None
+        else f"memory-backend-ram,id=mem,size={memory_mb}M"
+    )
+    return ["-object", backend, "-machine", "memory-backend=mem"]
 
 
-def restore_args(golden: Path, memory_mb: int, qmp: Path) -> list[str]:
-    """QEMU's options that restore ``golden`` (the rest of its command line as for a boot); :func:`restore`
-    then loads its state over the control socket ``qmp``."""
+def restore_args(memory: int, memory_mb: int, qmp: Path) -> list[str]:
+    """QEMU's options that restore a golden whose sealed memory (:func:`sealed_memory`) is the descriptor
+    ``memory``, which QEMU inherits (the rest of its command line as for a boot); :func:`restore` then loads
+    its state over the control socket ``qmp``."""
     return [
-        *memory_args(golden.with_suffix(".ram"), memory_mb, shared=False),
+        *memory_args(Path(f"/proc/self/fd/{memory}"), memory_mb, shared=False),
         *qmp_args(qmp),
         "-incoming",
         "defer",
     ]
+
+
+#: how long a golden's sealed memory stays in the server with no create using it
+SEALED_IDLE_SECONDS = 600.0
+#: the seals that make a golden's memory unwritable and of a fixed size
+SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_sealed: dict[Path, tuple[int, tuple[int, int], float]] = {}  # .ram -> (memfd, (inode, ctime), last use)
+_sealed_lock = threading.Lock()
+
+
+def sealed_memory(ram: Path) -> int:
+    """A descriptor of a memfd with the golden memory file ``ram``'s contents, sealed against every write and
+    resize: the caller's own (a dup, to close once QEMU has it). QEMU 7.2 opens a private mapping's file
+    read-write, so the golden's file would be writable by every QEMU restored from it, and a write to it would
+    reach every running clone's untouched pages; a sealed memfd is mapped privately (copy on write, its pages
+    shared by the clones) and written by none. One per golden per server (made once, about 0.1 s for an idle
+    guest's pages; dropped after :data:`SEALED_IDLE_SECONDS` unused: the QEMUs keep theirs). Blocking."""
+    with _sealed_lock:
+        now = time.monotonic()
+        for path, (fd, _, used) in list(_sealed.items()):
+            if now - used > SEALED_IDLE_SECONDS:
+                os.close(fd)
+                del _sealed[path]
+        found = os.stat(ram)
+        key = (found.st_ino, found.st_ctime_ns)
+        held = _sealed.pop(ram, None)
+        if held is not None and held[1] != key:  # the golden was made again
+            os.close(held[0])
+            held = None
+        fd = held[0] if held is not None else _sealed_copy(ram, found.st_size)
+        _sealed[ram] = (fd, key, now)
+        return os.dup(fd)
+
+
+def _sealed_copy(ram: Path, size: int) -> int:
+    memfd = os.memfd_create(f"tai-{ram.name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(memfd, size)
+        source = os.open(ram, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            zeros = bytes(1 << 20)
+            offset = 0
+            while offset < size:
+                try:
+                    offset = os.lseek(source, offset, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:  # nothing but holes after it
+                        break
+                    raise
+                end = os.lseek(source, offset, os.SEEK_HOLE)
+                while offset < end:
+                    chunk = os.pread(source, min(len(zeros), end - offset), offset)
+                    if not chunk:
+                        break
+                    if chunk != zeros[: len(chunk)]:  # zero pages stay holes: no memory
+                        os.pwrite(memfd, chunk, offset)
+                    offset += len(chunk)
+                offset = max(offset, end)
+        finally:
+            os.close(source)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, SEALS)
+    except BaseException:
+        os.close(memfd)
+        raise
+    return memfd
 
 
 def qmp_args(qmp: Path) -> list[str]:
@@ -108,7 +192,7 @@ async def restore(golden: Path, qmp: Path) -> None:
         await control.command(
             "migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True}]
         )
-        await control.command("migrate-incoming", uri=f"exec:cat {golden.with_suffix('.state')}")
+        await control.migrate_incoming(golden.with_suffix(".state"))
     finally:
         control.close()
 
@@ -155,6 +239,46 @@ class Qmp:
                 raise VmError(f"QMP {execute}: {answer['error'].get('desc')}")
             # an event: skipped
 
+    async def pass_fd(self, name: str, fd: int) -> None:
+        """Hand QEMU the file descriptor ``fd`` as ``name`` (QMP ``getfd``, the descriptor over the socket):
+        a confined QEMU reaches no path of the host's, so its migrations go to and from descriptors."""
+        sock = self._writer.get_extra_info("socket")
+        message = json.dumps({"execute": "getfd", "arguments": {"fdname": name}}).encode() + b"\n"
+        # the stream has nothing in flight (one command at a time): the message goes on a copy of the socket,
+        # the only way to send a descriptor along with it
+        with socket.socket(fileno=os.dup(sock.fileno())) as raw:
+            raw.setblocking(True)
+            try:
+                socket.send_fds(raw, [message], [fd])
+            finally:
+                raw.setblocking(False)
+        while True:
+            answer = await self._message()
+            if "return" in answer:
+                return
+            if "error" in answer:
+                raise VmError(f"QMP getfd: {answer['error'].get('desc')}")
+
+    async def migrate_out(self, state: Path, mode: int = 0o600) -> None:
+        """Start the migration of the guest into the file ``state`` (made with ``mode``; QMP ``migrate`` to a
+        descriptor); ``query-migrate`` says when it is done."""
+        fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            await self.pass_fd("state", fd)
+        finally:
+            os.close(fd)
+        await self.command("migrate", uri="fd:state")
+
+    async def migrate_incoming(self, state: Path) -> None:
+        """Start loading the guest from the file ``state`` (QMP ``migrate-incoming`` from a descriptor, into a
+        QEMU started with ``-incoming defer``)."""
+        fd = os.open(state, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            await self.pass_fd("state", fd)
+        finally:
+            os.close(fd)
+        await self.command("migrate-incoming", uri="fd:state")
+
     def close(self) -> None:
         self._writer.close()
 
@@ -169,8 +293,10 @@ async def ensure_golden(
     root: str | None = None,
     nic: bool = False,
     cpu: str = "max",
+    qemu_uids: tuple[int, int] | None = QEMU_UIDS,
 ) -> Path:
-    """The golden of this shape, made now when there is none (one maker at a time, across processes)."""
+    """The golden of this shape, made now when there is none (one maker at a time, across processes); its
+    QEMU confined to a uid of ``qemu_uids`` (:func:`.qemu.confined`) when the server is root, unless None."""
     path = await asyncio.to_thread(
         golden_path,
         guest,
@@ -209,6 +335,7 @@ async def ensure_golden(
                     root=root,
                     nic=nic,
                     cpu=cpu,
+                    qemu_uids=qemu_uids,
                 ),
                 GOLDEN_TIMEOUT,
             )
@@ -237,6 +364,7 @@ async def _make(
     root: str | None,
     nic: bool,
     cpu: str,
+    qemu_uids: tuple[int, int] | None,
 ) -> None:
     work = Path(tempfile.mkdtemp(prefix="tai-golden-"))
     ram, state = path.with_suffix(".ram"), path.with_suffix(".state")
@@ -247,14 +375,28 @@ async def _make(
     argv += [*memory_args(tmp_ram, memory_mb, shared=True), *qmp_args(work / "qmp.sock")]
     if shutil.which(argv[0]) is None:
         raise VmError(f"{argv[0]} is missing: install Debian's qemu-system-x86 (.ci/vm-up)")
+    terminal: int | None = None  # the maker's end of QEMU's controlling terminal
+    stdin: int = asyncio.subprocess.DEVNULL
+    if qemu_uids is not None and confinable():
+        argv = confined(argv, uid=free_uid(*qemu_uids), root=work)
+        if shutil.which("setsid"):
+            # -runas drops the parent-death signal with root: QEMU's controlling terminal is the maker's
+            # instead, and the kernel hangs it up (SIGHUP, on which QEMU quits) when the maker's end closes
+            terminal, stdin = os.openpty()
     argv = _never_outliving_its_maker(argv)
+    if terminal is not None:
+        argv = ["setsid", "--ctty", "--", *argv]
     log = os.open(work / "qemu.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
-        )
+        process = await asyncio.create_subprocess_exec(*argv, stdin=stdin, stdout=log, stderr=log)
+    except BaseException:
+        if terminal is not None:
+            os.close(terminal)
+        raise
     finally:
         os.close(log)
+        if terminal is not None:
+            os.close(stdin)
     try:
         client = await open_port(
             port_socket(work, 0),
@@ -276,7 +418,7 @@ async def _make(
             )
             # saved running (QEMU stops the source itself at the end): a restore then runs at once, where one
             # saved stopped would wait for a `cont`
-            await qmp.command("migrate", uri=f"exec:cat > {tmp_state}")
+            await qmp.migrate_out(tmp_state, 0o644)
             while True:
                 status = (await qmp.command("query-migrate")).get("status")
                 if status == "completed":
@@ -294,6 +436,8 @@ async def _make(
         if process.returncode is None:
             process.kill()
         await process.wait()
+        if terminal is not None:
+            os.close(terminal)
         for tmp in (tmp_ram, tmp_state):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
