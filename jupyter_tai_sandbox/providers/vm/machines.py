@@ -6,7 +6,9 @@
         sessions/<session id>/    session.json (the record: labels, env, end), qemu.pid, agent*.sock (the
                                   host side of the agent's ports), agent*.lock, qemu.log (no console: a
                                   session's guest console goes nowhere)
-        workspaces/<hash>.img     a persistent workspace (an ext4 disk image), <hash>.json its key and owner
+        workspaces/<hash>.img     a persistent workspace (an ext4 disk image), <hash>.json its key and owner:
+                                  <hash of the key>.img unscoped, <owner tag>-<hash of the key>.img an
+                                  owner's own (keys are a namespace per owner: providers/_workspaces)
 
 QEMU runs as a daemon of its own, so a session outlives the server that made it; any server of the
 deployment finds it from its folder. With a root server it runs as a uid of its own, chrooted into its
@@ -34,6 +36,7 @@ from typing import Any
 
 from ...agent import AgentClient
 from ...contract import SandboxConflictError, SandboxError, SandboxNotFoundError, SandboxUnavailableError
+from .._workspaces import owner_tag
 from .guest.qemu import (
     BOOT_ATTEMPT,
     QEMU_UIDS,
@@ -204,18 +207,26 @@ class Machines:
 
     # ------------------------------------------------------------- workspaces
 
-    def workspace_image(self, key: str) -> Path:
-        return self.workspaces / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".img")
+    def workspace_image(self, key: str, owner: str | None = None) -> Path:
+        """Workspace ``key``'s disk image: the key's unscoped one (``owner`` None), or ``owner``'s own; the two
+        kinds of names never meet (``<32 hex>.img``, ``<32 hex>-<32 hex>.img``)."""
+        name = hashlib.sha256(key.encode()).hexdigest()[:32]
+        if owner is not None:
+            name = f"{owner_tag(owner)}-{name}"
+        return self.workspaces / (name + ".img")
 
-    def workspace_record(self, key: str) -> dict[str, Any] | None:
+    def workspace_record(self, key: str, owner: str | None = None) -> dict[str, Any] | None:
         try:
-            return json.loads(self.workspace_image(key).with_suffix(".json").read_text())
+            return json.loads(self.workspace_image(key, owner).with_suffix(".json").read_text())
         except (OSError, ValueError):
             return None
 
-    async def ensure_workspace(self, key: str, record: dict[str, Any], size_mb: int) -> Path:
-        """The workspace's disk image, made (ext4, ``size_mb``, sparse) with ``record`` beside it when absent."""
-        image = self.workspace_image(key)
+    async def ensure_workspace(
+        self, key: str, record: dict[str, Any], size_mb: int, owner: str | None = None
+    ) -> Path:
+        """The workspace's disk image (``owner``'s own, or the key's unscoped one), made (ext4, ``size_mb``,
+        sparse) with ``record`` beside it when absent."""
+        image = self.workspace_image(key, owner)
         if image.exists():
             return image
         self.workspaces.mkdir(parents=True, exist_ok=True, mode=0o700)  # a workspace is its owner's only
@@ -252,9 +263,10 @@ class Machines:
                 tmp.unlink()
         return image
 
-    def remove_workspace(self, key: str) -> None:
-        """Remove the workspace's image; one a live session holds is a conflict."""
-        image = self.workspace_image(key)
+    def remove_workspace(self, key: str, owner: str | None = None) -> None:
+        """Remove the workspace's image (``owner``'s own, or the key's unscoped one); one a live session holds
+        is a conflict."""
+        image = self.workspace_image(key, owner)
         try:
             fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:

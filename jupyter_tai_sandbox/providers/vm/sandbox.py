@@ -44,6 +44,7 @@ from ...policy import within_limits
 from .._common import ProviderMeta, new_session_id
 from .._docker_sandbox import spec_from_labels
 from .._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
+from .._workspaces import unscoped_serves
 from ..container import CommandRegistry
 from ..container.session import ContainerSession, ContainerSite
 from ..docker_engine import DockerEngine, MissingImageError
@@ -448,13 +449,23 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         ).close()
         return False
 
+    def _workspace_scope(self, spec: SessionSpec) -> str | None:
+        """Whose images hold the spec's persistent workspace: None for the key's unscoped one (no owner, or
+        the owner its record names: made before keys were per owner), else the spec's owner's own."""
+        recorded = (self._machines.workspace_record(str(spec.workspace_key)) or {}).get("owner")
+        if unscoped_serves(spec.owner, recorded if isinstance(recorded, str) else None):
+            return None
+        return spec.owner
+
     async def _workspace_image(self, spec: SessionSpec) -> Any:
         key = str(spec.workspace_key)
-        found = self._machines.workspace_record(key)
+        scope = self._workspace_scope(spec)
+        found = self._machines.workspace_record(key, scope)
         if found is not None and spec.owner is not None and found.get("owner") not in (None, spec.owner):
-            raise SandboxNotFoundError(f"no workspace {key!r}: name a workspace of your own")
+            # only two owners whose tags meet get here: never mount another's
+            raise SandboxNotFoundError(f"no workspace {key!r} can be made for this owner: name another key")
         return await self._machines.ensure_workspace(
-            key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb
+            key, {"key": key, "owner": spec.owner, "labels": self.own_labels}, self.disk_limit_mb, scope
         )
 
     async def _set_up_guest(
@@ -729,7 +740,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             except SandboxError as e:  # the reap removes a seat whose session is gone
                 self.log.warning("sandbox-vm: %s's seat stays until the engine answers: %s", session.id, e)
         if remove_workspace and session.spec.durability == "persistent":
-            self._machines.remove_workspace(str(session.spec.workspace_key))
+            key = str(session.spec.workspace_key)
+            self._machines.remove_workspace(key, self._workspace_scope(session.spec))
         self.log.debug("sandbox-vm: destroyed %s", session.id)
 
     async def close(self) -> None:

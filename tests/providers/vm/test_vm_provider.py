@@ -213,10 +213,16 @@ def test_a_persistent_workspace_holds_one_live_session_and_outlives_it(state_dir
             await session.put_file("kept.txt", b"still here")
             with pytest.raises(SandboxConflictError):
                 await sandbox.create(spec)
-            with pytest.raises(SandboxNotFoundError):  # another owner's key is not theirs to name
-                await sandbox.create(
-                    SessionSpec(durability="persistent", workspace_key="notes", owner="bob", **NONE)
-                )
+            # another owner's key of that name is their own workspace, not a conflict with alice's live one
+            bob = await sandbox.create(
+                SessionSpec(durability="persistent", workspace_key="notes", owner="bob", **NONE)
+            )
+            try:
+                with pytest.raises(SandboxNotFoundError):
+                    await bob.get_file("kept.txt")
+            finally:
+                await bob.destroy(remove_workspace=True)
+            assert not sandbox._machines.workspace_image("notes", "bob").exists()
         finally:
             await session.destroy()
         again = await sandbox.create(spec)
@@ -224,7 +230,7 @@ def test_a_persistent_workspace_holds_one_live_session_and_outlives_it(state_dir
             assert await again.get_file("kept.txt") == b"still here"
         finally:
             await again.destroy(remove_workspace=True)
-        assert not sandbox._machines.workspace_image("notes").exists()
+        assert not sandbox._machines.workspace_image("notes", "alice").exists()
         await sandbox.close()
 
     asyncio.run(main())
