@@ -7,6 +7,7 @@ import time
 import pytest
 
 from jupyter_tai_sandbox.contract import SessionSpec
+from jupyter_tai_sandbox.sessions import server_owner
 from tests.support.server import call, sandbox_app, server_config
 
 
@@ -49,7 +50,10 @@ async def test_shutdown_stops_its_sessions_and_keeps_persistent_workspaces(
     assert await ws.read_message() is None
     listed = {info.id for info in await sandbox.list()}
     assert ephemeral["id"] not in listed and durable["id"] not in listed
-    again = await sandbox.create(SessionSpec(durability="persistent", workspace_key="shutdown-keep"))
+    # the REST sessions were the server's owner's: so is the workspace (keys are a namespace per owner)
+    again = await sandbox.create(
+        SessionSpec(durability="persistent", workspace_key="shutdown-keep", owner=server_owner())
+    )
     try:
         assert await again.get_file("kept.txt") == b"kept"
     finally:
