@@ -6,6 +6,13 @@ credentials (``SO_PEERCRED`` is for unix sockets), but Linux lists every TCP soc
 address is the accepted one's peer and whose remote address is our listener: its uid says who dialled. The
 server's kernel clients run in the server's process, so a connection of another uid is refused at once
 (issue 50, finding 2: 80 held connections of another account locked the owner out of her kernel).
+
+The same table names the client socket's inode, so :func:`dialled_from_here` also tells whether the dialler is
+this very process (the server's own kernel clients: jupyter_server's, or the manager's in nbclient and
+``jupyter console``), by finding ``socket:[inode]`` among its own descriptors. Another process of the same
+user (``jupyter console --existing``, or a flood) is admitted but not one of the server's own: the
+forwarders keep connection slots for the server's own and close the others' connections when idle. That is
+all TCP tells: which process of the same user dialled cannot be told apart further (no peer pid on TCP).
 """
 
 from __future__ import annotations
@@ -31,6 +38,12 @@ def _proc_address(host: str, port: int) -> str:
 def peer_uid(connection: socket.socket) -> int | None:
     """The uid owning the other end of an accepted loopback TCP ``connection``; None when it cannot be told
     (not loopback, not Linux, the client already gone)."""
+    found = _peer(connection)
+    return None if found is None else found[0]
+
+
+def _peer(connection: socket.socket) -> tuple[int, int] | None:
+    """The other end's socket of an accepted loopback TCP ``connection``: (its owner's uid, its inode)."""
     family = connection.family
     table = _TABLES.get(family)
     if table is None:
@@ -49,8 +62,8 @@ def peer_uid(connection: socket.socket) -> int | None:
             next(lines, None)
             for line in lines:
                 fields = line.split()
-                if len(fields) > 7 and fields[1] == local and fields[2] == remote:
-                    return int(fields[7])
+                if len(fields) > 9 and fields[1] == local and fields[2] == remote:
+                    return int(fields[7]), int(fields[9])
     except OSError:
         return None
     return None
@@ -59,3 +72,23 @@ def peer_uid(connection: socket.socket) -> int | None:
 def admitted(connection: socket.socket) -> bool:
     """Whether the server's own user dialled ``connection`` (an unknown dialler is refused)."""
     return peer_uid(connection) == os.getuid()
+
+
+def dialled_from_here(connection: socket.socket) -> bool:
+    """Whether the other end of an accepted loopback TCP ``connection`` is a socket of this process (False when
+    it cannot be told)."""
+    found = _peer(connection)
+    if found is None or found[1] == 0:
+        return False
+    wanted = f"socket:[{found[1]}]"
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in descriptors:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == wanted:
+                return True
+        except OSError:
+            continue
+    return False

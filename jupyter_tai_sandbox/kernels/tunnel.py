@@ -22,11 +22,24 @@ EOF     both       the sender's side is done (half-close: ``shutdown(SHUT_WR)``)
 RESET   both       the connection is gone (payload: why); forget it
 ======  =========  ===========================================================
 
-**Back-pressure per connection.** Each side may have at most ``window`` bytes of
-one connection's DATA unacknowledged; the receiver queues DATA per connection (it
-never blocks reading the shared stream) and returns CREDIT as it writes the bytes
-out to that connection's socket. A connection whose far end does not read stops at
-its window; the others go on.
+**Back-pressure per connection, bounded per tunnel.** A sender sends a connection's
+DATA only within the credit its receiver granted; the receiver queues DATA per
+connection (it never blocks reading the shared stream) and grants more CREDIT as it
+writes the bytes out to that connection's socket. Each connection starts with
+:data:`FLOOR` bytes of credit each way. A receiver's commitment to a connection is the
+credit it granted and not yet received plus the bytes it queued; past the floor it
+grants only from the tunnel's budget (:data:`DEFAULT_BUDGET`, each side and direction),
+up to :data:`DEFAULT_WINDOW` for one connection. So a connection whose far end does not
+read stops at what it was granted, the others go on, and no side ever holds more than
+its budget of queued DATA over all connections (with at most :data:`MAX_CONNECTIONS`
+connections, whose floors fit in it): past it, a connection moves at its floor.
+
+**Who may connect.** Only the server's user (:func:`~jupyter_tai_sandbox.kernels.peers.admitted`);
+of the :data:`MAX_CONNECTIONS`, :data:`RESERVED` are kept for the server's own process
+(:func:`~jupyter_tai_sandbox.kernels.peers.dialled_from_here`), and a connection of
+another process that moves no byte either way for :data:`IDLE_TIMEOUT` seconds is reset
+(a peer that never reads stops moving once its credit is used up). Past the cap a new
+connection is closed at once.
 
 **Close.** A connection ends normally when both sides sent EOF (each side closes
 its socket once it sent and received EOF); an error on either end sends RESET.
@@ -40,8 +53,8 @@ is checked before its payload is awaited, and any protocol violation (a payload 
 its kind's maximum, an unknown kind, a connection id the host never opened, DATA
 beyond the connection's window or after its EOF, CREDIT beyond what was sent, frames
 before HELLO or a second HELLO) kills the relay and closes the tunnel, with a warning
-saying why. So the host never holds more than one frame of the stream plus, per
-connection, its window of received DATA (:attr:`Tunnel.peak_buffered`).
+saying why. So the host never holds more than one frame of the stream plus, over
+all connections, its budget of received DATA (:attr:`Tunnel.peak_buffered`).
 """
 
 from __future__ import annotations
@@ -51,11 +64,12 @@ import contextlib
 import inspect
 import itertools
 import logging
+import socket
 import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..contract import (
     ExecHandle,
@@ -68,11 +82,29 @@ from ..contract import (
 )
 from ..gate import start_transport
 from . import relay
-from .peers import admitted
+from .peers import admitted, dialled_from_here
 from .relay import CREDIT, DATA, EOF, HEADER, HELLO, OPEN, RESET
 
-#: bytes of one connection's data in flight (per direction) before its sender waits for CREDIT
+#: the most credit one connection holds (per direction, per side): a bulk transfer's bytes in flight, when the
+#: budget allows
 DEFAULT_WINDOW = 4 << 20
+#: the credit every connection has whatever the budget (its first grant): so a connection always progresses
+FLOOR = 64 << 10
+#: the most bytes of DATA one side may hold or have allowed in, over all a tunnel's connections, per direction
+#: (the host for the session's bytes, the relay for the host's): credit past each connection's floor is granted
+#: from it
+DEFAULT_BUDGET = 16 << 20
+#: the most connections one tunnel carries at once (so their floors fit in the budget); a kernel's server keeps
+#: four or five per client
+MAX_CONNECTIONS = 256
+#: of those, the slots only the server's own process may take (its kernel clients): other processes of the
+#: server's user (``jupyter console --existing``, a flood) get the rest
+RESERVED = 64
+#: seconds a connection of another process may move no byte either way before it is closed (a stalled peer
+#: holds its buffered bytes, an idle one a slot). The server's own are never closed for it: a ZeroMQ socket
+#: sends nothing while its kernel is idle (no ZMTP heartbeat unless asked; jupyter_server opens no heartbeat
+#: channel), and a client would only reconnect
+IDLE_TIMEOUT = 600.0
 #: the largest DATA payload one frame carries
 MAX_FRAME = 256 << 10
 #: how long :meth:`Tunnel.start` waits for the relay's HELLO
@@ -93,7 +125,7 @@ class ProtocolViolation(Exception):
 _MAX_PAYLOAD = {HELLO: 4, DATA: MAX_FRAME, CREDIT: 4, EOF: 0, RESET: 1000}
 
 
-#: The relay's program, shipped into the session as ``python3 -u -c RELAY_SOURCE WINDOW MAX_FRAME``.
+#: The relay's program, shipped into the session as ``python3 -u -c RELAY_SOURCE WINDOW MAX_FRAME FLOOR BUDGET``.
 RELAY_SOURCE = inspect.getsource(relay)
 
 
@@ -120,20 +152,30 @@ class Forward:
 
 
 class _Connection:
-    """The host side of one forwarded connection."""
+    """The host side of one forwarded connection: its socket read only within the relay's credit (nothing of it
+    buffered here past that) and written straight from the queue (no copy of it either)."""
 
-    def __init__(self, tunnel: Tunnel, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, tunnel: Tunnel, cid: int, sock: socket.socket, own: bool):
         self.tunnel = tunnel
         self.cid = cid
-        self.reader = reader
-        self.writer = writer
-        self.credit = tunnel.window
+        self.sock = sock
+        #: dialled by the server's own process (never closed for idleness)
+        self.own = own
+        #: bytes the relay lets us send
+        self.credit = tunnel.floor
         self.credit_event = asyncio.Event()
         self.credit_event.set()
         self.inbox: deque[bytes | None] = deque()
         self.inbox_event = asyncio.Event()
-        #: bytes of the relay's DATA received and not yet acknowledged with CREDIT (at most the window)
-        self.unacked = 0
+        #: bytes the relay may still send us (the credit we granted, less what came)
+        self.allowed = tunnel.floor
+        #: bytes of the relay's DATA received and not yet written out to the socket
+        self.queued = 0
+        self.released = False
+        tunnel._committed += tunnel.floor
+        loop = asyncio.get_running_loop()
+        #: the loop's time a byte last moved through the host socket, either way
+        self.last_moved = loop.time()
         self.got_eof_frame = False
         self.sent_eof = False
         self.got_eof = False
@@ -142,9 +184,20 @@ class _Connection:
             asyncio.create_task(self._upstream(), name=f"tunnel-up-{cid}"),
             asyncio.create_task(self._downstream(), name=f"tunnel-down-{cid}"),
         ]
+        # the socket is closed once neither task waits on it: the loop stops watching its descriptor first, so a
+        # new socket given the same number is never unwatched by this one's late clean-up
+        self._running = len(self.tasks)
+        for task in self.tasks:
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, _: object) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self.sock.close()
 
     async def _upstream(self) -> None:
         """Host socket -> relay, within the credit the relay gave."""
+        loop = asyncio.get_running_loop()
         try:
             while not self.dead:
                 while self.credit <= 0 and not self.dead:
@@ -152,7 +205,7 @@ class _Connection:
                     await self.credit_event.wait()
                 if self.dead:
                     return
-                data = await self.reader.read(min(self.credit, MAX_FRAME))
+                data = await loop.sock_recv(self.sock, min(self.credit, MAX_FRAME))
                 if self.dead:
                     return
                 if not data:
@@ -160,15 +213,16 @@ class _Connection:
                     self.tunnel._send(self.cid, EOF)
                     self._maybe_finished()
                     return
+                self.last_moved = loop.time()
                 self.credit -= len(data)
                 self.tunnel._send(self.cid, DATA, data)
+                del data  # not held here while the credit is awaited
         except (OSError, ConnectionError) as e:
             self.reset(f"host read failed: {e}")
 
     async def _downstream(self) -> None:
-        """Relay -> host socket; CREDIT goes back as the bytes are written out."""
-        owed = 0
-        quarter = max(1, self.tunnel.window // 4)
+        """Relay -> host socket; CREDIT goes back as the bytes are written out, within the budget."""
+        loop = asyncio.get_running_loop()
         try:
             while not self.dead:
                 if not self.inbox:
@@ -176,29 +230,50 @@ class _Connection:
                     await self.inbox_event.wait()
                     continue
                 item = self.inbox.popleft()
-                if item is not None:
-                    self.tunnel._inbox_bytes -= len(item)
                 if item is None:
-                    if self.writer.can_write_eof():
-                        self.writer.write_eof()
+                    self.sock.shutdown(socket.SHUT_WR)
                     self.got_eof = True
                     self._maybe_finished()
                     return
-                self.writer.write(item)
-                await self.writer.drain()
-                owed += len(item)
-                if owed >= quarter:
-                    self.tunnel._send(self.cid, CREDIT, struct.pack(">I", owed))
-                    self.unacked -= owed
-                    owed = 0
-        except (OSError, ConnectionError, RuntimeError) as e:
+                await loop.sock_sendall(self.sock, item)  # counted as queued until the socket took it all
+                if self.dead:
+                    return
+                self.last_moved = loop.time()
+                self._wrote(len(item))
+                del item
+        except (OSError, ConnectionError) as e:
             self.reset(f"host write failed: {e}")
+
+    def _wrote(self, n: int) -> None:
+        """``n`` queued bytes went out: grant the relay more, from the floor and the budget."""
+        tunnel = self.tunnel
+        floor = tunnel.floor
+        held = self.allowed + self.queued
+        self.queued -= n
+        tunnel._inbox_bytes -= n
+        tunnel._committed += max(held - n, floor) - max(held, floor)
+        held -= n
+        room = max(tunnel.budget - tunnel._committed, 0)
+        grant = min(tunnel.window - held, max(floor, held) + room - held)
+        if grant <= 0 or (grant < tunnel.window // 4 and held > floor // 2):
+            return  # enough in flight: grant in bigger steps
+        self.allowed += grant
+        tunnel._committed += max(held + grant, floor) - max(held, floor)
+        tunnel._send(self.cid, CREDIT, struct.pack(">I", grant))
+
+    def _release(self) -> None:
+        """This connection's commitment goes back to the budget (once)."""
+        if not self.released:
+            self.released = True
+            self.tunnel._committed -= max(self.allowed + self.queued, self.tunnel.floor)
+            self.tunnel._inbox_bytes -= self.queued
+            self.queued = 0
 
     def _maybe_finished(self) -> None:
         if self.sent_eof and self.got_eof and not self.dead:
             self.dead = True
+            self._release()
             self.tunnel._forget(self.cid)
-            self.writer.close()
 
     def check(self, kind: int, n: int) -> None:
         """Refuse a frame this connection cannot take, from its header alone (ProtocolViolation)."""
@@ -206,16 +281,17 @@ class _Connection:
             raise ProtocolViolation(
                 f"{'DATA' if kind == DATA else 'a second EOF'} after EOF on connection {self.cid}"
             )
-        if kind == DATA and self.unacked + n > self.tunnel.window:
+        if kind == DATA and n > self.allowed:
             raise ProtocolViolation(
                 f"DATA past the window on connection {self.cid} "
-                f"({self.unacked + n} bytes unacknowledged, window {self.tunnel.window})"
+                f"({n} bytes, {self.allowed} allowed, window {self.tunnel.window})"
             )
 
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind in (DATA, EOF):
             if kind == DATA:
-                self.unacked += len(payload)
+                self.allowed -= len(payload)
+                self.queued += len(payload)
                 self.tunnel._inbox_bytes += len(payload)
             else:
                 self.got_eof_frame = True
@@ -237,17 +313,50 @@ class _Connection:
         if why:
             log.debug("tunnel connection %d reset: %s", self.cid, why)
         self.tunnel._forget(self.cid)
-        self.tunnel._inbox_bytes -= sum(len(item) for item in self.inbox if item is not None)
+        self._release()
         self.inbox.clear()
         if tell:
             self.tunnel._send(self.cid, RESET, why.encode()[:1000])
         self.credit_event.set()
         self.inbox_event.set()
-        self.writer.transport.abort()
+        # nothing more goes either way (the socket itself is closed once its tasks are done)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         current = asyncio.current_task()
         for task in self.tasks:
             if task is not current:
                 task.cancel()
+
+
+class _Listener:
+    """A host listener's socket and the task accepting on it (what :class:`Forward` closes)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.task: asyncio.Future[None] | None = None
+        self.closing = False
+
+    def start(self, accepting: Coroutine[Any, Any, None]) -> None:
+        self.task = asyncio.ensure_future(accepting)
+        # closed once the task is done: the loop has stopped watching the descriptor by then, so a new
+        # socket given the same number is never unwatched by this one's late clean-up
+        self.task.add_done_callback(lambda _: self.sock.close())
+
+    def close(self) -> None:
+        self.closing = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def wait_closed(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+def listen(host: str, port: int) -> _Listener:
+    """A listening socket on ``host:port`` (0: an ephemeral port), not yet accepting."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return _Listener(socket.create_server((host, port), family=family))
 
 
 class Tunnel:
@@ -258,9 +367,29 @@ class Tunnel:
     for whatever reason, and :attr:`exit_reason` says why.
     """
 
-    def __init__(self, handle: ExecHandle, *, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(
+        self,
+        handle: ExecHandle,
+        *,
+        window: int = DEFAULT_WINDOW,
+        budget: int = DEFAULT_BUDGET,
+        max_connections: int = MAX_CONNECTIONS,
+        reserved: int = RESERVED,
+        idle_timeout: float | None = IDLE_TIMEOUT,
+    ) -> None:
         self.handle = handle
+        #: the most credit one connection holds, per direction
         self.window = window
+        #: every connection's credit whatever the budget
+        self.floor = min(FLOOR, window)
+        #: the most bytes of the relay's DATA the host holds or allowed in, over every connection
+        self.budget = budget
+        self.max_connections = max_connections
+        self.reserved = min(reserved, max_connections)
+        #: seconds a connection of another process may move nothing before it is reset (None: never)
+        self.idle_timeout = idle_timeout
+        #: the sum over connections of max(credit granted and unused + bytes queued, floor)
+        self._committed = 0
         self.closed = asyncio.Event()
         self.exit_reason: str | None = None
         self._hello = asyncio.get_running_loop().create_future()
@@ -277,6 +406,11 @@ class Tunnel:
         self._last_id = 0
         self._writer = asyncio.create_task(self._write_loop(), name="tunnel-writer")
         self._reader = asyncio.create_task(self._read_loop(), name="tunnel-reader")
+        self._idle = (
+            asyncio.create_task(self._idle_loop(idle_timeout), name="tunnel-idle")
+            if idle_timeout is not None
+            else None
+        )
 
     @classmethod
     async def start(
@@ -286,21 +420,40 @@ class Tunnel:
         python: str = "python3",
         timeout_seconds: float,
         window: int = DEFAULT_WINDOW,
+        budget: int = DEFAULT_BUDGET,
+        max_connections: int = MAX_CONNECTIONS,
+        reserved: int = RESERVED,
+        idle_timeout: float | None = IDLE_TIMEOUT,
         start_timeout_seconds: float = START_TIMEOUT,
     ) -> Tunnel:
-        """Start the relay in ``session`` (``python`` is the interpreter there) and wait for it to answer."""
+        """Start the relay in ``session`` (``python`` is the interpreter there) and wait for it to answer.
+
+        ``window``, ``budget``, ``max_connections``, ``reserved``, ``idle_timeout``: as :data:`DEFAULT_WINDOW`,
+        :data:`DEFAULT_BUDGET`, :data:`MAX_CONNECTIONS`, :data:`RESERVED` and :data:`IDLE_TIMEOUT` say (the
+        relay holds the host's DATA to the same budget)."""
         if not 0 < window < 1 << 31:
             raise ValueError("window must be a positive number of bytes below 2 GiB")
+        if not 0 < budget < 1 << 40 or max_connections < 1:
+            raise ValueError("budget and max_connections must be positive")
         # a byte transport, not a transcript: through the gate its deadline is held to the operator's
         # ceiling (refused past it) but its output is not scrubbed (a replacement would break the frames)
         try:
-            handle = await start_transport(session, ExecRequest(relay_argv(python, window), timeout_seconds))
+            handle = await start_transport(
+                session, ExecRequest(relay_argv(python, window, budget), timeout_seconds)
+            )
         except SandboxRequestError as e:
             if e.field != "argv":
                 raise
             # the interpreter is absent or not a program (a provider that says so before the start)
             raise TunnelError(f"the tunnel relay did not start: {e}") from None
-        tunnel = cls(handle, window=window)
+        tunnel = cls(
+            handle,
+            window=window,
+            budget=budget,
+            max_connections=max_connections,
+            reserved=reserved,
+            idle_timeout=idle_timeout,
+        )
         try:
             await asyncio.wait_for(asyncio.shield(tunnel._hello), start_timeout_seconds)
         except TimeoutError:
@@ -328,29 +481,60 @@ class Tunnel:
 
         wait_ms = max(0, min(int(connect_wait * 1000), 0xFFFFFFFF))
 
-        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self._accept(remote_port, wait_ms, reader, writer)
-
-        server = await asyncio.start_server(accepted, host, port)
-        bound = server.sockets[0].getsockname()[1]
-        forward = Forward(remote_port, host, bound, server, connect_wait)
+        listener = listen(host, port)
+        listener.start(self._accept_loop(listener, remote_port, wait_ms))
+        forward = Forward(remote_port, host, listener.sock.getsockname()[1], listener, connect_wait)
         self._forwards.append(forward)
         return forward
 
-    def _accept(
-        self, remote_port: int, wait_ms: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        connection = writer.get_extra_info("socket")
-        if self.closed.is_set() or connection is None or not admitted(connection):
-            writer.transport.abort()  # closed, or another local account: never the kernel's client
+    async def _accept_loop(self, listener: _Listener, remote_port: int, wait_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.closed.is_set():
+            try:
+                client, _ = await loop.sock_accept(listener.sock)
+            except OSError as e:  # out of descriptors, or the listener closed: this port forwards no more
+                if not self.closed.is_set() and not listener.closing:
+                    log.warning("tunnel to port %d stopped accepting: %s", remote_port, e)
+                return
+            self._accept(remote_port, wait_ms, client)
+
+    def _accept(self, remote_port: int, wait_ms: int, client: socket.socket) -> None:
+        if self.closed.is_set() or not admitted(client):
+            client.close()  # closed, or another local account: never the kernel's client
             return
+        own = dialled_from_here(client)
+        others = sum(1 for conn in self._conns.values() if not conn.own)
+        if len(self._conns) >= self.max_connections or (
+            not own and others >= self.max_connections - self.reserved
+        ):
+            log.debug(
+                "tunnel to port %d: %d connections open (%d of other processes), one more refused",
+                remote_port,
+                len(self._conns),
+                others,
+            )
+            client.close()
+            return
+        client.setblocking(False)
+        with contextlib.suppress(OSError):
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         cid = self._last_id = next(self._ids)
         self._send(cid, OPEN, struct.pack(">HI", remote_port, wait_ms))
-        self._conns[cid] = _Connection(self, cid, reader, writer)
+        self._conns[cid] = _Connection(self, cid, client, own)
 
     @property
     def connections(self) -> int:
         return len(self._conns)
+
+    async def _idle_loop(self, timeout: float) -> None:
+        """Reset each connection of another process that moved no byte either way for ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(max(timeout / 4, 0.05), 30.0))
+            now = loop.time()
+            for conn in list(self._conns.values()):
+                if not conn.own and not conn.dead and now - conn.last_moved >= timeout:
+                    conn.reset(f"idle for {timeout:g} s")
 
     # --------------------------------------------------------------- stream
 
@@ -442,7 +626,8 @@ class Tunnel:
             conn = self._check(cid, kind, n)
             if end - at - HEADER.size < n:
                 break
-            payload = bytes(buf[at + HEADER.size : at + HEADER.size + n])
+            with memoryview(buf) as view:  # one copy, not two (a slice of a bytearray is one)
+                payload = bytes(view[at + HEADER.size : at + HEADER.size + n])
             at += HEADER.size + n
             if kind == HELLO:
                 self._hello.set_result(payload)
@@ -470,6 +655,8 @@ class Tunnel:
             conn.reset("", tell=False)
         self._conns.clear()
         self._writer.cancel()
+        if self._idle is not None:
+            self._idle.cancel()
 
     async def close(self) -> None:
         """Kill the relay: every connection ends and the listeners close. Idempotent."""
@@ -486,9 +673,20 @@ class Tunnel:
                 await asyncio.wait_for(forward.server.wait_closed(), 1.0)
 
 
-def relay_argv(python: str = "python3", window: int = DEFAULT_WINDOW) -> list[str]:
+def relay_argv(
+    python: str = "python3", window: int = DEFAULT_WINDOW, budget: int = DEFAULT_BUDGET
+) -> list[str]:
     """The command that runs the relay in a session."""
-    return [python, "-u", "-c", RELAY_SOURCE, str(window), str(MAX_FRAME)]
+    return [
+        python,
+        "-u",
+        "-c",
+        RELAY_SOURCE,
+        str(window),
+        str(MAX_FRAME),
+        str(min(FLOOR, window)),
+        str(budget),
+    ]
 
 
 async def open_tunnel(
@@ -511,8 +709,12 @@ async def open_tunnel(
 
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "DEFAULT_WINDOW",
+    "IDLE_TIMEOUT",
+    "MAX_CONNECTIONS",
     "RELAY_SOURCE",
+    "RESERVED",
     "Forward",
     "ProtocolViolation",
     "Tunnel",
