@@ -17,6 +17,7 @@ import fcntl
 import os
 import socket
 import struct
+from collections.abc import Callable
 
 #: each direction's pipe: the most bytes in flight between the two sockets, one way
 PIPE_SIZE = 1 << 20
@@ -48,8 +49,11 @@ async def _ready(fd: int, *, write: bool) -> None:
         (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
-async def _one_way(source: socket.socket, sink: socket.socket) -> None:
-    """Move ``source``'s bytes into ``sink`` until ``source`` ends, then half-close ``sink``."""
+async def _one_way(
+    source: socket.socket, sink: socket.socket, moved: Callable[[], None] | None = None
+) -> None:
+    """Move ``source``'s bytes into ``sink`` until ``source`` ends, then half-close ``sink``; ``moved`` is called
+    each time bytes went into ``sink``."""
     read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         with contextlib.suppress(OSError):  # best effort: a smaller pipe only means more moves
@@ -61,6 +65,8 @@ async def _one_way(source: socket.socket, sink: socket.socket) -> None:
             if held:
                 try:
                     held -= os.splice(read_end, dst, held, flags=_SPLICE_FLAGS)
+                    if moved is not None:
+                        moved()
                 except BlockingIOError:
                     await _ready(dst, write=True)
                     continue
@@ -89,14 +95,15 @@ async def _one_way(source: socket.socket, sink: socket.socket) -> None:
         os.close(write_end)
 
 
-async def join(a: socket.socket, b: socket.socket) -> None:
+async def join(a: socket.socket, b: socket.socket, *, moved: Callable[[], None] | None = None) -> None:
     """Carry bytes between ``a`` and ``b`` both ways until both ends are done or one breaks; then close both.
-    Both must be connected stream sockets, non-blocking, used by nothing else meanwhile."""
+    Both must be connected stream sockets, non-blocking, used by nothing else meanwhile. ``moved`` (if given) is
+    called each time bytes went across, either way (an idle watch)."""
     for sock in (a, b):
         sock.setblocking(False)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    ways = [asyncio.ensure_future(_one_way(a, b)), asyncio.ensure_future(_one_way(b, a))]
+    ways = [asyncio.ensure_future(_one_way(a, b, moved)), asyncio.ensure_future(_one_way(b, a, moved))]
     try:
         done, _ = await asyncio.wait(ways, return_when=asyncio.FIRST_EXCEPTION)
         if any(not way.cancelled() and way.exception() is not None for way in done):
