@@ -271,17 +271,21 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
 
     async def _workspace_volume(self, engine: DockerEngine, spec: SessionSpec) -> str:
         """The name of the volume that is the spec's persistent workspace on ``engine`` (keys are a namespace
-        per owner, see providers/_workspaces): the key's unscoped volume for a spec without an owner, or when
-        its recorded owner is the spec's (made before keys were per owner); else the owner's own volume."""
+        per owner, see providers/_workspaces): the key's unscoped volume for a spec without an owner, when its
+        recorded owner is the spec's (made before keys were per owner), or for the home owner when none is
+        recorded; else the owner's own volume."""
         key = str(spec.workspace_key)
         unscoped = self.scope.workspace_volume(key)
         if spec.owner is None:
             return unscoped
+        scoped = self.scope.workspace_volume(key, spec.owner)
         found = await engine.volume(unscoped)
         recorded = None if found is None else (found.get("Labels") or {}).get(LABEL_OWNER)
-        if unscoped_serves(spec.owner, recorded):
+        home = spec.owner == self.home_owner
+        has_scoped = home and recorded is None and await engine.volume(scoped) is not None
+        if unscoped_serves(spec.owner, recorded, home=home, has_scoped=has_scoped):
             return unscoped
-        return self.scope.workspace_volume(key, spec.owner)
+        return scoped
 
     async def _workspace(self, spec: SessionSpec) -> str:
         """Make the persistent workspace volume (recording its key and owner) if it is new; its name."""

@@ -21,6 +21,7 @@ from ._docker_networks import (
     free_subnet,
     taken_subnets,
 )
+from ._workspaces import server_account
 from .docker_engine.names import DEPLOYMENT_ENV, Deployment, check_deployment, default_deployment
 
 
@@ -46,6 +47,17 @@ class DeploymentSettings(LoggingConfigurable):
         again. Servers that should share sessions (several processes of one service) name the same
         deployment explicitly.""",
     ).tag(config=True)
+
+    home_owner = Unicode(
+        help="""The principal whose persistent workspace of a key is the key's unscoped one (the volume or
+        image a spec without an owner uses) when no other owner is recorded for it; every other owner's is
+        their own (workspace keys are a namespace per owner). Default: the account running the server (the
+        one principal of a server that authenticates by token or password).""",
+    )
+
+    @default("home_owner")
+    def _home_owner_default(self) -> str:
+        return server_account()
 
     @default("deployment")
     def _deployment_default(self) -> str:

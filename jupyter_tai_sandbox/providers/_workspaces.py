@@ -23,9 +23,10 @@ two places for a key:
   unscoped place, as before;
 - an unscoped place recorded to the caller stays the caller's (a workspace made
   before this rule keeps its data, no copy needed);
-- the provider's ``home`` principal (sandbox-local: the account running the
-  server) also takes an unscoped place no owner is recorded for, so its path stays
-  the one seed 002 names, unless it already has a scoped place of that key (it got
+- the provider's ``home`` principal (its ``home_owner``: the account running the
+  server, so every caller of a single-user server, who then shares a key's
+  workspace with the Python API used without an owner) also takes an unscoped place no owner is recorded for, so its path stays
+  the one seed 002 names (local) or the volume it always had, unless it already has a scoped place of that key (it got
   one while the unscoped place was another owner's: it keeps that one);
 - anyone else gets their scoped place; an unscoped place recorded to another
   owner is simply not theirs, and not seen.
@@ -36,10 +37,20 @@ waits on, or is refused because of, alice's.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 
 #: hex digits of an owner's tag: 128 bits, so two owners' tags do not meet
 OWNER_TAG_LENGTH = 32
+
+
+def server_account() -> str:
+    """The account running this server: the default ``home_owner`` of every provider, and the one principal
+    of a server whose callers authenticate by token or password (``sessions.server_owner``)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # pragma: no cover - a uid without a passwd entry
+        return "owner"
 
 
 def owner_tag(owner: str, length: int = OWNER_TAG_LENGTH) -> str:

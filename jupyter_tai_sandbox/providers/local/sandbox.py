@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import getpass
 import json
 import os
 import re
@@ -77,7 +76,7 @@ from ...contract import (
 from ...policy import within_limits
 from ...spool import DEFAULT_MEMORY_LIMIT
 from .._common import ProviderMeta, new_session_id
-from .._workspaces import owner_tag, unscoped_serves
+from .._workspaces import owner_tag, server_account, unscoped_serves
 from .command import LocalCommand
 from .paths import private_folder
 from .posix import kill_marked, process_identity
@@ -142,11 +141,7 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
 
     @default("home_owner")
     def _home_owner_default(self) -> str:
-        # the server's principal when callers authenticate by token or password (sessions.server_owner)
-        try:
-            return getpass.getuser()
-        except (KeyError, OSError):  # pragma: no cover - a uid without a passwd entry
-            return "owner"
+        return server_account()
 
     @default("root")
     def _root_default(self) -> str:

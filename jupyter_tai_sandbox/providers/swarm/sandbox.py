@@ -131,7 +131,9 @@ class SwarmSandbox(ContainerSandbox):
         self._engine = SwarmEngine(self.base_url, tls=tls, scope=self.scope.labels)
         self._engine.share.per_principal = self.engine_threads_per_user
         self._commands: CommandRegistry[ContainerCommand] = CommandRegistry()
-        self._workspaces = WorkspaceRecords(self._engine, self.scope, self.own_labels, self.log)
+        self._workspaces = WorkspaceRecords(
+            self._engine, self.scope, self.own_labels, self.log, self.home_owner
+        )
         self._nodes = NodeEngines(
             tls=tls,
             timeout=self.node_timeout_seconds,

@@ -27,19 +27,29 @@ from .session import LABEL_NODE, record_name
 class WorkspaceRecords:
     """The deployment's workspace records on the swarm manager."""
 
-    def __init__(self, manager: SwarmEngine, scope: Deployment, labels: Mapping[str, str], log: Any) -> None:
+    def __init__(
+        self, manager: SwarmEngine, scope: Deployment, labels: Mapping[str, str], log: Any, home_owner: str
+    ) -> None:
         self._manager = manager
         self._scope = scope
         self._labels = dict(labels)
         self._log = log
+        self._home_owner = home_owner
 
     async def _scoped(self, spec: SessionSpec) -> str | None:
         """None when the spec's workspace is its key's unscoped record and volume, else its owner."""
         if spec.owner is None:
             return None
-        found = await self._manager.configs(record_name(self._scope, str(spec.workspace_key)))
+        key = str(spec.workspace_key)
+        found = await self._manager.configs(record_name(self._scope, key))
         recorded = (found[0]["Spec"].get("Labels") or {}).get(LABEL_OWNER) if found else None
-        return None if unscoped_serves(spec.owner, recorded) else spec.owner
+        home = spec.owner == self._home_owner
+        has_scoped = (
+            home
+            and recorded is None
+            and bool(await self._manager.configs(record_name(self._scope, key, spec.owner)))
+        )
+        return None if unscoped_serves(spec.owner, recorded, home=home, has_scoped=has_scoped) else spec.owner
 
     async def volume(self, spec: SessionSpec) -> str:
         """The name of the volume that is the spec's workspace (on the node it lives on)."""

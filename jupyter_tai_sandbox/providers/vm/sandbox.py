@@ -450,10 +450,17 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         return False
 
     def _workspace_scope(self, spec: SessionSpec) -> str | None:
-        """Whose images hold the spec's persistent workspace: None for the key's unscoped one (no owner, or
-        the owner its record names: made before keys were per owner), else the spec's owner's own."""
-        recorded = (self._machines.workspace_record(str(spec.workspace_key)) or {}).get("owner")
-        if unscoped_serves(spec.owner, recorded if isinstance(recorded, str) else None):
+        """Whose images hold the spec's persistent workspace: None for the key's unscoped one (no owner, the
+        owner its record names: made before keys were per owner, or the home owner when none is recorded),
+        else the spec's owner's own."""
+        key = str(spec.workspace_key)
+        recorded = (self._machines.workspace_record(key) or {}).get("owner")
+        recorded = recorded if isinstance(recorded, str) else None
+        home = spec.owner is not None and spec.owner == self.home_owner
+        has_scoped = (
+            home and recorded is None and self._machines.workspace_record(key, spec.owner) is not None
+        )
+        if unscoped_serves(spec.owner, recorded, home=home, has_scoped=has_scoped):
             return None
         return spec.owner
 

@@ -195,6 +195,33 @@ def test_a_legacy_workspace_stays_its_owners(client):
     run(main())
 
 
+def test_the_home_owner_shares_a_keys_workspace_with_the_python_api_without_an_owner(client):
+    """On a single-user server every caller is the server's account (``home_owner``): its ``notes`` is the
+    volume a spec without an owner uses, made before or after; another owner's is still their own."""
+    key = f"test-{secrets.token_hex(4)}"
+    sandbox = provider(home_owner="me")
+    unscoped = sandbox.scope.workspace_volume(key)
+    bobs = sandbox.scope.workspace_volume(key, "bob")
+
+    async def main() -> None:
+        try:
+            direct = await sandbox.create(persistent(key, None))  # the Python API, no owner recorded
+            await direct.put_file("notes.txt", b"from the API")
+            await direct.destroy()
+            me = await sandbox.create(persistent(key, "me"))
+            assert mounted_volume(client, me) == unscoped
+            assert await me.get_file("notes.txt") == b"from the API"
+            bob = await sandbox.create(persistent(key, "bob"))
+            assert mounted_volume(client, bob) == bobs
+            await bob.destroy(remove_workspace=True)
+            await me.destroy(remove_workspace=True)
+        finally:
+            await sandbox.close()
+            drop_volumes(client, unscoped, bobs)
+
+    run(main())
+
+
 def test_an_admin_naming_an_owner_shares_that_owners_workspace(client):
     key = f"test-{secrets.token_hex(4)}"
     scope = provider().scope
