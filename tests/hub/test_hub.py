@@ -16,271 +16,37 @@ instead. The browser test's screenshots go to tests/artifacts/hub-bob-*.png.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import secrets
-import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, browser_network, free_port
-from tests.support.docker import docker_client, in_ci, remove_deployment
+from tests.support import browser_network
+from tests.support.hub import (
+    EXAMPLE,
+    REPO,
+    SERVICE,
+    Hub,
+    UserServer,
+    install_sandboxed_kernelspec,
+    missing,
+    new_sessions,
+    remove_hub,
+    require_hub,
+    require_python_image,
+)
+from tests.support.hub import engine_sessions as _engine_sessions
 from tests.support.lab import missing_prerequisites, open_panel_tab, shot
-from tests.support.live_server import Kernel, wait_for_connection_file
-from tests.support.processes import running
 
 ROOT = REPO
-EXAMPLE = ROOT / "examples" / "jupyterhub_config.py"
-SERVICE = "tai-sandbox"
-DEADLINE = 60.0  # seconds for the hub, the service or a user's server to come up
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow(86)]
 
 
-def _missing(what: str) -> None:
-    message = f"the JupyterHub test needs {what}"
-    if in_ci():
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _processes_mentioning(needle: bytes) -> list[int]:
-    """Every process whose environment holds ``needle``: what a hub run started, even once orphaned."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-class Hub:
-    """A running hub: its public URL, the driver's admin token, requests as anyone."""
-
-    def __init__(self, tmp: Path) -> None:
-        import requests
-
-        self.requests = requests
-        self.tmp = tmp
-        self.port, self.hub_port, self.api_port, self.service_port = (free_port() for _ in range(4))
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.service_url = f"{self.url}/services/{SERVICE}/"
-        self.driver_token = secrets.token_hex(24)
-        self.deployment = f"test-hub-{secrets.token_hex(6)}"
-        self.tokens: dict[str, str] = {}
-        self.proc: subprocess.Popen | None = None
-        self.known_pids: set[int] = set()
-
-    # ------------------------------------------------------------------ start and stop
-
-    def config(self) -> Path:
-        """examples/jupyterhub_config.py, then only ports, paths, the deployment and the test's driver."""
-        homes = self.tmp / "homes"
-        runtime = self.tmp / "service-runtime"
-        text = f"""
-c = get_config()  # noqa: F821
-load_subconfig({str(EXAMPLE)!r})  # noqa: F821
-public = {self.url!r}
-c.JupyterHub.bind_url = public
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {self.hub_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
-c.ConfigurableHTTPProxy.pid_file = {str(self.tmp / "proxy.pid")!r}
-c.JupyterHub.db_url = "sqlite:///{self.tmp / "hub.sqlite"}"
-c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
-c.JupyterHub.pid_file = {str(self.tmp / "hub.pid")!r}
-c.SimpleLocalProcessSpawner.home_dir_template = {str(homes) + "/{username}"!r}
-service = c.JupyterHub.services[0]
-service["url"] = "http://127.0.0.1:{self.service_port}"
-service["environment"]["TAI_SANDBOX_DEPLOYMENT"] = {self.deployment!r}
-service["environment"]["JUPYTER_RUNTIME_DIR"] = {str(runtime)!r}
-service["environment"]["JUPYTER_CONFIG_DIR"] = {str(self.tmp / "service-config")!r}
-service["environment"]["JUPYTER_DATA_DIR"] = {str(self.tmp / "service-data")!r}
-c.Spawner.args = [a.replace("http://127.0.0.1:8000", public) for a in c.Spawner.args]
-# the browser test reaches the lab as window.jupyterapp (the Sandbox drive's own contents calls)
-c.Spawner.args.append("--LabApp.expose_app_in_browser=True")
-# the test's driver: starts and stops servers, mints alice's and bob's tokens
-c.JupyterHub.services.append({{"name": "test-driver", "api_token": {self.driver_token!r}}})
-c.JupyterHub.load_roles.append(
-    {{"name": "test-driver", "scopes": ["admin:users", "admin:servers", "tokens"], "services": ["test-driver"]}}
-)
-# carol: an operator the config's own admin role names (no server: she calls the service directly)
-c.Authenticator.allowed_users = {{*c.Authenticator.allowed_users, "carol"}}
-next(r for r in c.JupyterHub.load_roles if r["name"] == "tai-sandbox-admin")["users"] = ["carol"]
-"""
-        path = self.tmp / "jupyterhub_config.py"
-        path.write_text(text)
-        return path
-
-    def start(self) -> None:
-        self.log = open(self.tmp / "hub.log", "wb")  # noqa: SIM115 - closed in stop()
-        # the marker is inherited by the proxy; the service's and servers' environments name self.tmp
-        env = {**os.environ, "TAI_TEST_HUB_RUN": str(self.tmp)}
-        env.pop("TAI_MCP_SANDBOX", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(self.config()), "--no-ssl"],
-            cwd=self.tmp,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.wait_for(lambda: self.api("GET", "")[0] == 200, "the hub's API")
-        self.wait_for(
-            lambda: self.service("GET", "status", token=self.driver_token)[0] in (403, 401),
-            "the sandbox service",
-        )
-
-    def stop(self) -> None:
-        """SIGTERM the hub (it stops the proxy, the service and the servers), then kill what is left."""
-        if self.proc is None:
-            return
-        self.known_pids.update(_descendants(self.proc.pid))
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for pid in self.known_pids | set(_processes_mentioning(str(self.tmp).encode())):
-            if running(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.log.close()
-        self.proc = None
-
-    def remember_processes(self) -> None:
-        if self.proc is not None:
-            self.known_pids.update(_descendants(self.proc.pid))
-
-    def wait_for(self, check, what: str, timeout: float = DEADLINE) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(
-                    f"the hub exited ({self.proc.returncode}) waiting for {what}:\n{self.log_tail()}"
-                )
-            with contextlib.suppress(self.requests.RequestException):
-                if check():
-                    self.remember_processes()
-                    return
-            time.sleep(0.25)
-        raise AssertionError(f"{what} not ready in {timeout:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 60) -> str:
-        self.log.flush()
-        return "\n".join((self.tmp / "hub.log").read_text(errors="replace").splitlines()[-lines:])
-
-    # ------------------------------------------------------------------ requests
-
-    def _call(self, method: str, url: str, token: str | None, body=None, raw: bytes | None = None, **kw):
-        headers = {"Authorization": f"token {token}"} if token else {}
-        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        r = self.requests.request(
-            method, url, headers=headers, data=data, timeout=30, allow_redirects=False, **kw
-        )
-        try:
-            answer = r.json()
-        except ValueError:
-            answer = r.content
-        return r.status_code, answer
-
-    def api(self, method: str, path: str, body=None):
-        """The hub's REST API, as the test driver."""
-        return self._call(method, f"{self.url}/hub/api/{path}".rstrip("/"), self.driver_token, body)
-
-    def sandbox(self, user: str, method: str, path: str, as_user: str | None = None, **kw):
-        """/user/USER/api/sandbox/PATH with AS_USER's token (USER's by default)."""
-        token = self.tokens[as_user or user]
-        return self._call(method, f"{self.url}/user/{user}/api/sandbox/{path}", token, **kw)
-
-    def service(self, method: str, path: str, token: str | None = None, **kw):
-        """The sandbox service itself, at /services/tai-sandbox/api/sandbox/PATH."""
-        return self._call(method, f"{self.service_url}api/sandbox/{path}", token, **kw)
-
-    # ------------------------------------------------------------------ users
-
-    def token_for(self, user: str, *extra_scopes: str, key: str | None = None) -> str:
-        """A hub API token of ``user``'s: reaches their server and the sandbox service."""
-        scopes = [f"access:servers!user={user}", f"access:services!service={SERVICE}", *extra_scopes]
-        status, body = self.api("POST", f"users/{user}/tokens", {"note": "test_hub", "scopes": scopes})
-        assert status == 201, body
-        self.tokens[key or user] = body["token"]
-        return body["token"]
-
-    def start_server(self, user: str) -> None:
-        status, body = self.api("POST", f"users/{user}/server")
-        assert status in (201, 202), body
-        self.wait_for(lambda: self.server_state(user) == "ready", f"{user}'s server")
-        self.wait_for(lambda: self.sandbox(user, "GET", "status")[0] == 200, f"{user}'s sandbox API")
-
-    def stop_server(self, user: str) -> None:
-        status, body = self.api("DELETE", f"users/{user}/server")
-        assert status in (202, 204), body
-        self.wait_for(lambda: self.server_state(user) == "stopped", f"{user}'s server to stop")
-
-    def server_state(self, user: str) -> str:
-        _, model = self.api("GET", f"users/{user}")
-        server = model.get("servers", {}).get("")
-        if not server:
-            return "stopped"
-        return "ready" if server.get("ready") else "pending"
-
-
-def _engine_sessions(deployment: str) -> list:
-    """The sessions on the engine in the test's deployment (what the service sees)."""
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
-    async def listing():
-        sandbox = DockerSandbox(deployment=deployment)
-        try:
-            return await sandbox.list()
-        finally:
-            await sandbox.close()
-
-    return asyncio.run(listing())
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    try:
-        import jupyterhub  # noqa: F401
-    except ImportError:
-        _missing("jupyterhub (pip install -e '.[test]')")
-    if shutil.which("configurable-http-proxy") is None:
-        _missing("configurable-http-proxy on PATH (bash .ci/hub-up)")
-    docker_client().close()
+    require_hub()
     hub = Hub(tmp_path_factory.mktemp("hub"))
     try:
         hub.start()
@@ -288,12 +54,7 @@ def hub(tmp_path_factory):
             hub.token_for(user)
         yield hub
     finally:
-        hub.stop()
-        client = docker_client()
-        try:
-            remove_deployment(client, hub.deployment)  # what the hub's servers left, ours only
-        finally:
-            client.close()
+        remove_hub(hub)  # what the hub's servers left, ours only
 
 
 def test_the_docs_show_the_config_the_test_runs():
@@ -658,31 +419,6 @@ def test_each_listing_shows_only_its_users_sessions(servers, alices):
     assert hub.sandbox("bob", "DELETE", f"sessions/{mine['id']}")[0] == 204
 
 
-class UserServer:
-    """A user's server as test_magics.Kernel drives it: REST through the proxy, the kernel's connection file."""
-
-    def __init__(self, hub: Hub, user: str) -> None:
-        self.hub, self.user = hub, user
-        self.runtime = hub.tmp / "homes" / user / ".local" / "share" / "jupyter" / "runtime"
-
-    def request(self, method: str, path: str, body=None, timeout: float = 30):
-        status, answer = self.hub._call(
-            method, f"{self.hub.url}/user/{self.user}/{path}", self.hub.tokens[self.user], body
-        )
-        assert 200 <= status < 300, (method, path, status, answer)
-        return answer or None
-
-    def connection_file(self, kernel_id: str, wait: float = 30) -> Path:
-        return wait_for_connection_file(self.runtime, kernel_id, wait)
-
-    def start_kernel(self, name: str = "python3"):
-        return Kernel(self, self.request("POST", "api/kernels", {"name": name})["id"])
-
-
-def _new_sessions(hub: Hub, user: str, before: set[str]) -> list[dict]:
-    return [s for s in hub.sandbox(user, "GET", "sessions")[1]["sessions"] if s["id"] not in before]
-
-
 @pytest.mark.parametrize("user", ["alice", "bob"])
 def test_sandbox_magic_in_a_users_kernel_runs_in_the_service_as_that_user(servers, user):
     hub = servers
@@ -693,40 +429,12 @@ def test_sandbox_magic_in_a_users_kernel_runs_in_the_service_as_that_user(server
         kernel.ok("%load_ext jupyter_tai_sandbox")
         run = kernel.ok("%%sandbox --timeout 30\necho magic $((6 * 7)) in $(pwd)", timeout=90)
         assert run.stdout.strip() == "magic 42 in /workspace", run.streams
-        made = _new_sessions(hub, user, before)
+        made = new_sessions(hub, user, before)
         assert [s["owner"] for s in made] == [user], made
         theirs = {s["id"] for s in hub.sandbox(other, "GET", "sessions")[1]["sessions"]}
         assert not theirs & {s["id"] for s in made}
     finally:
         kernel.shutdown()
-
-
-def _install_sandboxed_kernelspec(hub: Hub, user: str) -> str:
-    """A sandboxed kernelspec in the user's own Jupyter data dir (their server finds it on the next request)."""
-    from jupyter_tai_sandbox.images import PYTHON_IMAGE
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_", "TAI_"))}
-    env["HOME"] = str(hub.tmp / "homes" / user)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_tai_sandbox.cli",
-            "kernelspec",
-            "install",
-            "--user",
-            "--name",
-            "tai-hub-kernel",
-            "--image",
-            PYTHON_IMAGE,
-            "--ttl",
-            "600",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    return "tai-hub-kernel"
 
 
 def test_a_code_tool_through_a_users_server(servers):
@@ -741,20 +449,14 @@ def test_a_sandboxed_kernel_through_a_users_server(servers):
     from jupyter_tai_sandbox.images import PYTHON_IMAGE
 
     hub = servers
-    client = docker_client()
-    try:
-        client.images.get(PYTHON_IMAGE)
-    except Exception:
-        _missing(f"the Python image {PYTHON_IMAGE} (jupyter tai-sandbox build-image --python)")
-    finally:
-        client.close()
-    name = _install_sandboxed_kernelspec(hub, "alice")
+    require_python_image()
+    name = install_sandboxed_kernelspec(hub, "alice")
     before = {s["id"] for s in hub.sandbox("alice", "GET", "sessions")[1]["sessions"]}
     kernel = UserServer(hub, "alice").start_kernel(name)
     try:
         run = kernel.ok("import os, socket; print(os.getcwd(), os.path.exists('/.dockerenv'))", timeout=90)
         assert run.stdout.split() == ["/workspace", "True"], run.streams
-        made = _new_sessions(hub, "alice", before)
+        made = new_sessions(hub, "alice", before)
         assert [(s["owner"], s["spec"]["image"]) for s in made] == [("alice", PYTHON_IMAGE)], made
         sid = made[0]["id"]
     finally:
@@ -909,9 +611,9 @@ def test_the_sandbox_drive_requests_through_bobs_server(servers, alices, bobs):
 def chromium_ready():
     """The panel browser tests' prerequisites: skip outside CI when missing, fail under CI=true
     (asked for before ``page``, so chromium is never launched when it is missing)."""
-    missing = missing_prerequisites()
-    if missing:
-        _missing("for its browser test: " + "; ".join(missing))
+    absent = missing_prerequisites()
+    if absent:
+        missing("for its browser test: " + "; ".join(absent))
 
 
 @pytest.mark.browser
