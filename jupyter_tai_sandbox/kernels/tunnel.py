@@ -401,7 +401,7 @@ class Tunnel:
         self._stderr_tail = b""
         #: bytes of the relay's DATA queued on the host, over every connection
         self._inbox_bytes = 0
-        #: the most the host ever held of the relay's stream (at most a frame and a chunk, plus a window per connection)
+        #: the most the host ever held of the relay's stream (at most a frame and a chunk, plus its budget)
         self.peak_buffered = 0
         self._last_id = 0
         self._writer = asyncio.create_task(self._write_loop(), name="tunnel-writer")

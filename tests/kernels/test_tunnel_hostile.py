@@ -3,7 +3,7 @@
 The relay is session code: anything in the session can write into its stdout
 (``/proc/<pid>/fd/1``), or be the relay outright. Every protocol violation closes
 the tunnel (with a warning saying why), the relay is killed, and the host never
-buffers more than a frame of the stream plus a window per connection.
+buffers more than a frame of the stream plus its budget (a window, in these tests of one connection).
 """
 
 from __future__ import annotations
