@@ -572,3 +572,51 @@ def test_a_golden_snapshots_qemu_dies_with_the_process_making_it(tmp_path):
                     os.kill(qemu, signal.SIGKILL)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)  # the killed maker could not clean up
+
+
+def test_a_golden_makers_qemu_runs_confined_and_still_dies_with_its_maker(tmp_path):
+    """A golden maker's QEMU drops root as a session's does (-runas clears its parent-death signal): once it
+    runs as its own uid, a killed maker still leaves no QEMU running (its controlling terminal, the maker's,
+    is hung up)."""
+    if os.geteuid() != 0:
+        pytest.skip("QEMU is confined only by a server that runs as root")  # CI runs as root
+    first, last = map(int, VmSandbox.qemu_uids.default_value.split("-"))
+    maker = subprocess.Popen([sys.executable, "-c", MAKER, str(tmp_path)])
+    qemu, workdir = None, None
+    try:
+        give_up = time.monotonic() + 60
+        while qemu is None:
+            assert maker.poll() is None, "the maker ended before its QEMU dropped root"
+            assert time.monotonic() < give_up, "the maker's QEMU never ran confined"
+            for entry in Path("/proc").iterdir():
+                argv = _cmdline(entry).split(b"\0")
+                if (
+                    entry.name.isdigit()
+                    and argv[0].endswith(b"qemu-system-x86_64")
+                    and str(tmp_path).encode() in b" ".join(argv)
+                ):
+                    with contextlib.suppress(OSError, ValueError):
+                        status = qemu_status(int(entry.name))
+                        if first <= int(status["Uid"].split()[0]) <= last:
+                            qemu = int(entry.name)
+                            workdir = Path(os.readlink(f"/proc/{qemu}/root"))
+                            assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0
+                            assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+            time.sleep(0.05)
+        maker.kill()
+        maker.wait()
+        give_up = time.monotonic() + 10
+        while qemu_alive(qemu):
+            assert time.monotonic() < give_up, "the confined golden's QEMU outlived its maker"
+            time.sleep(0.05)
+    finally:
+        if maker.poll() is None:
+            maker.kill()
+        if qemu is not None and qemu_alive(qemu):  # a failure leaves nothing running either
+            os.kill(qemu, signal.SIGKILL)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)  # the killed maker could not clean up
+
+
+def qemu_alive(pid: int) -> bool:
+    return b"qemu" in _cmdline(Path(f"/proc/{pid}"))
