@@ -54,7 +54,7 @@ from .guest.build import Guest, GuestBuildError, build_guest
 from .guest.probe import TCG_NOTE, cached_probe, probe
 from .guest.qemu import BOOT_TIMEOUT, QEMU, QEMU_UIDS, TCG_CPU, VmError, qemu_argv
 from .guest.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
-from .guest.snapshot import ensure_golden, qmp_args, restore, restore_args, sealed_memory
+from .guest.snapshot import drop_idle_memory, ensure_golden, qmp_args, restore, restore_args, sealed_memory
 from .machines import PORTS, Machines
 from .networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable
 
@@ -608,6 +608,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         if seats is not None:
             with contextlib.suppress(SandboxError):
                 await self._seats.reap(seats, set(self._machines.ids()), now)
+        drop_idle_memory()  # the goldens' sealed memories no create has used lately
         if self.root_disk_idle_seconds > 0:
             for disk in await asyncio.to_thread(remove_unused, self.root_disk_idle_seconds):
                 self.log.info("sandbox-vm: removed the root disk %s (unused)", disk.name)

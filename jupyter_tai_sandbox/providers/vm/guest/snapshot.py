@@ -133,10 +133,7 @@ def sealed_memory(ram: Path) -> int:
     guest's pages; dropped after :data:`SEALED_IDLE_SECONDS` unused: the QEMUs keep theirs). Blocking."""
     with _sealed_lock:
         now = time.monotonic()
-        for path, (fd, _, used) in list(_sealed.items()):
-            if now - used > SEALED_IDLE_SECONDS:
-                os.close(fd)
-                del _sealed[path]
+        _drop_idle(now)
         found = os.stat(ram)
         key = (found.st_ino, found.st_ctime_ns)
         held = _sealed.pop(ram, None)
@@ -146,6 +143,19 @@ def sealed_memory(ram: Path) -> int:
         fd = held[0] if held is not None else _sealed_copy(ram, found.st_size)
         _sealed[ram] = (fd, key, now)
         return os.dup(fd)
+
+
+def drop_idle_memory() -> None:
+    """Close the sealed memories no create has used for :data:`SEALED_IDLE_SECONDS` (the QEMUs keep theirs)."""
+    with _sealed_lock:
+        _drop_idle(time.monotonic())
+
+
+def _drop_idle(now: float) -> None:
+    for path, (fd, _, used) in list(_sealed.items()):
+        if now - used > SEALED_IDLE_SECONDS:
+            os.close(fd)
+            del _sealed[path]
 
 
 def _sealed_copy(ram: Path, size: int) -> int:
