@@ -7,8 +7,9 @@ in the frames the tunnel's docstring describes. Threads, blocking sockets and os
 fds 0/1, so it works whatever kind of fd the provider gives it (pipe, fifo, socket).
 
 It holds the host's DATA as the host holds its own: each connection is granted FLOOR bytes, more only
-from BUDGET (over every connection) up to WINDOW, as its bytes are written out to its socket; so a
-socket in the session that does not read holds at most what its connection was granted.
+from BUDGET (over every connection; its last quarter only for the server's own connections, as OPEN
+says) up to WINDOW, as its bytes are written out to its socket; so a socket in the session that does
+not read holds at most what its connection was granted.
 """
 
 import contextlib
@@ -59,8 +60,10 @@ def send(cid, kind, data=b""):
 class Conn:
     """One connection: a writer thread (the host's DATA to the socket) and a reader thread (back)."""
 
-    def __init__(self, cid, port, wait):
+    def __init__(self, cid, port, wait, own):
         self.cid, self.port, self.wait = cid, port, wait
+        # past its floor, a connection of another process than the server's gets credit from 3/4 of the budget
+        self.limit = budget if own else budget - budget // 4
         self.sock = None
         self.cv = threading.Condition()
         self.q = deque()
@@ -89,7 +92,7 @@ class Conn:
             self.queued -= n
             charge(max(held, floor), max(held - n, floor))
             held -= n
-            grant = min(window - held, max(floor, held) + max(budget - committed, 0) - held)
+            grant = min(window - held, max(floor, held) + max(self.limit - committed, 0) - held)
             if grant <= 0 or (grant < window // 4 and held > floor // 2):
                 return
             self.allowed += grant
@@ -252,8 +255,8 @@ def main():
             at += HEADER.size + n
             c = conns.get(cid)
             if kind == OPEN:
-                port, wait = struct.unpack(">HI", payload)
-                conns[cid] = Conn(cid, port, wait / 1000.0)
+                port, wait, own = struct.unpack(">HIB", payload)
+                conns[cid] = Conn(cid, port, wait / 1000.0, own)
             elif c is None:
                 continue
             elif kind in (DATA, EOF):

@@ -15,7 +15,7 @@ The wire: frames of ``>IBI`` (connection id, kind, payload length) + payload.
 kind    direction  meaning
 ======  =========  ===========================================================
 HELLO   relay->    the relay runs (payload: protocol version)
-OPEN    ->relay    connect connection ``id`` to the payload's port (u16), retrying for u32 ms
+OPEN    ->relay    connect connection ``id`` to the payload's port (u16), retrying for u32 ms; u8 1: the server's own
 DATA    both       bytes of connection ``id``
 CREDIT  both       the receiver wrote out u32 more bytes (sent once a quarter window is owed)
 EOF     both       the sender's side is done (half-close: ``shutdown(SHUT_WR)``)
@@ -28,8 +28,9 @@ connection (it never blocks reading the shared stream) and grants more CREDIT as
 writes the bytes out to that connection's socket. Each connection starts with
 :data:`FLOOR` bytes of credit each way. A receiver's commitment to a connection is the
 credit it granted and not yet received plus the bytes it queued; past the floor it
-grants only from the tunnel's budget (:data:`DEFAULT_BUDGET`, each side and direction),
-up to :data:`DEFAULT_WINDOW` for one connection. So a connection whose far end does not
+grants only from the tunnel's budget (:data:`DEFAULT_BUDGET`, each side and direction;
+its last quarter only to the server's own connections), up to :data:`DEFAULT_WINDOW`
+for one connection. So a connection whose far end does not
 read stops at what it was granted, the others go on, and no side ever holds more than
 its budget of queued DATA over all connections (with at most :data:`MAX_CONNECTIONS`
 connections, whose floors fit in it): past it, a connection moves at its floor.
@@ -92,7 +93,8 @@ DEFAULT_WINDOW = 4 << 20
 FLOOR = 64 << 10
 #: the most bytes of DATA one side may hold or have allowed in, over all a tunnel's connections, per direction
 #: (the host for the session's bytes, the relay for the host's): credit past each connection's floor is granted
-#: from it
+#: from it; connections of other processes than the server's get credit past their floors only from the first
+#: three quarters (the last quarter is the server's own clients')
 DEFAULT_BUDGET = 16 << 20
 #: the most connections one tunnel carries at once (so their floors fit in the budget); a kernel's server keeps
 #: four or five per client
@@ -253,7 +255,8 @@ class _Connection:
         tunnel._inbox_bytes -= n
         tunnel._committed += max(held - n, floor) - max(held, floor)
         held -= n
-        room = max(tunnel.budget - tunnel._committed, 0)
+        limit = tunnel.budget if self.own else tunnel.budget - tunnel.budget // 4
+        room = max(limit - tunnel._committed, 0)
         grant = min(tunnel.window - held, max(floor, held) + room - held)
         if grant <= 0 or (grant < tunnel.window // 4 and held > floor // 2):
             return  # enough in flight: grant in bigger steps
@@ -519,7 +522,7 @@ class Tunnel:
         with contextlib.suppress(OSError):
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         cid = self._last_id = next(self._ids)
-        self._send(cid, OPEN, struct.pack(">HI", remote_port, wait_ms))
+        self._send(cid, OPEN, struct.pack(">HIB", remote_port, wait_ms, own))
         self._conns[cid] = _Connection(self, cid, client, own)
 
     @property

@@ -195,8 +195,20 @@ def test_100_connections_that_send_and_never_read_hold_at_most_the_budget_on_eit
                 relay_growth, server_growth = rss(relay) - relay_before, rss() - server_before
                 assert relay_growth < 64 << 20, relay_growth
                 assert server_growth < 128 << 20, server_growth
-                # the kernel's own client still gets through, at once
+                # the last quarter of the budget is the server's own: another process's flood stops short of it
+                assert tunnel.buffered <= DEFAULT_BUDGET - DEFAULT_BUDGET // 4, tunnel.buffered
+                # the kernel's own client still gets through, at once, and is granted from that last quarter
                 assert await asyncio.wait_for(talk(port, b"echo", b"still here"), 30) == b"still here"
+                most = 0
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"source %d\n" % (16 << 20))
+                got = 0
+                while chunk := await asyncio.wait_for(reader.read(1 << 20), 60):
+                    got += len(chunk)
+                    most = max(most, tunnel._committed)
+                writer.close()
+                assert got == 16 << 20
+                assert most > DEFAULT_BUDGET - DEFAULT_BUDGET // 4, most
             finally:
                 flood.end()
             for _ in range(200):  # the flood's end frees everything it held
