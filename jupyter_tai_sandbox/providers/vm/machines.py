@@ -47,6 +47,7 @@ from .guest.qemu import (
     open_port,
     port_socket,
     start_detached,
+    uids_mapped,
 )
 
 #: agent ports per guest: a server's connection, a synchronous look-up's, another server's, one spare
@@ -142,6 +143,13 @@ class Machines:
         root and :attr:`qemu_uids` is set. Its pid."""
         folder = self.folder(session_id)
         if self.qemu_uids is not None and confinable():
+            if not uids_mapped(*self.qemu_uids):
+                raise SandboxUnavailableError(
+                    "VmSandbox.qemu_uids {}-{} are not all uids of this server's user namespace "
+                    "(/proc/self/uid_map): name a range it has, or '' to run QEMU as root".format(
+                        *self.qemu_uids
+                    )
+                )
             argv = confined(argv, uid=free_uid(*self.qemu_uids), root=folder)
         try:
             return await start_detached([*(enter or []), *argv], folder, pass_fds=pass_fds)

@@ -620,3 +620,38 @@ def test_a_golden_makers_qemu_runs_confined_and_still_dies_with_its_maker(tmp_pa
 
 def qemu_alive(pid: int) -> bool:
     return b"qemu" in _cmdline(Path(f"/proc/{pid}"))
+
+
+IN_A_NAMESPACE = """
+import asyncio, sys
+from jupyter_tai_sandbox.contract import SandboxUnavailableError, SessionSpec
+from jupyter_tai_sandbox.providers.vm import VmSandbox
+async def main():
+    sandbox = VmSandbox(accel="tcg", state_dir=sys.argv[1], deployment="vm-tests", golden_snapshots=False)
+    try:
+        await sandbox.create(SessionSpec(network="none"))
+    except SandboxUnavailableError as e:
+        print(e)
+    finally:
+        await sandbox.close()
+    assert sandbox._machines.ids() == []
+asyncio.run(main())
+"""
+
+
+def test_a_server_whose_user_namespace_lacks_the_qemu_uids_refuses_creates_saying_why(state_dir):
+    """A root server in a user namespace that maps only some uids (a container's) cannot give QEMU a uid of
+    VmSandbox.qemu_uids: its creates are refused saying so (never run with QEMU as root instead)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux)")  # CI has both
+    said = subprocess.run(
+        ["unshare", "--user", "--map-root-user", sys.executable, "-c", IN_A_NAMESPACE, state_dir],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert said.returncode == 0, said.stderr
+    assert (
+        "VmSandbox.qemu_uids 2000000000-2000999999 are not all uids of this server's user namespace"
+        in said.stdout
+    )

@@ -236,6 +236,21 @@ def confined(argv: list[str], *, uid: int, root: Path) -> list[str]:
     return [*wrapper, *argv, "-runas", f"{uid}:{uid}", "-chroot", str(root)]
 
 
+def uids_mapped(first: int, last: int, uid_map: str = "/proc/self/uid_map") -> bool:
+    """Whether this user namespace has the uids ``first``..``last`` (a server in a container may have only
+    some: QEMU's -runas to an unmapped uid fails)."""
+    try:
+        with open(uid_map) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True  # no user namespaces here: every uid is the host's
+    for line in lines:
+        inside, _, count = (int(word) for word in line.split())
+        if inside <= first and last < inside + count:
+            return True
+    return False
+
+
 def confinable() -> bool:
     """Whether QEMU can be confined here: the server runs as root (else QEMU runs as the server's user)."""
     return os.geteuid() == 0

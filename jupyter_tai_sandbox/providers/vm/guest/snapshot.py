@@ -45,6 +45,7 @@ from .qemu import (
     open_port,
     port_socket,
     qemu_argv,
+    uids_mapped,
 )
 
 #: how long making a golden may take (a cold boot, the save)
@@ -376,6 +377,8 @@ async def _make(
     cpu: str,
     qemu_uids: tuple[int, int] | None,
 ) -> None:
+    if qemu_uids is not None and confinable() and not uids_mapped(*qemu_uids):
+        raise VmError(f"the uids {qemu_uids[0]}-{qemu_uids[1]} are not all this user namespace's")
     work = Path(tempfile.mkdtemp(prefix="tai-golden-"))
     ram, state = path.with_suffix(".ram"), path.with_suffix(".state")
     tmp_ram, tmp_state = (p.with_name(f".{p.name}.{os.getpid()}") for p in (ram, state))
