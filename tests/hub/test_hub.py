@@ -378,10 +378,20 @@ def test_bobs_websocket_reaches_none_of_alices(servers, alices):
 
 def test_bob_cannot_take_alices_workspace_key_or_consumer(servers, alices):
     hub = servers
+    # workspace keys are per owner: bob's "alice-data" is his own, new and empty, never alice's, and his
+    # removal of it neither waits on nor says anything about her live session on hers
     status, body = hub.sandbox(
         "bob", "POST", "sessions", body={"durability": "persistent", "workspace_key": "alice-data"}
     )
-    assert (status, body.get("error")) == (404, "SandboxNotFoundError"), body
+    assert (status, body.get("owner")) == (201, "bob"), body
+    status, _ = hub.sandbox("bob", "GET", f"sessions/{body['id']}/files/secret.txt?type=file")
+    assert status == 404
+    status, _ = hub.sandbox("bob", "DELETE", f"sessions/{body['id']}?remove_workspace=1")
+    assert status == 204
+    status, secret = hub.sandbox(
+        "alice", "GET", f"sessions/{alices['persistent']}/files/secret.txt?type=file"
+    )
+    assert (status, secret) == (200, b"alice's")
     status, body = hub.service("POST", "sessions", token=hub.tokens["bob"], body={"consumer": "user:alice"})
     assert (status, body.get("error")) == (403, "SandboxForbiddenError"), body
     # bob is admin of his own server, which labels its sessions as it likes; at the service the label
