@@ -365,6 +365,9 @@ class SandboxApp(ExtensionApp):
 
         await mcp_door.start(self)
 
+    #: how long a stop waits for the creates under way to end (JupyterHub's SIGTERM follows its SIGINT in 30 s)
+    STOP_CREATES_WAIT_SECONDS = 20.0
+
     #: what kernels this server starts read to find its sandbox API (client.discover_server)
     KERNEL_ENV = ("TAI_SANDBOX_URL", "TAI_SANDBOX_TOKEN")
 
@@ -502,6 +505,9 @@ class SandboxApp(ExtensionApp):
         from . import mcp_door
 
         self._give_back_sigint()
+        registry = getattr(self, "registry", None)
+        if registry is not None:
+            registry.stopping = True  # no create starts now, and one under way is destroyed as it ends
         await mcp_door.stop(self)
         if self._reaper is not None:
             self._reaper.cancel()
@@ -517,9 +523,12 @@ class SandboxApp(ExtensionApp):
         execs = getattr(self, "execs", None)  # None when the settings were never initialized
         if execs is not None:
             await execs.close()
-        registry = getattr(self, "registry", None)
         if registry is not None:
-            registry.stopping = True  # no create starts now, and one under way is destroyed as it ends
+            # a create under way when the stop began (a kernel restarter's, right as JupyterHub stops the
+            # service) ends first: the process must not exit with the engine making a container no one holds
+            left = await registry.creates_ended(timeout=self.STOP_CREATES_WAIT_SECONDS)
+            if left:
+                self.log.warning("jupyter_tai_sandbox: %d create(s) still under way at shutdown", left)
         sandbox = self.sandbox
         if sandbox is None:
             failure = self.access.failure if self.access is not None else None

@@ -21,6 +21,7 @@ An **admin** is a caller the server's Authorizer grants ``read`` (see all) or
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import functools
@@ -138,6 +139,8 @@ class SessionRegistry:
         self._mark = 0
         #: set when the server stops: no create starts, and one that was under way is destroyed as it ends
         self.stopping = False
+        #: one future per create under way, done once it has ended (made, refused, or destroyed at a stop)
+        self._under_way: set[asyncio.Future[None]] = set()
 
     # ------------------------------------------------------------- create
 
@@ -170,6 +173,20 @@ class SessionRegistry:
         """A new session of ``spec`` by ``make``, within its owner's quota (see :meth:`create`)."""
         if self.stopping:
             raise _stopping()
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._under_way.add(ended)
+        try:
+            return await self._make(spec, caller, make)
+        finally:
+            self._under_way.discard(ended)
+            ended.set_result(None)
+
+    async def _make(
+        self,
+        spec: SessionSpec,
+        caller: Caller | None,
+        make: Callable[[], Awaitable[SandboxSession]],
+    ) -> SandboxSession:
         owner = spec.owner or (caller.name if caller is not None else None)
         if caller is not None:
             act_for(caller.name)  # the provider's work from here on counts against the caller's share
@@ -191,6 +208,15 @@ class SessionRegistry:
         finally:
             if slot is not None:
                 self._release(slot, session.id if session is not None else None)
+
+    async def creates_ended(self, timeout: float) -> int:
+        """Wait (at most ``timeout`` seconds) for the creates under way to end: a server that stops sets
+        :attr:`stopping` first, so each destroys what it made as it ends. How many had not ended in time."""
+        under_way = list(self._under_way)
+        if not under_way:
+            return 0
+        _, pending = await asyncio.wait(under_way, timeout=timeout)
+        return len(pending)
 
     def _release(self, slot: tuple[str, str], session_id: str | None) -> None:
         """A create ended: its reservation becomes the session (which counts from now on) or is given back."""

@@ -37,9 +37,10 @@ from tests.support.hub import (
 
 #: stops of the hub with sessions live (TAI_SANDBOX_HUB_STOPS overrides), alternating SIGINT and SIGTERM
 STOPS = int(os.environ.get("TAI_SANDBOX_HUB_STOPS", "6"))
-#: seconds between the kernel's session dying and the hub's stop: the restarter's re-create lands before,
-#: during and after the service's own stop
-RESTARTER_DELAYS = (0.0, 1.5, 3.0)
+#: seconds from alice's server's kernel restarter starting to re-create its kernel's session to the hub's
+#: stop: the re-create is under way at the service as its stop begins, or just made
+RESTARTER_OFFSETS = (0.0, 0.4, 1.0)
+RESTARTING = "AsyncIOLoopKernelRestarter: restarting kernel"
 #: JupyterHub polls a managed service every 30 s (with 10 % jitter) and starts it again once it is gone
 RESTART_WAIT = 60.0
 KERNELSPEC = "tai-hub-kernel"
@@ -161,13 +162,18 @@ def test_a_service_killed_and_restarted_by_the_hub_stops_what_the_one_before_mad
 
 
 def test_a_kernel_restarter_racing_the_stop_leaves_nothing(hub):
-    """alice's sandboxed kernel loses its session (destroyed at the service); her server's restarter makes
-    it a new one while the hub stops, at several offsets into the stop: nothing is left, whichever wins."""
-    for n, delay in enumerate(RESTARTER_DELAYS):
+    """alice's sandboxed kernel loses its session (destroyed at the service); her server's kernel restarter
+    makes it a new one, and the hub is stopped as that create is under way or just done: nothing is left,
+    whichever wins."""
+    for n, offset in enumerate(RESTARTER_OFFSETS):
         sig = (signal.SIGTERM, signal.SIGINT)[n % 2]
         _start(hub)
         session = _start_kernel(hub)
+        restarts = hub.log_text().count(RESTARTING)
         status, body = hub.service("DELETE", f"sessions/{session}", token=hub.tokens["alice"])
         assert status == 204, body
-        time.sleep(delay)
-        _stopped_leaving_nothing(hub, sig, f"the restarter {delay} s before the {sig.name}", workspace=False)
+        hub.wait_for(
+            lambda seen=restarts: hub.log_text().count(RESTARTING) > seen, "the restarter", timeout=15
+        )
+        time.sleep(offset)
+        _stopped_leaving_nothing(hub, sig, f"the hub's {sig.name} {offset} s into a restart", workspace=False)

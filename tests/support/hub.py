@@ -250,8 +250,13 @@ next(r for r in c.JupyterHub.load_roles if r["name"] == "tai-sandbox-admin")["us
         raise AssertionError(f"{what} not ready in {timeout:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 60) -> str:
-        self.log.flush()
-        return "\n".join((self.tmp / "hub.log").read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def log_text(self) -> str:
+        """The hub's log so far (its proxy's, service's and users' servers' included), every run in its dir."""
+        if not self.log.closed:
+            self.log.flush()
+        return (self.tmp / "hub.log").read_text(errors="replace")
 
     # ------------------------------------------------------------------ requests
 
