@@ -93,3 +93,26 @@ def test_a_client_of_a_server_behind_a_proxy_that_answers_html_gets_a_typed_503(
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_a_stop_waits_for_a_create_under_way_and_destroys_what_it_made(jp_serverapp):
+    """A create the stop found under way (a kernel restarter's, as JupyterHub stops the service) ends before
+    the server does, and what it made is destroyed: the process never exits with a session no one holds."""
+    app = sandbox_app(jp_serverapp)
+    registry, provider = app.registry, app.sandbox.provider
+    release = asyncio.Event()
+
+    async def slow_make():
+        await release.wait()  # the engine is still making it as the stop begins
+        return await provider.create(SessionSpec(consumer="stop-under-way"))
+
+    create = asyncio.ensure_future(registry._made(SessionSpec(consumer="stop-under-way"), None, slow_make))
+    await asyncio.sleep(0)
+    stop = asyncio.ensure_future(app.stop_extension())
+    await asyncio.sleep(0.2)
+    assert registry.stopping and not stop.done()  # the stop waits for the create
+    release.set()
+    with pytest.raises(SandboxUnavailableError, match="stopping"):
+        await create
+    await stop
+    assert [s for s in await provider.list() if s.spec.consumer == "stop-under-way"] == []
