@@ -133,7 +133,10 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
     ).tag(config=True)
 
     pids_limit = Integer(
-        1024, help="Most processes a session container may hold at once (0: the engine's default, unlimited)."
+        1024,
+        help="""Most processes (threads included) a session container may hold at once (0: the engine's
+        default, unlimited). The session agent takes about 22 of them: threads it makes at its start so that
+        a command taking every pid left can never stop it (agent/main.go, reserveThreads).""",
     ).tag(config=True)
 
     read_only_rootfs = Bool(
