@@ -11,9 +11,11 @@ Each test starts the hub (examples/jupyterhub_config.py, as tests/hub/test_hub.p
 tmp dir (its database, tokens and users' homes are kept; its processes are not) and checks after every
 stop that the engine holds no container, network, image, volume or host firewall rule of the deployment
 (persistent workspace volumes stay: a workspace outlives its sessions by design) and that none of the run's
-processes is left. It skips as test_hub.py does (fails under CI=true), and without the Python image. One start, sessions and stop of the hub takes 15 to 25 s here, so the stop count is
-TAI_SANDBOX_HUB_STOPS, default STOPS (about two minutes), alternating SIGINT and SIGTERM; the issue's 20 were
-run with TAI_SANDBOX_HUB_STOPS=20 (8 min 18 s on a loaded 2-core machine, nothing left after any of them).
+processes is left. It skips as test_hub.py does (fails under CI=true), and without the Python image.
+
+One start, sessions and stop of the hub takes 15 to 25 s here, so the stop count is TAI_SANDBOX_HUB_STOPS,
+default STOPS (about two minutes), alternating SIGINT and SIGTERM; the issue's 20 were run with
+TAI_SANDBOX_HUB_STOPS=20 (5 1/2 to 8 1/2 min on a loaded 2-core machine, nothing left after any).
 """
 
 from __future__ import annotations
