@@ -367,6 +367,8 @@ class SandboxApp(ExtensionApp):
 
     #: how long a stop waits for the creates under way to end (JupyterHub's SIGTERM follows its SIGINT in 30 s)
     STOP_CREATES_WAIT_SECONDS = 20.0
+    #: how many sessions a stopping server destroys at once
+    STOP_DESTROYS_AT_ONCE = 8
 
     #: what kernels this server starts read to find its sandbox API (client.discover_server)
     KERNEL_ENV = ("TAI_SANDBOX_URL", "TAI_SANDBOX_TOKEN")
@@ -535,13 +537,19 @@ class SandboxApp(ExtensionApp):
             if failure is not None and sandboxes.failure() == failure:
                 sandboxes.unregister_sandbox()
             return
-        for session_id in list(self.registry.ids):
-            try:
-                session = await sandbox.get(session_id)
-                await session.destroy(remove_workspace=False)
-            except SandboxError as e:
-                self.log.debug("jupyter_tai_sandbox: %s at shutdown: %s", session_id, e)
-            self.registry.forget(session_id)
+        at_once = asyncio.Semaphore(self.STOP_DESTROYS_AT_ONCE)
+
+        async def destroy(session_id: str) -> None:
+            async with at_once:
+                try:
+                    session = await sandbox.get(session_id)
+                    await session.destroy(remove_workspace=False)
+                except SandboxError as e:
+                    self.log.debug("jupyter_tai_sandbox: %s at shutdown: %s", session_id, e)
+                self.registry.forget(session_id)
+
+        # several at a time: JupyterHub kills a service that has not exited 60 s after its SIGINT
+        await asyncio.gather(*(destroy(session_id) for session_id in list(self.registry.ids)))
         await sandbox.close()
         self.sandbox = None
         installed = sandboxes.installed()
