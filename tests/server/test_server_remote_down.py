@@ -13,7 +13,21 @@ PAGE = b"<!DOCTYPE html><html><body><h1>503 : Service Unavailable</h1><p>the ser
 
 
 class HubProxyDown(http.server.BaseHTTPRequestHandler):
+    """The hub proxy's page for a stopped service; while ``up``, the status a running service answers."""
+
+    up = False
+    STATUS = (
+        b'{"kind": "docker", "max_isolation": "container", "networks": ["none"], "supports_limits": true}'
+    )
+
     def _answer(self):
+        if HubProxyDown.up and self.command == "GET" and self.path.endswith("/api/sandbox/status"):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(self.STATUS)))
+            self.end_headers()
+            self.wfile.write(self.STATUS)
+            return
         self.send_response(503)
         self.send_header("Content-Type", "text/html")
         self.send_header("Content-Length", str(len(PAGE)))
@@ -49,3 +63,15 @@ async def test_a_down_service_is_a_plain_typed_503(jp_fetch, method, path, body)
     status, answer = await call(jp_fetch, *path, method=method, body=body)
     assert (status, answer["error"]) == (503, "SandboxUnavailableError"), answer
     assert "<" not in answer["message"] and "HTTP 503" in answer["message"], answer
+
+
+async def test_the_status_route_says_a_service_stopped_since_its_last_answer_is_down(jp_fetch):
+    """No call has failed since the service last answered (no cached answer hides it): the next status is 503."""
+    HubProxyDown.up = True
+    try:
+        status, answer = await call(jp_fetch, "status")
+        assert (status, answer["kind"]) == (200, "remote"), answer
+    finally:
+        HubProxyDown.up = False
+    status, answer = await call(jp_fetch, "status")
+    assert (status, answer["error"]) == (503, "SandboxUnavailableError"), answer

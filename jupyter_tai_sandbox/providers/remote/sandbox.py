@@ -381,10 +381,10 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     # -------------------------------------------------------------- status
 
     async def check_available(self) -> None:
-        """The remote answers its status (asked again once ``status_refresh_seconds`` old, or once a call found
-        the remote down): a service that is stopped or restarting is a typed 503 on this server's status route
-        too, not a 200 that creates fail."""
-        await self.remote_status()
+        """The remote answers its status, asked now (the status route is the one caller: it is there to
+        check): a service that is stopped or restarting is a typed 503 on this server's status route too, not
+        a 200 from a cache that creates then fail."""
+        await self.remote_status(refresh=True)
 
     async def remote_status(self, refresh: bool = False) -> dict[str, Any]:
         """The remote's status row; kind, max_isolation, networks and supports_limits follow it."""
