@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.support.docker import disturbs_engine, engine_pid
+from tests.support.docker import disturbs_engine, engine_pid, freeze_engine
 from tests.support.server import call, exec_call, server_config
 
 pytestmark = [disturbs_engine, pytest.mark.docker]
@@ -33,7 +33,7 @@ async def test_status_answers_within_a_second_while_the_engine_is_frozen(jp_fetc
     _, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 120})
     sid = info["id"]
     pid = engine_pid()
-    os.kill(pid, signal.SIGSTOP)
+    freeze_engine(pid)
     try:
         frozen_at = time.monotonic()
         # requests that need the engine, left running while status is polled

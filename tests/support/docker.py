@@ -14,6 +14,7 @@ import functools
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -276,6 +277,23 @@ ENGINE_LOG = os.environ.get("DOCKER_UP_LOG", "/tmp/dockerd.log")
 def engine_pid() -> int:
     with open(PIDFILE) as f:
         return int(f.read().strip())
+
+
+def freeze_engine(pid: int, within: float = 5.0) -> None:
+    """SIGSTOP the engine and return once every thread of it is stopped (a signal is delivered to each thread
+    as it is next scheduled: a call made right after ``kill`` could still be answered)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if states and all(state in ("T", "t") for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the engine's threads did not all stop within {within:g} s: {states}")
+        time.sleep(0.01)
 
 
 def engine_answers() -> bool:

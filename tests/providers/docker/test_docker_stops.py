@@ -24,7 +24,7 @@ from jupyter_tai_sandbox.contract import (
     SandboxExecTimeoutError,
 )
 from jupyter_tai_sandbox.providers.docker import KILL_LIMIT_SECONDS
-from tests.support.docker import disturbs_engine, provider, running_in, spec, wait_stopped_in
+from tests.support.docker import disturbs_engine, freeze_engine, provider, running_in, spec, wait_stopped_in
 
 pytestmark = [pytest.mark.docker]
 
@@ -172,7 +172,7 @@ def test_a_kill_against_a_frozen_engine_raises_within_its_fixed_limit(client, tr
         handle = await session.exec_start(["sleep", "60"], timeout_seconds=60)
         took = None
         timer = threading.Timer(7.0, resume)  # resumes the engine even if the kill hangs
-        os.kill(pid, signal.SIGSTOP)
+        freeze_engine(pid)
         try:
             timer.start()
             started = time.monotonic()
@@ -218,7 +218,7 @@ def test_a_status_that_cannot_be_read_is_an_error_not_an_invented_exit(client):
         handle = await session.exec_start(["sh", "-c", "echo ready; exec sleep 30"], timeout_seconds=60)
         await read_until(handle, b"ready")
         timer = threading.Timer(5.0, resume)
-        os.kill(pid, signal.SIGSTOP)
+        freeze_engine(pid)
         try:
             timer.start()
             destroying = asyncio.ensure_future(session.destroy())

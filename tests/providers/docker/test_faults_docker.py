@@ -31,6 +31,7 @@ from tests.support.docker import (
     disturbs_engine,
     engine_pid,
     fault_spec,
+    freeze_engine,
     leftovers,
     provider,
     timed,
@@ -154,7 +155,7 @@ def test_a_frozen_engine_bounds_every_call_and_is_used_again_after(client, trans
             ["sh", "-c", "while :; do echo tick; sleep 1; done"], timeout_seconds=4
         )
         pid = engine_pid()
-        os.kill(pid, signal.SIGSTOP)
+        freeze_engine(pid)
         try:
             frozen_at = time.monotonic()
             outcomes = await asyncio.gather(
