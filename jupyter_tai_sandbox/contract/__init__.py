@@ -27,11 +27,15 @@ fence
 workspace key
     The name of a persistent workspace that outlives sessions, within its owner's names: alice's
     ``notes`` and bob's ``notes`` are two workspaces (see ``providers/_workspaces``).
+egress policy
+    A session's allow and deny lists of host names and the operator's secrets granted to it
+    (:class:`EgressPolicy`), enforced by its owner's egress gateway (providers that have one).
 holder
     The small shell process a provider keeps in a command's process group, so the
     group keeps its id (and a stop never signals a reused one) until the handle is done.
 """
 
+from .egress import EgressHooks, EgressPolicy, SecretGrant
 from .errors import (
     ISOLATION_FLOOR_HINTS,
     OutputTooLargeError,
@@ -108,6 +112,8 @@ __all__ = [
     "NETWORK_ORDER",
     "USAGE_FIELDS",
     "WORKSPACE_KEY_PATTERN",
+    "EgressHooks",
+    "EgressPolicy",
     "ExecHandle",
     "ExecRequest",
     "ExecResult",
@@ -136,6 +142,7 @@ __all__ = [
     "SandboxSpecRejectedError",
     "SandboxUnavailableError",
     "SandboxUnsupportedError",
+    "SecretGrant",
     "SessionInfo",
     "SessionLimits",
     "SessionSpec",

@@ -15,6 +15,7 @@ import socket
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from .egress import EgressHooks, EgressPolicy
 from .errors import (
     SandboxError,
     SandboxNotFoundError,
@@ -253,6 +254,15 @@ class SandboxSession(abc.ABC):
         tunnel's relay runs over exec)."""
         raise SandboxError(f"session {self.id}'s provider cannot open its ports")
 
+    async def set_egress(self, policy: EgressPolicy) -> None:
+        """Put ``policy`` in force for the session's new connections and DNS queries (within a second),
+        durably (a restarted server, or another of the deployment, sees it). The policy is the gate's to
+        decide (within the operator's ceiling, the session's secrets kept); the provider applies it. The
+        default refuses: the provider cannot change a session's egress policy."""
+        raise SandboxSpecRejectedError(
+            f"the {(await self.info()).kind} provider cannot change a session's egress policy"
+        )
+
     async def usage(self) -> dict[str, Any]:
         """What the session uses now, as far as the provider can tell (see :data:`USAGE_FIELDS`).
 
@@ -280,6 +290,14 @@ class Sandbox(abc.ABC):
     pausable: bool = False
     #: whether its sessions can be forked (SandboxSession.fork)
     forkable: bool = False
+    #: whether it enforces a spec's egress policy (SessionSpec.egress: allow/deny lists, secrets by
+    #: placeholder) through an egress gateway; a provider that cannot refuses such a spec (400)
+    egress_policy: bool = False
+    #: the provider's own words when it refuses an egress policy ("": a plain refusal naming its kind)
+    egress_refusal: str = ""
+    #: what its egress gateway asks of the server (a secret's real value, where audit lines go); the
+    #: gate sets it (GatedSandbox), None until then
+    egress_hooks: EgressHooks | None = None
 
     def session_limits(self) -> SessionLimits:
         """What this provider can give a session, as data (its isolation, networks, cpu and memory bounds and
@@ -292,6 +310,8 @@ class Sandbox(abc.ABC):
             max_isolation=self.max_isolation,
             networks=frozenset(self.networks),
             supports_limits=self.supports_limits,
+            egress_policy=self.egress_policy,
+            egress_refusal=self.egress_refusal,
         )
 
     def image_allowed(self, image: str | None) -> bool:

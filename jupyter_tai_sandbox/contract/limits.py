@@ -33,6 +33,9 @@ class SessionLimits:
     networks: frozenset[str] = frozenset({"egress"})
     #: whether cpu / memory_mb caps can be enforced (else a capped spec is refused, never run uncapped)
     supports_limits: bool = False
+    #: whether it enforces a spec's egress policy (SessionSpec.egress), and its words when it cannot
+    egress_policy: bool = False
+    egress_refusal: str = ""
     #: the least a spec may ask for, and who sets that floor
     min_cpu: float = 0.0
     min_memory_mb: int = 0

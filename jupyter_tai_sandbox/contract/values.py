@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard, get_args
 
+from .egress import EgressPolicy
 from .errors import SandboxRequestError, SandboxSpecRejectedError
 
 SandboxIsolation = Literal["none", "container", "vm"]
@@ -62,6 +63,9 @@ class SessionSpec:
     ``isolation=None`` inherits the operator's floor (the policy fills it in).
     ``owner`` is the principal the session belongs to, set by the doors (never
     by a caller's body); ``None`` (direct Python use) means no owner check.
+    ``egress`` (with ``network="egress"``) sends the session out through its owner's egress gateway
+    under that policy (:class:`~jupyter_tai_sandbox.contract.egress.EgressPolicy`; a mapping is read as
+    its JSON); ``None`` is plain egress, unless the operator's policy gives the session one.
     """
 
     image: str | None = None
@@ -75,6 +79,7 @@ class SessionSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     consumer: str = "default"
     owner: str | None = None
+    egress: EgressPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.isolation is not None and self.isolation not in ISOLATION_ORDER:
@@ -120,6 +125,13 @@ class SessionSpec:
                 raise _reject(f"invalid environment variable name {name!r}")
             if not isinstance(value, str) or "\x00" in value:
                 raise _reject(f"environment variable {name} must be a string without NUL bytes")
+        if self.egress is not None:
+            if not isinstance(self.egress, EgressPolicy):
+                object.__setattr__(self, "egress", EgressPolicy.from_json(self.egress))
+            if self.network != "egress":
+                raise _reject(
+                    f"an egress policy (allow/deny lists, secrets) needs network='egress', not {self.network!r}"
+                )
         # A frozen copy, so a caller mutating its dict cannot change a live spec.
         object.__setattr__(self, "env", dict(self.env))
 
@@ -127,18 +139,22 @@ class SessionSpec:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["env"] = dict(self.env)
+        data["egress"] = None if self.egress is None else self.egress.to_json()
         return data
 
     def to_public_json(self) -> dict[str, Any]:
-        """The spec with env values hidden (names only), for listings and logs."""
+        """The spec with env values hidden (names only), for listings, logs and a container's labels (its
+        egress policy whole: a secret grant holds the secret's name and placeholder, never its value)."""
         data = self.to_json()
         data["env"] = sorted(self.env)
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SessionSpec:
+    def from_json(cls, data: Mapping[str, Any], *, request: bool = False) -> SessionSpec:
+        """The spec of :meth:`to_json` (or :meth:`to_public_json` with env values put back). ``request``: a
+        caller's body (a door's), where ``egress`` may not name secrets (the operator grants them)."""
         if not isinstance(data, Mapping):
             raise _reject("a session spec must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -147,6 +163,8 @@ class SessionSpec:
             raise _reject(
                 f"unknown session spec field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
+        if data.get("egress") is not None:
+            data = {**data, "egress": EgressPolicy.from_json(data["egress"], secrets=not request)}
         try:
             return cls(**data)
         except TypeError as e:  # pragma: no cover - guarded by the field check above
