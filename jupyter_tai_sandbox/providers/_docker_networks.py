@@ -1,8 +1,9 @@
 """Session networks of the docker (and swarm) provider: their subnets, locks and host firewall.
 
 Every session on a network (``egress`` or ``internal``) joins a bridge of its
-owner's (``Deployment.owner_network``); the warm pool's containers wait on a
-holding bridge of the deployment that reaches nothing. Each of these networks
+owner's (``Deployment.owner_network``), a docker session with an egress policy its
+owner's *filtered* bridge (internal, its egress gateway on it: docker/gateway.py);
+the warm pool's containers wait on a holding bridge of the deployment that reaches nothing. Each of these networks
 gets a small subnet (``network_prefix``, /26 by default) that the provider
 picks itself from the operator's range (``network_pool``), never from the
 engine's default pools: :func:`free_subnet` looks at the subnets of every
@@ -57,7 +58,7 @@ OTHER_BRIDGES = ("docker0", "br-+", f"{BRIDGE_PREFIX}+")
 #: prefix of the iptables chain of one session bridge's forwarded traffic
 CHAIN_PREFIX = "TAI-SBX-"
 
-#: bridge driver options, by the network's kind (egress, internal, pool)
+#: bridge driver options, by the network's kind (egress, internal, filtered, pool)
 NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
 NO_HOST_ADDRESS = {"com.docker.network.bridge.inhibit_ipv4": "true"}
 
@@ -73,11 +74,13 @@ def chain_name(bridge: str) -> str:
 
 
 def bridge_options(kind: str, network: str) -> dict[str, str]:
-    """The driver options of a session bridge: our own interface name; no host address on internal and
-    pool bridges (they have no route out); inter-container traffic off but on an internal bridge, whose
-    point is that its owner's sessions reach each other (a database in one, its client in another)."""
+    """The driver options of a session bridge: our own interface name; no host address on internal,
+    filtered and pool bridges (they have no route out); inter-container traffic off but on an internal
+    bridge, whose point is that its owner's sessions reach each other (a database in one, its client in
+    another), and on a filtered one, whose sessions reach the outside only through their owner's egress
+    gateway on it (docker/gateway.py)."""
     options = {"com.docker.network.bridge.name": bridge_name(network)}
-    if kind != "internal":
+    if kind not in ("internal", "filtered"):
         options.update(NO_ICC)
     if kind != "egress":
         options.update(NO_HOST_ADDRESS)
@@ -352,7 +355,7 @@ class SessionBridges:
         self._pick_subnet = pick_subnet
 
     async def ensure(self, network: str, kind: str) -> None:
-        """Make ``network`` (kind egress, internal or pool) unless it exists, with a subnet of its own, and
+        """Make ``network`` (kind egress, internal, filtered or pool) unless it exists, with a subnet of its own, and
         its host firewall rules."""
         async with self._locks.allocating:
             await self._engine.ensure_network(
