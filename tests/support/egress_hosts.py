@@ -14,14 +14,17 @@ container through its egress bridge):
   reaches it (the DNS exfiltration check counts them) and answers every A query with the web address;
 * **web**: one address for several virtual hosts (``www.allowed.test``, ``api.allowed.test`` and the
   unlisted ``other.test`` all resolve to it): HTTPS on 443 with a leaf of the tests' CA for every test
-  name, picked by SNI, echoing the request (SNI, Host, path, query, headers, body) as JSON; plain HTTP on
-  80 echoing the same; ``/bytes/N`` streams N bytes (the benchmark's download); a UDP listener on 443 and
-  a raw ICMP socket that log every datagram / echo request; a TCP echo on :data:`TCP_ECHO_PORT`.
+  name, picked by SNI, echoing the request (SNI, Host, path, query, headers, body) as JSON and logging it
+  (``/digest``: the same with each value replaced by its SHA-256, so a session can check a secret arrived
+  without receiving it); plain HTTP on 80 alike; ``/bytes/N`` streams N bytes (the benchmark's download);
+  a UDP listener on 443 and a raw ICMP socket that log every datagram / echo request; a TCP echo on
+  :data:`TCP_ECHO_PORT`.
 
 The servers are this file run as a script inside each namespace (``ip netns exec NAME python3
 egress_hosts.py serve ROLE CONFIG``, standard library only, threads); the fixture :func:`egress_hosts`
 starts them, checks from the host that each answers (a name resolved, a query of the attacker's zone
-logged by the attacker, an HTTPS request verified with the tests' CA, a ping and a datagram logged), and
+logged by the attacker, an HTTPS request verified with the tests' CA, an ICMP echo and a datagram
+logged), and
 removes everything (processes, namespaces, veths and their routes) when the tests end, failed or not.
 It needs root and iproute2: outside CI it skips saying so; under ``CI=true`` it fails without them.
 """
@@ -367,6 +370,10 @@ def serve_attacker(config: dict[str, Any]) -> None:
     DnsServer("0.0.0.0", JsonLog(config["logs"]["attacker"]), answer).serve()  # both of its links
 
 
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 PATTERN = bytes(range(256)) * 4096  # 1 MiB a /bytes response is cut from
 
 
@@ -410,8 +417,17 @@ class EchoHandler(BaseHTTPRequestHandler):
             "headers": [[k, v] for k, v in self.headers.items()],
             "body": body.decode(errors="replace"),
         }
-        self.server.log.write(**{k: v for k, v in seen.items() if k != "body"}, body_size=len(body))
-        if parts.path.startswith("/bytes/"):
+        self.server.log.write(**{**seen, "body": seen["body"][:4096]}, body_size=len(body))
+        if parts.path == "/digest":
+            # what arrived, each value as its SHA-256: a client learns whether a secret arrived, never the
+            # secret (the red-team's scan of the session finds no copy the answer brought back)
+            seen = {
+                **seen,
+                "headers": [[k, sha256(v)] for k, v in self.headers.items()],
+                "query": sha256(parts.query),
+                "body": sha256(seen["body"]),
+            }
+        elif parts.path.startswith("/bytes/"):
             size = int(parts.path.split("/")[2])
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
