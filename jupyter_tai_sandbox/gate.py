@@ -17,6 +17,12 @@ websocket, MCP, code tools, kernels, the magics through REST):
   chunks is still replaced; each holds back less than the longest value, released before the exit
   item (or the error).
 
+The gate also holds the egress policy of a running session: :meth:`GatedSession.set_egress` (and
+:meth:`GatedSandbox.set_egress`) narrow a live change within the operator's rule
+(``SandboxPolicy.effective_egress``) before the provider applies it, and the gate gives its provider the
+:class:`~jupyter_tai_sandbox.contract.EgressHooks` its egress gateway needs (a secret's real value, the
+audit sink).
+
 A byte transport that is no transcript (the kernel tunnel's relay, whose frames a replacement
 would corrupt) starts through :func:`start_transport`: the ceiling holds, the scrub does not.
 Everything else on a session (files, info, TTL, destroy) goes to the provider's session as is.
@@ -27,10 +33,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from .contract import (
+    EgressPolicy,
     ExecHandle,
     ExecRequest,
     ExecResult,
@@ -47,6 +54,8 @@ from .contract import (
     SessionLimits,
     SessionSpec,
 )
+from .contract.egress import EgressHooks
+from .egress_audit import EgressAudit
 from .policy import Principal, SandboxPolicy, StreamScrubber
 from .spool import spilling_at_most
 
@@ -77,6 +86,9 @@ class GatedSandbox(Sandbox):
         self.policy = policy
         self.output_limit = output_limit
         self.spill_limit = spill_limit
+        # what the provider's egress gateway asks of the server: this policy's secrets and audit sink
+        if not isinstance(provider, GatedSandbox):
+            provider.egress_hooks = PolicyEgressHooks(policy)
 
     # read from the provider each time: a remote provider learns them from its server
     @property
@@ -106,6 +118,31 @@ class GatedSandbox(Sandbox):
     @property
     def forkable(self) -> bool:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
         return bool(getattr(self.provider, "forkable", False))
+
+    @property
+    def egress_policy(self) -> bool:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
+        return bool(getattr(self.provider, "egress_policy", False))
+
+    @property
+    def egress_refusal(self) -> str:  # type: ignore[override]  # the provider's, read each time; Sandbox has a plain attribute
+        return str(getattr(self.provider, "egress_refusal", ""))
+
+    @property
+    def egress_hooks(self) -> EgressHooks | None:  # type: ignore[override]  # the provider's; Sandbox has a plain attribute
+        return getattr(self.provider, "egress_hooks", None)
+
+    @property
+    def egress_audit(self) -> EgressAudit:
+        """The audit sink of this gate's policy (what GET /api/sandbox/egress/audit reads)."""
+        return self.policy.egress_audit
+
+    async def set_egress(
+        self, session_id: str, *, allow: Iterable[str] | None = None, deny: Iterable[str] = ()
+    ) -> SessionInfo:
+        """Change a running session's egress policy to ``allow`` (None: the operator's rule's, or any name on
+        ports 80 and 443) and ``deny``, within the operator's rule; the session's secrets are kept. Applies
+        to its new connections within a second. The session's info, with the policy in force."""
+        return await (await self.get(session_id)).change_egress(allow=allow, deny=deny)
 
     def admit(self, request: ExecRequest, *, one_shot: bool) -> ExecRequest:
         """``request`` as the provider runs it: over the timeout ceiling is refused (never clamped); a
@@ -299,6 +336,35 @@ class GatedSession(SandboxSession):
 
     async def usage(self) -> dict[str, Any]:
         return await self.session.usage()
+
+    async def set_egress(self, policy: EgressPolicy) -> None:
+        """``policy``'s allow and deny lists within the operator's rule (its secrets are the session's own,
+        whatever ``policy`` says), then put in force by the provider."""
+        await self.change_egress(allow=policy.allow, deny=policy.deny)
+
+    async def change_egress(
+        self, *, allow: Iterable[str] | None = None, deny: Iterable[str] = ()
+    ) -> SessionInfo:
+        """See :meth:`GatedSandbox.set_egress`."""
+        info = await self.session.info()
+        policy = self.gate.policy.effective_egress(info.spec, allow, deny)
+        await self.session.set_egress(policy)
+        info = await self.session.info()
+        return dataclasses.replace(info, spec=info.spec.replace(egress=policy))
+
+
+class PolicyEgressHooks:
+    """The :class:`~jupyter_tai_sandbox.contract.EgressHooks` a gate gives its provider: the real values of
+    its policy's secrets, and its audit sink."""
+
+    def __init__(self, policy: SandboxPolicy) -> None:
+        self.policy = policy
+
+    def secret_value(self, name: str) -> str | None:
+        return self.policy.secret_value(name)
+
+    def audit(self, record: Mapping[str, Any]) -> None:
+        self.policy.egress_audit.audit(record)
 
 
 class ScrubbedHandle(ExecHandle):

@@ -8,7 +8,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
@@ -17,17 +17,29 @@ from .contract import (
     DEFAULT_TTL_SECONDS,
     ISOLATION_ORDER,
     NETWORK_ORDER,
+    EgressPolicy,
     SandboxForbiddenError,
     SandboxRequestError,
     SandboxSpecRejectedError,
+    SecretGrant,
     SessionSpec,
     isolation_floor_refusal,
     isolation_rank,
     network_rank,
 )
 from .contract.durations import parse_duration
+from .contract.egress import (
+    PLACEHOLDER_PATTERN,
+    SECRET_NAME_PATTERN,
+    new_placeholder,
+    normalize_entries,
+    uncovered,
+)
 from .contract.limits import SessionLimits
 from .labels import credential_key_problem
+
+if TYPE_CHECKING:
+    from .egress_audit import EgressAudit
 
 SCRUBBED = "[scrubbed]"
 #: the consumer label of a spec that names none (SessionSpec's default): a door gives it the caller's own
@@ -36,6 +48,85 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 #: Egress ceiling spellings: "open" is the seeds' word for the default full egress.
 _EGRESS_ALIASES = {"open": "egress", "closed": "none"}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RULE_FIELDS = frozenset({"allow", "deny"})
+_SECRET_FIELDS = frozenset({"hosts", "from_env", "from_file", "env", "consumers", "query", "body"})
+
+
+def _env_json(name: str, example: str) -> Any:
+    """A setting given as JSON in the environment (None: not set)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{name} must be JSON like {example}: {e}") from None
+
+
+def _egress_rule(key: str, rule: Any) -> dict[str, Any]:
+    """One entry of SandboxPolicy.egress_rules, normalised; ValueError naming what is wrong."""
+    problem = credential_key_problem(key)
+    if problem:
+        raise ValueError(f"egress_rules: {problem.replace('credential key', 'key')}")
+    if not isinstance(rule, Mapping) or set(rule) - _RULE_FIELDS:
+        raise ValueError(
+            f'egress_rules[{key!r}] must be an object like {{"allow": ["pypi.org"], "deny": []}}'
+        )
+    try:
+        allow = rule.get("allow")
+        return {
+            "allow": None if allow is None else list(normalize_entries(allow, what="allow")),
+            "deny": list(normalize_entries(rule.get("deny") or (), what="deny", any_name=False)),
+        }
+    except SandboxSpecRejectedError as e:
+        raise ValueError(f"egress_rules[{key!r}]: {e}") from None
+
+
+def _secret_setting(name: str, entry: Any) -> dict[str, Any]:
+    """One entry of SandboxPolicy.secrets, normalised (defaults filled); ValueError naming what is wrong."""
+    where = f"secrets[{name!r}]"
+    if not isinstance(name, str) or not SECRET_NAME_PATTERN.match(name):
+        raise ValueError(f"{where}: a secret's name is 1-128 letters, digits, '_', '.' or '-'")
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where} must be an object with hosts and from_env or from_file")
+    unknown = sorted(set(entry) - _SECRET_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_SECRET_FIELDS))}"
+        )
+    sources = [k for k in ("from_env", "from_file") if entry.get(k)]
+    if len(sources) != 1 or not isinstance(entry[sources[0]], str):
+        raise ValueError(f"{where}: give exactly one of from_env (a variable name) or from_file (a path)")
+    env = entry.get("env", name)
+    if not isinstance(env, str) or not _ENV_NAME.match(env):
+        raise ValueError(f"{where}: env {env!r} is not an environment variable name (set env)")
+    consumers = entry.get("consumers", ["*"])
+    if not isinstance(consumers, list) or not consumers:
+        raise ValueError(f"{where}: consumers is a list of consumer labels (or ['*'])")
+    for label in consumers:
+        problem = credential_key_problem(label)
+        if problem:
+            raise ValueError(f"{where}: {problem.replace('credential key', 'consumer')}")
+    for flag in ("query", "body"):
+        if not isinstance(entry.get(flag, False), bool):
+            raise ValueError(f"{where}: {flag} is true or false")
+    try:
+        hosts = list(
+            normalize_entries(entry.get("hosts") or (), what=f"{where} hosts", any_name=False, ports=False)
+        )
+    except SandboxSpecRejectedError as e:
+        raise ValueError(str(e)) from None
+    if not hosts:
+        raise ValueError(f"{where}: name the hosts the secret may be sent to (hosts)")
+    return {
+        "hosts": hosts,
+        sources[0]: entry[sources[0]],
+        "env": env,
+        "consumers": list(consumers),
+        "query": bool(entry.get("query", False)),
+        "body": bool(entry.get("body", False)),
+    }
 
 
 def _env_bool(name: str, fallback: bool) -> bool:
@@ -113,6 +204,37 @@ class SandboxPolicy(LoggingConfigurable):
         the session loudly.""",
     ).tag(config=True)
 
+    egress_rules = Dict(
+        help="""Egress policy per consumer (TAI_MCP_SANDBOX_EGRESS_RULES as JSON): consumer label ->
+        {"allow": [host names], "deny": [host names]}, the ceiling AND the default of the egress policy of
+        that consumer's sessions (network 'egress'; on a provider with an egress gateway, docker). Keys are
+        typed like credentials' ('*', 'user:NAME', 'tool:NAME', 'kernel:ID'); the most specific key wins
+        ('user:NAME/SUB', then 'user:NAME', then '*'). Entries: 'example.com' (that name, ports 80 and 443),
+        '*.example.com' (any name under it), '*' (any name; allow only), 'NAME:PORT' (raw TCP to that
+        port). No allow: any name on 80/443. A session of a consumer with a rule always gets a policy; a
+        spec's own allow must be covered entry by entry by the rule's (else 400 naming the entry), and its
+        deny is added to the rule's. A consumer with no rule may ask for any policy, or none (plain
+        egress).""",
+    ).tag(config=True)
+
+    secrets = Dict(
+        help="""Secrets sessions never see (TAI_MCP_SANDBOX_SECRETS as JSON): name -> {"hosts": [host
+        names], "from_env": VARIABLE or "from_file": PATH, "env": VAR (default: the name), "consumers":
+        ['*' or labels] (default ['*']), "query": false, "body": false}. A granted session (network
+        'egress', on a provider with an egress gateway) gets a random placeholder in env[VAR] and an egress
+        policy; the gateway replaces the placeholder with the real value in requests to the secret's hosts
+        only (headers; the URL query with query, a bounded body with body). from_env is read from the
+        server's environment once; from_file is read again when the file changes (rotation, no session
+        restart). A granted secret whose source is missing refuses the session (400) naming it.""",
+    ).tag(config=True)
+
+    egress_audit_path = Unicode(
+        help="""Where the egress gateways' audit lines are appended, one JSON object per line (every
+        allowed and refused connection and DNS answer, every substitution by secret name, never a value)
+        (TAI_MCP_SANDBOX_EGRESS_AUDIT; default: tai-sandbox-egress-audit.jsonl in the Jupyter runtime
+        directory; "" keeps no file, only the last lines in memory for GET /api/sandbox/egress/audit).""",
+    ).tag(config=True)
+
     max_ttl_seconds = Float(
         24 * 3600.0,
         help="""Longest TTL a session may ask for, in seconds (TAI_MCP_SANDBOX_MAX_TTL_SECONDS). A spec over
@@ -183,6 +305,46 @@ class SandboxPolicy(LoggingConfigurable):
             ) from None
         return value
 
+    @default("egress_rules")
+    def _egress_rules_default(self) -> dict[str, Any]:
+        value = _env_json("TAI_MCP_SANDBOX_EGRESS_RULES", '{"*": {"allow": ["pypi.org"], "deny": []}}')
+        return {} if value is None else value
+
+    @default("secrets")
+    def _secrets_default(self) -> dict[str, Any]:
+        value = _env_json(
+            "TAI_MCP_SANDBOX_SECRETS", '{"github": {"hosts": ["api.github.com"], "from_env": "GH_TOKEN"}}'
+        )
+        return {} if value is None else value
+
+    @default("egress_audit_path")
+    def _egress_audit_default(self) -> str:
+        raw = os.environ.get("TAI_MCP_SANDBOX_EGRESS_AUDIT")
+        if raw is not None:
+            return raw.strip()
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        return os.path.join(jupyter_runtime_dir(), "tai-sandbox-egress-audit.jsonl")
+
+    @validate("egress_rules")
+    def _check_egress_rules(self, proposal: Any) -> dict[str, Any]:
+        value = proposal["value"]
+        if not isinstance(value, Mapping):
+            raise ValueError("egress_rules must map consumer labels to {allow, deny} objects")
+        return {key: _egress_rule(key, rule) for key, rule in value.items()}
+
+    @validate("secrets")
+    def _check_secrets(self, proposal: Any) -> dict[str, Any]:
+        value = proposal["value"]
+        if not isinstance(value, Mapping):
+            raise ValueError("secrets must map secret names to {hosts, from_env | from_file, ...} objects")
+        checked = {name: _secret_setting(name, entry) for name, entry in value.items()}
+        envs = [entry["env"] for entry in checked.values()]
+        if len(set(envs)) != len(envs):
+            raise ValueError("secrets: two secrets name the same env variable")
+        self.__dict__["_secret_cache"] = {}  # a secret changed: read every value again
+        return checked
+
     @validate("isolation")
     def _check_isolation(self, proposal: Any) -> str:
         value: str = proposal["value"].strip().lower()
@@ -223,6 +385,140 @@ class SandboxPolicy(LoggingConfigurable):
         names += [n for n in self.credentials.get(consumer, []) if n not in names]
         return names
 
+    # ---------------------------------------------------------- egress
+
+    def egress_rule(self, consumer: str) -> dict[str, Any] | None:
+        """The rule of ``consumer`` (``{"allow": [...] | None, "deny": [...]}``): its own key, else the label
+        it is under ('user:NAME/SUB' is under 'user:NAME'), else '*'; None: no rule (no ceiling)."""
+        rules = self.egress_rules
+        label = consumer
+        while True:
+            if label in rules:
+                return dict(rules[label])
+            if "/" not in label:
+                break
+            label = label.rsplit("/", 1)[0]
+        return dict(rules["*"]) if "*" in rules else None
+
+    def granted_secrets(self, consumer: str) -> list[str]:
+        """The names of the secrets granted to ``consumer`` ('*' in their consumers, or the label itself)."""
+        return [
+            name
+            for name, entry in self.secrets.items()
+            if "*" in entry["consumers"] or consumer in entry["consumers"]
+        ]
+
+    def secret_value(self, name: str) -> str | None:
+        """The current real value of secret ``name`` (None: no such secret, or its source is missing). A
+        from_env value is read once; a from_file one again whenever the file changes (its rotation)."""
+        entry = self.secrets.get(name)
+        if entry is None:
+            return None
+        cache: dict[str, tuple[Any, str | None]] = self.__dict__.setdefault("_secret_cache", {})
+        if "from_env" in entry:
+            if name not in cache:
+                cache[name] = (None, os.environ.get(entry["from_env"]) or None)
+            return cache[name][1]
+        path = entry["from_file"]
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        known = cache.get(name)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        try:
+            with open(path, encoding="utf-8") as f:
+                value: str | None = f.read().strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
+        cache[name] = (stamp, value)
+        return value
+
+    def secret_values(self) -> list[str]:
+        """Every secret's current real value (for the transcript scrub)."""
+        return [v for v in (self.secret_value(name) for name in self.secrets) if v]
+
+    def _narrowed(
+        self, consumer: str, allow: Any, deny: Any
+    ) -> tuple[tuple[str, ...] | None, tuple[str, ...], bool]:
+        """``allow`` and ``deny`` within ``consumer``'s rule: (allow, deny, whether a rule applies)."""
+        rule = self.egress_rule(consumer)
+        if rule is None:
+            return allow, tuple(deny), False
+        if allow is None:
+            allow = None if rule["allow"] is None else tuple(rule["allow"])
+        else:
+            over = uncovered(rule["allow"], allow)
+            if over is not None:
+                ceiling = (
+                    "any name on ports 80 and 443" if rule["allow"] is None else ", ".join(rule["allow"])
+                )
+                raise SandboxSpecRejectedError(
+                    f"egress allow entry {over!r} is over the operator's ceiling for consumer {consumer!r} "
+                    f"({ceiling}; SandboxPolicy.egress_rules)"
+                )
+        merged = list(rule["deny"])
+        merged += [d for d in deny if d not in merged]
+        return allow, tuple(merged), True
+
+    def _egress_of(self, spec: SessionSpec) -> EgressPolicy | None:
+        """The egress policy ``spec`` gets: None for plain egress (no rule, no secret, none asked for)."""
+        if spec.network != "egress":
+            return None
+        asked = spec.egress
+        allow, deny, ruled = self._narrowed(
+            spec.consumer, None if asked is None else asked.allow, () if asked is None else asked.deny
+        )
+        names = self.granted_secrets(spec.consumer)
+        held = {g.name: g for g in asked.secrets} if asked is not None else {}
+        stray = sorted(set(held) - set(names))
+        if stray:
+            raise SandboxSpecRejectedError(
+                f"secret(s) {', '.join(stray)} are not granted to consumer {spec.consumer!r} (SandboxPolicy.secrets)"
+            )
+        if asked is None and not ruled and not names:
+            return None
+        grants = []
+        for name in names:
+            entry = self.secrets[name]
+            if self.secret_value(name) is None:
+                source = (
+                    f"environment variable {entry['from_env']}"
+                    if "from_env" in entry
+                    else f"file {entry['from_file']}"
+                )
+                raise SandboxSpecRejectedError(
+                    f"secret {name} granted to consumer {spec.consumer!r} has no value: its {source} is "
+                    "missing or empty; set it, or change SandboxPolicy.secrets (TAI_MCP_SANDBOX_SECRETS)"
+                )
+            known = held.get(name)
+            placeholder = (
+                known.placeholder
+                if known is not None and PLACEHOLDER_PATTERN.match(known.placeholder)
+                else new_placeholder()
+            )
+            grants.append(
+                SecretGrant(
+                    name, entry["env"], placeholder, tuple(entry["hosts"]), entry["query"], entry["body"]
+                )
+            )
+        return EgressPolicy(allow=allow, deny=deny, secrets=tuple(grants))
+
+    def effective_egress(self, spec: SessionSpec, allow: Any = None, deny: Any = ()) -> EgressPolicy:
+        """The policy a live change of ``spec``'s session to ``allow``/``deny`` puts in force: within the
+        consumer's rule like at create (allow None: the rule's, or any name on 80/443), the session's secrets
+        kept. SandboxSpecRejectedError for a session without egress, or entries over the ceiling."""
+        if spec.network != "egress":
+            raise SandboxSpecRejectedError(
+                f"the session's network is {spec.network!r}: it has no egress to set a policy on"
+            )
+        asked = EgressPolicy(allow=allow, deny=() if deny is None else deny)  # entries checked, normalised
+        allow_, deny_, _ = self._narrowed(spec.consumer, asked.allow, asked.deny)
+        secrets = () if spec.egress is None else spec.egress.secrets
+        return EgressPolicy(allow=allow_, deny=deny_, secrets=secrets)
+
     def effective_spec(
         self, spec: SessionSpec, limits: SessionLimits, caller: Principal | None = None
     ) -> SessionSpec:
@@ -233,7 +529,8 @@ class SandboxPolicy(LoggingConfigurable):
         asks only for an image on the provider's list. Then, for everyone: the TTL within the operator's
         maximum (an unset one, the package default, becomes the maximum when that is lower; any other TTL
         over it is refused), the isolation floor, the egress ceiling, durable workspaces, the consumer's
-        credentials in ``env``; last, the provider's ``limits`` (what it cannot honour is refused, an unset
+        credentials in ``env``, its egress policy (within its rule; its granted secrets as placeholders in
+        ``env``); last, the provider's ``limits`` (what it cannot honour is refused, an unset
         cpu, memory or image gets its default). Deciding a decided spec again changes nothing.
         """
         if caller is not None:
@@ -269,11 +566,17 @@ class SandboxPolicy(LoggingConfigurable):
                     "environment: set it, or remove it from TAI_MCP_SANDBOX_CREDENTIALS"
                 )
             env[name] = os.environ[name]
-        return within_limits(spec.replace(isolation=effective, env=env), limits)
+        egress = self._egress_of(spec)
+        for grant in egress.secrets if egress is not None else ():
+            env[grant.env] = grant.placeholder
+        return within_limits(spec.replace(isolation=effective, env=env, egress=egress), limits)
 
     def injected_values(self) -> list[str]:
+        """Every value the transcript scrub replaces: the injected credentials' and the secrets' real
+        values (a secret's placeholder names nothing, and is not scrubbed)."""
         names = {n for names in self.credentials.values() for n in names}
         values = {os.environ[n] for n in names if os.environ.get(n)}
+        values.update(self.secret_values())
         # longest first, so a value containing another is replaced whole
         return sorted(values, key=len, reverse=True)
 
@@ -317,7 +620,22 @@ class SandboxPolicy(LoggingConfigurable):
         }
         if show_credentials:
             data["credentials"] = {k: list(v) for k, v in self.credentials.items()}
+            data["egress_rules"] = {k: dict(v) for k, v in self.egress_rules.items()}
+            data["secrets"] = {
+                name: {k: entry[k] for k in ("hosts", "env", "consumers", "query", "body")}
+                for name, entry in self.secrets.items()
+            }
         return data
+
+    @property
+    def egress_audit(self) -> EgressAudit:
+        """The audit sink of this policy's egress gateways (one per policy, made at first use)."""
+        audit = self.__dict__.get("_egress_audit")
+        if audit is None:
+            from .egress_audit import EgressAudit
+
+            audit = self.__dict__["_egress_audit"] = EgressAudit(self.egress_audit_path or None, log=self.log)
+        return audit
 
 
 class StreamScrubber:
@@ -429,6 +747,11 @@ def within_limits(spec: SessionSpec, limits: SessionLimits) -> SessionSpec:
         raise SandboxSpecRejectedError(
             f"the {limits.kind} provider cannot honour network={spec.network!r}; it supports "
             f"{', '.join(sorted(limits.networks))}"
+        )
+    if spec.egress is not None and not limits.egress_policy:
+        raise SandboxSpecRejectedError(
+            (limits.egress_refusal or f"the {limits.kind} provider cannot enforce an egress policy")
+            + " (the spec's egress allow/deny lists, or a secret SandboxPolicy.secrets grants its consumer)"
         )
     if not limits.supports_limits:
         if spec.cpu is not None or spec.memory_mb is not None:
