@@ -273,6 +273,7 @@ def describe(
             info["isolation_note"] = gate.isolation_note
         info["pausable"] = gate.pausable
         info["forkable"] = gate.forkable
+        info["egress_policy"] = gate.egress_policy
         limits = provider_limits(gate.provider) if gate.supports_limits else {}
         if limits:
             info["limits"] = limits

@@ -202,6 +202,33 @@ class SandboxClient:
         )
         return answer
 
+    async def set_egress(
+        self, session_id: str, *, allow: Sequence[str] | None = None, deny: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Change the running session's egress policy (its new connections, within a second): ``allow`` the
+        host names it may reach (None: the operator's rule's, or any name on ports 80 and 443), ``deny``
+        those it may not; within the operator's ceiling (else 400 naming the entry). The session's new info."""
+        body = {"egress": {"allow": None if allow is None else list(allow), "deny": list(deny)}}
+        answer: dict[str, Any] = await self._request("PATCH", "sessions", session_id, body=body)
+        return answer
+
+    async def egress_audit(
+        self,
+        *,
+        owner: str | None = None,
+        session: str | None = None,
+        since: float | str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The egress gateways' audit lines kept in memory, oldest first (a user sees their own sessions')."""
+        params = {
+            k: str(v)
+            for k, v in (("owner", owner), ("session", session), ("since", since), ("limit", limit))
+            if v is not None
+        }
+        answer: dict[str, Any] = await self._request("GET", "egress", "audit", params=params)
+        return list(answer["lines"])
+
     async def pause(self, session_id: str) -> dict[str, Any]:
         """Freeze every process of the session where it is (its info, ``paused`` true); exec and file calls
         then answer SandboxConflictError until :meth:`resume`. SandboxUnsupportedError where the provider

@@ -263,6 +263,8 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
             default_image=self.default_image if known else None,
             images=(*configured, *self.allowed_images),
             images_setting=f"{name}.allowed_images",
+            egress_policy=self.egress_policy,
+            egress_refusal=self.egress_refusal,
             **self.limit_fields(),
         )
 

@@ -99,6 +99,9 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     max_isolation = "none"
     networks = frozenset({"egress"})
     supports_limits = False
+    egress_refusal = (
+        "the local provider runs on the host's network and cannot enforce an egress allow-list; use docker"
+    )
     session_class: type[LocalSession] = LocalSession
     command_class: type[LocalCommand] = LocalCommand
     pty_command_class: type[LocalCommand] = LocalPtyCommand

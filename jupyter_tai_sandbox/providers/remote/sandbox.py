@@ -43,6 +43,7 @@ from ...client import SandboxClient
 from ...contract import (
     ISOLATION_ORDER,
     NETWORK_ORDER,
+    EgressPolicy,
     ExecHandle,
     ExecRequest,
     ExecResult,
@@ -93,6 +94,9 @@ def session_info(
     try:
         spec_data = {k: v for k, v in dict(data.get("spec") or {}).items() if k in _SPEC_FIELDS}
         spec_data["env"] = dict(env or {})
+        if isinstance(spec_data.get("egress"), Mapping):
+            # the remote's secret grants are the remote's (its placeholders in env): this server grants none
+            spec_data["egress"] = {**spec_data["egress"], "secrets": []}
         if isinstance(spec_data.get("consumer"), str):
             spec_data["consumer"] = local_consumer(own, spec_data["consumer"])
         return SessionInfo(
@@ -134,6 +138,14 @@ class RemoteSession(SandboxSession):
 
     async def usage(self) -> dict[str, Any]:
         return dict((await self._client.info(self._id, usage=True)).get("usage") or {})
+
+    async def set_egress(self, policy: EgressPolicy) -> None:
+        """The remote's PATCH: its own ceiling (its SandboxPolicy.egress_rules) applies too, refused as 400."""
+        self._info = session_info(
+            await self._client.set_egress(self._id, allow=policy.allow, deny=policy.deny),
+            self._env,
+            self._sandbox.own_consumer,
+        )
 
     async def set_expiry(self, expires_at: float) -> SessionInfo:
         """The remote's PATCH: its own limits (its SandboxPolicy.max_ttl_seconds) apply, refused as 400."""
@@ -270,6 +282,7 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     """sandbox-remote: the sessions of another server running jupyter_tai_sandbox, over its API."""
 
     kind = "remote"
+    egress_refusal = "the remote sandbox server's provider cannot enforce an egress allow-list"
     # until the remote's status is read: admit everything, the remote decides
     max_isolation: SandboxIsolation = ISOLATION_ORDER[-1]
     networks = frozenset(NETWORK_ORDER)
@@ -422,6 +435,8 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         self.kind, self.max_isolation, self.networks, self.supports_limits = kind, isolation, networks, limits
         self.pausable = bool(status.get("pausable", True))  # an older remote says nothing: it decides
         self.forkable = bool(status.get("forkable", True))
+        # an older remote says nothing: it has no egress policy to enforce
+        self.egress_policy = bool(status.get("egress_policy", False))
         principal = status.get("principal")
         #: who the token is to the remote (its sessions' owner)
         self.principal = principal if isinstance(principal, str) and principal else None
@@ -449,6 +464,14 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
                 "(RemoteSandbox.token; in JupyterHub, the user's own server)"
             )
         body = {k: v for k, v in spec.to_json().items() if k != "owner"}  # the remote decides the owner
+        body.pop("egress")
+        if spec.egress is not None:
+            if spec.egress.secrets:
+                raise SandboxSpecRejectedError(
+                    "the remote provider cannot carry this server's secrets (SandboxPolicy.secrets) to the remote "
+                    "sandbox server: declare them on that server instead"
+                )
+            body["egress"] = {"allow": spec.egress.to_json()["allow"], "deny": list(spec.egress.deny)}
         body["consumer"] = remote_consumer(self.own_consumer, spec.consumer)
         try:
             data = await self.client.create(**body)

@@ -73,6 +73,8 @@ class SwarmSandbox(ContainerSandbox):
     """
 
     _engine: SwarmEngine  # the manager's (ContainerSandbox types it DockerEngine)
+    egress_policy = False
+    egress_refusal = "the swarm provider cannot enforce an egress allow-list yet; use docker"
 
     kind = "swarm"
     max_isolation = "container"

@@ -77,6 +77,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
     supports_limits = True
     pausable = True
     forkable = True
+    egress_refusal = "the vm provider cannot enforce an egress allow-list yet; use docker"
     min_cpu = 1.0
     min_memory_mb = 128
     limits_floor = "the vm provider"
@@ -268,6 +269,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             images=(VM_IMAGE, *self.images),
             images_setting="VmSandbox.images",
             only_listed_images=True,
+            egress_policy=self.egress_policy,
+            egress_refusal=self.egress_refusal,
             **self.limit_fields(),
         )
 
