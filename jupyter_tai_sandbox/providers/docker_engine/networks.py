@@ -92,6 +92,11 @@ class EngineNetworks(EngineCalls):
         found = await self._call("list networks", "networks", filters={"label": self.label_filter(label)})
         return list(found or [])
 
+    async def inspect_network(self, name: str) -> dict[str, Any]:
+        """The engine's description of network ``name`` (its subnet, its containers' addresses);
+        SandboxNotFoundError when there is none."""
+        return dict(await self._call(f"inspect network {name}", "inspect_network", name) or {})
+
     async def network_connect(self, container_id: str, network: str) -> None:
         await self._slow_call(
             f"connect a container to {network}", "connect_container_to_network", container_id, network
