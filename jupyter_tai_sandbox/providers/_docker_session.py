@@ -12,7 +12,15 @@ import asyncio
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
-from ..contract import SandboxError, SandboxNotFoundError, session_gone, usage_record
+from ..agent import AgentClient
+from ..contract import (
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSpecRejectedError,
+    session_gone,
+    usage_record,
+)
+from ..contract.egress import EgressPolicy
 from ._docker_sandbox import spec_from_labels
 from .container import ContainerSession
 from .docker_engine import DockerEngine
@@ -78,6 +86,9 @@ class DockerSession(ContainerSession):
     """A docker session: the container base's session, whose commands and files go through its agent, plus
     the engine's resource figures and a pooled session's record."""
 
+    #: the provider's egress gateways (docker/gateway.py's EgressGateways) when it has them (docker; not swarm)
+    gateways: Any = None
+
     def __init__(
         self,
         *args: Any,
@@ -102,6 +113,26 @@ class DockerSession(ContainerSession):
     @property
     def record(self) -> str | None:
         return self._record
+
+    async def agent(self) -> AgentClient:
+        """The session's agent connection (its file operations without a user run as the agent: root)."""
+        return await self._client()
+
+    async def set_egress(self, policy: EgressPolicy) -> None:
+        """Put ``policy`` in force at the session's egress gateway (its file there: new connections and DNS
+        queries follow it within a second, and any server of the deployment reads it back). A session made
+        without a policy is on its owner's plain egress network, which no policy can narrow: refused."""
+        if self.gateways is None:
+            await super().set_egress(policy)
+            return
+        self._check_live()
+        if self.spec.egress is None:
+            raise SandboxSpecRejectedError(
+                f"session {self.id} was created without an egress policy: its network cannot take one while it "
+                "runs; create a session with an egress policy (allow/deny lists) instead"
+            )
+        await self.gateways.set_policy(self, policy)
+        self.spec = self.spec.replace(egress=policy)
 
     async def usage(self) -> dict[str, Any]:
         """CPU and memory from one engine stats sample, the workspace's disk from ``du`` (both bounded)."""

@@ -37,9 +37,12 @@ class ContainerStarts:
         agent_volume: str,
         user: str = "",
         workspace: str | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The SDK's container options for ``spec`` (its limits already in force); ``workspace``: the volume
-        of a persistent spec's workspace (DockerSandbox._workspace)."""
+        of a persistent spec's workspace (DockerSandbox._workspace); ``extra``: options of a session behind an
+        egress gateway (its ``environment`` goes under the spec's env; see docker/gateway.py)."""
+        extra = dict(extra or {})
         sandbox = self._sandbox
         types = docker_sdk().types
         ceiling = sandbox.disk_limit_mb if sandbox.disk_limit_mb > 0 else None
@@ -55,7 +58,12 @@ class ContainerStarts:
         options: dict[str, Any] = {
             "name": name,
             "labels": dict(labels),
-            "environment": {"HOME": WORKSPACE, "SANDBOX_WORKSPACE": WORKSPACE, **spec.env},
+            "environment": {
+                "HOME": WORKSPACE,
+                "SANDBOX_WORKSPACE": WORKSPACE,
+                **extra.pop("environment", {}),
+                **spec.env,
+            },
             "working_dir": WORKSPACE,
             "mounts": [mount],
             "cap_drop": list(sandbox.cap_drop) or None,
@@ -63,6 +71,7 @@ class ContainerStarts:
             "security_opt": ["no-new-privileges"] if sandbox.no_new_privileges else None,
             "privileged": False,
             "detach": True,
+            **extra,
         }
         if network is not None:
             options["network"] = network
@@ -97,10 +106,11 @@ class ContainerStarts:
         user: str | None = None,
         image: str | None = None,
         workspace: str | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
         """Create and start a container; the engine's refusals of what the spec asks are spec rejections.
         ``user``: the session's user (None: the provider's, else the image's); ``image``: another than the
-        spec's (a fork's); ``workspace``: a persistent spec's workspace volume."""
+        spec's (a fork's); ``workspace``: a persistent spec's workspace volume; ``extra``: see :meth:`options`."""
         image = image or self._sandbox._image_of(spec)
         try:
             if user is None:
@@ -117,6 +127,7 @@ class ContainerStarts:
                     agent_volume=volume,
                     user=user,
                     workspace=workspace,
+                    extra=extra,
                 )
                 try:
                     return await self._engine.create_container(image, options)

@@ -58,6 +58,7 @@ from ..docker_engine.names import (
 )
 from .containers import ContainerStarts
 from .forks import ForkImages
+from .gateway import EgressGateways, GatewaySettings
 from .pool import PooledSession, PoolSettings, Ready, WarmPool
 from .pool_networks import PoolNetworks
 from .ttl import TtlRecords, expiries, retimed
@@ -85,7 +86,7 @@ __all__ = [
 ]
 
 
-class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
+class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSandbox):
     """sandbox-docker: each session is one container on a Docker engine, running the session agent as PID 1.
 
     Everything the provider makes carries its deployment's label, and every engine query asks for it
@@ -102,6 +103,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
     supports_limits = True
     pausable = True
     forkable = True
+    egress_policy = True
     _pool_started = False
 
     def __init__(self, **kwargs: Any) -> None:
@@ -134,6 +136,20 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         )
         self._forks = ForkImages(self._engine, self.own_labels, self._agent_site.paused)
         self._starts = ContainerStarts(self, self._engine)
+        self._gateways = EgressGateways(
+            self._engine,
+            self._starts,
+            self._bridges,
+            self._networks,
+            self.scope,
+            self,
+            self.log,
+            labels=self.own_labels,
+            egress_network=lambda owner: self.scope.owner_network(self.egress_network, owner),
+            filtered_base=lambda: f"{self.egress_network}-gw",
+            image=lambda: self.default_image,
+            hooks=lambda: self.egress_hooks,
+        )
         self._pool = WarmPool(
             self._engine,
             self._start_pooled,
@@ -196,6 +212,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             and spec.image in (None, self.default_image)
             and spec.durability == "ephemeral"
             and spec.network == "egress"
+            and spec.egress is None  # a session with a policy starts on its owner's filtered network
             and (spec.cpu, spec.memory_mb) == (default.cpu, default.memory_mb)
         )
 
@@ -247,21 +264,27 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
                 self.log.debug(
                     "sandbox-docker: created %s in pooled container %s", session_id, pooled.container_id[:12]
                 )
-                return DockerSession(
-                    self._agent_site,
-                    pooled.container_id,
-                    session_id,
-                    spec,
-                    now,
-                    expires,
-                    engine=self._engine,
-                    record=record,
-                    extra_env=spec.env,
-                    user=labels.get(LABEL_USER, ""),
+                return self._own(
+                    DockerSession(
+                        self._agent_site,
+                        pooled.container_id,
+                        session_id,
+                        spec,
+                        now,
+                        expires,
+                        engine=self._engine,
+                        record=record,
+                        extra_env=spec.env,
+                        user=labels.get(LABEL_USER, ""),
+                    )
                 )
         workspace = await self._workspace(spec) if spec.durability == "persistent" else None
         names = (f"tai-{session_id}", labels, {**self.own_labels, LABEL_SESSION: session_id})
         network = self._network_of(spec)
+        if spec.egress is not None:
+            return await self._create_filtered(
+                spec, session_id, names, now, expires, labels.get(LABEL_USER, ""), image, workspace, own_image
+            )
         if network is not None:
             async with self._networks.hold(network):
                 await self._bridges.ensure(network, spec.network)
@@ -283,22 +306,106 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
                 spec, *names, user=labels.get(LABEL_USER, ""), image=image, workspace=workspace
             )
         self.log.debug("sandbox-docker: created %s (%s)", session_id, container_id[:12])
-        return DockerSession(
-            self._agent_site,
-            container_id,
-            session_id,
-            spec,
-            now,
-            expires,
-            engine=self._engine,
-            user=labels.get(LABEL_USER, ""),
-            own_image=own_image,
+        return self._own(
+            DockerSession(
+                self._agent_site,
+                container_id,
+                session_id,
+                spec,
+                now,
+                expires,
+                engine=self._engine,
+                user=labels.get(LABEL_USER, ""),
+                own_image=own_image,
+            )
         )
+
+    async def _create_filtered(
+        self,
+        spec: SessionSpec,
+        session_id: str,
+        names: tuple[str, dict[str, str], dict[str, str]],
+        now: float,
+        expires: float,
+        user: str,
+        image: str | None,
+        workspace: str | None,
+        own_image: bool,
+    ) -> DockerSession:
+        """A session with an egress policy: on its owner's filtered network only, with the owner's gateway
+        (made for its first such session) as its DNS and way out, its policy in force there and the
+        gateway's CA in the session before the create returns (docker/gateway.py)."""
+        filtered = self._gateways.filtered_network(spec.owner)
+        policy = spec.egress
+        assert policy is not None
+        async with self._networks.hold(filtered):
+            gateway = await self._gateways.ensure(spec.owner)
+            ip = ""
+            try:
+                for attempt in (1, 2, 3):
+                    # its address is picked, and its file at the gateway written, before it starts: the
+                    # gateway reads it while the container starts
+                    ip, written = await self._gateways.admit(gateway, session_id, policy)
+                    try:
+                        container_id = await self._starts.start(
+                            spec,
+                            *names,
+                            filtered,
+                            user=user,
+                            image=image,
+                            workspace=workspace,
+                            extra=self._gateways.session_options(gateway, ip),
+                        )
+                        break
+                    except SandboxError as e:  # another server's session took the address meanwhile
+                        await self._gateways.withdraw(gateway, ip)
+                        ip = ""
+                        if attempt == 3 or "already in use" not in str(e).lower():
+                            raise
+            except BaseException:
+                if ip:
+                    await self._gateways.withdraw(gateway, ip)
+                with contextlib.suppress(SandboxError):
+                    await self._gateways.release(spec.owner)
+                raise
+        session = self._own(
+            DockerSession(
+                self._agent_site,
+                container_id,
+                session_id,
+                spec,
+                now,
+                expires,
+                engine=self._engine,
+                user=user,
+                own_image=own_image,
+            )
+        )
+        try:
+            await self._gateways.attach(session, gateway, written)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._teardown(session, False)
+            raise
+        self.log.debug(
+            "sandbox-docker: created %s (%s) behind egress gateway %s",
+            session_id,
+            container_id[:12],
+            gateway.container_id[:12],
+        )
+        return session
+
+    def _own(self, session: DockerSession) -> DockerSession:
+        """``session`` with this provider's egress gateways (its set_egress goes to them)."""
+        session.gateways = self._gateways
+        return session
 
     async def _fork(self, source: DockerSession) -> DockerSession:
         """A new session of the source's owner and spec holding its files now (see forks: the workspace,
         and the root filesystem's changes where it is writable; not /tmp, memory or processes)."""
         spec = source.spec
+        if spec.egress is not None:  # the policy in force now (another server may have changed it)
+            spec = spec.replace(egress=await self._gateways.current(source))
         if spec.durability == "persistent":
             raise SandboxUnsupportedError(
                 "a persistent workspace has one live session at a time: fork an ephemeral session",
@@ -330,8 +437,10 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         record: str | None = None,
         pooled: bool = False,
     ) -> DockerSession:
-        return session_of(
-            self._agent_site, self._engine, container_id, labels, env, record=record, pooled=pooled
+        return self._own(
+            session_of(
+                self._agent_site, self._engine, container_id, labels, env, record=record, pooled=pooled
+            )
         )
 
     def _session_from_pooled(self, pooled: PooledSession) -> DockerSession:
@@ -356,6 +465,10 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
             return vouched
         await self._connect()
         session, records = await asyncio.gather(self._find(session_id), self._ttls.of(session_id))
+        if (
+            session.spec.egress is not None
+        ):  # its policy as the gateway has it (a live change is recorded there)
+            session.spec = session.spec.replace(egress=await self._gateways.current(session))
         return self._agent_site.remember(retimed(session, expiries(records)))
 
     async def _current_end(self, session_id: str) -> float | None:
@@ -444,6 +557,7 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         } - set(reaped)
         await self._ttls.drop_strays(records, live, now)
         await self._forks.reap(live, now)
+        await self._gateways.reap(summaries, now)
         await self._bridges.reclaim(summaries, now)
         await self._starts.agent_volumes.reap()
         if reaped:
@@ -470,19 +584,33 @@ class DockerSandbox(PoolSettings, BridgeSettings, ContainerSandbox):
         self._abandon(session.id)
         self._pool.forget(session.id)
         spec = session.spec
+        if spec.egress is not None:  # its file at the gateway names its address: out before the address goes
+            await self._gateways.detach(session)
         await self._engine.remove_container(session.container_id, volume=session.record)
         if session.own_image:
             await self._forks.drop(session.id)
         await self._ttls.drop(session.id)
         network = self._network_of(spec)
-        if network is not None and not self._pool.wants(network):  # else the owner's spare waits on it
+        if spec.egress is not None:
+            await self._release_gateway(spec.owner, session.container_id)
+        elif network is not None and not self._pool.wants(network):  # else the owner's spare waits on it
             async with self._networks.hold(network):
                 await self._bridges.drop(network, leaving=(session.container_id,))
         if remove_workspace and spec.durability == "persistent":
             await self._remove_workspace(self._engine, spec)
         self.log.debug("sandbox-docker: destroyed %s", session.id)
 
+    async def _release_gateway(self, owner: str | None, container_id: str) -> None:
+        """The owner's gateway and filtered network go with its last session with a policy (a failure is
+        the reap's to mend)."""
+        async with self._networks.hold(self._gateways.filtered_network(owner)):
+            try:
+                await self._gateways.release(owner, leaving=(container_id,))
+            except SandboxError as e:
+                self.log.warning("sandbox-docker: the egress gateway stays for the reap: %s", e)
+
     async def close(self) -> None:
+        await self._gateways.close()
         await self._agent_site.close()
         await self._pool.close()
         if self._engine.connected:

@@ -1,0 +1,819 @@
+"""The docker provider's egress gateways: one per owner, the only way out of that owner's sessions with an
+egress policy (``SessionSpec.egress``; issue 52).
+
+A session with a policy joins only its owner's **filtered network** (``<egress_network>-gw-<hash>``): a
+bridge with no route out (``internal``), no host address, and traffic between its containers on. The owner's
+**gateway container** is on it and on the owner's ordinary egress network (its way out, behind the host
+firewall like any egress bridge). The gateway runs the session agent as PID 1 and, as a command of it,
+``tai-agent gateway``: a DNS server that answers allowed names with its own address (NXDOMAIN for the rest,
+never asked upstream) and proxies on ports 80/443 (and the raw ports a policy names) that check each
+connection's Host or SNI against the policy of the session its source address belongs to, resolve the name
+themselves and dial what they resolved. The session's DNS is the gateway (the container's ``dns`` option:
+docker 20.10's embedded resolver, 127.0.0.11, forwards an internal network's queries to it from the
+session's own address; checked on the engine, so /etc/resolv.conf is left as the engine writes it).
+
+The server speaks to the gateway through files in its tmpfs ``/run/tai-gateway``, written as root through
+its agent, each atomically (a temp file renamed over the target): ``gateway.json`` (its address, resolver,
+upstream roots), ``sessions/<session ip>.json`` (each session's allow and deny lists and the placeholders of
+its secrets: the record of a live change, which any server of the deployment reads back), ``secrets/<name>.json``
+(a secret's real value and hosts; rewritten when the value changes: rotation), and ``audit/*.jsonl`` (the
+gateway's decisions, which the server moves to the server's audit sink every second). The deployment's CA
+(for the secrets' hosts, whose TLS the gateway terminates) lives in a volume the gateways share, and each
+session gets it in ``/tmp/tai-sandbox-ca`` with the environment that makes Python, pip, curl, git and Node
+trust it.
+
+A gateway goes with its owner's last session with a policy (and in a reap, after a grace), and the CA volume
+with the deployment's last gateway. A server that starts finds running gateways by their labels (at a create,
+a get or a reap) and watches them: it restarts the gateway command if it died.
+
+What the gateway cannot stop: data the session encodes in requests it is allowed to make to hosts it is
+allowed to reach (docs/operators/providers/docker.md says more).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import ipaddress
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from traitlets import Unicode
+from traitlets.config import LoggingConfigurable
+
+from ...agent import AgentClient, AgentCommand, AgentError
+from ...agent.client import AGENT_PATH
+from ...contract import (
+    SandboxCapacityError,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxSpecRejectedError,
+    SandboxUnavailableError,
+)
+from ...contract.egress import EgressHooks, EgressPolicy, SecretGrant
+from .._docker_agent import with_agent
+from .._docker_networks import REAP_GRACE_SECONDS, NetworkLocks, SessionBridges
+from ..container.session import DEFAULT_PATH
+from ..docker_engine import DockerEngine, docker_sdk
+from ..docker_engine.names import (
+    LABEL,
+    LABEL_AGENT,
+    LABEL_CREATED,
+    LABEL_OWNER,
+    LABEL_SESSION,
+    VOLUME_PREFIX,
+    Deployment,
+)
+
+if TYPE_CHECKING:
+    from .._docker_session import DockerSession
+    from .containers import ContainerStarts
+
+#: on a gateway container: "gateway"; on the deployment's CA volume: "gateway-ca"
+LABEL_ROLE = f"{LABEL}.role"
+#: on a gateway container: the filtered network it serves
+LABEL_GATEWAY_NETWORK = f"{LABEL}.gateway-network"
+#: the gateway's files (a tmpfs of the gateway container, root's alone)
+GATEWAY_DIR = "/run/tai-gateway"
+#: where the deployment's CA volume is mounted in a gateway
+CA_DIR = "/var/lib/tai-gateway/ca"
+#: the label of the gateway command among the gateway agent's commands (how a restarted server finds it)
+COMMAND_LABEL = "egress-gateway"
+#: where a session finds the CA: ``ca.pem`` alone, and ``bundle.pem`` (the image's roots and the CA)
+SESSION_CA_DIR = "tmp/tai-sandbox-ca"
+#: the image's CA bundle (Debian's path), the start of a session's bundle.pem when it has one
+IMAGE_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
+#: the environment a session with a policy gets, so its TLS clients trust the gateway's CA
+CA_ENV = {
+    "SSL_CERT_FILE": f"/{SESSION_CA_DIR}/bundle.pem",
+    "REQUESTS_CA_BUNDLE": f"/{SESSION_CA_DIR}/bundle.pem",
+    "CURL_CA_BUNDLE": f"/{SESSION_CA_DIR}/bundle.pem",
+    "PIP_CERT": f"/{SESSION_CA_DIR}/bundle.pem",
+    "GIT_SSL_CAINFO": f"/{SESSION_CA_DIR}/bundle.pem",
+    "NODE_EXTRA_CA_CERTS": f"/{SESSION_CA_DIR}/ca.pem",
+}
+#: a session's neighbour discovery on its filtered network: three probes 50 ms apart, so a connection to any
+#: address off the network (the outside, the host, 169.254.169.254: the default route's gateway address has no
+#: owner there) fails with EHOSTUNREACH within 0.15 s instead of the kernel's 3 s; the gateway, a neighbour on the
+#: same bridge, answers within microseconds
+SESSION_SYSCTLS = {
+    "net.ipv4.neigh.eth0.mcast_solicit": "3",
+    "net.ipv4.neigh.eth0.retrans_time_ms": "50",
+}
+#: the gateway container's bounds
+GATEWAY_MEMORY = "256m"
+GATEWAY_PIDS = 256
+#: the gateway's tmpfs: 64 MiB of sealed audit files at most (the gateway's own bound) and the small rest
+GATEWAY_TMPFS = "mode=0700,size=80m"
+#: the largest request body the gateway substitutes placeholders in
+BODY_LIMIT = 1 << 20
+#: how long after a file's write the gateway has it in force (it polls its directory every 250 ms)
+APPLY_SECONDS = 0.6
+#: how long a gateway command may take to say it is ready
+READY_SECONDS = 15.0
+#: the watch's beats: audit files moved every AUDIT_SECONDS, the command and secrets checked every CHECK_SECONDS
+AUDIT_SECONDS = 1.0
+CHECK_SECONDS = 2.0
+#: a claimed audit file (renamed by a server about to read it) older than this was left by a server that died
+CLAIMED_STALE_SECONDS = 30.0
+
+
+class GatewaySettings(LoggingConfigurable):
+    """The docker provider's settings of its egress gateways."""
+
+    egress_resolver = Unicode(
+        "",
+        help="""DNS server ('host:port' or 'host') the egress gateway asks for the addresses of the names a
+        session's policy allows (sessions with an egress policy never ask one themselves: their DNS is the
+        gateway, which answers only allowed names). Empty: the resolver the gateway container has, the
+        engine's (which asks the engine host's resolvers).""",
+    ).tag(config=True)
+
+    egress_upstream_ca = Unicode(
+        "",
+        help="""Path (on the server) of a PEM file of CA certificates the egress gateway trusts, besides the
+        system's, when it connects upstream with TLS on a session's behalf (the hosts of granted secrets,
+        whose TLS it terminates to swap the placeholder for the secret). Empty: the system's roots only.""",
+    ).tag(config=True)
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """An owner's gateway: its container, its address on the filtered ``network``."""
+
+    container_id: str
+    ip: str
+    network: str
+    owner: str | None
+
+
+@dataclass
+class _Watched:
+    """What this server keeps of a gateway it watches: its agent connection, the command's output reader,
+    the digests of the secret values it last wrote."""
+
+    gateway: Gateway
+    task: asyncio.Task[None] | None = None
+    client: AgentClient | None = None
+    command: AgentCommand | None = None
+    drain: asyncio.Task[None] | None = None
+    secrets: dict[str, str] = field(default_factory=dict)
+    stderr_tail: bytearray = field(default_factory=bytearray)
+    #: held while its command is checked or started (a create's ensure and the watch's beat)
+    checking: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def session_file(session_id: str, policy: EgressPolicy) -> dict[str, Any]:
+    """A session's file in its gateway: its lists and its placeholders' secret names."""
+    return {
+        "session": session_id,
+        "allow": None if policy.allow is None else list(policy.allow),
+        "deny": list(policy.deny),
+        "secrets": {grant.placeholder: grant.name for grant in policy.secrets},
+    }
+
+
+async def _applied(written: float) -> None:
+    """Wait until the gateway has read a file written at ``written`` (it polls every 250 ms)."""
+    await asyncio.sleep(max(0.0, written + APPLY_SECONDS - time.monotonic()))
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _json(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+class EgressGateways:
+    """The egress gateways of a docker provider's deployment on its engine (see the module's docstring).
+
+    ``egress_network(owner)`` names the owner's ordinary egress network; ``image()`` the image gateways run
+    (the provider's default); ``hooks()`` the server's egress hooks (None until the gate sets them)."""
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        starts: ContainerStarts,
+        bridges: SessionBridges,
+        locks: NetworkLocks,
+        scope: Deployment,
+        settings: GatewaySettings,
+        log: Any,
+        *,
+        labels: Mapping[str, str],
+        egress_network: Callable[[str | None], str],
+        filtered_base: Callable[[], str],
+        image: Callable[[], str],
+        hooks: Callable[[], EgressHooks | None],
+    ) -> None:
+        self._engine = engine
+        self._starts = starts
+        self._bridges = bridges
+        self._locks = locks
+        self._scope = scope
+        self._settings = settings
+        self._log = log
+        self._labels = dict(labels)
+        self._egress_network = egress_network
+        self._filtered_base = filtered_base
+        self._image = image
+        self._hooks = hooks
+        self._watched: dict[str, _Watched] = {}  # by container id
+        self._closed = False
+
+    # ------------------------------------------------------------------ names
+
+    def filtered_network(self, owner: str | None) -> str:
+        """The owner's filtered network: the only network of its sessions with a policy."""
+        return self._scope.owner_network(self._filtered_base(), owner)
+
+    def container_name(self, owner: str | None) -> str:
+        return "tai-gw-" + hashlib.sha256(self.filtered_network(owner).encode()).hexdigest()[:16]
+
+    @property
+    def ca_volume(self) -> str:
+        """The deployment's CA volume (``tai-sbx-gateway-ca-<tag>``: no workspace volume's name, which has the
+        hex tag right after ``tai-sbx-``, can be it)."""
+        return f"{VOLUME_PREFIX}gateway-ca-{self._scope.tag}"
+
+    def session_options(self, gateway: Gateway, ip: str) -> dict[str, Any]:
+        """What a session's container gets beyond a spec's options: its address ``ip`` on the filtered network
+        (picked by :meth:`admit`), the gateway as its DNS, the CA's environment, its neighbour discovery
+        bounds (SESSION_SYSCTLS)."""
+        endpoint = self._engine.api.create_endpoint_config(ipv4_address=ip)
+        return {
+            "networking_config": {gateway.network: endpoint},
+            "dns": [gateway.ip],
+            "sysctls": dict(SESSION_SYSCTLS),
+            "environment": dict(CA_ENV),
+        }
+
+    # ------------------------------------------------------------- gateways
+
+    async def find(self, owner: str | None) -> Gateway | None:
+        """The owner's gateway as the engine has it (running), else None."""
+        try:
+            attrs = await self._engine.inspect_container(self.container_name(owner), what="find a gateway")
+        except SandboxNotFoundError:
+            return None
+        if not self._engine.in_scope((attrs.get("Config") or {}).get("Labels")):
+            raise SandboxUnavailableError(
+                f"container {self.container_name(owner)} belongs to another deployment on this engine"
+            )
+        if not (attrs.get("State") or {}).get("Running"):
+            return None
+        network = self.filtered_network(owner)
+        ip = ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
+        if not ip:
+            return None
+        return Gateway(str(attrs["Id"]), str(ip), network, owner)
+
+    async def ensure(self, owner: str | None) -> Gateway:
+        """The owner's running gateway with its command ready, made (with its networks and the CA volume)
+        when there is none. The caller holds the filtered network's lock."""
+        gateway = await self.find(owner)
+        if gateway is None:
+            gateway = await self._make(owner)
+        watched = self._watch(gateway)
+        await self._keep_running(watched)
+        return gateway
+
+    async def _make(self, owner: str | None) -> Gateway:
+        name = self.container_name(owner)
+        filtered = self.filtered_network(owner)
+        egress = self._egress_network(owner)
+        # a stopped one (an engine restart stops it) is made again
+        with contextlib.suppress(SandboxError):
+            await self._engine.remove_container(name)
+        async with self._locks.hold(egress):
+            await self._bridges.ensure(egress, "egress")
+            await self._bridges.ensure(filtered, "filtered")
+            await self._engine.create_volume(self.ca_volume, {**self._labels, LABEL_ROLE: "gateway-ca"})
+            image = self._image()
+            arch = await self._starts.engine_arch()
+            agent_volume = await self._starts.agent_volumes.volume_for(arch, image)
+            labels = {
+                **self._labels,
+                LABEL_ROLE: "gateway",
+                LABEL_GATEWAY_NETWORK: filtered,
+                LABEL_CREATED: repr(time.time()),
+                LABEL_AGENT: "1",
+            }
+            if owner is not None:
+                labels[LABEL_OWNER] = owner
+            types = docker_sdk().types
+            options: dict[str, Any] = {
+                "name": name,
+                "labels": labels,
+                "network": filtered,
+                "environment": {"PATH": DEFAULT_PATH},
+                "cap_drop": ["ALL"],
+                "security_opt": ["no-new-privileges"],
+                "privileged": False,
+                "sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
+                "tmpfs": {GATEWAY_DIR: GATEWAY_TMPFS, "/tmp": "mode=1777,size=16m"},
+                "mounts": [types.Mount(CA_DIR, self.ca_volume, type="volume")],
+                "mem_limit": GATEWAY_MEMORY,
+                "memswap_limit": GATEWAY_MEMORY,
+                "pids_limit": GATEWAY_PIDS,
+                "read_only": True,
+                "user": "0:0",
+                "detach": True,
+                "working_dir": "/",
+            }
+            container_id = await self._engine.create_container(
+                image, with_agent(options, agent_volume), what="create an egress gateway"
+            )
+            try:
+                # its way out: the owner's egress network (the engine routes out through the one not internal)
+                await self._engine.network_connect(container_id, egress)
+            except BaseException:
+                with contextlib.suppress(SandboxError):
+                    await self._engine.remove_container(container_id)
+                raise
+        self._log.info("sandbox-docker: made egress gateway %s on %s", name, filtered)
+        gateway = await self.find(owner)
+        if gateway is None:
+            raise SandboxUnavailableError(f"the egress gateway {name} stopped as it started")
+        return gateway
+
+    def _watch(self, gateway: Gateway) -> _Watched:
+        """Watch ``gateway`` (move its audit, keep its command running, refresh secrets) unless this server
+        does already."""
+        watched = self._watched.get(gateway.container_id)
+        if watched is None:
+            watched = self._watched[gateway.container_id] = _Watched(gateway)
+        if (watched.task is None or watched.task.done()) and not self._closed:
+            watched.task = asyncio.ensure_future(self._beat(watched))
+        return watched
+
+    async def _client(self, watched: _Watched) -> AgentClient:
+        client = watched.client
+        if client is None or client.lost:
+            client = watched.client = await self._engine.open_agent(watched.gateway.container_id)
+        return client
+
+    async def _write(self, client: AgentClient, path: str, data: Any) -> None:
+        """Write one of the gateway's files, atomically (the agent writes a temp file and renames it)."""
+        await client.write_file(GATEWAY_DIR, path, _json(data), mode=0o600, parents=True)
+
+    async def _keep_running(self, watched: _Watched) -> None:
+        """Make sure the gateway command runs (found by its label among the agent's commands, else started)
+        and this server reads its output."""
+        async with watched.checking:
+            await self._check_command(watched)
+
+    async def _check_command(self, watched: _Watched) -> None:
+        client = await self._client(watched)
+        listed = [c for c in await client.list() if c.get("label") == COMMAND_LABEL]
+        running = [c for c in listed if c.get("running")]
+        for entry in listed:
+            if entry.get("running") and entry is running[0]:
+                if watched.command is None or watched.command.id != entry["id"] or watched.command.ended:
+                    watched.command = await client.attach(
+                        entry["id"],
+                        stdout=entry.get("output", {}).get("stdout", [0, 0])[1],
+                        stderr=entry.get("output", {}).get("stderr", [0, 0])[1],
+                    )
+                    self._drain(watched)
+                continue
+            with contextlib.suppress(AgentError):  # an ended one (or a second, which exits): let it go
+                old = await client.attach(entry["id"])
+                if entry.get("running"):
+                    await old.kill()
+                else:
+                    self._log.warning(
+                        "sandbox-docker: the egress gateway command of %s ended (%s): starting it again",
+                        watched.gateway.network,
+                        entry.get("exit"),
+                    )
+                await old.release()
+        if not running:
+            await self._start_command(watched, client)
+
+    async def _start_command(self, watched: _Watched, client: AgentClient) -> None:
+        gateway = watched.gateway
+        config: dict[str, Any] = {
+            "deployment": self._scope.name,
+            "owner": gateway.owner or "",
+            "listen": gateway.ip,
+            "resolver": self._settings.egress_resolver,
+            "upstream_roots_pem": await self._upstream_roots(),
+            "body_limit": BODY_LIMIT,
+        }
+        await self._write(client, "gateway.json", config)
+        for folder in ("sessions", "secrets", "audit"):
+            await client.mkdir(GATEWAY_DIR, folder, parents=True)
+        with contextlib.suppress(AgentError):
+            await client.delete(GATEWAY_DIR, "ready")
+        watched.stderr_tail.clear()
+        command = await client.start(
+            [AGENT_PATH, "gateway", "--dir", GATEWAY_DIR, "--ca", CA_DIR],
+            env={"PATH": DEFAULT_PATH},
+            cwd="/",
+            label=COMMAND_LABEL,
+        )
+        watched.command = command
+        self._drain(watched)
+        deadline = time.monotonic() + READY_SECONDS
+        while True:
+            try:
+                await client.stat(GATEWAY_DIR, "ready")
+                return
+            except AgentError as e:
+                if e.code != "ENOENT":
+                    raise SandboxUnavailableError(f"the egress gateway's ready file: {e}") from None
+            if command.exit.done() or time.monotonic() > deadline:
+                tail = watched.stderr_tail.decode(errors="replace").strip()[-600:]
+                status = f"exited ({command.exit.result()})" if command.exit.done() else "did not get ready"
+                raise SandboxUnavailableError(
+                    f"the egress gateway of {gateway.network} {status} within {READY_SECONDS:g} s: "
+                    f"{tail or 'no output'} (does the session agent binary have the gateway mode?)"
+                )
+            await asyncio.sleep(0.05)
+
+    def _drain(self, watched: _Watched) -> None:
+        """Read the gateway command's output (its log; unread, it would stall the command) into the server's
+        log, keeping its end for an error message."""
+        command = watched.command
+        if watched.drain is not None and not watched.drain.done():
+            watched.drain.cancel()
+        if command is None:
+            return
+
+        async def drain() -> None:
+            with contextlib.suppress(AgentError, asyncio.CancelledError):
+                while (item := await command.read()) is not None:
+                    _, data = item
+                    watched.stderr_tail += data
+                    del watched.stderr_tail[:-4096]
+                    for line in data.decode(errors="replace").splitlines():
+                        if line.strip():
+                            self._log.debug("sandbox-docker: gateway %s: %s", watched.gateway.network, line)
+
+        watched.drain = asyncio.ensure_future(drain())
+
+    async def _upstream_roots(self) -> str:
+        path = self._settings.egress_upstream_ca
+        if not path:
+            return ""
+        try:
+            return await asyncio.to_thread(Path(path).read_text)
+        except (OSError, UnicodeDecodeError) as e:
+            raise SandboxUnavailableError(
+                f"DockerSandbox.egress_upstream_ca: cannot read {path}: {e}"
+            ) from None
+
+    async def ca_pem(self, gateway: Gateway) -> bytes:
+        """The deployment's CA certificate (PEM), as the gateway made it."""
+        client = await self._client(self._watch(gateway))
+        try:
+            return await client.read_file(CA_DIR, "ca.pem")
+        except AgentError as e:
+            raise SandboxUnavailableError(f"the egress gateway's CA certificate: {e}") from None
+
+    # -------------------------------------------------------------- sessions
+
+    async def session_ip(self, container_id: str, network: str) -> str:
+        attrs = await self._engine.inspect_container(container_id, what="find a session's address")
+        ip = ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
+        if not ip:
+            raise SandboxError(f"container {container_id[:12]} has no address on {network}")
+        return str(ip)
+
+    async def free_address(self, gateway: Gateway) -> str:
+        """An address of the filtered network no container holds (nor its network, broadcast or first
+        address, the engine's gateway address there), picked at random."""
+        found = await self._engine.inspect_network(gateway.network)
+        configs = (found.get("IPAM") or {}).get("Config") or []
+        subnet = ipaddress.IPv4Network(str(configs[0]["Subnet"]), strict=False)
+        taken = {str(configs[0].get("Gateway") or "")}
+        for endpoint in (found.get("Containers") or {}).values():
+            taken.add(str(endpoint.get("IPv4Address") or "").split("/")[0])
+        hosts = list(subnet.hosts())[1:]  # the first is the engine's gateway address
+        free = [str(a) for a in hosts if str(a) not in taken]
+        if not free:
+            raise SandboxCapacityError(
+                f"the filtered network {gateway.network} is full ({len(hosts) - 1} sessions of one owner with "
+                "an egress policy): configure a shorter network_prefix"
+            )
+        return random.choice(free)
+
+    async def admit(self, gateway: Gateway, session_id: str, policy: EgressPolicy) -> tuple[str, float]:
+        """Put a new session's policy in force at its gateway before its container starts: an address for
+        it, its file there (for that address), its secrets' files. The address, and when the file was
+        written (time.monotonic()). The caller holds the filtered network's lock."""
+        watched = self._watch(gateway)
+        client = await self._client(watched)
+        ip = await self.free_address(gateway)
+        await self._write_secrets(watched, client, policy.secrets)
+        await self._write(client, f"sessions/{ip}.json", session_file(session_id, policy))
+        return ip, time.monotonic()
+
+    async def withdraw(self, gateway: Gateway, ip: str) -> None:
+        """Take back what :meth:`admit` wrote for a session whose container did not start."""
+        with contextlib.suppress(AgentError, SandboxError):
+            client = await self._client(self._watch(gateway))
+            await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
+
+    async def attach(self, session: DockerSession, gateway: Gateway, written: float) -> None:
+        """Finish a new session admitted at ``written``: the CA in the session (``/tmp/tai-sandbox-ca``,
+        written as root, so a session user cannot replace it), and its policy in force at the gateway (which
+        reads its files every 250 ms) by the time it returns."""
+        ca = await self.ca_pem(gateway)
+        inside = await session.agent()
+        try:
+            bundle = await inside.read_file("/", IMAGE_BUNDLE)
+        except AgentError:
+            bundle = b""
+        if bundle and not bundle.endswith(b"\n"):
+            bundle += b"\n"
+        await inside.mkdir("/", SESSION_CA_DIR, parents=True)
+        await inside.write_file("/", f"{SESSION_CA_DIR}/ca.pem", ca, mode=0o644)
+        await inside.write_file("/", f"{SESSION_CA_DIR}/bundle.pem", bundle + ca, mode=0o644)
+        await _applied(written)
+
+    async def _write_secrets(
+        self, watched: _Watched, client: AgentClient, grants: Sequence[SecretGrant]
+    ) -> None:
+        hooks = self._hooks()
+        for grant in grants:
+            value = None if hooks is None else hooks.secret_value(grant.name)
+            if value is None:
+                raise SandboxUnavailableError(
+                    f"secret {grant.name!r} has no value on this server (SandboxPolicy.secrets: its source is "
+                    "missing)"
+                )
+            await self._write(
+                client,
+                f"secrets/{grant.name}.json",
+                {"value": value, "hosts": list(grant.hosts), "query": grant.query, "body": grant.body},
+            )
+            watched.secrets[grant.name] = _digest(value)
+
+    async def set_policy(self, session: DockerSession, policy: EgressPolicy) -> None:
+        """Put ``policy`` in force for ``session`` (the gateway applies it to new connections within a
+        second): its file in the gateway, rewritten."""
+        owner = session.spec.owner
+        async with self._locks.hold(self.filtered_network(owner)):
+            gateway = await self.find(owner)
+            if gateway is None:
+                raise SandboxUnavailableError(
+                    f"session {session.id}'s egress gateway is not running: destroy the session and create "
+                    "another"
+                )
+            watched = self._watch(gateway)
+            client = await self._client(watched)
+            ip = await self.session_ip(session.container_id, gateway.network)
+            await self._write_secrets(watched, client, policy.secrets)
+            await self._write(client, f"sessions/{ip}.json", session_file(session.id, policy))
+            await _applied(time.monotonic())
+
+    async def current(self, session: DockerSession) -> EgressPolicy | None:
+        """The session's policy in force: its file in the gateway (any server of the deployment may have
+        changed it), with the secrets its spec was granted; the spec's own when the gateway has none."""
+        policy = session.spec.egress
+        if policy is None:
+            return None
+        gateway = await self.find(session.spec.owner)
+        if gateway is None:
+            return policy
+        client = await self._client(self._watch(gateway))
+        try:
+            ip = await self.session_ip(session.container_id, gateway.network)
+            data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{ip}.json"))
+        except (AgentError, SandboxError, ValueError):
+            return policy
+        if not isinstance(data, dict) or data.get("session") != session.id:
+            return policy
+        try:
+            return EgressPolicy(allow=data.get("allow"), deny=data.get("deny") or (), secrets=policy.secrets)
+        except SandboxSpecRejectedError:
+            return policy
+
+    async def detach(self, session: DockerSession) -> None:
+        """Take a session's file out of its gateway (before its container goes: its address names the file),
+        and the files of secrets no session there holds any more. Errors are the reap's to mend."""
+        owner = session.spec.owner
+        gateway = await self.find(owner)
+        if gateway is None:
+            return
+        watched = self._watch(gateway)
+        try:
+            client = await self._client(watched)
+            ip = await self.session_ip(session.container_id, gateway.network)
+            with contextlib.suppress(AgentError):
+                await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
+            await self._prune_secrets(watched, client)
+        except (AgentError, SandboxError) as e:
+            self._log.debug("sandbox-docker: detaching %s from its gateway: %s", session.id, e)
+
+    async def _prune_secrets(self, watched: _Watched, client: AgentClient) -> None:
+        held: set[str] = set()
+        for entry in await client.listdir(GATEWAY_DIR, "sessions"):
+            with contextlib.suppress(AgentError, ValueError, AttributeError):
+                data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{entry['name']}"))
+                held.update((data.get("secrets") or {}).values())
+        for entry in await client.listdir(GATEWAY_DIR, "secrets"):
+            name = str(entry["name"]).removesuffix(".json")
+            if name not in held:
+                with contextlib.suppress(AgentError):
+                    await client.delete(GATEWAY_DIR, f"secrets/{entry['name']}")
+                watched.secrets.pop(name, None)
+
+    async def release(self, owner: str | None, *, leaving: Sequence[str] = ()) -> bool:
+        """Remove the owner's gateway, its filtered network and (when idle) its egress network once no
+        session is on the filtered network but those ``leaving`` (just removed); the CA volume with the
+        deployment's last gateway. The caller holds the filtered network's lock. True when it went."""
+        filtered = self.filtered_network(owner)
+        name = self.container_name(owner)
+        try:
+            attrs = await self._engine.inspect_container(name, what="find a gateway")
+        except SandboxNotFoundError:
+            attrs = None
+        gateway_id = None if attrs is None else str(attrs["Id"])
+        sessions = await self._engine.containers([LABEL_SESSION], what="list sessions")
+        for summary in sessions:
+            if summary["Id"] in leaving or any(summary["Id"].startswith(x) for x in leaving):
+                continue
+            if filtered in ((summary.get("NetworkSettings") or {}).get("Networks") or {}):
+                return False
+        await self._remove(gateway_id, filtered, owner)
+        return True
+
+    async def _remove(self, gateway_id: str | None, filtered: str, owner: str | None) -> None:
+        if gateway_id is not None:
+            watched = self._watched.pop(gateway_id, None)
+            if watched is not None:
+                await self._unwatch(watched)
+            await self._engine.remove_container(gateway_id)
+            self._log.info("sandbox-docker: removed the egress gateway of %s", filtered)
+        leaving = (gateway_id,) if gateway_id else ()
+        await self._bridges.drop(filtered, leaving=leaving)
+        egress = self._egress_network(owner)
+        async with self._locks.hold(egress):
+            with contextlib.suppress(SandboxError):
+                await self._bridges.drop(egress, leaving=leaving)
+        if not await self._engine.containers([f"{LABEL_ROLE}=gateway"], what="list gateways"):
+            with contextlib.suppress(SandboxError):
+                await self._engine.remove_volume(self.ca_volume)
+
+    async def reap(self, summaries: Sequence[Mapping[str, Any]], now: float) -> None:
+        """Remove gateways no session is on (older than a grace: a create may be about to use one), and watch
+        the others (a server that started since finds them here). ``summaries``: the deployment's session
+        containers."""
+        used = {
+            name
+            for summary in summaries
+            for name in ((summary.get("NetworkSettings") or {}).get("Networks") or {})
+        }
+        for found in await self._engine.containers([f"{LABEL_ROLE}=gateway"], what="list gateways"):
+            labels = found.get("Labels") or {}
+            filtered = labels.get(LABEL_GATEWAY_NETWORK, "")
+            owner = labels.get(LABEL_OWNER)
+            try:
+                made = float(labels.get(LABEL_CREATED, "0"))
+            except ValueError:
+                made = 0.0
+            if filtered in used:
+                if found.get("State") == "running":
+                    gateway = await self.find(owner)
+                    if gateway is not None:
+                        self._watch(gateway)
+                continue
+            if now - made < REAP_GRACE_SECONDS:
+                continue
+            async with self._locks.hold(filtered):
+                with contextlib.suppress(SandboxError):
+                    await self.release(owner)
+
+    # ------------------------------------------------------------ the watch
+
+    async def _beat(self, watched: _Watched) -> None:
+        """Every AUDIT_SECONDS move the gateway's sealed audit files to the server's audit; every
+        CHECK_SECONDS make sure its command runs and its secrets' values are current."""
+        beats = 0
+        checks = max(1, round(CHECK_SECONDS / AUDIT_SECONDS))
+        while True:
+            await asyncio.sleep(AUDIT_SECONDS)
+            beats += 1
+            try:
+                client = await self._client(watched)
+                await self._pump_audit(client)
+                if beats % checks == 0:
+                    await self._keep_running(watched)
+                    await self._refresh_secrets(watched, client)
+            except asyncio.CancelledError:
+                raise
+            except SandboxNotFoundError:
+                self._watched.pop(watched.gateway.container_id, None)
+                return  # the gateway is gone
+            except Exception as e:
+                if not await self._still_there(watched):
+                    self._watched.pop(watched.gateway.container_id, None)
+                    return
+                self._log.warning("sandbox-docker: egress gateway of %s: %s", watched.gateway.network, e)
+                if watched.client is not None and watched.client.lost:
+                    watched.client = None
+
+    async def _still_there(self, watched: _Watched) -> bool:
+        try:
+            attrs = await self._engine.inspect_container(watched.gateway.container_id, what="find a gateway")
+        except SandboxNotFoundError:
+            return False
+        except SandboxError:
+            return True
+        return bool((attrs.get("State") or {}).get("Running"))
+
+    async def _pump_audit(self, client: AgentClient) -> None:
+        """Sealed audit files (``<nanoseconds>.jsonl``): claimed by a rename (one server of the deployment
+        takes each), read, removed, each line given to the server's audit."""
+        entries = await client.listdir(GATEWAY_DIR, "audit")
+        now = time.time()
+        claim = f".{id(self):x}.taking"
+        for entry in sorted(entries, key=lambda e: str(e["name"])):
+            name = str(entry["name"])
+            if name.endswith(".jsonl"):
+                taken = name + claim
+                try:
+                    await client.rename(GATEWAY_DIR, f"audit/{name}", f"audit/{taken}")
+                except AgentError:
+                    continue  # another server took it
+            elif ".jsonl." in name and name.endswith(".taking"):
+                if now - float(entry.get("mtime") or now) < CLAIMED_STALE_SECONDS:
+                    continue
+                taken = name
+            else:
+                continue
+            try:
+                data = await client.read_file(GATEWAY_DIR, f"audit/{taken}")
+            except AgentError:
+                continue
+            with contextlib.suppress(AgentError):
+                await client.delete(GATEWAY_DIR, f"audit/{taken}")
+            self._audit_lines(data)
+
+    def _audit_lines(self, data: bytes) -> None:
+        hooks = self._hooks()
+        for line in data.splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and hooks is not None:
+                try:
+                    hooks.audit(record)
+                except Exception as e:  # the sink's failure must not stop the pump
+                    self._log.warning("sandbox-docker: the egress audit refused a line: %s", e)
+
+    async def _refresh_secrets(self, watched: _Watched, client: AgentClient) -> None:
+        """Rewrite the secret files whose value changed on the server (a rotated secret file)."""
+        hooks = self._hooks()
+        if hooks is None:
+            return
+        for entry in await client.listdir(GATEWAY_DIR, "secrets"):
+            name = str(entry["name"])
+            if not name.endswith(".json"):
+                continue
+            secret = name.removesuffix(".json")
+            value = hooks.secret_value(secret)
+            if value is None:
+                continue
+            digest = _digest(value)
+            if watched.secrets.get(secret) == digest:
+                continue
+            try:
+                data = json.loads(await client.read_file(GATEWAY_DIR, f"secrets/{name}"))
+            except (AgentError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("value") != value:
+                await self._write(client, f"secrets/{name}", {**data, "value": value})
+                self._log.info(
+                    "sandbox-docker: secret %s rotated at the gateway of %s", secret, watched.gateway.network
+                )
+            watched.secrets[secret] = digest
+
+    async def _unwatch(self, watched: _Watched) -> None:
+        for task in (watched.task, watched.drain):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if watched.client is not None:
+            await watched.client.close()
+
+    async def close(self) -> None:
+        """Stop watching (the gateways keep running: another server, or this one restarted, takes them)."""
+        self._closed = True
+        watched, self._watched = list(self._watched.values()), {}
+        await asyncio.gather(*(self._unwatch(w) for w in watched), return_exceptions=True)
