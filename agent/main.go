@@ -30,6 +30,8 @@ func main() {
 		vm()
 	case "connect":
 		os.Exit(connect())
+	case "gateway": // an owner's egress gateway (gateway.go, GATEWAY.md)
+		os.Exit(gatewayMain(os.Args[2:]))
 	case "hold": // a command's group holder (startHolder): its zombie is what holds the group
 		os.Exit(0)
 	case "pty": // a pty command's terminal leader (ptyLead)
@@ -42,7 +44,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: tai-agent serve | vm | connect | version")
+	fmt.Fprintln(os.Stderr, "usage: tai-agent serve | vm | connect | gateway [--dir DIR] [--ca DIR] | version")
 	os.Exit(64)
 }
 
