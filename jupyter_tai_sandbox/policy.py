@@ -308,14 +308,14 @@ class SandboxPolicy(LoggingConfigurable):
     @default("egress_rules")
     def _egress_rules_default(self) -> dict[str, Any]:
         value = _env_json("TAI_MCP_SANDBOX_EGRESS_RULES", '{"*": {"allow": ["pypi.org"], "deny": []}}')
-        return {} if value is None else value
+        return self._checked_rules({} if value is None else value)  # a dynamic default skips @validate
 
     @default("secrets")
     def _secrets_default(self) -> dict[str, Any]:
         value = _env_json(
             "TAI_MCP_SANDBOX_SECRETS", '{"github": {"hosts": ["api.github.com"], "from_env": "GH_TOKEN"}}'
         )
-        return {} if value is None else value
+        return self._checked_secrets({} if value is None else value)
 
     @default("egress_audit_path")
     def _egress_audit_default(self) -> str:
@@ -328,14 +328,18 @@ class SandboxPolicy(LoggingConfigurable):
 
     @validate("egress_rules")
     def _check_egress_rules(self, proposal: Any) -> dict[str, Any]:
-        value = proposal["value"]
+        return self._checked_rules(proposal["value"])
+
+    def _checked_rules(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, Mapping):
             raise ValueError("egress_rules must map consumer labels to {allow, deny} objects")
         return {key: _egress_rule(key, rule) for key, rule in value.items()}
 
     @validate("secrets")
     def _check_secrets(self, proposal: Any) -> dict[str, Any]:
-        value = proposal["value"]
+        return self._checked_secrets(proposal["value"])
+
+    def _checked_secrets(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, Mapping):
             raise ValueError("secrets must map secret names to {hosts, from_env | from_file, ...} objects")
         checked = {name: _secret_setting(name, entry) for name, entry in value.items()}
