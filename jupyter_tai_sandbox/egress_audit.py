@@ -10,7 +10,6 @@ appends it to the operator's file (``SandboxPolicy.egress_audit_path``) and keep
 from __future__ import annotations
 
 import collections
-import contextlib
 import datetime
 import json
 import logging
@@ -25,8 +24,6 @@ from typing import Any
 MEMORY_LINES = 10_000
 #: how much of an existing file is read back at start (its last lines fill the memory)
 _TAIL_BYTES = 8 << 20
-#: how often the file's name is checked for a rotation (moved away by logrotate: a new file is opened)
-_REOPEN_CHECK_SECONDS = 1.0
 _FRACTION = re.compile(r"\.(\d+)")
 
 
@@ -68,8 +65,7 @@ class EgressAudit:
         self.log = log or logging.getLogger(__name__)
         self._lines: collections.deque[tuple[float, dict[str, Any]]] = collections.deque(maxlen=keep)
         self._lock = threading.Lock()
-        self._file: Any = None
-        self._checked = 0.0
+        self._made_folder = False
         self._failed = False
         if self.path is not None:
             self._read_tail()
@@ -104,35 +100,24 @@ class EgressAudit:
                 self._write(json.dumps(line, separators=(",", ":"), default=str) + "\n")
 
     def _write(self, text: str) -> None:
+        """Append one line: the file is opened for each (a rotation, logrotate moving it away, is followed at
+        once, and no handle outlives the call)."""
+        assert self.path is not None
         try:
-            now = time.monotonic()
-            if self._file is not None and now - self._checked > _REOPEN_CHECK_SECONDS:
-                self._checked = now
-                try:
-                    rotated = os.stat(self.path).st_ino != os.fstat(self._file.fileno()).st_ino  # type: ignore[arg-type]
-                except OSError:
-                    rotated = True
-                if rotated:
-                    self._file.close()
-                    self._file = None
-            if self._file is None:
-                folder = os.path.dirname(self.path or "")
-                if folder:
-                    os.makedirs(folder, exist_ok=True)
-                fd = os.open(self.path or "", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                self._file = os.fdopen(fd, "a", encoding="utf-8")
-                self._checked = now
-            self._file.write(text)
-            self._file.flush()
+            folder = os.path.dirname(self.path)
+            if folder and not self._made_folder:
+                os.makedirs(folder, exist_ok=True)
+                self._made_folder = True
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, text.encode("utf-8", "surrogatepass"))
+            finally:
+                os.close(fd)
             self._failed = False
         except OSError as e:
             if not self._failed:
                 self.log.warning("egress audit: cannot append to %s: %s (kept in memory only)", self.path, e)
             self._failed = True
-            if self._file is not None:
-                with contextlib.suppress(OSError):
-                    self._file.close()
-                self._file = None
 
     def query(
         self,
@@ -161,10 +146,3 @@ class EgressAudit:
             out.append(record)
         out.reverse()
         return out
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                with contextlib.suppress(OSError):
-                    self._file.close()
-                self._file = None
