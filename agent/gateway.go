@@ -316,6 +316,7 @@ type gateway struct {
 	listeners []net.Listener
 	udp       net.PacketConn
 	raw       map[int]net.Listener
+	rawRetry  map[int]time.Time
 	wg        sync.WaitGroup
 	mitm      *gwMITM
 	plainHTTP *http.Server
@@ -331,6 +332,7 @@ func newGateway(dir, caDir string) *gateway {
 		sessions:     map[string]*gwSession{},
 		secrets:      map[string]*gwSecret{},
 		raw:          map[int]net.Listener{},
+		rawRetry:     map[int]time.Time{},
 		conns:        newConnLimit(gwMaxPerClient, gwMaxConns),
 		dnsDedup:     newDedup(),
 		logf: func(format string, args ...any) {

@@ -140,9 +140,7 @@ type gwTest struct {
 	httpsAddr          string
 	cancel             context.CancelFunc
 	done               chan error
-	rawUpstream        map[int]int // raw port -> the test listener's port
-	gwRawPort          func(int) int
-	extraUpstreamPorts sync.Map
+	extraUpstreamPorts sync.Map // a raw port -> the port of the test's server it reaches
 }
 
 func freePort(t *testing.T) int {
@@ -875,5 +873,125 @@ func TestGatewayEntries(t *testing.T) {
 	}
 	if got := fmt.Sprint(normHost("Example.COM.:8080")); got != "example.com" {
 		t.Errorf("normHost: %q", got)
+	}
+}
+
+// rawUpstream is a TCP server that speaks first ("hello <port>\n"), then echoes, and ends its side when the
+// client ends its own.
+func rawUpstream(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	port := ln.Addr().(*net.TCPAddr).Port
+	go acceptLoop(ln, func(c net.Conn) {
+		defer c.Close()
+		fmt.Fprintf(c, "hello %d\n", port)
+		_, _ = io.Copy(c, c)
+		_ = c.(*net.TCPConn).CloseWrite()
+	})
+	return port
+}
+
+func TestGatewayRawPorts(t *testing.T) {
+	pSingle, pTLS, pMulti, pGone := freePort(t), freePort(t), freePort(t), freePort(t)
+	session := map[string]any{"session": "sbx-1", "allow": []string{
+		fmt.Sprintf("db.allowed.test:%d", pSingle),
+		fmt.Sprintf("other.test:%d", pTLS),
+		fmt.Sprintf("*.other.test:%d", pMulti), fmt.Sprintf("allowed.test:%d", pMulti),
+		fmt.Sprintf("gone.test:%d", pGone),
+	}}
+	gt := startGateway(t, session, nil)
+	echoPort := rawUpstream(t)
+	securePort := gt.secure.Listener.Addr().(*net.TCPAddr).Port
+	for _, p := range []int{pSingle, pGone} {
+		gt.extraUpstreamPorts.Store(p, echoPort)
+	}
+	for _, p := range []int{pTLS, pMulti} {
+		gt.extraUpstreamPorts.Store(p, securePort)
+	}
+	addr := func(p int) string { return net.JoinHostPort(gwListen, strconv.Itoa(p)) }
+	// the single entry: connected at once (the server speaks first), echoed, half-close passed on
+	c, err := dialerFrom(gwClient).Dial("tcp", addr(pSingle))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	if line, err := br.ReadString('\n'); err != nil || line != fmt.Sprintf("hello %d\n", echoPort) {
+		t.Fatalf("banner: %q %v", line, err)
+	}
+	_, _ = c.Write([]byte("ping"))
+	_ = c.(*net.TCPConn).CloseWrite()
+	if rest, err := io.ReadAll(br); err != nil || string(rest) != "ping" {
+		t.Fatalf("echo after half-close: %q %v", rest, err)
+	}
+	c.Close()
+	if rc, an := gt.rawDNS("udp", gwClient, "db.allowed.test", dnsTypeA); rc != dnsRcodeOK || an != 1 {
+		t.Fatalf("DNS for a raw entry's name: %d %d", rc, an)
+	}
+	// an unknown client: reset
+	c, err = dialerFrom(gwStranger).Dial("tcp", addr(pSingle))
+	if err == nil {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	if !isReset(err) {
+		t.Fatalf("unknown client: %v", err)
+	}
+	tlsTo := func(port int, sni string) error {
+		raw, err := dialerFrom(gwClient).Dial("tcp", addr(port))
+		if err != nil {
+			return err
+		}
+		defer raw.Close()
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(gt.upstreamCA)
+		tc := tls.Client(raw, &tls.Config{ServerName: sni, RootCAs: pool})
+		_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+		return tc.Handshake()
+	}
+	// one entry, TLS: its own name passes, another SNI (fronting) is reset
+	if err := tlsTo(pTLS, "other.test"); err != nil {
+		t.Fatalf("TLS to the entry: %v", err)
+	}
+	if err := tlsTo(pTLS, "allowed.test"); !isReset(err) {
+		t.Fatalf("TLS naming another host: %v, want a reset", err)
+	}
+	// several entries: the SNI picks one; another name or no TLS is reset
+	for _, sni := range []string{"a.other.test", "allowed.test"} {
+		if err := tlsTo(pMulti, sni); err != nil {
+			t.Fatalf("SNI %s among several entries: %v", sni, err)
+		}
+	}
+	if err := tlsTo(pMulti, "evil.test"); !isReset(err) {
+		t.Fatalf("an SNI no entry names: %v, want a reset", err)
+	}
+	c, _ = dialerFrom(gwClient).Dial("tcp", addr(pMulti))
+	_, _ = c.Write([]byte("plain bytes, no ClientHello\n"))
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !isReset(err) {
+		t.Fatalf("no TLS among several entries: %v", err)
+	}
+	c.Close()
+	gt.auditLines(func(r gwAuditRecord) bool {
+		return r.Kind == "tcp" && r.Host == "allowed.test" && r.Decision == "refuse" && r.Port == pTLS
+	})
+	// a port no session names any more: its listener closes within 1 s
+	session["allow"] = []string{fmt.Sprintf("db.allowed.test:%d", pSingle)}
+	gt.writeJSON("sessions/"+gwClient+".json", session)
+	changed := time.Now()
+	for {
+		c, err := net.Dial("tcp", addr(pGone))
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Since(changed) > time.Second {
+			t.Fatal("the raw port still listens 1 s after no session names it")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
