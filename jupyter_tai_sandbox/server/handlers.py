@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
+import dataclasses
 import json
 import posixpath
 from collections.abc import AsyncIterator
@@ -16,8 +17,10 @@ from tornado import web
 from tornado.escape import url_escape
 
 from ..contract import (
+    EgressPolicy,
     ExecRequest,
     SandboxError,
+    SandboxForbiddenError,
     SandboxNotFoundError,
     SandboxPathError,
     SandboxRequestError,
@@ -25,7 +28,9 @@ from ..contract import (
     SandboxUnavailableError,
     SessionSpec,
 )
+from ..egress_audit import MEMORY_LINES
 from ..errors import UploadTooLargeError
+from ..gate import GatedSession
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin, parse_json_object
 
 _DOWNLOAD_CHUNK = 1 << 20
@@ -86,7 +91,7 @@ class SessionsHandler(SandboxAPIHandler):
     @authorized
     async def post(self) -> None:
         caller = await self.caller()
-        spec = SessionSpec.from_json(self.read_json())
+        spec = SessionSpec.from_json(self.read_json(), request=True)
         session = await self.sessions.create(spec, caller)
         self.touch()
         self.set_header("Location", self.request.path.rstrip("/") + "/" + session.id)
@@ -115,10 +120,31 @@ class SessionHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def patch(self, session_id: str) -> None:
-        """``{"ttl_seconds": N}``: the session now ends N seconds after its creation."""
+        """``{"ttl_seconds": N}``: the session now ends N seconds after its creation; ``{"egress": {"allow":
+        [...] | null, "deny": [...]}}``: its egress policy changes (the gated session narrows it within the
+        operator's rule). Both may be given: the egress first."""
         data = self.read_json()
+        unknown = sorted(set(data) - {"ttl_seconds", "egress"})
+        if unknown or not data:
+            raise SandboxRequestError(
+                f"unknown field(s): {', '.join(unknown)}; known: ttl_seconds, egress"
+                if unknown
+                else "give ttl_seconds, egress or both",
+                field=unknown[0] if unknown else "ttl_seconds",
+            )
+        egress = None
+        if "egress" in data:
+            egress = EgressPolicy.from_json(
+                data.pop("egress"), secrets=False
+            )  # entries checked before the lookup
         session = await self.get_session(session_id, manage=True)
-        info = await self.sessions.set_ttl(session, data)
+        changed = None
+        if egress is not None:
+            changed = await gated(session).change_egress(allow=egress.allow, deny=egress.deny)
+        info = await self.sessions.set_ttl(session, data) if data else changed
+        assert info is not None
+        if changed is not None:  # the policy in force, whether the provider's info shows it yet or not
+            info = dataclasses.replace(info, spec=info.spec.replace(egress=changed.spec.egress))
         self.touch()
         self.write_json(info.to_json())
 
@@ -426,6 +452,46 @@ class FileHandler(SandboxAPIHandler):
         self.finish()
 
 
+class EgressAuditHandler(SandboxAPIHandler):
+    """``GET egress/audit?owner=&session=&since=&limit=``: the egress gateways' audit lines kept in memory
+    (the operator's file, SandboxPolicy.egress_audit_path, keeps them all). An admin (read on
+    jupyter_tai_sandbox:admin) sees every user's; a user their own sessions' only."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        caller = await self.caller()
+        owner = self.get_argument("owner", None) or None
+        if not caller.sees_all:
+            if owner is not None and owner != caller.name:
+                raise SandboxForbiddenError(
+                    "another user's egress audit needs read on jupyter_tai_sandbox:admin; leave owner unset "
+                    "for your own"
+                )
+            owner = caller.name
+        raw_limit = self.get_argument("limit", "1000")
+        if not raw_limit.isdigit() or not 0 < int(raw_limit) <= MEMORY_LINES:
+            raise SandboxRequestError(f"limit: a whole number from 1 to {MEMORY_LINES}", field="limit")
+        since = self.get_argument("since", None) or None
+        try:
+            lines = self.policy.egress_audit.query(
+                owner=owner,
+                session=self.get_argument("session", None) or None,
+                since=since,
+                limit=int(raw_limit),
+            )
+        except ValueError as e:
+            raise SandboxRequestError(str(e), field="since") from None
+        self.write_json({"lines": lines})
+
+
+def gated(session: SandboxSession) -> GatedSession:
+    """The session as the registry hands it out: behind the gate (where a live egress change is decided)."""
+    if not isinstance(session, GatedSession):  # pragma: no cover - the registry only hands out gated sessions
+        raise SandboxUnavailableError("the session is not behind the policy gate")
+    return session
+
+
 def _named(path: str | None) -> str:
     if not path or not path.strip("/"):
         raise SandboxPathError("name a file or folder inside the workspace, e.g. files/data/old.csv")
@@ -437,6 +503,7 @@ SESSION_ID = r"(?P<session_id>[^/]+)"
 rest_handlers = [
     (r"/api/sandbox/status", StatusHandler),
     (r"/api/sandbox/sessions", SessionsHandler),
+    (r"/api/sandbox/egress/audit", EgressAuditHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}", SessionHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/(?P<action>pause|resume)", SessionStateHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/fork", ForkHandler),
