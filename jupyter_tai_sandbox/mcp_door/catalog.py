@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..contract import ExecRequest, SandboxRequestError, SessionSpec
+from ..contract import EgressPolicy, ExecRequest, SandboxRequestError, SandboxUnavailableError, SessionSpec
 from ..errors import SandboxForbiddenError
+from ..gate import GatedSession
 from ..policy import SCRUBBED
 from ..sessions import AUTH_RESOURCE, Caller
 from ..tools import BASE_TOOLS, Decided, Preset, validate_input
@@ -191,7 +192,7 @@ class DoorTools:
 
     async def _session_create(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         registry = self.app.registry
-        spec = SessionSpec.from_json(data)
+        spec = SessionSpec.from_json(data, request=True)
         session = await registry.create(spec, request.caller)
         return dict((await session.info()).to_json())
 
@@ -337,6 +338,16 @@ class DoorTools:
         source = await self._session(request, data, manage=True)
         fork = await self.app.registry.fork(source, request.caller)
         return dict((await fork.info()).to_json())
+
+    async def _session_set_egress(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        policy = EgressPolicy.from_json(
+            {"allow": data.get("allow"), "deny": data.get("deny") or []}, secrets=False
+        )
+        session = await self._session(request, data, manage=True)
+        if not isinstance(session, GatedSession):  # pragma: no cover - the registry hands out gated sessions
+            raise SandboxUnavailableError("the session is not behind the policy gate")
+        info = await session.change_egress(allow=policy.allow, deny=policy.deny)
+        return dict(info.to_json())
 
     async def _session_status(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         if "session_id" in data:

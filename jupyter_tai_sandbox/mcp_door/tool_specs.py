@@ -83,7 +83,21 @@ _SPEC_PROPERTIES: dict[str, Any] = {
         "description": "credential label; naming another than your own is an admin act",
     },
     "owner": {"type": "string", "description": "naming another owner than yourself is an admin act"},
+    "egress": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "with network egress: the host names the session may reach through its egress gateway "
+        "(docker), within the operator's rule (SandboxPolicy.egress_rules)",
+        "properties": {
+            "allow": {"type": ["array", "null"], "items": {"type": "string"}},
+            "deny": {"type": "array", "items": {"type": "string"}},
+        },
+    },
 }
+_HOSTS_DESCRIPTION = (
+    "host names: 'example.com' (that name, ports 80 and 443), '*.example.com' (any name under it), '*' "
+    "(any name; allow only), 'NAME:PORT' (raw TCP to that port)"
+)
 
 SESSION_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
@@ -231,6 +245,32 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
             "additionalProperties": False,
             "required": ["session_id"],
             "properties": {"session_id": _SESSION_ID},
+        },
+        action="write",
+    ),
+    ToolSpec(
+        "session_set_egress",
+        "Change a running session's egress policy: the host names its new connections may reach (within a "
+        "second), within the operator's rule; its secrets are kept. allow null (or absent): the operator's "
+        "rule's allow-list, or any name on ports 80 and 443. A provider without an egress gateway refuses.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id"],
+            "properties": {
+                "session_id": _SESSION_ID,
+                "allow": {
+                    "type": ["array", "null"],
+                    "items": {"type": "string"},
+                    "description": "the " + _HOSTS_DESCRIPTION + " it may reach",
+                },
+                "deny": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "host names it may not reach (entries as in allow, '*' aside); "
+                    "they win over allow",
+                },
+            },
         },
         action="write",
     ),
