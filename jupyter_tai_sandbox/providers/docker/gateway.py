@@ -377,7 +377,15 @@ class EgressGateways:
         running = [c for c in listed if c.get("running")]
         for entry in listed:
             if entry.get("running") and entry is running[0]:
-                if watched.command is None or watched.command.id != entry["id"] or watched.command.ended:
+                reading = (
+                    watched.command is not None
+                    and watched.command.id == entry["id"]
+                    and watched.drain is not None
+                    and not watched.drain.done()
+                )
+                # its output is read by one server at a time: this one, or another of the deployment until its
+                # connection ends (an attach would take it over, and the other would take it back)
+                if not reading and not entry.get("attached"):
                     watched.command = await client.attach(
                         entry["id"],
                         stdout=entry.get("output", {}).get("stdout", [0, 0])[1],
@@ -598,6 +606,37 @@ class EgressGateways:
             return EgressPolicy(allow=data.get("allow"), deny=data.get("deny") or (), secrets=policy.secrets)
         except SandboxSpecRejectedError:
             return policy
+
+    async def live_policies(self, sessions: Sequence[DockerSession]) -> None:
+        """Give each of ``sessions`` (with a policy each) its policy in force: the files of each owner's
+        gateway, read once per gateway (a listing's way; :meth:`current` is one session's)."""
+        by_owner: dict[str | None, list[DockerSession]] = {}
+        for session in sessions:
+            by_owner.setdefault(session.spec.owner, []).append(session)
+        for owner, owned in by_owner.items():
+            try:
+                gateway = await self.find(owner)
+                if gateway is None:
+                    continue
+                client = await self._client(self._watch(gateway))
+                files: dict[str, Any] = {}
+                for entry in await client.listdir(GATEWAY_DIR, "sessions"):
+                    with contextlib.suppress(AgentError, ValueError):
+                        data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{entry['name']}"))
+                        if isinstance(data, dict):
+                            files[str(data.get("session"))] = data
+            except (AgentError, SandboxError) as e:
+                self._log.debug("sandbox-docker: the egress gateway of %s: %s", owner, e)
+                continue
+            for session in owned:
+                policy, data = session.spec.egress, files.get(session.id)
+                if policy is None or data is None:
+                    continue
+                with contextlib.suppress(SandboxSpecRejectedError):
+                    live = EgressPolicy(
+                        allow=data.get("allow"), deny=data.get("deny") or (), secrets=policy.secrets
+                    )
+                    session.spec = session.spec.replace(egress=live)
 
     async def detach(self, session: DockerSession) -> None:
         """Take a session's file out of its gateway (before its container goes: its address names the file),

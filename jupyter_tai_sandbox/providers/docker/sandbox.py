@@ -504,19 +504,20 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
         )
         ttls = expiries(ttl_records)
         alive = {c["Id"] for c in pooled}
-        infos = []
+        sessions = []
         for summary in summaries:
             self._agent_site.note_state(
                 summary["Id"], {"State": {"Paused": summary.get("State") == "paused"}}
             )
             try:
-                infos.append(
-                    retimed(
-                        self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls
-                    )._info()
+                sessions.append(
+                    retimed(self._session_from(summary["Id"], summary.get("Labels") or {}, None), ttls)
                 )
             except (KeyError, ValueError, SandboxError):
                 continue
+        # the policies in force of sessions with one (a live change is recorded at their gateway)
+        await self._gateways.live_policies([s for s in sessions if s.spec.egress is not None])
+        infos = [session._info() for session in sessions]
         for volume in records:
             if (volume.get("Labels") or {}).get(LABEL_RECORD) not in alive:
                 continue  # its container is gone: the reap removes the record

@@ -184,6 +184,16 @@ def test_a_gateway_serves_an_owners_sessions_and_goes_with_the_last(client):
             theirs = await other.get(first.id)
             assert theirs.spec.egress is not None and theirs.spec.egress.allow == ("changed.test",)
             assert theirs.spec.egress.secrets == (grant,)
+            listed = {info.id: info.spec.egress for info in await other.list()}
+            assert listed[first.id] is not None and listed[first.id].allow == ("changed.test",)
+            # a fork runs under the policy in force, behind the same gateway
+            fork = await first.fork()
+            try:
+                assert fork.spec.egress is not None and fork.spec.egress.allow == ("changed.test",)
+                assert await answers(fork, "changed.test", gateway_ip)
+            finally:
+                await fork.destroy()
+            assert [g.id for g in gateways(client, ours.deployment)] == [gateway.id]
 
             # a rotated secret reaches the gateway's file without a restart
             hooks.values["gw-token"] = "real-value-2"
