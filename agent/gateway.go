@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,8 +37,10 @@ const (
 	gwDefaultBodyLimit = 1 << 20
 	gwMaxConfigFile    = 1 << 20 // a session or secret file larger than this is ignored (refused)
 	gwMaxPerClient     = 512     // connections at once from one source address; more are reset
-	gwMaxConns         = 8192    // connections at once in all
-	gwMaxEntries       = 4096    // entries of one session file
+	gwMaxConns         = 4096    // connections at once in all (a 256 MiB container)
+	gwMaxTerminated    = 1024    // terminated TLS connections at once (each holds TLS and HTTP buffers)
+	gwMemoryLimit      = 192 << 20
+	gwMaxEntries       = 4096 // entries of one session file
 )
 
 // gwPorts are the ports the gateway listens on (tests use unprivileged ones).
@@ -292,6 +295,8 @@ type gateway struct {
 	dir, caDir string
 	ports      gwPorts
 	pollEvery  time.Duration
+	// headTimeout bounds reading a request head, a ClientHello, a DNS message over TCP
+	headTimeout time.Duration
 	// upstreamPort maps the port the gateway dials upstream (tests: 443 -> a test server's port)
 	upstreamPort func(int) int
 	// upstreamOK says whether the gateway may dial a resolved address (default: not loopback, unspecified,
@@ -320,6 +325,7 @@ type gateway struct {
 	wg        sync.WaitGroup
 	mitm      *gwMITM
 	plainHTTP *http.Server
+	plainTr   *http.Transport
 }
 
 func newGateway(dir, caDir string) *gateway {
@@ -327,6 +333,7 @@ func newGateway(dir, caDir string) *gateway {
 		dir: dir, caDir: caDir,
 		ports:        gwPorts{dns: 53, http: 80, https: 443},
 		pollEvery:    gwPollEvery,
+		headTimeout:  gwHeadTimeout,
 		upstreamPort: func(p int) int { return p },
 		sigs:         map[string]fileSig{},
 		sessions:     map[string]*gwSession{},
@@ -366,6 +373,9 @@ func gatewayMain(args []string) int {
 	signal.Ignore(syscall.SIGPIPE, syscall.SIGHUP)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-sigs; cancel() }()
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(gwMemoryLimit) // collect harder before the container's limit, not after
+	}
 	g := newGateway(*dir, *caDir)
 	if err := g.run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "tai-agent gateway:", err)
@@ -482,11 +492,20 @@ func (g *gateway) closeListeners() {
 		delete(g.raw, p)
 	}
 	g.mu.Unlock()
-	if g.plainHTTP != nil {
-		g.plainHTTP.Close()
+	g.mu.Lock()
+	plain, plainTr := g.plainHTTP, g.plainTr
+	g.mu.Unlock()
+	if plain != nil {
+		plain.Close()
 	}
 	g.mitm.close()
 	g.wg.Wait()
+	if plainTr != nil {
+		plainTr.CloseIdleConnections()
+	}
+	if st := g.state.Load(); st != nil && st.transport != nil {
+		st.transport.CloseIdleConnections()
+	}
 }
 
 // poll reads what changed in the directory and publishes a new state when anything did.

@@ -134,6 +134,11 @@ func parseDNSQuery(m []byte) (dnsQuery, error) {
 	if q.name, off, err = readDNSName(m, 12); err != nil {
 		return q, err
 	}
+	for i := 12; i < off-1; i += 1 + int(m[i]) {
+		if m[i]&0xC0 != 0 {
+			return q, errors.New("dns: a compressed question") // the reply copies the question as asked
+		}
+	}
 	if off+4 > len(m) {
 		return q, errDNSShort
 	}
@@ -230,7 +235,7 @@ func (g *gateway) serveDNSTCP(ln net.Listener) {
 			client := addrIP(c.RemoteAddr())
 			var lb [2]byte
 			for {
-				_ = c.SetDeadline(time.Now().Add(gwHeadTimeout))
+				_ = c.SetDeadline(time.Now().Add(g.headTimeout))
 				if _, err := io.ReadFull(c, lb[:]); err != nil {
 					return
 				}

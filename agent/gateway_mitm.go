@@ -196,12 +196,33 @@ type gwMITM struct {
 	proxy *httputil.ReverseProxy
 	once  sync.Once
 	done  chan struct{}
+	slots chan struct{} // one per terminated connection at once
 }
 
 type mitmConn struct {
 	net.Conn
-	info *gwMITMInfo
+	info    *gwMITMInfo
+	once    sync.Once
+	release func()
 }
+
+func (c *mitmConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// acquire takes one of the terminated connections' slots (false: none left; the caller resets).
+func (m *gwMITM) acquire() bool {
+	select {
+	case m.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (m *gwMITM) release() { <-m.slots }
 
 type gwMITMInfo struct {
 	client, sni string
@@ -210,7 +231,7 @@ type gwMITMInfo struct {
 type gwMITMKey struct{}
 
 func newMITM(g *gateway) *gwMITM {
-	m := &gwMITM{g: g, conns: make(chan net.Conn), done: make(chan struct{})}
+	m := &gwMITM{g: g, conns: make(chan net.Conn), done: make(chan struct{}), slots: make(chan struct{}, gwMaxTerminated)}
 	m.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			info := pr.In.Context().Value(gwReqKey{}).(*gwReq)
@@ -227,7 +248,7 @@ func newMITM(g *gateway) *gwMITM {
 	}
 	m.srv = &http.Server{
 		Handler:           http.HandlerFunc(m.handle),
-		ReadHeaderTimeout: gwHeadTimeout,
+		ReadHeaderTimeout: g.headTimeout,
 		MaxHeaderBytes:    gwMaxHead,
 		IdleTimeout:       60 * time.Second,
 		ErrorLog:          newProxyLog(),
@@ -269,7 +290,7 @@ func (m *gwMITM) close() {
 }
 
 // serve terminates c (whose ClientHello, already read, is hello) with a leaf for sni and hands it to the
-// server.
+// server. The caller holds a slot (acquire); serve gives it back when the connection ends.
 func (m *gwMITM) serve(c net.Conn, hello []byte, sni, client string) {
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -279,16 +300,18 @@ func (m *gwMITM) serve(c net.Conn, hello []byte, sni, client string) {
 		},
 	}
 	tc := tls.Server(&prefixConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), c)}, cfg)
-	_ = c.SetDeadline(time.Now().Add(gwHeadTimeout))
+	_ = c.SetDeadline(time.Now().Add(m.g.headTimeout))
 	if err := tc.Handshake(); err != nil {
 		c.Close()
+		m.release()
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
+	mc := &mitmConn{Conn: tc, info: &gwMITMInfo{client: client, sni: sni}, release: m.release}
 	select {
-	case m.conns <- &mitmConn{Conn: tc, info: &gwMITMInfo{client: client, sni: sni}}:
+	case m.conns <- mc:
 	case <-m.done:
-		c.Close()
+		mc.Close()
 	}
 }
 

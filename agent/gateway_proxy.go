@@ -245,16 +245,15 @@ func (g *gateway) serveHTTP(ln net.Listener) {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			g.handlePlain(w, r, proxy)
 		}),
-		ReadHeaderTimeout: gwHeadTimeout,
+		ReadHeaderTimeout: g.headTimeout,
 		MaxHeaderBytes:    gwMaxHead,
 		IdleTimeout:       60 * time.Second,
 		ErrorLog:          newProxyLog(),
 	}
 	g.mu.Lock()
-	g.plainHTTP = srv
+	g.plainHTTP, g.plainTr = srv, transport
 	g.mu.Unlock()
 	_ = srv.Serve(ln)
-	transport.CloseIdleConnections()
 }
 
 func (g *gateway) handlePlain(w http.ResponseWriter, r *http.Request, proxy *httputil.ReverseProxy) {
@@ -315,7 +314,7 @@ func (g *gateway) handleTLS(c net.Conn) {
 		resetConn(c)
 		return
 	}
-	_ = c.SetReadDeadline(time.Now().Add(gwHeadTimeout))
+	_ = c.SetReadDeadline(time.Now().Add(g.headTimeout))
 	raw, hello, err := readClientHello(c)
 	st := g.state.Load()
 	sess := st.sessions[client]
@@ -342,6 +341,11 @@ func (g *gateway) handleTLS(c net.Conn) {
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	if subs := st.secretsFor(sess, host); len(subs) > 0 {
+		if !g.mitm.acquire() {
+			g.auditf(st, sess, client, "tls", host, 443, false, "too many terminated connections", "")
+			resetConn(c)
+			return
+		}
 		g.auditf(st, sess, client, "tls", host, 443, true, "terminated (secret host)", "")
 		g.mitm.serve(c, raw, host, client)
 		return
@@ -375,8 +379,8 @@ func readClientHello(r io.Reader) ([]byte, tlsHello, error) {
 	var raw, hs []byte
 	var hdr [5]byte
 	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return raw, tlsHello{}, err
+		if got, err := io.ReadFull(r, hdr[:]); err != nil {
+			return append(raw, hdr[:got]...), tlsHello{}, err
 		}
 		raw = append(raw, hdr[:]...)
 		if hdr[0] != 22 {
@@ -388,8 +392,8 @@ func readClientHello(r io.Reader) ([]byte, tlsHello, error) {
 		}
 		start := len(raw)
 		raw = append(raw, make([]byte, n)...)
-		if _, err := io.ReadFull(r, raw[start:]); err != nil {
-			return raw, tlsHello{}, err
+		if got, err := io.ReadFull(r, raw[start:]); err != nil {
+			return raw[:start+got], tlsHello{}, err
 		}
 		hs = append(hs, raw[start:]...)
 		if len(hs) >= 4 {

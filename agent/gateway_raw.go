@@ -79,7 +79,7 @@ func (g *gateway) handleRaw(c net.Conn, port int) {
 		return
 	}
 	// several entries (or a wildcard): the ClientHello's SNI names the target
-	_ = c.SetReadDeadline(time.Now().Add(gwHeadTimeout))
+	_ = c.SetReadDeadline(time.Now().Add(g.headTimeout))
 	raw, hello, err := readClientHello(c)
 	st = g.state.Load()
 	if sess = st.sessions[client]; sess == nil {
@@ -150,7 +150,7 @@ func (g *gateway) rawSingle(c net.Conn, st *gwState, sess *gwSession, client, ta
 	if n == 1 {
 		head := first[:]
 		if first[0] == 22 { // a TLS handshake record: read the ClientHello (bounded) and check its SNI
-			_ = c.SetReadDeadline(time.Now().Add(gwHeadTimeout))
+			_ = c.SetReadDeadline(time.Now().Add(g.headTimeout))
 			raw, hello, herr := readClientHello(io.MultiReader(bytes.NewReader(first[:]), c))
 			_ = c.SetReadDeadline(time.Time{})
 			head = raw
