@@ -339,9 +339,9 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
         policy = spec.egress
         assert policy is not None
         async with self._networks.hold(filtered):
-            gateway = await self._gateways.ensure(spec.owner)
             ip = ""
             try:
+                gateway = await self._gateways.ensure(spec.owner)
                 for attempt in (1, 2, 3):
                     # its address is picked, and its file at the gateway written, before it starts: the
                     # gateway reads it while the container starts
@@ -365,6 +365,7 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
             except BaseException:
                 if ip:
                     await self._gateways.withdraw(gateway, ip)
+                # a gateway made for this session (or one whose command would not start) goes with it
                 with contextlib.suppress(SandboxError):
                     await self._gateways.release(spec.owner)
                 raise

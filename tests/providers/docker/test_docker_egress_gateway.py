@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import time
 
 import pytest
 
-from jupyter_tai_sandbox.contract import SessionSpec
+from jupyter_tai_sandbox.contract import SandboxUnavailableError, SessionSpec
 from jupyter_tai_sandbox.contract.egress import EgressPolicy, SecretGrant, new_placeholder
 from jupyter_tai_sandbox.providers.docker import gateway as gateway_module
 from jupyter_tai_sandbox.providers.docker.gateway import (
@@ -58,6 +60,15 @@ def container_file(container, path: str) -> str:
 def gateway_file(container, path: str) -> str:
     """A file of the gateway's directory, as the gateway container holds it (root's tmpfs)."""
     return container_file(container, f"{GATEWAY_DIR}/{path}")
+
+
+def default_route(container) -> str | None:
+    """The address a container's default route goes through (its /proc/net/route)."""
+    for line in container_file(container, "/proc/net/route").splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            return socket.inet_ntoa(struct.pack("<I", int(fields[2], 16)))
+    return None
 
 
 def address_on(client, container_id: str, network: str) -> str:
@@ -113,6 +124,11 @@ def test_a_gateway_serves_an_owners_sessions_and_goes_with_the_last(client):
                 filtered,
                 ours.scope.owner_network(ours.egress_network, "gw-owner"),
             }
+            # its way out is the egress bridge: its default route goes there
+            egress_gateway = client.api.inspect_container(gateway.id)["NetworkSettings"]["Networks"][
+                ours.scope.owner_network(ours.egress_network, "gw-owner")
+            ]["Gateway"]
+            assert default_route(gateway) == egress_gateway
             attrs = client.api.inspect_network(filtered)
             assert attrs["Internal"] is True
             assert attrs["Options"].get("com.docker.network.bridge.inhibit_ipv4") == "true"
@@ -274,6 +290,21 @@ def test_a_server_started_later_restarts_a_dead_gateway_command_and_a_reap_remov
         finally:
             if session is not None:
                 await session.destroy()
+            await ours.close()
+
+    run(main())
+
+
+def test_a_gateway_that_cannot_start_fails_the_create_and_leaves_nothing(client, tmp_path):
+    async def main():
+        ours = provider(egress_upstream_ca=str(tmp_path / "missing.pem"))
+        try:
+            with pytest.raises(SandboxUnavailableError, match="egress_upstream_ca"):
+                await ours.create(egress_spec(EgressPolicy(allow=("a.test",))))
+            assert gateways(client, ours.deployment) == []
+            assert [s for s in await ours.list() if s.spec.owner == "gw-owner"] == []
+            assert client.networks.list(names=[ours._gateways.filtered_network("gw-owner")]) == []
+        finally:
             await ours.close()
 
     run(main())
