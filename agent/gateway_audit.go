@@ -128,7 +128,8 @@ func (a *gwAudit) sealedBytes() int64 {
 	}
 	var n int64
 	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), ".jsonl") {
+		// sealed files, and those a server claimed by renaming them (<name>.jsonl.<...>) and reads now
+		if !strings.Contains(e.Name(), ".jsonl") {
 			continue
 		}
 		if info, err := e.Info(); err == nil {
