@@ -282,6 +282,8 @@ class RemoteSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     """sandbox-remote: the sessions of another server running jupyter_tai_sandbox, over its API."""
 
     kind = "remote"
+    # until the remote's status is read: admit a policy, the remote decides
+    egress_policy = True
     egress_refusal = "the remote sandbox server's provider cannot enforce an egress allow-list"
     # until the remote's status is read: admit everything, the remote decides
     max_isolation: SandboxIsolation = ISOLATION_ORDER[-1]
