@@ -428,6 +428,7 @@ func (g *gateway) run(ctx context.Context) error {
 	defer tick.Stop()
 	seal := time.NewTicker(time.Second)
 	defer seal.Stop()
+	lastErr := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -435,8 +436,12 @@ func (g *gateway) run(ctx context.Context) error {
 		case <-seal.C:
 			g.audit.seal()
 		case <-tick.C:
-			if err := g.poll(); err != nil {
+			// a lasting problem (a missing gateway.json) is said once, not every 250 ms
+			if err := g.poll(); err != nil && err.Error() != lastErr {
 				g.logf("%v", err)
+				lastErr = err.Error()
+			} else if err == nil {
+				lastErr = ""
 			}
 			g.syncRawPorts(g.state.Load())
 		}
@@ -606,6 +611,9 @@ func (g *gateway) poll() error {
 		}
 		st.transport = t
 		g.rootsPEM = cfg.UpstreamRootsPEM
+	}
+	if old != nil && old.cfg.Resolver != cfg.Resolver {
+		g.resolver.flush() // names resolved through the old resolver are not kept
 	}
 	g.state.Store(st)
 	return firstErr

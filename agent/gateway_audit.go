@@ -84,8 +84,11 @@ func (a *gwAudit) appendLocked(line []byte) {
 		a.dropped++
 		return
 	}
-	n, _ := a.f.Write(line)
+	n, err := a.f.Write(line)
 	a.partLen += int64(n)
+	if err != nil {
+		a.dropped++ // a full disk: counted like a line over the bound
+	}
 }
 
 // seal renames a non-empty current.part to a sealed file and counts what waits.

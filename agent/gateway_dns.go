@@ -320,6 +320,12 @@ func (r *gwResolver) server(st *gwState) (string, error) {
 	return "", errors.New("no nameserver in /etc/resolv.conf")
 }
 
+func (r *gwResolver) flush() {
+	r.mu.Lock()
+	r.cache = map[string]gwResolved{}
+	r.mu.Unlock()
+}
+
 func (r *gwResolver) lookup(ctx context.Context, name string) ([]net.IP, error) {
 	now := time.Now()
 	r.mu.Lock()

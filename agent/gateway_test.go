@@ -196,7 +196,7 @@ func startGatewayWith(t *testing.T, session map[string]any, secrets map[string]a
 		}
 		return p
 	}
-	g.upstreamOK = nil // the test's upstreams are on loopback
+	g.upstreamOK = nil // the test's upstreams are on loopback (configure may put the default back)
 	if configure != nil {
 		configure(g)
 	}
@@ -1103,5 +1103,87 @@ func TestGatewayNoGoroutineLeak(t *testing.T) {
 			t.Fatalf("%d goroutines, %d before the connections:\n%s", n, base, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestGatewayUpstreamRefusedAddresses(t *testing.T) {
+	listen := net.ParseIP("10.9.0.2")
+	st := &gwState{listenIP: listen}
+	for _, tc := range []struct {
+		ip   string
+		want bool
+	}{
+		{"127.0.0.1", false}, {"0.0.0.0", false}, {"169.254.169.254", false}, {"224.0.0.1", false},
+		{"10.9.0.2", false}, {"93.184.216.34", true}, {"10.9.0.3", true},
+	} {
+		if got := defaultUpstreamOK(net.ParseIP(tc.ip), st); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.ip, got, tc.want)
+		}
+	}
+	// the default check in place: the test's upstreams are on loopback, so an allowed name fails visibly
+	gt := startGatewayWith(t, basicSession, nil, func(g *gateway) { g.upstreamOK = defaultUpstreamOK })
+	resp, e, err := gt.get(gt.httpClient(gwClient, false), "http://allowed.test/", nil)
+	if err != nil || resp.StatusCode != http.StatusBadGateway || resp.Header.Get("X-Tai-Sandbox-Egress") != "upstream-error" ||
+		!strings.Contains(e.Body, "does not dial") {
+		t.Fatalf("port 80 to a loopback address: %v %+v %q", err, resp, e.Body)
+	}
+	if _, err := gt.tlsDial(gwClient, "other.test", gt.upstreamCA); !isReset(err) {
+		t.Fatalf("443 to a loopback address: %v, want a reset", err)
+	}
+	lines := gt.auditLines(func(r gwAuditRecord) bool {
+		return r.Kind == "tls" && r.Host == "other.test" && r.Decision == "allow" && strings.HasPrefix(r.Reason, "upstream: ")
+	})
+	found := false
+	for _, l := range lines {
+		found = found || l.Kind == "http" && l.Host == "allowed.test" && strings.HasPrefix(l.Reason, "upstream: ")
+	}
+	if !found {
+		t.Fatalf("no upstream line for port 80: %+v", lines)
+	}
+}
+
+// TestGatewayWaitsForConfig starts a gateway before its gateway.json exists: it writes `ready` only once the
+// file is there, and removes it when it stops.
+func TestGatewayWaitsForConfig(t *testing.T) {
+	dir := t.TempDir()
+	g := newGateway(dir, filepath.Join(t.TempDir(), "ca"))
+	g.logf = func(string, ...any) {}
+	g.ports = gwPorts{dns: freePort(t), http: freePort(t), https: freePort(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.run(ctx) }()
+	time.Sleep(600 * time.Millisecond)
+	if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+		t.Fatal("ready without a gateway.json")
+	}
+	data, _ := json.Marshal(map[string]any{"listen": gwListen})
+	if err := os.WriteFile(filepath.Join(dir, "gateway.json"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if pid, err := os.ReadFile(filepath.Join(dir, "ready")); err == nil {
+			if strings.TrimSpace(string(pid)) != strconv.Itoa(os.Getpid()) {
+				t.Fatalf("ready holds %q", pid)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not ready 5 s after gateway.json appeared")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := g.state.Load(); st.cfg.BodyLimit != gwDefaultBodyLimit {
+		t.Fatalf("body_limit default: %d", st.cfg.BodyLimit)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+		t.Fatal("ready left after a clean stop")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "audit")); err != nil {
+		t.Fatalf("audit directory: %v", err)
 	}
 }
