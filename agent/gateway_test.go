@@ -52,7 +52,7 @@ type testDNS struct {
 	asked   []string
 }
 
-func newTestDNS(t *testing.T) *testDNS {
+func newTestDNS(t testing.TB) *testDNS {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func newTestDNS(t *testing.T) *testDNS {
 }
 
 // testCA makes a CA and a leaf for names, for the test's upstream servers.
-func testCA(t *testing.T, names ...string) (tls.Certificate, []byte) {
+func testCA(t testing.TB, names ...string) (tls.Certificate, []byte) {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: randSerial(), Subject: pkix.Name{CommonName: "test upstream CA"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
@@ -131,7 +131,7 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 }
 
 type gwTest struct {
-	t                  *testing.T
+	t                  testing.TB
 	g                  *gateway
 	dir, caDir         string
 	dns                *testDNS
@@ -144,7 +144,7 @@ type gwTest struct {
 	extraUpstreamPorts sync.Map // a raw port -> the port of the test's server it reaches
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	ln, err := net.Listen("tcp", gwListen+":0")
 	if err != nil {
 		t.Fatal(err)
@@ -154,12 +154,12 @@ func freePort(t *testing.T) int {
 }
 
 // startGateway runs a gateway whose session 127.0.0.2 has the policy in session (a session file's JSON).
-func startGateway(t *testing.T, session map[string]any, secrets map[string]any) *gwTest {
+func startGateway(t testing.TB, session map[string]any, secrets map[string]any) *gwTest {
 	return startGatewayWith(t, session, secrets, nil)
 }
 
 // startGatewayWith lets configure change the gateway before it runs.
-func startGatewayWith(t *testing.T, session map[string]any, secrets map[string]any, configure func(*gateway)) *gwTest {
+func startGatewayWith(t testing.TB, session map[string]any, secrets map[string]any, configure func(*gateway)) *gwTest {
 	gt := &gwTest{t: t, dir: t.TempDir(), caDir: filepath.Join(t.TempDir(), "ca"), dns: newTestDNS(t)}
 	gt.plain = httptest.NewServer(http.HandlerFunc(echoHandler))
 	t.Cleanup(gt.plain.Close)
@@ -887,7 +887,7 @@ func TestGatewayEntries(t *testing.T) {
 
 // rawUpstream is a TCP server that speaks first ("hello <port>\n"), then echoes, and ends its side when the
 // client ends its own.
-func rawUpstream(t *testing.T) int {
+func rawUpstream(t testing.TB) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
