@@ -79,7 +79,10 @@ class EngineNetworks(EngineCalls):
                 )
                 return
             except docker.errors.APIError as e:
-                if e.status_code == 409:  # another provider on this engine made it meanwhile
+                # another provider on this engine made it meanwhile: a 409, or (the engine's duplicate check
+                # is no lock) its bridge, whose interface name is the network's own, is there already
+                if e.status_code == 409 or "same bridge name" in readable(e):
+                    time.sleep(0.05)
                     continue
                 if "overlap" not in readable(e).lower():  # a subnet taken meanwhile: pick again
                     raise
