@@ -60,7 +60,7 @@ from ...contract.egress import EgressHooks, EgressPolicy, SecretGrant
 from .._docker_agent import with_agent
 from .._docker_networks import REAP_GRACE_SECONDS, NetworkLocks, SessionBridges
 from ..container.session import DEFAULT_PATH
-from ..docker_engine import DockerEngine, docker_sdk
+from ..docker_engine import DockerEngine, EngineRefusedError, docker_sdk
 from ..docker_engine.names import (
     LABEL,
     LABEL_AGENT,
@@ -290,9 +290,15 @@ class EgressGateways:
         name = self.container_name(owner)
         filtered = self.filtered_network(owner)
         egress = self._egress_network(owner)
-        # a stopped one (an engine restart stops it) is made again
-        with contextlib.suppress(SandboxError):
-            await self._engine.remove_container(name)
+        # a stopped one (an engine restart stops it) is made again; a running one (another server of the
+        # deployment made it since this one looked) is never touched
+        try:
+            found = await self._engine.inspect_container(name, what="find a gateway")
+        except SandboxNotFoundError:
+            found = None
+        if found is not None and (found.get("State") or {}).get("Status") in ("exited", "dead"):
+            with contextlib.suppress(SandboxError):
+                await self._engine.remove_container(str(found["Id"]))
         async with self._locks.hold(egress):
             await self._bridges.ensure(egress, "egress")
             await self._bridges.ensure(filtered, "filtered")
@@ -329,9 +335,19 @@ class EgressGateways:
                 "detach": True,
                 "working_dir": "/",
             }
-            container_id = await self._engine.create_container(
-                image, with_agent(options, agent_volume), what="create an egress gateway"
-            )
+            try:
+                container_id = await self._engine.create_container(
+                    image, with_agent(options, agent_volume), what="create an egress gateway"
+                )
+            except EngineRefusedError as e:
+                if e.status != 409:  # 409: the name is taken, by a gateway another server is making
+                    raise
+                deadline = time.monotonic() + READY_SECONDS
+                while (made := await self.find(owner)) is None:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+                return made
             try:
                 # its way out: the owner's egress network (the engine routes out through the one not internal)
                 await self._engine.network_connect(container_id, egress)
@@ -420,8 +436,6 @@ class EgressGateways:
         await self._write(client, "gateway.json", config)
         for folder in ("sessions", "secrets", "audit"):
             await client.mkdir(GATEWAY_DIR, folder, parents=True)
-        with contextlib.suppress(AgentError):
-            await client.delete(GATEWAY_DIR, "ready")
         watched.stderr_tail.clear()
         command = await client.start(
             [AGENT_PATH, "gateway", "--dir", GATEWAY_DIR, "--ca", CA_DIR],
@@ -431,22 +445,41 @@ class EgressGateways:
         )
         watched.command = command
         self._drain(watched)
+        # ready: the file `ready` names its pid (an older one's may be there still). Should another server
+        # of the deployment have started one at the same moment, one of the two cannot listen and exits:
+        # the other, once ready, serves
         deadline = time.monotonic() + READY_SECONDS
         while True:
             try:
-                await client.stat(GATEWAY_DIR, "ready")
-                return
+                ready = (await client.read_file(GATEWAY_DIR, "ready")).decode(errors="replace").strip()
             except AgentError as e:
                 if e.code != "ENOENT":
                     raise SandboxUnavailableError(f"the egress gateway's ready file: {e}") from None
-            if command.exit.done() or time.monotonic() > deadline:
-                tail = watched.stderr_tail.decode(errors="replace").strip()[-600:]
-                status = f"exited ({command.exit.result()})" if command.exit.done() else "did not get ready"
-                raise SandboxUnavailableError(
-                    f"the egress gateway of {gateway.network} {status} within {READY_SECONDS:g} s: "
-                    f"{tail or 'no output'} (does the session agent binary have the gateway mode?)"
-                )
+                ready = ""
+            if ready and ready == str(command.pid):
+                return
+            if command.exit.done():
+                others = [
+                    c
+                    for c in await client.list()
+                    if c.get("label") == COMMAND_LABEL and c.get("running") and c.get("id") != command.id
+                ]
+                if others and ready == str(others[0].get("pid")):
+                    with contextlib.suppress(AgentError):
+                        await command.release()
+                    watched.command = None
+                    return
+                if not others or time.monotonic() > deadline:
+                    break
+            elif time.monotonic() > deadline:
+                break
             await asyncio.sleep(0.05)
+        tail = watched.stderr_tail.decode(errors="replace").strip()[-600:]
+        status = f"exited ({command.exit.result()})" if command.exit.done() else "did not get ready"
+        raise SandboxUnavailableError(
+            f"the egress gateway of {gateway.network} {status} within {READY_SECONDS:g} s: "
+            f"{tail or 'no output'} (does the session agent binary have the gateway mode?)"
+        )
 
     def _drain(self, watched: _Watched) -> None:
         """Read the gateway command's output (its log; unread, it would stall the command) into the server's

@@ -308,3 +308,35 @@ def test_a_gateway_that_cannot_start_fails_the_create_and_leaves_nothing(client,
             await ours.close()
 
     run(main())
+
+
+def test_two_servers_making_an_owners_first_sessions_at_once_share_one_gateway(client):
+    async def main():
+        servers = [provider(), provider(), provider()]
+        made: list = []
+        try:
+            results = await asyncio.gather(
+                *(
+                    server.create(egress_spec(EgressPolicy(allow=(f"s{i}.test",))))
+                    for i, server in enumerate(servers)
+                ),
+                return_exceptions=True,
+            )
+            made = [r for r in results if not isinstance(r, BaseException)]
+            assert len(made) == len(servers), results
+            (gateway,) = gateways(client, servers[0].deployment)
+            gateway_ip = address_on(client, gateway.id, gateway.labels[LABEL_GATEWAY_NETWORK])
+            for i, session in enumerate(made):
+                assert await answers(session, f"s{i}.test", gateway_ip)
+            running = [
+                line for line in gateway.exec_run(["ps"]).output.decode().splitlines() if " gateway " in line
+            ]
+            assert len(running) == 1, running
+        finally:
+            for session in made:
+                await session.destroy()
+            for server in servers:
+                await server.close()
+        assert gateways(client, servers[0].deployment) == []
+
+    run(main())
