@@ -178,10 +178,24 @@ func startGatewayWith(t testing.TB, session map[string]any, secrets map[string]a
 	for name, s := range secrets {
 		gt.writeJSON("secrets/"+name+".json", s)
 	}
+	// the ports are free when picked; another test may take one meanwhile: a start that cannot bind retries
+	for attempt := 1; ; attempt++ {
+		err := gt.start(configure)
+		if err == nil {
+			return gt
+		}
+		if attempt == 5 || !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatalf("the gateway ended before it was ready: %v", err)
+		}
+		t.Logf("attempt %d: %v", attempt, err)
+	}
+}
+
+func (gt *gwTest) start(configure func(*gateway)) error {
+	t := gt.t
 	g := newGateway(gt.dir, gt.caDir)
 	g.logf = func(format string, args ...any) { t.Logf("gateway: "+format, args...) }
-	dnsPort := freePort(t)
-	g.ports = gwPorts{dns: dnsPort, http: freePort(t), https: freePort(t)}
+	g.ports = gwPorts{dns: freePort(t), http: freePort(t), https: freePort(t)}
 	plainPort := gt.plain.Listener.Addr().(*net.TCPAddr).Port
 	securePort := gt.secure.Listener.Addr().(*net.TCPAddr).Port
 	g.upstreamPort = func(p int) int {
@@ -205,25 +219,31 @@ func startGatewayWith(t testing.TB, session map[string]any, secrets map[string]a
 	gt.httpAddr = net.JoinHostPort(gwListen, strconv.Itoa(g.ports.http))
 	gt.httpsAddr = net.JoinHostPort(gwListen, strconv.Itoa(g.ports.https))
 	ctx, cancel := context.WithCancel(context.Background())
-	gt.cancel, gt.done = cancel, make(chan error, 1)
-	go func() { gt.done <- g.run(ctx) }()
-	t.Cleanup(gt.stop)
+	done := make(chan error, 1)
+	go func() { done <- g.run(ctx) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(filepath.Join(gt.dir, "ready")); err == nil {
 			break
 		}
 		select {
-		case err := <-gt.done:
-			t.Fatalf("the gateway ended before it was ready: %v", err)
+		case err := <-done:
+			cancel()
+			if err == nil {
+				err = errors.New("ended")
+			}
+			return err
 		default:
 		}
 		if time.Now().After(deadline) {
+			cancel()
 			t.Fatal("the gateway is not ready after 10 s")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return gt
+	gt.cancel, gt.done = cancel, done
+	t.Cleanup(gt.stop)
+	return nil
 }
 
 func (gt *gwTest) stop() {
