@@ -38,6 +38,7 @@ import hashlib
 import ipaddress
 import json
 import random
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -227,6 +228,8 @@ class EgressGateways:
         self._image = image
         self._hooks = hooks
         self._watched: dict[str, _Watched] = {}  # by container id
+        #: this object's mark on the audit files it claims
+        self._token = secrets.token_hex(6)
         self._closed = False
 
     # ------------------------------------------------------------------ names
@@ -324,7 +327,9 @@ class EgressGateways:
                 "cap_drop": ["ALL"],
                 "security_opt": ["no-new-privileges"],
                 "privileged": False,
-                "sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
+                # it binds 53/80/443 with no capability; it never routes (a session given NET_ADMIN by
+                # cap_add could route through it to the egress bridge otherwise: the engine turns it on)
+                "sysctls": {"net.ipv4.ip_unprivileged_port_start": "0", "net.ipv4.ip_forward": "0"},
                 "tmpfs": {GATEWAY_DIR: GATEWAY_TMPFS, "/tmp": "mode=1777,size=16m"},
                 "mounts": [types.Mount(CA_DIR, self.ca_volume, type="volume")],
                 "mem_limit": GATEWAY_MEMORY,
@@ -810,7 +815,7 @@ class EgressGateways:
         takes each), read, removed, each line given to the server's audit."""
         entries = await client.listdir(GATEWAY_DIR, "audit")
         now = time.time()
-        claim = f".{id(self):x}.taking"
+        claim = f".{self._token}.taking"
         for entry in sorted(entries, key=lambda e: str(e["name"])):
             name = str(entry["name"])
             if name.endswith(".jsonl"):

@@ -129,6 +129,7 @@ def test_a_gateway_serves_an_owners_sessions_and_goes_with_the_last(client):
                 ours.scope.owner_network(ours.egress_network, "gw-owner")
             ]["Gateway"]
             assert default_route(gateway) == egress_gateway
+            assert container_file(gateway, "/proc/sys/net/ipv4/ip_forward").strip() == "0"  # it never routes
             attrs = client.api.inspect_network(filtered)
             assert attrs["Internal"] is True
             assert attrs["Options"].get("com.docker.network.bridge.inhibit_ipv4") == "true"
