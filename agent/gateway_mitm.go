@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -362,7 +363,32 @@ func (m *gwMITM) handle(w http.ResponseWriter, r *http.Request) {
 	m.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gwReqKey{}, info)))
 }
 
-// substitute replaces the placeholders of subs in r: every header value; the query when the secret allows
+// substituteBasic replaces placeholders inside HTTP Basic credentials (`Basic base64(user:password)`, what
+// git, pip and curl send for a token in a URL or a netrc), re-encoding them.
+func substituteBasic(v string, subs []gwSub, mark func(string)) string {
+	scheme, cred, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "basic") {
+		return v
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil {
+		return v
+	}
+	plain, changed := string(raw), false
+	for _, s := range subs {
+		if strings.Contains(plain, s.placeholder) {
+			plain = strings.ReplaceAll(plain, s.placeholder, s.secret.Value)
+			mark(s.name)
+			changed = true
+		}
+	}
+	if !changed {
+		return v
+	}
+	return scheme + " " + base64.StdEncoding.EncodeToString([]byte(plain))
+}
+
+// substitute replaces the placeholders of subs in r: every header value (inside Basic credentials too); the query when the secret allows
 // it (the value query-escaped); a body of known length up to limit when the secret allows it. It returns the
 // names of the secrets it replaced, each once.
 func substitute(r *http.Request, subs []gwSub, limit int64) ([]string, error) {
@@ -385,7 +411,7 @@ func substitute(r *http.Request, subs []gwSub, limit int64) ([]string, error) {
 					mark(s.name)
 				}
 			}
-			vs[i] = v
+			vs[i] = substituteBasic(v, subs, mark)
 		}
 	}
 	for _, s := range subs {

@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"encoding/pem"
@@ -685,6 +686,7 @@ func TestGatewaySecretSubstitution(t *testing.T) {
 		strings.NewReader(`{"token":"`+gwPH+`","t2":"`+gwPH2+`"}`))
 	req.Header.Set("Authorization", "Bearer "+gwPH)
 	req.Header.Set("X-Other", gwPH2)
+	req.Header.Set("X-Basic", "Basic "+base64.StdEncoding.EncodeToString([]byte("x-access-token:"+gwPH)))
 	resp, e, err := gt.do(c, req)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("terminated: %v %+v %+v", err, resp, e)
@@ -694,6 +696,9 @@ func TestGatewaySecretSubstitution(t *testing.T) {
 	}
 	if got := e.Header.Get("Authorization"); got != "Bearer "+gwSecretValue {
 		t.Fatalf("header: %q", got)
+	}
+	if got := e.Header.Get("X-Basic"); got != "Basic "+base64.StdEncoding.EncodeToString([]byte("x-access-token:"+gwSecretValue)) {
+		t.Fatalf("Basic credentials: %q", got)
 	}
 	if got := e.Header.Get("X-Other"); got != gwSecretValue+"-2" {
 		t.Fatalf("the second secret's header: %q", got)
