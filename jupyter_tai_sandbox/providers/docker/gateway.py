@@ -764,13 +764,41 @@ class EgressGateways:
                 if found.get("State") == "running":
                     gateway = await self.find(owner)
                     if gateway is not None:
-                        self._watch(gateway)
+                        addresses = {
+                            str(
+                                ((s.get("NetworkSettings") or {}).get("Networks") or {})[filtered].get(
+                                    "IPAddress"
+                                )
+                            )
+                            for s in summaries
+                            if filtered in ((s.get("NetworkSettings") or {}).get("Networks") or {})
+                        }
+                        with contextlib.suppress(AgentError, SandboxError):
+                            await self._drop_strays(self._watch(gateway), addresses, now)
                 continue
             if now - made < REAP_GRACE_SECONDS:
                 continue
             async with self._locks.hold(filtered):
                 with contextlib.suppress(SandboxError):
                     await self.release(owner)
+
+    async def _drop_strays(self, watched: _Watched, addresses: set[str], now: float) -> None:
+        """Remove session files of addresses no session holds (a server that died between a container's
+        removal and its file's) older than a grace (a create writes its file before its container starts),
+        then the secrets no session there holds."""
+        client = await self._client(watched)
+        dropped = False
+        for entry in await client.listdir(GATEWAY_DIR, "sessions"):
+            name = str(entry["name"])
+            if name.removesuffix(".json") in addresses:
+                continue
+            if now - float(entry.get("mtime") or now) < REAP_GRACE_SECONDS:
+                continue
+            with contextlib.suppress(AgentError):
+                await client.delete(GATEWAY_DIR, f"sessions/{name}")
+                dropped = True
+        if dropped:
+            await self._prune_secrets(watched, client)
 
     # ------------------------------------------------------------ the watch
 

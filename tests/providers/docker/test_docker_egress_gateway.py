@@ -281,6 +281,18 @@ def test_a_server_started_later_restarts_a_dead_gateway_command_and_a_reap_remov
             theirs = await ours.get(session.id)
             assert await answers(theirs, "alive.test", gateway_ip)
 
+            # a file a crashed server left for an address no session holds goes at a reap (past a grace);
+            # the live session's stays
+            stray = f"{GATEWAY_DIR}/sessions/10.255.255.9.json"
+            made = gateway.exec_run(
+                ["sh", "-c", f"echo {{}} >{stray} && touch -d '2020-01-01 00:00:00' {stray}"]
+            )
+            assert made.exit_code == 0, made.output
+            own = f"{GATEWAY_DIR}/sessions/{address_on(client, session.container_id, gateway.labels[LABEL_GATEWAY_NETWORK])}.json"
+            await ours.reap()
+            assert gateway.exec_run(["test", "-e", stray]).exit_code != 0
+            assert gateway.exec_run(["test", "-e", own]).exit_code == 0
+
             # a session container removed behind the provider's back: the reap (after its grace) removes the
             # gateway left with no session, and its networks
             monkeypatch.setattr(gateway_module, "REAP_GRACE_SECONDS", 0.0)
