@@ -166,7 +166,8 @@ def _env_duration(name: str, fallback: float) -> float:
 
 
 class SandboxPolicy(LoggingConfigurable):
-    """Isolation floor, egress ceiling, durable switch, per-consumer credentials, transcript scrub.
+    """Isolation floor, egress ceiling, durable switch, per-consumer credentials, transcript scrub, and the
+    egress policy of a session (egress_rules per consumer, secrets by placeholder, the audit's file).
 
     Every setting also reads its ``TAI_MCP_SANDBOX_*`` environment variable, which
     wins over the traitlets default but not over explicit config.
