@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -593,6 +594,31 @@ func (gt *gwTest) tlsDial(ip, sni string, roots []byte) (*tls.Conn, error) {
 	return c, nil
 }
 
+// withExtension appends an extension to a one-record ClientHello, fixing its three lengths.
+func withExtension(t *testing.T, hello []byte, typ uint16, data []byte) []byte {
+	body := hello[9:]
+	off := 34
+	off += 1 + int(body[off])
+	off += 2 + int(binary.BigEndian.Uint16(body[off:]))
+	off += 1 + int(body[off])
+	if len(hello) != 5+int(binary.BigEndian.Uint16(hello[3:])) || off+2 > len(body) {
+		t.Fatal("not a one-record ClientHello with extensions")
+	}
+	ext := binary.BigEndian.AppendUint16(nil, typ)
+	ext = binary.BigEndian.AppendUint16(ext, uint16(len(data)))
+	ext = append(ext, data...)
+	out := append(append([]byte(nil), hello...), ext...)
+	binary.BigEndian.PutUint16(out[3:], binary.BigEndian.Uint16(hello[3:])+uint16(len(ext)))
+	hsLen := int(hello[6])<<16 | int(hello[7])<<8 | int(hello[8]) + len(ext)
+	out[6], out[7], out[8] = byte(hsLen>>16), byte(hsLen>>8), byte(hsLen)
+	extLen := 9 + off
+	binary.BigEndian.PutUint16(out[extLen:], binary.BigEndian.Uint16(hello[extLen:])+uint16(len(ext)))
+	if h, err := parseClientHello(out[9:]); err != nil || !h.ech || h.sni != "other.test" {
+		t.Fatalf("the made ClientHello: %+v %v", h, err)
+	}
+	return out
+}
+
 func TestGatewayTLSPassThrough(t *testing.T) {
 	gt := startGateway(t, basicSession, nil)
 	// only the upstream's CA is trusted: the handshake reaching the upstream's own certificate is the proof
@@ -611,8 +637,31 @@ func TestGatewayTLSPassThrough(t *testing.T) {
 	if _, err := gt.tlsDial(gwStranger, "other.test", gt.upstreamCA); !isReset(err) {
 		t.Fatalf("unknown client: %v, want a reset", err)
 	}
-	// not TLS at all on 443
+	// an IP literal as the SNI (Go's client never sends one: a ClientHello made for a name, the name swapped)
+	hello := bytes.Replace(realClientHello("a.b.c.d"), []byte("a.b.c.d"), []byte("1.2.3.4"), 1)
 	conn, err := dialerFrom(gwClient).Dial("tcp", gt.httpsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = conn.Write(hello)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 10)); !isReset(err) {
+		t.Fatalf("an IP literal SNI: %v, want a reset", err)
+	}
+	conn.Close()
+	// an encrypted_client_hello extension (its inner name would be hidden): reset under an allow-list
+	conn, err = dialerFrom(gwClient).Dial("tcp", gt.httpsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = conn.Write(withExtension(t, realClientHello("other.test"), 0xfe0d, []byte{0}))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 10)); !isReset(err) {
+		t.Fatalf("an ECH ClientHello: %v, want a reset", err)
+	}
+	conn.Close()
+	// not TLS at all on 443
+	conn, err = dialerFrom(gwClient).Dial("tcp", gt.httpsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -624,6 +673,12 @@ func TestGatewayTLSPassThrough(t *testing.T) {
 	conn.Close()
 	gt.auditLines(func(r gwAuditRecord) bool {
 		return r.Kind == "tls" && r.Host == "evil.test" && r.Decision == "refuse" && r.Port == 443
+	})
+	gt.auditLines(func(r gwAuditRecord) bool {
+		return r.Kind == "tls" && r.Host == "1.2.3.4" && r.Reason == "IP literal"
+	})
+	gt.auditLines(func(r gwAuditRecord) bool {
+		return r.Kind == "tls" && r.Host == "other.test" && strings.HasPrefix(r.Reason, "encrypted ClientHello")
 	})
 	gt.auditLines(func(r gwAuditRecord) bool {
 		return r.Kind == "tls" && r.Host == "other.test" && r.Decision == "allow" && r.Reason == "pass-through"
