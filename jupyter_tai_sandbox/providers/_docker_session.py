@@ -17,6 +17,7 @@ from ..contract import (
     SandboxError,
     SandboxNotFoundError,
     SandboxSpecRejectedError,
+    SessionInfo,
     session_gone,
     usage_record,
 )
@@ -117,6 +118,18 @@ class DockerSession(ContainerSession):
     async def agent(self) -> AgentClient:
         """The session's agent connection (its file operations without a user run as the agent: root)."""
         return await self._client()
+
+    async def info(self) -> SessionInfo:
+        """The container base's, with a policy session's egress policy as its gateway has it now (another
+        server of the deployment may have changed it)."""
+        info = await super().info()
+        if self.gateways is not None and self.spec.egress is not None:
+            try:
+                self.spec = self.spec.replace(egress=await self.gateways.current(self))
+            except SandboxError:
+                return info
+            info = self._info()
+        return info
 
     async def set_egress(self, policy: EgressPolicy) -> None:
         """Put ``policy`` in force at the session's egress gateway (its file there: new connections and DNS

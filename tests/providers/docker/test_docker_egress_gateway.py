@@ -203,10 +203,18 @@ def test_a_gateway_serves_an_owners_sessions_and_goes_with_the_last(client):
             assert theirs.spec.egress.secrets == (grant,)
             listed = {info.id: info.spec.egress for info in await other.list()}
             assert listed[first.id] is not None and listed[first.id].allow == ("changed.test",)
+            # ... and may change it too: this server's info() says so, and the gateway follows
+            other.egress_hooks = hooks
+            await theirs.set_egress(EgressPolicy(allow=("changed.test", "also.test"), secrets=(grant,)))
+            assert (await first.info()).spec.egress.allow == ("changed.test", "also.test")
+            assert await answers(first, "also.test", gateway_ip)
             # a fork runs under the policy in force, behind the same gateway
             fork = await first.fork()
             try:
-                assert fork.spec.egress is not None and fork.spec.egress.allow == ("changed.test",)
+                assert fork.spec.egress is not None and fork.spec.egress.allow == (
+                    "changed.test",
+                    "also.test",
+                )
                 assert await answers(fork, "changed.test", gateway_ip)
             finally:
                 await fork.destroy()
