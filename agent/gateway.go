@@ -395,6 +395,7 @@ func (g *gateway) run(ctx context.Context) error {
 		return fmt.Errorf("CA: %w", err)
 	}
 	g.mitm = newMITM(g)
+	defer g.mitm.close() // also when ctx ends before gateway.json came
 	for {
 		if err := g.poll(); err == nil && g.state.Load() != nil {
 			break
