@@ -81,6 +81,8 @@ def _kernelspec_install(args: argparse.Namespace) -> int:
         ttl_seconds=args.ttl,
         isolation=args.isolation,
         provider=args.provider,
+        egress_allow=args.egress_allow,
+        egress_deny=args.egress_deny,
     )
     print(f"installed kernelspec {args.name} ({args.display_name}) in {folder}")
     if args.provider == "local" and args.image != kernelspecs.PYTHON_IMAGE:
@@ -178,6 +180,21 @@ def _add_kernelspec_commands(commands: Any) -> None:
         choices=("none", "container", "vm"),
         default=None,
         help="ask for at least this isolation",
+    )
+    install.add_argument(
+        "--egress-allow",
+        action="append",
+        metavar="HOST",
+        default=None,
+        help="reach only this host (repeat; 'example.com', '*.example.com', 'host:port'), through the owner's "
+        "egress gateway on network egress; within the operator's SandboxPolicy.egress_rules",
+    )
+    install.add_argument(
+        "--egress-deny",
+        action="append",
+        metavar="HOST",
+        default=None,
+        help="never reach this host (repeat), through the owner's egress gateway on network egress",
     )
     install.add_argument(
         "--provider",

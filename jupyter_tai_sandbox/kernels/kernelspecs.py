@@ -35,6 +35,8 @@ def kernelspec_json(
     ttl_seconds: float | None = None,
     isolation: str | None = None,
     provider: str | None = None,
+    egress_allow: list[str] | None = None,
+    egress_deny: list[str] | None = None,
 ) -> dict[str, Any]:
     """The kernel.json of a sandboxed Python kernel; unset settings are left out (the provisioner's defaults)."""
     if network not in NETWORKS:
@@ -47,15 +49,25 @@ def kernelspec_json(
         "ttl_seconds": ttl_seconds,
         "isolation": isolation,
         "provider": provider,
+        "egress_allow": None if egress_allow is None else list(egress_allow),
+        "egress_deny": list(egress_deny) if egress_deny else None,
     }
     config.update({k: v for k, v in optional.items() if v is not None})
     if config["image"] is None:
         del config["image"]
     # validate what a session would be asked for now, not at the first kernel start
-    from ..contract import SessionSpec
+    from ..contract import EgressPolicy, SessionSpec
 
     ttl: dict[str, Any] = {"ttl_seconds": ttl_seconds} if ttl_seconds is not None else {}
+    egress = None
+    if egress_allow is not None or egress_deny:
+        if network not in ("auto", "egress"):
+            raise ValueError(f"an egress allow- or deny-list needs network egress (or auto), not {network!r}")
+        egress = EgressPolicy(
+            allow=None if egress_allow is None else tuple(egress_allow), deny=tuple(egress_deny or ())
+        )
     SessionSpec(
+        egress=egress,
         image=config.get("image"),
         isolation=isolation,  # type: ignore[arg-type]  # any str: SessionSpec's check of it is the point
         network="egress" if network == "auto" else network,  # type: ignore[arg-type]  # as isolation

@@ -77,10 +77,11 @@ from typing import Any
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
-from traitlets import Float, Integer, Unicode
+from traitlets import Float, Integer, List, Unicode
 
 from .. import sandboxes
 from ..contract import (
+    EgressPolicy,
     ExitItem,
     OutputChunk,
     SandboxError,
@@ -215,6 +216,20 @@ class SandboxProvisioner(KernelProvisionerBase):
     isolation = Unicode(
         None, allow_none=True, help="At least this isolation (None: the operator's floor)."
     ).tag(config=True)
+    egress_allow = List(
+        Unicode(),
+        default_value=None,
+        allow_none=True,
+        help="""The kernel's egress allow-list (host names, '*.example.com', 'host:port'; docs: "Secrets and
+        egress by domain"): the kernel reaches only these, through its owner's egress gateway, on network egress
+        ('auto' becomes egress). None (default): no list of the kernelspec's own (the operator's
+        SandboxPolicy.egress_rules still apply). Outside the operator's rule the start is refused.""",
+    ).tag(config=True)
+    egress_deny = List(
+        Unicode(),
+        default_value=[],
+        help="Host names the kernel may never reach (over the allow-list and the operator's rule).",
+    ).tag(config=True)
     provider = Unicode(
         "",
         help="""The provider to install when this process has none configured (not in a server: nbclient, a
@@ -261,6 +276,14 @@ class SandboxProvisioner(KernelProvisionerBase):
         policy = getattr(sandbox, "policy", None)
         ttl = self._life(policy)
         network = self.network
+        egress = None
+        if self.egress_allow is not None or self.egress_deny:
+            egress = EgressPolicy(
+                allow=None if self.egress_allow is None else tuple(self.egress_allow),
+                deny=tuple(self.egress_deny),
+            )
+            if network == "auto":
+                network = "egress"
         if network == "auto":
             networks = getattr(sandbox, "networks", frozenset({"egress"}))
             network = next((n for n in ("none", "internal", "egress") if n in networks), "egress")
@@ -277,6 +300,7 @@ class SandboxProvisioner(KernelProvisionerBase):
             memory_mb=self.memory_mb,
             consumer=kernel_label(self.kernel_id),
             owner=self._owner(),
+            egress=egress,
         )
 
     def _life(self, policy: Any) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import nbformat
 import pytest
 from nbclient import NotebookClient
 
@@ -84,4 +85,37 @@ def test_an_egress_ceiling_refuses_a_kernel_asking_for_egress(tmp_path, monkeypa
     sandboxes.register_sandbox(docker_sandbox(), policy=SandboxPolicy(isolation="container", egress="none"))
     with pytest.raises(Exception, match=r"exceeds\s+the\s+operator's\s+egress\s+ceiling"):
         NotebookClient(notebook(), kernel_name=name, startup_timeout=60).execute()
+    assert leftovers(engine) == []
+
+
+def test_a_kernelspec_allow_list_puts_the_kernel_behind_its_owners_egress_gateway(
+    tmp_path, monkeypatch, engine
+):
+    name = install_spec(tmp_path, monkeypatch, "--egress-allow", "pypi.org")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import socket\n"
+            "def lookup(name):\n"
+            "    try:\n"
+            "        return sorted({a[4][0] for a in socket.getaddrinfo(name, 443, socket.AF_INET)})\n"
+            "    except socket.gaierror as e:\n"
+            "        return 'refused: ' + type(e).__name__\n"
+            "print(lookup('pypi.org'), lookup('example.com'), sep='|')"
+        )
+    ]
+
+    async def main():
+        sandbox = docker_sandbox()
+        sandboxes.register_sandbox(sandbox, policy=SandboxPolicy(isolation="container"))
+        try:
+            client = NotebookClient(nb, kernel_name=name, startup_timeout=120)
+            await client.async_execute()
+        finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    allowed, refused = "".join(o.get("text", "") for o in nb.cells[0].outputs).strip().split("|")
+    # the allowed name answers the gateway's own address; the other is refused by the gateway's DNS
+    assert allowed.startswith("['10.") and refused == "refused: gaierror", (allowed, refused)
     assert leftovers(engine) == []

@@ -251,3 +251,39 @@ def test_a_kernels_default_life_is_the_longest_both_maxima_allow(tmp_path, monke
             assert info.expires_at - info.created_at == pytest.approx(600, abs=1)
 
     asyncio.run(main())
+
+
+def test_a_kernelspec_egress_list_is_written_and_refused_by_local_at_start(tmp_path, monkeypatch):
+    name = install_spec(
+        tmp_path,
+        monkeypatch,
+        "--egress-allow",
+        "PyPI.org",
+        "--egress-allow",
+        "*.github.com",
+        "--egress-deny",
+        "x.test",
+    )
+    spec = json.loads(
+        (tmp_path / "prefix" / "share" / "jupyter" / "kernels" / name / "kernel.json").read_text()
+    )
+    config = spec["metadata"]["kernel_provisioner"]["config"]
+    assert config["egress_allow"] == ["PyPI.org", "*.github.com"] and config["egress_deny"] == ["x.test"]
+    sandboxes.register_sandbox(
+        LocalSandbox(root=str(tmp_path / "root")), policy=SandboxPolicy(isolation="none")
+    )
+    started = time.monotonic()
+    with pytest.raises(Exception, match=r"cannot\s+enforce\s+an\s+egress\s+allow-list"):
+        NotebookClient(notebook(), kernel_name=name, startup_timeout=60).execute()
+    assert time.monotonic() - started < 10
+
+
+def test_a_kernelspec_egress_list_needs_network_egress(tmp_path, monkeypatch, capsys):
+    prefix = tmp_path / "prefix"
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    argv = ["kernelspec", "install", "--name", "sbx-x", "--prefix", str(prefix), "--network", "none"]
+    assert cli([*argv, "--egress-allow", "pypi.org"]) == 1
+    assert "needs network egress" in capsys.readouterr().err
+    assert cli([*argv[:-2], "--egress-allow", "10.0.0.1"]) == 1  # an address is no host name
+    assert "10.0.0.1" in capsys.readouterr().err
+    assert not (prefix / "share" / "jupyter" / "kernels" / "sbx-x").exists()
