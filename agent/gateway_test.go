@@ -126,6 +126,18 @@ type echo struct {
 }
 
 func echoHandler(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Upgrade") == "tai-test" { // an upgraded stream: 101, then the bytes echoed
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: tai-test\r\nConnection: Upgrade\r\nX-Auth: %s\r\n\r\n",
+			r.Header.Get("Authorization"))
+		_ = brw.Flush()
+		_, _ = io.Copy(c, brw)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(echo{Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header,
@@ -1265,5 +1277,52 @@ func TestGatewayWaitsForConfig(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "audit")); err != nil {
 		t.Fatalf("audit directory: %v", err)
+	}
+}
+
+// TestGatewayUpgrade carries an upgraded stream (what a WebSocket is) through port 80 and through a
+// terminated connection (its request's placeholder replaced first).
+func TestGatewayUpgrade(t *testing.T) {
+	gt := startGateway(t, secretSession, secretFiles)
+	ca, err := os.ReadFile(filepath.Join(gt.caDir, "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, host, want string
+		tls              bool
+	}{
+		{"port 80", "allowed.test", gwPH, false},
+		{"terminated", "secret.test", gwSecretValue, true},
+	} {
+		addr := gt.httpAddr
+		if tc.tls {
+			addr = gt.httpsAddr
+		}
+		conn, err := dialerFrom(gwClient).Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.tls {
+			pool := x509.NewCertPool()
+			pool.AppendCertsFromPEM(ca)
+			conn = tls.Client(conn, &tls.Config{ServerName: tc.host, RootCAs: pool})
+		}
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: tai-test\r\nAuthorization: %s\r\n\r\n",
+			tc.host, gwPH)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("X-Auth") != tc.want {
+			t.Fatalf("%s: %v %+v", tc.name, err, resp)
+		}
+		for _, msg := range []string{"ping", "pong"} {
+			_, _ = conn.Write([]byte(msg))
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+				t.Fatalf("%s: echoed %q %v", tc.name, got, err)
+			}
+		}
+		conn.Close()
 	}
 }
