@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from traitlets import Unicode
 from traitlets.config import LoggingConfigurable
@@ -67,14 +67,13 @@ from ..docker_engine.names import (
     LABEL_AGENT,
     LABEL_CREATED,
     LABEL_OWNER,
-    LABEL_SESSION,
     VOLUME_PREFIX,
     Deployment,
 )
 
 if TYPE_CHECKING:
-    from .._docker_session import DockerSession
-    from .containers import ContainerStarts
+    from .._docker_agent import AgentVolumes
+    from ..container.session import ContainerSession
 
 #: on a gateway container: "gateway"; on the deployment's CA volume: "gateway-ca"
 LABEL_ROLE = f"{LABEL}.role"
@@ -125,8 +124,23 @@ CHECK_SECONDS = 2.0
 CLAIMED_STALE_SECONDS = 30.0
 
 
+class AgentStarts(Protocol):
+    """What a gateway's start needs of its provider's container starts: the engine's architecture and the
+    agent volumes (docker's ContainerStarts; the vm provider's own)."""
+
+    agent_volumes: AgentVolumes
+
+    async def engine_arch(self) -> str: ...
+
+
+class AgentHolder(Protocol):
+    """A session whose agent connection :meth:`EgressGateways.attach` writes the CA through (as root)."""
+
+    async def agent(self) -> AgentClient: ...
+
+
 class GatewaySettings(LoggingConfigurable):
-    """The docker provider's settings of its egress gateways."""
+    """A provider's settings of its egress gateways (docker's and vm's)."""
 
     egress_resolver = Unicode(
         "",
@@ -197,12 +211,15 @@ class EgressGateways:
     """The egress gateways of a docker provider's deployment on its engine (see the module's docstring).
 
     ``egress_network(owner)`` names the owner's ordinary egress network; ``image()`` the image gateways run
-    (the provider's default); ``hooks()`` the server's egress hooks (None until the gate sets them)."""
+    (the provider's default); ``hooks()`` the server's egress hooks (None until the gate sets them);
+    ``address_of(session)`` the container whose address on the filtered network is the session's (a docker
+    session's own; a vm session's seat), by which its gateway knows it. A vm provider of the deployment makes
+    and finds the same gateways (names, labels): its sessions' seats sit on the same filtered networks."""
 
     def __init__(
         self,
         engine: DockerEngine,
-        starts: ContainerStarts,
+        starts: AgentStarts,
         bridges: SessionBridges,
         locks: NetworkLocks,
         scope: Deployment,
@@ -214,6 +231,7 @@ class EgressGateways:
         filtered_base: Callable[[], str],
         image: Callable[[], str],
         hooks: Callable[[], EgressHooks | None],
+        address_of: Callable[[ContainerSession], str] = lambda session: session.container_id,
     ) -> None:
         self._engine = engine
         self._starts = starts
@@ -227,6 +245,7 @@ class EgressGateways:
         self._filtered_base = filtered_base
         self._image = image
         self._hooks = hooks
+        self._address_of = address_of
         self._watched: dict[str, _Watched] = {}  # by container id
         #: this object's mark on the audit files it claims
         self._token = secrets.token_hex(6)
@@ -515,7 +534,7 @@ class EgressGateways:
             return await asyncio.to_thread(Path(path).read_text)
         except (OSError, UnicodeDecodeError) as e:
             raise SandboxUnavailableError(
-                f"DockerSandbox.egress_upstream_ca: cannot read {path}: {e}"
+                f"{type(self._settings).__name__}.egress_upstream_ca: cannot read {path}: {e}"
             ) from None
 
     async def ca_pem(self, gateway: Gateway) -> bytes:
@@ -570,21 +589,24 @@ class EgressGateways:
             client = await self._client(self._watch(gateway))
             await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
 
-    async def attach(self, session: DockerSession, gateway: Gateway, written: float) -> None:
+    async def attach(
+        self, session: AgentHolder, gateway: Gateway, written: float, *, root: str = "/"
+    ) -> None:
         """Finish a new session admitted at ``written``: the CA in the session (``/tmp/tai-sandbox-ca``,
-        written as root, so a session user cannot replace it), and its policy in force at the gateway (which
-        reads its files every 250 ms) by the time it returns."""
+        written as root, so a session user cannot replace it; under ``root``, the folder of the agent's its
+        commands are chrooted into), and its policy in force at the gateway (which reads its files every
+        250 ms) by the time it returns."""
         ca = await self.ca_pem(gateway)
         inside = await session.agent()
         try:
-            bundle = await inside.read_file("/", IMAGE_BUNDLE)
+            bundle = await inside.read_file(root, IMAGE_BUNDLE)
         except AgentError:
             bundle = b""
         if bundle and not bundle.endswith(b"\n"):
             bundle += b"\n"
-        await inside.mkdir("/", SESSION_CA_DIR, parents=True)
-        await inside.write_file("/", f"{SESSION_CA_DIR}/ca.pem", ca, mode=0o644)
-        await inside.write_file("/", f"{SESSION_CA_DIR}/bundle.pem", bundle + ca, mode=0o644)
+        await inside.mkdir(root, SESSION_CA_DIR, parents=True)
+        await inside.write_file(root, f"{SESSION_CA_DIR}/ca.pem", ca, mode=0o644)
+        await inside.write_file(root, f"{SESSION_CA_DIR}/bundle.pem", bundle + ca, mode=0o644)
         await _applied(written)
 
     async def _write_secrets(
@@ -605,7 +627,7 @@ class EgressGateways:
             )
             watched.secrets[grant.name] = _digest(value)
 
-    async def set_policy(self, session: DockerSession, policy: EgressPolicy) -> None:
+    async def set_policy(self, session: ContainerSession, policy: EgressPolicy) -> None:
         """Put ``policy`` in force for ``session`` (the gateway applies it to new connections within a
         second): its file in the gateway, rewritten."""
         owner = session.spec.owner
@@ -618,12 +640,12 @@ class EgressGateways:
                 )
             watched = self._watch(gateway)
             client = await self._client(watched)
-            ip = await self.session_ip(session.container_id, gateway.network)
+            ip = await self.session_ip(self._address_of(session), gateway.network)
             await self._write_secrets(watched, client, policy.secrets)
             await self._write(client, f"sessions/{ip}.json", session_file(session.id, policy))
             await _applied(time.monotonic())
 
-    async def current(self, session: DockerSession) -> EgressPolicy | None:
+    async def current(self, session: ContainerSession) -> EgressPolicy | None:
         """The session's policy in force: its file in the gateway (any server of the deployment may have
         changed it), with the secrets its spec was granted; the spec's own when the gateway has none."""
         policy = session.spec.egress
@@ -634,7 +656,7 @@ class EgressGateways:
             return policy
         client = await self._client(self._watch(gateway))
         try:
-            ip = await self.session_ip(session.container_id, gateway.network)
+            ip = await self.session_ip(self._address_of(session), gateway.network)
             data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{ip}.json"))
         except (AgentError, SandboxError, ValueError):
             return policy
@@ -645,10 +667,10 @@ class EgressGateways:
         except SandboxSpecRejectedError:
             return policy
 
-    async def live_policies(self, sessions: Sequence[DockerSession]) -> None:
+    async def live_policies(self, sessions: Sequence[ContainerSession]) -> None:
         """Give each of ``sessions`` (with a policy each) its policy in force: the files of each owner's
         gateway, read once per gateway (a listing's way; :meth:`current` is one session's)."""
-        by_owner: dict[str | None, list[DockerSession]] = {}
+        by_owner: dict[str | None, list[ContainerSession]] = {}
         for session in sessions:
             by_owner.setdefault(session.spec.owner, []).append(session)
         for owner, owned in by_owner.items():
@@ -676,7 +698,7 @@ class EgressGateways:
                     )
                     session.spec = session.spec.replace(egress=live)
 
-    async def detach(self, session: DockerSession) -> None:
+    async def detach(self, session: ContainerSession) -> None:
         """Take a session's file out of its gateway (before its container goes: its address names the file),
         and the files of secrets no session there holds any more. Errors are the reap's to mend."""
         owner = session.spec.owner
@@ -686,7 +708,7 @@ class EgressGateways:
         watched = self._watch(gateway)
         try:
             client = await self._client(watched)
-            ip = await self.session_ip(session.container_id, gateway.network)
+            ip = await self.session_ip(self._address_of(session), gateway.network)
             with contextlib.suppress(AgentError):
                 await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
             await self._prune_secrets(watched, client)
@@ -717,14 +739,24 @@ class EgressGateways:
         except SandboxNotFoundError:
             attrs = None
         gateway_id = None if attrs is None else str(attrs["Id"])
-        sessions = await self._engine.containers([LABEL_SESSION], what="list sessions")
-        for summary in sessions:
-            if summary["Id"] in leaving or any(summary["Id"].startswith(x) for x in leaving):
+        for member in await self.members(filtered):
+            if member == gateway_id or member in leaving or any(member.startswith(x) for x in leaving):
                 continue
-            if filtered in ((summary.get("NetworkSettings") or {}).get("Networks") or {}):
-                return False
+            return False  # a session's container (or a vm session's seat) is on it
         await self._remove(gateway_id, filtered, owner)
         return True
+
+    async def members(self, filtered: str) -> dict[str, str]:
+        """The containers on the filtered network (the gateway, docker sessions, vm sessions' seats, of any
+        provider of the deployment) and their addresses there; none when it is gone."""
+        try:
+            found = await self._engine.inspect_network(filtered)
+        except SandboxNotFoundError:
+            return {}
+        return {
+            str(container_id): str(endpoint.get("IPv4Address") or "").split("/")[0]
+            for container_id, endpoint in (found.get("Containers") or {}).items()
+        }
 
     async def _remove(self, gateway_id: str | None, filtered: str, owner: str | None) -> None:
         if gateway_id is not None:
@@ -745,8 +777,9 @@ class EgressGateways:
 
     async def reap(self, summaries: Sequence[Mapping[str, Any]], now: float) -> None:
         """Remove gateways no session is on (older than a grace: a create may be about to use one), and watch
-        the others (a server that started since finds them here). ``summaries``: the deployment's session
-        containers."""
+        the others (a server that started since finds them here). ``summaries``: the provider's session
+        containers (a docker provider's; a vm provider's seats); the filtered network's own members count
+        too, whichever provider of the deployment made them."""
         used = {
             name
             for summary in summaries
@@ -760,21 +793,14 @@ class EgressGateways:
                 made = float(labels.get(LABEL_CREATED, "0"))
             except ValueError:
                 made = 0.0
-            if filtered in used:
+            members = await self.members(filtered)
+            members.pop(str(found["Id"]), None)
+            if filtered in used or members:
                 if found.get("State") == "running":
                     gateway = await self.find(owner)
                     if gateway is not None:
-                        addresses = {
-                            str(
-                                ((s.get("NetworkSettings") or {}).get("Networks") or {})[filtered].get(
-                                    "IPAddress"
-                                )
-                            )
-                            for s in summaries
-                            if filtered in ((s.get("NetworkSettings") or {}).get("Networks") or {})
-                        }
                         with contextlib.suppress(AgentError, SandboxError):
-                            await self._drop_strays(self._watch(gateway), addresses, now)
+                            await self._drop_strays(self._watch(gateway), set(members.values()), now)
                 continue
             if now - made < REAP_GRACE_SECONDS:
                 continue
