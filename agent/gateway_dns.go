@@ -287,9 +287,10 @@ func (d *gwDedup) first(key string) bool {
 
 // gwResolver resolves allowed names (A records) through the configured resolver, with a small cache.
 type gwResolver struct {
-	g     *gateway
-	mu    sync.Mutex
-	cache map[string]gwResolved
+	g       *gateway
+	mu      sync.Mutex
+	cache   map[string]gwResolved
+	flights map[string]*gwFlight // lookups under way
 }
 
 type gwResolved struct {
@@ -297,7 +298,9 @@ type gwResolved struct {
 	expires time.Time
 }
 
-func newResolver(g *gateway) *gwResolver { return &gwResolver{g: g, cache: map[string]gwResolved{}} }
+func newResolver(g *gateway) *gwResolver {
+	return &gwResolver{g: g, cache: map[string]gwResolved{}, flights: map[string]*gwFlight{}}
+}
 
 // server is the resolver's address: gateway.json's, else /etc/resolv.conf's first nameserver.
 func (r *gwResolver) server(st *gwState) (string, error) {
@@ -326,6 +329,7 @@ func (r *gwResolver) flush() {
 	r.mu.Unlock()
 }
 
+// lookup answers from the cache, else asks the resolver; concurrent lookups of one name share one query.
 func (r *gwResolver) lookup(ctx context.Context, name string) ([]net.IP, error) {
 	now := time.Now()
 	r.mu.Lock()
@@ -333,23 +337,49 @@ func (r *gwResolver) lookup(ctx context.Context, name string) ([]net.IP, error) 
 		r.mu.Unlock()
 		return c.ips, nil
 	}
+	f, waiting := r.flights[name]
+	if !waiting {
+		f = &gwFlight{done: make(chan struct{})}
+		r.flights[name] = f
+	}
 	r.mu.Unlock()
+	if !waiting {
+		go r.resolve(name, f)
+	}
+	select {
+	case <-f.done:
+		return f.ips, f.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+type gwFlight struct {
+	done chan struct{}
+	ips  []net.IP
+	err  error
+}
+
+func (r *gwResolver) resolve(name string, f *gwFlight) {
+	defer close(f.done)
+	ctx, cancel := context.WithTimeout(context.Background(), gwDialTimeout)
+	defer cancel()
 	server, err := r.server(r.g.state.Load())
-	if err != nil {
-		return nil, err
+	var ttl uint32
+	if err == nil {
+		f.ips, ttl, err = dnsLookupA(ctx, server, name)
 	}
-	ips, ttl, err := dnsLookupA(ctx, server, name)
-	if err != nil {
-		return nil, err
-	}
-	ttl = min(max(ttl, 1), 60)
+	f.err = err
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.flights, name)
+	if err != nil {
+		return
+	}
 	if len(r.cache) >= 4096 {
 		r.cache = map[string]gwResolved{}
 	}
-	r.cache[name] = gwResolved{ips: ips, expires: now.Add(time.Duration(ttl) * time.Second)}
-	r.mu.Unlock()
-	return ips, nil
+	r.cache[name] = gwResolved{ips: f.ips, expires: time.Now().Add(time.Duration(min(max(ttl, 1), 60)) * time.Second)}
 }
 
 // dnsLookupA asks server for name's A records (UDP, TCP when truncated), at most 3 tries of 2 s.

@@ -1326,3 +1326,35 @@ func TestGatewayUpgrade(t *testing.T) {
 		conn.Close()
 	}
 }
+
+// TestGatewayResolverSharesLookups: many connections to one name at once make one upstream query, and the
+// answer is cached.
+func TestGatewayResolverSharesLookups(t *testing.T) {
+	gt := startGateway(t, basicSession, nil)
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ips, err := gt.g.resolver.lookup(context.Background(), "www.allowed.test")
+			if err == nil && (len(ips) != 1 || !ips[0].Equal(net.IPv4(127, 0, 0, 1))) {
+				err = fmt.Errorf("%v", ips)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := gt.dns.queries.Load(); n != 1 {
+		t.Fatalf("%d upstream queries for one name", n)
+	}
+	if _, err := gt.g.resolver.lookup(context.Background(), "x.nx.test"); err == nil {
+		t.Fatal("NXDOMAIN upstream resolved")
+	}
+}
