@@ -21,7 +21,6 @@ from jupyter_tai_sandbox.contract.egress import PLACEHOLDER_PATTERN
 from jupyter_tai_sandbox.policy import SCRUBBED, SandboxPolicy, within_limits
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 from jupyter_tai_sandbox.providers.swarm import SwarmSandbox
-from jupyter_tai_sandbox.providers.vm import VmSandbox
 
 #: a provider with an egress gateway that sets no other bound
 GATEWAY = SessionLimits(
@@ -264,7 +263,6 @@ def test_the_status_shows_rules_and_secret_names_to_admins_only(monkeypatch):
             "the local provider runs on the host's network and cannot enforce an egress allow-list",
         ),
         (SwarmSandbox, "the swarm provider cannot enforce an egress allow-list yet; use docker"),
-        (VmSandbox, "the vm provider cannot enforce an egress allow-list yet; use docker"),
     ],
 )
 def test_a_provider_without_a_gateway_refuses_a_policy_in_its_own_words(provider, words):
