@@ -28,8 +28,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from jupyter_tai_sandbox.contract.egress import EgressPolicy, SecretGrant, new_placeholder
+from jupyter_tai_sandbox.contract.egress import (
+    PLACEHOLDER_PATTERN,
+    EgressPolicy,
+    SecretGrant,
+    new_placeholder,
+)
+from jupyter_tai_sandbox.gate import GatedSandbox
 from jupyter_tai_sandbox.images import PYTHON_IMAGE
+from jupyter_tai_sandbox.policy import SandboxPolicy
 from tests.support.docker import provider, python_image, spec
 from tests.support.egress_hosts import (
     ALLOWED,
@@ -763,6 +770,81 @@ def test_no_copy_of_the_real_secret_in_the_session(world: World, client) -> None
     finally:
         client.images.remove(image.id, force=True)
     loop.run(handle.kill())
+
+    # a fork of the session (an image committed from it, and a session of that image): neither holds the
+    # secret, and the fork still has its placeholder substituted (it took the live policy)
+    world.sessions["fork"] = fork = loop.run(session.fork(), 120)
+    fork_container = client.containers.get(f"tai-{fork.id}")
+    assert not _stream_has(client.images.get(fork_container.attrs["Image"]).save(), real)
+    before = len(world.hosts.http_requests())
+    (used,) = loop.run(run_probe(fork, [uses[0]]))
+    assert used["result"]["status"] == 200, used
+    (arrived,) = [r for r in world.hosts.http_requests()[before:] if r.get("path") == "/digest"]
+    assert dict(arrived["headers"])["Authorization"] == f"Bearer {world.real}"
+    for pid in _processes_of(fork_container):
+        for what, data in _process_views(pid):
+            assert real not in data, f"the real secret is in the fork's pid {pid}'s {what}"
+
+
+def test_an_operators_secret_reaches_the_session_only_as_its_placeholder_and_rotates(
+    world: World, client, tmp_path: Path
+) -> None:
+    """End to end through the gate: the operator's policy grants a secret read from a file; the session's
+    environment holds a placeholder, the secret's host gets the real value, and a rotated file is in force
+    on the next request without a restart."""
+    loop = world.loop
+    source = tmp_path / "gated-token"
+    first, second = f"gated-one-{secrets.token_hex(12)}", f"gated-two-{secrets.token_hex(12)}"
+    source.write_text(first + "\n")
+    owner = f"{world.owner}-gated"
+    policy = SandboxPolicy(
+        egress_audit_path="",
+        egress_rules={"*": {"allow": [ALLOWED, SECRET_HOST]}},
+        secrets={"gated-token": {"hosts": [SECRET_HOST], "from_file": str(source), "env": "GATED_TOKEN"}},
+    )
+
+    async def scenario() -> tuple[str, list[str]]:
+        gate = GatedSandbox(await _make_sandbox(world.hosts, Hooks({})), policy)
+        session = await gate.create(spec(image=PYTHON_IMAGE, owner=owner, ttl_seconds=600))
+        try:
+            await session.put_file(ROOTS, world.hosts.ca.read_bytes())
+            echoed = await session.exec(["sh", "-c", 'printf %s "$GATED_TOKEN"'], timeout_seconds=20)
+            placeholder = echoed.stdout.decode()
+            step = {
+                "op": "https",
+                "name": SECRET_HOST,
+                "path": "/digest",
+                "headers": {"Authorization": f"Bearer {placeholder}"},
+                "public_roots": False,
+            }
+            seen: list[str] = []
+            for value in (first, second):
+                if value == second:
+                    source.write_text(second + "\n")  # the rotation
+                deadline = time.monotonic() + 10
+                while True:
+                    before = len(world.hosts.http_requests())
+                    (done,) = await run_probe(session, [step])
+                    assert done["result"]["status"] == 200, done
+                    (got,) = [r for r in world.hosts.http_requests()[before:] if r.get("path") == "/digest"]
+                    arrived = dict(got["headers"])["Authorization"]
+                    if arrived == f"Bearer {value}" or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.5)
+                seen.append(arrived)
+            container = client.containers.get(f"tai-{session.id}")
+            for pid in _processes_of(container):
+                for what, data in _process_views(pid):
+                    for value in (first, second):
+                        assert value.encode() not in data, f"a real value is in pid {pid}'s {what}"
+            return placeholder, seen
+        finally:
+            await session.destroy(remove_workspace=True)
+            await gate.close()
+
+    placeholder, seen = loop.run(scenario(), 240)
+    assert PLACEHOLDER_PATTERN.match(placeholder), placeholder
+    assert seen == [f"Bearer {first}", f"Bearer {second}"]
 
 
 # ------------------------------------------------------------------------------------------ scan helpers
