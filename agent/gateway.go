@@ -697,13 +697,16 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	return os.Rename(tmp, path)
 }
 
-// newUpstreamTransport is the HTTPS client of terminated TLS: verified against pem's roots (the system pool
-// when empty), dialing the address the gateway resolves.
+// newUpstreamTransport is the HTTPS client of terminated TLS: verified against the system pool and pem's
+// certificates too, dialing the address the gateway resolves.
 func (g *gateway) newUpstreamTransport(pem string) (*http.Transport, error) {
-	var roots *x509.CertPool
+	var roots *x509.CertPool // nil: the system pool
 	var err error
 	if strings.TrimSpace(pem) != "" {
-		roots = x509.NewCertPool()
+		if roots, err = x509.SystemCertPool(); err != nil || roots == nil {
+			roots = x509.NewCertPool()
+		}
+		err = nil
 		if !roots.AppendCertsFromPEM([]byte(pem)) {
 			roots, err = nil, errors.New("no certificate in the PEM")
 		}
