@@ -299,12 +299,15 @@ class SandboxPolicy(LoggingConfigurable):
         if not raw:
             return {}
         try:
-            value: dict[str, list[str]] = json.loads(raw)  # as the trait's validator then checks
+            value = json.loads(raw)
         except ValueError as e:
             raise ValueError(
                 'TAI_MCP_SANDBOX_CREDENTIALS must be JSON like {"consumer": ["ENV_NAME"]}: ' + str(e)
             ) from None
-        return value
+        checked: dict[str, list[str]] = self._check_credentials(
+            {"value": value}
+        )  # a dynamic default skips @validate
+        return checked
 
     @default("egress_rules")
     def _egress_rules_default(self) -> dict[str, Any]:

@@ -144,3 +144,12 @@ def test_deciding_leaves_the_callers_spec_unchanged(monkeypatch):
     spec = SessionSpec(consumer="tool:agent")
     decided(SandboxPolicy(credentials={"tool:agent": ["AGENT_TOKEN"]}), spec)
     assert spec.env == {} and spec.isolation is None
+
+
+def test_credentials_from_the_environment_are_checked_like_configured_ones(monkeypatch):
+    monkeypatch.setenv("TAI_MCP_SANDBOX_CREDENTIALS", '{"alice": ["API_TOKEN"]}')
+    with pytest.raises(ValueError, match="names no kind"):
+        SandboxPolicy().credentials  # noqa: B018
+    monkeypatch.setenv("TAI_MCP_SANDBOX_CREDENTIALS", '{"user:alice": "API_TOKEN"}')
+    with pytest.raises(ValueError, match="lists of environment variable names"):
+        SandboxPolicy().credentials  # noqa: B018
