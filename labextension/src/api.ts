@@ -35,6 +35,8 @@ export interface IStatus {
   kind: string;
   message?: string;
   max_isolation?: Isolation;
+  /** it enforces a spec's egress policy (an egress gateway: docker); the others refuse one */
+  egress_policy?: boolean;
   /** the provider's own words where its isolation is weaker than its level says (a vm under emulation) */
   isolation_note?: string;
   /** its sessions can be paused and resumed */
@@ -60,6 +62,44 @@ export interface ISessionSpec {
   memory_mb?: number | null;
   env?: Record<string, string>;
   consumer?: string;
+  /** with network "egress": the host names it may reach (allow null: any name on 80 and 443) and may not */
+  egress?: IEgressRequest;
+}
+
+/** What a caller asks of a session's egress (create, or PATCH): never a secret (the operator grants those). */
+export interface IEgressRequest {
+  allow?: string[] | null;
+  deny?: string[];
+}
+
+/** An operator's secret granted to a session: by name, the variable holding its placeholder, its hosts. */
+export interface ISecretGrant {
+  name: string;
+  env: string;
+  placeholder?: string;
+  hosts: string[];
+  query?: boolean;
+  body?: boolean;
+}
+
+/** A session's egress policy in force (`spec.egress`): allow null admits any name on ports 80 and 443. */
+export interface IEgressPolicy {
+  allow: string[] | null;
+  deny: string[];
+  secrets: ISecretGrant[];
+}
+
+/** One decision of an egress gateway (GET egress/audit); never a secret's value. */
+export interface IEgressAuditLine {
+  time?: string;
+  session?: string;
+  kind?: string;
+  host?: string;
+  port?: number;
+  decision?: string;
+  reason?: string;
+  secret?: string;
+  count?: number;
 }
 
 export interface ISessionInfo {
@@ -148,7 +188,6 @@ export class SandboxClient {
     );
   }
 
-  /** PATCH sessions/{id}: the session now ends `ttlSeconds` after its creation (400 over the maximum). */
   /** Freeze every process of the session (`pause`), or let it run on (`resume`); the session's info. */
   setPaused(id: string, paused: boolean): Promise<ISessionInfo> {
     return requestAPI<ISessionInfo>(
@@ -163,12 +202,33 @@ export class SandboxClient {
     return requestAPI<ISessionInfo>(`${this._session(id)}/fork`, { method: 'POST' }, this.serverSettings);
   }
 
+  /** PATCH sessions/{id}: the session now ends `ttlSeconds` after its creation (400 over the maximum). */
   setTtl(id: string, ttlSeconds: number): Promise<ISessionInfo> {
     return requestAPI<ISessionInfo>(
       this._session(id),
       { method: 'PATCH', body: JSON.stringify({ ttl_seconds: ttlSeconds }) },
       this.serverSettings
     );
+  }
+
+  /**
+   * PATCH sessions/{id} with `egress`: the session's new allow and deny lists (its new connections follow
+   * within a second); 400 over the operator's rule, or where the provider cannot. `spec.egress` of the
+   * answer is the policy in force.
+   */
+  setEgress(id: string, egress: IEgressRequest): Promise<ISessionInfo> {
+    return requestAPI<ISessionInfo>(
+      this._session(id),
+      { method: 'PATCH', body: JSON.stringify({ egress }) },
+      this.serverSettings
+    );
+  }
+
+  /** GET egress/audit: the newest `limit` decisions of the session's egress gateway, oldest first. */
+  async egressAudit(sessionId: string, limit = 50): Promise<IEgressAuditLine[]> {
+    const query = `?session=${encodeURIComponent(sessionId)}&limit=${limit}`;
+    const body = await requestAPI<{ lines?: IEgressAuditLine[] }>(`egress/audit${query}`, {}, this.serverSettings);
+    return Array.isArray(body?.lines) ? body.lines : [];
   }
 
   /**

@@ -21,6 +21,7 @@ export namespace CommandIDs {
   export const pause = 'tai-sandbox:pause';
   export const resume = 'tai-sandbox:resume';
   export const fork = 'tai-sandbox:fork';
+  export const egressPolicy = 'tai-sandbox:egress-policy';
   export const showPanel = 'tai-sandbox:show-panel';
 }
 
@@ -37,7 +38,7 @@ function addToPalette(palette: ICommandPalette | null, commands: string[]): void
  * A command on one session: `args.id`, or the one the user picks (`verb` names the action in
  * the picker); `none` is what it returns when there is no session to act on.
  */
-function addOnSessionCommand<T>(
+export function addOnSessionCommand<T>(
   commands: CommandRegistry,
   sessions: ISandboxSessions,
   id: string,

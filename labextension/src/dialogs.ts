@@ -7,7 +7,7 @@ import { DURATION_HINT } from './duration';
 import { isolationWarning, limitHints } from './model';
 import { ISessionForm } from './spec';
 
-type Field = HTMLInputElement | HTMLSelectElement;
+type Field = HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement;
 
 export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessionForm> {
   constructor(initial: ISessionForm, status: IStatus | null) {
@@ -54,6 +54,21 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
       this._cpu.disabled = true;
       this._memory.disabled = true;
     }
+    if (status?.egress_policy) {
+      // an allow-list only where the provider enforces one (an egress gateway), on network egress
+      this._egressAllow = document.createElement('textarea');
+      this._egressAllow.rows = 3;
+      this._egressAllow.spellcheck = false;
+      this._egressAllow.value = initial.egressAllow ?? '';
+      this._egressAllow.placeholder = 'any host';
+      this._row('egressAllow', 'Allowed hosts', this._egressAllow, EGRESS_ALLOW_HINT);
+      const row = this._egressAllow.closest('label') as HTMLElement;
+      const sync = () => {
+        row.hidden = this._network.value !== 'egress';
+      };
+      this._network.addEventListener('change', sync);
+      sync();
+    }
   }
 
   getValue(): ISessionForm {
@@ -64,7 +79,8 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
       network: this._network.value as ISessionForm['network'],
       ttlSeconds: this._ttl.value,
       cpu: this._cpu.value,
-      memoryMb: this._memory.value
+      memoryMb: this._memory.value,
+      egressAllow: this._egressAllow && this._network.value === 'egress' ? this._egressAllow.value : ''
     };
   }
 
@@ -121,4 +137,8 @@ export class NewSessionBody extends Widget implements Dialog.IBodyWidget<ISessio
   private _ttl: HTMLInputElement;
   private _cpu: HTMLInputElement;
   private _memory: HTMLInputElement;
+  private _egressAllow: HTMLTextAreaElement | null = null;
 }
+
+const EGRESS_ALLOW_HINT =
+  "empty: any host, no policy; else one a line (example.com, *.example.com, NAME:PORT), within the operator's rule: only those, through an egress gateway";

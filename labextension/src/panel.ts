@@ -19,6 +19,7 @@ import { Message } from '@lumino/messaging';
 import { Panel, Widget } from '@lumino/widgets';
 
 import { ISessionInfo } from './api';
+import { canEditEgress, egressFields } from './egress';
 import { button } from './files';
 import { magicsOf, relativeNotebook, sessionName } from './names';
 import {
@@ -55,6 +56,8 @@ export namespace SandboxPanel {
     fork(id: string): Promise<void>;
     /** Open a document of the server (the notebook a kernel serves). */
     openDocument(path: string): void;
+    /** Show the session's egress policy in a dialog that changes it (PATCH). */
+    editEgress?(id: string): void;
   }
   export interface IOptions {
     model: SessionsModel;
@@ -369,7 +372,10 @@ export class SandboxPanel extends SidePanel {
       });
     });
     fork.classList.add('jp-TaiSandbox-fork');
-    actions.append(pause, fork);
+    const egress = button('Egress policy…', EGRESS_TOOLTIP, () => this._actions.editEgress?.(session.id));
+    egress.classList.add('jp-TaiSandbox-egress');
+    egress.hidden = true;
+    actions.append(pause, fork, egress);
 
     body.append(id, kernelLine, details, usage, timeRow, actions);
     item.append(row, body);
@@ -411,7 +417,7 @@ export class SandboxPanel extends SidePanel {
     this._fillRow(item, session, state);
     const details = item.querySelector('.jp-TaiSandbox-sessionDetails') as HTMLElement;
     const magics = magicsOf(session.consumer);
-    const fields: [string, string][] = [
+    const fields: [string, string, string?][] = [
       ...(magics
         ? ([
             ['%sandbox name', magics.name],
@@ -424,10 +430,11 @@ export class SandboxPanel extends SidePanel {
       ['durability', session.durability],
       ['workspace key', session.workspace_key ?? '—'],
       ['network', session.network],
-      ['isolation', session.isolation]
+      ['isolation', session.isolation],
+      ...egressFields(session, state.status)
     ];
     details.replaceChildren(
-      ...fields.map(([label, value]) => {
+      ...fields.map(([label, value, title]) => {
         const span = document.createElement('span');
         span.className = 'jp-TaiSandbox-field';
         span.dataset.field = label;
@@ -438,6 +445,8 @@ export class SandboxPanel extends SidePanel {
         v.textContent = value;
         if (label === 'consumer') {
           v.title = session.consumer;
+        } else if (title) {
+          v.title = title;
         }
         span.append(l, v);
         return span;
@@ -460,6 +469,8 @@ export class SandboxPanel extends SidePanel {
     this._fillExtend(item.querySelector('.jp-TaiSandbox-extend') as HTMLButtonElement, session, state);
     this._fillPause(item.querySelector('.jp-TaiSandbox-pause') as HTMLButtonElement, session, state);
     (item.querySelector('.jp-TaiSandbox-fork') as HTMLButtonElement).hidden = !state.status?.forkable;
+    (item.querySelector('.jp-TaiSandbox-egress') as HTMLButtonElement).hidden =
+      !this._actions.editEgress || !canEditEgress(session, state.status);
     item.classList.toggle('jp-mod-paused', !!session.paused);
   }
 
@@ -537,6 +548,7 @@ const EXTEND_TOOLTIP = `Reap this session ${EXTEND_SECONDS / 60} minutes later`;
 const EXTEND_BY_TOOLTIP = 'Reap this session later by a duration you type (30m, 1h30m, 2h)';
 const PAUSE_TOOLTIP = 'Freeze every process of this session where it is (its time still runs)';
 const RESUME_TOOLTIP = 'Let this paused session run on from where it was';
+const EGRESS_TOOLTIP = 'See and change the host names this session may reach (its egress policy)';
 const FORK_TOOLTIP = "Start a new session from this one's state now (the two then run on apart)";
 
 function timeLeftText(session: ISessionInfo, state: IPanelState): string {

@@ -14,6 +14,11 @@ export interface ISessionForm {
   ttlSeconds: string;
   cpu: string;
   memoryMb: string;
+  /**
+   * With network egress: the host names the session may reach, as typed (one a line; commas and spaces
+   * also part them); empty: no egress policy (any host, as before).
+   */
+  egressAllow?: string;
 }
 
 export interface ISpecDefaults {
@@ -23,6 +28,14 @@ export interface ISpecDefaults {
 }
 
 export const WORKSPACE_KEY = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
+
+/** The entries of a host list as typed: one a line (commas and spaces also part them), empty ones dropped. */
+export function parseEntries(text: string): string[] {
+  return text
+    .split(/[\s,]+/)
+    .map(entry => entry.trim())
+    .filter(entry => entry);
+}
 
 /** A form problem: the message is shown to the user as is. */
 export class SpecFormError extends Error {
@@ -43,7 +56,8 @@ export function defaultForm(defaults: ISpecDefaults): ISessionForm {
     network: defaults.network,
     ttlSeconds: String(defaults.ttlSeconds),
     cpu: '',
-    memoryMb: ''
+    memoryMb: '',
+    egressAllow: ''
   };
 }
 
@@ -116,6 +130,16 @@ export function buildSpec(form: ISessionForm): ISessionSpec {
   const memory = optionalNumber('memoryMb', form.memoryMb, 'Memory (MB)', true);
   if (memory !== null) {
     spec.memory_mb = memory;
+  }
+  const allow = parseEntries(form.egressAllow ?? '');
+  if (allow.length) {
+    if (form.network !== 'egress') {
+      throw new SpecFormError(
+        'egressAllow',
+        `Allowed hosts need network "egress" (network "${form.network}" reaches no host): choose egress, or empty the list.`
+      );
+    }
+    spec.egress = { allow };
   }
   return spec;
 }

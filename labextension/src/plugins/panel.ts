@@ -39,7 +39,8 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
         fork: async id => {
           await commands.execute(CommandIDs.fork, { id });
         },
-        openDocument: path => void commands.execute('docmanager:open', { path })
+        openDocument: path => void commands.execute('docmanager:open', { path }),
+        editEgress: id => void commands.execute(CommandIDs.egressPolicy, { id })
       }
     });
     panel.title.icon = sandboxIcon;

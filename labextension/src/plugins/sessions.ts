@@ -9,6 +9,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { SandboxClient } from '../api';
 import { CommandIDs, addSessionCommands } from '../commands';
+import { addEgressCommands } from '../egress';
 import { SandboxSessions } from '../sessions';
 import { SETTINGS_PLUGIN_ID, readSettings } from '../settings';
 import { ISandboxSessions } from '../tokens';
@@ -30,6 +31,7 @@ export const sessionsPlugin: JupyterFrontEndPlugin<ISandboxSessions> = {
       showPanel: () => void commands.execute(CommandIDs.showPanel)
     });
     addSessionCommands(commands, sessions, palette);
+    addEgressCommands(commands, sessions, palette);
 
     if (settingRegistry) {
       settingRegistry
