@@ -79,7 +79,7 @@ class Seat:
     address: str
     prefix: int
     mac: str
-    gateway: str | None  # egress only: internal bridges route nowhere
+    gateway: str | None  # egress only: internal and filtered bridges route nowhere
     nameservers: tuple[str, ...]
 
     @property
@@ -154,10 +154,22 @@ class VmSeats:
         )
         self._image: str | None = None
 
-    async def seat(self, session_id: str, network: str, kind: str) -> Seat:
-        """A seat for the session on ``network`` (made, with its firewall rules, when it is not there)."""
+    async def seat(
+        self,
+        session_id: str,
+        network: str,
+        kind: str,
+        *,
+        address: str | None = None,
+        nameservers: tuple[str, ...] | None = None,
+        held: bool = False,
+    ) -> Seat:
+        """A seat for the session on ``network`` (made, with its firewall rules, when it is not there). A
+        ``filtered`` network's seat (a session with an egress policy) takes the ``address`` its egress gateway
+        picked, and the guest the gateway as its resolver (``nameservers``); ``held``: the caller holds the
+        network's lock already."""
         image = await self._seat_image()
-        options = {
+        options: dict[str, Any] = {
             "name": seat_name(session_id),
             "labels": {**self._labels, LABEL_SEAT: session_id},
             "network": network,
@@ -168,7 +180,10 @@ class VmSeats:
             "mem_limit": "64m",
             "pids_limit": 32,
         }
-        async with self._locks.hold(network):
+        if address is not None:
+            endpoint = self._engine.api.create_endpoint_config(ipv4_address=address)
+            options["networking_config"] = {network: endpoint}
+        async with contextlib.nullcontext() if held else self._locks.hold(network):
             await self.bridges.ensure(network, kind)
             try:
                 container_id = await self._engine.create_container(
@@ -188,7 +203,13 @@ class VmSeats:
                 prefix=int(attached["IPPrefixLen"]),
                 mac=attached["MacAddress"],
                 gateway=(attached.get("Gateway") or None) if kind == "egress" else None,
-                nameservers=await asyncio.to_thread(host_nameservers) if kind == "egress" else (),
+                nameservers=(
+                    nameservers
+                    if nameservers is not None
+                    else await asyncio.to_thread(host_nameservers)
+                    if kind == "egress"
+                    else ()
+                ),
             )
             await _run(
                 [
@@ -201,13 +222,14 @@ class VmSeats:
             return seat
         except BaseException:
             with contextlib.suppress(Exception):
-                await self.leave(session_id, network)
+                await self.leave(session_id, network, held=held)
             raise
 
-    async def leave(self, session_id: str, network: str) -> None:
-        """Remove the session's seat, and its bridge when no one else sits on it."""
+    async def leave(self, session_id: str, network: str, *, held: bool = False) -> None:
+        """Remove the session's seat, and its bridge when no one else sits on it (a filtered network's gateway
+        does while it serves); ``held``: the caller holds the network's lock already."""
         await self._engine.remove_container(seat_name(session_id))
-        async with self._locks.hold(network):
+        async with contextlib.nullcontext() if held else self._locks.hold(network):
             with contextlib.suppress(SandboxError):
                 await self.bridges.drop(network)
 

@@ -7,7 +7,10 @@ run on the container base's engine-neutral session over the agent's virtio-seria
 (``machines``); the machines live in folders on this host, so sessions outlive the server and any
 server of the deployment finds them. A session of a listed docker image runs its commands chrooted into
 that image's files (``vm.rootdisk``: a read-only disk per image id, a tmpfs overlay per session). A session
-on a network sits on its owner's bridge of the Docker engine, as a docker session does (``networks``).
+on a network sits on its owner's bridge of the Docker engine, as a docker session does (``networks``); one with
+an egress policy sits on its owner's filtered bridge behind the owner's egress gateway, the very gateway a docker
+provider of the deployment makes and finds (``docker/gateway.py``), its seat taking the address the gateway
+picked for it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import builtins
 import contextlib
 import os
+import platform
 import re
 import shutil
 import time
@@ -26,6 +30,7 @@ from typing import Any
 from jupyter_core.paths import jupyter_data_dir
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
+from ...agent import AgentClient
 from ...contract import (
     ExecRequest,
     Sandbox,
@@ -40,13 +45,17 @@ from ...contract import (
     SessionSpec,
     session_gone,
 )
+from ...contract.egress import EgressPolicy
+from ...images import DEFAULT_IMAGE, PYTHON_IMAGE
 from ...policy import within_limits
 from .._common import ProviderMeta, new_session_id
+from .._docker_agent import AgentVolumes
 from .._docker_sandbox import spec_from_labels
 from .._provider_settings import BridgeSettings, DeploymentSettings, LimitSettings, rejected
 from .._workspaces import unscoped_serves
 from ..container import CommandRegistry
 from ..container.session import ContainerSession, ContainerSite
+from ..docker.gateway import CA_ENV, EgressGateways, Gateway, GatewaySettings
 from ..docker_engine import DockerEngine, MissingImageError
 from ..docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
 from .control import copy_argv, qmp, run_loaded, save
@@ -56,7 +65,7 @@ from .guest.qemu import BOOT_TIMEOUT, QEMU, QEMU_UIDS, TCG_CPU, VmError, qemu_ar
 from .guest.rootdisk import ROOT_DIR, ensure_root_disk, remove_unused, setup_script
 from .guest.snapshot import drop_idle_memory, ensure_golden, qmp_args, restore, restore_args, sealed_memory
 from .machines import PORTS, Machines
-from .networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable
+from .networks import LABEL_SEAT, TAP, Seat, VmSeats, networks_unavailable, seat_name
 
 #: the image name of the package's own guest (busybox, nothing else): a session of no image runs it
 VM_IMAGE = "jupyter-tai-sandbox/vm-guest"
@@ -69,7 +78,9 @@ SYNC_SECONDS = 5.0
 SETUP_SECONDS = 60.0
 
 
-class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):
+class VmSandbox(
+    BridgeSettings, DeploymentSettings, LimitSettings, GatewaySettings, Sandbox, metaclass=ProviderMeta
+):
     """sandbox-vm: one QEMU microVM per session (see the module's docstring and the docs' operators/providers/vm.md)."""
 
     kind = "vm"
@@ -77,7 +88,6 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
     supports_limits = True
     pausable = True
     forkable = True
-    egress_refusal = "the vm provider cannot enforce an egress allow-list yet; use docker"
     min_cpu = 1.0
     min_memory_mb = 128
     limits_floor = "the vm provider"
@@ -209,6 +219,20 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         return frozenset({"none"}) if self._why_no_networks else frozenset({"egress", "internal", "none"})
 
     @property
+    def egress_policy(self) -> bool:  # type: ignore[override]  # depends on the bridges; Sandbox has a plain attribute
+        """Enforced (through the owner's egress gateway) where sessions can be on a network."""
+        return not self._why_no_networks
+
+    @property
+    def egress_refusal(self) -> str:  # type: ignore[override]  # as egress_policy
+        return (
+            f"the vm provider cannot enforce an egress allow-list here: {self._why_no_networks} "
+            "(its sessions have network 'none' only); use docker"
+            if self._why_no_networks
+            else ""
+        )
+
+    @property
     def cpu_model(self) -> str:
         """QEMU's -cpu for new guests: the host's under KVM, :attr:`tcg_cpu` under TCG."""
         return "max" if self.accel == "kvm" else self.tcg_cpu
@@ -236,6 +260,25 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             labels=self.own_labels,
             pick_subnet=self._pick_subnet,
             firewall=self._host_firewall(self.engine_url),
+        )
+        #: what gateways run when this provider makes one: the docker provider's default image (found at the
+        #: first one made)
+        self._gateway_image = DEFAULT_IMAGE
+        self._gateway_chosen = False
+        self._gateways = EgressGateways(
+            self._engine,
+            _GatewayStarts(self._engine),
+            self._seats.bridges,
+            self._networks,
+            self.scope,
+            self,
+            self.log,
+            labels=self.own_labels,
+            egress_network=lambda owner: self.scope.owner_network(self.egress_network, owner),
+            filtered_base=lambda: f"{self.egress_network}-gw",
+            image=lambda: self._gateway_image,
+            hooks=lambda: self.egress_hooks,
+            address_of=lambda session: seat_name(session.id),
         )
         self._accel_checked = False
         self._probing: asyncio.Future[None] | None = None
@@ -330,7 +373,9 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         labels = session_labels(session_id, spec, now, expires, self.own_labels)
         folder = self._machines.folder(session_id)
         self._make_folder(folder)
-        network = self._network_of(spec)
+        network = self._seat_network(spec)
+        admitted: tuple[Gateway, str, float] | None = None
+        env = {**CA_ENV, **spec.env} if spec.egress is not None else dict(spec.env)
         try:
             extra: list[str] = []
             if spec.durability == "persistent":
@@ -351,7 +396,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             }
             record: dict[str, Any] = {
                 "labels": labels,
-                "env": dict(spec.env),
+                "env": env,
                 "expires_at": expires,
                 "shape": shape,
                 "user": self.user,
@@ -363,7 +408,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             self._machines.write(
                 session_id, {**record, "starting": True}
             )  # the reaper leaves it be meanwhile
-            seat = None if network is None else await self._seats.seat(session_id, network, spec.network)
+            seat, admitted = await self._take_seat(session_id, spec)
             argv = qemu_argv(guest, folder, extra=extra, console=False, tap=TAP if seat else None, **shape)
             golden = await self._golden(guest, shape) if spec.durability == "ephemeral" else None
             if await self._start_guest(
@@ -377,14 +422,18 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                 rooted="root" in shape,
                 seat=seat,
             )
-            session = self._session(session_id, labels, spec.env, expires, self.user, record.get("image_env"))
+            session = self._session(session_id, labels, env, expires, self.user, record.get("image_env"))
+            if admitted is not None:  # the gateway's CA in the guest, the policy in force there
+                await self._gateways.attach(
+                    session, admitted[0], admitted[2], root=ROOT_DIR if "root" in shape else "/"
+                )
             self._machines.write(session_id, record)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._machines.stop(session_id)
             if network is not None:
                 with contextlib.suppress(Exception):
-                    await self._seats.leave(session_id, network)
+                    await self._unseat(session_id, spec, network, admitted)
             raise
         self.log.debug("sandbox-vm: created %s (%s)", session_id, self.accel)
         return self._site.remember(session)
@@ -396,6 +445,89 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             raise SandboxUnavailableError(
                 f"VmSandbox.state_dir cannot hold a session's folder: {e}"
             ) from None
+
+    def _seat_network(self, spec: SessionSpec) -> str | None:
+        """The network a session's seat sits on: its owner's filtered one with an egress policy (behind the
+        owner's egress gateway), else its owner's egress or internal bridge; None for network 'none'."""
+        if spec.egress is not None:
+            return self._gateways.filtered_network(spec.owner)
+        return self._network_of(spec)
+
+    async def _take_seat(
+        self, session_id: str, spec: SessionSpec
+    ) -> tuple[Seat | None, tuple[Gateway, str, float] | None]:
+        """The session's seat on its network (None for 'none'); with an egress policy, on its owner's filtered
+        network at the address its owner's gateway (made for the owner's first such session) picked, whose
+        file there (the policy) is written before the seat is made, and the gateway's ``(gateway, address,
+        when the file was written)``."""
+        network = self._seat_network(spec)
+        if network is None:
+            return None, None
+        policy = spec.egress
+        if policy is None:
+            return await self._seats.seat(session_id, network, spec.network), None
+        if not self._gateway_chosen:
+            # a gateway runs the docker provider's default image: the Python image when the engine has it
+            self._gateway_image = (
+                PYTHON_IMAGE if await self._engine.has_image(PYTHON_IMAGE) else DEFAULT_IMAGE
+            )
+            self._gateway_chosen = True
+        async with self._networks.hold(network):
+            ip = ""
+            try:
+                gateway = await self._gateways.ensure(spec.owner)
+                for attempt in (1, 2, 3):
+                    ip, written = await self._gateways.admit(gateway, session_id, policy)
+                    try:
+                        seat = await self._seats.seat(
+                            session_id,
+                            network,
+                            "filtered",
+                            address=ip,
+                            nameservers=(gateway.ip,),
+                            held=True,
+                        )
+                        return seat, (gateway, ip, written)
+                    except SandboxError as e:  # another server's session took the address meanwhile
+                        await self._gateways.withdraw(gateway, ip)
+                        ip = ""
+                        if attempt == 3 or "already in use" not in str(e).lower():
+                            raise
+                raise AssertionError("unreachable")
+            except BaseException:
+                if ip:
+                    await self._gateways.withdraw(gateway, ip)
+                # a gateway made for this session (or one whose command would not start) goes with it
+                with contextlib.suppress(SandboxError):
+                    await self._gateways.release(spec.owner)
+                raise
+
+    async def _unseat(
+        self,
+        session_id: str,
+        spec: SessionSpec,
+        network: str,
+        admitted: tuple[Gateway, str, float] | None = None,
+        session: VmSession | None = None,
+    ) -> None:
+        """Remove the session's seat (and its bridge when no one else sits on it); with an egress policy, its
+        file at the gateway first (``admitted``: a create's, by its address; else ``session``'s, found by its
+        seat's), and the owner's gateway and filtered network with its last such session."""
+        if spec.egress is None:
+            await self._seats.leave(session_id, network)
+            return
+        if admitted is not None:
+            await self._gateways.withdraw(admitted[0], admitted[1])
+        elif session is not None:
+            await self._gateways.detach(session)  # its file names its seat's address: out before it goes
+        async with self._networks.hold(network):
+            try:
+                await self._seats.leave(session_id, network, held=True)
+            finally:
+                try:
+                    await self._gateways.release(spec.owner)
+                except SandboxError as e:
+                    self.log.warning("sandbox-vm: the egress gateway stays for the reap: %s", e)
 
     async def _golden(self, guest: Guest, shape: dict[str, Any]) -> Path | None:
         """The golden snapshot of ``shape`` (made now if need be); None when snapshots are off or it cannot be
@@ -514,7 +646,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         the image's root."""
         spec = spec_from_labels(labels, [f"{k}={v}" for k, v in env.items()])
         rooted = image_env is not None
-        return VmSession(
+        session = VmSession(
             self._site,
             session_id,
             session_id,
@@ -525,6 +657,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             user=user,
             root=ROOT_DIR if rooted else "",
         )
+        session.gateways = self._gateways
+        return session
 
     async def _root_disk(self, image: str) -> Any:
         try:
@@ -567,15 +701,19 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         session = self._found(session_id)
         if session is None or not self._machines.running(session_id):
             raise session_gone(session_id)
+        if (
+            session.spec.egress is not None
+        ):  # its policy as the gateway has it (a live change is recorded there)
+            with contextlib.suppress(SandboxError):
+                session.spec = session.spec.replace(egress=await self._gateways.current(session))
         return self._site.remember(session)
 
     async def list(self) -> list[SessionInfo]:
-        infos = []
-        for session_id in self._machines.ids():
-            session = self._found(session_id)
-            if session is not None:
-                infos.append(session._info())
-        return sorted(infos, key=lambda i: i.created_at)
+        sessions = [s for s in map(self._found, self._machines.ids()) if s is not None]
+        # the policies in force of sessions with one (a live change is recorded at their gateway)
+        with contextlib.suppress(SandboxError):
+            await self._gateways.live_policies([s for s in sessions if s.spec.egress is not None])
+        return sorted((s._info() for s in sessions), key=lambda i: i.created_at)
 
     async def reap(self) -> builtins.list[str]:
         now = time.time()
@@ -611,6 +749,8 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         if seats is not None:
             with contextlib.suppress(SandboxError):
                 await self._seats.reap(seats, set(self._machines.ids()), now)
+            with contextlib.suppress(SandboxError):  # gateways no session of any provider is behind
+                await self._gateways.reap([], now)
         drop_idle_memory()  # the goldens' sealed memories no create has used lately
         if self.root_disk_idle_seconds > 0:
             for disk in await asyncio.to_thread(remove_unused, self.root_disk_idle_seconds):
@@ -660,21 +800,24 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         record = self._machines.read(source.id)
         if record is None or "shape" not in record or not self._machines.running(source.id):
             raise session_gone(source.id)
+        spec = source.spec
+        if spec.egress is not None:  # the policy in force now (another server may have changed it)
+            spec = spec.replace(egress=await self._gateways.current(source))
         guest = await self._the_guest()
         session_id = new_session_id()
         now = time.time()
-        expires = now + source.spec.ttl_seconds
-        labels = session_labels(session_id, source.spec, now, expires, self.own_labels)
+        expires = now + spec.ttl_seconds
+        labels = session_labels(session_id, spec, now, expires, self.own_labels)
         folder = self._machines.folder(session_id)
         self._make_folder(folder)
         state = folder / "fork.state"
-        network = self._network_of(source.spec)
+        network = self._seat_network(spec)
+        admitted: tuple[Gateway, str, float] | None = None
+        rooted = record.get("image_env") is not None
         try:
             copy = {**record, "labels": labels, "expires_at": expires, "paused": False}
             self._machines.write(session_id, {**copy, "starting": True})
-            seat = (
-                None if network is None else await self._seats.seat(session_id, network, source.spec.network)
-            )
+            seat, admitted = await self._take_seat(session_id, spec)
             await save(self._machines.folder(source.id), state)
             await self._machines.start(
                 session_id, copy_argv(guest, folder, record), enter=seat.enter if seat else None
@@ -687,17 +830,24 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
             if seat is not None:
                 await _as_guest_root(
                     self._session(session_id, labels, {}, expires),
-                    seat.guest_script(("", ROOT_DIR) if record.get("image_env") is not None else ("",)),
+                    seat.guest_script(("", ROOT_DIR) if rooted else ("",)),
                     "setting up the fork's network",
                 )
                 await qmp(folder, "set_link", name="net0", up=True)
+            if admitted is not None:  # its policy in force at the gateway (the CA came with the copy: again)
+                await self._gateways.attach(
+                    self._session(session_id, labels, {}, expires),
+                    admitted[0],
+                    admitted[2],
+                    root=ROOT_DIR if rooted else "/",
+                )
             self._machines.write(session_id, copy)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._machines.stop(session_id)
             if network is not None:
                 with contextlib.suppress(Exception):
-                    await self._seats.leave(session_id, network)
+                    await self._unseat(session_id, spec, network, admitted)
             raise
         finally:
             with contextlib.suppress(OSError):
@@ -743,11 +893,13 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
                     await asyncio.wait_for(command.collect(), SYNC_SECONDS)
                 finally:
                     await client.close()
+        if session.spec.egress is not None:  # its file at the gateway names its seat's address: out first
+            await self._gateways.detach(session)
         await self._machines.stop(session.id)
-        network = self._network_of(session.spec)
+        network = self._seat_network(session.spec)
         if network is not None:
             try:
-                await self._seats.leave(session.id, network)
+                await self._unseat(session.id, session.spec, network)
             except SandboxError as e:  # the reap removes a seat whose session is gone
                 self.log.warning("sandbox-vm: %s's seat stays until the engine answers: %s", session.id, e)
         if remove_workspace and session.spec.durability == "persistent":
@@ -756,6 +908,7 @@ class VmSandbox(BridgeSettings, DeploymentSettings, LimitSettings, Sandbox, meta
         self.log.debug("sandbox-vm: destroyed %s", session.id)
 
     async def close(self) -> None:
+        await self._gateways.close()
         await self._site.close()
         await self._engine.close()
 
@@ -772,6 +925,54 @@ def _state(record: dict[str, Any], *, running: bool) -> dict[str, Any]:
 
 class VmSession(ContainerSession):
     """A vm session: the container base's session over the guest's agent (``container_id`` is the session id)."""
+
+    #: the provider's egress gateways (a session with an egress policy is behind its owner's)
+    gateways: EgressGateways | None = None
+
+    async def agent(self) -> AgentClient:
+        """The session's agent connection (its file operations without a user run as the guest's root)."""
+        return await self._client()
+
+    async def info(self) -> SessionInfo:
+        """The container base's, with a policy session's egress policy as its gateway has it now (another
+        server of the deployment may have changed it)."""
+        info = await super().info()
+        if self.gateways is not None and self.spec.egress is not None:
+            try:
+                self.spec = self.spec.replace(egress=await self.gateways.current(self))
+            except SandboxError:
+                return info
+            info = self._info()
+        return info
+
+    async def set_egress(self, policy: EgressPolicy) -> None:
+        """Put ``policy`` in force at the session's egress gateway (its file there, by its seat's address: new
+        connections and DNS queries follow it within a second, any server of the deployment reads it back). A
+        session made without a policy is on its owner's plain egress bridge, which no policy can narrow."""
+        self._check_live()
+        if self.gateways is None or self.spec.egress is None:
+            raise SandboxSpecRejectedError(
+                f"session {self.id} was created without an egress policy: its network cannot take one while it "
+                "runs; create a session with an egress policy (allow/deny lists) instead"
+            )
+        await self.gateways.set_policy(self, policy)
+        self.spec = self.spec.replace(egress=policy)
+
+
+class _GatewayStarts:
+    """What a gateway the vm provider makes needs to start (docker/gateway.py's AgentStarts): the agent volumes
+    of the engine, and its architecture."""
+
+    def __init__(self, engine: DockerEngine) -> None:
+        self._engine = engine
+        self.agent_volumes = AgentVolumes(engine)
+        self._arch: str | None = None
+
+    async def engine_arch(self) -> str:
+        if self._arch is None:
+            info = await self._engine.blocking(lambda: self._engine.api.info())
+            self._arch = str(info.get("Architecture") or "") or platform.machine()
+        return self._arch
 
 
 async def _as_guest_root(session: VmSession, script: str, what: str) -> None:
