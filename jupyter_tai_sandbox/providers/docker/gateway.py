@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import ipaddress
 import json
 import random
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from traitlets import Unicode
 from traitlets.config import LoggingConfigurable
@@ -115,6 +116,8 @@ GATEWAY_TMPFS = "mode=0700,size=80m"
 BODY_LIMIT = 1 << 20
 #: how long after a file's write the gateway has it in force (it polls its directory every 250 ms)
 APPLY_SECONDS = 0.6
+#: how long a call on a gateway (its files, through its agent) may take before it fails (SandboxUnavailableError)
+CALL_SECONDS = 20.0
 #: how long a gateway command may take to say it is ready
 READY_SECONDS = 15.0
 #: the watch's beats: audit files moved every AUDIT_SECONDS, the command and secrets checked every CHECK_SECONDS
@@ -192,6 +195,30 @@ def session_file(session_id: str, policy: EgressPolicy) -> dict[str, Any]:
         "deny": list(policy.deny),
         "secrets": {grant.placeholder: grant.name for grant in policy.secrets},
     }
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _bounded(within: float) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    """A gateway call that takes longer than ``within`` seconds (a gateway whose agent does not answer) fails
+    with SandboxUnavailableError instead of holding its caller."""
+
+    def wrap(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        @functools.wraps(fn)
+        async def bounded(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                async with asyncio.timeout(within):
+                    return await fn(*args, **kwargs)
+            except TimeoutError:
+                raise SandboxUnavailableError(
+                    f"the egress gateway did not answer within {within:g} s ({fn.__name__.strip('_')})"
+                ) from None
+
+        return bounded
+
+    return wrap
 
 
 async def _applied(written: float) -> None:
@@ -298,6 +325,7 @@ class EgressGateways:
             return None
         return Gateway(str(attrs["Id"]), str(ip), network, owner)
 
+    @_bounded(CALL_SECONDS + READY_SECONDS)
     async def ensure(self, owner: str | None) -> Gateway:
         """The owner's running gateway with its command ready, made (with its networks and the CA volume)
         when there is none. The caller holds the filtered network's lock."""
@@ -572,6 +600,7 @@ class EgressGateways:
             )
         return random.choice(free)
 
+    @_bounded(CALL_SECONDS)
     async def admit(self, gateway: Gateway, session_id: str, policy: EgressPolicy) -> tuple[str, float]:
         """Put a new session's policy in force at its gateway before its container starts: an address for
         it, its file there (for that address), its secrets' files. The address, and when the file was
@@ -585,10 +614,12 @@ class EgressGateways:
 
     async def withdraw(self, gateway: Gateway, ip: str) -> None:
         """Take back what :meth:`admit` wrote for a session whose container did not start."""
-        with contextlib.suppress(AgentError, SandboxError):
-            client = await self._client(self._watch(gateway))
-            await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
+        with contextlib.suppress(AgentError, SandboxError, TimeoutError):
+            async with asyncio.timeout(CALL_SECONDS):
+                client = await self._client(self._watch(gateway))
+                await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
 
+    @_bounded(CALL_SECONDS)
     async def attach(
         self, session: AgentHolder, gateway: Gateway, written: float, *, root: str = "/"
     ) -> None:
@@ -638,12 +669,16 @@ class EgressGateways:
                     f"session {session.id}'s egress gateway is not running: destroy the session and create "
                     "another"
                 )
-            watched = self._watch(gateway)
-            client = await self._client(watched)
-            ip = await self.session_ip(self._address_of(session), gateway.network)
-            await self._write_secrets(watched, client, policy.secrets)
-            await self._write(client, f"sessions/{ip}.json", session_file(session.id, policy))
+            await self._rewrite(gateway, session, policy)
             await _applied(time.monotonic())
+
+    @_bounded(CALL_SECONDS)
+    async def _rewrite(self, gateway: Gateway, session: ContainerSession, policy: EgressPolicy) -> None:
+        watched = self._watch(gateway)
+        client = await self._client(watched)
+        ip = await self.session_ip(self._address_of(session), gateway.network)
+        await self._write_secrets(watched, client, policy.secrets)
+        await self._write(client, f"sessions/{ip}.json", session_file(session.id, policy))
 
     async def current(self, session: ContainerSession) -> EgressPolicy | None:
         """The session's policy in force: its file in the gateway (any server of the deployment may have
@@ -654,11 +689,12 @@ class EgressGateways:
         gateway = await self.find(session.spec.owner)
         if gateway is None:
             return policy
-        client = await self._client(self._watch(gateway))
         try:
-            ip = await self.session_ip(self._address_of(session), gateway.network)
-            data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{ip}.json"))
-        except (AgentError, SandboxError, ValueError):
+            async with asyncio.timeout(CALL_SECONDS):
+                client = await self._client(self._watch(gateway))
+                ip = await self.session_ip(self._address_of(session), gateway.network)
+                data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{ip}.json"))
+        except (AgentError, SandboxError, ValueError, TimeoutError):
             return policy
         if not isinstance(data, dict) or data.get("session") != session.id:
             return policy
@@ -674,18 +710,21 @@ class EgressGateways:
         for session in sessions:
             by_owner.setdefault(session.spec.owner, []).append(session)
         for owner, owned in by_owner.items():
+            files: dict[str, Any] = {}
             try:
                 gateway = await self.find(owner)
                 if gateway is None:
                     continue
-                client = await self._client(self._watch(gateway))
-                files: dict[str, Any] = {}
-                for entry in await client.listdir(GATEWAY_DIR, "sessions"):
-                    with contextlib.suppress(AgentError, ValueError):
-                        data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{entry['name']}"))
-                        if isinstance(data, dict):
-                            files[str(data.get("session"))] = data
-            except (AgentError, SandboxError) as e:
+                async with asyncio.timeout(CALL_SECONDS):
+                    client = await self._client(self._watch(gateway))
+                    for entry in await client.listdir(GATEWAY_DIR, "sessions"):
+                        with contextlib.suppress(AgentError, ValueError):
+                            data = json.loads(
+                                await client.read_file(GATEWAY_DIR, f"sessions/{entry['name']}")
+                            )
+                            if isinstance(data, dict):
+                                files[str(data.get("session"))] = data
+            except (AgentError, SandboxError, TimeoutError) as e:
                 self._log.debug("sandbox-docker: the egress gateway of %s: %s", owner, e)
                 continue
             for session in owned:
@@ -707,12 +746,13 @@ class EgressGateways:
             return
         watched = self._watch(gateway)
         try:
-            client = await self._client(watched)
-            ip = await self.session_ip(self._address_of(session), gateway.network)
-            with contextlib.suppress(AgentError):
-                await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
-            await self._prune_secrets(watched, client)
-        except (AgentError, SandboxError) as e:
+            async with asyncio.timeout(CALL_SECONDS):
+                client = await self._client(watched)
+                ip = await self.session_ip(self._address_of(session), gateway.network)
+                with contextlib.suppress(AgentError):
+                    await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
+                await self._prune_secrets(watched, client)
+        except (AgentError, SandboxError, TimeoutError) as e:
             self._log.debug("sandbox-docker: detaching %s from its gateway: %s", session.id, e)
 
     async def _prune_secrets(self, watched: _Watched, client: AgentClient) -> None:
@@ -837,11 +877,12 @@ class EgressGateways:
             await asyncio.sleep(AUDIT_SECONDS)
             beats += 1
             try:
-                client = await self._client(watched)
-                await self._pump_audit(client)
-                if beats % checks == 0:
-                    await self._keep_running(watched)
-                    await self._refresh_secrets(watched, client)
+                async with asyncio.timeout(CALL_SECONDS + READY_SECONDS):
+                    client = await self._client(watched)
+                    await self._pump_audit(client)
+                    if beats % checks == 0:
+                        await self._keep_running(watched)
+                        await self._refresh_secrets(watched, client)
             except asyncio.CancelledError:
                 raise
             except SandboxNotFoundError:
