@@ -27,7 +27,7 @@ from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_DEPLOYMENT
 from tests.support.aio import run
 from tests.support.docker import RUN_FILTER, provider, spec
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow(90), pytest.mark.usefixtures("nothing_left")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow(40), pytest.mark.usefixtures("nothing_left")]
 
 
 class Hooks:
