@@ -72,7 +72,7 @@ ROOTS = "test-roots.pem"
 
 #: run in a session as ``python3 -c PROBE STEPS_JSON``: one JSON line per step
 PROBE = r"""
-import json, os, random, socket, ssl, struct, sys, time
+import json, os, random, re, socket, ssl, struct, sys, time
 
 TYPES = {"A": 1, "NS": 2, "CNAME": 5, "MX": 15, "TXT": 16, "AAAA": 28, "ANY": 255}
 
@@ -242,6 +242,28 @@ def icmp(step):
     return {"reply": False, "errors": errors}
 
 
+def raw(step):
+    # bytes as written (pipelined requests, odd request lines), on plain TCP or TLS with step["tls"] as SNI;
+    # the answer read until the server closes (or 3 s of silence)
+    sock = socket.create_connection((address(step), step["port"]), timeout=3)
+    if step.get("tls"):
+        sock = context_for(step).wrap_socket(sock, server_hostname=step["tls"])
+    with sock:
+        sock.sendall(step["send"].encode())
+        data = b""
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except (socket.timeout, ConnectionError):
+            pass
+    text = data.decode(errors="replace")
+    statuses = [int(code) for code in re.findall(r"HTTP/1\.[01] (\d{3}) ", text)]
+    return {"statuses": statuses, "text": text[:3000]}
+
+
 def urllib_get(step):
     import urllib.request
 
@@ -256,7 +278,7 @@ def hold(step):
     return {"kept": len(kept)}
 
 
-OPS = {"dns": dns, "https": https, "http": http, "tcp": tcp, "udp": udp, "icmp": icmp, "urllib": urllib_get,
+OPS = {"dns": dns, "https": https, "http": http, "tcp": tcp, "udp": udp, "icmp": icmp, "urllib": urllib_get, "raw": raw,
        "hold": hold, "sleep": lambda step: time.sleep(step["seconds"])}
 
 for step in json.loads(sys.argv[1]):
@@ -515,6 +537,56 @@ def test_sni_and_host_fronting_are_refused(world: World) -> None:
     assert all(s["elapsed"] < FAST for s in (sni_unlisted, no_sni, host_unlisted, terminated_host))
     fronted = [r for r in hosts.http_requests()[before:] if UNLISTED in (r.get("host"), r.get("sni"))]
     assert fronted == []
+
+
+def test_http_request_tricks_cannot_reach_an_unlisted_host(world: World) -> None:
+    """Port 80 and a terminated TLS connection check every request's host, not the first one's: a second
+    request on a kept-alive connection, an absolute-form request line and a doubled Host header cannot
+    reach the unlisted virtual host behind the allowed one's server."""
+    hosts = world.hosts
+    gw = world.gateway_ip
+    before = len(hosts.http_requests())
+
+    def get(target: str, host: str, *extra: str, close: bool = False) -> str:
+        lines = [f"GET {target} HTTP/1.1", f"Host: {host}", *extra, *(["Connection: close"] if close else [])]
+        return "\r\n".join(lines) + "\r\n\r\n"
+
+    keep_alive, absolute, doubled, terminated = world.probe(
+        "main",
+        {"op": "raw", "name": PLAIN, "connect": gw, "port": 80,
+         "send": get("/echo?n=1", PLAIN) + get("/echo?n=2", UNLISTED, close=True)},
+        {"op": "raw", "name": PLAIN, "connect": gw, "port": 80,
+         "send": get(f"http://{UNLISTED}/echo?n=3", PLAIN, close=True)},
+        {"op": "raw", "name": PLAIN, "connect": gw, "port": 80,
+         "send": get("/echo?n=4", PLAIN, f"Host: {UNLISTED}", close=True)},
+        {"op": "raw", "name": SECRET_HOST, "port": 443, "tls": SECRET_HOST, "public_roots": False,
+         "send": get("/echo?n=5", SECRET_HOST) + get("/echo?n=6", UNLISTED, close=True)},
+    )  # fmt: skip
+    assert keep_alive["result"]["statuses"][:2] == [200, 403], keep_alive
+    assert absolute["result"]["statuses"][0] in (400, 403), absolute
+    assert doubled["result"]["statuses"][0] in (400, 403), doubled
+    assert terminated["result"]["statuses"][:2] == [200, 421], terminated
+    arrived = hosts.http_requests()[before:]
+    assert {r["query"] for r in arrived} <= {"n=1", "n=5"}, arrived
+    assert not [r for r in arrived if UNLISTED in json.dumps(r)]
+
+
+def test_a_placeholder_is_substituted_only_for_the_session_it_was_granted_to(world: World) -> None:
+    """Another session of the same owner that allows the secret's host but holds no grant sends the main
+    session's placeholder there: it arrives as the placeholder (the gateway does not even terminate TLS)."""
+    hosts = world.hosts
+    if "thief" not in world.sessions:
+        world.create("thief", egress=EgressPolicy(allow=(SECRET_HOST,)))
+    before = len(hosts.http_requests())
+    (step,) = world.probe(
+        "thief",
+        {"op": "https", "name": SECRET_HOST, "path": "/echo",
+         "headers": {"Authorization": f"Bearer {world.placeholder}"}},
+    )  # fmt: skip
+    assert step["result"]["status"] == 200, step
+    assert step["result"]["body"]["sni"] == SECRET_HOST  # the server's own certificate: pass-through
+    (arrived,) = [r for r in hosts.http_requests()[before:] if r.get("path") == "/echo"]
+    assert dict(arrived["headers"])["Authorization"] == f"Bearer {world.placeholder}"
 
 
 def test_a_name_resolving_to_an_allowed_hosts_address_is_refused(world: World) -> None:
