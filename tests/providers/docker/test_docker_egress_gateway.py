@@ -361,3 +361,27 @@ def test_two_servers_making_an_owners_first_sessions_at_once_share_one_gateway(c
         assert gateways(client, servers[0].deployment) == []
 
     run(main())
+
+
+def test_a_policy_session_never_takes_a_pooled_container(client):
+    async def main():
+        ours = provider(pool_size=1)
+        session = None
+        try:
+            await ours._connect()  # the pool fills
+            for _ in range(100):
+                if ours._pool.ready_count():
+                    break
+                await asyncio.sleep(0.1)
+            assert ours._pool.ready_count() == 1
+            session = await ours.create(egress_spec(EgressPolicy(allow=("a.test",))))
+            assert session.record is None  # not a pooled container's session
+            assert ours._pool.ready_count() == 1  # the pooled container still waits
+            networks = client.api.inspect_container(session.container_id)["NetworkSettings"]["Networks"]
+            assert set(networks) == {ours._gateways.filtered_network("gw-owner")}
+        finally:
+            if session is not None:
+                await session.destroy()
+            await ours.close()
+
+    run(main())
