@@ -182,7 +182,7 @@ func (g *gateway) dnsAnswer(m []byte, client string) []byte {
 	st := g.state.Load()
 	sess := st.sessions[client]
 	if sess == nil {
-		if g.dnsDedup.first(client + " " + q.name) {
+		if g.dnsDedup.first(client + " refuse " + q.name) {
 			g.auditf(st, nil, client, "dns", q.name, 53, false, "unknown client", "")
 		}
 		return dnsReply(m, q, dnsRefused, nil)
@@ -191,7 +191,7 @@ func (g *gateway) dnsAnswer(m []byte, client string) []byte {
 		return dnsReply(m, q, dnsNotImp, nil)
 	}
 	if !sess.nameAllowed(q.name) {
-		if g.dnsDedup.first(client + " " + q.name) {
+		if g.dnsDedup.first(client + " refuse " + q.name) {
 			g.auditf(st, sess, client, "dns", q.name, 53, false, "not allowed", "")
 		}
 		return dnsReply(m, q, dnsNXDomain, nil)
@@ -199,7 +199,7 @@ func (g *gateway) dnsAnswer(m []byte, client string) []byte {
 	if q.qclass != dnsClassIN || q.qtype != dnsTypeA {
 		return dnsReply(m, q, dnsRcodeOK, nil) // NOERROR, no data: AAAA, HTTPS (no ECH keys), anything else
 	}
-	if g.dnsDedup.first(client + " " + q.name) {
+	if g.dnsDedup.first(client + " allow " + q.name) {
 		g.auditf(st, sess, client, "dns", q.name, 53, true, "allowed", "")
 	}
 	return dnsReply(m, q, dnsRcodeOK, st.listenIP)
@@ -256,7 +256,8 @@ func (g *gateway) serveDNSTCP(ln net.Listener) {
 	}
 }
 
-// gwDedup keeps one audit line per client and name and second (a lookup asks A and AAAA, a resolver retries).
+// gwDedup keeps one audit line per client, decision and name and second (a lookup asks A and AAAA, a resolver
+// retries); a decision that changes within the second (a live policy change) is a line of its own.
 type gwDedup struct {
 	mu   sync.Mutex
 	seen map[string]time.Time

@@ -704,6 +704,9 @@ func TestGatewayPolicyChangeApplies(t *testing.T) {
 		t.Fatalf("before: %v %v", err, resp)
 	}
 	r := gt.resolverFrom(gwClient)
+	if _, err := r.LookupIP(context.Background(), "ip", "allowed.test"); err != nil {
+		t.Fatalf("before: DNS: %v", err)
+	}
 	gt.writeJSON("sessions/"+gwClient+".json", map[string]any{"session": "sbx-1", "allow": []string{"other.test"}})
 	changed := time.Now()
 	for {
@@ -719,6 +722,10 @@ func TestGatewayPolicyChangeApplies(t *testing.T) {
 	if _, err := r.LookupIP(context.Background(), "ip", "allowed.test"); err == nil {
 		t.Fatal("DNS still answers the name the new policy removed")
 	}
+	// the refusal is audited even within the second of the allowed answer's line
+	gt.auditLines(func(r gwAuditRecord) bool {
+		return r.Kind == "dns" && r.Host == "allowed.test" && r.Decision == "refuse"
+	})
 	if resp, _, err := gt.get(c, "http://other.test/", nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("the new policy's name: %v %v", err, resp)
 	}
