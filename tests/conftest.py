@@ -38,10 +38,13 @@ _POLICY_ENV = (
 
 
 @pytest.fixture(autouse=True)
-def clean_sandbox_slot(monkeypatch):
-    """Every test starts with no provider installed and no policy environment."""
+def clean_sandbox_slot(monkeypatch, tmp_path_factory):
+    """Every test starts with no provider installed and no policy environment; the egress audit's default
+    file is the test's own (never the Jupyter runtime directory of whoever runs the tests)."""
     for name in _POLICY_ENV:
         monkeypatch.delenv(name, raising=False)
+    audit = tmp_path_factory.mktemp("egress-audit") / "audit.jsonl"
+    monkeypatch.setenv("TAI_MCP_SANDBOX_EGRESS_AUDIT", str(audit))
     sandboxes.unregister_sandbox()
     yield
     sandboxes.unregister_sandbox()
