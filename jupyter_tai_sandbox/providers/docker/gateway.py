@@ -842,11 +842,27 @@ class EgressGateways:
                         with contextlib.suppress(AgentError, SandboxError):
                             await self._drop_strays(self._watch(gateway), set(members.values()), now)
                 continue
-            if now - made < REAP_GRACE_SECONDS:
+            if now - made < REAP_GRACE_SECONDS or await self._admitting(found, now):
                 continue
             async with self._locks.hold(filtered):
                 with contextlib.suppress(SandboxError):
                     await self.release(owner)
+
+    async def _admitting(self, found: Mapping[str, Any], now: float) -> bool:
+        """Whether a gateway with no session on its network admitted one within the grace (a create, maybe
+        another server's, writes the session's file before its container starts)."""
+        if found.get("State") != "running":
+            return False
+        try:
+            async with asyncio.timeout(CALL_SECONDS):
+                client = await self._engine.open_agent(str(found["Id"]))
+                try:
+                    entries = await client.listdir(GATEWAY_DIR, "sessions")
+                finally:
+                    await client.close()
+        except (AgentError, SandboxError, TimeoutError):
+            return False
+        return any(now - float(e.get("mtime") or 0) < REAP_GRACE_SECONDS for e in entries)
 
     async def _drop_strays(self, watched: _Watched, addresses: set[str], now: float) -> None:
         """Remove session files of addresses no session holds (a server that died between a container's

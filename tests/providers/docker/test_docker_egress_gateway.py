@@ -303,10 +303,17 @@ def test_a_server_started_later_restarts_a_dead_gateway_command_and_a_reap_remov
 
             # a session container removed behind the provider's back: the reap (after its grace) removes the
             # gateway left with no session, and its networks
-            monkeypatch.setattr(gateway_module, "REAP_GRACE_SECONDS", 0.0)
+            monkeypatch.setattr(gateway_module, "REAP_GRACE_SECONDS", 2.0)
             client.api.remove_container(session.container_id, force=True, v=True)
-            await ours.reap()
             session = None
+            await asyncio.sleep(2.2)  # the gateway and its files are older than the grace now
+            # but a file just written is a session being admitted (maybe by another server): it keeps the gateway
+            fresh = f"{GATEWAY_DIR}/sessions/10.255.255.10.json"
+            assert gateway.exec_run(["sh", "-c", f"echo {{}} >{fresh}"]).exit_code == 0
+            await ours.reap()
+            assert [g.id for g in gateways(client, ours.deployment)] == [gateway.id]
+            await asyncio.sleep(2.2)
+            await ours.reap()
             assert gateways(client, ours.deployment) == []
         finally:
             if session is not None:
