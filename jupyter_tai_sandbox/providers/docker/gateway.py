@@ -783,6 +783,9 @@ class EgressGateways:
             if member == gateway_id or member in leaving or any(member.startswith(x) for x in leaving):
                 continue
             return False  # a session's container (or a vm session's seat) is on it
+        running = attrs is not None and bool((attrs.get("State") or {}).get("Running"))
+        if gateway_id is not None and running and await self._admitting(gateway_id, time.time()):
+            return False
         await self._remove(gateway_id, filtered, owner)
         return True
 
@@ -842,20 +845,19 @@ class EgressGateways:
                         with contextlib.suppress(AgentError, SandboxError):
                             await self._drop_strays(self._watch(gateway), set(members.values()), now)
                 continue
-            if now - made < REAP_GRACE_SECONDS or await self._admitting(found, now):
+            if now - made < REAP_GRACE_SECONDS:
                 continue
             async with self._locks.hold(filtered):
                 with contextlib.suppress(SandboxError):
                     await self.release(owner)
 
-    async def _admitting(self, found: Mapping[str, Any], now: float) -> bool:
-        """Whether a gateway with no session on its network admitted one within the grace (a create, maybe
-        another server's, writes the session's file before its container starts)."""
-        if found.get("State") != "running":
-            return False
+    async def _admitting(self, gateway_id: str, now: float) -> bool:
+        """Whether a running gateway with no session on its network admitted one within the grace (a create,
+        maybe another server's, writes the session's file before its container starts: the gateway stays
+        for it; a reap removes it once the file is older)."""
         try:
             async with asyncio.timeout(CALL_SECONDS):
-                client = await self._engine.open_agent(str(found["Id"]))
+                client = await self._engine.open_agent(gateway_id)
                 try:
                     entries = await client.listdir(GATEWAY_DIR, "sessions")
                 finally:
