@@ -10,14 +10,18 @@ never asked upstream) and proxies on ports 80/443 (and the raw ports a policy na
 connection's Host or SNI against the policy of the session its source address belongs to, resolve the name
 themselves and dial what they resolved. The session's DNS is the gateway (the container's ``dns`` option:
 docker 20.10's embedded resolver, 127.0.0.11, forwards an internal network's queries to it from the
-session's own address; checked on the engine, so /etc/resolv.conf is left as the engine writes it).
+session's own address; checked on the engine, so /etc/resolv.conf is left as the engine writes it). Any
+other address fails at once (no route: the session's neighbour discovery is bounded, SESSION_SYSCTLS), and
+the gateway never routes between its two networks (``net.ipv4.ip_forward=0``).
 
 The server speaks to the gateway through files in its tmpfs ``/run/tai-gateway``, written as root through
 its agent, each atomically (a temp file renamed over the target): ``gateway.json`` (its address, resolver,
 upstream roots), ``sessions/<session ip>.json`` (each session's allow and deny lists and the placeholders of
 its secrets: the record of a live change, which any server of the deployment reads back), ``secrets/<name>.json``
 (a secret's real value and hosts; rewritten when the value changes: rotation), and ``audit/*.jsonl`` (the
-gateway's decisions, which the server moves to the server's audit sink every second). The deployment's CA
+gateway's decisions, which the server moves to the server's audit sink every second). A new session's
+address is picked, and its file written, before its container starts, so its policy is in force when the
+create returns. The deployment's CA
 (for the secrets' hosts, whose TLS the gateway terminates) lives in a volume the gateways share, and each
 session gets it in ``/tmp/tai-sandbox-ca`` with the environment that makes Python, pip, curl, git and Node
 trust it.
