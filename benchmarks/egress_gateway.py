@@ -374,7 +374,19 @@ if __name__ == "__main__":
         sys.exit(reason)
     report = Report(quick=args.quick, image=PYTHON_IMAGE)
     report.meta["cpus"] = os.cpu_count()
+    load_before = os.getloadavg()[0]
     asyncio.run(main(args.quick, args.sessions, report))
+    report.meta["load average (1 min) before, after"] = [load_before, os.getloadavg()[0]]
+    if max(load_before, os.getloadavg()[0]) > (os.cpu_count() or 1):
+        report.note(
+            f"the machine was busy (load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
+            f"{os.cpu_count()} CPUs): the download rows share its cores with the rest"
+        )
+    report.note(
+        "the test hosts' server and the measuring client run on this machine: with every core busy in both "
+        "variants, the download ratio is the gateway's extra kernel TCP hop competing with them for CPU; "
+        "'gateway CPU s per GiB' (meta) is its own cost"
+    )
     print()
     print(report.table())
     for when, seen in report.meta.get("gateway memory", {}).items():
