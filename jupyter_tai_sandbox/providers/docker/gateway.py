@@ -230,6 +230,22 @@ async def _applied(written: float) -> None:
     await asyncio.sleep(max(0.0, written + APPLY_SECONDS - time.monotonic()))
 
 
+async def _session_files(client: AgentClient) -> list[dict[str, Any]]:
+    """Every session file of a gateway, read at once (the agent answers requests in parallel); unreadable
+    ones left out."""
+
+    async def read(name: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{name}"))
+        except (AgentError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    entries = await client.listdir(GATEWAY_DIR, "sessions")
+    found = await asyncio.gather(*(read(str(e["name"])) for e in entries))
+    return [data for data in found if data is not None]
+
+
 def _digest(value: str) -> str:
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -649,7 +665,8 @@ class EgressGateways:
     ) -> None:
         hooks = self._hooks()
         for grant in grants:
-            value = None if hooks is None else hooks.secret_value(grant.name)
+            # the gateway serves one owner: a secret of the owner's own (a hub user's auth_state) is theirs
+            value = None if hooks is None else hooks.secret_value(grant.name, watched.gateway.owner)
             if value is None:
                 raise SandboxUnavailableError(
                     f"secret {grant.name!r} has no value on this server (SandboxPolicy.secrets: its source is "
@@ -721,13 +738,8 @@ class EgressGateways:
                     continue
                 async with asyncio.timeout(CALL_SECONDS):
                     client = await self._client(self._watch(gateway))
-                    for entry in await client.listdir(GATEWAY_DIR, "sessions"):
-                        with contextlib.suppress(AgentError, ValueError):
-                            data = json.loads(
-                                await client.read_file(GATEWAY_DIR, f"sessions/{entry['name']}")
-                            )
-                            if isinstance(data, dict):
-                                files[str(data.get("session"))] = data
+                    for found in await _session_files(client):
+                        files[str(found.get("session"))] = found
             except (AgentError, SandboxError, TimeoutError) as e:
                 self._log.debug("sandbox-docker: the egress gateway of %s: %s", owner, e)
                 continue
@@ -761,10 +773,10 @@ class EgressGateways:
 
     async def _prune_secrets(self, watched: _Watched, client: AgentClient) -> None:
         held: set[str] = set()
-        for entry in await client.listdir(GATEWAY_DIR, "sessions"):
-            with contextlib.suppress(AgentError, ValueError, AttributeError):
-                data = json.loads(await client.read_file(GATEWAY_DIR, f"sessions/{entry['name']}"))
-                held.update((data.get("secrets") or {}).values())
+        for data in await _session_files(client):
+            secrets_held = data.get("secrets")
+            if isinstance(secrets_held, dict):
+                held.update(str(name) for name in secrets_held.values())
         for entry in await client.listdir(GATEWAY_DIR, "secrets"):
             name = str(entry["name"]).removesuffix(".json")
             if name not in held:
@@ -980,7 +992,7 @@ class EgressGateways:
             if not name.endswith(".json"):
                 continue
             secret = name.removesuffix(".json")
-            value = hooks.secret_value(secret)
+            value = hooks.secret_value(secret, watched.gateway.owner)
             if value is None:
                 continue
             digest = _digest(value)
