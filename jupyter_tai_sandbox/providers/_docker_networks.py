@@ -347,12 +347,15 @@ class SessionBridges:
         firewall: HostFirewall,
         labels: Mapping[str, str],
         pick_subnet: Callable[[list[dict[str, Any]]], str],
+        pick_wide_subnet: Callable[[list[dict[str, Any]]], str] | None = None,
     ) -> None:
         self._engine = engine
         self._locks = locks
         self.firewall = firewall
         self._labels = dict(labels)
         self._pick_subnet = pick_subnet
+        #: the subnets of filtered networks (all of an owner's sessions with an egress policy are on one)
+        self._pick_wide_subnet = pick_wide_subnet or pick_subnet
 
     async def ensure(self, network: str, kind: str) -> None:
         """Make ``network`` (kind egress, internal, filtered or pool) unless it exists, with a subnet of its own, and
@@ -363,7 +366,7 @@ class SessionBridges:
                 labels={**self._labels, LABEL_NETWORK: kind, LABEL_CREATED: repr(time.time())},
                 options=bridge_options(kind, network),
                 internal=kind != "egress",
-                subnet=self._pick_subnet,
+                subnet=self._pick_wide_subnet if kind == "filtered" else self._pick_subnet,
             )
         await self.firewall.protect(network)
 

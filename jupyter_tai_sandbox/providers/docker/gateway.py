@@ -616,7 +616,7 @@ class EgressGateways:
         if not free:
             raise SandboxCapacityError(
                 f"the filtered network {gateway.network} is full ({len(hosts) - 1} sessions of one owner with "
-                "an egress policy): configure a shorter network_prefix"
+                "an egress policy): configure a shorter (smaller) network_prefix"
             )
         return random.choice(free)
 

@@ -122,6 +122,7 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
             locks=self._networks,
             labels=self.own_labels,
             pick_subnet=self._pick_subnet,
+            pick_wide_subnet=self._pick_filtered_subnet,
             firewall=self._host_firewall(self.base_url),
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)

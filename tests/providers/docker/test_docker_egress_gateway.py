@@ -133,6 +133,8 @@ def test_a_gateway_serves_an_owners_sessions_and_goes_with_the_last(client):
             attrs = client.api.inspect_network(filtered)
             assert attrs["Internal"] is True
             assert attrs["Options"].get("com.docker.network.bridge.inhibit_ipv4") == "true"
+            # four times an owner network's subnet: every session of the owner with a policy is on it
+            assert attrs["IPAM"]["Config"][0]["Subnet"].endswith(f"/{ours.network_prefix - 2}")
 
             # its DNS is the gateway's: allowed names answer the gateway's own address (at once: the policy is
             # in force when the create returns), others are NXDOMAIN
