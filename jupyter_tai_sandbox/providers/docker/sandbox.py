@@ -467,9 +467,8 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
             return vouched
         await self._connect()
         session, records = await asyncio.gather(self._find(session_id), self._ttls.of(session_id))
-        if (
-            session.spec.egress is not None
-        ):  # its policy as the gateway has it (a live change is recorded there)
+        # its policy as the gateway has it (a live change is recorded there)
+        if session.spec.egress is not None:
             session.spec = session.spec.replace(egress=await self._gateways.current(session))
         return self._agent_site.remember(retimed(session, expiries(records)))
 
