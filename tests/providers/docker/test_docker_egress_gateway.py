@@ -37,7 +37,7 @@ class Hooks:
         self.values = dict(values)
         self.lines: list[dict] = []
 
-    def secret_value(self, name: str) -> str | None:
+    def secret_value(self, name: str, owner: str | None = None) -> str | None:
         return self.values.get(name)
 
     def audit(self, record) -> None:
