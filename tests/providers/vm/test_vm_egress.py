@@ -69,7 +69,7 @@ class Hooks:
     values: dict[str, str]
     lines: list[dict[str, Any]] = field(default_factory=list)
 
-    def secret_value(self, name: str) -> str | None:
+    def secret_value(self, name: str, owner: str | None = None) -> str | None:
         return self.values.get(name)
 
     def audit(self, record: Any) -> None:
