@@ -56,7 +56,7 @@ from .contract import (
 )
 from .contract.egress import EgressHooks
 from .egress_audit import EgressAudit
-from .policy import Principal, SandboxPolicy, StreamScrubber
+from .policy import UNSET_CONSUMER, Principal, SandboxPolicy, StreamScrubber
 from .spool import spilling_at_most
 
 #: The output limit of a gate registered without one: SandboxApp.max_output_bytes's default.
@@ -163,7 +163,18 @@ class GatedSandbox(Sandbox):
         """``spec`` as the provider must honour it, for ``caller`` (see SandboxPolicy.effective_spec)."""
         return self.policy.effective_spec(spec, self.provider.session_limits(), caller)
 
+    async def prepare(self, spec: SessionSpec, caller: Principal | None = None) -> None:
+        """What deciding ``spec`` for ``caller`` needs read first, awaited before :meth:`effective_spec`: the
+        owner's values of the secrets from JupyterHub's auth_state granted to its consumer
+        (SandboxPolicy.prepare_secrets)."""
+        owner = spec.owner or (caller.name if caller is not None else None)
+        consumer = spec.consumer
+        if consumer == UNSET_CONSUMER and caller is not None:
+            consumer = caller.consumer
+        await self.policy.prepare_secrets(owner, consumer)
+
     async def create(self, spec: SessionSpec, caller: Principal | None = None) -> GatedSession:
+        await self.prepare(spec, caller)
         return GatedSession(await self.provider.create(self.effective_spec(spec, caller)), self)
 
     def session_limits(self) -> SessionLimits:
@@ -331,7 +342,9 @@ class GatedSession(SandboxSession):
 
     async def fork(self) -> GatedSession:
         """The copy, behind the gate; the policy in force now must still admit the source's spec."""
-        self.gate.effective_spec((await self.session.info()).spec)
+        spec = (await self.session.info()).spec
+        await self.gate.prepare(spec)
+        self.gate.effective_spec(spec)
         return GatedSession(await self.session.fork(), self.gate)
 
     async def usage(self) -> dict[str, Any]:
@@ -347,6 +360,7 @@ class GatedSession(SandboxSession):
     ) -> SessionInfo:
         """See :meth:`GatedSandbox.set_egress`."""
         info = await self.session.info()
+        await self.gate.prepare(info.spec)  # the gateway writes the secrets' values again
         policy = self.gate.policy.effective_egress(info.spec, allow, deny)
         await self.session.set_egress(policy)
         info = await self.session.info()
@@ -360,8 +374,8 @@ class PolicyEgressHooks:
     def __init__(self, policy: SandboxPolicy) -> None:
         self.policy = policy
 
-    def secret_value(self, name: str) -> str | None:
-        return self.policy.secret_value(name)
+    def secret_value(self, name: str, owner: str | None = None) -> str | None:
+        return self.policy.secret_value(name, owner)
 
     def audit(self, record: Mapping[str, Any]) -> None:
         self.policy.egress_audit.audit(record)

@@ -18,21 +18,26 @@ pointed at the service, each with its own hub token.
   scope (``custom:tai-sandbox:admin`` by default), and nothing else of the
   server (kernels, contents, terminals) to anyone: code on the service's host
   would hold the engine socket.
+* :class:`HubAuthState` reads a hub user's ``auth_state`` from the hub's REST API with the service's own
+  token, for the secrets ``from_auth_state`` (``SandboxPolicy.secrets``): :func:`serve` sets one on the
+  service's policy. The service's role needs the scopes ``admin:auth_state`` and ``read:users:name``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from jupyter_server.auth.authorizer import Authorizer
 from jupyter_server.auth.identity import IdentityProvider, User
 from traitlets import Instance, Unicode, default
 
+from .contract import SandboxUnavailableError
 from .sessions import ADMIN_RESOURCE
 
 #: the prefix of every Authorizer resource this extension defines
@@ -166,6 +171,73 @@ class HubServiceAuthorizer(Authorizer):
         return bool(check_scopes({scope}, set(user.hub_scopes)))
 
 
+#: the scopes the service's role needs for the secrets from_auth_state (GET /users/NAME with the auth_state)
+AUTH_STATE_SCOPES = ("admin:auth_state", "read:users:name")
+
+
+class HubAuthState:
+    """Hub users' ``auth_state``, read from the hub's REST API (``GET {api_url}/users/{name}``) with the
+    service's own token, through tornado's AsyncHTTPClient (the event loop is never blocked). The hub
+    returns ``auth_state`` only to a token holding ``admin:auth_state``, and the user only with
+    ``read:users:name`` (or ``read:users``): grant both to the service's role."""
+
+    def __init__(self, api_url: str, api_token: str, *, timeout: float = 10.0) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.api_token = api_token
+        self.timeout = timeout
+
+    async def auth_state(self, user: str) -> Mapping[str, Any] | None:
+        """``user``'s auth_state (None: the user has none); SandboxUnavailableError when the hub does not
+        answer, does not know the user, or withholds it (the service's role lacks a scope)."""
+        from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+        request = HTTPRequest(
+            f"{self.api_url}/users/{quote(user, safe='')}",
+            headers={"Authorization": f"token {self.api_token}", "Accept": "application/json"},
+            request_timeout=self.timeout,
+            connect_timeout=self.timeout,
+        )
+        scopes = " and ".join(AUTH_STATE_SCOPES)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except Exception as e:  # connection refused, DNS, timeout: the hub did not answer
+            raise SandboxUnavailableError(f"JupyterHub's API ({self.api_url}) did not answer: {e}") from None
+        if response.code in (401, 403, 404):
+            raise SandboxUnavailableError(
+                f"JupyterHub's API answered {response.code} for user {user!r}: the user is unknown to the hub, or "
+                f"the sandbox service's role lacks the scopes {scopes} (needed for secrets from_auth_state)"
+            )
+        if response.code != 200:
+            raise SandboxUnavailableError(
+                f"JupyterHub's API answered {response.code} reading user {user!r}'s auth_state"
+            )
+        try:
+            model = json.loads(response.body)
+        except ValueError:
+            raise SandboxUnavailableError(f"JupyterHub's API answered no JSON for user {user!r}") from None
+        if not isinstance(model, dict) or "auth_state" not in model:
+            raise SandboxUnavailableError(
+                f"JupyterHub withheld user {user!r}'s auth_state: the sandbox service's role needs the scopes "
+                f"{scopes} (needed for secrets from_auth_state)"
+            )
+        state = model["auth_state"]
+        return state if isinstance(state, Mapping) else None
+
+
+def read_auth_state_through_hub(app: Any) -> None:
+    """Give the sandbox extension's policy in ``app`` (a ServerApp run by :func:`serve`) a
+    :class:`HubAuthState` with the service's hub API address and token (its identity provider's HubAuth)."""
+    hub_auth = getattr(app.identity_provider, "hub_auth", None)
+    if hub_auth is None or not hub_auth.api_url or not hub_auth.api_token:
+        return
+    try:
+        extension = app.extension_manager.extensions["jupyter_tai_sandbox"]
+        policy = extension.extension_points["jupyter_tai_sandbox"].app.policy
+    except (AttributeError, KeyError):
+        return
+    policy.auth_state_source = HubAuthState(hub_auth.api_url, hub_auth.api_token)
+
+
 def server_argv(environ: Any = None) -> list[str]:
     """ServerApp options for a hub-managed service: bind and prefix where the hub says, hub auth."""
     environ = os.environ if environ is None else environ
@@ -198,6 +270,7 @@ def serve(argv: Sequence[str] = ()) -> None:
     app = ServerApp.instance(jpserver_extensions={"jupyter_tai_sandbox": True})
     # later options win: the operator's own argv may override what the hub's environment says
     app.initialize(argv=[*server_argv(), *argv], find_extensions=False)
+    read_auth_state_through_hub(app)  # the secrets from_auth_state: each user's own, from the hub
     app.start()
 
 

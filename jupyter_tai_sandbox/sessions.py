@@ -155,6 +155,7 @@ class SessionRegistry:
         any other against the session quota.
         """
         sandbox = self.access.require()
+        await sandbox.prepare(spec, caller)  # what deciding needs read first (a hub user's auth_state)
         spec = sandbox.effective_spec(spec, caller)
         return await self._made(spec, caller, lambda: sandbox.create(spec))
 

@@ -362,9 +362,10 @@ class EgressHooks(Protocol):
     """What a provider's gateway asks of the server: a secret's current real value, and where an audit
     line goes. The gate sets one on its provider (:attr:`Sandbox.egress_hooks`)."""
 
-    def secret_value(self, name: str) -> str | None:
-        """The current real value of the operator's secret ``name`` (None: no such secret, or its source is
-        gone)."""
+    def secret_value(self, name: str, owner: str | None = None) -> str | None:
+        """The current real value of the operator's secret ``name`` for the sessions of ``owner`` (None: no
+        such secret, or its source is gone). A gateway serves one owner and passes it: a secret read from
+        the owner's JupyterHub ``auth_state`` has a value of each owner's own."""
         ...
 
     def audit(self, record: Mapping[str, Any]) -> None:
