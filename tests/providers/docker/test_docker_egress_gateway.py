@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jupyter_tai_sandbox.contract import SandboxUnavailableError, SessionSpec
+from jupyter_tai_sandbox.contract import SandboxSpecRejectedError, SandboxUnavailableError, SessionSpec
 from jupyter_tai_sandbox.contract.egress import EgressPolicy, SecretGrant, new_placeholder
 from jupyter_tai_sandbox.providers.docker import gateway as gateway_module
 from jupyter_tai_sandbox.providers.docker.gateway import (
@@ -388,6 +388,24 @@ def test_a_policy_session_never_takes_a_pooled_container(client):
             assert ours._pool.ready_count() == 1  # the pooled container still waits
             networks = client.api.inspect_container(session.container_id)["NetworkSettings"]["Networks"]
             assert set(networks) == {ours._gateways.filtered_network("gw-owner")}
+        finally:
+            if session is not None:
+                await session.destroy()
+            await ours.close()
+
+    run(main())
+
+
+def test_a_session_made_without_a_policy_cannot_take_one_while_it_runs(client):
+    async def main():
+        ours = provider()
+        session = None
+        try:
+            session = await ours.create(spec(consumer="docker-egress-gateway", owner="gw-owner"))
+            with pytest.raises(SandboxSpecRejectedError, match="without an egress policy"):
+                await session.set_egress(EgressPolicy(allow=("a.test",)))
+            assert gateways(client, ours.deployment) == []  # no gateway was made for it
+            assert session.spec.egress is None
         finally:
             if session is not None:
                 await session.destroy()
