@@ -130,7 +130,7 @@ class Hooks:
         self.values = values
         self.lines = 0
 
-    def secret_value(self, name: str) -> str | None:
+    def secret_value(self, name: str, owner: str | None = None) -> str | None:
         return self.values.get(name)
 
     def audit(self, record: Any) -> None:
