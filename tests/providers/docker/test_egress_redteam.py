@@ -207,9 +207,17 @@ def http(step):
 
 
 def tcp(step):
+    # a stream: the echo may come back in pieces (read until all of it, a close, or 5 s)
+    sent = step.get("send", "ping").encode()
     with socket.create_connection((address(step), step["port"]), timeout=5) as sock:
-        sock.sendall(step.get("send", "ping").encode())
-        return {"received": sock.recv(65536).decode(errors="replace")}
+        sock.sendall(sent)
+        received = b""
+        while len(received) < len(sent):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        return {"received": received.decode(errors="replace")}
 
 
 def udp(step):
