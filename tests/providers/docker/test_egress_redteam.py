@@ -272,6 +272,19 @@ def raw(step):
     return {"statuses": statuses, "text": text[:3000]}
 
 
+def hello(step):
+    # a hand-made TLS ClientHello naming step["sni"] (any text: an IP literal too, which Python's ssl never
+    # puts in an SNI); the answer's first bytes, or the error (a reset)
+    name = step["sni"].encode()
+    extension = struct.pack("!HHHBH", 0, len(name) + 5, len(name) + 3, 0, len(name)) + name
+    body = b"\x03\x03" + os.urandom(32) + b"\x00" + struct.pack("!H", 2) + b"\x13\x01" + b"\x01\x00"
+    body += struct.pack("!H", len(extension)) + extension
+    handshake = b"\x01" + struct.pack("!I", len(body))[1:] + body
+    with socket.create_connection((address(step), 443), timeout=3) as sock:
+        sock.sendall(b"\x16\x03\x01" + struct.pack("!H", len(handshake)) + handshake)
+        return {"answer": sock.recv(64).hex()}
+
+
 def urllib_get(step):
     import urllib.request
 
@@ -286,7 +299,7 @@ def hold(step):
     return {"kept": len(kept)}
 
 
-OPS = {"dns": dns, "https": https, "http": http, "tcp": tcp, "udp": udp, "icmp": icmp, "urllib": urllib_get, "raw": raw,
+OPS = {"dns": dns, "https": https, "http": http, "tcp": tcp, "udp": udp, "icmp": icmp, "urllib": urllib_get, "raw": raw, "hello": hello,
        "hold": hold, "sleep": lambda step: time.sleep(step["seconds"])}
 
 for step in json.loads(sys.argv[1]):
@@ -527,7 +540,7 @@ def test_sni_and_host_fronting_are_refused(world: World) -> None:
     hosts = world.hosts
     gw = world.gateway_ip
     before = len(hosts.http_requests())
-    sni_unlisted, no_sni, host_unlisted, terminated_host = world.probe(
+    sni_unlisted, no_sni, host_unlisted, terminated_host, ip_sni, control = world.probe(
         "main",
         # an allowed name's address (the gateway), an unlisted SNI
         {"op": "https", "name": ALLOWED, "sni": UNLISTED, "host": UNLISTED, "connect": gw},
@@ -537,11 +550,19 @@ def test_sni_and_host_fronting_are_refused(world: World) -> None:
         {"op": "http", "name": PLAIN, "host": UNLISTED, "connect": gw},
         # the secret's host (TLS terminated): SNI allowed, Host unlisted
         {"op": "https", "name": SECRET_HOST, "host": UNLISTED, "path": "/digest", "public_roots": False},
+        # an IP literal as the SNI (the shared address), in a hand-made ClientHello
+        {"op": "hello", "name": ALLOWED, "sni": hosts.web, "connect": gw},
+        # the same hand-made ClientHello naming the allowed host: forwarded (the server answers it)
+        {"op": "hello", "name": ALLOWED, "sni": ALLOWED, "connect": gw},
     )
     assert "error" in sni_unlisted, sni_unlisted
     assert "error" in no_sni, no_sni
     assert host_unlisted["result"]["status"] == 403, host_unlisted
     assert terminated_host["result"]["status"] == 421, terminated_host
+    assert "error" in ip_sni or ip_sni["result"]["answer"] == "", ip_sni
+    assert control["result"]["answer"][:2] in ("15", "16"), (
+        control
+    )  # an alert or a ServerHello: it got through
     assert all(s["elapsed"] < FAST for s in (sni_unlisted, no_sni, host_unlisted, terminated_host))
     fronted = [r for r in hosts.http_requests()[before:] if UNLISTED in (r.get("host"), r.get("sni"))]
     assert fronted == []
