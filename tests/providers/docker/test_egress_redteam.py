@@ -466,8 +466,10 @@ def test_allowed_host_answers_through_the_gateway(world: World) -> None:
         {"op": "https", "name": ALLOWED, "path": "/echo?from=socket"},
         {"op": "http", "name": PLAIN, "path": "/echo?from=http"},
         {"op": "tcp", "name": ECHO, "port": TCP_ECHO_PORT, "send": "ping-through-gateway"},
+        {"op": "dns", "name": ALLOWED, "type": "AAAA"},  # no IPv6 answer: clients never try a v6 route
     )
     assert all("error" not in s for s in steps), steps
+    assert steps[4]["result"]["rcode"] == 0 and steps[4]["result"]["answers"] == [], steps[4]
     assert steps[0]["result"]["status"] == 200
     assert steps[0]["result"]["body"]["vhost"] == ALLOWED
     assert steps[1]["result"]["body"]["sni"] == ALLOWED  # pass-through: the server's own certificate
@@ -616,6 +618,21 @@ def test_a_placeholder_is_substituted_only_for_the_session_it_was_granted_to(wor
     assert step["result"]["body"]["sni"] == SECRET_HOST  # the server's own certificate: pass-through
     (arrived,) = [r for r in hosts.http_requests()[before:] if r.get("path") == "/echo"]
     assert dict(arrived["headers"])["Authorization"] == f"Bearer {world.placeholder}"
+
+
+def test_deny_wins_over_a_wildcard_allow_at_the_gateway(world: World) -> None:
+    world.create("deny", egress=EgressPolicy(allow=("*.allowed.test",), deny=(PLAIN,)))
+    gw = world.gateway_ip
+    www, plain, plain_http, apex = world.probe(
+        "deny",
+        {"op": "https", "name": ALLOWED, "path": "/echo"},
+        {"op": "dns", "name": PLAIN},
+        {"op": "http", "name": PLAIN, "connect": gw},
+        {"op": "dns", "name": "allowed.test"},  # '*.allowed.test' is the names under it, not the apex
+    )
+    assert www["result"]["status"] == 200, www
+    assert plain["result"]["rcode"] == 3 and apex["result"]["rcode"] == 3, (plain, apex)
+    assert plain_http["result"]["status"] == 403, plain_http
 
 
 def test_a_name_resolving_to_an_allowed_hosts_address_is_refused(world: World) -> None:
