@@ -7,8 +7,9 @@ The tests taken are those that need no engine view of the session's container (t
 of a session's processes, a ``docker commit`` and a fork's image are docker's; here the guest's whole memory
 is scanned instead). The docker suite's live change probes 80 rounds in one command, longer than its 60 s
 under TCG: here a shorter probe times the change against the guest's clock, its offset from the host's
-measured. Two guests for the module (the main one with a policy, one on plain egress as the baseline), a
-third for the live change, and a fork.
+measured (on the main session, its policy put back after). Two guests for the module (the main one with a
+policy, one on plain egress as the baseline), a fork of the main one, and one of a second server behind a
+gate (the operator's secret from a file, rotated).
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ from typing import Any
 
 import pytest
 
-from jupyter_tai_sandbox.contract.egress import EgressPolicy, new_placeholder
+from jupyter_tai_sandbox.contract import SessionSpec
+from jupyter_tai_sandbox.contract.egress import PLACEHOLDER_PATTERN, EgressPolicy, new_placeholder
+from jupyter_tai_sandbox.gate import GatedSandbox
 from jupyter_tai_sandbox.images import PYTHON_IMAGE
+from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.vm import VmSandbox
 from jupyter_tai_sandbox.providers.vm.control import save
 from tests.providers.docker import test_egress_redteam as docker_suite
 from tests.providers.docker.test_egress_redteam import (
     MAIN_ALLOW,
+    ROOTS,
     SECRET_ENV,
     SECRET_HOST,
     SECRET_NAME,
@@ -276,3 +281,74 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
     task.cancel()
     with contextlib.suppress(BaseException):
         await task
+
+
+def test_an_operators_secret_reaches_a_vm_only_as_its_placeholder_and_rotates(
+    world: World, tmp_path: Path
+) -> None:
+    """End to end through the gate, on vm: the operator's policy grants a secret read from a file; the
+    guest's environment holds a placeholder, the secret's host gets the real value, a rotated file is in
+    force on the next request without a restart, and a snapshot of the guest holds neither value."""
+    loop = world.loop
+    source = tmp_path / "gated-token"
+    first, second = f"gated-one-{secrets.token_hex(12)}", f"gated-two-{secrets.token_hex(12)}"
+    source.write_text(first + "\n")
+    policy_ = SandboxPolicy(
+        egress_audit_path="",
+        egress_rules={"*": {"allow": [ALLOWED, SECRET_HOST]}},
+        secrets={"gated-token": {"hosts": [SECRET_HOST], "from_file": str(source), "env": "GATED_TOKEN"}},
+    )
+    provider: VmSandbox = world.sandbox
+
+    async def scenario() -> tuple[str, list[str], bytes]:
+        # a second server of the module's deployment, behind a gate of its own (which sets its hooks)
+        served = VmSandbox(
+            accel="tcg",
+            state_dir=provider.state_dir,
+            deployment=provider.deployment,
+            images=[PYTHON_IMAGE],
+            egress_resolver=world.hosts.resolver,
+            egress_upstream_ca=str(world.hosts.ca),
+        )
+        gate = GatedSandbox(served, policy_)
+        session = await gate.create(
+            SessionSpec(image=PYTHON_IMAGE, owner=f"{world.owner}-gated", ttl_seconds=600)
+        )
+        try:
+            await session.put_file(ROOTS, world.hosts.ca.read_bytes())
+            echoed = await session.exec(["sh", "-c", 'printf %s "$GATED_TOKEN"'], timeout_seconds=30)
+            placeholder = echoed.stdout.decode()
+            step = {
+                "op": "https",
+                "name": SECRET_HOST,
+                "path": "/digest",
+                "headers": {"Authorization": f"Bearer {placeholder}"},
+                "public_roots": False,
+            }
+            seen: list[str] = []
+            for value in (first, second):
+                if value == second:
+                    source.write_text(second + "\n")  # the rotation
+                deadline = time.monotonic() + 15
+                while True:
+                    before = len(world.hosts.http_requests())
+                    (done,) = await run_probe(session, [step])
+                    assert done["result"]["status"] == 200, done
+                    (got,) = [r for r in world.hosts.http_requests()[before:] if r.get("path") == "/digest"]
+                    arrived = dict(got["headers"])["Authorization"]
+                    if arrived == f"Bearer {value}" or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.5)
+                seen.append(arrived)
+            state = tmp_path / "gated.state"
+            await save(served._machines.folder(session.id), state)
+            return placeholder, seen, state.read_bytes()
+        finally:
+            await session.destroy(remove_workspace=True)
+            await gate.close()
+
+    placeholder, seen, memory = loop.run(scenario(), 300)
+    assert PLACEHOLDER_PATTERN.match(placeholder), placeholder
+    assert seen == [f"Bearer {first}", f"Bearer {second}"]
+    assert memory.count(placeholder.encode()) > 0  # the scan sees the guest's environment
+    assert memory.count(first.encode()) == 0 and memory.count(second.encode()) == 0
