@@ -38,6 +38,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import ssl
 import struct
@@ -532,10 +533,12 @@ def serve_web(config: dict[str, Any]) -> None:
 
 
 def serve(role: str, config_path: str) -> None:
+    parent = os.getppid()  # `ip netns exec` execs this script: the parent is the process that started it
     config = json.loads(Path(config_path).read_text())
     {"dns": serve_dns, "attacker": serve_attacker, "web": serve_web}[role](config)
     print("ready", flush=True)
-    threading.Event().wait()
+    while os.getppid() == parent:  # the parent gone (killed before its cleanup): end with it
+        time.sleep(1)
 
 
 # --------------------------------------------------------------------------------------- the tests' CA
@@ -738,6 +741,26 @@ def _remove_namespace(name: str, host_veth: str) -> None:
     _ip("netns", "del", name, check=False)
 
 
+def sweep_orphans() -> list[str]:
+    """Remove the namespaces (and their veths) of test hosts whose process is gone (killed before its
+    cleanup ran): their names carry the pid that made them. The names removed."""
+    removed = []
+    for entry in leftover_namespaces():
+        name = entry.split()[1]
+        parts = name.removeprefix(NAME_PREFIX).split("-")  # pid, digest, role
+        if len(parts) != 3 or not parts[0].isdigit() or Path(f"/proc/{parts[0]}").exists():
+            continue
+        _pid, digest, role = parts
+        for pid in _ip("netns", "pids", name, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGTERM)  # a server of ours its parent's death missed
+        _remove_namespace(name, f"te{digest}{role[:1]}h")
+        for root in Path(tempfile.gettempdir()).glob(f"tai-egress-hosts-{digest}-*"):
+            shutil.rmtree(root, ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
 @contextlib.contextmanager
 def running_hosts(tag: str) -> Iterator[EgressHosts]:
     """Start the three hosts (namespaces named after ``tag``) and remove them afterwards, whatever happens.
@@ -745,6 +768,7 @@ def running_hosts(tag: str) -> Iterator[EgressHosts]:
     The host forwards nothing between the namespaces (Docker's FORWARD policy is DROP, and the tests leave
     the host's firewall alone): the resolver reaches the attacker's name server over a veth pair of their
     own, as if across the internet."""
+    sweep_orphans()
     digest = hashlib.sha256(tag.encode()).hexdigest()[:7]
     block = _free_block(tag)
     subnets = list(block.subnets(new_prefix=30))
@@ -755,7 +779,7 @@ def running_hosts(tag: str) -> Iterator[EgressHosts]:
         addresses, namespaces = {}, {}
         for i, role in enumerate(ROLES):
             outside, inside = str(subnets[i][1]), str(subnets[i][2])
-            name = f"{NAME_PREFIX}{digest}-{role}"
+            name = f"{NAME_PREFIX}{os.getpid()}-{digest}-{role}"  # the pid: sweep_orphans
             host_veth, ns_veth = f"te{digest}{role[0]}h", f"te{digest}{role[0]}n"
             _remove_namespace(name, host_veth)  # a killed earlier run's, of the same tag
             _ip("netns", "add", name)
