@@ -621,18 +621,27 @@ def test_a_placeholder_is_substituted_only_for_the_session_it_was_granted_to(wor
 
 
 def test_deny_wins_over_a_wildcard_allow_at_the_gateway(world: World) -> None:
+    """Deny wins over a wildcard allow; and a name the wildcard admits is answered by the gateway alone
+    (its own address, upstream never asked: data in a looked-up name reaches the allowed zone's name
+    server only when a connection makes the gateway resolve it)."""
     world.create("deny", egress=EgressPolicy(allow=("*.allowed.test",), deny=(PLAIN,)))
     gw = world.gateway_ip
-    www, plain, plain_http, apex = world.probe(
+    token = secrets.token_hex(8)
+    resolver_before = len(world.hosts.resolver_queries())
+    www, plain, plain_http, apex, wild = world.probe(
         "deny",
         {"op": "https", "name": ALLOWED, "path": "/echo"},
         {"op": "dns", "name": PLAIN},
         {"op": "http", "name": PLAIN, "connect": gw},
         {"op": "dns", "name": "allowed.test"},  # '*.allowed.test' is the names under it, not the apex
+        {"op": "dns", "name": f"{token}.allowed.test"},
     )
     assert www["result"]["status"] == 200, www
     assert plain["result"]["rcode"] == 3 and apex["result"]["rcode"] == 3, (plain, apex)
     assert plain_http["result"]["status"] == 403, plain_http
+    assert wild["result"]["answers"] == [gw], wild
+    time.sleep(0.3)
+    assert not [q for q in world.hosts.resolver_queries()[resolver_before:] if token in q.get("name", "")]
 
 
 def test_a_name_resolving_to_an_allowed_hosts_address_is_refused(world: World) -> None:
