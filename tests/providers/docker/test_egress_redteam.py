@@ -55,7 +55,7 @@ from tests.support.egress_hosts import (
 pytestmark = [
     pytest.mark.docker,
     pytest.mark.egress_gateway,
-    pytest.mark.slow(60),
+    pytest.mark.slow(70),
     pytest.mark.usefixtures("nothing_left"),
 ]
 
