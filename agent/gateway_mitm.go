@@ -244,6 +244,10 @@ func newMITM(g *gateway) *gwMITM {
 			info := r.Context().Value(gwReqKey{}).(*gwReq)
 			return info.st.transport.RoundTrip(r)
 		}),
+		ModifyResponse: func(resp *http.Response) error {
+			info := resp.Request.Context().Value(gwReqKey{}).(*gwReq)
+			return scrubResponse(resp, info.scrub, info.st.cfg.BodyLimit)
+		},
 		ErrorLog:     newProxyLog(),
 		ErrorHandler: g.upstreamError,
 	}
@@ -350,7 +354,8 @@ func (m *gwMITM) handle(w http.ResponseWriter, r *http.Request) {
 		refuseHTTP(w, status, host, why)
 		return
 	}
-	used, err := substitute(r, st.secretsFor(sess, host), st.cfg.BodyLimit)
+	subs := st.secretsFor(sess, host)
+	used, made, err := substitute(r, subs, st.cfg.BodyLimit)
 	if err != nil {
 		g.auditf(st, sess, ci.client, "http", host, 443, false, "request body: "+err.Error(), "")
 		refuseHTTP(w, http.StatusBadRequest, host, "request body: "+err.Error())
@@ -359,7 +364,9 @@ func (m *gwMITM) handle(w http.ResponseWriter, r *http.Request) {
 	for _, name := range used {
 		g.auditf(st, sess, ci.client, "substitution", host, 443, true, "placeholder replaced", name)
 	}
-	info := &gwReq{st: st, sess: sess, client: ci.client, host: host, port: 443, kind: "http"}
+	// a body the gateway can read back for the secret (scrubResponse); it decodes gzip and deflate too
+	r.Header.Set("Accept-Encoding", "identity")
+	info := &gwReq{st: st, sess: sess, client: ci.client, host: host, port: 443, kind: "http", scrub: scrubPairs(subs, made)}
 	m.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), gwReqKey{}, info)))
 }
 
@@ -390,11 +397,13 @@ func substituteBasic(v string, subs []gwSub, mark func(string)) string {
 
 // substitute replaces the placeholders of subs in r: every header value (inside Basic credentials too); the query when the secret allows
 // it (the value query-escaped); a body of known length up to limit when the secret allows it. It returns the
-// names of the secrets it replaced, each once.
-func substitute(r *http.Request, subs []gwSub, limit int64) ([]string, error) {
+// names of the secrets it replaced, each once, and the Basic credentials it made (made, original) so the
+// response can be scrubbed of them.
+func substitute(r *http.Request, subs []gwSub, limit int64) ([]string, [][2]string, error) {
 	if len(subs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
+	var made [][2]string
 	usedSet := map[string]bool{}
 	var used []string
 	mark := func(name string) {
@@ -411,7 +420,13 @@ func substitute(r *http.Request, subs []gwSub, limit int64) ([]string, error) {
 					mark(s.name)
 				}
 			}
-			vs[i] = substituteBasic(v, subs, mark)
+			nv := substituteBasic(v, subs, mark)
+			if nv != v {
+				_, after, _ := strings.Cut(nv, " ")
+				_, before, _ := strings.Cut(v, " ")
+				made = append(made, [2]string{strings.TrimSpace(after), strings.TrimSpace(before)})
+			}
+			vs[i] = nv
 		}
 	}
 	for _, s := range subs {
@@ -428,10 +443,10 @@ func substitute(r *http.Request, subs []gwSub, limit int64) ([]string, error) {
 	if wantBody && r.Body != nil && r.ContentLength > 0 && r.ContentLength <= limit {
 		body, err := io.ReadAll(io.LimitReader(r.Body, r.ContentLength+1))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if int64(len(body)) != r.ContentLength {
-			return nil, errors.New("not the length it declared")
+			return nil, nil, errors.New("not the length it declared")
 		}
 		for _, s := range subs {
 			if s.secret.Body && bytes.Contains(body, []byte(s.placeholder)) {
@@ -443,5 +458,5 @@ func substitute(r *http.Request, subs []gwSub, limit int64) ([]string, error) {
 		r.ContentLength = int64(len(body))
 		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	return used, nil
+	return used, made, nil
 }

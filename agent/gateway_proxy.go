@@ -216,6 +216,7 @@ type gwReq struct {
 	host   string
 	port   int
 	kind   string
+	scrub  []gwPair // a terminated request's: the forms of real values its response must not carry back
 }
 
 func newProxyLog() *log.Logger { return log.New(io.Discard, "", 0) }

@@ -127,6 +127,9 @@ type echo struct {
 
 func echoHandler(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Upgrade") == "tai-test" { // an upgraded stream: 101, then the bytes echoed
+		if id := r.Header.Get("X-Test-Id"); id != "" {
+			upstreamSeen.Store(id, echo{Host: r.Host, Path: r.URL.Path, Header: r.Header, TLS: r.TLS != nil})
+		}
 		c, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			return
@@ -139,9 +142,25 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
+	e := echo{Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header, Body: string(body), TLS: r.TLS != nil}
+	if id := r.Header.Get("X-Test-Id"); id != "" {
+		upstreamSeen.Store(id, e)
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(echo{Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header,
-		Body: string(body), TLS: r.TLS != nil})
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+// upstreamSeen holds what the upstreams got, by the request's X-Test-Id: what a secret's host answers back
+// passes through the gateway's scrub on its way to the session.
+var upstreamSeen sync.Map
+
+func seenUpstream(t testing.TB, id string) echo {
+	t.Helper()
+	e, ok := upstreamSeen.Load(id)
+	if !ok {
+		t.Fatalf("no request %q reached an upstream", id)
+	}
+	return e.(echo)
 }
 
 type gwTest struct {
@@ -761,10 +780,18 @@ func TestGatewaySecretSubstitution(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+gwPH)
 	req.Header.Set("X-Other", gwPH2)
 	req.Header.Set("X-Basic", "Basic "+base64.StdEncoding.EncodeToString([]byte("x-access-token:"+gwPH)))
-	resp, e, err := gt.do(c, req)
+	req.Header.Set("X-Test-Id", "substitution")
+	resp, back, err := gt.do(c, req)
 	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("terminated: %v %+v %+v", err, resp, e)
+		t.Fatalf("terminated: %v %+v %+v", err, resp, back)
 	}
+	// what the session reads back (the upstream echoes the request) holds the placeholders, never a value
+	if back.Header.Get("Authorization") != "Bearer "+gwPH || back.Query != "key="+gwPH+"&k2="+gwPH2 ||
+		back.Body != `{"token":"`+gwPH+`","t2":"`+gwPH2+`"}` || back.Header.Get("X-Other") != gwPH2 ||
+		back.Header.Get("X-Basic") != "Basic "+base64.StdEncoding.EncodeToString([]byte("x-access-token:"+gwPH)) {
+		t.Fatalf("the echo came back unscrubbed: %+v", back)
+	}
+	e := seenUpstream(t, "substitution")
 	if !e.TLS || e.Host != "secret.test" {
 		t.Fatalf("the upstream saw %+v", e)
 	}
@@ -834,8 +861,12 @@ func TestGatewaySecretSubstitution(t *testing.T) {
 	gt.writeJSON("secrets/tok.json", map[string]any{"value": "rotated-value", "hosts": []string{"secret.test"}})
 	rotated := time.Now()
 	for {
-		_, e, err := gt.get(c, "https://secret.test/", map[string]string{"Authorization": gwPH})
-		if err == nil && e.Header.Get("Authorization") == "rotated-value" {
+		id := fmt.Sprintf("rotation-%d", time.Now().UnixNano())
+		_, back, err := gt.get(c, "https://secret.test/", map[string]string{"Authorization": gwPH, "X-Test-Id": id})
+		if err == nil && seenUpstream(t, id).Header.Get("Authorization") == "rotated-value" {
+			if back.Header.Get("Authorization") != gwPH {
+				t.Fatalf("the rotated value came back: %+v", back)
+			}
 			break
 		}
 		if time.Since(rotated) > time.Second {
@@ -1300,7 +1331,7 @@ func TestGatewayUpgrade(t *testing.T) {
 		tls              bool
 	}{
 		{"port 80", "allowed.test", gwPH, false},
-		{"terminated", "secret.test", gwSecretValue, true},
+		{"terminated", "secret.test", gwSecretValue, true}, // the upstream gets the value; the session reads the placeholder back
 	} {
 		addr := gt.httpAddr
 		if tc.tls {
@@ -1316,12 +1347,16 @@ func TestGatewayUpgrade(t *testing.T) {
 			conn = tls.Client(conn, &tls.Config{ServerName: tc.host, RootCAs: pool})
 		}
 		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: tai-test\r\nAuthorization: %s\r\n\r\n",
-			tc.host, gwPH)
+		id := "upgrade-" + tc.name
+		fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: tai-test\r\nAuthorization: %s\r\nX-Test-Id: %s\r\n\r\n",
+			tc.host, gwPH, id)
 		br := bufio.NewReader(conn)
 		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("X-Auth") != tc.want {
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("X-Auth") != gwPH {
 			t.Fatalf("%s: %v %+v", tc.name, err, resp)
+		}
+		if got := seenUpstream(t, id).Header.Get("Authorization"); got != tc.want {
+			t.Fatalf("%s: the upstream got %q", tc.name, got)
 		}
 		for _, msg := range []string{"ping", "pong"} {
 			_, _ = conn.Write([]byte(msg))
