@@ -773,6 +773,35 @@ def test_placeholder_is_replaced_toward_the_secrets_host(world: World) -> None:
     assert not [line for line in world.hooks.lines if real in json.dumps(line)]  # names, never values
 
 
+def test_a_secret_host_echoing_the_request_hands_back_the_placeholder_never_the_value(world: World) -> None:
+    hosts = world.hosts
+    ph, real = world.placeholder, world.real
+    before = len(hosts.http_requests())
+    (step,) = world.probe(
+        "main",
+        {
+            "op": "https",
+            "name": SECRET_HOST,
+            "public_roots": False,
+            "path": f"/echo?token={ph}",
+            "headers": {"Authorization": f"Bearer {ph}"},
+            "body": f"token={ph}",
+        },
+    )
+    assert step["result"]["status"] == 200, step
+    back = step["result"]["body"]
+    # the server got the value; what it echoed reached the session with the placeholder in its place
+    (arrived,) = [
+        r for r in hosts.http_requests()[before:] if r.get("path") == "/echo" and r.get("sni") == SECRET_HOST
+    ]
+    assert (
+        dict(arrived["headers"])["Authorization"] == f"Bearer {real}" and arrived["body"] == f"token={real}"
+    )
+    assert dict(back["headers"])["Authorization"] == f"Bearer {ph}", back
+    assert back["query"] == f"token={ph}" and back["body"] == f"token={ph}", back
+    assert real not in json.dumps(step)
+
+
 def test_live_policy_change_applies_within_one_second(world: World) -> None:
     loop = world.loop
     session = world.create("live", egress=EgressPolicy(allow=(ALLOWED,)))
