@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import math
 import os
 import re
-import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,13 +30,13 @@ from .contract import (
 from .contract.durations import parse_duration
 from .contract.egress import (
     PLACEHOLDER_PATTERN,
-    SECRET_NAME_PATTERN,
     new_placeholder,
     normalize_entries,
     uncovered,
 )
 from .contract.limits import SessionLimits
 from .labels import credential_key_problem
+from .secret_sources import AuthStateSource, SecretValues, secret_setting
 
 if TYPE_CHECKING:
     from .egress_audit import EgressAudit
@@ -50,55 +48,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 #: Egress ceiling spellings: "open" is the seeds' word for the default full egress.
 _EGRESS_ALIASES = {"open": "egress", "closed": "none"}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RULE_FIELDS = frozenset({"allow", "deny"})
-_SECRET_SOURCES = ("from_env", "from_file", "from_auth_state")
-_SECRET_FIELDS = frozenset({"hosts", *_SECRET_SOURCES, "env", "consumers", "query", "body"})
+
+
 #: a key of a JupyterHub user's auth_state: a top-level key, or a dotted path into nested objects
-_AUTH_STATE_KEY = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
-#: why a secret from_auth_state has no value on a server that is not the sandbox service under a hub
-AUTH_STATE_NEEDS_HUB = (
-    "only the sandbox service under JupyterHub reads users' auth_state (jupyter tai-sandbox serve run by the "
-    "hub as a service whose role holds the scopes admin:auth_state and read:users:name)"
-)
-
-
-class AuthStateSource(Protocol):
-    """Where the secrets ``from_auth_state`` are read: JupyterHub users' ``auth_state``. The sandbox service
-    under a hub sets one on its policy (:class:`jupyter_tai_sandbox.hub.HubAuthState`)."""
-
-    async def auth_state(self, user: str) -> Mapping[str, Any] | None:
-        """``user``'s auth_state (None: the user has none); SandboxError when the hub cannot tell."""
-        ...
-
-
-def auth_state_value(state: Any, key: str) -> str | None:
-    """The string at ``key`` (a top-level key, or a dotted path 'a.b' into nested objects) of ``state``
-    (None: not there, empty, or not a string)."""
-    node = state
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node if isinstance(node, str) and node else None
-
-
-def _retrieved(task: asyncio.Future[None]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-@dataclasses.dataclass
-class _AuthStateCopy:
-    """What the policy keeps of one hub user's auth_state: the values at its secrets' keys only."""
-
-    values: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: when they were read (time.monotonic()); None: never
-    fetched: float | None = None
-    #: the read under way (a create's, or a refresh a gateway's ask started)
-    task: asyncio.Future[None] | None = None
-
-
 def _env_json(name: str, example: str) -> Any:
     """A setting given as JSON in the environment (None: not set)."""
     raw = os.environ.get(name, "").strip()
@@ -127,60 +80,6 @@ def _egress_rule(key: str, rule: Any) -> dict[str, Any]:
         }
     except SandboxSpecRejectedError as e:
         raise ValueError(f"egress_rules[{key!r}]: {e}") from None
-
-
-def _secret_setting(name: str, entry: Any) -> dict[str, Any]:
-    """One entry of SandboxPolicy.secrets, normalised (defaults filled); ValueError naming what is wrong."""
-    where = f"secrets[{name!r}]"
-    if not isinstance(name, str) or not SECRET_NAME_PATTERN.match(name):
-        raise ValueError(f"{where}: a secret's name is 1-128 letters, digits, '_', '.' or '-'")
-    if not isinstance(entry, Mapping):
-        raise ValueError(f"{where} must be an object with hosts and from_env or from_file")
-    unknown = sorted(set(entry) - _SECRET_FIELDS)
-    if unknown:
-        raise ValueError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_SECRET_FIELDS))}"
-        )
-    sources = [k for k in _SECRET_SOURCES if entry.get(k)]
-    if len(sources) != 1 or not isinstance(entry[sources[0]], str):
-        raise ValueError(
-            f"{where}: give exactly one of from_env (a variable name), from_file (a path) or from_auth_state "
-            "(a key of the JupyterHub user's auth_state)"
-        )
-    if sources[0] == "from_auth_state" and not _AUTH_STATE_KEY.match(entry["from_auth_state"]):
-        raise ValueError(
-            f"{where}: from_auth_state {entry['from_auth_state']!r} is a key of the user's auth_state, or a "
-            "dotted path 'a.b' into nested objects (no spaces, no empty part)"
-        )
-    env = entry.get("env", name)
-    if not isinstance(env, str) or not _ENV_NAME.match(env):
-        raise ValueError(f"{where}: env {env!r} is not an environment variable name (set env)")
-    consumers = entry.get("consumers", ["*"])
-    if not isinstance(consumers, list) or not consumers:
-        raise ValueError(f"{where}: consumers is a list of consumer labels (or ['*'])")
-    for label in consumers:
-        problem = credential_key_problem(label)
-        if problem:
-            raise ValueError(f"{where}: {problem.replace('credential key', 'consumer')}")
-    for flag in ("query", "body"):
-        if not isinstance(entry.get(flag, False), bool):
-            raise ValueError(f"{where}: {flag} is true or false")
-    try:
-        hosts = list(
-            normalize_entries(entry.get("hosts") or (), what=f"{where} hosts", any_name=False, ports=False)
-        )
-    except SandboxSpecRejectedError as e:
-        raise ValueError(str(e)) from None
-    if not hosts:
-        raise ValueError(f"{where}: name the hosts the secret may be sent to (hosts)")
-    return {
-        "hosts": hosts,
-        sources[0]: entry[sources[0]],
-        "env": env,
-        "consumers": list(consumers),
-        "query": bool(entry.get("query", False)),
-        "body": bool(entry.get("body", False)),
-    }
 
 
 def _env_bool(name: str, fallback: bool) -> bool:
@@ -404,11 +303,11 @@ class SandboxPolicy(LoggingConfigurable):
     def _checked_secrets(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, Mapping):
             raise ValueError("secrets must map secret names to {hosts, from_env | from_file, ...} objects")
-        checked = {name: _secret_setting(name, entry) for name, entry in value.items()}
+        checked = {name: secret_setting(name, entry) for name, entry in value.items()}
         envs = [entry["env"] for entry in checked.values()]
         if len(set(envs)) != len(envs):
             raise ValueError("secrets: two secrets name the same env variable")
-        self.__dict__["_secret_cache"] = {}  # a secret changed: read every value again
+        self.secret_sources.forget()  # a secret changed: read every value again
         return checked
 
     @validate("isolation")
@@ -480,148 +379,35 @@ class SandboxPolicy(LoggingConfigurable):
     #: background: the value read last meanwhile), and before a create reads them again first
     auth_state_max_age: float = 30.0
 
+    @property
+    def secret_sources(self) -> SecretValues:
+        """The current values of the secrets (secret_sources.py)."""
+        found: SecretValues | None = self.__dict__.get("_secret_values")
+        if found is None:
+            found = self.__dict__["_secret_values"] = SecretValues(
+                lambda: self.secrets,
+                lambda: self.auth_state_source,
+                lambda: self.auth_state_max_age,
+                self.log,
+            )
+        return found
+
     def secret_value(self, name: str, owner: str | None = None) -> str | None:
-        """The current real value of secret ``name`` for the sessions of ``owner`` (None: no such secret, or
-        its source is missing). A from_env value is read once; a from_file one again whenever the file
-        changes (its rotation); a from_auth_state one is ``owner``'s own, as last read from the hub (see
-        :meth:`prepare_secrets`): once older than ``auth_state_max_age`` this starts reading it again in
-        the background, so a change in the hub reaches the gateways (which ask every 2 s) within about
-        that time."""
-        entry = self.secrets.get(name)
-        if entry is None:
-            return None
-        if "from_auth_state" in entry:
-            return self._auth_state_secret(entry["from_auth_state"], owner)
-        cache: dict[str, tuple[Any, str | None]] = self.__dict__.setdefault("_secret_cache", {})
-        if "from_env" in entry:
-            if name not in cache:
-                cache[name] = (None, os.environ.get(entry["from_env"]) or None)
-            return cache[name][1]
-        path = entry["from_file"]
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        known = cache.get(name)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        try:
-            with open(path, encoding="utf-8") as f:
-                value: str | None = f.read().strip() or None
-        except (OSError, UnicodeDecodeError):
-            return None
-        cache[name] = (stamp, value)
-        return value
+        """The current real value of secret ``name`` for ``owner``'s sessions (None: none);
+        :meth:`SecretValues.value`."""
+        return self.secret_sources.value(name, owner)
 
     def secret_values(self) -> list[str]:
-        """Every secret's current real value (for the transcript scrub): a from_auth_state secret's of every
-        user read so far."""
-        values = []
-        for name, entry in self.secrets.items():
-            if "from_auth_state" in entry:
-                key = entry["from_auth_state"]
-                values += [c.values[key] for c in self._auth_states().values() if c.values.get(key)]
-            else:
-                value = self.secret_value(name)
-                if value:
-                    values.append(value)
-        return values
-
-    # ---------------------------------------------------------- secrets from JupyterHub's auth_state
-
-    def _auth_states(self) -> dict[str, _AuthStateCopy]:
-        cache: dict[str, _AuthStateCopy] = self.__dict__.setdefault("_auth_state_cache", {})
-        return cache
-
-    def _auth_state_keys(self, consumer: str | None = None) -> list[str]:
-        """The auth_state keys of the secrets from_auth_state (granted to ``consumer``; None: all)."""
-        names = list(self.secrets) if consumer is None else self.granted_secrets(consumer)
-        keys = [self.secrets[n].get("from_auth_state") for n in names]
-        return sorted({k for k in keys if k})
-
-    def _auth_state_secret(self, key: str, owner: str | None) -> str | None:
-        if owner is None:
-            return None
-        copy = self._auth_states().get(owner)
-        if copy is None or copy.fetched is None or time.monotonic() - copy.fetched >= self.auth_state_max_age:
-            self._refresh_auth_state(owner)
-        return None if copy is None else copy.values.get(key)
-
-    def _refresh_auth_state(self, owner: str) -> None:
-        """Read ``owner``'s auth_state again in the background (nothing when one read is under way, there
-        is no source, or no event loop runs here)."""
-        if self.auth_state_source is None:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        copy = self._auth_states().setdefault(owner, _AuthStateCopy())
-        if copy.task is not None and not copy.task.done():
-            return
-        copy.task = asyncio.ensure_future(self._read_auth_state(owner, quiet=True))
-
-    async def _read_auth_state(self, owner: str, *, quiet: bool = False) -> None:
-        """Read ``owner``'s auth_state from the source and keep the values at the secrets' keys (the rest
-        of it is not kept). ``quiet``: a failure is logged (the values read last stay) instead of raised."""
-        source = self.auth_state_source
-        copy = self._auth_states().setdefault(owner, _AuthStateCopy())
-        try:
-            if source is None:
-                raise SandboxSpecRejectedError(AUTH_STATE_NEEDS_HUB)
-            state = await source.auth_state(owner)
-        except Exception as e:
-            copy.fetched = time.monotonic()  # asked again after auth_state_max_age, not at every ask
-            if not quiet:
-                raise
-            self.log.warning("tai-sandbox: could not read hub user %r's auth_state again: %s", owner, e)
-            return
-        copy.values = {k: v for k in self._auth_state_keys() if (v := auth_state_value(state, k)) is not None}
-        copy.fetched = time.monotonic()
+        """Every secret's current real value, for the transcript scrub."""
+        return self.secret_sources.values()
 
     async def prepare_secrets(self, owner: str | None, consumer: str | None = None) -> None:
-        """Before a create (or a live change, a fork) of ``owner``'s session: when a secret from_auth_state
-        is granted to ``consumer`` (None: when any is configured), read ``owner``'s auth_state unless the
-        values read last are younger than ``auth_state_max_age`` and hold every key. A hub that cannot tell
-        raises its SandboxError; a key the user's auth_state lacks is refused by :meth:`effective_spec`
-        (400, naming the secret and the key). Nothing to do without a source: the create is refused there
-        too, saying a from_auth_state secret needs the sandbox service under JupyterHub."""
-        keys = self._auth_state_keys(consumer)
-        if owner is None or self.auth_state_source is None or not keys:
-            return
-        copy = self._auth_states().get(owner)
-        if (
-            copy is not None
-            and copy.fetched is not None
-            and time.monotonic() - copy.fetched < self.auth_state_max_age
-            and all(k in copy.values for k in keys)
-            and (copy.task is None or copy.task.done())
-        ):
-            return
-        if copy is not None and copy.task is not None and not copy.task.done():
-            await asyncio.shield(copy.task)  # a read under way (a refresh): its answer, then read anew
-        copy = self._auth_states().setdefault(owner, _AuthStateCopy())
-        task = copy.task = asyncio.ensure_future(self._read_auth_state(owner))
-        task.add_done_callback(_retrieved)  # a create cancelled meanwhile leaves no unretrieved error
-        await asyncio.shield(task)
-
-    def _missing_source(self, name: str, entry: Mapping[str, Any], spec: SessionSpec) -> str:
-        """Why secret ``name`` (granted to ``spec``'s consumer) has no value, for the refusal."""
-        if "from_env" in entry:
-            return f"its environment variable {entry['from_env']} is missing or empty"
-        if "from_file" in entry:
-            return f"its file {entry['from_file']} is missing or empty"
-        key = entry["from_auth_state"]
-        if self.auth_state_source is None:
-            return f"it is read from the JupyterHub user's auth_state (from_auth_state {key!r}), and {AUTH_STATE_NEEDS_HUB}"
-        if spec.owner is None:
-            return f"it is read from the session owner's JupyterHub auth_state (from_auth_state {key!r}), and the session has no owner"
-        return (
-            f"key {key!r} is not in hub user {spec.owner!r}'s auth_state (or it is empty, not a string, or "
-            "the user has no auth_state: the hub's authenticator puts it there at login, with "
-            "c.Authenticator.enable_auth_state)"
-        )
+        """Before a create (or a live change, a fork) of ``owner``'s session: read ``owner``'s auth_state
+        when a secret from_auth_state is granted to ``consumer`` (None: any is configured) and the copy read
+        last is too old or lacks a key. A key the user's auth_state lacks is then refused by
+        :meth:`effective_spec` (400, naming the secret and the key)."""
+        names = None if consumer is None else self.granted_secrets(consumer)
+        await self.secret_sources.prepare(owner, names)
 
     def _narrowed(
         self, consumer: str, allow: Any, deny: Any
@@ -669,7 +455,7 @@ class SandboxPolicy(LoggingConfigurable):
             if self.secret_value(name, spec.owner) is None:
                 raise SandboxSpecRejectedError(
                     f"secret {name} granted to consumer {spec.consumer!r} has no value: "
-                    f"{self._missing_source(name, entry, spec)}; set it, or change SandboxPolicy.secrets "
+                    f"{self.secret_sources.missing(name, spec.owner)}; set it, or change SandboxPolicy.secrets "
                     "(TAI_MCP_SANDBOX_SECRETS)"
                 )
             known = held.get(name)

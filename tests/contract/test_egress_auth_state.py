@@ -16,8 +16,9 @@ import pytest
 
 from jupyter_tai_sandbox import sandboxes
 from jupyter_tai_sandbox.contract import SandboxSpecRejectedError, SandboxUnavailableError, SessionSpec
-from jupyter_tai_sandbox.policy import SandboxPolicy, auth_state_value
+from jupyter_tai_sandbox.policy import SandboxPolicy
 from jupyter_tai_sandbox.providers.local import LocalSandbox
+from jupyter_tai_sandbox.secret_sources import auth_state_value
 from tests.contract.test_egress_gate import GatewayLocal, KeepingSession
 from tests.contract.test_egress_policy import GATEWAY
 
@@ -160,13 +161,13 @@ def test_a_value_older_than_the_max_age_is_read_again_in_the_background():
         assert states.reads == ["alice", "alice"]
         # a read that fails keeps the value read last, and is logged
         p.auth_state_max_age = 30.0
-        p._auth_states()["alice"].fetched = -1e9
+        p.secret_sources.auth_states["alice"].fetched = -1e9
         states.fail = SandboxUnavailableError("the hub is down")
         assert p.secret_value("git", "alice") == "gho_alice-Rotated"
         await asyncio.sleep(0.05)
         assert p.secret_value("git", "alice") == "gho_alice-Rotated" and len(states.reads) == 3
         # a create whose values are stale reads first, and the hub's error refuses it
-        p._auth_states()["alice"].fetched = -1e9
+        p.secret_sources.auth_states["alice"].fetched = -1e9
         with pytest.raises(SandboxUnavailableError, match="the hub is down"):
             await p.prepare_secrets("alice", "user:alice")
         # an unknown owner asked for by a gateway (a server started again) is read in the background too
@@ -198,7 +199,7 @@ def test_the_gate_reads_the_owners_auth_state_before_it_decides(tmp_path):
             shown = await session.exec(["echo", ALICE], timeout_seconds=10)
             assert shown.stdout == b"[scrubbed]\n", "the transcript scrub knows the owner's value"
             # a live change reads again first when the values are stale (the gateway writes them again)
-            policy._auth_states()["alice"].fetched = -1e9
+            policy.secret_sources.auth_states["alice"].fetched = -1e9
             await gate.set_egress(session.id, allow=["api.github.com"])
             assert states.reads.count("alice") == 2  # (bob's was read in the background: asked for above)
         finally:
