@@ -120,6 +120,20 @@ def host_nameservers(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
     return tuple(found[:3])
 
 
+def _guarded(seat: Seat) -> list[str]:
+    """The seat namespace's ebtables rules that hold the guest to its own addresses on a filtered network,
+    where its owner's egress gateway knows a session by its source address: frames from the guest's card
+    with another MAC, IPv4 or ARP sender address are dropped, IPv6 too (the gateway has none). Without them
+    a guest's root could take another session's address (and policy)."""
+    rules = [
+        ["-A", "FORWARD", "-i", TAP, "-s", "!", seat.mac, "-j", "DROP"],
+        ["-A", "FORWARD", "-p", "IPv4", "-i", TAP, "--ip-src", "!", seat.address, "-j", "DROP"],
+        ["-A", "FORWARD", "-p", "ARP", "-i", TAP, "--arp-ip-src", "!", seat.address, "-j", "DROP"],
+        ["-A", "FORWARD", "-p", "IPv6", "-i", TAP, "-j", "DROP"],
+    ]
+    return [" ".join(["ebtables", *rule]) for rule in rules]
+
+
 def _plumbing(seat_mac: str) -> str:
     """The seat namespace's lines: its interface gives up its address and joins a bridge with the tap."""
     return "; ".join(
@@ -219,6 +233,13 @@ class VmSeats:
                     _plumbing("02:" + ":".join(secrets.token_hex(5)[i : i + 2] for i in range(0, 10, 2))),
                 ]
             )
+            if kind == "filtered":
+                if shutil.which("ebtables") is None:
+                    raise SandboxUnavailableError(
+                        "a vm session with an egress policy needs ebtables on the server's host (Debian's "
+                        "iptables package has it) to hold its guest to its own address"
+                    )
+                await _run([*seat.enter, "sh", "-c", "set -e; " + "; ".join(_guarded(seat))])
             return seat
         except BaseException:
             with contextlib.suppress(Exception):

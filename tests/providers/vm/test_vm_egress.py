@@ -240,6 +240,28 @@ def test_a_vm_session_reaches_only_what_its_policy_allows_through_its_owners_gat
             assert await resolves_to(fork, PLAIN) is None
             code, env = await sh(fork, "env")
             assert f"{SECRET_ENV}={placeholder}" in env and real not in env
+            # the guest's root taking the fork's address gets nothing to the gateway (the seat drops frames
+            # whose source is not its own): a query from it is never seen there, the same from its own is
+            hooks: Hooks = made["hooks"]
+            token = secrets.token_hex(4)
+            root = sandbox._session(session.id, sandbox._machines.read(session.id)["labels"], {}, 0.0)
+            prefix = shown.split(f" {fork_address}/", 1)[1].split()[0]
+            await sh(
+                root,
+                f"ip addr flush dev eth0 && ip addr add {fork_address}/{prefix} dev eth0; "
+                f"timeout 3 nslookup spoofed-{token}.{UNLISTED}; "
+                f"ip addr flush dev eth0; ip addr add {address}/{prefix} dev eth0",
+            )
+            await lookup(session, f"own-{token}.{UNLISTED}")
+
+            def audited(word: str) -> list[dict[str, Any]]:
+                return [line for line in hooks.lines if word in str(line.get("host"))]
+
+            deadline = time.monotonic() + 5  # the audit pump moves the gateway's lines every second
+            while time.monotonic() < deadline and not audited(f"own-{token}"):
+                await asyncio.sleep(0.2)
+            assert [line["client"] for line in audited(f"own-{token}")] == [address]
+            assert audited(f"spoofed-{token}") == []
             # the fork's file at the gateway is its own: the source's policy changes alone
             await session.set_egress(EgressPolicy(allow=(PLAIN,), secrets=policy.secrets))
             assert await resolves_to(fork, UNLISTED) == gateway.ip
