@@ -394,7 +394,7 @@ class SandboxPolicy(LoggingConfigurable):
 
     def secret_value(self, name: str, owner: str | None = None) -> str | None:
         """The current real value of secret ``name`` for ``owner``'s sessions (None: none);
-        :meth:`SecretValues.value`."""
+        ``secret_sources.SecretValues.value``."""
         return self.secret_sources.value(name, owner)
 
     def secret_values(self) -> list[str]:
