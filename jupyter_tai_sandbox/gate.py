@@ -244,10 +244,11 @@ class GatedSession(SandboxSession):
         with spilling_at_most(self.gate.spill_limit):
             result = await self.session.run(self.gate.admit(request, one_shot=True))
         policy = self.gate.policy
+        placeholders = self._placeholders()
         return GatedExecResult(
             result.exit_code,
-            await _scrubbed(policy, result.stdout),
-            await _scrubbed(policy, result.stderr),
+            await _scrubbed(policy, result.stdout, placeholders),
+            await _scrubbed(policy, result.stderr, placeholders),
             result.reason,
             stdout_bytes=len(result.stdout),
             stderr_bytes=len(result.stderr),
@@ -258,10 +259,18 @@ class GatedSession(SandboxSession):
             handle = await self.session.start(self.gate.admit(request, one_shot=False))
         return self._scrubbed(handle)
 
+    def _placeholders(self) -> tuple[str, ...]:
+        """The placeholders of the session's secrets (the transcript scrub replaces them too)."""
+        info = self.session.known_info()
+        spec = info.spec if info is not None else getattr(self.session, "spec", None)
+        egress = getattr(spec, "egress", None)
+        return tuple(g.placeholder for g in egress.secrets) if egress is not None else ()
+
     def _scrubbed(self, handle: ExecHandle) -> ExecHandle:
         scrubbers: dict[OutputStream, StreamScrubber] = {}
+        placeholders = self._placeholders()
         for stream in _STREAMS:
-            scrubber = self.gate.policy.stream_scrubber()
+            scrubber = self.gate.policy.stream_scrubber(placeholders)
             if scrubber is not None:
                 scrubbers[stream] = scrubber
         # nothing to scrub: the provider's handle as it is (no layer on the output's hot path)
@@ -448,10 +457,11 @@ async def start_transport(session: SandboxSession, request: ExecRequest) -> Exec
     return await session.start(request)
 
 
-async def _scrubbed(policy: SandboxPolicy, data: bytes) -> bytes:
-    """``data`` with the transcript scrub applied (off the loop when large); itself when it is off."""
-    if not data or policy.stream_scrubber() is None:
+async def _scrubbed(policy: SandboxPolicy, data: bytes, also: tuple[str, ...] = ()) -> bytes:
+    """``data`` with the transcript scrub applied (off the loop when large); itself when it is off.
+    ``also``: the session's placeholders."""
+    if not data or policy.stream_scrubber(also) is None:
         return data
     if len(data) > _SCRUB_INLINE_BYTES:
-        return await asyncio.to_thread(policy.scrub_bytes, data)
-    return policy.scrub_bytes(data)
+        return await asyncio.to_thread(policy.scrub_bytes, data, also)
+    return policy.scrub_bytes(data, also)

@@ -537,8 +537,8 @@ class SandboxPolicy(LoggingConfigurable):
         return within_limits(spec.replace(isolation=effective, env=env, egress=egress), limits)
 
     def injected_values(self) -> list[str]:
-        """Every value the transcript scrub replaces: the injected credentials' and the secrets' real
-        values (a secret's placeholder names nothing, and is not scrubbed)."""
+        """Every value the transcript scrub replaces in any session's output: the injected credentials' and
+        the secrets' real values (a session's placeholders are its own: GatedSession adds them)."""
         names = {n for names in self.credentials.values() for n in names}
         values = {os.environ[n] for n in names if os.environ.get(n)}
         values.update(self.secret_values())
@@ -555,16 +555,19 @@ class SandboxPolicy(LoggingConfigurable):
         """The transcript scrubber: ``redact`` when scrub_transcript is on, else ``text`` unchanged."""
         return self.redact(text) if self.scrub_transcript else text
 
-    def scrub_bytes(self, data: bytes) -> bytes:
-        """``scrub`` for exact bytes (e.g. base64 exec output): values replaced in their UTF-8 form."""
-        scrubber = self.stream_scrubber()
+    def scrub_bytes(self, data: bytes, also: Iterable[str] = ()) -> bytes:
+        """``scrub`` for exact bytes (e.g. base64 exec output): values replaced in their UTF-8 form; ``also``:
+        a session's own values (its secrets' placeholders)."""
+        scrubber = self.stream_scrubber(also)
         return scrubber.feed(data) + scrubber.flush() if scrubber is not None else data
 
-    def stream_scrubber(self) -> StreamScrubber | None:
-        """A scrubber for one output stream, or None when scrub_transcript is off or nothing is injected."""
+    def stream_scrubber(self, also: Iterable[str] = ()) -> StreamScrubber | None:
+        """A scrubber for one output stream, or None when scrub_transcript is off or nothing is injected.
+        ``also``: values of the session's own to replace too (its secrets' placeholders: the transcript then
+        shows neither a secret's value nor the string that stands for it)."""
         if not self.scrub_transcript:
             return None
-        values = self.injected_values()
+        values = [*self.injected_values(), *also]
         return StreamScrubber(values) if values else None
 
     def public_json(self, *, show_credentials: bool = True) -> dict[str, Any]:

@@ -86,6 +86,12 @@ def test_the_session_holds_a_placeholder_and_its_spec_the_grant(gate):
         # a command that prints the real value (the server's own, on the host) is scrubbed through the gate
         shown = await session.exec(["echo", REAL], timeout_seconds=10)
         assert shown.stdout == b"[scrubbed]\n"
+        # and so is the session's placeholder, one-shot and streamed: the transcript shows neither
+        shown = await session.exec(["sh", "-c", "echo $GH_TOKEN"], timeout_seconds=10)
+        assert shown.stdout == b"[scrubbed]\n"
+        handle = await session.exec_start(["sh", "-c", "echo $GH_TOKEN"], timeout_seconds=10)
+        streamed = b"".join([item.data async for item in handle.output if hasattr(item, "data")])
+        assert streamed == b"[scrubbed]\n"
 
     run(gate, scenario)
 
