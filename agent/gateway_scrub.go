@@ -42,7 +42,8 @@ func scrubPairs(subs []gwSub, made [][2]string) []gwPair {
 	return pairs
 }
 
-// scrubResponse turns real values in resp's headers and body back into placeholders. A body is decoded
+// scrubResponse turns real values in resp's headers and body back into placeholders; a body only when it
+// is textual (by its Content-Type: a binary download passes unchanged, with its length). A body is decoded
 // first when gzip or deflate encoded (the request asked for identity); another encoding cannot be read and
 // is refused (the caller answers 502). A body of a known length up to limit keeps a (new) Content-Length;
 // a longer or unknown one is scrubbed as it streams.
@@ -56,7 +57,8 @@ func scrubResponse(resp *http.Response, pairs []gwPair, limit int64) error {
 		}
 		resp.Header[name] = vs
 	}
-	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody ||
+		!textual(resp.Header.Get("Content-Type")) {
 		return nil
 	}
 	body := resp.Body
@@ -98,6 +100,27 @@ func scrubResponse(resp *http.Response, pairs []gwPair, limit int64) error {
 	resp.ContentLength = -1
 	resp.Body = &scrubReader{src: body, pairs: pairs, longest: len(pairs[0].from), buf: make([]byte, 32<<10)}
 	return nil
+}
+
+// textual tells a body that can carry a value back as text (an echo, an error page, JSON): every type but
+// the binary ones (images, audio, video, fonts, archives, octet streams), which pass unchanged with their
+// length, so a download from a secret's host is neither re-chunked nor slowed.
+func textual(contentType string) bool {
+	mediaType, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(contentType)), ";")
+	mediaType = strings.TrimSpace(mediaType)
+	major, minor, _ := strings.Cut(mediaType, "/")
+	switch major {
+	case "image", "audio", "video", "font":
+		return false
+	case "application":
+		switch minor {
+		case "octet-stream", "zip", "gzip", "x-gzip", "x-tar", "x-bzip2", "x-xz", "zstd", "pdf", "wasm",
+			"vnd.docker.image.rootfs.diff.tar.gzip", "vnd.oci.image.layer.v1.tar+gzip", "x-git-upload-pack-result",
+			"x-git-receive-pack-result":
+			return false
+		}
+	}
+	return true
 }
 
 type readCloser struct {

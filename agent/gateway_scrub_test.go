@@ -70,4 +70,18 @@ func TestGatewayScrubResponse(t *testing.T) {
 	if err := scrubResponse(resp(strings.NewReader("?"), 1, "br"), scrubTestPairs, 1<<20); err == nil {
 		t.Fatal("a body in an encoding the gateway cannot read was passed on")
 	}
+	// a binary download passes unchanged, with its length (its headers are still scrubbed)
+	r = resp(strings.NewReader("value-a"), 7, "")
+	r.Header.Set("Content-Type", "application/octet-stream")
+	if err := scrubResponse(r, scrubTestPairs, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := io.ReadAll(r.Body); string(got) != "value-a" || r.ContentLength != 7 || r.Header.Get("X-Echo") != "Bearer PH-A" {
+		t.Fatalf("binary: %q %d %v", got, r.ContentLength, r.Header)
+	}
+	for _, ct := range []string{"", "text/html; charset=utf-8", "application/json", "application/problem+json"} {
+		if !textual(ct) {
+			t.Fatalf("%q is textual", ct)
+		}
+	}
 }
