@@ -220,17 +220,18 @@ def test_a_container_sent_to_the_relay_is_tried_directly_again_after_the_retry_t
             engine = sandbox._engine
             cid = session.container_id
 
-            def relays_running() -> int:
-                execs = [
-                    client.api.exec_inspect(e) for e in client.api.inspect_container(cid)["ExecIDs"] or []
-                ]
-                return sum(e["Running"] and e["ProcessConfig"]["arguments"] == ["connect"] for e in execs)
+            def exec_ids() -> set[str]:
+                return set(client.api.inspect_container(cid)["ExecIDs"] or [])
 
             async def relays_of_one_connection() -> int:
+                """The relays (execs of ``connect``) this connection made: new ones only, since a relay of an
+                earlier connection may still be ending when the next one opens."""
+                before = exec_ids()
                 agent = await engine.open_agent(cid)
                 try:
                     assert (await (await agent.start(["true"])).wait()).code == 0
-                    return relays_running()
+                    made = [client.api.exec_inspect(e) for e in exec_ids() - before]
+                    return sum(e["ProcessConfig"]["arguments"] == ["connect"] for e in made)
                 finally:
                     await agent.close()
 
