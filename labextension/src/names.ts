@@ -1,7 +1,8 @@
 /**
  * What a session is called where a person looks for it: a magics session by its name (and the
- * notebook whose `%sandbox` made it), a sandboxed kernel's by the notebook it serves, any other
- * by its id. Both read the session's consumer label; nothing here touches the DOM or the network.
+ * notebook whose `%sandbox` made it), a sandboxed kernel's by the notebook it serves, a coding
+ * agent's (a sandboxed ACP persona of the chat) by its key, any other by its id. All read the
+ * session's consumer label; nothing here touches the DOM or the network.
  */
 import { PageConfig } from '@jupyterlab/coreutils';
 
@@ -47,12 +48,32 @@ export function magicsOf(consumer: string | null | undefined): { name: string; n
   return name ? { name: decode(name), notebook: notebook ? decode(notebook) : null } : null;
 }
 
+/**
+ * The consumer label of a coding agent's session (jupyter_tai_sandbox/agents, labels.agent_label):
+ * `agent:<key>`, the key of the persona in the operator's SandboxAgents.personas.
+ */
+export const AGENT_CONSUMER_PREFIX = 'agent:';
+
+/** The persona key of a coding agent's session, or null for any other consumer. */
+export function agentKeyOf(consumer: string | null | undefined): string | null {
+  if (!consumer || !consumer.startsWith(AGENT_CONSUMER_PREFIX)) {
+    return null;
+  }
+  const key = consumer.slice(AGENT_CONSUMER_PREFIX.length).trim();
+  return key && !key.includes('/') ? key : null;
+}
+
+/** The words a coding agent's session shows by: `Coding agent: <key>`. */
+export function agentLabel(key: string): string {
+  return `Coding agent: ${key}`;
+}
+
 export interface ISessionName {
-  /** The row's words: the magics name, the kernel's notebook(s), or the session id. */
+  /** The row's words: the magics name, the kernel's notebook(s), the coding agent, or the session id. */
   label: string;
   /** Beside it, quieter: the magics session's notebook, under the server's root ('' when none). */
   sub: string;
-  origin: 'magics' | 'kernel' | null;
+  origin: 'magics' | 'kernel' | 'agent' | null;
 }
 
 /** The name a session shows by; `kernels` maps kernel id -> what it serves (GET /api/sessions). */
@@ -69,6 +90,10 @@ export function sessionName(
   if (kernelId) {
     const users = kernels[kernelId] ?? [];
     return { label: users.length ? users.map(u => u.path).join(', ') : session.id, sub: '', origin: 'kernel' };
+  }
+  const agent = agentKeyOf(session.consumer);
+  if (agent) {
+    return { label: agentLabel(agent), sub: '', origin: 'agent' };
   }
   return { label: session.id, sub: '', origin: null };
 }

@@ -21,7 +21,7 @@ import { Panel, Widget } from '@lumino/widgets';
 import { ISessionInfo } from './api';
 import { canEditEgress, egressFields } from './egress';
 import { button } from './files';
-import { magicsOf, relativeNotebook, sessionName } from './names';
+import { agentKeyOf, magicsOf, relativeNotebook, sessionName } from './names';
 import {
   IPanelState,
   SessionsModel,
@@ -318,6 +318,16 @@ export class SandboxPanel extends SidePanel {
       badge.className = 'jp-TaiSandbox-badge jp-TaiSandbox-kernelBadge';
       badge.textContent = 'kernel';
       badge.title = `The session of sandboxed kernel ${kernelId}`;
+      badges.append(badge);
+    }
+    const agent = agentKeyOf(session.consumer);
+    if (agent) {
+      item.classList.add('jp-mod-agent');
+      item.dataset.agent = agent;
+      const badge = document.createElement('span');
+      badge.className = 'jp-TaiSandbox-badge jp-TaiSandbox-agentBadge';
+      badge.textContent = 'agent';
+      badge.title = `The session of coding agent "${agent}": its agent process, files and terminals run here`;
       badges.append(badge);
     }
     const magics = magicsOf(session.consumer);

@@ -12,7 +12,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { ISessionInfo } from './api';
 import { kernelIdOf } from './kernels';
 import { IPanelState, SessionsModel, formatDuration, secondsLeft } from './model';
-import { magicsOf, relativeNotebook } from './names';
+import { agentKeyOf, agentLabel, magicsOf, relativeNotebook } from './names';
 
 /** The label, hover text and detail column of a session's row. */
 export function sessionRow(
@@ -24,11 +24,14 @@ export function sessionRow(
   const users = kernelId ? (state.kernels[kernelId] ?? []) : [];
   const serves = users.length ? users.map(u => u.path).join(', ') : '';
   const magics = magicsOf(session.consumer);
+  const agent = agentKeyOf(session.consumer);
   const label = magics
     ? `${magics.name} (%sandbox${magics.notebook ? ` in ${relativeNotebook(magics.notebook)}` : ''})`
     : kernelId
       ? `${session.id} (kernel${serves ? ` of ${serves}` : ''})`
-      : session.id;
+      : agent
+        ? `${agentLabel(agent)} (${session.id})`
+        : session.id;
   const left = secondsLeft(session, state.fetchedAt, now);
   const title = [
     `Sandbox session ${session.id}`,

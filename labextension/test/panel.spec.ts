@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 import { SandboxClient } from '../src/api';
 import { CommandIDs, addSessionCommands } from '../src/commands';
 import { SessionsModel } from '../src/model';
-import { magicsOf, sessionName } from '../src/names';
+import { agentKeyOf, magicsOf, sessionName } from '../src/names';
 import { SandboxPanel } from '../src/panel';
 import { sessionRow } from '../src/running';
 import { SandboxSessions } from '../src/sessions';
@@ -24,6 +24,7 @@ const VM = { ...LOCAL_STATUS, kind: 'vm', max_isolation: 'vm', pausable: true, f
 const PLAIN = sessionInfo('sbx-plain', { created: 3000 });
 const MAGICS = sessionInfo('sbx-magics', { consumer: 'user:me/magics:train%20set@work%2Fa%20b.ipynb', created: 2000 });
 const KERNEL = sessionInfo('sbx-kernel', { consumer: 'kernel:k-1', created: 1000 });
+const AGENT = sessionInfo('sbx-agent', { consumer: 'agent:claude', created: 500 });
 
 /** A server that answers status, the sessions and jupyter_server's sessions, every time. */
 function server(status: object) {
@@ -32,7 +33,7 @@ function server(status: object) {
       return json(status);
     }
     if (request.url.endsWith('/api/sandbox/sessions')) {
-      return json({ sessions: [PLAIN, MAGICS, KERNEL] });
+      return json({ sessions: [PLAIN, MAGICS, KERNEL, AGENT] });
     }
     if (request.url.endsWith('/api/sessions')) {
       return json([{ path: 'nb/k.ipynb', name: 'k.ipynb', type: 'notebook', kernel: { id: 'k-1' } }]);
@@ -78,14 +79,17 @@ describe('the compact session list', () => {
   it('shows one line per session: its name, provider and time left, details folded', async () => {
     const { panel } = await panelOn(LOCAL);
     const rows = [...panel.node.querySelectorAll('.jp-TaiSandbox-session')] as HTMLElement[];
-    expect(rows.map(r => r.dataset.sessionId)).toEqual(['sbx-plain', 'sbx-magics', 'sbx-kernel']);
+    expect(rows.map(r => r.dataset.sessionId)).toEqual(['sbx-plain', 'sbx-magics', 'sbx-kernel', 'sbx-agent']);
     const labels = rows.map(r => r.querySelector('.jp-TaiSandbox-sessionLabel')!.textContent);
-    expect(labels).toEqual(['sbx-plain', 'train set', 'nb/k.ipynb']);
+    expect(labels).toEqual(['sbx-plain', 'train set', 'nb/k.ipynb', 'Coding agent: claude']);
     const sub = item(panel, 'sbx-magics').querySelector('.jp-TaiSandbox-sessionSub') as HTMLElement;
     expect(sub.textContent).toBe('a b.ipynb');
     expect(sub.title).toBe('work/a b.ipynb');
     expect(item(panel, 'sbx-magics').querySelector('.jp-TaiSandbox-magicsBadge')).not.toBeNull();
     expect(item(panel, 'sbx-kernel').querySelector('.jp-TaiSandbox-kernelBadge')).not.toBeNull();
+    expect(item(panel, 'sbx-agent').querySelector('.jp-TaiSandbox-agentBadge')).not.toBeNull();
+    expect(item(panel, 'sbx-agent').dataset.agent).toBe('claude');
+    expect(item(panel, 'sbx-plain').querySelector('.jp-TaiSandbox-agentBadge')).toBeNull();
     for (const row of rows) {
       expect(row.querySelector('.jp-TaiSandbox-sessionMeta')!.textContent).toMatch(/^local · (59m|1h)/);
       expect((row.querySelector('.jp-TaiSandbox-sessionBody') as HTMLElement).hidden).toBe(true);
@@ -171,6 +175,22 @@ describe('Pause and Fork follow what GET status says the provider can', () => {
       }
       sessions.model.dispose();
     }
+  });
+});
+
+describe("a coding agent's session", () => {
+  it('is read from its consumer label agent:<key>', () => {
+    expect(agentKeyOf('agent:claude')).toBe('claude');
+    expect(agentKeyOf('agent:')).toBeNull();
+    expect(agentKeyOf('agent:a/b')).toBeNull();
+    expect(agentKeyOf('kernel:1')).toBeNull();
+    expect(agentKeyOf('user:agent:x')).toBeNull();
+    expect(agentKeyOf(null)).toBeNull();
+  });
+
+  it('shows as the coding agent in the panel, the picker and the Running sidebar', () => {
+    expect(sessionName(AGENT, {})).toEqual({ label: 'Coding agent: claude', sub: '', origin: 'agent' });
+    expect(sessionRow(AGENT, { fetchedAt: 0, kernels: {} }, 0).label).toBe('Coding agent: claude (sbx-agent)');
   });
 });
 
