@@ -230,10 +230,10 @@ def read_auth_state_through_hub(app: Any) -> None:
     hub_auth = getattr(app.identity_provider, "hub_auth", None)
     if hub_auth is None or not hub_auth.api_url or not hub_auth.api_token:
         return
-    try:
-        extension = app.extension_manager.extensions["jupyter_tai_sandbox"]
-        policy = extension.extension_points["jupyter_tai_sandbox"].app.policy
-    except (AttributeError, KeyError):
+    from .server_lookup import sandbox_app
+
+    policy = getattr(sandbox_app(app), "policy", None)
+    if policy is None:
         return
     policy.auth_state_source = HubAuthState(hub_auth.api_url, hub_auth.api_token)
 

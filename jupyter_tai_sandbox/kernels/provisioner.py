@@ -353,13 +353,9 @@ class SandboxProvisioner(KernelProvisionerBase):
 
     def _server_registry(self) -> Any:
         """The SessionRegistry of this server's sandbox extension (kernel manager -> mapping manager -> server)."""
-        server = getattr(getattr(self.parent, "parent", None), "parent", None)
-        with contextlib.suppress(AttributeError, KeyError, TypeError):
-            extension = server.extension_manager.extensions["jupyter_tai_sandbox"]  # type: ignore[union-attr]  # None: AttributeError, suppressed
-            registry = extension.extension_points["jupyter_tai_sandbox"].app.registry
-            if registry is not None and getattr(registry, "policy", None) is not None:
-                return registry
-        return None
+        from ..server_lookup import server_registry
+
+        return server_registry(getattr(getattr(self.parent, "parent", None), "parent", None))
 
     async def _run(self, work: Any) -> Any:
         """``work`` (a coroutine) on the loop this kernel's tunnel lives on."""
