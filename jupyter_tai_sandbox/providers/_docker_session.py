@@ -12,18 +12,14 @@ import asyncio
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
-from ..agent import AgentClient
 from ..contract import (
     SandboxError,
     SandboxNotFoundError,
-    SandboxSpecRejectedError,
-    SessionInfo,
     session_gone,
     usage_record,
 )
-from ..contract.egress import EgressPolicy
 from ._docker_sandbox import spec_from_labels
-from .container import ContainerSession
+from .docker.gateway import GatewaySession
 from .docker_engine import DockerEngine
 from .docker_engine.names import (
     LABEL_CREATED,
@@ -83,12 +79,10 @@ def _from_stats(stats: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-class DockerSession(ContainerSession):
-    """A docker session: the container base's session, whose commands and files go through its agent, plus
-    the engine's resource figures and a pooled session's record."""
-
-    #: the provider's egress gateways (docker/gateway.py's EgressGateways) when it has them (docker; not swarm)
-    gateways: Any = None
+class DockerSession(GatewaySession):
+    """A docker session: the container base's session, whose commands and files go through its agent, behind
+    its owner's egress gateway when it has a policy, plus the engine's resource figures and a pooled session's
+    record."""
 
     def __init__(
         self,
@@ -114,38 +108,6 @@ class DockerSession(ContainerSession):
     @property
     def record(self) -> str | None:
         return self._record
-
-    async def agent(self) -> AgentClient:
-        """The session's agent connection (its file operations without a user run as the agent: root)."""
-        return await self._client()
-
-    async def info(self) -> SessionInfo:
-        """The container base's, with a policy session's egress policy as its gateway has it now (another
-        server of the deployment may have changed it)."""
-        info = await super().info()
-        if self.gateways is not None and self.spec.egress is not None:
-            try:
-                self.spec = self.spec.replace(egress=await self.gateways.current(self))
-            except SandboxError:
-                return info
-            info = self._info()
-        return info
-
-    async def set_egress(self, policy: EgressPolicy) -> None:
-        """Put ``policy`` in force at the session's egress gateway (its file there: new connections and DNS
-        queries follow it within a second, and any server of the deployment reads it back). A session made
-        without a policy is on its owner's plain egress network, which no policy can narrow: refused."""
-        if self.gateways is None:
-            await super().set_egress(policy)
-            return
-        self._check_live()
-        if self.spec.egress is None:
-            raise SandboxSpecRejectedError(
-                f"session {self.id} was created without an egress policy: its network cannot take one while it "
-                "runs; create a session with an egress policy (allow/deny lists) instead"
-            )
-        await self.gateways.set_policy(self, policy)
-        self.spec = self.spec.replace(egress=policy)
 
     async def usage(self) -> dict[str, Any]:
         """CPU and memory from one engine stats sample, the workspace's disk from ``du`` (both bounded)."""

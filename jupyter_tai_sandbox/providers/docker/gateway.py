@@ -61,11 +61,12 @@ from ...contract import (
     SandboxNotFoundError,
     SandboxSpecRejectedError,
     SandboxUnavailableError,
+    SessionInfo,
 )
 from ...contract.egress import EgressHooks, EgressPolicy, SecretGrant
 from .._docker_agent import with_agent
 from .._docker_networks import REAP_GRACE_SECONDS, NetworkLocks, SessionBridges
-from ..container.session import DEFAULT_PATH
+from ..container.session import DEFAULT_PATH, ContainerSession
 from ..docker_engine import DockerEngine, EngineRefusedError, docker_sdk
 from ..docker_engine.names import (
     LABEL,
@@ -632,6 +633,40 @@ class EgressGateways:
         await self._write(client, f"sessions/{ip}.json", session_file(session_id, policy))
         return ip, time.monotonic()
 
+    async def place(
+        self,
+        owner: str | None,
+        session_id: str,
+        policy: EgressPolicy,
+        start: Callable[[Gateway, str], Awaitable[T]],
+    ) -> tuple[Gateway, str, float, T]:
+        """Admit a new session at its owner's gateway (made for the owner's first) and ``start`` it at the
+        address picked: ``(gateway, address, when its file was written, what start returned)``. An address
+        another server's session took meanwhile is retried (three tries); on any failure what was written is
+        taken back, and a gateway made for this session goes with it. The caller holds the filtered
+        network's lock."""
+        ip = ""
+        gateway: Gateway | None = None
+        try:
+            gateway = await self.ensure(owner)
+            for attempt in (1, 2, 3):
+                ip, written = await self.admit(gateway, session_id, policy)
+                try:
+                    return gateway, ip, written, await start(gateway, ip)
+                except SandboxError as e:  # another server's session took the address meanwhile
+                    await self.withdraw(gateway, ip)
+                    ip = ""
+                    if attempt == 3 or "already in use" not in str(e).lower():
+                        raise
+            raise AssertionError("unreachable")
+        except BaseException:
+            if ip and gateway is not None:
+                await self.withdraw(gateway, ip)
+            # a gateway made for this session (or one whose command would not start) goes with it
+            with contextlib.suppress(SandboxError):
+                await self.release(owner)
+            raise
+
     async def withdraw(self, gateway: Gateway, ip: str) -> None:
         """Take back what :meth:`admit` wrote for a session whose container did not start."""
         with contextlib.suppress(AgentError, SandboxError, TimeoutError):
@@ -1024,3 +1059,43 @@ class EgressGateways:
         self._closed = True
         watched, self._watched = list(self._watched.values()), {}
         await asyncio.gather(*(self._unwatch(w) for w in watched), return_exceptions=True)
+
+
+class GatewaySession(ContainerSession):
+    """A session of the container base whose provider has egress gateways (docker's, vm's): its agent
+    connection, its egress policy read back from its gateway, and a live change of that policy."""
+
+    #: the provider's egress gateways when it has them (docker, vm; not swarm)
+    gateways: EgressGateways | None = None
+
+    async def agent(self) -> AgentClient:
+        """The session's agent connection (its file operations without a user run as the agent: root)."""
+        return await self._client()
+
+    async def info(self) -> SessionInfo:
+        """The container base's, with a policy session's egress policy as its gateway has it now (another
+        server of the deployment may have changed it)."""
+        info = await super().info()
+        if self.gateways is not None and self.spec.egress is not None:
+            try:
+                self.spec = self.spec.replace(egress=await self.gateways.current(self))
+            except SandboxError:
+                return info
+            info = self._info()
+        return info
+
+    async def set_egress(self, policy: EgressPolicy) -> None:
+        """Put ``policy`` in force at the session's egress gateway (its file there: new connections and DNS
+        queries follow it within a second, and any server of the deployment reads it back). A session made
+        without a policy is on its owner's plain egress network, which no policy can narrow: refused."""
+        if self.gateways is None:
+            await super().set_egress(policy)
+            return
+        self._check_live()
+        if self.spec.egress is None:
+            raise SandboxSpecRejectedError(
+                f"session {self.id} was created without an egress policy: its network cannot take one while it "
+                "runs; create a session with an egress policy (allow/deny lists) instead"
+            )
+        await self.gateways.set_policy(self, policy)
+        self.spec = self.spec.replace(egress=policy)

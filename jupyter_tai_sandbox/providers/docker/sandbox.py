@@ -340,36 +340,20 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
         policy = spec.egress
         assert policy is not None
         async with self._networks.hold(filtered):
-            ip = ""
-            try:
-                gateway = await self._gateways.ensure(spec.owner)
-                for attempt in (1, 2, 3):
-                    # its address is picked, and its file at the gateway written, before it starts: the
-                    # gateway reads it while the container starts
-                    ip, written = await self._gateways.admit(gateway, session_id, policy)
-                    try:
-                        container_id = await self._starts.start(
-                            spec,
-                            *names,
-                            filtered,
-                            user=user,
-                            image=image,
-                            workspace=workspace,
-                            extra=self._gateways.session_options(gateway, ip),
-                        )
-                        break
-                    except SandboxError as e:  # another server's session took the address meanwhile
-                        await self._gateways.withdraw(gateway, ip)
-                        ip = ""
-                        if attempt == 3 or "already in use" not in str(e).lower():
-                            raise
-            except BaseException:
-                if ip:
-                    await self._gateways.withdraw(gateway, ip)
-                # a gateway made for this session (or one whose command would not start) goes with it
-                with contextlib.suppress(SandboxError):
-                    await self._gateways.release(spec.owner)
-                raise
+            gateway, _ip, written, container_id = await self._gateways.place(
+                spec.owner,
+                session_id,
+                policy,
+                lambda gateway, ip: self._starts.start(
+                    spec,
+                    *names,
+                    filtered,
+                    user=user,
+                    image=image,
+                    workspace=workspace,
+                    extra=self._gateways.session_options(gateway, ip),
+                ),
+            )
         session = self._own(
             DockerSession(
                 self._agent_site,

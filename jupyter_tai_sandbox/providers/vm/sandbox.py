@@ -30,7 +30,6 @@ from typing import Any
 from jupyter_core.paths import jupyter_data_dir
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 
-from ...agent import AgentClient
 from ...contract import (
     ExecRequest,
     Sandbox,
@@ -45,7 +44,6 @@ from ...contract import (
     SessionSpec,
     session_gone,
 )
-from ...contract.egress import EgressPolicy
 from ...images import DEFAULT_IMAGE, PYTHON_IMAGE
 from ...policy import within_limits
 from .._common import ProviderMeta, new_session_id
@@ -55,7 +53,7 @@ from .._provider_settings import BridgeSettings, DeploymentSettings, LimitSettin
 from .._workspaces import unscoped_serves
 from ..container import CommandRegistry
 from ..container.session import ContainerSession, ContainerSite
-from ..docker.gateway import CA_ENV, EgressGateways, Gateway, GatewaySettings
+from ..docker.gateway import CA_ENV, EgressGateways, Gateway, GatewaySession, GatewaySettings
 from ..docker_engine import DockerEngine, MissingImageError
 from ..docker_engine.names import LABEL_CREATED, LABEL_EXPIRES, LABEL_SESSION, is_session_id, session_labels
 from .control import copy_argv, qmp, run_loaded, save
@@ -473,34 +471,15 @@ class VmSandbox(
             )
             self._gateway_chosen = True
         async with self._networks.hold(network):
-            ip = ""
-            try:
-                gateway = await self._gateways.ensure(spec.owner)
-                for attempt in (1, 2, 3):
-                    ip, written = await self._gateways.admit(gateway, session_id, policy)
-                    try:
-                        seat = await self._seats.seat(
-                            session_id,
-                            network,
-                            "filtered",
-                            address=ip,
-                            nameservers=(gateway.ip,),
-                            held=True,
-                        )
-                        return seat, (gateway, ip, written)
-                    except SandboxError as e:  # another server's session took the address meanwhile
-                        await self._gateways.withdraw(gateway, ip)
-                        ip = ""
-                        if attempt == 3 or "already in use" not in str(e).lower():
-                            raise
-                raise AssertionError("unreachable")
-            except BaseException:
-                if ip:
-                    await self._gateways.withdraw(gateway, ip)
-                # a gateway made for this session (or one whose command would not start) goes with it
-                with contextlib.suppress(SandboxError):
-                    await self._gateways.release(spec.owner)
-                raise
+            gateway, ip, written, seat = await self._gateways.place(
+                spec.owner,
+                session_id,
+                policy,
+                lambda gateway, ip: self._seats.seat(
+                    session_id, network, "filtered", address=ip, nameservers=(gateway.ip,), held=True
+                ),
+            )
+            return seat, (gateway, ip, written)
 
     async def _unseat(
         self,
@@ -923,40 +902,9 @@ def _state(record: dict[str, Any], *, running: bool) -> dict[str, Any]:
     return {"State": {"Running": running, "Paused": bool(record.get("paused"))}}
 
 
-class VmSession(ContainerSession):
-    """A vm session: the container base's session over the guest's agent (``container_id`` is the session id)."""
-
-    #: the provider's egress gateways (a session with an egress policy is behind its owner's)
-    gateways: EgressGateways | None = None
-
-    async def agent(self) -> AgentClient:
-        """The session's agent connection (its file operations without a user run as the guest's root)."""
-        return await self._client()
-
-    async def info(self) -> SessionInfo:
-        """The container base's, with a policy session's egress policy as its gateway has it now (another
-        server of the deployment may have changed it)."""
-        info = await super().info()
-        if self.gateways is not None and self.spec.egress is not None:
-            try:
-                self.spec = self.spec.replace(egress=await self.gateways.current(self))
-            except SandboxError:
-                return info
-            info = self._info()
-        return info
-
-    async def set_egress(self, policy: EgressPolicy) -> None:
-        """Put ``policy`` in force at the session's egress gateway (its file there, by its seat's address: new
-        connections and DNS queries follow it within a second, any server of the deployment reads it back). A
-        session made without a policy is on its owner's plain egress bridge, which no policy can narrow."""
-        self._check_live()
-        if self.gateways is None or self.spec.egress is None:
-            raise SandboxSpecRejectedError(
-                f"session {self.id} was created without an egress policy: its network cannot take one while it "
-                "runs; create a session with an egress policy (allow/deny lists) instead"
-            )
-        await self.gateways.set_policy(self, policy)
-        self.spec = self.spec.replace(egress=policy)
+class VmSession(GatewaySession):
+    """A vm session: the container base's session over the guest's agent (``container_id`` is the session id),
+    behind its owner's egress gateway through its seat when it has a policy."""
 
 
 class _GatewayStarts:
