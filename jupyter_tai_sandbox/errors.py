@@ -76,6 +76,11 @@ class UploadTooLargeError(SandboxError):
     """An upload larger than SandboxApp.max_upload_bytes."""
 
 
+class HandoffTooLargeError(UploadTooLargeError):
+    """A workspace handoff (contents to a session, or back) over SandboxApp.handoff_max_bytes or
+    handoff_max_files (checked on the listing, before any file is copied): 413, the message names the setting."""
+
+
 # -------------------------------------------------------------- tool errors
 
 
@@ -147,6 +152,7 @@ ERROR_CLASSES: dict[str, type[SandboxError]] = {
         SandboxAuthenticationError,
         SandboxSessionGoneError,
         UploadTooLargeError,
+        HandoffTooLargeError,
         ToolAccessDeniedError,
         PresetInvalidError,
         PresetConflictError,
@@ -199,6 +205,7 @@ __all__ = [
     "ERROR_CLASSES",
     "STATUS_TABLE",
     "TOKEN_HOW",
+    "HandoffTooLargeError",
     "OutputTooLargeError",
     "PresetConflictError",
     "PresetInvalidError",
