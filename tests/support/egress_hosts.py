@@ -1,7 +1,7 @@
 """The egress gateway's red-team hosts (issue 52 point 5): an offline internet of the tests' own, in network
 namespaces this module makes, with its own names, subnets and certificate authority.
 
-Three namespaces, one per role, each reached from the host through a veth pair with a /30 of
+Four namespaces, one per role, each reached from the host through a veth pair with a /30 of
 198.18.0.0/15 (the benchmarking range: never a real host's) and a host route (the veth's connected route);
 Docker's containers reach them as any routed address (a session on plain egress directly, the gateway
 container through its egress bridge):
@@ -18,7 +18,11 @@ container through its egress bridge):
   (``/digest``: the same with each value replaced by its SHA-256, so a session can check a secret arrived
   without receiving it); plain HTTP on 80 alike; ``/bytes/N`` streams N bytes (the benchmark's download);
   a UDP listener on 443 and a raw ICMP socket that log every datagram / echo request; a TCP echo on
-  :data:`TCP_ECHO_PORT`.
+  :data:`TCP_ECHO_PORT`;
+* **model**: the tests' model endpoint (``tests/support/fake_model.py``: an Anthropic-compatible Messages
+  API the test scripts) on HTTPS 443 at :data:`MODEL_HOST` (its own address), with the same leaf; a coding
+  agent in a session reaches it by name through the gateway, its key a secret of the gateway
+  (:attr:`EgressHosts.model`: the test's handle, which writes the script and reads the requests).
 
 The servers are this file run as a script inside each namespace (``ip netns exec NAME python3
 egress_hosts.py serve ROLE CONFIG``, standard library only, threads); the fixture :func:`egress_hosts`
@@ -54,6 +58,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+try:
+    from tests.support import fake_model
+except ImportError:  # run as a script (a namespace's server) or loaded from its file (the benchmark)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fake_model  # type: ignore[no-redef]
+
 #: the names of the tests' zones (every one resolves to the web address unless said otherwise)
 ALLOWED = "www.allowed.test"  # a listed host: pass-through TLS, never a secret's host
 SECRET_HOST = "api.allowed.test"  # a secret's host: the gateway terminates TLS toward it
@@ -63,6 +73,7 @@ UNLISTED = "other.test"  # never listed: shares the web address with the allowed
 UNLISTED_WWW = "www.other.test"
 CNAME_TO_ALLOWED = "cname.other.test"  # an unlisted name whose CNAME is ALLOWED
 ATTACKER_ZONE = "attacker.test"  # delegated to the attacker's name server, which logs every query
+MODEL_HOST = "api.model.test"  # the model endpoint (its own namespace and address)
 #: every name in the tests' leaf certificate
 CERT_NAMES = (
     "allowed.test",
@@ -71,9 +82,11 @@ CERT_NAMES = (
     "*.other.test",
     ATTACKER_ZONE,
     f"*.{ATTACKER_ZONE}",
+    "model.test",
+    "*.model.test",
 )
 TCP_ECHO_PORT = 7000
-ROLES = ("dns", "attacker", "web")
+ROLES = ("dns", "attacker", "web", "model")
 #: where the namespaces' /30s come from
 TEST_RANGE = ipaddress.ip_network("198.18.0.0/15")
 
@@ -306,6 +319,7 @@ def zone_records(config: dict[str, Any]) -> dict[str, list[Record]]:
     for name in ("allowed.test", ALLOWED, SECRET_HOST, PLAIN, ECHO, UNLISTED, UNLISTED_WWW):
         records[name] = [Record(name, "A", web)]
     records[CNAME_TO_ALLOWED] = [Record(CNAME_TO_ALLOWED, "CNAME", ALLOWED)]
+    records[MODEL_HOST] = [Record(MODEL_HOST, "A", config["addresses"]["model"])]
     records[f"ns.{ATTACKER_ZONE}"] = [Record(f"ns.{ATTACKER_ZONE}", "A", attacker)]  # the glue
     return records
 
@@ -532,10 +546,18 @@ def serve_web(config: dict[str, Any]) -> None:
         threading.Thread(target=loop, daemon=True).start()
 
 
+def serve_model(config: dict[str, Any]) -> None:
+    """The model endpoint (fake_model.py, this file's neighbour) on HTTPS 443 of the model's address."""
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(config["leaf"], config["leaf_key"])
+    tls.set_alpn_protocols(["http/1.1"])
+    fake_model.serve(config["addresses"]["model"], 443, config["model_script"], config["logs"]["model"], tls)
+
+
 def serve(role: str, config_path: str) -> None:
     parent = os.getppid()  # `ip netns exec` execs this script: the parent is the process that started it
     config = json.loads(Path(config_path).read_text())
-    {"dns": serve_dns, "attacker": serve_attacker, "web": serve_web}[role](config)
+    {"dns": serve_dns, "attacker": serve_attacker, "web": serve_web, "model": serve_model}[role](config)
     print("ready", flush=True)
     while os.getppid() == parent:  # the parent gone (killed before its cleanup): end with it
         time.sleep(1)
@@ -683,6 +705,13 @@ class EgressHosts:
     def tcp_connections(self) -> list[dict[str, Any]]:
         return read_log(self.logs["tcp"])
 
+    @property
+    def model(self) -> fake_model.FakeModel:
+        """The model endpoint's handle: its script (written by the test) and its requests (logged)."""
+        return fake_model.FakeModel(
+            self.root / "model-script.json", self.logs["model"], f"https://{MODEL_HOST}"
+        )
+
     def ssl_context(self) -> ssl.SSLContext:
         """A client context trusting only the tests' CA."""
         context = ssl.create_default_context(cafile=str(self.ca))
@@ -806,10 +835,11 @@ def running_hosts(tag: str) -> Iterator[EgressHosts]:
             _ip("netns", "exec", namespaces[role], "ip", "link", "set", dev, "up")
         addresses["attacker_link"] = str(link[2])
         paths = make_certificates(root, CERT_NAMES, addresses["web"])
-        logs = {k: root / f"{k}.jsonl" for k in ("dns", "attacker", "http", "udp", "icmp", "tcp")}
+        logs = {k: root / f"{k}.jsonl" for k in ("dns", "attacker", "http", "udp", "icmp", "tcp", "model")}
         config = {
             "addresses": addresses,
             "logs": {k: str(v) for k, v in logs.items()},
+            "model_script": str(root / "model-script.json"),
             "leaf": str(paths["leaf"]),
             "leaf_key": str(paths["leaf_key"]),
         }
@@ -863,6 +893,9 @@ def check_hosts(hosts: EgressHosts) -> None:
     assert any(q.get("name") == probe for q in hosts.attacker_queries()), "the delegation is not followed"
     for name in (ALLOWED, UNLISTED):
         assert hosts.https(name)["vhost"] == name
+    model = ask(hosts.addresses["dns"], MODEL_HOST)
+    assert [a["value"] for a in model.answers] == [hosts.addresses["model"]], model
+    check_model(hosts)
     with socket.create_connection((hosts.web, TCP_ECHO_PORT), timeout=3) as echo:
         echo.sendall(b"ping")
         assert echo.recv(16) == b"ping"
@@ -874,6 +907,27 @@ def check_hosts(hosts: EgressHosts) -> None:
         time.sleep(0.05)
     assert hosts.udp_datagrams(), "the UDP 443 logger logged nothing"
     assert hosts.icmp_echoes(), "the ICMP logger logged nothing"
+
+
+def check_model(hosts: EgressHosts) -> None:
+    """From the host: the model endpoint answers a token count over HTTPS (verified with the tests' CA) and
+    logs the request with its key."""
+    key = f"probe-{random.randrange(1 << 30):x}"
+    body = b'{"model": "probe", "messages": [{"role": "user", "content": "hi"}]}'
+    request = (
+        f"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: {MODEL_HOST}\r\nx-api-key: {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    with (
+        socket.create_connection((hosts.addresses["model"], 443), timeout=5) as raw,
+        hosts.ssl_context().wrap_socket(raw, server_hostname=MODEL_HOST) as tls,
+    ):
+        tls.sendall(request)
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    assert key in hosts.model.api_keys(), "the model endpoint did not log the request"
 
 
 def icmp_echo(address: str, timeout: float = 2.0) -> bool:
