@@ -118,6 +118,26 @@ class SandboxApp(ExtensionApp):
         help="Largest file accepted by an upload (PUT sessions/{id}/files/{path}), in bytes; larger gets 413.",
     ).tag(config=True)
 
+    handoff_max_bytes = Integer(
+        512 << 20,
+        help="""Most bytes one workspace handoff copies (POST sessions/{id}/handoff: a contents folder into a
+        session, or the session's changes back), counted on the listing before any file is copied; more is
+        refused with 413 HandoffTooLargeError naming this setting.""",
+    ).tag(config=True)
+
+    handoff_max_files = Integer(
+        10_000,
+        help="""Most files (and, apart, most folders) one workspace handoff walks, either way; more is refused
+        with 413 HandoffTooLargeError naming this setting before any file is copied.""",
+    ).tag(config=True)
+
+    handoff_max_file_bytes = Integer(
+        64 << 20,
+        help="""Largest single file a workspace handoff copies, in bytes (a contents manager hands a file over
+        whole, base64, so the server holds it in memory once); a larger one is skipped and listed with why.
+        Never more than SandboxApp.handoff_max_bytes.""",
+    ).tag(config=True)
+
     presets = Dict(
         key_trait=Unicode(),
         value_trait=Dict(),
