@@ -280,6 +280,18 @@ class SandboxClient:
             reason if isinstance(reason, str) else None,
         )
 
+    async def handoff(self, session_id: str, direction: str, path: str | None = None) -> dict[str, Any]:
+        """The workspace handoff: ``direction="in"`` copies the contents folder (or file) ``path`` of the
+        server's Jupyter into the session at the same relative path; ``"out"`` brings the session's changes
+        under ``path`` (None: under everything handed in) back by the conflict rule (a file changed on both
+        sides comes back beside Jupyter's as ``<stem>.sandbox<suffix>``). The result: ``copied``,
+        ``unchanged``, ``conflicts``, ``skipped`` (each with why) and ``bytes``."""
+        body: dict[str, Any] = {"direction": direction}
+        if path is not None:
+            body["path"] = path
+        answer: dict[str, Any] = await self._request("POST", "sessions", session_id, "handoff", body=body)
+        return answer
+
     async def list_files(self, session_id: str, path: str = "") -> list[dict[str, Any]]:
         """A folder's entries; a path that is a file is SandboxPathError (never its content)."""
         params = {"type": "directory"}
