@@ -361,10 +361,12 @@ class SandboxApp(ExtensionApp):
             and not getattr(log_request, "quiet_for_expected_errors", False)
         ):
             web_app.settings["log_function"] = quiet_log_request(log_request)
+        from .server.handoff_handlers import handoff_handlers
         from .server.tool_handlers import tool_handlers
         from .server.ws import ExecWebSocketHandler
 
         self.handlers.extend(rest_handlers)
+        self.handlers.extend(handoff_handlers)
         self.handlers.extend(tool_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
         from . import mcp_door
