@@ -73,6 +73,9 @@ def _provider_classes() -> list[type]:
     from .providers.vm import VmSandbox
 
     classes += [RemoteSandbox, VmSandbox]
+    from .agents import SandboxAgents  # no jupyter-ai import: the settings only
+
+    classes.append(SandboxAgents)
     with contextlib.suppress(ImportError):  # the mcp extra
         from .mcp_door.door import SandboxMCP
 
@@ -260,6 +263,7 @@ class SandboxApp(ExtensionApp):
         )
         self.tools.apply_manifest(self.presets)
         self.policy = SandboxPolicy(parent=self)
+        self._load_agents()
         self.registry = SessionRegistry(self.policy, self.access)
         self.execs = LiveCommands(self.live_command_policy(), log=self.log)
         self._reaper = None
@@ -284,6 +288,23 @@ class SandboxApp(ExtensionApp):
                 )
         else:
             self._install_provider()
+
+    def _load_agents(self) -> None:
+        """SandboxAgents, with this server's config: the configured personas checked (a bad one, or one naming a
+        secret SandboxPolicy.secrets lacks, stops the start), and their secrets and egress rules put in the
+        policy (also for the sandboxed personas plugins register on jupyter-ai's entry points)."""
+        from .agents import SandboxAgents
+
+        self.agents = SandboxAgents(parent=self)
+        self.agent_specs = self.agents.specs()
+        specs = list(self.agent_specs)
+        if self.agents.plugin_personas:
+            from .agents.persona_manager import entry_point_specs
+
+            keys = {spec.key for spec in specs}
+            specs += [spec for spec in entry_point_specs(self.log) if spec.key not in keys]
+        for line in self.agents.grant(self.policy, specs):
+            self.log.info("jupyter_tai_sandbox: coding agents: %s", line)
 
     def _install_provider(self) -> None:
         """Start the configured provider; one that cannot start leaves the routes answering 503 saying why."""
@@ -383,6 +404,10 @@ class SandboxApp(ExtensionApp):
                 self.report_provider_problem()
             )
         self.export_server_env(serverapp)
+        if getattr(self, "agent_specs", None):
+            from .agents.persona_manager import install
+
+            install(serverapp, self.agent_specs, self.log)
         from . import mcp_door
 
         await mcp_door.start(self)

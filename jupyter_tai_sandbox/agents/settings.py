@@ -7,13 +7,14 @@ start with the setting's name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from traitlets import Dict, Float, Integer, List, Unicode, default, validate
+from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..images import AGENTS_IMAGE
-from .spec import AgentPersonaSpec
+from .spec import AgentPersonaSpec, AgentSpecError
 
 DEFAULT_REGISTRIES = ["registry.npmjs.org", "pypi.org", "files.pythonhosted.org"]
 
@@ -62,14 +63,11 @@ class SandboxAgents(LoggingConfigurable):
         seconds; within SandboxPolicy.max_timeout_seconds.""",
     ).tag(config=True)
 
-    handoff_max_bytes = Integer(
-        256 << 20,
-        help="Most bytes one `/sandbox copy-in` or `/sandbox copy-back` in the chat moves.",
-    ).tag(config=True)
-
-    handoff_max_files = Integer(
-        10000,
-        help="Most files one `/sandbox copy-in` or `/sandbox copy-back` in the chat moves.",
+    plugin_personas = Bool(
+        True,
+        help="""At start, also look for sandboxed personas that plugins register on jupyter-ai's
+        jupyter_ai.personas entry points (subclasses of SandboxedAcpPersona, in distributions that require
+        jupyter-tai-sandbox), to grant their secrets and egress rules like the configured ones'.""",
     ).tag(config=True)
 
     @default("registries")
@@ -82,6 +80,41 @@ class SandboxAgents(LoggingConfigurable):
         for key, entry in value.items():
             AgentPersonaSpec.from_config(key, entry)  # AgentSpecError (a ValueError for traitlets' sake too)
         return dict(value)
+
+    def grant(self, policy: Any, specs: Sequence[AgentPersonaSpec]) -> list[str]:
+        """Put the personas' needs in the operator's ``policy`` (a SandboxPolicy), at the server's start: each
+        secret a persona names is granted to its consumer ``agent:<key>`` (a name not in SandboxPolicy.secrets
+        is an AgentSpecError naming it), and a consumer with no rule of its own in SandboxPolicy.egress_rules
+        gets the persona's network list as its rule (the operator's own rule for ``agent:<key>``, when set, stays
+        the ceiling). What was done, one line each, for the log."""
+        done: list[str] = []
+        secrets = dict(policy.secrets)
+        for spec in specs:
+            for name in spec.secrets:
+                entry = secrets.get(name)
+                if entry is None:
+                    known = ", ".join(sorted(secrets)) or "none"
+                    raise AgentSpecError(
+                        f"SandboxAgents.personas[{spec.key!r}].secrets: {name!r} is not a secret of "
+                        f"SandboxPolicy.secrets (TAI_MCP_SANDBOX_SECRETS; known: {known}): declare it there (its "
+                        "hosts and where its value comes from)",
+                        field="secrets",
+                    )
+                consumers = list(entry["consumers"])
+                if "*" not in consumers and spec.consumer not in consumers:
+                    secrets[name] = {**entry, "consumers": [*consumers, spec.consumer]}
+                    done.append(f"secret {name} granted to {spec.consumer}")
+        if secrets != policy.secrets:
+            policy.secrets = secrets
+        rules = dict(policy.egress_rules)
+        for spec in specs:
+            if spec.consumer not in rules:
+                allow = list(spec.allow_list(self.registries))
+                rules[spec.consumer] = {"allow": allow, "deny": list(spec.egress_deny)}
+                done.append(f"egress rule of {spec.consumer}: allow {', '.join(allow) or 'nothing'}")
+        if rules != policy.egress_rules:
+            policy.egress_rules = rules
+        return done
 
     def specs(self) -> list[AgentPersonaSpec]:
         """Every configured persona's spec, in the config's order."""
