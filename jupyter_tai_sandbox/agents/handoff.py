@@ -273,6 +273,11 @@ class WorkspaceHandoff:
             lock = _locks[key] = asyncio.Lock()
         return lock
 
+    async def _check_running(self) -> None:
+        """A paused session would refuse every file call: say so once (409), not once per file."""
+        if (await self.session.info()).paused:
+            raise SandboxConflictError(f"session {self.session.id} is paused: resume it before a handoff")
+
     # ------------------------------------------------------------------ copy in
 
     async def copy_in(self, path: str) -> HandoffResult:
@@ -281,6 +286,7 @@ class WorkspaceHandoff:
         result = HandoffResult("in", self.session.id, root)
         lock = self._lock()
         async with lock:
+            await self._check_running()
             manifest = _Manifest.load(self.manifest_path, self.session.id)
             kind, folders, files = await self._walk_contents(root, result)
             manifest.roots[root] = {"kind": kind, "at": time.time()}
@@ -389,6 +395,7 @@ class WorkspaceHandoff:
         result = HandoffResult("out", self.session.id, wanted or "")
         lock = self._lock()
         async with lock:
+            await self._check_running()
             manifest = _Manifest.load(self.manifest_path, self.session.id)
             targets = self._targets(manifest, wanted)
             plan: list[tuple[str, int | None]] = []
