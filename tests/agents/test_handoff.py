@@ -285,3 +285,94 @@ class TestOwners:
             jp_fetch, sid, expect=403, headers=as_user("reader"), direction="in", path="proj"
         )
         await call(jp_fetch, "sessions", sid, method="DELETE", headers=as_user("alice"))
+
+
+class NoContentsWrite(AdminOnlyAdmin):
+    """As AdminOnlyAdmin; 'viewer' may use sessions but not write Jupyter's contents."""
+
+    def is_authorized(self, handler, user, action, resource):
+        if user.username == "viewer" and resource == "contents" and action == "write":
+            return False
+        return super().is_authorized(handler, user, action, resource)
+
+
+class TestContentsAuthorization:
+    @pytest.fixture
+    def jp_server_config(self, tmp_path):
+        return server_config(
+            "local",
+            tmp_path / "sandboxes",
+            ServerApp={"identity_provider_class": HeaderUsers, "authorizer_class": NoContentsWrite},
+        )
+
+    async def test_copy_back_needs_write_on_the_contents(self, jp_fetch, jp_root_dir):
+        write(jp_root_dir, "proj/a.txt", "a\n")
+        viewer = as_user("viewer")
+        sid = await new_session(jp_fetch, headers=viewer)
+        await handoff(jp_fetch, sid, headers=viewer, direction="in", path="proj")
+        await sh_as(jp_fetch, sid, viewer, "echo changed > proj/a.txt")
+        body = await handoff(jp_fetch, sid, expect=403, headers=viewer, direction="out")
+        assert body["error"] == "SandboxForbiddenError" and "contents" in body["message"]
+        assert (jp_root_dir / "proj/a.txt").read_text() == "a\n"
+        await call(jp_fetch, "sessions", sid, method="DELETE", headers=viewer)
+
+
+async def sh_as(jp_fetch, sid, headers, script):
+    status, result = await exec_call(jp_fetch, sid, ["sh", "-c", script], headers=headers)
+    assert status == 200 and result["exit_code"] == 0, result
+
+
+class TestContentsManagerShowingHiddenFiles:
+    """A contents manager configured to show hidden files: its rules, not the default's."""
+
+    @pytest.fixture
+    def jp_server_config(self, tmp_path):
+        return server_config(
+            "local",
+            tmp_path / "sandboxes",
+            ContentsManager={"allow_hidden": True},
+        )
+
+    async def test_hidden_files_follow_the_contents_manager(self, jp_fetch, jp_root_dir, jp_serverapp):
+        assert jp_serverapp.contents_manager.allow_hidden
+        write(jp_root_dir, "proj/.config", "c\n")
+        write(jp_root_dir, "proj/a.txt", "a\n")
+        sid = await new_session(jp_fetch)
+        result = await handoff(jp_fetch, sid, direction="in", path="proj")
+        assert sorted(result["copied"]) == ["proj/.config", "proj/a.txt"]
+        await sh(jp_fetch, sid, "echo c2 > proj/.config && echo x > proj/.new")
+        write(jp_root_dir, "proj/a.txt", "edited in Jupyter\n")
+        await sh(jp_fetch, sid, "echo edited in the session > proj/a.txt")
+        result = await handoff(jp_fetch, sid, direction="out")
+        assert sorted(result["copied"]) == ["proj/.config", "proj/.new"]
+        assert result["conflicts"] == [{"path": "proj/a.txt", "sandbox_copy": "proj/a.sandbox.txt"}]
+        assert (jp_root_dir / "proj/.config").read_text() == "c2\n"
+        assert (jp_root_dir / "proj/a.sandbox.txt").read_text() == "edited in the session\n"
+        await call(jp_fetch, "sessions", sid, method="DELETE")
+
+    async def test_the_agent_home_never_comes_back(self, jp_fetch, jp_root_dir):
+        write(jp_root_dir, "top.txt", "t\n")
+        sid = await new_session(jp_fetch)
+        await handoff(jp_fetch, sid, direction="in", path="")
+        await sh(jp_fetch, sid, "mkdir .agent-home && echo k > .agent-home/key && echo n > new.txt")
+        result = await handoff(jp_fetch, sid, direction="out")
+        assert result["copied"] == ["new.txt"]
+        assert {"path": ".agent-home", "reason": "the agent's home folder: never copied back"} in result[
+            "skipped"
+        ]
+        assert not (jp_root_dir / ".agent-home").exists()
+        await call(jp_fetch, "sessions", sid, method="DELETE")
+
+
+@pytest.mark.parametrize("provider", [pytest.param("docker", marks=pytest.mark.docker)])
+async def test_a_paused_session_is_refused_once(jp_fetch, jp_root_dir):
+    write(jp_root_dir, "proj/a.txt", "a\n")
+    sid = await new_session(jp_fetch)
+    status, _ = await call(jp_fetch, "sessions", sid, "pause", method="POST")
+    assert status == 200
+    body = await handoff(jp_fetch, sid, expect=409, direction="in", path="proj")
+    assert body["error"] == "SandboxConflictError" and "paused" in body["message"]
+    await call(jp_fetch, "sessions", sid, "resume", method="POST")
+    result = await handoff(jp_fetch, sid, direction="in", path="proj")
+    assert result["copied"] == ["proj/a.txt"]
+    await call(jp_fetch, "sessions", sid, method="DELETE")
