@@ -348,8 +348,13 @@ class FakeModel:
 
     def tool_results(self, since: int = 0) -> dict[str, dict[str, Any]]:
         """Every tool result the agent sent back since request ``since``, by its call's id."""
+        return self.tool_results_of(self.requests()[since:])
+
+    @staticmethod
+    def tool_results_of(requests: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The tool results of logged ``requests`` (the first of each call's id: a retry repeats it)."""
         seen: dict[str, dict[str, Any]] = {}
-        for entry in self.requests()[since:]:
+        for entry in requests:
             for result in entry["tool_results"]:
                 seen.setdefault(result["tool_use_id"], result)
         return seen
