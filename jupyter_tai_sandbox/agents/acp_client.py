@@ -279,6 +279,10 @@ class SandboxAcpClient(JaiAcpClient):
     ) -> ReleaseTerminalResponse | None:
         return await self.terminals.release(session_id, terminal_id)
 
+    async def close(self) -> None:
+        """Release (kill) every terminal of every ACP session: the agent's client is done."""
+        await self.terminals.close()
+
     async def end_session(self, session_id: str) -> None:
         """jupyter-ai's cleanup, which releases (kills) the session's terminals in the sandbox session."""
         await super().end_session(session_id)

@@ -7,12 +7,10 @@ agent that dies. Mostly the local provider (its commands are real processes); on
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import os
 import sys
-import tarfile
 from pathlib import Path
 
 import acp
@@ -224,7 +222,7 @@ def test_terminals_through_acp_run_in_the_session_truncate_kill_and_end_with_the
     run(scenario(), 120)
 
 
-def test_end_session_kills_a_running_terminal(sandbox):
+def test_end_session_and_close_kill_running_terminals(sandbox):
     async def scenario():
         session = await sandbox.create(SessionSpec())
         workspace = (await session.info()).workspace
@@ -246,6 +244,12 @@ def test_end_session_kills_a_running_terminal(sandbox):
             )
             with pytest.raises(acp.RequestError):
                 await client.terminal_output(session_id=sid, terminal_id=created.terminal_id)
+            # close() ends them all, whichever ACP session made them
+            for owner in ("a", "b"):
+                await client.create_terminal(command="sleep", session_id=owner, args=["60"])
+            assert len(client.terminals) == 2
+            await client.close()
+            assert len(client.terminals) == 0
             await stop(proc)
         finally:
             await session.destroy()
@@ -415,30 +419,6 @@ def test_the_test_agents_permission_step_acts_on_the_answer(sandbox):
 
 # ------------------------------------------------------------------ docker
 
-#: what the test agent imports, copied from this environment into the session (the image has Python 3.11)
-_AGENT_PACKAGES = (
-    "acp",
-    "pydantic",
-    "pydantic_core",
-    "annotated_types",
-    "typing_inspection",
-    "typing_extensions",
-)
-
-
-def _agent_libs() -> bytes:
-    import importlib
-
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name in _AGENT_PACKAGES:
-            module = importlib.import_module(name)
-            path = Path(module.__file__)
-            source = path.parent if path.name == "__init__.py" else path
-            tar.add(source, arcname=source.name, filter=lambda t: None if "__pycache__" in t.name else t)
-        tar.add(AGENT, arcname="acp_test_agent.py")
-    return out.getvalue()
-
 
 @pytest.mark.docker
 def test_docker_the_acp_round_trip_files_and_terminals_stay_in_the_container():
@@ -452,7 +432,7 @@ def test_docker_the_acp_round_trip_files_and_terminals_stay_in_the_container():
         session = await sandbox.create(docker_support.spec("agents-acp", image=PYTHON_IMAGE, ttl_seconds=600))
         workspace = (await session.info()).workspace
         try:
-            await session.put_file(".agentlib/libs.tar", _agent_libs())
+            await session.put_file(".agentlib/libs.tar", acp_test_agent.bundle())
             unpacked = await session.exec(
                 [
                     "python3",

@@ -33,6 +33,10 @@ step. A failed client call reports ``{"step": ..., "error": {"code", "message", 
 - ``{"do": "exit", "code"?: N}``: ends the agent at once (``os._exit``), mid-prompt, answering nothing.
 
 Between steps a cancelled prompt stops too (stop_reason ``cancelled``); otherwise ``end_turn``.
+
+To run it in a session whose image has Python 3.11 but not these packages (the project's Python image),
+put :func:`bundle` there as a tar, unpack it to a folder, and start the agent with that folder as
+``PYTHONPATH``: ``python3 FOLDER/acp_test_agent.py``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,26 @@ from acp.schema import (
     ToolCallStart,
     ToolCallUpdate,
 )
+
+#: what the agent imports, beyond the standard library
+PACKAGES = ("acp", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions")
+
+
+def bundle() -> bytes:
+    """A tar of this file and :data:`PACKAGES` as installed here (no caches), for a session without them."""
+    import importlib
+    import io
+    import tarfile
+    from pathlib import Path
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name in PACKAGES:
+            path = Path(importlib.import_module(name).__file__ or "")
+            source = path.parent if path.name == "__init__.py" else path
+            tar.add(source, arcname=source.name, filter=lambda t: None if "__pycache__" in t.name else t)
+        tar.add(__file__, arcname="acp_test_agent.py")
+    return out.getvalue()
 
 
 def load_script() -> dict[str, Any]:
