@@ -391,7 +391,7 @@ class WorkspaceHandoff:
 
     async def copy_back(self, path: str | None = None) -> HandoffResult:
         """Bring the session's changes under ``path`` (default: every handed-in path) back, by the rule."""
-        wanted = None if path is None else handoff_path(path)
+        wanted = None if path is None else handoff_path(path) or None  # "" (the root): all handed in
         result = HandoffResult("out", self.session.id, wanted or "")
         lock = self._lock()
         async with lock:

@@ -149,6 +149,9 @@ async def test_the_python_client_hands_off(jp_fetch, jp_root_dir, jp_serverapp, 
         answer = await client.handoff(sid, "out")
         assert answer["copied"] == ["data/in.csv"]
         assert (jp_root_dir / "data/in.csv").read_text() == "x,y\n1,2\n3,4\n"
+        # "" is the contents root: for a copy-back, everything handed in (here, one file, now unchanged)
+        answer = await client.handoff(sid, "out", "")
+        assert (answer["copied"], answer["unchanged"]) == ([], ["data/in.csv"])
         await client.destroy(sid)
 
 
