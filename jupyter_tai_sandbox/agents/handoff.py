@@ -287,7 +287,7 @@ class WorkspaceHandoff:
         lock = self._lock()
         async with lock:
             await self._check_running()
-            manifest = _Manifest.load(self.manifest_path, self.session.id)
+            manifest = await asyncio.to_thread(_Manifest.load, self.manifest_path, self.session.id)
             kind, folders, files = await self._walk_contents(root, result)
             manifest.roots[root] = {"kind": kind, "at": time.time()}
             try:
@@ -396,7 +396,7 @@ class WorkspaceHandoff:
         lock = self._lock()
         async with lock:
             await self._check_running()
-            manifest = _Manifest.load(self.manifest_path, self.session.id)
+            manifest = await asyncio.to_thread(_Manifest.load, self.manifest_path, self.session.id)
             targets = self._targets(manifest, wanted)
             plan: list[tuple[str, int | None]] = []
             seen: set[str] = set()
