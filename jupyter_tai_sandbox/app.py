@@ -292,7 +292,8 @@ class SandboxApp(ExtensionApp):
     def _load_agents(self) -> None:
         """SandboxAgents, with this server's config: the configured personas checked (a bad one, or one naming a
         secret SandboxPolicy.secrets lacks, stops the start), and their secrets and egress rules put in the
-        policy (also for the sandboxed personas plugins register on jupyter-ai's entry points)."""
+        policy (also for the sandboxed personas plugins register on jupyter-ai's entry points); the configured
+        personas put in jupyter-ai's persona manager."""
         from .agents import SandboxAgents
 
         self.agents = SandboxAgents(parent=self)
@@ -305,6 +306,12 @@ class SandboxApp(ExtensionApp):
             specs += [spec for spec in entry_point_specs(self.log) if spec.key not in keys]
         for line in self.agents.grant(self.policy, specs):
             self.log.info("jupyter_tai_sandbox: coding agents: %s", line)
+        if self.agent_specs and self.serverapp is not None:
+            # every extension is linked before any loads: jupyter-ai's persona manager is there (or never will be),
+            # and it reads its class when a chat opens
+            from .agents.persona_manager import install
+
+            install(self.serverapp, self.agent_specs, self.log)
 
     def _install_provider(self) -> None:
         """Start the configured provider; one that cannot start leaves the routes answering 503 saying why."""
@@ -404,10 +411,6 @@ class SandboxApp(ExtensionApp):
                 self.report_provider_problem()
             )
         self.export_server_env(serverapp)
-        if getattr(self, "agent_specs", None):
-            from .agents.persona_manager import install
-
-            install(serverapp, self.agent_specs, self.log)
         from . import mcp_door
 
         await mcp_door.start(self)

@@ -10,8 +10,9 @@ subclass replaces exactly those parts:
   (``persona``), kept in a pool of this server process rather than on the class;
 - the ACP client is :class:`~jupyter_tai_sandbox.agents.acp_client.SandboxAcpClient`: the agent's file and
   terminal calls are served in the session;
-- the ACP session's working directory is the chat's folder mirrored in the workspace
-  (``<workspace>/<chat folder>``), where ``/sandbox copy-in`` puts what the user hands over;
+- the ACP session's working directory is the session's workspace, laid out like the contents' root (a
+  contents path ``p/x.py`` is ``<workspace>/p/x.py``), where ``/sandbox copy-in`` puts what the user hands
+  over;
 - shutdown (a chat closed, the server stopping) detaches: the agent runs on in its session and is attached
   to again later (never a kill by process group on the server);
 - the agent exiting on its own is said in the chat (status, the end of its stderr), its session destroyed
@@ -71,10 +72,10 @@ class SandboxedAcpPersona(BaseAcpPersona):
 
     NOTEBOOK_EDITING_GUIDANCE: ClassVar[str] = (
         "System note: you run in a sandbox session, not on the user's Jupyter server. Your working directory "
-        "is a copy of the chat's folder in the session's workspace: it holds only what the user copied in "
-        "(`/sandbox copy-in`), and what you write stays in the session until the user copies it back "
-        "(`/sandbox copy-back`). Jupyter's notebook tools are not available; edit .ipynb files as JSON with "
-        "care (keep them valid nbformat)."
+        "is the session's workspace, laid out like the user's Jupyter files (a file at contents path p/x.py "
+        "is ./p/x.py here), but it holds only what the user copied in (`/sandbox copy-in`), and what you "
+        "write stays in the session until the user copies it back (`/sandbox copy-back`). Jupyter's notebook "
+        "tools are not available; edit .ipynb files as JSON with care (keep them valid nbformat)."
     )
 
     _client_session_future: asyncio.Task[Any] | None
@@ -259,13 +260,14 @@ class SandboxedAcpPersona(BaseAcpPersona):
         self.emit_once("acp_success")
 
     async def _enter_workspace(self, runtime: AgentRuntime) -> None:
-        """The ACP session's working directory: the chat's folder mirrored in the workspace (made there)."""
+        """The ACP session's working directory: the workspace, which mirrors the contents' root (the chat's
+        folder made there, where ``/sandbox copy-in`` puts what the user hands over from it)."""
         assert runtime.session is not None and runtime.workspace is not None
         folder = self._chat_folder()
         if folder:
             with contextlib.suppress(SandboxError):  # there already
                 await runtime.session.make_folder(folder)
-        self._cwd = posixpath.join(runtime.workspace, folder) if folder else runtime.workspace
+        self._cwd = runtime.workspace
 
     async def _init_agent_subprocess(self, env: dict[str, str] | None = None) -> Any:
         """The agent's command in its session (an AgentProcess), never a subprocess of the server."""
@@ -307,7 +309,7 @@ class SandboxedAcpPersona(BaseAcpPersona):
         return self._runtime is not None and self._runtime.client is not None
 
     def get_chat_dir(self) -> str:
-        """The agent's working directory: the chat's folder mirrored in the session's workspace."""
+        """The agent's working directory: the session's workspace (never the chat's folder on the server)."""
         if self._cwd is not None:
             return self._cwd
         runtime = self._runtime
