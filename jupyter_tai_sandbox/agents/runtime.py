@@ -269,6 +269,7 @@ class AgentRuntime:
         if self._ending:
             return
         self.ended = True
+        await self._close_client()
         ended = AgentExit(code, process.exit_reason, process.stderr_tail())
         self.log.warning("coding agent %s of %s %s", self.spec.key, self.owner, ended.describe())
         await self._destroy()
@@ -301,6 +302,7 @@ class AgentRuntime:
             self._started.cancel()
         if self._watch is not None:
             self._watch.cancel()
+        await self._close_client()
         if self.process is not None:
             await self.process.detach()
 
@@ -310,10 +312,25 @@ class AgentRuntime:
         self.ended = True
         if self._watch is not None:
             self._watch.cancel()
+        await self._close_client()
         if self.process is not None:
             with contextlib.suppress(SandboxError):
                 await self.process.kill()
         await self._destroy()
+
+    async def _close_client(self) -> None:
+        """End the ACP connection to the agent (its sender and dispatcher tasks, which otherwise wait forever on
+        their queues): the agent ended, is stopped, or runs on without us (detach). A new start makes a new
+        client."""
+        task, self.client = self.client, None
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+            return
+        with contextlib.suppress(Exception):
+            connection = await asyncio.wait_for(task.result().get_connection(), 1)
+            await connection.close()
 
     async def status(self) -> dict[str, Any]:
         """What ``/sandbox status`` shows."""
