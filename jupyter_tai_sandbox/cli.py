@@ -12,7 +12,8 @@ from typing import Any
 
 from .contract import SandboxError
 from .contract.durations import duration_type
-from .images import DEFAULT_IMAGE
+from .images import AGENTS_IMAGE, DEFAULT_IMAGE, PYTHON_IMAGE
+from .providers.docker.images.agents import DEFAULT_AGENT_PACKAGES
 from .providers.docker.images.build import ImageBuildError, ensure_minimal_image
 from .server_config import load_server_config
 
@@ -21,11 +22,25 @@ RUN_FAILED = 125
 
 
 def _build_image(args: argparse.Namespace) -> int:
-    if args.pip and not args.python:
-        print("build-image: --pip adds packages to the Python image: add --python", file=sys.stderr)
+    if args.python and args.agents:
+        print(
+            "build-image: --agents builds on the Python image's Debian base already: give --python or --agents",
+            file=sys.stderr,
+        )
+        return 2
+    if args.npm and not args.agents:
+        print("build-image: --npm adds packages to the agents image: add --agents", file=sys.stderr)
+        return 2
+    if args.pip and not (args.python or args.agents):
+        print(
+            "build-image: --pip adds packages to the Python image: add --python (or --agents for the agents image)",
+            file=sys.stderr,
+        )
         return 2
     if args.python:
         return _build_python_image(args)
+    if args.agents:
+        return _build_agents_image(args)
     name = args.name or DEFAULT_IMAGE
     try:
         image_id, imported = ensure_minimal_image(name, base_url=args.base_url, force=args.force)
@@ -61,6 +76,29 @@ def _build_python_image(args: argparse.Namespace) -> int:
             build_python_image(args.name or PYTHON_IMAGE, **options)
     except ImageBuildError as e:
         print(f"build-image --python: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _build_agents_image(args: argparse.Namespace) -> int:
+    from .providers.docker.images.agents import build_agents_image
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        build_agents_image(
+            args.name or AGENTS_IMAGE,
+            args.npm or (),
+            args.pip or (),
+            suite=args.suite,
+            mirror=args.mirror,
+            force=args.force,
+            progress=progress,
+            base_url=args.base_url,
+        )
+    except ImageBuildError as e:
+        print(f"build-image --agents: {e}", file=sys.stderr)
         return 1
     return 0
 
@@ -417,12 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
     build = commands.add_parser(
         "build-image",
         help="""build the minimal session image offline from Debian's busybox-static (no registry needed);
-        --python: the Python image for sandboxed kernels, from Debian's packages (debootstrap)""",
+        --python: the Python image for sandboxed kernels, from Debian's packages (debootstrap); --agents: the
+        coding agents' image (Node.js and ACP agents from npm on the Python image's base)""",
     )
     build.add_argument(
         "--name",
         default=None,
-        help=f"image name (default: {DEFAULT_IMAGE}; with --python: jupyter-tai-sandbox/python:latest)",
+        help=f"""image name (default: {DEFAULT_IMAGE}; with --python: {PYTHON_IMAGE}; with --agents:
+        {AGENTS_IMAGE})""",
     )
     build.add_argument(
         "--base-url", default=None, help="Docker engine URL (default: $DOCKER_HOST or the unix socket)"
@@ -431,6 +471,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--python",
         action="store_true",
         help="build the Python image (python3, ipykernel) with debootstrap and docker import; needs root",
+    )
+    build.add_argument(
+        "--agents",
+        action="store_true",
+        help=f"""build the coding agents' image: Debian's nodejs and the npm packages
+        {" ".join(DEFAULT_AGENT_PACKAGES)} (installed by this machine's npm, copied in; their commands in
+        /usr/local/bin) on the Python image's Debian base, in a container with no network; needs root and npm""",
+    )
+    build.add_argument(
+        "--npm",
+        nargs="+",
+        metavar="PACKAGE",
+        default=None,
+        help="""with --agents: more npm packages (e.g. @scope/agent@1.2.3; one naming a default agent re-pins
+        it), installed by this machine's npm without install scripts""",
     )
     build.add_argument(
         "--force",
@@ -442,14 +497,16 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="REQUIREMENT",
         default=None,
-        help="""with --python: Python packages to add (pip requirements, e.g. pandas 'pyarrow>=15'): wheels
-        fetched by this machine's pip for the image's Python, cached, and installed in the image offline""",
+        help="""with --python or --agents: Python packages to add (pip requirements, e.g. pandas 'pyarrow>=15'):
+        wheels fetched by this machine's pip for the image's Python, cached, and installed in the image offline""",
     )
     build.add_argument(
-        "--suite", default="bookworm", help="with --python: the Debian suite (default: bookworm)"
+        "--suite", default="bookworm", help="with --python or --agents: the Debian suite (default: bookworm)"
     )
     build.add_argument(
-        "--mirror", default=None, help="with --python: the Debian mirror (default: the one apt uses)"
+        "--mirror",
+        default=None,
+        help="with --python or --agents: the Debian mirror (default: the one apt uses)",
     )
     build.set_defaults(run=_build_image)
     _add_preset_commands(commands)

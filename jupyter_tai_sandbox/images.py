@@ -10,9 +10,13 @@ from collections.abc import Sequence
 DEFAULT_IMAGE = "jupyter-tai-sandbox/minimal:latest"
 #: the Python image: python3 and ipykernel from Debian
 PYTHON_IMAGE = "jupyter-tai-sandbox/python:latest"
+#: the coding agents' image: the Python image's Debian base with Node.js and the ACP agents from npm
+AGENTS_IMAGE = "jupyter-tai-sandbox/agents:latest"
 
 #: programs the Python image has and the minimal one lacks
 PYTHON_PROGRAMS = frozenset({"python3", "python3.11", "pydoc3"})
+#: programs the agents image has and the others lack
+AGENT_PROGRAMS = frozenset({"node", "nodejs", "claude-code-acp", "codex-acp"})
 #: a shell's word that it found no such program: dash ("sh: 1: python3: not found"), busybox
 #: ("sh: python3: not found"), bash ("bash: line 1: python3: command not found")
 _NOT_FOUND = re.compile(r"(?:^|[\s:])([^\s:/]+(?:/[^\s:]+)*): (?:command )?not found\s*$")
@@ -37,5 +41,10 @@ def missing_program_hint(stderr_tail: str, argv: Sequence[str], image: str | Non
             f"{name} is not in {where}; {PYTHON_IMAGE} has it: build it with "
             f"`jupyter tai-sandbox build-image --python`, then start the session with --image {PYTHON_IMAGE} "
             "(a docker server with no DockerSandbox.image set uses it by default once built and restarted)"
+        )
+    if name in AGENT_PROGRAMS and image != AGENTS_IMAGE:
+        return (
+            f"{name} is not in {where}; {AGENTS_IMAGE} has it: build it with "
+            f"`jupyter tai-sandbox build-image --agents`, then start the session with --image {AGENTS_IMAGE}"
         )
     return f"{name} is not in {where}: start the session with an --image that has it"

@@ -133,6 +133,36 @@ def _pip_wheel(cache: Path) -> str:
     return wheels[-1].name
 
 
+def install_wheels(
+    container: Any, requirements: Sequence[str], cache: Path, *, where: str, progress: Callable[[str], Any]
+) -> None:
+    """Install ``requirements`` from the wheels in ``cache`` in the running ``container`` (of the image
+    ``where``, for messages), by pip run from its own wheel with no index; the wheels are removed again."""
+    pip = f"{WHEELS_IN_IMAGE}/{_pip_wheel(cache)}/pip"
+    install = [
+        "python3", pip, "install", "--no-index", "--find-links", WHEELS_IN_IMAGE, "--break-system-packages",
+        "--no-cache-dir", "--root-user-action=ignore", "--disable-pip-version-check", "--progress-bar=off",
+        *requirements,
+    ]  # fmt: skip
+    with tempfile.TemporaryFile() as archive:
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.add(str(cache), arcname=WHEELS_IN_IMAGE.lstrip("/"))
+        archive.seek(0)
+        container.put_archive("/", archive)
+    progress(f"pip install {' '.join(requirements)} in a container of {where} (no network) ...")
+    status, output = container.exec_run(install, user="0")
+    lines = output.decode(errors="replace").strip().splitlines()
+    if status != 0:
+        raise ImageBuildError(
+            f"pip install of {' '.join(requirements)} in {where} failed (status {status}):\n"
+            + "\n".join(lines[-15:])
+        )
+    for line in lines:
+        if line.startswith("Successfully installed"):
+            progress(f"  {line}")
+    container.exec_run(["rm", "-rf", WHEELS_IN_IMAGE], user="0")
+
+
 def add_packages(
     client: Any,
     base: str,
@@ -146,34 +176,12 @@ def add_packages(
     target = probe_python(client, base)
     cache = wheel_cache(target)
     fetch_wheels(requirements, target, cache, progress)
-    pip = f"{WHEELS_IN_IMAGE}/{_pip_wheel(cache)}/pip"
-    install = [
-        "python3", pip, "install", "--no-index", "--find-links", WHEELS_IN_IMAGE, "--break-system-packages",
-        "--no-cache-dir", "--root-user-action=ignore", "--disable-pip-version-check", "--progress-bar=off",
-        *requirements,
-    ]  # fmt: skip
     container = client.containers.create(
         base, ["sleep", "2147483647"], entrypoint=[], network_disabled=True, init=True
     )
     try:
-        with tempfile.TemporaryFile() as archive:
-            with tarfile.open(fileobj=archive, mode="w") as tar:
-                tar.add(str(cache), arcname=WHEELS_IN_IMAGE.lstrip("/"))
-            archive.seek(0)
-            container.put_archive("/", archive)
         container.start()
-        progress(f"pip install {' '.join(requirements)} in a container of {base} (no network) ...")
-        status, output = container.exec_run(install, user="0")
-        lines = output.decode(errors="replace").strip().splitlines()
-        if status != 0:
-            raise ImageBuildError(
-                f"pip install of {' '.join(requirements)} in {base} failed (status {status}):\n"
-                + "\n".join(lines[-15:])
-            )
-        for line in lines:
-            if line.startswith("Successfully installed"):
-                progress(f"  {line}")
-        container.exec_run(["rm", "-rf", WHEELS_IN_IMAGE], user="0")
+        install_wheels(container, requirements, cache, where=base, progress=progress)
         container.stop(timeout=1)
         repository, tag = _split(name)
         changes = [
@@ -222,6 +230,42 @@ def _docker_client(base_url: str | None) -> Any:
         ) from e
 
 
+def ensure_python_base(
+    client: Any,
+    plain: str,
+    *,
+    suite: str = DEFAULT_SUITE,
+    mirror: str | None = None,
+    force: bool = False,
+    progress: Callable[[str], Any] | None = None,
+    base_url: str | None = None,
+) -> str:
+    """The name of the Debian Python image the ``--pip`` and ``--agents`` builds start from
+    (``PYTHON_BASE_IMAGE:SUITE``): kept when it exists (unless ``force``), else the image ``plain`` when that
+    is an earlier ``build-image --python`` with no packages added (tagged as the base), else built."""
+    import docker.errors
+
+    base = f"{PYTHON_BASE_IMAGE}:{suite}"
+    try:
+        client.images.get(base)
+        have_base = not force
+    except docker.errors.ImageNotFound:
+        have_base = False
+    if not have_base:
+        found = None
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            found = client.images.get(plain)
+        if found is not None and not force and not (found.labels or {}).get(LABEL_PIP):
+            found.tag(*base.rsplit(":", 1))  # an earlier `build-image --python` is the base
+            if progress is not None:
+                progress(f"{base}: the Debian image {plain} built earlier")
+        else:
+            build_python_image(
+                base, suite=suite, mirror=mirror, force=True, progress=progress, base_url=base_url
+            )
+    return base
+
+
 def build_with_packages(
     name: str,
     pip: Sequence[str],
@@ -244,24 +288,10 @@ def build_with_packages(
             progress(line)
 
     client = _docker_client(base_url)
-    base = f"{PYTHON_BASE_IMAGE}:{suite}"
     try:
-        try:
-            client.images.get(base)
-            have_base = not force
-        except docker.errors.ImageNotFound:
-            have_base = False
-        if not have_base:
-            plain = None
-            with contextlib.suppress(docker.errors.ImageNotFound):
-                plain = client.images.get(name)
-            if plain is not None and not force and not (plain.labels or {}).get(LABEL_PIP):
-                plain.tag(*base.rsplit(":", 1))  # an earlier `build-image --python` is the base
-                say(f"{base}: the Debian image {name} built earlier")
-            else:
-                build_python_image(
-                    base, suite=suite, mirror=mirror, force=True, progress=progress, base_url=base_url
-                )
+        base = ensure_python_base(
+            client, name, suite=suite, mirror=mirror, force=force, progress=progress, base_url=base_url
+        )
         if not force and kept(client, name, base, pip):
             say(f"{name} has {' '.join(pip)} on {base} already: kept (--force rebuilds it)")
             return None
