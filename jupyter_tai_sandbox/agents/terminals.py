@@ -5,8 +5,10 @@ An ACP agent asks its client to run commands (``terminal/create``, ``terminal/ou
 server (``jupyter_ai_acp_client.terminal_manager.TerminalManager``); :class:`SessionTerminals` keeps that
 manager's semantics and runs each one in the session (``session.exec_start``):
 
-- ``command`` with ``args`` is the argv; without ``args`` the command string is split as a shell would
-  (``shlex``), as jupyter-ai does for agents that send ``"ls -la"``.
+- ``command`` with ``args`` is the argv; without ``args`` the command is a shell line, run by the session's
+  ``sh -c``: agents send whole lines (claude-code-acp's Bash tool sends ``"cat a | head && ls $HOME"``), which
+  splitting them into words (jupyter-ai's ``shlex``) would break; the shell is the session's, so this gives
+  the agent nothing it could not run anyway.
 - ``env`` adds to the session's environment (never the server's); the loader and interpreter injection
   names jupyter-ai refuses (``LD_PRELOAD``, ``PYTHONPATH``, ...) are refused the same way.
 - ``cwd`` must be absolute and inside the session's workspace (default: the agent's working directory).
@@ -25,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import posixpath
-import shlex
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -146,13 +147,7 @@ class SessionTerminals:
             raise RequestError.invalid_params({"command": "command cannot be empty"})
         if args:
             return [command, *args]
-        try:
-            argv = shlex.split(command)
-        except ValueError as e:
-            raise RequestError.invalid_params({"command": f"could not parse command: {e}"}) from None
-        if not argv:
-            raise RequestError.invalid_params({"command": "command cannot be empty"})
-        return argv
+        return ["sh", "-c", command]
 
     async def _resolve_cwd(self, cwd: str | None) -> str:
         if cwd is None:

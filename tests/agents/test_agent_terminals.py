@@ -47,10 +47,11 @@ def test_a_command_runs_in_the_session_with_its_env_cwd_output_and_exit_code(san
             out = await terms.output("s1", tid)
             assert out.output == f"{workspace}/sub\nhere.txt\nhello\noops\n"
             assert out.truncated is False and out.exit_status.exit_code == 3
-            # a command string without args is split as a shell would
-            tid2 = (await terms.create("s1", "sh -c 'echo split works'")).terminal_id
+            # a command without args is a shell line, as agents send them: pipes, &&, redirects, variables
+            line = "echo one two | tr ' ' '\\n' | tail -1 > piped.txt && cat piped.txt; echo \"$((2 + 3))\""
+            tid2 = (await terms.create("s1", line)).terminal_id
             await terms.wait_for_exit("s1", tid2)
-            assert (await terms.output("s1", tid2)).output == "split works\n"
+            assert (await terms.output("s1", tid2)).output == "two\n5\n"
             # the default cwd is the agent's (the workspace)
             tid3 = (await terms.create("s1", "pwd")).terminal_id
             await terms.wait_for_exit("s1", tid3)
@@ -143,11 +144,10 @@ def test_refusals_name_the_rule(sandbox):
         try:
             for command, args, cwd, env, field in [
                 ("", None, None, None, "command"),
-                ("sh 'unterminated", None, None, None, "command"),
                 ("ls", None, "relative/dir", None, "cwd"),
                 ("ls", None, "/etc", None, "cwd"),
                 ("ls", None, None, [EnvVariable(name="LD_PRELOAD", value="/x.so")], "env"),
-                ("definitely-not-a-program-here", None, None, None, "command"),
+                ("definitely-not-a-program-here", ["x"], None, None, "command"),
             ]:
                 with pytest.raises(RequestError) as refused:
                     await terms.create("s", command, args, cwd, env)
@@ -155,6 +155,11 @@ def test_refusals_name_the_rule(sandbox):
                     command,
                     refused.value.data,
                 )
+            # a shell line is the shell's to judge: a missing program or a bad quote is its exit status
+            for line, status in (("definitely-not-a-program-here", 127), ("echo 'unterminated", 2)):
+                tid = (await terms.create("s", line)).terminal_id
+                assert (await terms.wait_for_exit("s", tid)).exit_code == status, line
+                await terms.release("s", tid)
             with pytest.raises(RequestError) as outside:
                 await terms.create("s", "ls", cwd="/etc")
             assert "workspace" in outside.value.data["cwd"]
