@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_tai_sandbox.images import AGENTS_IMAGE
 from jupyter_tai_sandbox.providers.docker.images.build import DEFAULT_IMAGE, LABEL_ROOTFS, PYTHON_IMAGE
 from tests.support import REPO
 
@@ -56,10 +57,10 @@ def test_docker_up_run_again_rebuilds_and_retags_nothing():
 
     client = docker_client()
     subprocess.run(["bash", str(REPO / ".ci" / "docker-up")], check=True, capture_output=True, timeout=1200)
-    before = {name: _identity(client, name) for name in (DEFAULT_IMAGE, PYTHON_IMAGE)}
+    before = {name: _identity(client, name) for name in (DEFAULT_IMAGE, PYTHON_IMAGE, AGENTS_IMAGE)}
     again = subprocess.run(
         ["bash", str(REPO / ".ci" / "docker-up")], capture_output=True, text=True, timeout=300
     )
     assert again.returncode == 0, again.stderr
     assert "is up to date: kept" in again.stdout and "already: kept" in again.stdout, again.stdout
-    assert {name: _identity(client, name) for name in (DEFAULT_IMAGE, PYTHON_IMAGE)} == before
+    assert {name: _identity(client, name) for name in (DEFAULT_IMAGE, PYTHON_IMAGE, AGENTS_IMAGE)} == before
