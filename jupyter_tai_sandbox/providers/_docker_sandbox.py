@@ -30,7 +30,7 @@ from ..contract import (
     SessionLimits,
     SessionSpec,
 )
-from ..images import DEFAULT_IMAGE, PYTHON_IMAGE
+from ..images import AGENTS_IMAGE, DEFAULT_IMAGE, PYTHON_IMAGE
 from ..policy import within_limits
 from ..spool import DEFAULT_MEMORY_LIMIT
 from ._common import ProviderMeta
@@ -66,6 +66,10 @@ def how_to_get(image: str) -> str:
         return "build it with `jupyter tai-sandbox build-image` (offline, about 2 MB)"
     if image == PYTHON_IMAGE:
         return "build it with `jupyter tai-sandbox build-image --python` (python3 and ipykernel, offline)"
+    if image == AGENTS_IMAGE:
+        return (
+            "build it with `jupyter tai-sandbox build-image --agents` (Node.js and the ACP agents, offline)"
+        )
     return (
         "load or build it on that engine (`docker load`, `docker build`), or use one of the package's own "
         f"images: {DEFAULT_IMAGE} (`jupyter tai-sandbox build-image`) or {PYTHON_IMAGE} "
