@@ -19,7 +19,8 @@ import docker.errors
 import pytest
 
 from jupyter_tai_sandbox import cli
-from jupyter_tai_sandbox.images import AGENTS_IMAGE
+from jupyter_tai_sandbox.images import AGENTS_IMAGE, PYTHON_IMAGE, missing_program_hint
+from jupyter_tai_sandbox.providers._docker_sandbox import how_to_get
 from jupyter_tai_sandbox.providers.docker.images.agents import (
     AGENTS_PREFIX,
     DEBS_IN_IMAGE,
@@ -372,3 +373,14 @@ def test_without_npm_the_build_says_what_to_install(tmp_path, monkeypatch, capsy
     assert "build-image --agents: npm is missing" in err and "apt-get install npm" in err, err
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(name)
+
+
+def test_a_missing_agents_image_or_program_names_the_build_command():
+    assert "`jupyter tai-sandbox build-image --agents`" in how_to_get(AGENTS_IMAGE)
+    hint = missing_program_hint(
+        "sh: 1: claude-code-acp: not found", ["claude-code-acp"], PYTHON_IMAGE, "docker"
+    )
+    assert hint is not None and f"{AGENTS_IMAGE} has it" in hint and "build-image --agents" in hint
+    assert missing_program_hint("sh: 1: node: not found", ["node"], AGENTS_IMAGE, "docker") == (
+        f"node is not in the session's image {AGENTS_IMAGE}: start the session with an --image that has it"
+    )
