@@ -120,23 +120,31 @@ def npm_tree(packages: Sequence[str], machine: str, progress: Callable[[str], An
             "npm is missing: build-image --agents installs the agents with this machine's npm "
             "(Debian: apt-get install npm; or Node.js from nodejs.org)"
         )
-    shutil.rmtree(prefix, ignore_errors=True)
-    prefix.mkdir(parents=True)
-    (prefix / "package.json").write_text('{"private": true}\n')
-    progress(f"npm install {' '.join(packages)} for linux-{cpu} into {prefix} ...")
-    done = subprocess.run(
-        [
-            npm, "install", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier",
-            "--os", "linux", "--cpu", cpu, "--prefix", str(prefix), *packages,
-        ],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise ImageBuildError(
-            f"npm install of {' '.join(packages)} failed (status {done.returncode}):\n{tail}"
-        )
-    marker.write_text("\n".join(packages))
+    # installed beside it, then renamed: a build running at the same time never sees half a tree
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f"{prefix.name}.", dir=prefix.parent))
+    partial.chmod(0o755)
+    try:
+        (partial / "package.json").write_text('{"private": true}\n')
+        progress(f"npm install {' '.join(packages)} for linux-{cpu} into {prefix} ...")
+        done = subprocess.run(
+            [
+                npm, "install", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund",
+                "--no-update-notifier", "--os", "linux", "--cpu", cpu, "--prefix", str(partial), *packages,
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise ImageBuildError(
+                f"npm install of {' '.join(packages)} failed (status {done.returncode}):\n{tail}"
+            )
+        (partial / _COMPLETE).write_text("\n".join(packages))
+        shutil.rmtree(prefix, ignore_errors=True)  # an unfinished tree of an interrupted build
+        with contextlib.suppress(OSError):  # another build finished first: its tree is as good
+            partial.rename(prefix)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return prefix
 
 
@@ -289,6 +297,8 @@ def _copied(cpu: str) -> Callable[[tarfile.TarInfo], tarfile.TarInfo | None]:
             return None
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
+        # readable (and folders searchable) by every user: a session may run as DockerSandbox.user
+        info.mode |= 0o555 if info.isdir() else 0o444
         return info
 
     return keep
@@ -342,7 +352,8 @@ def build_agents_image(
         if previous is not None and not force:
             labels = previous.labels or {}
             if all(labels.get(k) == v for k, v in wanted.items()):
-                say(f"{name} has {' '.join(packages)} on {base} already: kept (--force rebuilds it)")
+                inputs = " ".join([*packages, *pip])
+                say(f"{name} has {inputs} on {base} already: kept (--force rebuilds it)")
                 return None
         target = probe_python(client, base)
         tree = npm_tree(packages, target.machine, say)
@@ -366,7 +377,9 @@ def build_agents_image(
         raise ImageBuildError(f"the Docker engine refused a step of the build of {name}: {e}") from e
     finally:
         client.close()
-    say(f"built {name} ({image_id[:19]}) with {' '.join(packages)} in {time.monotonic() - started:.0f} s")
+    say(
+        f"built {name} ({image_id[:19]}) with {' '.join([*packages, *pip])} in {time.monotonic() - started:.0f} s"
+    )
     return image_id
 
 
