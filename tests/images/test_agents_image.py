@@ -384,3 +384,15 @@ def test_a_missing_agents_image_or_program_names_the_build_command():
     assert missing_program_hint("sh: 1: node: not found", ["node"], AGENTS_IMAGE, "docker") == (
         f"node is not in the session's image {AGENTS_IMAGE}: start the session with an --image that has it"
     )
+
+
+def test_a_session_user_who_is_not_root_can_run_the_agents():
+    client = docker_client()
+    _need_image(client)
+    out = client.containers.run(
+        AGENTS_IMAGE,
+        ["sh", "-c", "codex-acp --help | grep -c '^Usage: codex-acp'; node -p \"require('" + AGENTS_PREFIX
+         + "/node_modules/@zed-industries/claude-code-acp/package.json').version\""],
+        user="65534", network_disabled=True, remove=True, labels=RUN_LABEL,
+    )  # fmt: skip
+    assert out.decode().split() == ["1", "0.16.2"]
