@@ -404,7 +404,8 @@ export class SandboxPanel extends SidePanel {
   private _fillRow(item: HTMLElement, session: ISessionInfo, state: IPanelState): void {
     const name = sessionName(session, state.kernels);
     const label = item.querySelector('.jp-TaiSandbox-sessionLabel') as HTMLElement;
-    label.textContent = name.label;
+    // a coding agent's line: its key (the "agent" badge beside it says the rest, in a narrow sidebar)
+    label.textContent = name.origin === 'agent' ? (agentKeyOf(session.consumer) ?? name.label) : name.label;
     const sub = item.querySelector('.jp-TaiSandbox-sessionSub') as HTMLElement;
     // the notebook's name on the line (a narrow sidebar), its path in the tooltip
     sub.textContent = name.sub.split('/').pop() ?? '';

@@ -81,7 +81,7 @@ describe('the compact session list', () => {
     const rows = [...panel.node.querySelectorAll('.jp-TaiSandbox-session')] as HTMLElement[];
     expect(rows.map(r => r.dataset.sessionId)).toEqual(['sbx-plain', 'sbx-magics', 'sbx-kernel', 'sbx-agent']);
     const labels = rows.map(r => r.querySelector('.jp-TaiSandbox-sessionLabel')!.textContent);
-    expect(labels).toEqual(['sbx-plain', 'train set', 'nb/k.ipynb', 'Coding agent: claude']);
+    expect(labels).toEqual(['sbx-plain', 'train set', 'nb/k.ipynb', 'claude']);
     const sub = item(panel, 'sbx-magics').querySelector('.jp-TaiSandbox-sessionSub') as HTMLElement;
     expect(sub.textContent).toBe('a b.ipynb');
     expect(sub.title).toBe('work/a b.ipynb');
@@ -89,6 +89,9 @@ describe('the compact session list', () => {
     expect(item(panel, 'sbx-kernel').querySelector('.jp-TaiSandbox-kernelBadge')).not.toBeNull();
     expect(item(panel, 'sbx-agent').querySelector('.jp-TaiSandbox-agentBadge')).not.toBeNull();
     expect(item(panel, 'sbx-agent').dataset.agent).toBe('claude');
+    expect((item(panel, 'sbx-agent').querySelector('.jp-TaiSandbox-sessionRow') as HTMLElement).title).toMatch(
+      /^Coding agent: claude \(sbx-agent\)\n/
+    );
     expect(item(panel, 'sbx-plain').querySelector('.jp-TaiSandbox-agentBadge')).toBeNull();
     for (const row of rows) {
       expect(row.querySelector('.jp-TaiSandbox-sessionMeta')!.textContent).toMatch(/^local · (59m|1h)/);
