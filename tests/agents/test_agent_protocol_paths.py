@@ -205,7 +205,6 @@ async def only_agent_session(jp_fetch: Any) -> dict[str, Any]:
 
 
 @pytest.mark.docker
-@pytest.mark.slow(60)
 @pytest.mark.usefixtures("nothing_left")
 @pytest.mark.parametrize("jp_server_config", [TERMINAL_SCRIPT], indirect=True)
 async def test_docker_an_agents_terminal_runs_in_its_session_not_on_the_host(
@@ -250,7 +249,6 @@ async def test_docker_an_agents_terminal_runs_in_its_session_not_on_the_host(
 
 
 @pytest.mark.docker
-@pytest.mark.slow(60)
 @pytest.mark.usefixtures("nothing_left")
 @pytest.mark.parametrize("jp_server_config", [PERMISSION_SCRIPT], indirect=True)
 async def test_docker_a_permission_request_reaches_the_chat_and_only_an_approved_action_runs(
@@ -307,7 +305,6 @@ async def test_docker_a_permission_request_reaches_the_chat_and_only_an_approved
 
 
 @pytest.mark.docker
-@pytest.mark.slow(60)
 @pytest.mark.usefixtures("nothing_left")
 @pytest.mark.parametrize("jp_server_config", [CANCEL_SCRIPT], indirect=True)
 async def test_docker_the_stop_button_ends_the_agents_turn_cancelled(jp_fetch, jp_ws_fetch, jp_serverapp):
@@ -363,7 +360,6 @@ async def test_docker_the_stop_button_ends_the_agents_turn_cancelled(jp_fetch, j
 
 
 @pytest.mark.docker
-@pytest.mark.slow(60)
 @pytest.mark.usefixtures("nothing_left")
 @pytest.mark.parametrize("jp_server_config", [KILL_SCRIPT], indirect=True)
 async def test_docker_an_agent_killed_in_its_session_mid_turn_is_said_and_its_session_destroyed(
@@ -397,7 +393,6 @@ async def test_docker_an_agent_killed_in_its_session_mid_turn_is_said_and_its_se
 
 
 @pytest.mark.docker
-@pytest.mark.slow(60)
 @pytest.mark.usefixtures("nothing_left")
 @pytest.mark.parametrize("jp_server_config", [EXIT_SCRIPT], indirect=True)
 async def test_docker_an_agent_that_exits_on_its_own_is_said_with_its_stderr_and_its_session_destroyed(
