@@ -267,13 +267,17 @@ async def agent_pids(jp_fetch: Any, session_id: str, user: str) -> list[str]:
 def jp_server_config(request, tmp_path, monkeypatch):
     """The server of a test: ``(provider, scope)`` by indirect parametrization."""
     monkeypatch.setenv("TAI_TEST_MODEL_KEY", REAL_KEY)
-    provider, scope = request.param
+    provider, scope, *script = request.param
     if provider == "docker":
         docker_needed()
     return chat_server_config(
         provider,
         tmp_path / "sandboxes",
-        {KEY: persona(scope)},
+        {
+            KEY: persona(
+                scope, **({"env": {"ACP_TEST_AGENT_SCRIPT": json.dumps(script[0])}} if script else {})
+            )
+        },
         ServerApp=multi_user(),
         SandboxApp={"live_command_grace_seconds": 0},
     )
@@ -385,6 +389,57 @@ async def test_docker_scope_persona_shares_one_session_between_the_users_chats(
         assert hers["id"] != session["id"] and hers["owner"] == "carol"
         for chat in (first, second, carol):
             chat.close()
+
+
+EDIT = {
+    "turns": [
+        [
+            {"do": "read", "path": "/workspace/proj/src/a.py"},
+            {
+                "do": "write",
+                "path": "/workspace/proj/src/a.py",
+                "content": "print('edited in the sandbox')\n",
+            },
+        ]
+    ]
+}
+
+
+@pytest.mark.docker
+@pytest.mark.slow(30)
+@pytest.mark.usefixtures("nothing_left")
+@pytest.mark.parametrize("jp_server_config", [("docker", "chat", EDIT)], indirect=True)
+async def test_docker_sandbox_copy_in_and_copy_back_in_the_chat(
+    jp_fetch, jp_ws_fetch, jp_serverapp, jp_root_dir
+):
+    source = jp_root_dir / "proj" / "src" / "a.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("print('from jupyter')\n")
+    async with agent_sessions_destroyed(jp_serverapp):
+        chat = await ChatClient.open(jp_ws_fetch, "proj/h.chat", "alice")
+        # nothing to copy back before a session exists; copy-in starts the agent's session
+        nothing = await chat.ask(
+            "/sandbox copy-back", lambda bodies: [b for b in bodies if "no sandbox session" in b]
+        )
+        assert nothing
+        copied = await chat.ask(
+            "/sandbox copy-in src", lambda bodies: [b for b in bodies if "Copied in" in b]
+        )
+        assert "`proj/src`" in copied[0] and "1 file(s) written" in copied[0], copied
+        steps = await chat.ask(
+            "edit a.py", lambda bodies: agent_lines(bodies).get("write") and agent_lines(bodies)
+        )
+        assert steps["read"]["content"] == "print('from jupyter')\n" and steps["write"] == {
+            "step": "write",
+            "ok": True,
+        }
+        assert (
+            source.read_text() == "print('from jupyter')\n"
+        )  # the edit stays in the session until copied back
+        back = await chat.ask("/sandbox copy-back", lambda bodies: [b for b in bodies if "Copied back" in b])
+        assert "1 file(s) written" in back[0], back
+        assert source.read_text() == "print('edited in the sandbox')\n"
+        chat.close()
 
 
 # ------------------------------------------------------------------------------------------ local
