@@ -153,17 +153,17 @@ class SandboxPolicy(LoggingConfigurable):
         help="""Per-consumer credentials (TAI_MCP_SANDBOX_CREDENTIALS as JSON): consumer label ->
         names of server environment variables injected into that consumer's sessions (spec.env).
         Keys are typed labels: 'user:NAME' (a user's own sessions; 'user:NAME/SUB' a label under it),
-        'tool:NAME' (a code tool's runs), 'kernel:ID'; the key '*' applies to every consumer. An
-        untyped key is refused. A granted variable missing from the server's environment rejects
-        the session loudly.""",
+        'tool:NAME' (a code tool's runs), 'kernel:ID', 'agent:KEY' (a coding agent's persona); the key '*'
+        applies to every consumer. An untyped key is refused. A granted variable missing from the server's
+        environment rejects the session loudly.""",
     ).tag(config=True)
 
     egress_rules = Dict(
         help="""Egress policy per consumer (TAI_MCP_SANDBOX_EGRESS_RULES as JSON): consumer label ->
         {"allow": [host names], "deny": [host names]}, the ceiling AND the default of the egress policy of
         that consumer's sessions (network 'egress'; on a provider with an egress gateway, docker). Keys are
-        typed like credentials' ('*', 'user:NAME', 'tool:NAME', 'kernel:ID'); the most specific key wins
-        ('user:NAME/SUB', then 'user:NAME', then '*'). Entries: 'example.com' (that name, ports 80 and 443),
+        typed like credentials' ('*', 'user:NAME', 'tool:NAME', 'kernel:ID', 'agent:KEY'); the most specific
+        key wins ('user:NAME/SUB', then 'user:NAME', then '*'). Entries: 'example.com' (that name, ports 80 and 443),
         '*.example.com' (any name under it), '*' (any name; allow only), 'NAME:PORT' (raw TCP to that
         port). No allow: any name on 80/443. A session of a consumer with a rule always gets a policy; a
         spec's own allow must be covered entry by entry by the rule's (else 400 naming the entry), and its
