@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ....images import AGENTS_IMAGE, PYTHON_IMAGE
-from .build import DEFAULT_SUITE, ImageBuildError, tempfile_dir
+from .build import DEFAULT_SUITE, ImageBuildError, apt_in_root, tempfile_dir
 from .packages import (
     COMMIT_CHANGES,
     LABEL_BASE,
@@ -222,8 +222,6 @@ def fetch_debs(
     with tempfile_dir() as root:
         progress(f"apt-get install --download-only {' '.join(packages)} in a chroot of {base}'s files ...")
         _export_root(client, base, root)
-        with contextlib.suppress(OSError):
-            shutil.copyfile("/etc/resolv.conf", os.path.join(root, "etc/resolv.conf"))
         null = os.path.join(root, "dev/null")
         if not os.path.exists(null):
             with contextlib.suppress(OSError):
@@ -233,24 +231,7 @@ def fetch_debs(
                 f.write(f"deb {mirror} {suite} main\n")
         archives = os.path.join(root, "var/cache/apt/archives")
         os.makedirs(os.path.join(archives, "partial"), exist_ok=True)
-        env = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "DEBIAN_FRONTEND": "noninteractive",
-            "LC_ALL": "C",
-            "HOME": "/root",
-        }
-        for step in (
-            ["apt-get", "update", "-q"],
-            ["apt-get", "install", "-y", "-q", "--download-only", "--no-install-recommends", *packages],
-        ):
-            done = subprocess.run(
-                ["chroot", root, *step], capture_output=True, text=True, env=env, check=False
-            )
-            if done.returncode != 0:
-                raise ImageBuildError(
-                    f"{' '.join(step)} in a chroot of {base} failed (status {done.returncode}): "
-                    + "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-                )
+        apt_in_root(root, packages, progress, download_only=True)
         names = sorted(n for n in os.listdir(archives) if n.endswith(".deb"))
         if not names:
             raise ImageBuildError(f"apt-get fetched no package of {' '.join(packages)} for {base}")

@@ -309,34 +309,48 @@ def build_python_image(
     return image_id
 
 
-def _install_in_root(root: str, packages: Sequence[str], progress: Callable[[str], Any] | None) -> None:
-    """``apt-get install`` ``packages`` inside the new root (chroot), with the host's resolver."""
+#: the environment of a command run in a new root (chroot): none of the caller's variables
+CHROOT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "DEBIAN_FRONTEND": "noninteractive",
+    "LC_ALL": "C",
+    "HOME": "/root",
+}
+
+
+def apt_in_root(
+    root: str, packages: Sequence[str], progress: Callable[[str], Any] | None, *, download_only: bool = False
+) -> None:
+    """``apt-get update`` and ``apt-get install`` ``packages`` inside ``root`` (chroot), with the host's resolver
+    while it runs; ``download_only``: only into the root's ``var/cache/apt/archives``. ImageBuildError with
+    the end of apt's output when a step fails."""
     with contextlib.suppress(OSError):
         shutil.copyfile("/etc/resolv.conf", os.path.join(root, "etc/resolv.conf"))
-    env = {
-        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "DEBIAN_FRONTEND": "noninteractive",
-        "LC_ALL": "C",
-        "HOME": "/root",
-    }
-    for step in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
-    ):
-        _say(progress, f"chroot: {' '.join(step)}")
-        done = subprocess.run(["chroot", root, *step], capture_output=True, text=True, env=env, check=False)
-        for line in done.stdout.splitlines():
-            if line.startswith(("Setting up", "Get:")):
-                continue  # one per package: too chatty
-            _say(progress, f"  {line}")
-        if done.returncode != 0:
-            raise ImageBuildError(
-                f"{' '.join(step)} in the new root failed (status {done.returncode}): "
-                + "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+    install = ["apt-get", "install", "-y", "-q", *(["--download-only"] if download_only else [])]
+    try:
+        for step in (["apt-get", "update", "-q"], [*install, "--no-install-recommends", *packages]):
+            _say(progress, f"chroot: {' '.join(step)}")
+            done = subprocess.run(
+                ["chroot", root, *step], capture_output=True, text=True, env=CHROOT_ENV, check=False
             )
-    subprocess.run(["chroot", root, "apt-get", "clean"], capture_output=True, env=env, check=False)
-    with contextlib.suppress(OSError):
-        os.unlink(os.path.join(root, "etc/resolv.conf"))
+            for line in done.stdout.splitlines():
+                if line.startswith(("Setting up", "Get:")):
+                    continue  # one per package: too chatty
+                _say(progress, f"  {line}")
+            if done.returncode != 0:
+                raise ImageBuildError(
+                    f"{' '.join(step)} in the new root failed (status {done.returncode}): "
+                    + "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+                )
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(root, "etc/resolv.conf"))
+
+
+def _install_in_root(root: str, packages: Sequence[str], progress: Callable[[str], Any] | None) -> None:
+    """``apt-get install`` ``packages`` inside the new root (chroot), its package cache emptied after."""
+    apt_in_root(root, packages, progress)
+    subprocess.run(["chroot", root, "apt-get", "clean"], capture_output=True, env=CHROOT_ENV, check=False)
 
 
 @contextlib.contextmanager
