@@ -20,7 +20,9 @@ DEFAULT_REGISTRIES = ["registry.npmjs.org", "pypi.org", "files.pythonhosted.org"
 
 
 class SandboxAgents(LoggingConfigurable):
-    """Coding agents (jupyter-ai's ACP personas) whose agent process runs in the chatting user's sandbox session."""
+    """Coding agents in a sandbox: jupyter-ai's ACP personas (Claude Code, Codex, any ACP agent) whose whole agent
+    process runs in a sandbox session of the chatting user, one entry of ``personas`` each; their sessions carry
+    the consumer label ``agent:<key>``, their model key stays at the egress gateway."""
 
     personas = Dict(
         key_trait=Unicode(),
