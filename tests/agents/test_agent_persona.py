@@ -442,6 +442,37 @@ async def test_docker_sandbox_copy_in_and_copy_back_in_the_chat(
         chat.close()
 
 
+CRASH = {
+    "turns": [
+        [{"do": "info"}],
+        [{"do": "stderr", "text": "boom: the agent gives up\n"}, {"do": "exit", "code": 3}],
+    ]
+}
+
+
+@pytest.mark.docker
+@pytest.mark.slow(30)
+@pytest.mark.usefixtures("nothing_left")
+@pytest.mark.parametrize("jp_server_config", [("docker", "chat", CRASH)], indirect=True)
+async def test_docker_an_agent_that_dies_mid_prompt_is_said_with_its_stderr(
+    jp_fetch, jp_ws_fetch, jp_serverapp
+):
+    async with agent_sessions_destroyed(jp_serverapp):
+        chat = await ChatClient.open(jp_ws_fetch, "crash.chat", "alice")
+        await chat.ask("first", lambda bodies: agent_lines(bodies).get("info"))
+        (session,) = await agent_sessions(jp_fetch, "alice")
+        said = await chat.ask("second", lambda bodies: [b for b in bodies if "exited with status" in b])
+        assert "exited with status 3" in said[0] and "boom: the agent gives up" in said[0], said
+        assert session["id"] in said[0] and "next message starts a new one" in said[0]
+        assert await agent_sessions(jp_fetch, "alice") == []
+        # a new agent in a new session; the chat's history goes to it as context (its ACP session is new)
+        steps = await chat.ask("third", lambda bodies: agent_lines(bodies).get("info"))
+        (fresh,) = await agent_sessions(jp_fetch, "alice")
+        assert fresh["id"] != session["id"] and steps["cwd"] == fresh["workspace"].rstrip("/")
+        assert not [b for b in chat.from_persona() if "Traceback" in b]  # said once, plainly
+        chat.close()
+
+
 # ------------------------------------------------------------------------------------------ local
 
 
