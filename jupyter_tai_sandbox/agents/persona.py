@@ -465,7 +465,7 @@ class SandboxedAcpPersona(BaseAcpPersona):
             return
         session_id = runtime.session.id if runtime.session is not None else None
         runtime.unlisten(self._on_agent_exit)
-        await runtime.stop()
+        await runtime.stop(f"stopped with /sandbox stop by {self._owner} in another chat")
         if self._runtime_key is not None:
             POOL.drop(self._runtime_key, runtime)
         await self._reset()

@@ -311,8 +311,9 @@ class AgentRuntime:
         if self.handle is not None:
             _leave_running(self.handle)
 
-    async def stop(self) -> None:
-        """End the agent and destroy its session (``/sandbox stop``; a persistent workspace is kept)."""
+    async def stop(self, why: str = "stopped with /sandbox stop") -> None:
+        """End the agent and destroy its session (``/sandbox stop``; a persistent workspace is kept). The
+        listeners still registered (the other chats of a persona-scoped agent) are told ``why``."""
         self._ending = True
         self.ended = True
         if self._watch is not None:
@@ -322,6 +323,11 @@ class AgentRuntime:
             with contextlib.suppress(SandboxError):
                 await self.process.kill()
         await self._destroy()
+        for listener in list(self._listeners):
+            try:
+                await listener(AgentExit(None, why, ""))
+            except Exception:
+                self.log.exception("telling a persona that agent %s stopped failed", self.spec.key)
 
     async def _close_client(self) -> None:
         """End the ACP connection to the agent (its sender and dispatcher tasks, which otherwise wait forever on

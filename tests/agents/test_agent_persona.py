@@ -387,6 +387,18 @@ async def test_docker_scope_persona_shares_one_session_between_the_users_chats(
         await carol.ask("carol here", answered)
         (hers,) = await agent_sessions(jp_fetch, "carol")
         assert hers["id"] != session["id"] and hers["owner"] == "carol"
+        # /sandbox stop in one chat ends the shared agent: the other chat is told, and its next message
+        # starts a new one
+        await second.ask("/sandbox stop", lambda bodies: [b for b in bodies if "Stopped" in b])
+        told = await first.wait_for(
+            lambda: [b for b in first.from_persona() if "stopped with /sandbox stop by alice" in b],
+            30,
+            "the stop",
+        )
+        assert "next message starts a new one" in told[0]
+        steps = await first.ask("again", answered)
+        (again,) = await agent_sessions(jp_fetch, "alice")
+        assert again["id"] != session["id"] and steps["info"]["cwd"] == again["workspace"].rstrip("/")
         for chat in (first, second, carol):
             chat.close()
 
