@@ -428,6 +428,8 @@ class SandboxedAcpPersona(BaseAcpPersona):
         if direction == "in":
             assert path is not None
             result = await handoff.copy_in(path)
+            if result.path not in runtime.copied_in:
+                runtime.copied_in.append(result.path)
         else:
             result = await handoff.copy_back(path)
         data = result.to_json()

@@ -102,6 +102,8 @@ class AgentRuntime:
         self.client: asyncio.Task[Any] | None = None
         #: the command's handle (under the AgentProcess)
         self.handle: Any = None
+        #: the contents paths copied in through this runtime's persona (``/sandbox copy-in``, ``copy_in``)
+        self.copied_in: list[str] = []
         self.ended = False
         self._ending = False
         self._watch: asyncio.Task[None] | None = None
@@ -352,6 +354,7 @@ class AgentRuntime:
             "scope": self.spec.scope,
             "running": self.process is not None and self.process.returncode is None and not self.ended,
             "attached": self.attached,
+            "copied_in": list(self.copied_in),
         }
         if session is not None:
             data["session"] = session.id

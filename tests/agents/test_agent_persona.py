@@ -448,6 +448,8 @@ async def test_docker_sandbox_copy_in_and_copy_back_in_the_chat(
         assert (
             source.read_text() == "print('from jupyter')\n"
         )  # the edit stays in the session until copied back
+        status = await chat.ask("/sandbox status", lambda bodies: [b for b in bodies if "```json" in b])
+        assert '"copied_in": [\n  "proj/src"\n ]' in status[0], status
         back = await chat.ask("/sandbox copy-back", lambda bodies: [b for b in bodies if "Copied back" in b])
         assert "1 file(s) written" in back[0], back
         assert source.read_text() == "print('edited in the sandbox')\n"
