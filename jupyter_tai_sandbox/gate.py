@@ -441,6 +441,9 @@ class ScrubbedHandle(ExecHandle):
     async def close_stdin(self) -> None:
         await self.handle.close_stdin()
 
+    async def detach(self) -> None:
+        await self.handle.detach()
+
     async def kill(self) -> None:
         await self.handle.kill()
 

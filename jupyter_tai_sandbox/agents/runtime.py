@@ -311,7 +311,7 @@ class AgentRuntime:
         if self.process is not None:
             await self.process.detach()
         if self.handle is not None:
-            _leave_running(self.handle)
+            await self.handle.detach()
 
     async def stop(self, why: str = "stopped with /sandbox stop") -> None:
         """End the agent and destroy its session (``/sandbox stop``; a persistent workspace is kept). The
@@ -371,22 +371,6 @@ class AgentRuntime:
                     secrets=[] if info.spec.egress is None else [g.name for g in info.spec.egress.secrets],
                 )
         return data
-
-
-def _leave_running(handle: Any) -> bool:
-    """Let this server forget a command without ending it: a container session's command handle (under the
-    gate's scrubbing wrapper) is tracked by its provider, whose close at the server's stop kills every command
-    it tracks; ``abandon`` drops it from there and stops its intake, and the session's agent, which holds the
-    command, keeps it running for a later server to attach to. Whether a handle could be let go."""
-    seen: set[int] = set()
-    while handle is not None and id(handle) not in seen:
-        seen.add(id(handle))
-        abandon = getattr(handle, "abandon", None)
-        if callable(abandon):
-            abandon()
-            return True
-        handle = getattr(handle, "handle", None)
-    return False
 
 
 def persistent_workspace_key(spec: AgentPersonaSpec, scope_key: str) -> str | None:

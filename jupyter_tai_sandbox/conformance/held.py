@@ -1,6 +1,6 @@
 """Checks of a session that holds its commands itself (``holds_commands``: a session agent), so they outlive
 the server that started them: the label kept, the listing, an attach resuming each stream exactly, and the
-first reader told it was taken over (never stopping the command). A provider without the capability has
+first reader told it was taken over (never stopping the command), a detached command running on. A provider without the capability has
 nothing to check here: its sessions list no commands, and an attach is an unknown command."""
 
 from __future__ import annotations
@@ -75,6 +75,31 @@ class HeldCommandChecks(SuiteBase):
         await asyncio.sleep(self.t(0.5))
         left = [c for c in await session.held_commands() if c.label == label]
         expect(not left or not left[0].running, "the resumed command still runs after its kill")
+
+    async def check_a_detached_command_runs_on_and_is_attached_again(self) -> None:
+        """``ExecHandle.detach``: a held command runs on without its handle (output included) and a later
+        attach reads it; where the session holds no commands, detach ends the command (nothing outlives the
+        server)."""
+        session = await self.session()
+        label = f'{{"check": "{self.tag}-detach"}}'
+        handle = await session.start(ExecRequest(("sh", "-c", _SCRIPT), self.t(120), label=label))
+        items = aiter(handle.output)
+        await self._read_until(items, {"stdout": b"a", "stderr": b"B"}, "the command")
+        await handle.detach()
+        if not session.holds_commands:
+            async with asyncio.timeout(self.t(30)):
+                await _ends(items)
+            return
+        [held] = [c for c in await session.held_commands() if c.label == label]
+        expect(held.running, f"the detached command stopped: listed as {held}")
+        again = await session.attach_command(held.id, {"stdout": 1, "stderr": 1})
+        try:
+            await again.write(b"go\n")
+            await self._read_until(
+                aiter(again.output), {"stdout": b"c", "stderr": b""}, "the attached command"
+            )
+        finally:
+            await again.kill()
 
     async def _read_until(self, items: AsyncIterator[Any], want: dict[str, bytes], who: str) -> None:
         """Read ``items`` until each stream gave exactly ``want``'s bytes."""

@@ -65,6 +65,14 @@ class ExecHandle(abc.ABC):
         """Resize the command's terminal (pty handles only)."""
         raise SandboxError("this command has no terminal to resize: start it with pty=True")
 
+    async def detach(self) -> None:
+        """Let the command run on without this handle: a session that holds its commands
+        (:attr:`SandboxSession.holds_commands`) keeps it, and its output, for a later
+        :meth:`SandboxSession.attach_command` (this server's or another's); this handle's output ends and a
+        server stop no longer ends the command. The default, for a provider whose commands live in the server
+        and so cannot outlive it, kills the command."""
+        await self.kill()
+
 
 class PortConnection(abc.ABC):
     """A TCP connection to a port inside a session (:meth:`SandboxSession.open_port`), as a byte stream."""

@@ -100,6 +100,8 @@ class ContainerCommand(ExecHandle):
         self._deadline_task: asyncio.Task[None] | None = None
         #: another connection (a second server) attached the command: it runs on there, never stopped from here
         self._taken_over = False
+        #: this handle let the command go (detach): it runs on in its session
+        self._detached = False
         self._deadline = asyncio.get_running_loop().call_later(
             timeout_seconds if deadline_in is None else deadline_in, self._on_deadline
         )
@@ -133,7 +135,9 @@ class ContainerCommand(ExecHandle):
                 self._failure = SandboxError(f"the command's exit status could not be read: {e}")
         except asyncio.CancelledError:
             self._failure = SandboxError(
-                "the command's exit status could not be read: its session was destroyed"
+                "this handle let the command go: it runs on in its session (attach to it again)"
+                if self._detached
+                else "the command's exit status could not be read: its session was destroyed"
             )
         finally:
             self._deadline.cancel()
@@ -312,3 +316,11 @@ class ContainerCommand(ExecHandle):
     def abandon(self) -> None:
         """The session is gone: stop taking output in (the output then ends with a SandboxError)."""
         self._intake.cancel()
+
+    async def detach(self) -> None:
+        """Stop taking output in and leave the command to the session's agent, which holds it (and its
+        output) for a later attach; a stop of this server then finds the handle done and kills nothing."""
+        if not self._done.is_set():
+            self._detached = True
+            self._intake.cancel()
+            await self._done.wait()

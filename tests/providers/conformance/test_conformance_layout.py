@@ -48,6 +48,7 @@ CHECKS_BEFORE_THE_SPLIT = [
     "absent_program_is_a_typed_error",
     "cut_upload_leaves_nothing_partial",
     "held_commands_are_listed_and_resumed_exactly",  # commands that outlive their server (issue 27)
+    "a_detached_command_runs_on_and_is_attached_again",  # ExecHandle.detach: a command let go runs on (issue 53)
     "pause_freezes_and_resume_runs_on",  # the optional capabilities (issue 28)
     "fork_copies_the_session_or_is_refused",
 ]
