@@ -57,6 +57,8 @@ class AgentExit:
     stderr_tail: str
 
     def describe(self) -> str:
+        if self.code == -1 and self.reason:
+            return f"ended: {self.reason}"  # no exit status: the reason says why (its session destroyed, ...)
         what = f"exited with status {self.code}" if self.code is not None else "ended"
         if self.code is not None and self.code > 128:
             what += f" (signal {self.code - 128})"
