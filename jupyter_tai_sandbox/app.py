@@ -74,8 +74,9 @@ def _provider_classes() -> list[type]:
 
     classes += [RemoteSandbox, VmSandbox]
     from .agents import SandboxAgents  # no jupyter-ai import: the settings only
+    from .previews.settings import PreviewSettings
 
-    classes.append(SandboxAgents)
+    classes += [SandboxAgents, PreviewSettings]
     with contextlib.suppress(ImportError):  # the mcp extra
         from .mcp_door.door import SandboxMCP
 
@@ -263,6 +264,9 @@ class SandboxApp(ExtensionApp):
         )
         self.tools.apply_manifest(self.presets)
         self.policy = SandboxPolicy(parent=self)
+        from .previews.settings import PreviewSettings
+
+        self.previews = PreviewSettings(parent=self)
         self._load_agents()
         self.registry = SessionRegistry(self.policy, self.access)
         self.execs = LiveCommands(self.live_command_policy(), log=self.log)
@@ -390,13 +394,18 @@ class SandboxApp(ExtensionApp):
         ):
             web_app.settings["log_function"] = quiet_log_request(log_request)
         from .server.handoff_handlers import handoff_handlers
+        from .server.preview_ports_handlers import preview_ports_handlers
         from .server.tool_handlers import tool_handlers
         from .server.ws import ExecWebSocketHandler
 
         self.handlers.extend(rest_handlers)
         self.handlers.extend(handoff_handlers)
+        self.handlers.extend(preview_ports_handlers)
         self.handlers.extend(tool_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
+        from .server.preview_handlers import preview_handlers
+
+        self.handlers.extend(preview_handlers)
         from . import mcp_door
 
         self.handlers.extend(mcp_door.handlers(self))
