@@ -41,6 +41,7 @@ from ..contract import (
     SandboxUnavailableError,
 )
 from ..errors import error_from_json
+from ..previews.urls import port_path
 from .discovery import SeveralServersWarning, discover_server, running_servers
 from .http_connections import BodyProducer, HTTPConnections, StreamingCallback
 from .remote_exec import STDIN_FRAME_BYTES, RemoteExec, _written
@@ -515,6 +516,21 @@ class SandboxClient:
         """The session's running interactive commands: id, argv, pty, started, owner, attached, offset."""
         answer: list[dict[str, Any]] = (await self._request("GET", "sessions", session_id, "execs"))["execs"]
         return answer
+
+    async def listening_ports(self, session_id: str) -> list[dict[str, Any]]:
+        """The TCP ports something listens on inside the session, sorted: ``port``, ``address`` (the bound
+        address: 0.0.0.0, ::, 127.0.0.1, ...) and ``url`` (the preview's server-relative path; a full URL:
+        :meth:`port_url`). A ``local`` session is refused (SandboxUnsupportedError): its ports are the
+        host's."""
+        answer: list[dict[str, Any]] = (await self._request("GET", "sessions", session_id, "ports"))["ports"]
+        return answer
+
+    def port_url(self, session_id: str, port: int, path: str = "", absolute: bool = False) -> str:
+        """The full URL of the web preview of ``port`` inside the session (``path`` inside the app;
+        ``absolute``: the route whose app sees the full request path), on this client's server. It never
+        carries the token: a browser opens it with its Jupyter login; a script passes the token in the
+        ``Authorization`` header."""
+        return self.url + port_path(session_id, port, path, absolute=absolute).lstrip("/")
 
     async def _exec_socket(self, session_id: str) -> WebSocketClientConnection:
         request = HTTPRequest(
