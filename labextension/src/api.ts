@@ -123,6 +123,13 @@ export interface ISessionInfo {
   usage?: ISessionUsage;
 }
 
+/** GET sessions/{id}/ports: a TCP port listening in the session (its preview URL when the server gives it). */
+export interface IListeningPort {
+  port: number;
+  address: string;
+  url?: string;
+}
+
 export interface IFileEntry {
   name: string;
   type: 'file' | 'directory' | 'symlink' | 'other';
@@ -321,6 +328,12 @@ export class SandboxClient {
       this.serverSettings
     );
     return body.execs;
+  }
+
+  /** GET sessions/{id}/ports: the TCP ports listening in the session (as the session agent reads them). */
+  async listPorts(id: string): Promise<IListeningPort[]> {
+    const body = await requestAPI<{ ports?: IListeningPort[] }>(`${this._session(id)}/ports`, {}, this.serverSettings);
+    return Array.isArray(body?.ports) ? body.ports : [];
   }
 
   /** The URL a browser downloads a workspace file from (GET needs no XSRF token). */

@@ -18,7 +18,7 @@ import {
 import { Message } from '@lumino/messaging';
 import { Panel, Widget } from '@lumino/widgets';
 
-import { ISessionInfo } from './api';
+import { IListeningPort, ISessionInfo } from './api';
 import { canEditEgress, egressFields } from './egress';
 import { button } from './files';
 import { agentKeyOf, magicsOf, relativeNotebook, sessionName } from './names';
@@ -39,6 +39,7 @@ import {
   usageText,
   usageTitle
 } from './kernels';
+import { PORTS_SECONDS, fillPortsList } from './previews';
 
 export namespace SandboxPanel {
   export interface IActions {
@@ -58,6 +59,10 @@ export namespace SandboxPanel {
     openDocument(path: string): void;
     /** Show the session's egress policy in a dialog that changes it (PATCH). */
     editEgress?(id: string): void;
+    /** GET sessions/{id}/ports: the session's listening ports (the "Ports" list shows where given). */
+    listPorts?(id: string): Promise<IListeningPort[]>;
+    /** Open the preview of a session's port in a JupyterLab tab. */
+    openPreview?(id: string, port: number): void;
   }
   export interface IOptions {
     model: SessionsModel;
@@ -209,6 +214,7 @@ export class SandboxPanel extends SidePanel {
       if (!seen.has(id)) {
         item.remove();
         this._items.delete(id);
+        this._portsFetched.delete(id);
       }
     }
     this._empty.textContent =
@@ -248,6 +254,11 @@ export class SandboxPanel extends SidePanel {
       const meta = item?.querySelector('.jp-TaiSandbox-sessionMeta');
       if (meta) {
         meta.textContent = rowMetaText(session, state);
+      }
+      // an open session's ports, listed again while the panel shows it
+      const fetched = this._portsFetched.get(session.id) ?? 0;
+      if (item?.dataset.expanded === 'true' && this.isVisible && Date.now() - fetched >= PORTS_SECONDS * 1000) {
+        void this.refreshPorts(session.id);
       }
     }
   }
@@ -387,7 +398,23 @@ export class SandboxPanel extends SidePanel {
     egress.hidden = true;
     actions.append(pause, fork, egress);
 
-    body.append(id, kernelLine, details, usage, timeRow, actions);
+    const ports = document.createElement('div');
+    ports.className = 'jp-TaiSandbox-ports';
+    ports.hidden = !this._actions.listPorts;
+    const portsHead = document.createElement('div');
+    portsHead.className = 'jp-TaiSandbox-portsHead';
+    const portsTitle = document.createElement('span');
+    portsTitle.className = 'jp-TaiSandbox-fieldLabel';
+    portsTitle.textContent = 'Ports';
+    const portsRefresh = iconButton(refreshIcon, 'List the listening ports again', 'jp-TaiSandbox-refreshPorts', () =>
+      void this.refreshPorts(session.id)
+    );
+    portsHead.append(portsTitle, portsRefresh);
+    const portsList = document.createElement('ul');
+    portsList.className = 'jp-TaiSandbox-portsList';
+    ports.append(portsHead, portsList);
+
+    body.append(id, kernelLine, details, usage, timeRow, actions, ports);
     item.append(row, body);
     return item;
   }
@@ -398,6 +425,38 @@ export class SandboxPanel extends SidePanel {
     item.classList.toggle('jp-mod-expanded', expanded);
     (item.querySelector('.jp-TaiSandbox-sessionBody') as HTMLElement).hidden = !expanded;
     item.querySelector('.jp-TaiSandbox-sessionRow')?.setAttribute('aria-expanded', String(expanded));
+    const id = item.dataset.sessionId;
+    if (expanded && id) {
+      void this.refreshPorts(id);
+    }
+  }
+
+  /**
+   * List a session's ports again (on expand, on its refresh button, and every PORTS_SECONDS while
+   * its details show); resolves once its list shows the answer.
+   */
+  async refreshPorts(id: string): Promise<void> {
+    const listPorts = this._actions.listPorts;
+    const item = this._items.get(id);
+    if (!listPorts || !item || this._portsBusy.has(id)) {
+      return;
+    }
+    this._portsBusy.add(id);
+    this._portsFetched.set(id, Date.now());
+    const list = item.querySelector('.jp-TaiSandbox-portsList') as HTMLElement;
+    const open = (port: number) => this._actions.openPreview?.(id, port);
+    if (!list.dataset.shown) {
+      fillPortsList(list, null, null, open);
+    }
+    try {
+      const ports = await listPorts(id);
+      fillPortsList(list, ports, null, open);
+    } catch (error) {
+      fillPortsList(list, null, error instanceof Error ? error.message : String(error), open);
+    } finally {
+      this._portsBusy.delete(id);
+      this._portsFetched.set(id, Date.now());
+    }
   }
 
   /** The one line: name, notebook, provider and state, time left. */
@@ -552,6 +611,8 @@ export class SandboxPanel extends SidePanel {
   private _empty: HTMLElement;
   private _items = new Map<string, HTMLElement>();
   private _timer = 0;
+  private _portsBusy = new Set<string>();
+  private _portsFetched = new Map<string, number>();
 }
 
 const NEW_TOOLTIP = 'Create a sandbox session';

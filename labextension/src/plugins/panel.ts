@@ -2,11 +2,12 @@
  * The panel plugin: the Sandbox sidebar (SandboxPanel) and its Show command.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
 
 import { CommandIDs, addPanelCommands } from '../commands';
 import { sandboxIcon } from '../icon';
 import { SandboxPanel } from '../panel';
+import { OPEN_PREVIEW, PreviewWidget, previewUrl, previewWidgetId } from '../previews';
 import { ISandboxSessions } from '../tokens';
 
 export const panelPlugin: JupyterFrontEndPlugin<void> = {
@@ -40,7 +41,9 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
           await commands.execute(CommandIDs.fork, { id });
         },
         openDocument: path => void commands.execute('docmanager:open', { path }),
-        editEgress: id => void commands.execute(CommandIDs.egressPolicy, { id })
+        editEgress: id => void commands.execute(CommandIDs.egressPolicy, { id }),
+        listPorts: id => sessions.client.listPorts(id),
+        openPreview: (id, port) => void commands.execute(OPEN_PREVIEW, { id, port })
       }
     });
     panel.title.icon = sandboxIcon;
@@ -54,6 +57,43 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
     });
     shell.add(panel, 'left', { rank: 250 });
     restorer?.add(panel, 'tai-sandbox-panel');
+
+    // the preview tabs: one per session and port; a session destroyed here closes its tabs
+    const previews = new WidgetTracker<PreviewWidget>({ namespace: 'tai-sandbox-preview' });
+    commands.addCommand(OPEN_PREVIEW, {
+      label: 'Open a Sandbox Session Port in a Tab',
+      caption: "Open a web app listening in a sandbox session (its preview) in a JupyterLab tab",
+      execute: args => {
+        const id = typeof args.id === 'string' ? args.id : '';
+        const port = Number(args.port);
+        if (!id || !Number.isInteger(port) || port < 1 || port > 65535) {
+          sessions.notifyError('Open a preview: give a session id and a port (1-65535).');
+          return null;
+        }
+        const existing = previews.find(w => w.id === previewWidgetId(id, port));
+        if (existing) {
+          existing.content.reload();
+          shell.activateById(existing.id);
+          return existing;
+        }
+        const widget = new PreviewWidget({
+          sessionId: id,
+          port,
+          url: previewUrl(sessions.client.serverSettings.baseUrl, id, port)
+        });
+        void previews.add(widget);
+        shell.add(widget, 'main');
+        shell.activateById(widget.id);
+        return widget;
+      }
+    });
+    sessions.destroyed.connect((_, id) => {
+      previews.forEach(w => {
+        if (w.sessionId === id) {
+          w.dispose();
+        }
+      });
+    });
 
     addPanelCommands(
       commands,
