@@ -1,5 +1,5 @@
 """``%sandbox SUBCOMMAND``: the line magics (status, sessions, new, use, rm, extend, pause, resume, fork, put,
-get, connect).
+get, ports, open, connect).
 
 :class:`LineSubcommands` stands on :class:`~.named_sessions.NamedSessions` (the sessions by
 name and the client); :class:`~.magic.SandboxMagics` stands on it and adds the cell magic.
@@ -7,11 +7,15 @@ name and the client); :class:`~.magic.SandboxMagics` stands on it and adds the c
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import html
 import os
 import posixpath
+import sys
 import tempfile
+import urllib.parse
 from typing import Any
 
 from ..client import SandboxClient
@@ -43,6 +47,8 @@ SUBCOMMAND_NAMES = (
     "fork",
     "put",
     "get",
+    "ports",
+    "open",
     "connect",
 )
 SUBCOMMANDS = """\
@@ -63,6 +69,10 @@ line magics:
                                       and make it current; the two then run on apart
   %sandbox put LOCAL [REMOTE]         upload a kernel-side file into the session's workspace
   %sandbox get REMOTE [LOCAL]         download a workspace file next to the kernel
+  %sandbox ports NAME                 the TCP ports something listens on in the session
+  %sandbox open NAME PORT [PATH]      a link to the web preview of PORT in the session (no token
+                                      in it: the browser's Jupyter login opens it); --iframe
+                                      also shows it in the cell
   %sandbox connect URL [--token T]    talk to another Jupyter server's sandbox API
   (put and get take --session NAME)
 
@@ -85,6 +95,16 @@ first; a warning says so when several run), else `%sandbox connect`.
 """
 
 
+def _port_type(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a TCP port number 1-65535, not {text!r}")
+    return port
+
+
 class LineSubcommands(NamedSessions):
     """The line subcommands: ``%sandbox NAME ...`` calls ``_do_NAME``."""
 
@@ -98,7 +118,7 @@ class LineSubcommands(NamedSessions):
             hint = did_you_mean(name, SUBCOMMAND_NAMES, quote="")
             raise SandboxMagicError(
                 f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, pause, resume, fork, "
-                "put, get or connect "
+                "put, get, ports, open or connect "
                 "(or a %%sandbox cell); %sandbox? shows usage"
             )
         handler(rest)
@@ -388,6 +408,91 @@ class LineSubcommands(NamedSessions):
 
         size = self._run(download())
         print(f"{known.name}:{remote} -> {local} ({size} bytes)")
+
+    def _do_ports(self, argv: list[str]) -> None:
+        args = parse(subparser("ports", ("name", {"metavar": "NAME"})), argv)
+        session_id = self._session_id(args.name)
+
+        async def ports() -> list[dict[str, Any]]:
+            client = await self._get_client()
+            try:
+                return await client.listening_ports(session_id)
+            except SandboxNotFoundError:
+                raise SandboxMagicError(
+                    f"no session named {args.name!r} in this kernel, nor a server session with that id"
+                ) from None
+
+        listed = self._run(ports())
+        if not listed:
+            print(f"nothing listens on a TCP port in session {args.name!r}")
+            return
+        rows = [("PORT", "ADDRESS", "PREVIEW")]
+        rows += [(str(p["port"]), p["address"], self._preview_href(session_id, p["port"])) for p in listed]
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        for row in rows:
+            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+    def _do_open(self, argv: list[str]) -> None:
+        parser = subparser(
+            "open",
+            ("name", {"metavar": "NAME"}),
+            ("port", {"metavar": "PORT", "type": _port_type}),
+            ("path", {"metavar": "PATH", "nargs": "?", "default": "", "help": "the app's own path"}),
+        )
+        parser.add_argument("--iframe", action="store_true", help="also show the preview in the cell")
+        parser.add_argument("--height", type=int, default=480, help="the iframe's height in pixels")
+        args = parse(parser, argv)
+        session_id = self._session_id(args.name)
+
+        async def listening() -> bool:
+            client = await self._get_client()
+            try:
+                return any(p["port"] == args.port for p in await client.listening_ports(session_id))
+            except SandboxNotFoundError:
+                raise SandboxMagicError(
+                    f"no session named {args.name!r} in this kernel, nor a server session with that id"
+                ) from None
+
+        if not self._run(listening()):
+            print(
+                f"note: nothing listens on port {args.port} in session {args.name!r} yet: the preview answers "
+                "502 until something does",
+                file=sys.stderr,
+            )
+        from IPython.display import display
+
+        href = self._preview_href(session_id, args.port, args.path)
+        link = html.escape(href, quote=True)
+        bundle = {
+            "text/html": f'<a href="{link}" target="_blank" rel="noopener noreferrer">{link}</a>',
+            "text/plain": href,
+        }
+        display(bundle, raw=True)
+        if args.iframe:
+            display(
+                {
+                    "text/html": f'<iframe src="{link}" width="100%" height="{max(args.height, 50)}" '
+                    'style="border: 1px solid #ccc"></iframe>',
+                    "text/plain": f"(a preview of port {args.port} in session {args.name!r})",
+                },
+                raw=True,
+            )
+
+    def _session_id(self, name: str) -> str:
+        with self._lock:
+            known = self._sessions.get(name)
+        return known.id if known is not None else name
+
+    def _preview_href(self, session_id: str, port: int, path: str = "") -> str:
+        """The preview's link: the server-relative path (with the server's base_url) for the server this
+        kernel was started by or found, which the browser's page shares; the full URL for one
+        `%sandbox connect` named. Never a token."""
+        assert self._client is not None
+        url = self._client.port_url(session_id, port, path)
+        if self._explicit is not None:
+            return url
+        parts = urllib.parse.urlsplit(url)
+        return urllib.parse.urlunsplit(("", "", parts.path, parts.query, parts.fragment))
 
     def _do_connect(self, argv: list[str]) -> None:
         parser = subparser("connect", ("url", {"metavar": "URL"}))
