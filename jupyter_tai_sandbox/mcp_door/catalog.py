@@ -24,10 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from jupyter_server.utils import url_path_join
+
 from ..contract import EgressPolicy, ExecRequest, SandboxRequestError, SandboxUnavailableError, SessionSpec
 from ..errors import SandboxForbiddenError
 from ..gate import GatedSession
 from ..policy import SCRUBBED
+from ..previews.listening import listening_ports
+from ..previews.urls import port_path
 from ..sessions import AUTH_RESOURCE, Caller
 from ..tools import BASE_TOOLS, Decided, Preset, validate_input
 from .tool_specs import AUTHORING_TOOLS, DOOR_TOOLS, SESSION_TOOLS, ToolSpec
@@ -348,6 +352,20 @@ class DoorTools:
             raise SandboxUnavailableError("the session is not behind the policy gate")
         info = await session.change_egress(allow=policy.allow, deny=policy.deny)
         return dict(info.to_json())
+
+    async def _session_port_url(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        session = await self._session(request, data, manage=False)
+        port = data["port"]
+        listening = {p.port: p for p in await listening_ports(session)}
+        path = port_path(session.id, port, data["path"], absolute=data["absolute"])
+        found = listening.get(port)
+        return {
+            "session_id": session.id,
+            "port": port,
+            "url": url_path_join(self.app.serverapp.base_url, path),
+            "listening": found is not None,
+            "address": None if found is None else found.address,
+        }
 
     async def _session_status(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
         if "session_id" in data:

@@ -275,6 +275,30 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
         action="write",
     ),
     ToolSpec(
+        "session_port_url",
+        "The web preview URL of a TCP port inside a session (a web app, a dev server), and whether something "
+        "listens on it now. The url is a path on this Jupyter server (with its base URL): it carries no token, "
+        "a browser opens it with its Jupyter login; another program sends the token as the Authorization "
+        "header. Refused for a session that runs on the server's own host (local provider).",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id", "port"],
+            "properties": {
+                "session_id": _SESSION_ID,
+                "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                "path": {"type": "string", "default": "", "description": "the app's own path, e.g. /docs"},
+                "absolute": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "the route whose app sees the full request path (for an app that knows its "
+                    "root); default: the app sees only PATH",
+                },
+            },
+        },
+        read_only=True,
+    ),
+    ToolSpec(
         "session_status",
         "One session's info (with session_id), or all your live sessions and the sandbox provider's status.",
         {"type": "object", "additionalProperties": False, "properties": {"session_id": _SESSION_ID}},
