@@ -81,6 +81,32 @@ class HandoffTooLargeError(UploadTooLargeError):
     handoff_max_files (checked on the listing, before any file is copied): 413, the message names the setting."""
 
 
+# ----------------------------------------------------------- preview errors
+
+
+class PreviewSessionGoneError(SandboxError):
+    """A web preview's session is gone (destroyed, reaped, or never was): 410, so a preview URL of a session
+    that ended answers as gone and never reaches another app."""
+
+
+class PreviewUpstreamError(SandboxError):
+    """A web preview's app could not be reached or broke: nothing listening on the port in the session, the
+    connection reset, or an answer that is not HTTP/1.1 (502)."""
+
+
+class PreviewIdleTimeoutError(SandboxError):
+    """A web preview's app sent no byte, and took none, for PreviewSettings.idle_timeout_seconds (504)."""
+
+
+class PreviewBodyTooLargeError(UploadTooLargeError):
+    """A request body to a web preview over PreviewSettings.max_request_body_bytes (413)."""
+
+
+class PreviewConnectionsError(SandboxQuotaError):
+    """One connection more to web previews than PreviewSettings.max_connections_per_session or
+    max_connections_per_user allows (429)."""
+
+
 # -------------------------------------------------------------- tool errors
 
 
@@ -133,12 +159,15 @@ STATUS_TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (SandboxSpecRejectedError, 400),
     (SandboxPathError, 400),
     (SandboxForbiddenError, 403),
+    (PreviewSessionGoneError, 410),
     (SandboxNotFoundError, 404),
     (SandboxConflictError, 409),
     (UploadTooLargeError, 413),
     (OutputTooLargeError, 413),
     (SandboxQuotaError, 429),
+    (PreviewUpstreamError, 502),
     (SandboxUnavailableError, 503),
+    (PreviewIdleTimeoutError, 504),
     (SandboxExecTimeoutError, 504),
     (SandboxError, 500),
 )
@@ -158,6 +187,11 @@ ERROR_CLASSES: dict[str, type[SandboxError]] = {
         PresetConflictError,
         ToolInputError,
         PresetStoreError,
+        PreviewSessionGoneError,
+        PreviewUpstreamError,
+        PreviewIdleTimeoutError,
+        PreviewBodyTooLargeError,
+        PreviewConnectionsError,
     )
 }
 
@@ -210,6 +244,11 @@ __all__ = [
     "PresetConflictError",
     "PresetInvalidError",
     "PresetStoreError",
+    "PreviewBodyTooLargeError",
+    "PreviewConnectionsError",
+    "PreviewIdleTimeoutError",
+    "PreviewSessionGoneError",
+    "PreviewUpstreamError",
     "SandboxAuthenticationError",
     "SandboxCapacityError",
     "SandboxConflictError",
