@@ -1,0 +1,389 @@
+"""Web previews: every HTTP method to a port inside a session (see :mod:`jupyter_tai_sandbox.previews`).
+
+:class:`PortProxyHandler` admits a request in ``prepare`` (auth, the Authorizer, the owner rules, the
+limits), opens the port and sends the request head; the body streams to the app as it arrives
+(``data_received`` waits on the app); the method then reads the response head and streams the body back,
+flushing each chunk before it reads the next. A request with ``Upgrade: websocket`` is handed to the
+websocket half (:class:`~jupyter_tai_sandbox.previews.ws_relay.PreviewWebSocketMixin`) once admitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import TYPE_CHECKING, Any, cast
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.utils import HTTP_METHOD_TO_AUTH_ACTION
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from ..contract import (
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxRequestError,
+    SandboxSession,
+    SandboxUnsupportedError,
+)
+from ..errors import (
+    PreviewBodyTooLargeError,
+    PreviewIdleTimeoutError,
+    PreviewSessionGoneError,
+    PreviewUpstreamError,
+)
+from ..previews.http_upstream import HttpUpstream
+from ..sessions import _SESSION_ID
+from .handler_base import AUTH_RESOURCE
+from .handlers import SESSION_ID, SandboxAPIHandler
+
+if TYPE_CHECKING:
+    from ..previews.settings import PreviewSettings
+
+try:  # the websocket half (its own module)
+    from ..previews.ws_relay import WebSocketRelayMixin
+except ImportError:  # pragma: no cover - a tree without the websocket half
+
+    class WebSocketRelayMixin:  # type: ignore[no-redef]
+        request: Any
+
+        def is_websocket_upgrade(self) -> bool:
+            return (
+                self.request.method == "GET"
+                and self.request.headers.get("Upgrade", "").lower() == "websocket"
+            )
+
+        async def relay_websocket(self, **kwargs: Any) -> None:
+            raise web.HTTPError(501, "websockets to web previews are not implemented here")
+
+
+#: the route's segment after the session id: the app sees the path after the port
+PORTS_SEGMENT = "ports"
+#: the same, the app seeing the full request path (previews.urls.port_path(..., absolute=True))
+ABSOLUTE_SEGMENT = "absolute-ports"
+
+__all__ = ["CSP_SANDBOX", "PortProxyHandler", "preview_handlers"]
+
+#: the sandbox every proxied document gets: no allow-same-origin, so its origin is opaque
+CSP_SANDBOX = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads allow-popups-to-escape-sandbox"
+
+#: hop-by-hop headers (RFC 9110 7.6.1), never passed either way, with those the proxy sets itself
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "expect",
+    }
+)
+#: the user's Jupyter credentials: never to the app
+_CREDENTIALS = frozenset({"cookie", "authorization", "x-xsrftoken", "x-csrftoken"})
+_FORWARDED = (
+    "x-forwarded-prefix",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-for",
+    "x-forwarded-port",
+)
+#: response headers of the app the proxy replaces or drops
+_RESPONSE_DROPPED = frozenset({"referrer-policy", "x-content-type-options", "server", "date"})
+#: the route's part of a request path (the prefix the app's path follows)
+_PREFIX = re.compile(rf".*?/api/sandbox/sessions/[^/]+/(?P<kind>{PORTS_SEGMENT}|{ABSOLUTE_SEGMENT})/[^/]+")
+#: closes of app connections under way (a handler may end before its close has)
+_CLOSING: set[asyncio.Future[None]] = set()
+
+
+def without_token(query: str) -> str:
+    """The query string without its ``token`` parameter(s), the rest byte for byte."""
+    parts = [part for part in query.split("&") if part.split("=", 1)[0] != "token"]
+    return "&".join(part for part in parts if part)
+
+
+@web.stream_request_body
+class PortProxyHandler(WebSocketRelayMixin, SandboxAPIHandler):
+    """``/api/sandbox/sessions/{id}/ports/{port}/{path}`` (and ``absolute-ports``): the app on ``port``."""
+
+    _http: HttpUpstream | None = None
+    _held: tuple[str, str] | None = None
+    _received = 0
+    _websocket = False
+    _proxying = False
+    _refused: SandboxError | None = None
+
+    @property
+    def preview_settings(self) -> PreviewSettings:
+        return cast("PreviewSettings", cast("Any", self.sandbox_app).previews)
+
+    async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's, which drops JupyterHandler's keyword
+        await super().prepare()
+        await self._admit()
+
+    async def _admit(self) -> None:
+        user = self.current_user
+        if not user:
+            raise web.HTTPError(403)
+        method = self.request.method or "GET"
+        self._websocket = self.is_websocket_upgrade()
+        action = "execute" if self._websocket else HTTP_METHOD_TO_AUTH_ACTION.get(method, "write")
+        if not await ensure_async(self.authorizer.is_authorized(self, user, action, AUTH_RESOURCE)):
+            raise web.HTTPError(403, f"User is not authorized to {action} on resource: {AUTH_RESOURCE}.")
+        kwargs = self.path_kwargs
+        session_id, given = kwargs["session_id"], kwargs["port"]
+        port = int(given) if given.isdigit() and len(given) <= 5 else 0
+        if not 0 < port < 65536:
+            raise SandboxRequestError(f"port {given[:20]!r}: a TCP port, 1 to 65535", field="port")
+        settings = self.preview_settings
+        limit = settings.max_request_body_bytes
+        length = self.request.headers.get("Content-Length")
+        if limit and length is not None and length.isdigit() and int(length) > limit:
+            raise PreviewBodyTooLargeError(
+                f"the request body is {length} bytes; the limit is {limit} (PreviewSettings.max_request_body_bytes)"
+            )
+        session = await self._session(session_id, manage=method not in ("GET", "HEAD", "OPTIONS"))
+        caller = await self.caller()
+        settings.hold(session_id, caller.name)
+        self._held = (session_id, caller.name)
+        self.session = session
+        self.port = port
+        self.touch()
+        if not session.opens_ports:
+            raise SandboxUnsupportedError(
+                f"session {session_id}'s provider cannot open its ports: no web preview", operation="ports"
+            )
+        if self._websocket:
+            return
+        connection = self.request.connection
+        if limit:
+            connection.set_max_body_size(limit + (1 << 20))  # type: ignore[union-attr]  # an HTTP1Connection
+        where = f"port {port} of session {session_id}"
+        try:
+            opened = await session.open_port(port)
+        except ConnectionRefusedError:
+            raise PreviewUpstreamError(f"nothing is listening on {where}") from None
+        except (ConnectionError, OSError) as e:
+            raise PreviewUpstreamError(f"{where} cannot be reached: {e}") from None
+        self._http = HttpUpstream(opened, where=where, idle_timeout=settings.idle_timeout_seconds)
+        await self._http.send_head(method, self.target(), self.forwarded_headers())
+
+    async def _session(self, session_id: str, *, manage: bool) -> SandboxSession:
+        """The caller's session; another user's live one 404; a well-formed id with no live session 410."""
+        caller = await self.caller()
+        try:
+            return await self.sessions.get(session_id, caller, manage=manage)
+        except SandboxNotFoundError as e:
+            if not _SESSION_ID.fullmatch(session_id):
+                raise
+            try:
+                await self.sandbox_app.access.require().get(session_id)
+            except SandboxNotFoundError:
+                raise PreviewSessionGoneError(
+                    f"this preview's session is gone: session {session_id} was destroyed, reached its TTL, "
+                    "or never existed"
+                ) from e
+            raise  # another user's live session: the 404 of an unknown one
+
+    def _split_path(self) -> tuple[str, str]:
+        """The request path (as the browser sent it, still percent-encoded) as the route's prefix and the
+        rest (the app's path when the prefix is stripped)."""
+        path = self.request.path
+        found = _PREFIX.match(path)
+        assert found is not None  # the route matched it
+        return found.group(0), path[found.end() :]
+
+    def target(self) -> str:
+        """The request-target the app sees: the path after the port (or the whole path under
+        absolute-ports), the query kept without ``token``."""
+        path = self.request.path if self.absolute else (self._split_path()[1] or "/")
+        query = without_token(self.request.query)
+        return path + ("?" + query if query else "")
+
+    @property
+    def absolute(self) -> bool:
+        """Under absolute-ports: the app sees the whole request path."""
+        found = _PREFIX.match(self.request.path)
+        return found is not None and found.group("kind") == ABSOLUTE_SEGMENT
+
+    def prefix(self) -> str:
+        """The path the proxy strips (the app's root as the browser sees it), without a trailing slash."""
+        return self._split_path()[0]
+
+    def forwarded_headers(self) -> list[tuple[str, str]]:
+        """The browser's end-to-end headers for the app: hop-by-hop ones, the credentials and any
+        X-Forwarded-* the browser sent dropped; the proxy's own X-Forwarded-* added."""
+        request = self.request
+        connection_named = {
+            name.strip().lower() for name in request.headers.get("Connection", "").split(",") if name.strip()
+        }
+        headers = [("Host", f"127.0.0.1:{self.port}")]
+        for name, value in request.headers.get_all():
+            lowered = name.lower()
+            if lowered in _HOP_BY_HOP or lowered in _CREDENTIALS or lowered in connection_named:
+                continue
+            if lowered in _FORWARDED:
+                continue
+            headers.append((name, value))
+        if "Content-Length" not in request.headers and "chunked" in request.headers.get(
+            "Transfer-Encoding", ""
+        ):
+            headers.append(("Transfer-Encoding", "chunked"))
+        host = request.host
+        default_port = "443" if request.protocol == "https" else "80"
+        port = host.rsplit(":", 1)[1] if ":" in host and not host.endswith("]") else default_port
+        headers += [
+            ("X-Forwarded-Prefix", self.prefix()),
+            ("X-Forwarded-Host", host),
+            ("X-Forwarded-Proto", request.protocol),
+            ("X-Forwarded-For", request.remote_ip or ""),
+            ("X-Forwarded-Port", port),
+        ]
+        return headers
+
+    async def data_received(self, chunk: bytes) -> None:
+        upstream = self._http
+        if upstream is None:
+            return
+        if self._refused is not None:
+            return
+        self._received += len(chunk)
+        limit = self.preview_settings.max_request_body_bytes
+        if limit and self._received > limit:
+            # answered by the method once the body is in (an error raised here would only cut the connection)
+            self._refused = PreviewBodyTooLargeError(
+                f"the request body exceeds the limit of {limit} bytes (PreviewSettings.max_request_body_bytes)"
+            )
+            return
+        try:
+            await upstream.send_body(chunk)
+        except (PreviewUpstreamError, PreviewIdleTimeoutError) as e:
+            self._refused = e
+
+    async def _proxy(self, *args: Any, **kwargs: Any) -> None:
+        if self._websocket:
+            assert self.request.method == "GET"
+            await self.relay_websocket(
+                session=self.session,
+                port=self.port,
+                target=self.target(),
+                headers=self.forwarded_headers(),
+                settings=self.preview_settings,
+                release=self._release_hold,
+            )
+            return
+        upstream = self._http
+        assert upstream is not None  # made by prepare
+        if self._refused is not None:
+            raise self._refused
+        await upstream.end_body()
+        response = await upstream.response()
+        settings = self.preview_settings
+        limit = settings.max_response_bytes
+        self.clear()  # tornado's and Jupyter's defaults (Content-Type, the API's CSP): the app's own instead
+        self.clear_header("Content-Type")
+        self.set_status(response.status, response.reason or "Unknown")
+        connection_named = {
+            name.strip().lower()
+            for name, value in response.headers
+            if name.lower() == "connection"
+            for name in value.split(",")
+        }
+        dropped_cookie = False
+        for name, value in response.headers:
+            lowered = name.lower()
+            if lowered in ("set-cookie", "set-cookie2"):
+                dropped_cookie = True
+                continue
+            if lowered == "content-length" and limit and value.isdigit() and int(value) > limit:
+                raise PreviewUpstreamError(
+                    f"the app's response is {value} bytes; the limit is {limit} (PreviewSettings.max_response_bytes)"
+                )
+            if lowered in _HOP_BY_HOP or lowered in connection_named or lowered in _RESPONSE_DROPPED:
+                continue
+            if lowered == "content-security-policy":
+                continue  # added after the proxy's own, below
+            self.add_header(name, value)
+        self.set_header("Content-Security-Policy", CSP_SANDBOX)
+        for name, value in response.headers:
+            if name.lower() == "content-security-policy":
+                self.add_header("Content-Security-Policy", value)
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Referrer-Policy", "no-referrer")
+        if dropped_cookie:
+            self._log_cookie_dropped()
+        self._proxying = True
+        sent = 0
+        try:
+            async for chunk in upstream.body():
+                sent += len(chunk)
+                if limit and sent > limit:
+                    self.log.warning(
+                        "preview %s: the response passed PreviewSettings.max_response_bytes (%d): cut",
+                        upstream.where,
+                        limit,
+                    )
+                    self.request.connection.close()  # type: ignore[union-attr]
+                    return
+                self.write(chunk)
+                await self.flush()
+        except PreviewUpstreamError as e:
+            self.log.info("preview %s: %s", upstream.where, e)
+            self.request.connection.close()  # type: ignore[union-attr]  # the browser sees it cut short
+            return
+        except StreamClosedError:
+            return  # the browser went away
+        self.finish()
+
+    get = post = put = patch = delete = head = options = _proxy  # type: ignore[assignment]
+
+    _cookie_logged: set[str] = set()
+
+    def _log_cookie_dropped(self) -> None:
+        session_id = self.path_kwargs["session_id"]
+        if session_id not in PortProxyHandler._cookie_logged:
+            PortProxyHandler._cookie_logged.add(session_id)
+            self.log.info(
+                "preview of session %s: the app's Set-Cookie is dropped (previews keep no cookies)",
+                session_id,
+            )
+
+    def finish(self, *args: Any, **kwargs: Any) -> Any:
+        if self._proxying:  # the app's Content-Type stays (APIHandler's would set JSON)
+            self.update_api_activity()
+            return web.RequestHandler.finish(self, *args, **kwargs)
+        return super().finish(*args, **kwargs)
+
+    def on_finish(self) -> None:
+        self._release()
+
+    def on_connection_close(self) -> None:
+        super().on_connection_close()
+        self._release()
+
+    def _release_hold(self) -> None:
+        if self._held is not None:
+            self.preview_settings.release(*self._held)
+            self._held = None
+
+    def _release(self) -> None:
+        if not self._websocket:  # a websocket's relay gives its hold back when it ends
+            self._release_hold()
+        upstream, self._http = self._http, None
+        if upstream is not None:
+            closing = asyncio.ensure_future(upstream.close())
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
+
+
+PORT = r"(?P<port>[^/]+)"
+#: the app's path after the port (optional: .../ports/8000 is the app's root too)
+APP_PATH = r"(?:/(?P<path>.*))?"
+
+preview_handlers = [
+    (rf"/api/sandbox/sessions/{SESSION_ID}/{PORTS_SEGMENT}/{PORT}{APP_PATH}", PortProxyHandler),
+    (rf"/api/sandbox/sessions/{SESSION_ID}/{ABSOLUTE_SEGMENT}/{PORT}{APP_PATH}", PortProxyHandler),
+]
