@@ -74,8 +74,9 @@ def _provider_classes() -> list[type]:
 
     classes += [RemoteSandbox, VmSandbox]
     from .agents import SandboxAgents  # no jupyter-ai import: the settings only
+    from .previews.settings import PreviewSettings
 
-    classes.append(SandboxAgents)
+    classes += [SandboxAgents, PreviewSettings]
     with contextlib.suppress(ImportError):  # the mcp extra
         from .mcp_door.door import SandboxMCP
 
@@ -263,6 +264,9 @@ class SandboxApp(ExtensionApp):
         )
         self.tools.apply_manifest(self.presets)
         self.policy = SandboxPolicy(parent=self)
+        from .previews.settings import PreviewSettings
+
+        self.previews = PreviewSettings(parent=self)
         self._load_agents()
         self.registry = SessionRegistry(self.policy, self.access)
         self.execs = LiveCommands(self.live_command_policy(), log=self.log)
@@ -399,6 +403,9 @@ class SandboxApp(ExtensionApp):
         self.handlers.extend(preview_ports_handlers)
         self.handlers.extend(tool_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
+        from .server.preview_handlers import preview_handlers
+
+        self.handlers.extend(preview_handlers)
         from . import mcp_door
 
         self.handlers.extend(mcp_door.handlers(self))
