@@ -209,6 +209,12 @@ async def _checks(jp_fetch, fetch, jp_serverapp, jp_base_url, jp_http_port, sid:
     assert sum(sizes) == BIG and received.hexdigest() == digest
     assert len(sizes) > 1  # it came in pieces, as the app sent it
 
+    # HEAD: the length, no body; OPTIONS reaches the app (not the API's CORS answer)
+    head = await fetch(port_path(sid, 8000, "big.bin"), method="HEAD")
+    assert head.code == 200 and int(head.headers["Content-Length"]) == BIG and not head.body
+    options = json.loads((await fetch(port_path(sid, 8001, "echo"), method="OPTIONS")).body)
+    assert options["method"] == "OPTIONS", options
+
     # a Range: 206 with the app's Content-Range
     ranged = await fetch(port_path(sid, 8001, "range"), headers={"Range": "bytes=100-299"})
     assert ranged.code == 206 and ranged.headers["Content-Range"] == "bytes 100-299/16384"
@@ -295,6 +301,11 @@ async def _checks(jp_fetch, fetch, jp_serverapp, jp_base_url, jp_http_port, sid:
     too_big = await fetch(port_path(sid, 8001, "echo"), method="POST", body_producer=produce_big)
     assert too_big.code == 413 and error_of(too_big)["error"] == "PreviewBodyTooLargeError", too_big.body
     settings.max_request_body_bytes = 256 << 20
+
+    settings.max_response_bytes = BIG - 1
+    refused = await fetch(port_path(sid, 8000, "big.bin"))
+    assert refused.code == 502 and "PreviewSettings.max_response_bytes" in error_of(refused)["message"]
+    settings.max_response_bytes = 0
 
     settings.idle_timeout_seconds = 1.0
     settings.max_connections_per_session = 1
