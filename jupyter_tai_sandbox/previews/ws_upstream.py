@@ -204,7 +204,10 @@ class UpstreamWebSocket:
     async def send(self, message: str | bytes) -> None:
         """One whole message to the app (text for str, binary for bytes); waits while the app does not read."""
         event: Event = BytesMessage(data=message) if isinstance(message, bytes) else TextMessage(data=message)
-        await self._send_event(event)
+        if self._ws.state is not ConnectionState.OPEN:
+            return  # a close is under way (the app's or ours): what crosses it is dropped, as a socket would
+        with contextlib.suppress(LocalProtocolError):  # the state changed while the lock was waited for
+            await self._send_event(event)
 
     async def ping(self, payload: bytes = b"") -> None:
         await self._send_event(Ping(payload=payload))
