@@ -34,7 +34,8 @@ LIMIT = 4 << 20
 #: it closes with code C and reason R; "ping": it pings, then says "pong:<payload>" when the pong came;
 #: "big N": it sends N bytes in one binary message; "flood": 1 MiB binary messages until the socket blocks,
 #: the bytes sent so far kept in /tmp/flood; anything else comes back as it came. A close from the client
-#: is recorded in /tmp/closes ("code reason" lines) and answered with the same code.
+#: is recorded in /tmp/closes ("code reason" lines) and answered with the same code. A path under /refuse
+#: is answered 403, no upgrade.
 ECHO_APP = r"""
 import base64, hashlib, json, socket, struct, sys, threading
 
@@ -89,6 +90,9 @@ def serve(c):
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
+    if target.startswith("/refuse"):
+        c.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope")
+        return
     accept = base64.b64encode(hashlib.sha1(headers["sec-websocket-key"].encode() + GUID).digest()).decode()
     offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     chosen = "echo.v2" if "echo.v2" in offered else None
@@ -329,6 +333,21 @@ async def test_origin_owner_and_gone_session_are_refused_before_the_upgrade(
             await connect(jp_ws_fetch, app, user="bob")
         assert other.value.code == 404
         assert json.loads(other.value.response.body)["error"] == "SandboxNotFoundError"
+
+        # nothing listening on the port: a typed 502 before the upgrade
+        with pytest.raises(HTTPClientError) as nothing:
+            await jp_ws_fetch("api", "sandbox", "sessions", app, "ports", "9101", headers=as_user("alice"))
+        assert nothing.value.code == 502
+        assert json.loads(nothing.value.response.body)["error"] == "PreviewUpstreamError"
+
+        # the app refuses the upgrade: a typed 502 saying so, and the browser gets no 101
+        with pytest.raises(HTTPClientError) as no:
+            await connect(jp_ws_fetch, app, "refuse")
+        assert no.value.code == 502
+        body = json.loads(no.value.response.body)
+        assert (
+            body["error"] == "PreviewUpstreamError" and "403" in body["message"] and "nope" in body["message"]
+        )
 
         status, _ = await call(jp_fetch, "sessions", app, method="DELETE", headers=as_user("alice"))
         assert status == 204
