@@ -146,6 +146,14 @@ async def started(fetch, sid: str, port: int) -> None:
         await asyncio.sleep(0.3)
 
 
+async def holding(settings, sid: str) -> None:
+    """Wait until the server holds a preview connection to ``sid`` (a request admitted, not yet answered)."""
+    give_up = time.monotonic() + 30
+    while not settings._per_session.get(sid):
+        assert time.monotonic() < give_up
+        await asyncio.sleep(0.02)
+
+
 def error_of(response) -> dict:
     return json.loads(response.body)
 
@@ -310,7 +318,7 @@ async def _checks(jp_fetch, fetch, jp_serverapp, jp_base_url, jp_http_port, sid:
     settings.idle_timeout_seconds = 1.0
     settings.max_connections_per_session = 1
     held = asyncio.ensure_future(fetch(port_path(sid, 8001, "silent")))
-    await asyncio.sleep(0.3)
+    await holding(settings, sid)
     second = await fetch(port_path(sid, 8001, "echo"))
     assert second.code == 429 and error_of(second)["error"] == "PreviewConnectionsError", second.body
     assert "PreviewSettings.max_connections_per_session" in error_of(second)["message"]
@@ -320,7 +328,7 @@ async def _checks(jp_fetch, fetch, jp_serverapp, jp_base_url, jp_http_port, sid:
     settings.max_connections_per_session = 64
     settings.max_connections_per_user = 1
     held = asyncio.ensure_future(fetch(port_path(sid, 8001, "silent")))
-    await asyncio.sleep(0.3)
+    await holding(settings, sid)
     second = await fetch(port_path(sid, 8000, "index.html"))
     assert second.code == 429 and "max_connections_per_user" in error_of(second)["message"], second.body
     assert (await held).code == 504
