@@ -138,6 +138,13 @@ def call(server: JupyterServer, method: str, path: str, body: object | None = No
     return json.loads(data) if data else None
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) a process has used, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class RssWatch:
     """The largest VmRSS of a process over a span, sampled every 20 ms in a thread."""
 
@@ -220,16 +227,20 @@ async def measure(report: Report, server: JupyterServer, session_id: str, mib: i
         download: dict[str, list[float]] = {v.name: [] for v in variants}
         first: dict[str, list[float]] = {v.name: [] for v in variants}
         growth: list[float] = []
+        server_cpu = 0.0
         assert server._process is not None
         for v in variants:  # warm-up: a small download and a page each
             await v.fetch("/index.html")
         for _ in range(rounds):
             for v in variants:
                 watch = RssWatch(server._process.pid)
+                cpu_before = cpu_seconds(server._process.pid)
                 with watch:
                     started = time.perf_counter()
                     status, body = await v.fetch("/big.bin")
                     seconds = time.perf_counter() - started
+                if v is not raw:
+                    server_cpu += cpu_seconds(server._process.pid) - cpu_before
                 if status != 200 or body != size:
                     raise RuntimeError(f"{v.name}: status {status}, {body} of {size} bytes")
                 download[v.name].append(mib / seconds)
@@ -265,6 +276,9 @@ async def measure(report: Report, server: JupyterServer, session_id: str, mib: i
         if why:
             return
         report.add(Row("previews", "server RSS growth during a preview download", "MiB", growth))
+        per_gib = server_cpu / (rounds * mib / 1024)
+        report.meta["server CPU s per GiB relayed"] = per_gib
+        print(f"   server CPU per GiB relayed by the preview: {per_gib:.2f} s", flush=True)
         ratio = statistics.median(download[preview.name]) / statistics.median(download[raw.name])
         report.target(
             f"{mib} MiB download through the preview >= 0.5x the raw port connection",
