@@ -40,6 +40,7 @@ import {
   usageTitle
 } from './kernels';
 import { PORTS_SECONDS, fillPortsList } from './previews';
+import { SandboxAPIError } from './request';
 
 export namespace SandboxPanel {
   export interface IActions {
@@ -215,6 +216,7 @@ export class SandboxPanel extends SidePanel {
         item.remove();
         this._items.delete(id);
         this._portsFetched.delete(id);
+        this._portsUnsupported.delete(id);
       }
     }
     this._empty.textContent =
@@ -400,7 +402,8 @@ export class SandboxPanel extends SidePanel {
 
     const ports = document.createElement('div');
     ports.className = 'jp-TaiSandbox-ports';
-    ports.hidden = !this._actions.listPorts;
+    // shown once the server answers a listing (a session that cannot list its ports keeps it hidden)
+    ports.hidden = true;
     const portsHead = document.createElement('div');
     portsHead.className = 'jp-TaiSandbox-portsHead';
     const portsTitle = document.createElement('span');
@@ -438,21 +441,27 @@ export class SandboxPanel extends SidePanel {
   async refreshPorts(id: string): Promise<void> {
     const listPorts = this._actions.listPorts;
     const item = this._items.get(id);
-    if (!listPorts || !item || this._portsBusy.has(id)) {
+    if (!listPorts || !item || this._portsBusy.has(id) || this._portsUnsupported.has(id)) {
       return;
     }
     this._portsBusy.add(id);
     this._portsFetched.set(id, Date.now());
+    const section = item.querySelector('.jp-TaiSandbox-ports') as HTMLElement;
     const list = item.querySelector('.jp-TaiSandbox-portsList') as HTMLElement;
     const open = (port: number) => this._actions.openPreview?.(id, port);
-    if (!list.dataset.shown) {
-      fillPortsList(list, null, null, open);
-    }
     try {
       const ports = await listPorts(id);
       fillPortsList(list, ports, null, open);
+      section.hidden = false;
     } catch (error) {
-      fillPortsList(list, null, error instanceof Error ? error.message : String(error), open);
+      if (error instanceof SandboxAPIError && error.error === 'SandboxUnsupportedError') {
+        // its provider cannot (a local session: its /proc/net is the host's): no Ports, not asked again
+        this._portsUnsupported.add(id);
+        section.hidden = true;
+      } else {
+        fillPortsList(list, null, error instanceof Error ? error.message : String(error), open);
+        section.hidden = false;
+      }
     } finally {
       this._portsBusy.delete(id);
       this._portsFetched.set(id, Date.now());
@@ -613,6 +622,7 @@ export class SandboxPanel extends SidePanel {
   private _timer = 0;
   private _portsBusy = new Set<string>();
   private _portsFetched = new Map<string, number>();
+  private _portsUnsupported = new Set<string>();
 }
 
 const NEW_TOOLTIP = 'Create a sandbox session';

@@ -135,6 +135,7 @@ describe('the Ports list', () => {
     expect(portsRequests(requests)).toHaveLength(0); // folded: not asked
     (li.querySelector('.jp-TaiSandbox-sessionRow') as HTMLElement).click();
     await vi.waitFor(() => expect(portLines(li)).toEqual(['8000 (all addresses)', '9001 (127.0.0.1)']));
+    expect((li.querySelector('.jp-TaiSandbox-ports') as HTMLElement).hidden).toBe(false);
     (li.querySelector('.jp-TaiSandbox-port[data-port="9001"] .jp-TaiSandbox-openPort') as HTMLButtonElement).click();
     expect(opened).toEqual(['sbx-plain:9001']);
     // Open does not fold the row
@@ -157,6 +158,23 @@ describe('the Ports list', () => {
     await vi.waitFor(() => expect(li.querySelector('.jp-TaiSandbox-portsList')!.textContent).toMatch(/^Cannot list the ports: /));
     expect(panel.isVisible).toBe(true);
   }, 20_000);
+
+  it("is not shown for a session whose provider cannot list its ports (local), nor asked again", async () => {
+    const { li, requests } = await panelWith(() =>
+      json({ error: 'SandboxUnsupportedError', message: 'a local session cannot list its ports', operation: 'ports' }, 400)
+    );
+    const section = li.querySelector('.jp-TaiSandbox-ports') as HTMLElement;
+    expect(section.hidden).toBe(true);
+    (li.querySelector('.jp-TaiSandbox-sessionRow') as HTMLElement).click();
+    await vi.waitFor(() => expect(portsRequests(requests)).toHaveLength(1));
+    await new Promise(resolve => setTimeout(resolve, 50));
+    expect(section.hidden).toBe(true);
+    (li.querySelector('.jp-TaiSandbox-refreshPorts') as HTMLButtonElement).click();
+    const row = li.querySelector('.jp-TaiSandbox-sessionRow') as HTMLElement;
+    row.click();
+    row.click();
+    expect(portsRequests(requests)).toHaveLength(1);
+  });
 
   it('is not shown by a panel given no way to list ports', async () => {
     const { li, requests } = await panelWith(() => json({ ports: [] }), false);
