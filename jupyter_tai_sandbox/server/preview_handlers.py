@@ -4,7 +4,7 @@
 limits), opens the port and sends the request head; the body streams to the app as it arrives
 (``data_received`` waits on the app); the method then reads the response head and streams the body back,
 flushing each chunk before it reads the next. A request with ``Upgrade: websocket`` is handed to the
-websocket half (:class:`~jupyter_tai_sandbox.previews.ws_relay.PreviewWebSocketMixin`) once admitted.
+websocket half (:class:`~jupyter_tai_sandbox.previews.ws_relay.WebSocketRelayMixin`) once admitted.
 """
 
 from __future__ import annotations
@@ -39,22 +39,7 @@ from .handlers import SESSION_ID, SandboxAPIHandler
 if TYPE_CHECKING:
     from ..previews.settings import PreviewSettings
 
-try:  # the websocket half (its own module)
-    from ..previews.ws_relay import WebSocketRelayMixin
-except ImportError:  # pragma: no cover - a tree without the websocket half
-
-    class WebSocketRelayMixin:  # type: ignore[no-redef]
-        request: Any
-
-        def is_websocket_upgrade(self) -> bool:
-            return (
-                self.request.method == "GET"
-                and self.request.headers.get("Upgrade", "").lower() == "websocket"
-            )
-
-        async def relay_websocket(self, **kwargs: Any) -> None:
-            raise web.HTTPError(501, "websockets to web previews are not implemented here")
-
+from ..previews.ws_relay import WebSocketRelayMixin
 
 #: the route's segment after the session id: the app sees the path after the port
 PORTS_SEGMENT = "ports"
