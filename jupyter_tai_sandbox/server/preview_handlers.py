@@ -107,6 +107,14 @@ class PortProxyHandler(WebSocketRelayMixin, SandboxAPIHandler):
 
     async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's, which drops JupyterHandler's keyword
         await super().prepare()
+        if self._finished:
+            return
+        bare = self.path_kwargs.get("path") is None
+        if bare and self.request.method in ("GET", "HEAD") and not self.is_websocket_upgrade():
+            # the app's root without its slash: its relative links would resolve one level up
+            query = self.request.query
+            self.redirect(self.request.path + "/" + ("?" + query if query else ""))
+            return
         await self._admit()
 
     async def _admit(self) -> None:

@@ -199,6 +199,9 @@ async def _checks(jp_fetch, fetch, jp_serverapp, jp_base_url, jp_http_port, sid:
         assert time.monotonic() < give_up
         await asyncio.sleep(0.3)
 
+    # the app's root without its slash is sent to it with the slash (relative links then resolve), query kept
+    bare = await fetch(port_path(sid, 8000).rstrip("/") + "?a=1", follow_redirects=False)
+    assert bare.code == 302 and bare.headers["Location"].endswith(port_path(sid, 8000) + "?a=1"), bare.headers
     # a page and a 20 MiB file, byte for byte, with the security headers
     assert page.code == 200 and page.body == b"<h1>hello</h1>\n", page.body[:200]
     assert page.headers["Content-Security-Policy"] == CSP_SANDBOX and "allow-same-origin" not in CSP_SANDBOX
