@@ -12,19 +12,19 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import SandboxApp
     from .sessions import SessionRegistry
 
 #: the extension's name in jupyter_server's extension manager (and its only extension point)
 EXTENSION_NAME = "jupyter_tai_sandbox"
 
 
-def sandbox_app(serverapp: Any) -> SandboxApp | None:
-    """The ``SandboxApp`` running in ``serverapp`` (None: not a server, or the extension is not loaded)."""
+def sandbox_app(serverapp: Any) -> Any:
+    """The ``SandboxApp`` running in ``serverapp`` (None: not a server, or the extension is not loaded).
+    Typed loosely on purpose: app.py imports the modules that call this, and naming its class here would tie
+    this lookup back to it."""
     with contextlib.suppress(AttributeError, KeyError, TypeError):
         extension = serverapp.extension_manager.extensions[EXTENSION_NAME]
-        app: SandboxApp = extension.extension_points[EXTENSION_NAME].app
-        return app
+        return extension.extension_points[EXTENSION_NAME].app
     return None
 
 
