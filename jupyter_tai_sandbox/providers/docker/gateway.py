@@ -21,7 +21,9 @@ its secrets: the record of a live change, which any server of the deployment rea
 (a secret's real value and hosts; rewritten when the value changes: rotation), and ``audit/*.jsonl`` (the
 gateway's decisions, which the server moves to the server's audit sink every second). A new session's
 address is picked, and its file written, before its container starts, so its policy is in force when the
-create returns. The deployment's CA
+create returns; the pick is claimed first by making the folder ``claims/<session ip>`` (a mkdir either makes
+it or fails: of two servers picking one address at once, one gets it, and the other's withdrawal never takes
+the winner's file away). The deployment's CA
 (for the secrets' hosts, whose TLS the gateway terminates) lives in a volume the gateways share, and each
 session gets it in ``/tmp/tai-sandbox-ca`` with the environment that makes Python, pip, curl, git and Node
 trust it.
@@ -45,7 +47,7 @@ import json
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
@@ -130,6 +132,8 @@ AUDIT_SECONDS = 1.0
 CHECK_SECONDS = 2.0
 #: a claimed audit file (renamed by a server about to read it) older than this was left by a server that died
 CLAIMED_STALE_SECONDS = 30.0
+#: how many addresses a create tries to claim before it gives up (each taken by another create meanwhile)
+CLAIM_TRIES = 8
 
 
 class AgentStarts(Protocol):
@@ -507,7 +511,7 @@ class EgressGateways:
             "body_limit": BODY_LIMIT,
         }
         await self._write(client, "gateway.json", config)
-        for folder in ("sessions", "secrets", "audit"):
+        for folder in ("sessions", "secrets", "audit", "claims"):
             await client.mkdir(GATEWAY_DIR, folder, parents=True)
         watched.stderr_tail.clear()
         command = await client.start(
@@ -603,13 +607,13 @@ class EgressGateways:
             raise SandboxError(f"container {container_id[:12]} has no address on {network}")
         return str(ip)
 
-    async def free_address(self, gateway: Gateway) -> str:
+    async def free_address(self, gateway: Gateway, claimed: Collection[str] = ()) -> str:
         """An address of the filtered network no container holds (nor its network, broadcast or first
-        address, the engine's gateway address there), picked at random."""
+        address, the engine's gateway address there) and no create has ``claimed``, picked at random."""
         found = await self._engine.inspect_network(gateway.network)
         configs = (found.get("IPAM") or {}).get("Config") or []
         subnet = ipaddress.IPv4Network(str(configs[0]["Subnet"]), strict=False)
-        taken = {str(configs[0].get("Gateway") or "")}
+        taken = {str(configs[0].get("Gateway") or ""), *claimed}
         for endpoint in (found.get("Containers") or {}).values():
             taken.add(str(endpoint.get("IPv4Address") or "").split("/")[0])
         hosts = list(subnet.hosts())[1:]  # the first is the engine's gateway address
@@ -621,16 +625,43 @@ class EgressGateways:
             )
         return random.choice(free)
 
+    async def _claim(self, client: AgentClient, gateway: Gateway) -> str:
+        """A free address, claimed for one create of any server of the deployment (``claims/<ip>``, made by
+        a mkdir that fails when another made it first)."""
+        for _ in range(CLAIM_TRIES):
+            try:
+                claimed = {str(e["name"]) for e in await client.listdir(GATEWAY_DIR, "claims")}
+            except AgentError as e:
+                if e.code != "ENOENT":
+                    raise
+                # a gateway whose command an older server started has no claims folder yet
+                await client.mkdir(GATEWAY_DIR, "claims", parents=True)
+                claimed = set()
+            ip = await self.free_address(gateway, claimed)
+            try:
+                await client.mkdir(GATEWAY_DIR, f"claims/{ip}")
+                return ip
+            except AgentError as e:
+                if e.code != "EEXIST":
+                    raise
+        raise SandboxUnavailableError(
+            f"no address of {gateway.network} could be claimed in {CLAIM_TRIES} tries (other creates took each)"
+        )
+
     @_bounded(CALL_SECONDS)
     async def admit(self, gateway: Gateway, session_id: str, policy: EgressPolicy) -> tuple[str, float]:
         """Put a new session's policy in force at its gateway before its container starts: an address for
-        it, its file there (for that address), its secrets' files. The address, and when the file was
-        written (time.monotonic()). The caller holds the filtered network's lock."""
+        it (claimed), its file there (for that address), its secrets' files. The address, and when the file
+        was written (time.monotonic()). The caller holds the filtered network's lock."""
         watched = self._watch(gateway)
         client = await self._client(watched)
-        ip = await self.free_address(gateway)
-        await self._write_secrets(watched, client, policy.secrets)
-        await self._write(client, f"sessions/{ip}.json", session_file(session_id, policy))
+        ip = await self._claim(client, gateway)
+        try:
+            await self._write_secrets(watched, client, policy.secrets)
+            await self._write(client, f"sessions/{ip}.json", session_file(session_id, policy))
+        except BaseException:
+            await self.withdraw(gateway, ip)
+            raise
         return ip, time.monotonic()
 
     async def place(
@@ -668,11 +699,19 @@ class EgressGateways:
             raise
 
     async def withdraw(self, gateway: Gateway, ip: str) -> None:
-        """Take back what :meth:`admit` wrote for a session whose container did not start."""
+        """Take back what :meth:`admit` wrote for a session whose container did not start (its file, then its
+        claim: the address is free again only once its file is gone)."""
         with contextlib.suppress(AgentError, SandboxError, TimeoutError):
             async with asyncio.timeout(CALL_SECONDS):
                 client = await self._client(self._watch(gateway))
-                await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
+                await self._forget(client, ip)
+
+    async def _forget(self, client: AgentClient, ip: str) -> None:
+        """Delete an address's session file and its claim (each may be gone already)."""
+        with contextlib.suppress(AgentError):
+            await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
+        with contextlib.suppress(AgentError):
+            await client.delete(GATEWAY_DIR, f"claims/{ip}")
 
     @_bounded(CALL_SECONDS)
     async def attach(
@@ -800,8 +839,7 @@ class EgressGateways:
             async with asyncio.timeout(CALL_SECONDS):
                 client = await self._client(watched)
                 ip = await self.session_ip(self._address_of(session), gateway.network)
-                with contextlib.suppress(AgentError):
-                    await client.delete(GATEWAY_DIR, f"sessions/{ip}.json")
+                await self._forget(client, ip)
                 await self._prune_secrets(watched, client)
         except (AgentError, SandboxError, TimeoutError) as e:
             self._log.debug("sandbox-docker: detaching %s from its gateway: %s", session.id, e)
@@ -918,20 +956,25 @@ class EgressGateways:
         return any(now - float(e.get("mtime") or 0) < REAP_GRACE_SECONDS for e in entries)
 
     async def _drop_strays(self, watched: _Watched, addresses: set[str], now: float) -> None:
-        """Remove session files of addresses no session holds (a server that died between a container's
-        removal and its file's) older than a grace (a create writes its file before its container starts),
-        then the secrets no session there holds."""
+        """Remove session files and claims of addresses no session holds (a server that died between a
+        container's removal and its file's) older than a grace (a create writes its file before its container
+        starts), then the secrets no session there holds."""
         client = await self._client(watched)
         dropped = False
-        for entry in await client.listdir(GATEWAY_DIR, "sessions"):
-            name = str(entry["name"])
-            if name.removesuffix(".json") in addresses:
+        for folder, suffix in (("sessions", ".json"), ("claims", "")):
+            try:
+                entries = await client.listdir(GATEWAY_DIR, folder)
+            except AgentError:
                 continue
-            if now - float(entry.get("mtime") or now) < REAP_GRACE_SECONDS:
-                continue
-            with contextlib.suppress(AgentError):
-                await client.delete(GATEWAY_DIR, f"sessions/{name}")
-                dropped = True
+            for entry in entries:
+                name = str(entry["name"])
+                if name.removesuffix(suffix) in addresses:
+                    continue
+                if now - float(entry.get("mtime") or now) < REAP_GRACE_SECONDS:
+                    continue
+                with contextlib.suppress(AgentError):
+                    await client.delete(GATEWAY_DIR, f"{folder}/{name}")
+                    dropped = dropped or folder == "sessions"
         if dropped:
             await self._prune_secrets(watched, client)
 
