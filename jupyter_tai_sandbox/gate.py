@@ -26,6 +26,9 @@ audit sink).
 A byte transport that is no transcript (the kernel tunnel's relay, whose frames a replacement
 would corrupt) starts through :func:`start_transport`: the ceiling holds, the scrub does not.
 Everything else on a session (files, info, TTL, destroy) goes to the provider's session as is.
+
+What passes through the gate is told to the gate's :attr:`GatedSandbox.events` (:mod:`~.events`): the
+audit log, the metrics and the transcripts listen there.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any
 
+from . import events as ev
 from .contract import (
     EgressPolicy,
     ExecHandle,
@@ -56,6 +61,7 @@ from .contract import (
 )
 from .contract.egress import EgressHooks
 from .egress_audit import EgressAudit
+from .events import SandboxEvent, SandboxEvents
 from .policy import UNSET_CONSUMER, Principal, SandboxPolicy, StreamScrubber
 from .spool import spilling_at_most
 
@@ -86,6 +92,8 @@ class GatedSandbox(Sandbox):
         self.policy = policy
         self.output_limit = output_limit
         self.spill_limit = spill_limit
+        #: what passes through this gate, told to its listeners (audit, metrics, transcripts)
+        self.events = SandboxEvents()
         # what the provider's egress gateway asks of the server: this policy's secrets and audit sink
         if not isinstance(provider, GatedSandbox):
             provider.egress_hooks = PolicyEgressHooks(policy)
@@ -174,8 +182,44 @@ class GatedSandbox(Sandbox):
         await self.policy.prepare_secrets(owner, consumer)
 
     async def create(self, spec: SessionSpec, caller: Principal | None = None) -> GatedSession:
-        await self.prepare(spec, caller)
-        return GatedSession(await self.provider.create(self.effective_spec(spec, caller)), self)
+        if not self.events.active:
+            await self.prepare(spec, caller)
+            return GatedSession(await self.provider.create(self.effective_spec(spec, caller)), self)
+        started = time.monotonic()
+        effective = spec
+        try:
+            await self.prepare(spec, caller)
+            effective = self.effective_spec(spec, caller)
+            session = GatedSession(await self.provider.create(effective), self)
+        except Exception as e:
+            owner = effective.owner or (caller.name if caller is not None else None)
+            self.tell(
+                ev.SESSION_CREATE_FAILED,
+                owner=owner,
+                consumer=effective.consumer,
+                error=type(e).__name__,
+                message=str(e),
+                seconds=time.monotonic() - started,
+            )
+            raise
+        session.tell(
+            ev.SESSION_CREATE, spec=session.spec_known() or effective, seconds=time.monotonic() - started
+        )
+        return session
+
+    def tell(
+        self,
+        kind: str,
+        *,
+        session: str | None = None,
+        owner: str | None = None,
+        consumer: str | None = None,
+        actor: str | None = None,
+        **data: Any,
+    ) -> None:
+        """Emit one event of this gate's provider (a no-op with no listener)."""
+        if self.events.active:
+            self.events.emit(SandboxEvent(kind, session, owner, consumer, self.kind, actor, data))
 
     def session_limits(self) -> SessionLimits:
         return self.provider.session_limits()
@@ -190,7 +234,10 @@ class GatedSandbox(Sandbox):
         return await self.provider.list()
 
     async def reap(self) -> builtins.list[str]:
-        return await self.provider.reap()
+        reaped = await self.provider.reap()
+        for session_id in reaped:
+            self.tell(ev.SESSION_REAP, session=session_id)
+        return reaped
 
     async def check_available(self) -> None:
         await self.provider.check_available()
@@ -241,40 +288,120 @@ class GatedSession(SandboxSession):
     # ------------------------------------------------------- exec, gated
 
     async def run(self, request: ExecRequest) -> GatedExecResult:
-        with spilling_at_most(self.gate.spill_limit):
-            result = await self.session.run(self.gate.admit(request, one_shot=True))
-        policy = self.gate.policy
-        placeholders = self._placeholders()
-        return GatedExecResult(
-            result.exit_code,
-            await _scrubbed(policy, result.stdout, placeholders),
-            await _scrubbed(policy, result.stderr, placeholders),
-            result.reason,
-            stdout_bytes=len(result.stdout),
-            stderr_bytes=len(result.stderr),
-        )
+        events = self.gate.events
+        number = self._tell_start(request, one_shot=True) if events.active else 0
+        started = time.monotonic()
+        try:
+            with spilling_at_most(self.gate.spill_limit):
+                result = await self.session.run(self.gate.admit(request, one_shot=True))
+            policy = self.gate.policy
+            placeholders = self._placeholders()
+            gated = GatedExecResult(
+                result.exit_code,
+                await _scrubbed(policy, result.stdout, placeholders),
+                await _scrubbed(policy, result.stderr, placeholders),
+                result.reason,
+                stdout_bytes=len(result.stdout),
+                stderr_bytes=len(result.stderr),
+            )
+        except Exception as e:
+            if number:
+                self.tell(
+                    ev.EXEC_END,
+                    exec=number,
+                    exit_code=None,
+                    reason=None,
+                    stdout_bytes=0,
+                    stderr_bytes=0,
+                    seconds=time.monotonic() - started,
+                    error=type(e).__name__,
+                )
+            raise
+        if number:
+            self.tell(
+                ev.EXEC_END,
+                exec=number,
+                exit_code=gated.exit_code,
+                reason=gated.reason,
+                stdout_bytes=gated.stdout_bytes,
+                stderr_bytes=gated.stderr_bytes,
+                seconds=time.monotonic() - started,
+                stdout=gated.stdout,
+                stderr=gated.stderr,
+            )
+        return gated
 
     async def start(self, request: ExecRequest) -> ExecHandle:
-        with spilling_at_most(self.gate.spill_limit):
-            handle = await self.session.start(self.gate.admit(request, one_shot=False))
-        return self._scrubbed(handle)
+        number = self._tell_start(request, one_shot=False) if self.gate.events.active else 0
+        try:
+            with spilling_at_most(self.gate.spill_limit):
+                handle = await self.session.start(self.gate.admit(request, one_shot=False))
+        except Exception as e:
+            if number:
+                self.tell(
+                    ev.EXEC_END,
+                    exec=number,
+                    exit_code=None,
+                    reason=None,
+                    stdout_bytes=0,
+                    stderr_bytes=0,
+                    seconds=0.0,
+                    error=type(e).__name__,
+                )
+            raise
+        return self._scrubbed(handle, number)
+
+    # ----------------------------------------------------------- events
+
+    def spec_known(self) -> SessionSpec | None:
+        """The session's spec as far as it is known without asking the provider."""
+        info = self.session.known_info()
+        return info.spec if info is not None else getattr(self.session, "spec", None)
+
+    def tell(self, kind: str, *, actor: str | None = None, **data: Any) -> None:
+        """Emit one event of this session (a no-op with no listener)."""
+        if not self.gate.events.active:
+            return
+        spec = self.spec_known()
+        self.gate.tell(
+            kind,
+            session=self.session.id,
+            owner=getattr(spec, "owner", None),
+            consumer=getattr(spec, "consumer", None),
+            actor=actor,
+            **data,
+        )
+
+    def _tell_start(self, request: ExecRequest, *, one_shot: bool) -> int:
+        number = ev.next_exec_number()
+        self.tell(
+            ev.EXEC_START,
+            exec=number,
+            argv=list(request.argv),
+            one_shot=one_shot,
+            timeout_seconds=request.timeout_seconds,
+            cwd=request.cwd,
+            pty=request.pty,
+            label=request.label,
+        )
+        return number
 
     def _placeholders(self) -> tuple[str, ...]:
         """The placeholders of the session's secrets (the transcript scrub replaces them too)."""
-        info = self.session.known_info()
-        spec = info.spec if info is not None else getattr(self.session, "spec", None)
-        egress = getattr(spec, "egress", None)
+        egress = getattr(self.spec_known(), "egress", None)
         return tuple(g.placeholder for g in egress.secrets) if egress is not None else ()
 
-    def _scrubbed(self, handle: ExecHandle) -> ExecHandle:
+    def _scrubbed(self, handle: ExecHandle, number: int = 0) -> ExecHandle:
         scrubbers: dict[OutputStream, StreamScrubber] = {}
         placeholders = self._placeholders()
         for stream in _STREAMS:
             scrubber = self.gate.policy.stream_scrubber(placeholders)
             if scrubber is not None:
                 scrubbers[stream] = scrubber
-        # nothing to scrub: the provider's handle as it is (no layer on the output's hot path)
-        return ScrubbedHandle(handle, scrubbers) if scrubbers else handle
+        # nothing to scrub nor tell: the provider's handle as it is (no layer on the output's hot path)
+        if not scrubbers and not number:
+            return handle
+        return ScrubbedHandle(handle, scrubbers, self if number else None, number)
 
     # ------------------------------ commands the session holds, scrubbed alike
 
@@ -304,24 +431,39 @@ class GatedSession(SandboxSession):
 
     async def put_file(self, path: str, data: bytes | AsyncIterable[bytes]) -> None:
         await self.session.put_file(path, data)
+        self.tell(ev.FILE_PUT, path=path, size=len(data) if isinstance(data, (bytes, bytearray)) else None)
 
     async def get_file(self, path: str) -> bytes:
-        return await self.session.get_file(path)
+        data = await self.session.get_file(path)
+        self.tell(ev.FILE_GET, path=path, size=len(data))
+        return data
 
     def iter_file(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
-        return self.session.iter_file(path, chunk_size)
+        if not self.gate.events.active:
+            return self.session.iter_file(path, chunk_size)
+        return self._told_iter_file(path, chunk_size)
+
+    async def _told_iter_file(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self.session.iter_file(path, chunk_size):
+            size += len(chunk)
+            yield chunk
+        self.tell(ev.FILE_GET, path=path, size=size)
 
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
         return await self.session.list_files(path)
 
     async def remove_path(self, path: str) -> None:
         await self.session.remove_path(path)
+        self.tell(ev.FILE_CHANGE, op="remove", path=path, to=None)
 
     async def move_path(self, path: str, new_path: str) -> None:
         await self.session.move_path(path, new_path)
+        self.tell(ev.FILE_CHANGE, op="move", path=path, to=new_path)
 
     async def make_folder(self, path: str) -> None:
         await self.session.make_folder(path)
+        self.tell(ev.FILE_CHANGE, op="mkdir", path=path, to=None)
 
     def resolve(self, path: str) -> str:
         return self.session.resolve(path)
@@ -331,6 +473,7 @@ class GatedSession(SandboxSession):
 
     async def destroy(self, remove_workspace: bool = False) -> None:
         await self.session.destroy(remove_workspace=remove_workspace)
+        self.tell(ev.SESSION_DESTROY, remove_workspace=remove_workspace)
 
     async def set_expiry(self, expires_at: float) -> SessionInfo:
         return await self.session.set_expiry(expires_at)
@@ -340,10 +483,14 @@ class GatedSession(SandboxSession):
         return self.session.pausable
 
     async def pause(self) -> SessionInfo:
-        return await self.session.pause()
+        info = await self.session.pause()
+        self.tell(ev.SESSION_PAUSE)
+        return info
 
     async def resume(self) -> SessionInfo:
-        return await self.session.resume()
+        info = await self.session.resume()
+        self.tell(ev.SESSION_RESUME)
+        return info
 
     @property
     def forkable(self) -> bool:  # type: ignore[override]  # the session's, read each time; SandboxSession has a plain attribute
@@ -354,7 +501,9 @@ class GatedSession(SandboxSession):
         spec = (await self.session.info()).spec
         await self.gate.prepare(spec)
         self.gate.effective_spec(spec)
-        return GatedSession(await self.session.fork(), self.gate)
+        copy = GatedSession(await self.session.fork(), self.gate)
+        copy.tell(ev.SESSION_FORK, source=self.session.id)
+        return copy
 
     async def usage(self) -> dict[str, Any]:
         return await self.session.usage()
@@ -372,6 +521,11 @@ class GatedSession(SandboxSession):
         await self.gate.prepare(info.spec)  # the gateway writes the secrets' values again
         policy = self.gate.policy.effective_egress(info.spec, allow, deny)
         await self.session.set_egress(policy)
+        self.tell(
+            ev.EGRESS_CHANGE,
+            allow=None if policy.allow is None else list(policy.allow),
+            deny=list(policy.deny),
+        )
         info = await self.session.info()
         return dataclasses.replace(info, spec=info.spec.replace(egress=policy))
 
@@ -391,16 +545,60 @@ class PolicyEgressHooks:
 
 
 class ScrubbedHandle(ExecHandle):
-    """An interactive command's handle whose output is scrubbed, one scrubber per stream.
+    """An interactive command's handle whose output is scrubbed, one scrubber per stream, and told to the
+    gate's listeners (``told``: the session whose events they are, with the exec's ``number``).
 
     ``byte_counts`` are the bytes the command wrote on each stream so far, before the scrub.
     """
 
-    def __init__(self, handle: ExecHandle, scrubbers: dict[OutputStream, StreamScrubber]) -> None:
+    def __init__(
+        self,
+        handle: ExecHandle,
+        scrubbers: dict[OutputStream, StreamScrubber],
+        told: GatedSession | None = None,
+        number: int = 0,
+    ) -> None:
         self.handle = handle
         self.byte_counts: dict[str, int] = dict.fromkeys(_STREAMS, 0)
         self._scrubbers = scrubbers
-        self._output = self._scrubbed()
+        self._told = told
+        self._number = number
+        self._started = time.monotonic()
+        self._output = self._scrubbed() if not told else self._telling(self._scrubbed())
+
+    async def _telling(self, items: AsyncIterator[OutputItem]) -> AsyncIterator[OutputItem]:
+        """``items`` as they are, each chunk told to output listeners, the exit (or the error) as the end."""
+        told = self._told
+        assert told is not None
+        events = told.gate.events
+        try:
+            async for item in items:
+                if isinstance(item, OutputChunk):
+                    if events.wants_output:
+                        told.tell(ev.EXEC_OUTPUT, exec=self._number, stream=item.stream, bytes=item.data)
+                else:
+                    told.tell(
+                        ev.EXEC_END,
+                        exec=self._number,
+                        exit_code=item.exit_code,
+                        reason=item.reason,
+                        stdout_bytes=self.byte_counts.get("stdout", 0),
+                        stderr_bytes=self.byte_counts.get("stderr", 0),
+                        seconds=time.monotonic() - self._started,
+                    )
+                yield item
+        except Exception as e:
+            told.tell(
+                ev.EXEC_END,
+                exec=self._number,
+                exit_code=None,
+                reason=None,
+                stdout_bytes=self.byte_counts.get("stdout", 0),
+                stderr_bytes=self.byte_counts.get("stderr", 0),
+                seconds=time.monotonic() - self._started,
+                error=type(e).__name__,
+            )
+            raise
 
     @property
     def output(self) -> AsyncIterator[OutputItem]:
