@@ -119,11 +119,13 @@ def test_with_no_listener_an_interactive_command_keeps_the_providers_handle(tmp_
         try:
             handle = await session.start(ExecRequest(["echo", "x"], timeout_seconds=30))
             assert not isinstance(handle, ScrubbedHandle)
-            assert [i async for i in handle.output][0] == OutputChunk("stdout", b"x\n")
+            items = [i async for i in handle.output]
+            assert items[0] == OutputChunk("stdout", b"x\n")
             gate.events.subscribe(lambda event: None)
             handle = await session.start(ExecRequest(["echo", "y"], timeout_seconds=30))
             assert isinstance(handle, ScrubbedHandle)
-            assert [i async for i in handle.output][0] == OutputChunk("stdout", b"y\n")
+            items = [i async for i in handle.output]
+            assert items[0] == OutputChunk("stdout", b"y\n")
         finally:
             await session.destroy()
 
