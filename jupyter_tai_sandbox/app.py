@@ -19,6 +19,7 @@ from traitlets.config import Configurable
 from . import sandboxes
 from ._version import __version__
 from .contract import Sandbox, SandboxError, SandboxSession
+from .events import Listener
 from .gate import GatedSandbox
 from .policy import SandboxPolicy
 from .providers.local import LocalSandbox
@@ -44,7 +45,10 @@ class ServerAccess(sandboxes.SandboxAccess):
 
     def gate_for(self, provider: Sandbox) -> GatedSandbox:
         app = self.app
-        return GatedSandbox(provider, app.policy, app.max_output_bytes, app.max_spill_bytes)
+        gate = GatedSandbox(provider, app.policy, app.max_output_bytes, app.max_spill_bytes)
+        for listener, output in app.event_listeners:
+            gate.events.subscribe(listener, output=output)
+        return gate
 
     def _adopt(self) -> None:
         plugin = sandboxes.installed() if self.follows_plugins else None
@@ -264,6 +268,9 @@ class SandboxApp(ExtensionApp):
         )
         self.tools.apply_manifest(self.presets)
         self.policy = SandboxPolicy(parent=self)
+        #: what listens to the gate's events (jupyter_tai_sandbox.events): (listener, takes output bytes)
+        self.event_listeners: list[tuple[Listener, bool]] = []
+        # issue 55's listeners are added here, before any gate is made
         from .previews.settings import PreviewSettings
 
         self.previews = PreviewSettings(parent=self)
