@@ -138,6 +138,21 @@ def capacity_error(owner: str, pool: str, prefix: int) -> SandboxCapacityError:
     )
 
 
+def full_network_error(
+    error: SandboxError, owner: str, prefix: int, network: str | None = None
+) -> SandboxCapacityError | None:
+    """The typed 503 for an engine's refusal to give a container an address on a session network that is full
+    (docker's "no available IPv4 addresses"); None for any other refusal."""
+    if "no available ipv4 addresses" not in str(error).lower():
+        return None
+    sessions = (1 << (32 - prefix)) - 3  # the subnet less its network, broadcast and gateway addresses
+    where = f"the session network {network}" if network else "an owner's session network"
+    return SandboxCapacityError(
+        f"{where} is full: an owner's /{prefix} network holds {sessions} sessions of one network mode; "
+        f"configure a shorter {owner}.network_prefix for more"
+    )
+
+
 class NetworkLocks:
     """One asyncio lock per network name (a create's join and a teardown's removal of the same network
     never interleave), and one for picking subnets, so this process never races itself for one."""

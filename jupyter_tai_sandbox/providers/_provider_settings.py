@@ -143,7 +143,7 @@ class NetworkSettings(LoggingConfigurable):
     network_prefix = Integer(
         DEFAULT_NETWORK_PREFIX,
         help="""Prefix length of one session network's subnet (/26: 64 addresses, room for 61 sessions of one
-        owner on one network mode). Between network_pool's prefix length and 29. An owner's filtered network
+        owner on one network mode; the owner's next create there answers 503 SandboxCapacityError). Between network_pool's prefix length and 29. An owner's filtered network
         (their sessions with an egress policy and their egress gateway, docker) takes one 4 times larger
         (2 bits shorter: /24 by default, 252 sessions), within network_pool.""",
     ).tag(config=True)

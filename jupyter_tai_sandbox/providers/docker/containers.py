@@ -11,6 +11,7 @@ from typing import Any
 from ...contract import SandboxError, SandboxUnavailableError, SessionSpec
 from .._docker_agent import AGENT_USER_CAPABILITIES, AgentVolumes, is_missing_agent, with_agent
 from .._docker_disk import scratch_tmpfs, workspace_driver
+from .._docker_networks import full_network_error
 from .._docker_sandbox import ContainerSandbox, how_to_get, rejected
 from ..docker_engine import DockerEngine, EngineRefusedError, MissingImageError, docker_sdk
 from ..docker_engine.names import LABEL_AGENT, WORKSPACE
@@ -143,6 +144,9 @@ class ContainerStarts:
         except EngineRefusedError as e:
             if e.status is not None and 400 <= e.status < 500 and e.status != 409:
                 raise rejected(f"the Docker engine refused the session: {e.detail}") from None
+            full = full_network_error(e, type(self._sandbox).__name__, self._sandbox.network_prefix, network)
+            if full is not None:
+                raise full from None
             raise
 
     async def engine_arch(self) -> str:

@@ -32,12 +32,15 @@ class PoolNetworks:
         *,
         holding: str,
         log: Any,
+        full_error: Callable[[SandboxError, str], SandboxCapacityError | None] = lambda e, network: None,
     ) -> None:
         self._engine = engine
         self._pool = pool
         self._bridges = bridges
         self._locks = locks
         self.holding = holding
+        #: the typed refusal of a join to a full network (the provider's, naming its setting), else None
+        self._full_error = full_error
         self._log = log
 
     async def start_on(self, network: str, start: Callable[[str], Awaitable[str]]) -> str:
@@ -67,6 +70,9 @@ class PoolNetworks:
                     await self._bridges.drop(network)
                 if isinstance(e, SandboxCapacityError):
                     raise
+                full = self._full_error(e, network)
+                if full is not None:
+                    raise full from None
                 self._log.warning("sandbox-docker: a pooled container could not join %s: %s", network, e)
                 return None
             record = await self._pool.claim(ready, labels, env)

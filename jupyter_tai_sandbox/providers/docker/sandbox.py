@@ -26,7 +26,7 @@ from .._docker_agent import (
     agent_site,
     checked_agent_binary,
 )
-from .._docker_networks import SessionBridges
+from .._docker_networks import SessionBridges, full_network_error
 from .._docker_sandbox import (
     ContainerSandbox,
     user_checked,
@@ -160,7 +160,15 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
             log=self.log,
         )
         self._pool_networks = PoolNetworks(
-            self._engine, self._pool, self._bridges, self._networks, holding=self.pool_network, log=self.log
+            self._engine,
+            self._pool,
+            self._bridges,
+            self._networks,
+            holding=self.pool_network,
+            log=self.log,
+            full_error=lambda e, network: full_network_error(
+                e, type(self).__name__, self.network_prefix, network
+            ),
         )
 
     @property

@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from jupyter_tai_sandbox.contract import SessionSpec
+from jupyter_tai_sandbox.contract import SandboxCapacityError, SessionSpec
+from jupyter_tai_sandbox.errors import error_status
 from jupyter_tai_sandbox.images import PYTHON_IMAGE
 from jupyter_tai_sandbox.providers import _docker_networks
 from jupyter_tai_sandbox.providers._docker_networks import bridge_name
@@ -407,6 +408,32 @@ def test_session_subnets_come_from_the_configured_range(client):
             for session in sessions:
                 await session.destroy()
         finally:
+            await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
+@pytest.mark.parametrize("pool_size", [0, 1], ids=["cold", "pooled"])
+def test_an_owner_past_their_networks_addresses_gets_the_typed_503_naming_the_setting(client, pool_size):
+    """A /29 holds 5 sessions (8 addresses less the network's, the broadcast and the engine's gateway): the
+    sixth create of one owner is SandboxCapacityError (503) naming network_prefix, cold or from the pool,
+    never the engine's 500; the five keep working and a session of another owner is still made."""
+
+    async def main() -> None:
+        sandbox = provider(network_pool=OWN_POOL, network_prefix=29, pool_size=pool_size)
+        made = []
+        try:
+            for _ in range(5):
+                made.append(await sandbox.create(spec(owner="hana")))
+            with pytest.raises(SandboxCapacityError, match=r"DockerSandbox\.network_prefix") as refused:
+                made.append(await sandbox.create(spec(owner="hana")))
+            assert error_status(refused.value) == 503 and "holds 5 sessions" in str(refused.value)
+            assert (await made[0].exec(["true"], timeout_seconds=20)).exit_code == 0
+            made.append(await sandbox.create(spec(owner="ivan")))
+        finally:
+            for session in made:
+                await session.destroy()
             await sandbox.close()
 
     asyncio.run(main())
