@@ -1,0 +1,122 @@
+"""Where a cold docker create goes (issue 56.1): one create -> first command with the pool off, broken down.
+
+Every coroutine method of the provider's engine adapter (``DockerEngine``: the Docker API calls, the agent's
+connection) is timed while a create and its first command run; the time not inside an engine call is the
+provider's own work (Python, the agent's handshake, waits). Next to it, the engine's own floor of the same run:
+an idle container's create + start + one ``exec`` through the raw API (docker-py's low-level client, same
+image), which is what the create cannot beat.
+
+``python benchmarks/create_breakdown.py [--rounds N] [--image IMAGE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import functools
+import inspect
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _groups import BENCH_LABEL, TRUE_DOCKER, _docker_client, _docker_sandbox
+
+from jupyter_tai_sandbox.contract import SessionSpec
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
+from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
+
+
+def timed_engine(calls: dict[str, list[float]]) -> list[tuple[str, Any]]:
+    """Wrap DockerEngine's coroutine methods to add each call's wall time to ``calls[name]``; the originals,
+    to put back."""
+    originals = []
+    for name, fn in inspect.getmembers(DockerEngine, inspect.iscoroutinefunction):
+        if name.startswith("_"):  # the public calls only: the private ones run inside them
+            continue
+        originals.append((name, fn))
+
+        def wrap(fn: Any, name: str = name) -> Any:
+            @functools.wraps(fn)
+            async def timed(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    calls[name].append((time.perf_counter() - started) * 1000)
+
+            return timed
+
+        setattr(DockerEngine, name, wrap(fn))
+    return originals
+
+
+def raw_floor(image: str) -> float:
+    """An idle container's create + start + one exec through the raw API: milliseconds."""
+    api = _docker_client().api
+    started = time.perf_counter()
+    container = api.create_container(
+        image, ["sleep", "2147483647"], labels=BENCH_LABEL, host_config=api.create_host_config(init=True)
+    )
+    api.start(container)
+    exec_id = api.exec_create(container, TRUE_DOCKER)
+    api.exec_start(exec_id)
+    assert api.exec_inspect(exec_id)["ExitCode"] == 0
+    elapsed = (time.perf_counter() - started) * 1000
+    api.remove_container(container, force=True, v=True)
+    return elapsed
+
+
+async def main(rounds: int, image: str) -> None:
+    sandbox = _docker_sandbox(image)
+    await sandbox.list()  # connected: the engine's version, arch, images asked once, as a server's start does
+    warm = await sandbox.create(SessionSpec(image=image))  # the agent volume and the owner network made
+    await warm.destroy()
+    totals: list[float] = []
+    floors: list[float] = []
+    per_call: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        for _ in range(rounds):
+            floors.append(await asyncio.to_thread(raw_floor, image))
+            calls: dict[str, list[float]] = collections.defaultdict(list)
+            originals = timed_engine(calls)
+            try:
+                started = time.perf_counter()
+                session = await sandbox.create(SessionSpec(image=image))
+                assert (await session.exec(TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
+                totals.append((time.perf_counter() - started) * 1000)
+            finally:
+                for name, fn in originals:
+                    setattr(DockerEngine, name, fn)
+            await session.destroy()
+            for name, values in calls.items():
+                per_call[name].append(sum(values))
+                per_call[f"{name} (calls)"].append(len(values))
+    finally:
+        await sandbox.close()
+    total, floor = statistics.median(totals), statistics.median(floors)
+    print(f"create -> first command, pool off: {total:.1f} ms p50 over {rounds} rounds")
+    print(f"engine floor (raw create + start + exec): {floor:.1f} ms p50 -> ratio {total / floor:.2f}x")
+    print("engine calls inside one create (median ms per create, calls per create):")
+    rows = sorted(
+        ((name, statistics.median(v)) for name, v in per_call.items() if not name.endswith("(calls)")),
+        key=lambda row: -row[1],
+    )
+    inside = 0.0
+    for name, ms in rows:
+        count = statistics.median(per_call[f"{name} (calls)"])
+        inside += ms
+        print(f"  {name:28s} {ms:8.1f} ms  x{count:g}")
+    print(f"  {'(sum)':28s} {inside:8.1f} ms; outside engine calls ~{max(0.0, total - inside):.1f} ms")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--image", default=DEFAULT_IMAGE)
+    args = parser.parse_args()
+    asyncio.run(main(args.rounds, args.image))
