@@ -77,6 +77,9 @@ def _provider_classes() -> list[type]:
     from .providers.vm import VmSandbox
 
     classes += [RemoteSandbox, VmSandbox]
+    from .metrics import MetricsSettings
+
+    classes.append(MetricsSettings)
     from .agents import SandboxAgents  # no jupyter-ai import: the settings only
     from .previews.settings import PreviewSettings
 
@@ -271,6 +274,12 @@ class SandboxApp(ExtensionApp):
         #: what listens to the gate's events (jupyter_tai_sandbox.events): (listener, takes output bytes)
         self.event_listeners: list[tuple[Listener, bool]] = []
         # issue 55's listeners are added here, before any gate is made
+        from .metrics import MetricsSettings
+
+        self.metrics = MetricsSettings(parent=self)  # Prometheus series on /metrics: a listener when enabled
+        metrics_listener = self.metrics.attach(self)
+        if metrics_listener is not None:
+            self.event_listeners.append((metrics_listener, False))
         from .previews.settings import PreviewSettings
 
         self.previews = PreviewSettings(parent=self)
