@@ -42,6 +42,7 @@ from ...contract import (
     SandboxUnavailableError,
 )
 from ...fair_share import FairShare
+from ...metrics.hooks import engine_error
 from .stream import EngineAddress
 
 T = TypeVar("T")
@@ -184,7 +185,13 @@ class EngineCalls:
             self._address, self._client = address, client
 
     def translate(self, error: BaseException, what: str) -> BaseException:
-        """An SDK (or requests) exception as the contract's error; others pass through."""
+        """An SDK (or requests) exception as the contract's error; others pass through. Counted
+        (jupyter_tai_sandbox_engine_errors_total, by the error it became) when a server's metrics are on."""
+        translated = self._translate(error, what)
+        engine_error(translated)
+        return translated
+
+    def _translate(self, error: BaseException, what: str) -> BaseException:
         if isinstance(error, SandboxError):
             return error
         errors = docker_sdk().errors
