@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from ...agent import AgentClient, AgentError
 from ...contract import SandboxError, SandboxNotFoundError
+from ...metrics.hooks import agent_reconnect
 from .command import in_background
 
 #: the longest an open of the agent's connection (engine exec + handshake) may take
@@ -71,6 +72,7 @@ class AgentChannel:
             old, self._client = self._client, None
             if old is not None:
                 in_background(old.close())
+                agent_reconnect()  # the one before was lost: counted when a server's metrics are on
             try:
                 self._client = await asyncio.wait_for(self._open(), self._limit)
                 self._client.still_there = self._still_there
