@@ -46,6 +46,7 @@ from traitlets import Float, Integer
 from traitlets.config import LoggingConfigurable
 
 from ...contract import SandboxError, SandboxNotFoundError, session_gone
+from ...metrics.hooks import pool_take
 from .._common import new_session_id
 from ..docker_engine import DockerEngine
 from ..docker_engine.names import (
@@ -227,6 +228,7 @@ class WarmPool:
         self._takers[network] = now
         self.kept_networks.add(network)
         self.fill_soon(delay=REFILL_DELAY_SECONDS)
+        pool_take(found is not None)  # a hit or a miss, counted when a server's metrics are on
         return found
 
     def _next_network(self) -> str:
