@@ -88,6 +88,9 @@ def _provider_classes() -> list[type]:
         from .mcp_door.door import SandboxMCP
 
         classes.append(SandboxMCP)
+    from .transcripts import TranscriptSettings
+
+    classes.append(TranscriptSettings)
     return classes
 
 
@@ -280,6 +283,11 @@ class SandboxApp(ExtensionApp):
         metrics_listener = self.metrics.attach(self)
         if metrics_listener is not None:
             self.event_listeners.append((metrics_listener, False))
+        from .transcripts import TranscriptSettings
+
+        self.transcripts = TranscriptSettings(parent=self)  # sessions' transcripts (takes output bytes)
+        if self.transcripts.enabled:
+            self.event_listeners.append((self.transcripts, True))
         from .previews.settings import PreviewSettings
 
         self.previews = PreviewSettings(parent=self)
@@ -412,11 +420,13 @@ class SandboxApp(ExtensionApp):
         from .server.handoff_handlers import handoff_handlers
         from .server.preview_ports_handlers import preview_ports_handlers
         from .server.tool_handlers import tool_handlers
+        from .server.transcript_handlers import transcript_handlers
         from .server.ws import ExecWebSocketHandler
 
         self.handlers.extend(rest_handlers)
         self.handlers.extend(handoff_handlers)
         self.handlers.extend(preview_ports_handlers)
+        self.handlers.extend(transcript_handlers)
         self.handlers.extend(tool_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
         from .server.preview_handlers import preview_handlers
