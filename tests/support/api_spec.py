@@ -25,6 +25,7 @@ def template(pattern: str) -> str:
     """A tornado route pattern as an OpenAPI path under /api/sandbox."""
     path = re.sub(r"\(\?:/\(\?P<(\w+)>[^)]*\)\)\?", r"/{\1}", pattern)  # an optional trailing segment
     path = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", path)
+    path = path.replace("\\.", ".")  # a literal dot (transcript\.ipynb)
     assert path.startswith("/api/sandbox/"), pattern
     return path.removeprefix("/api/sandbox").rstrip("$")
 
