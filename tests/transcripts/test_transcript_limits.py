@@ -105,9 +105,10 @@ async def test_off_nothing_is_kept_and_no_listener_takes_output(jp_fetch, jp_ser
 def test_a_long_stream_of_small_chunks_stays_bounded():
     """The listener alone, fed what the gate tells of a terminal writing a byte at a time."""
     transcripts = TranscriptSettings(max_bytes_per_session=1000)
-    tell = lambda kind, **data: transcripts(
-        SandboxEvent(kind, "s1", "alice", "user:alice", "local", data=data)
-    )  # noqa: E731
+
+    def tell(kind, **data):
+        transcripts(SandboxEvent(kind, "s1", "alice", "user:alice", "local", data=data))
+
     tell("session.create")
     tell("exec.start", exec=7, argv=["bash"], one_shot=False, pty=True, cwd=None, label=None)
     for i in range(20000):
