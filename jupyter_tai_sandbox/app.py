@@ -82,8 +82,9 @@ def _provider_classes() -> list[type]:
     classes.append(MetricsSettings)
     from .agents import SandboxAgents  # no jupyter-ai import: the settings only
     from .previews.settings import PreviewSettings
+    from .usage_history import UsageHistory
 
-    classes += [SandboxAgents, PreviewSettings]
+    classes += [SandboxAgents, PreviewSettings, UsageHistory]
     with contextlib.suppress(ImportError):  # the mcp extra
         from .mcp_door.door import SandboxMCP
 
@@ -291,6 +292,9 @@ class SandboxApp(ExtensionApp):
         from .previews.settings import PreviewSettings
 
         self.previews = PreviewSettings(parent=self)
+        from .usage_history import UsageHistory
+
+        self.usage_history = UsageHistory(self.access, parent=self)  # GET /api/sandbox/usage: its sampler
         self._load_agents()
         self.registry = SessionRegistry(self.policy, self.access)
         self.execs = LiveCommands(self.live_command_policy(), log=self.log)
@@ -428,6 +432,9 @@ class SandboxApp(ExtensionApp):
         self.handlers.extend(preview_ports_handlers)
         self.handlers.extend(transcript_handlers)
         self.handlers.extend(tool_handlers)
+        from .server.usage_handlers import usage_handlers
+
+        self.handlers.extend(usage_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
         from .server.preview_handlers import preview_handlers
 
@@ -596,6 +603,9 @@ class SandboxApp(ExtensionApp):
         if registry is not None:
             registry.stopping = True  # no create starts now, and one under way is destroyed as it ends
         await mcp_door.stop(self)
+        usage_history = getattr(self, "usage_history", None)
+        if usage_history is not None:
+            await usage_history.stop()
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
