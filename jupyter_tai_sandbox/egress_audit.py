@@ -17,7 +17,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: the most audit lines kept in memory (the file keeps them all)
@@ -67,6 +67,8 @@ class EgressAudit:
         self._lock = threading.Lock()
         self._made_folder = False
         self._failed = False
+        #: called with each record after it is kept (the audit log's egress feed); any thread
+        self.listeners: list[Callable[[Mapping[str, Any]], None]] = []
         if self.path is not None:
             self._read_tail()
 
@@ -98,6 +100,11 @@ class EgressAudit:
             self._lines.append((record_time(line.get("time")) or time.time(), line))
             if self.path is not None:
                 self._write(json.dumps(line, separators=(",", ":"), default=str) + "\n")
+        for listener in self.listeners:
+            try:
+                listener(line)
+            except Exception:
+                self.log.exception("egress audit: listener %r failed", listener)
 
     def _write(self, text: str) -> None:
         """Append one line: the file is opened for each (a rotation, logrotate moving it away, is followed at
