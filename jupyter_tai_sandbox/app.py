@@ -77,6 +77,9 @@ def _provider_classes() -> list[type]:
     from .providers.vm import VmSandbox
 
     classes += [RemoteSandbox, VmSandbox]
+    from .audit.settings import AuditSettings
+
+    classes.append(AuditSettings)
     from .metrics import MetricsSettings
 
     classes.append(MetricsSettings)
@@ -278,6 +281,9 @@ class SandboxApp(ExtensionApp):
         #: what listens to the gate's events (jupyter_tai_sandbox.events): (listener, takes output bytes)
         self.event_listeners: list[tuple[Listener, bool]] = []
         # issue 55's listeners are added here, before any gate is made
+        from . import audit
+
+        self.audit_log = audit.install(self)  # the hash-chained audit log (AuditSettings), None when off
         from .metrics import MetricsSettings
 
         self.metrics = MetricsSettings(parent=self)  # Prometheus series on /metrics: a listener when enabled
@@ -432,6 +438,9 @@ class SandboxApp(ExtensionApp):
         self.handlers.extend(preview_ports_handlers)
         self.handlers.extend(transcript_handlers)
         self.handlers.extend(tool_handlers)
+        from .server.audit_handlers import audit_handlers
+
+        self.handlers.extend(audit_handlers)
         from .server.usage_handlers import usage_handlers
 
         self.handlers.extend(usage_handlers)
@@ -631,6 +640,7 @@ class SandboxApp(ExtensionApp):
             failure = self.access.failure if self.access is not None else None
             if failure is not None and sandboxes.failure() == failure:
                 sandboxes.unregister_sandbox()
+            self._close_audit_log()
             return
         at_once = asyncio.Semaphore(self.STOP_DESTROYS_AT_ONCE)
 
@@ -650,6 +660,13 @@ class SandboxApp(ExtensionApp):
         installed = sandboxes.installed()
         if installed is not None and installed.provider is sandbox.provider:
             sandboxes.unregister_sandbox()
+        self._close_audit_log()
+
+    def _close_audit_log(self) -> None:
+        """The audit log's last lines written (the sessions this stop destroyed), its thread ended."""
+        audit_log = getattr(self, "audit_log", None)
+        if audit_log is not None:
+            audit_log.close()
 
 
 main = launch_new_instance = SandboxApp.launch_instance
