@@ -512,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_preset_commands(commands)
     _add_kernelspec_commands(commands)
     _add_serve_command(commands)
+    from .audit.cli import add_audit_commands
+
+    add_audit_commands(commands)
     return parser
 
 
