@@ -101,9 +101,38 @@ class JSONErrorsMixin(_Handler):
         status = error_status(error, status_code)
         if status == 403 and not isinstance(error, SandboxError):
             error = self._authentication_error(error) or error
+        body = error_body(error, status)
+        if 400 <= status < 500:
+            self._tell_refusal(body, status)
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(error_body(error, status)))
+        self.finish(json.dumps(body))
+
+    def _tell_refusal(self, body: dict[str, Any], status: int) -> None:
+        """A 4xx is a refusal: told to the gate's listeners (the audit log), owner the principal refused."""
+        try:
+            gate = self.extensionapp.access.gate  # type: ignore[attr-defined]  # the sandbox handlers' mixin
+            if gate is None or not gate.events.active:
+                return
+            from tornado.websocket import WebSocketHandler
+
+            from ..events import REFUSAL
+
+            caller = getattr(self, "_caller", None)
+            name = caller.name if caller is not None else None
+            gate.tell(
+                REFUSAL,
+                session=(self.path_kwargs or {}).get("session_id"),
+                owner=name,
+                actor=name,
+                door="websocket" if isinstance(self, WebSocketHandler) else "rest",
+                error=body.get("error"),
+                message=body.get("message"),
+                status=status,
+                request=f"{self.request.method} {self.request.path}",
+            )
+        except Exception:  # an error answer never fails for its audit line
+            self.log.debug("sandbox: the refusal could not be told", exc_info=True)
 
     def _authentication_error(self, error: BaseException | None) -> SandboxAuthenticationError | None:
         """jupyter_server's bare 403 for a request with no valid token, or its _xsrf refusal, as a typed
