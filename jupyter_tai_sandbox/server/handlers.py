@@ -30,6 +30,7 @@ from ..contract import (
 )
 from ..egress_audit import MEMORY_LINES
 from ..errors import UploadTooLargeError
+from ..events import ADMIN
 from ..gate import GatedSession
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin, parse_json_object
 
@@ -54,12 +55,17 @@ class SandboxAPIHandler(JSONErrorsMixin, SandboxHandlerMixin, APIHandler):
         saying why, reaped at its TTL or destroyed)."""
         caller = await self.caller()
         try:
-            return await self.sessions.get(session_id, caller, manage=manage)
+            session = await self.sessions.get(session_id, caller, manage=manage)
         except SandboxNotFoundError as e:
             gone = self.sandbox_app.execs.gone(session_id, caller)
             if gone is None:
                 raise
             raise gone from e
+        if caller.sees_all and isinstance(session, GatedSession):
+            owner = getattr(session.spec_known(), "owner", None)
+            if owner is not None and owner != caller.name:  # an admin acting on another's session
+                session.tell(ADMIN, actor=caller.name, action=f"{self.request.method} {self.request.path}")
+        return session
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
