@@ -52,6 +52,7 @@ from ..contract import (
     check_window_side,
 )
 from ..errors import error_body, error_status
+from ..events import TERMINAL_CLOSE, TERMINAL_OPEN
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 from .live_command import STREAM_IDS, LiveCommand
 
@@ -178,6 +179,7 @@ class ExecWebSocketHandler(
             return
         # written at once, before the command's pump first runs, so it comes before any output frame
         await self._send({"type": "started", "exec_id": live.id})
+        self._tell_terminal(TERMINAL_OPEN, "start")
 
     async def _attach(self, message: dict[str, Any]) -> None:
         exec_id, offset, streams = message.get("exec_id"), message.get("offset", 0), message.get("offsets")
@@ -203,6 +205,7 @@ class ExecWebSocketHandler(
         if streams is not None:
             reply["offsets"] = live.resume_points(streams)
         await self._send(reply)
+        self._tell_terminal(TERMINAL_OPEN, "attach")
         await live.attach(self, offset, streams)
 
     async def _stdin(self, data: bytes) -> None:
@@ -267,6 +270,19 @@ class ExecWebSocketHandler(
         self._ended = True
         if self.live is not None:
             self.live.detach(self)
+        if self._told_open:
+            self._tell_terminal(TERMINAL_CLOSE, "close")
+
+    _told_open = False
+
+    def _tell_terminal(self, kind: str, how: str) -> None:
+        """A terminal opened (a command started or attached to) or closed, told to the gate's listeners."""
+        tell = getattr(self.session, "tell", None)  # a GatedSession's
+        if tell is None or self.live is None:
+            return
+        self._told_open = kind == TERMINAL_OPEN
+        caller = self._caller
+        tell(kind, actor=caller.name if caller is not None else None, exec=self.live.id, how=how)
 
 
 def _close_reason(text: str) -> str:
