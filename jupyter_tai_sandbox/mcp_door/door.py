@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from traitlets import Bool, Float, Integer, default
 from traitlets.config import LoggingConfigurable
 
+from .. import events as ev
 from .._version import __version__
 from ..contract import SandboxError
 from ..errors import SandboxQuotaError, error_body, error_status
@@ -330,6 +331,7 @@ class SandboxMCP(LoggingConfigurable):
                 f" field={body['field']}" if body.get("field") else ""
             )
             self._audit(record)
+            self._tell_refusal(request, name, record.get("session"), body, status)
             return _error_result(body)
         except MCPError:
             raise
@@ -356,6 +358,26 @@ class SandboxMCP(LoggingConfigurable):
             content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
             structured_content=result,
             is_error=False,
+        )
+
+    def _tell_refusal(
+        self, request: DoorRequest, tool: str, session: Any, body: dict[str, Any], status: int
+    ) -> None:
+        """A refused tool call, told to the gate's listeners (the audit log), door "mcp"."""
+        gate = getattr(getattr(self.app, "access", None), "gate", None)
+        if gate is None or not gate.events.active:
+            return
+        name = request.caller.name
+        gate.tell(
+            ev.REFUSAL,
+            session=session if isinstance(session, str) else None,
+            owner=name,
+            actor=name,
+            door="mcp",
+            error=body.get("error"),
+            message=body.get("message"),
+            status=status,
+            request=f"tool {tool}",
         )
 
     def _audit(self, record: dict[str, Any]) -> None:
