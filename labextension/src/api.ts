@@ -6,6 +6,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { ISessionUsage } from './kernels';
+import { IUsageAnswer } from './usage';
 import { API_NAMESPACE, apiUrl, errorFromResponse, requestAPI, requestRaw, SandboxAPIError } from './request';
 
 export type Isolation = 'none' | 'container' | 'vm';
@@ -236,6 +237,14 @@ export class SandboxClient {
     const query = `?session=${encodeURIComponent(sessionId)}&limit=${limit}`;
     const body = await requestAPI<{ lines?: IEgressAuditLine[] }>(`egress/audit${query}`, {}, this.serverSettings);
     return Array.isArray(body?.lines) ? body.lines : [];
+  }
+
+  /**
+   * GET usage: the recent CPU, memory and disk samples of every session of the caller, in one request
+   * (the server's sampler measures them while someone asks; a request measures nothing itself).
+   */
+  usage(): Promise<IUsageAnswer> {
+    return requestAPI<IUsageAnswer>('usage', {}, this.serverSettings);
   }
 
   /**

@@ -9,6 +9,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { ISessionInfo, IStatus, SandboxClient } from './api';
 import { IKernelUser, ISessionUsage, kernelIdOf, usersByKernel } from './kernels';
 import { SandboxAPIError } from './request';
+import { ISessionUsageHistory } from './usage';
 
 /**
  * ok: a provider answers; off: no provider; unavailable: the server says in JSON
@@ -27,8 +28,10 @@ export interface IPanelState {
   problem: string | null;
   /** Kernel id -> the notebooks it serves (jupyter_server's sessions), for kernel sessions. */
   kernels: Record<string, IKernelUser[]>;
-  /** Session id -> its last measured resource use (GET sessions/{id}'s `usage`). */
+  /** Session id -> its last measured resource use (the last measure of GET usage). */
   usage: Record<string, ISessionUsage>;
+  /** Session id -> its recent samples and what it serves (GET usage), for the sparklines. */
+  history: Record<string, ISessionUsageHistory>;
 }
 
 export const INITIAL_STATE: IPanelState = {
@@ -38,7 +41,8 @@ export const INITIAL_STATE: IPanelState = {
   fetchedAt: 0,
   problem: null,
   kernels: {},
-  usage: {}
+  usage: {},
+  history: {}
 };
 
 /** A message for the user when the state changes in a way they must hear about. */
@@ -54,16 +58,16 @@ export function stateFromFetch(
   status: IStatus,
   sessions: ISessionInfo[],
   now: number,
-  extra: { kernels?: Record<string, IKernelUser[]>; usage?: Record<string, ISessionUsage> } = {}
+  extra: {
+    kernels?: Record<string, IKernelUser[]>;
+    usage?: Record<string, ISessionUsage>;
+    history?: Record<string, ISessionUsageHistory>;
+  } = {}
 ): IPanelState {
   const off = status.kind === 'off';
   const live = new Set(off ? [] : sessions.map(s => s.id));
-  const usage: Record<string, ISessionUsage> = {};
-  for (const [id, measured] of Object.entries(extra.usage ?? {})) {
-    if (live.has(id)) {
-      usage[id] = measured;
-    }
-  }
+  const usage = onlyLive(extra.usage ?? {}, live);
+  const history = onlyLive(extra.history ?? {}, live);
   return {
     connection: off ? 'off' : 'ok',
     status,
@@ -71,8 +75,20 @@ export function stateFromFetch(
     fetchedAt: now,
     problem: null,
     kernels: off ? {} : (extra.kernels ?? {}),
-    usage
+    usage,
+    history
   };
+}
+
+/** The entries of the sessions in `live`. */
+function onlyLive<T>(byId: Record<string, T>, live: Set<string>): Record<string, T> {
+  const kept: Record<string, T> = {};
+  for (const [id, value] of Object.entries(byId)) {
+    if (live.has(id)) {
+      kept[id] = value;
+    }
+  }
+  return kept;
 }
 
 /** True when some session is a sandboxed kernel's (its notebook is worth looking up). */
@@ -289,8 +305,8 @@ export namespace SessionsModel {
     /** When true the poll sleeps (e.g. while the panel is hidden); default: when the page is hidden. */
     standby?: () => boolean;
     /**
-     * Seconds between two measures of each session's resource use (one GET
-     * sessions/{id} each, in the background); 0 (default): never.
+     * Seconds between two fetches of the sessions' recent resource use (one GET usage for all of
+     * them, in the background, while the poll runs); 0 (default): never.
      */
     usageInterval?: number;
   }
@@ -302,7 +318,7 @@ export class SessionsModel {
     this.client = options.client;
     this._interval = (options.interval ?? 3) * 1000;
     this._standby = options.standby ?? (() => false);
-    this._usageEvery = (options.usageInterval ?? 0) * 1000;
+    this._usageEvery = this._usageFloor = (options.usageInterval ?? 0) * 1000;
   }
 
   readonly client: SandboxClient;
@@ -355,7 +371,11 @@ export class SessionsModel {
       const status = await this.client.status();
       const sessions = status.kind === 'off' ? [] : await this.client.listSessions();
       const kernels = hasKernelSessions(sessions) ? await this._kernelUsers() : {};
-      next = stateFromFetch(status, sessions, Date.now(), { kernels, usage: this._state.usage });
+      next = stateFromFetch(status, sessions, Date.now(), {
+        kernels,
+        usage: this._state.usage,
+        history: this._state.history
+      });
     } catch (error) {
       this._set(stateFromError(this._state, error));
       if (rethrow) {
@@ -368,29 +388,37 @@ export class SessionsModel {
     return next;
   }
 
-  /** Measure the sessions' resource use now (one GET sessions/{id} each); failures are skipped. */
-  async refreshUsage(ids?: string[]): Promise<void> {
-    const wanted = ids ?? this._state.sessions.map(s => s.id);
-    const results = await Promise.all(
-      wanted.map(id => this.client.getSession(id).then(info => info.usage ?? null, () => null))
-    );
-    const usage = { ...this._state.usage };
-    let changed = false;
-    results.forEach((measured, i) => {
-      if (measured) {
-        usage[wanted[i]] = measured;
-        changed = true;
-      }
-    });
-    if (changed && !this._isDisposed) {
-      const live = new Set(this._state.sessions.map(s => s.id));
-      for (const id of Object.keys(usage)) {
-        if (!live.has(id)) {
-          delete usage[id];
-        }
-      }
-      this._set({ ...this._state, usage });
+  /**
+   * Fetch the sessions' recent resource use now: one GET usage answers all of them (the server's
+   * sampler measured them; the request measures nothing). A failure keeps what was known.
+   */
+  async refreshUsage(): Promise<void> {
+    let answer;
+    try {
+      answer = await this.client.usage();
+    } catch {
+      return;
     }
+    if (this._isDisposed || !Array.isArray(answer?.sessions)) {
+      return;
+    }
+    if (typeof answer.interval_seconds === 'number' && answer.interval_seconds > 0 && this._usageEvery) {
+      // never ask more often than the server samples
+      this._usageEvery = Math.max(this._usageFloor, answer.interval_seconds * 1000);
+    }
+    const live = new Set(this._state.sessions.map(s => s.id));
+    const usage: Record<string, ISessionUsage> = {};
+    const history: Record<string, ISessionUsageHistory> = {};
+    for (const entry of answer.sessions) {
+      if (!entry || typeof entry.id !== 'string' || !live.has(entry.id)) {
+        continue;
+      }
+      history[entry.id] = entry;
+      if (entry.last) {
+        usage[entry.id] = entry.last;
+      }
+    }
+    this._set({ ...this._state, usage, history });
   }
 
   /** Replace a session's row with the server's answer (after a TTL change), counting down from now. */
@@ -484,6 +512,7 @@ export class SessionsModel {
   private _standby: () => boolean;
   private _poll: Poll | null = null;
   private _usageEvery = 0;
+  private _usageFloor = 0;
   private _measuredAt = 0;
   private _measuring = false;
   private _isDisposed = false;

@@ -41,6 +41,7 @@ import {
 } from './kernels';
 import { PORTS_SECONDS, fillPortsList } from './previews';
 import { SandboxAPIError } from './request';
+import { fillSparks, makeSparks } from './sparks';
 
 export namespace SandboxPanel {
   export interface IActions {
@@ -314,6 +315,9 @@ export class SandboxPanel extends SidePanel {
       }
     });
 
+    // under the line: CPU, memory and disk over the last minutes, and what the session serves
+    const sparks = makeSparks();
+
     const body = document.createElement('div');
     body.className = 'jp-TaiSandbox-sessionBody';
     body.hidden = true;
@@ -418,7 +422,7 @@ export class SandboxPanel extends SidePanel {
     ports.append(portsHead, portsList);
 
     body.append(id, kernelLine, details, usage, timeRow, actions, ports);
-    item.append(row, body);
+    item.append(row, sparks, body);
     return item;
   }
 
@@ -541,6 +545,7 @@ export class SandboxPanel extends SidePanel {
     usage.hidden = !text;
     usage.textContent = text ? `usage: ${text}` : '';
     usage.title = usageTitle(measured);
+    fillSparks(item.querySelector('.jp-TaiSandbox-sparks') as HTMLElement, state.history[session.id], state.kernels);
     (item.querySelector('.jp-TaiSandbox-timeLeft') as HTMLElement).textContent = timeLeftText(
       session,
       state

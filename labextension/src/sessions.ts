@@ -17,8 +17,11 @@ import { DEFAULT_SETTINGS, ISandboxSettings } from './settings';
 import { ISessionForm, SpecFormError, buildSpec, defaultForm } from './spec';
 import { IReportedError, ISandboxSessions } from './tokens';
 
-/** Seconds between two measures of the sessions' resource use while a view shows. */
-export const USAGE_SECONDS = 15;
+/**
+ * Seconds between two fetches of the sessions' recent resource use while a view shows (one GET usage for
+ * all of them; the server samples every UsageHistory.interval_seconds, 5 s by default).
+ */
+export const USAGE_SECONDS = 5;
 
 export namespace SandboxSessions {
   export interface IOptions {

@@ -188,22 +188,35 @@ describe('usage', () => {
     expect(usageText(undefined)).toBeNull();
   });
 
-  it('measures each session in the background and forgets sessions that are gone', async () => {
+  it('fetches the usage of every session in one request and forgets sessions that are gone', async () => {
     const measured = { disk_bytes: 2048, note: null };
+    const entry = (id: string) => ({
+      id,
+      owner: 'me',
+      consumer: 'user:me',
+      serves: { kind: 'user', name: 'me' },
+      paused: false,
+      samples: [{ time: 1, cpu: null, memory_bytes: null, disk_bytes: 2048 }],
+      last: measured
+    });
     const { settings, requests } = fakeSettings([
       json(LOCAL),
       json({ sessions: [session('a'), session('b')] }),
-      req => (req.url.endsWith('/a') ? json({ ...session('a'), usage: measured }) : json({ error: 'SandboxNotFoundError', message: 'gone' }, 404)),
-      req => (req.url.endsWith('/a') ? json({ ...session('a'), usage: measured }) : json({ error: 'SandboxNotFoundError', message: 'gone' }, 404)),
+      json({ interval_seconds: 5, samples_kept: 60, sampling: true, sessions: [entry('a'), entry('z')] }),
       json(LOCAL),
       json({ sessions: [session('b')] })
     ]);
     const model = new SessionsModel({ client: new SandboxClient(settings) });
     await model.refresh();
     await model.refreshUsage();
+    // one GET usage for all of them (no request per session); a session the listing lacks is left out
+    expect(requests.slice(2).map(r => `${r.method} ${r.url}`)).toEqual(['GET http://lab.test/base/api/sandbox/usage']);
     expect(model.state.usage).toEqual({ a: measured });
-    expect(requests.slice(2).every(r => r.method === 'GET')).toBe(true);
-    expect((await model.refresh()).usage).toEqual({});
+    expect(Object.keys(model.state.history)).toEqual(['a']);
+    expect(model.state.history.a.samples).toHaveLength(1);
+    const next = await model.refresh();
+    expect(next.usage).toEqual({});
+    expect(next.history).toEqual({});
     expect(stateFromFetch(LOCAL as any, [session('a')], 1, { usage: { a: measured, z: measured } }).usage).toEqual({
       a: measured
     });
