@@ -767,6 +767,15 @@ async def vm_group(report: Report) -> None:
     await vm_rows(report, _docker_sandbox, _image, _compare)
 
 
+async def observability_group(report: Report) -> None:
+    """Issue 55: a one-shot exec through the gate with the audit log and the metrics listening vs nothing
+    listening, same session, same run, local and docker (benchmarks/observability.py); target <= 5% or
+    <= 0.2 ms, whichever is larger."""
+    import observability
+
+    await observability.rows(report)
+
+
 GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
     "local": local_group,
     "docker": docker_group,
@@ -777,4 +786,5 @@ GROUPS: dict[str, Callable[[Report], Awaitable[None]]] = {
     "agent": agent_group,
     "kernel": kernel_group,
     "vm": vm_group,
+    "observability": observability_group,
 }

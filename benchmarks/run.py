@@ -1,7 +1,8 @@
 """Side-by-side benchmarks: our API against the raw mechanisms underneath it, and a peer.
 
 One entry point: ``python benchmarks/run.py`` (``--quick`` for fewer rounds,
-``--only NAME`` to run some groups: local, docker, create, stream, server, peer, agent, kernel, vm;
+``--only NAME`` to run some groups: local, docker, create, stream, server, peer, agent, kernel, vm,
+observability;
 ``--out DIR`` for the results folder).
 Every baseline is measured in the same run on the same machine; the table shows
 medians, p95 and the ratio to the baseline, then each target with PASS or MISS.
