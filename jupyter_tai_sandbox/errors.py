@@ -102,6 +102,12 @@ class PreviewBodyTooLargeError(UploadTooLargeError):
     """A request body to a web preview over PreviewSettings.max_request_body_bytes (413)."""
 
 
+class PreviewGrantError(SandboxForbiddenError):
+    """A request on a per-session preview origin (PreviewSettings.origin_template) without a valid grant: a
+    one-time code used already, expired or for another session port; no valid cookie of that host; an
+    action the Authorizer did not grant; an unsafe method or websocket from another origin (403)."""
+
+
 class PreviewConnectionsError(SandboxQuotaError):
     """One connection more to web previews than PreviewSettings.max_connections_per_session or
     max_connections_per_user allows (429)."""
@@ -192,6 +198,7 @@ ERROR_CLASSES: dict[str, type[SandboxError]] = {
         PreviewIdleTimeoutError,
         PreviewBodyTooLargeError,
         PreviewConnectionsError,
+        PreviewGrantError,
     )
 }
 
@@ -246,6 +253,7 @@ __all__ = [
     "PresetStoreError",
     "PreviewBodyTooLargeError",
     "PreviewConnectionsError",
+    "PreviewGrantError",
     "PreviewIdleTimeoutError",
     "PreviewSessionGoneError",
     "PreviewUpstreamError",
