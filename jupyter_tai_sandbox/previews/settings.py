@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+from typing import Any
 
-from traitlets import Float, Integer, Unicode
+from traitlets import Float, Integer, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from ..errors import PreviewConnectionsError
+from .origin import GrantCodes, OriginTemplate
 
 __all__ = ["PreviewSettings"]
 
@@ -15,6 +17,8 @@ __all__ = ["PreviewSettings"]
 class PreviewSettings(LoggingConfigurable):
     """Limits of web previews (a session's web app at /api/sandbox/sessions/{id}/ports/{port}/): every refusal
     is a typed error whose message names the setting."""
+
+    _origin: OriginTemplate | None = None
 
     max_request_body_bytes = Integer(
         256 << 20,
@@ -54,15 +58,51 @@ class PreviewSettings(LoggingConfigurable):
 
     origin_template = Unicode(
         "",
-        help="""Not implemented yet (must stay empty): a per-session origin an operator would serve previews
-        from, e.g. 'https://{session}.previews.example.org'. Previews are served on the Jupyter origin, kept
-        apart from it by an opaque-origin CSP sandbox.""",
+        help="""Empty (the default): previews are served on the Jupyter origin, kept apart from it by an
+        opaque-origin CSP sandbox (an app's own script files, fetches and websockets are refused there). Set:
+        each session port gets an origin of its own, e.g. 'https://{session}-{port}.previews.example.org' or,
+        on one machine, 'http://{session}-{port}.preview.localhost:{server_port}'. {session} and {port} (the
+        session id and the app's port) go in the host's first label; {server_port} (the port of the Jupyter
+        URL the browser used) may be the origin's port. http:// only under .localhost. The operator serves
+        that wildcard name (DNS, a wildcard certificate, a reverse proxy passing Host) to this server; a
+        document opened on the Jupyter route is redirected there with a one-time code. Checked at start.""",
     ).tag(config=True)
+
+    origin_cookie_seconds = Float(
+        8 * 3600.0,
+        help="""With origin_template set: how long the cookie a preview origin gives the browser (for that
+        session port only) stays valid, in seconds; then the preview must be opened from Jupyter again. The
+        session's owner is checked again on every request either way.""",
+    ).tag(config=True)
+
+    @validate("origin_template")
+    def _valid_template(self, proposal: Any) -> str:
+        value = str(proposal["value"]).strip()
+        if value:
+            try:
+                OriginTemplate(value)
+            except ValueError as e:
+                raise TraitError(str(e)) from None
+        return value
+
+    @property
+    def origin(self) -> OriginTemplate | None:
+        """The per-session origin template, or None (the opaque-origin mode)."""
+        value = self.origin_template.strip()
+        if not value:
+            return None
+        if self._origin is None or self._origin.template != value:
+            self._origin = OriginTemplate(value)
+        return self._origin
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._per_session: collections.Counter[str] = collections.Counter()
         self._per_user: collections.Counter[str] = collections.Counter()
+        self._origin = None
+        #: the one-time codes of the per-session origins (in this server's memory)
+        self.codes = GrantCodes()
+        self.origin  # noqa: B018  # a template set in a config file is checked now, at start
 
     def hold(self, session_id: str, user: str) -> None:
         """Count one connection of ``user`` to ``session_id``, or refuse it (429); give it back with
