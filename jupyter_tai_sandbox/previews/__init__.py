@@ -24,8 +24,18 @@ The security model
     and unsafe methods fail XSRF) and cannot set cookies on the Jupyter origin; the app's ``Set-Cookie``
     is dropped (logged once per session), ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy:
     no-referrer`` are set; the app's own Content-Security-Policy is kept (both apply).
-    :attr:`.settings.PreviewSettings.origin_template` names the alternative (a per-session origin an
-    operator serves), not implemented yet.
+
+Per-session origins (:attr:`.settings.PreviewSettings.origin_template` set, :mod:`.origin`)
+    A browser's document GET of the route (after the same auth and owner rules) is redirected to the
+    session port's own origin (e.g. ``http://{session}-{port}.preview.localhost:{server_port}``) with a
+    one-time code, which the preview host exchanges for a cookie of its own (host-only, HttpOnly, Secure,
+    SameSite=None, Partitioned, signed: user, session, port, expiry), then the clean path. That host is served
+    by this server (a Host-matched rule before all others) and relays every path to the app with the cookie
+    checked and the session's owner checked again on every request (gone: 410; another user's: 404); no CSP
+    sandbox there: the app's own files, fetches, websockets (Origin: that origin only) and cookies work, while
+    its origin is neither Jupyter's (whose cookies are host-only, so never sent to it) nor another session
+    port's. A script's or tool's request (no document) and websockets on the Jupyter route are relayed there
+    as before, sandboxed.
 
 Limits
     :class:`.settings.PreviewSettings`: request body size (413), response size, websocket frame size, idle

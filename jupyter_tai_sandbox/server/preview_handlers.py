@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlencode
 
 from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.auth.utils import HTTP_METHOD_TO_AUTH_ACTION
 from tornado import web
 from tornado.iostream import StreamClosedError
@@ -27,12 +30,14 @@ from ..contract import (
 )
 from ..errors import (
     PreviewBodyTooLargeError,
+    PreviewGrantError,
     PreviewIdleTimeoutError,
     PreviewSessionGoneError,
     PreviewUpstreamError,
 )
 from ..previews.http_upstream import HttpUpstream
-from ..sessions import _SESSION_ID
+from ..previews.origin import COOKIE_NAME, GRANT_PATH, Grant, PreviewCookies, safe_next
+from ..sessions import _SESSION_ID, Caller
 from .handler_base import AUTH_RESOURCE
 from .handlers import SESSION_ID, SandboxAPIHandler
 
@@ -46,7 +51,13 @@ PORTS_SEGMENT = "ports"
 #: the same, the app seeing the full request path (previews.urls.port_path(..., absolute=True))
 ABSOLUTE_SEGMENT = "absolute-ports"
 
-__all__ = ["CSP_SANDBOX", "PortProxyHandler", "preview_handlers"]
+__all__ = [
+    "CSP_SANDBOX",
+    "PortProxyHandler",
+    "PreviewHostHandler",
+    "install_preview_host",
+    "preview_handlers",
+]
 
 #: the sandbox every proxied document gets: no allow-same-origin, so its origin is opaque
 CSP_SANDBOX = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads allow-popups-to-escape-sandbox"
@@ -124,8 +135,7 @@ class PortProxyHandler(WebSocketRelayMixin, SandboxAPIHandler):
         method = self.request.method or "GET"
         self._websocket = self.is_websocket_upgrade()
         action = "execute" if self._websocket else HTTP_METHOD_TO_AUTH_ACTION.get(method, "write")
-        if not await ensure_async(self.authorizer.is_authorized(self, user, action, AUTH_RESOURCE)):
-            raise web.HTTPError(403, f"User is not authorized to {action} on resource: {AUTH_RESOURCE}.")
+        await self._authorize(user, action)
         kwargs = self.path_kwargs
         session_id, given = kwargs["session_id"], kwargs["port"]
         port = int(given) if given.isdigit() and len(given) <= 5 else 0
@@ -140,6 +150,9 @@ class PortProxyHandler(WebSocketRelayMixin, SandboxAPIHandler):
             )
         session = await self._session(session_id, manage=method not in ("GET", "HEAD", "OPTIONS"))
         caller = await self.caller()
+        if session.opens_ports and self._to_own_origin(session_id):
+            await self._redirect_to_own_origin(session_id, port, caller)
+            return
         settings.hold(session_id, caller.name)
         self._held = (session_id, caller.name)
         self.session = session
@@ -163,6 +176,44 @@ class PortProxyHandler(WebSocketRelayMixin, SandboxAPIHandler):
             raise PreviewUpstreamError(f"{where} cannot be reached: {e}") from None
         self._http = HttpUpstream(opened, where=where, idle_timeout=settings.idle_timeout_seconds)
         await self._http.send_head(method, self.target(), self.forwarded_headers())
+
+    async def _authorize(self, user: Any, action: str) -> None:
+        """The Authorizer's ``action`` on the sessions resource for ``user``, or 403."""
+        if not await ensure_async(self.authorizer.is_authorized(self, user, action, AUTH_RESOURCE)):
+            raise web.HTTPError(403, f"User is not authorized to {action} on resource: {AUTH_RESOURCE}.")
+
+    def _to_own_origin(self, session_id: str) -> bool:
+        """With PreviewSettings.origin_template set, a browser's GET of a document goes to the session port's
+        own origin (a script's or a tool's request, and a websocket, are relayed here as before)."""
+        template = self.preview_settings.origin
+        if template is None or self._websocket or self.request.method not in ("GET", "HEAD"):
+            return False
+        if not template.fits(session_id):
+            return False
+        dest = self.request.headers.get("Sec-Fetch-Dest")
+        if dest is not None:
+            return dest in ("document", "iframe", "frame")
+        return "text/html" in self.request.headers.get("Accept", "")
+
+    async def _redirect_to_own_origin(self, session_id: str, port: int, caller: Caller) -> None:
+        """A redirect to the session port's origin with a one-time code for this user, session and port."""
+        settings = self.preview_settings
+        user = self.current_user
+        actions = frozenset(
+            [
+                action
+                for action in ("read", "write", "execute")
+                if await ensure_async(self.authorizer.is_authorized(self, user, action, AUTH_RESOURCE))
+            ]
+        )
+        code = settings.codes.issue(caller.name, caller.admin_actions, actions, session_id, port)
+        path, query = self._split_path()[1] or "/", without_token(self.request.query)
+        next_path = path + ("?" + query if query else "")
+        origin = preview_origin(settings, self.request, session_id, port)
+        assert origin is not None
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Referrer-Policy", "no-referrer")
+        self.redirect(f"{origin}{GRANT_PATH}?" + urlencode({"code": code, "next": next_path}))
 
     async def _session(self, session_id: str, *, manage: bool) -> SandboxSession:
         """The caller's session; another user's live one 404; a well-formed id with no live session 410."""
@@ -286,26 +337,32 @@ class PortProxyHandler(WebSocketRelayMixin, SandboxAPIHandler):
             for name in value.split(",")
         }
         dropped_cookie = False
+        app_headers = {name.lower() for name, _ in response.headers}
         for name, value in response.headers:
             lowered = name.lower()
             if lowered in ("set-cookie", "set-cookie2"):
-                dropped_cookie = True
+                kept = self.app_cookie(value)
+                if kept is None:
+                    dropped_cookie = True
+                else:
+                    self.add_header("Set-Cookie", kept)
                 continue
             if lowered == "content-length" and limit and value.isdigit() and int(value) > limit:
                 raise PreviewUpstreamError(
                     f"the app's response is {value} bytes; the limit is {limit} (PreviewSettings.max_response_bytes)"
                 )
-            if lowered in _HOP_BY_HOP or lowered in connection_named or lowered in _RESPONSE_DROPPED:
+            if lowered in _HOP_BY_HOP or lowered in connection_named or lowered in self.response_dropped:
                 continue
             if lowered == "content-security-policy":
                 continue  # added after the proxy's own, below
             self.add_header(name, value)
-        self.set_header("Content-Security-Policy", CSP_SANDBOX)
+        if self.sandboxed:
+            self.set_header("Content-Security-Policy", CSP_SANDBOX)
         for name, value in response.headers:
             if name.lower() == "content-security-policy":
                 self.add_header("Content-Security-Policy", value)
         self.set_header("X-Content-Type-Options", "nosniff")
-        self.set_header("Referrer-Policy", "no-referrer")
+        self.security_headers(app_headers)
         if dropped_cookie:
             self._log_cookie_dropped()
         self._proxying = True
@@ -332,6 +389,19 @@ class PortProxyHandler(WebSocketRelayMixin, SandboxAPIHandler):
         self.finish()
 
     get = post = put = patch = delete = head = options = _proxy  # type: ignore[assignment]
+
+    #: responses get the opaque-origin CSP sandbox (the Jupyter origin's route)
+    sandboxed = True
+    #: the app's response headers the proxy replaces or drops
+    response_dropped: frozenset[str] = _RESPONSE_DROPPED
+
+    def app_cookie(self, value: str) -> str | None:
+        """The app's Set-Cookie as passed to the browser, or None to drop it (on the Jupyter origin: all)."""
+        return None
+
+    def security_headers(self, app_headers: set[str]) -> None:
+        """The proxy's own headers after the app's (``app_headers``: the names the app sent, lower case)."""
+        self.set_header("Referrer-Policy", "no-referrer")
 
     _cookie_logged: set[str] = set()
 
@@ -380,3 +450,217 @@ preview_handlers = [
     (rf"/api/sandbox/sessions/{SESSION_ID}/{PORTS_SEGMENT}/{PORT}{APP_PATH}", PortProxyHandler),
     (rf"/api/sandbox/sessions/{SESSION_ID}/{ABSOLUTE_SEGMENT}/{PORT}{APP_PATH}", PortProxyHandler),
 ]
+
+
+def preview_origin(settings: PreviewSettings, request: Any, session_id: str, port: int) -> str | None:
+    """The origin of ``port`` of ``session_id`` under PreviewSettings.origin_template for a browser that
+    reached Jupyter at ``request``'s host (``{server_port}``: its port), or None (no template, or an id that
+    cannot be part of a host name: the opaque-origin route then)."""
+    template = settings.origin
+    if template is None or not template.fits(session_id):
+        return None
+    host = request.host
+    server_port = (
+        host.rsplit(":", 1)[1]
+        if ":" in host and not host.endswith("]")
+        else ("443" if request.protocol == "https" else "80")
+    )
+    return template.origin(session_id, port, server_port)
+
+
+#: the methods that change nothing (no Origin check on the preview host)
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@web.stream_request_body
+class PreviewHostHandler(PortProxyHandler):
+    """Every request on a session port's own origin (PreviewSettings.origin_template): the one-time code
+    exchanged for the host's cookie at :data:`~jupyter_tai_sandbox.previews.origin.GRANT_PATH`, and every other
+    path relayed to the app once the cookie and the session's owner are checked. Not jupyter_server's login:
+    Jupyter's cookies never reach this host (they are host-only), and its token is no credential here."""
+
+    sandboxed = False
+    response_dropped = frozenset({"x-content-type-options", "server", "date"})
+    _grant: Grant | None = None
+    _own_origin = ""
+
+    def get_current_user(self) -> Any:  # the cookie's user, not jupyter_server's
+        return self._grant.user if self._grant is not None else None
+
+    def set_default_headers(self) -> None:
+        """Not Jupyter's (its CSP's ``frame-ancestors 'self'`` would keep the JupyterLab tab from framing
+        the preview, and the operator's ServerApp headers are for Jupyter's pages): tornado's, and nosniff."""
+        web.RequestHandler.set_default_headers(self)
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+    def check_xsrf_cookie(self) -> None:
+        """No Jupyter XSRF here (the app has its own rules); an unsafe method from another origin is refused in
+        prepare."""
+
+    def check_origin(self, origin: str | None = None) -> bool:
+        """A websocket, and an unsafe method that names an Origin, must come from this very origin."""
+        given = origin if origin is not None else self.request.headers.get("Origin")
+        if given is None:
+            return not self.is_websocket_upgrade()
+        return given == self._own_origin
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        settings = self.preview_settings
+        template = settings.origin
+        found = template.parse(self.request.host_name) if template is not None else None
+        if template is None or found is None:
+            raise web.HTTPError(404)
+        session_id, port = found
+        self._own_origin = f"{template.scheme}://{self.request.host.lower()}"
+        self.path_kwargs.update(session_id=session_id, port=str(port))
+        if self.request.path == GRANT_PATH:
+            self._exchange(session_id, port)
+            return
+        cookies = self._cookies()
+        for value in self._cookie_values():
+            self._grant = cookies.check(value, session_id, port)
+            if self._grant is not None:
+                break
+        else:
+            raise PreviewGrantError(
+                f"no valid preview cookie for port {port} of session {session_id} on this host: open the "
+                "preview from Jupyter again (the panel's Open, %sandbox open, SandboxClient.port_url)"
+            )
+        self._current_user = self._grant.user
+        self._caller = Caller(self._grant.user, self._grant.admin_actions)
+        if (self.request.method or "GET") not in _SAFE_METHODS and not self.check_origin():
+            raise PreviewGrantError(
+                f"a {self.request.method} from another origin is refused on a preview origin"
+            )
+        await self._admit()
+
+    def _to_own_origin(self, session_id: str) -> bool:
+        return False  # here already
+
+    async def _authorize(self, user: Any, action: str) -> None:
+        grant = self._grant
+        if grant is None or action not in grant.actions:
+            raise PreviewGrantError(
+                f"the Authorizer did not grant {action!r} on the sessions resource when this preview was opened"
+            )
+
+    def _cookies(self) -> PreviewCookies:
+        settings = self.preview_settings
+        made: PreviewCookies | None = getattr(settings, "_cookies", None)
+        if made is None or made.max_age != settings.origin_cookie_seconds:
+            secret = self.settings.get("cookie_secret") or secrets.token_bytes(32)
+            if isinstance(secret, str):
+                secret = secret.encode()
+            made = PreviewCookies(secret, settings.origin_cookie_seconds)
+            settings._cookies = made  # type: ignore[attr-defined]
+        return made
+
+    def _cookie_values(self) -> list[str]:
+        values = []
+        for header in self.request.headers.get_list("Cookie"):
+            for part in header.split(";"):
+                name, _, value = part.strip().partition("=")
+                if name == COOKIE_NAME:
+                    values.append(value.strip())
+        return values
+
+    def _exchange(self, session_id: str, port: int) -> None:
+        """The grant path: a one-time code for this session port becomes the host's cookie, then the app's
+        ``next`` path (on this host only)."""
+        if self.request.method not in ("GET", "HEAD"):
+            raise web.HTTPError(405)
+        settings = self.preview_settings
+        grant = settings.codes.redeem(self.get_query_argument("code", ""), session_id, port)
+        if grant is None:
+            raise PreviewGrantError(
+                "this preview link was used already, has expired, or is for another session port (a link from "
+                "Jupyter is good once, for a few seconds): open the preview from Jupyter again"
+            )
+        max_age = int(settings.origin_cookie_seconds)
+        value = self._cookies().make(grant)
+        # host-only (no Domain), HttpOnly; Secure and SameSite=None so the JupyterLab tab's iframe (another
+        # site) sends it, Partitioned so it works where third-party cookies are blocked (browsers take Secure
+        # cookies on http://*.localhost too)
+        self.add_header(
+            "Set-Cookie",
+            f"{COOKIE_NAME}={value}; Path=/; Max-Age={max_age}; HttpOnly; Secure; SameSite=None; Partitioned",
+        )
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Referrer-Policy", "no-referrer")
+        self._proxying = True  # a plain redirect, not the API's JSON
+        self.redirect(safe_next(self.get_query_argument("next", None)))
+
+    def _split_path(self) -> tuple[str, str]:
+        return "", self.request.path
+
+    @property
+    def absolute(self) -> bool:
+        return False
+
+    def forwarded_headers(self) -> list[tuple[str, str]]:
+        """As on the Jupyter route, without X-Forwarded-Prefix (the app is at this origin's root), and with the
+        app's own cookies (this host's, never the preview cookie)."""
+        headers = [
+            (name, value) for name, value in super().forwarded_headers() if name != "X-Forwarded-Prefix"
+        ]
+        own = [
+            part.strip()
+            for header in self.request.headers.get_list("Cookie")
+            for part in header.split(";")
+            if part.strip() and part.strip().partition("=")[0] != COOKIE_NAME
+        ]
+        if own:
+            headers.insert(1, ("Cookie", "; ".join(own)))
+        return headers
+
+    def app_cookie(self, value: str) -> str | None:
+        """The app's cookie, host-only (a Domain attribute dropped, so it never reaches another preview), and
+        one the JupyterLab tab's iframe (another site) keeps: without a SameSite of its own it gets
+        ``SameSite=None; Secure; Partitioned`` (sent only under the top-level site it was set under). One named
+        as the preview cookie is dropped."""
+        parts = [part.strip() for part in value.split(";")]
+        name = parts[0].partition("=")[0].strip()
+        if name.lower() == COOKIE_NAME.lower():
+            return None
+        kept = [parts[0]] + [
+            part for part in parts[1:] if part and part.partition("=")[0].strip().lower() != "domain"
+        ]
+        named = {part.partition("=")[0].strip().lower() for part in kept[1:]}
+        if "samesite" not in named:
+            kept.append("SameSite=None")
+            if "secure" not in named:
+                kept.append("Secure")
+            if "partitioned" not in named:
+                kept.append("Partitioned")
+        return "; ".join(kept)
+
+    def security_headers(self, app_headers: set[str]) -> None:
+        if "referrer-policy" not in app_headers:
+            self.set_header("Referrer-Policy", "same-origin")
+        if "cross-origin-resource-policy" not in app_headers:
+            self.set_header("Cross-Origin-Resource-Policy", "same-origin")
+
+    def _log_cookie_dropped(self) -> None:
+        self.log.info(
+            "preview of session %s: an app cookie named %s dropped",
+            self.path_kwargs["session_id"],
+            COOKIE_NAME,
+        )
+
+    get = post = put = patch = delete = head = options = allow_unauthenticated(PortProxyHandler._proxy)
+
+
+def install_preview_host(web_app: Any, settings: PreviewSettings, name: str) -> None:
+    """With PreviewSettings.origin_template set, the preview hosts' route, matched by Host before every other
+    rule of the server (jupyter_server's own and its extensions' match any host, so an app's ``/api/...`` or
+    ``/static/...`` would otherwise reach Jupyter's handlers)."""
+    template = settings.origin
+    if template is None:
+        return
+    rules = web_app.default_router.rules
+    before = list(rules)
+    web_app.add_handlers(template.host_pattern, [(r"/.*", PreviewHostHandler, {"name": name})])
+    added = [rule for rule in rules if rule not in before]
+    for rule in added:
+        rules.remove(rule)
+    rules[0:0] = added
