@@ -445,9 +445,11 @@ class SandboxApp(ExtensionApp):
 
         self.handlers.extend(usage_handlers)
         self.handlers.append((rf"/api/sandbox/sessions/{SESSION_ID}/exec/ws", ExecWebSocketHandler))
-        from .server.preview_handlers import preview_handlers
+        from .server.preview_handlers import install_preview_host, preview_handlers
 
         self.handlers.extend(preview_handlers)
+        if web_app is not None:  # PreviewSettings.origin_template: the preview hosts, matched before all else
+            install_preview_host(web_app, self.previews, self.name)
         from . import mcp_door
 
         self.handlers.extend(mcp_door.handlers(self))
