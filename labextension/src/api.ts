@@ -129,6 +129,8 @@ export interface IListeningPort {
   port: number;
   address: string;
   url?: string;
+  /** the port's own preview origin (the server's PreviewSettings.origin_template): `url` redirects there */
+  origin?: string;
 }
 
 export interface IFileEntry {

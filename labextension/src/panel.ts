@@ -63,8 +63,8 @@ export namespace SandboxPanel {
     editEgress?(id: string): void;
     /** GET sessions/{id}/ports: the session's listening ports (the "Ports" list shows where given). */
     listPorts?(id: string): Promise<IListeningPort[]>;
-    /** Open the preview of a session's port in a JupyterLab tab. */
-    openPreview?(id: string, port: number): void;
+    /** Open the preview of a session's port in a JupyterLab tab (`ownOrigin`: it is served on an origin of its own). */
+    openPreview?(id: string, port: number, ownOrigin?: boolean): void;
   }
   export interface IOptions {
     model: SessionsModel;
@@ -452,7 +452,8 @@ export class SandboxPanel extends SidePanel {
     this._portsFetched.set(id, Date.now());
     const section = item.querySelector('.jp-TaiSandbox-ports') as HTMLElement;
     const list = item.querySelector('.jp-TaiSandbox-portsList') as HTMLElement;
-    const open = (port: number) => this._actions.openPreview?.(id, port);
+    const open = (port: number, listed?: IListeningPort) =>
+      this._actions.openPreview?.(id, port, typeof listed?.origin === 'string');
     try {
       const ports = await listPorts(id);
       fillPortsList(list, ports, null, open);

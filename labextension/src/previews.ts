@@ -8,6 +8,12 @@
  * opaque origin, so its script can neither call `/api/*` with the user's cookies, nor read them,
  * nor set a cookie on the Jupyter origin. The iframe's own sandbox only repeats that; it never
  * grants more than the server's CSP does.
+ *
+ * When the server serves previews on origins of their own (PreviewSettings.origin_template: the
+ * listing gives each port its `origin`, and the Jupyter-origin URL redirects there), the iframe
+ * adds `allow-same-origin`: the app's document then keeps that origin (its own files, fetches,
+ * websockets and cookies work), which is neither Jupyter's nor another session port's; anything
+ * still answered on the Jupyter origin carries the server's CSP sandbox, which stays opaque.
  */
 import { MainAreaWidget, ToolbarButton } from '@jupyterlab/apputils';
 import { launchIcon, refreshIcon } from '@jupyterlab/ui-components';
@@ -64,7 +70,7 @@ export function fillPortsList(
   list: HTMLElement,
   ports: IListeningPort[] | null,
   error: string | null,
-  open: (port: number) => void
+  open: (port: number, listed: IListeningPort) => void
 ): void {
   const key = JSON.stringify([ports?.map(p => [p.port, p.address]) ?? null, error]);
   if (list.dataset.shown === key) {
@@ -101,7 +107,7 @@ export function fillPortsList(
       const label = document.createElement('span');
       label.className = 'jp-TaiSandbox-portLabel';
       label.textContent = portLabel(p);
-      const openButton = button('Open', `Open port ${p.port} of this session in a JupyterLab tab`, () => open(p.port));
+      const openButton = button('Open', `Open port ${p.port} of this session in a JupyterLab tab`, () => open(p.port, p));
       openButton.classList.add('jp-TaiSandbox-openPort');
       line.append(label, openButton);
       return line;
@@ -109,13 +115,17 @@ export function fillPortsList(
   );
 }
 
-/** The iframe of a preview, sandboxed (see PREVIEW_SANDBOX). */
+/** The iframe of a preview, sandboxed (see PREVIEW_SANDBOX; `ownOrigin`: see the module's comment). */
 export class PreviewFrame extends Widget {
-  constructor(readonly url: string) {
+  constructor(
+    readonly url: string,
+    readonly ownOrigin = false
+  ) {
     super();
     this.addClass('jp-TaiSandbox-previewFrame');
     this.iframe = document.createElement('iframe');
-    this.iframe.setAttribute('sandbox', PREVIEW_SANDBOX.join(' '));
+    const sandbox = ownOrigin ? [...PREVIEW_SANDBOX, 'allow-same-origin'] : PREVIEW_SANDBOX;
+    this.iframe.setAttribute('sandbox', sandbox.join(' '));
     this.iframe.setAttribute('referrerpolicy', 'no-referrer');
     this.iframe.src = url;
     this.node.append(this.iframe);
@@ -135,6 +145,8 @@ export namespace PreviewWidget {
     sessionId: string;
     port: number;
     url: string;
+    /** the app is served on an origin of its own (the listing gave the port an `origin`) */
+    ownOrigin?: boolean;
     /** a session's name in the tab's title (its id when it has none) */
     label?: string;
     /** opens a URL in a new browser tab (window.open by default) */
@@ -145,7 +157,7 @@ export namespace PreviewWidget {
 /** The preview tab: the iframe, and a toolbar with reload and "Open in a browser tab". */
 export class PreviewWidget extends MainAreaWidget<PreviewFrame> {
   constructor(options: PreviewWidget.IOptions) {
-    const content = new PreviewFrame(options.url);
+    const content = new PreviewFrame(options.url, options.ownOrigin === true);
     super({ content });
     this.sessionId = options.sessionId;
     this.port = options.port;

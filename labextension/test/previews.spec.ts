@@ -202,6 +202,25 @@ describe('the preview tab', () => {
     expect(widget.title.closable).toBe(true);
   });
 
+  it('adds allow-same-origin only for a port served on an origin of its own (the listing gave it one)', () => {
+    const url = previewUrl('http://lab.test/base/', 'sbx-1', 8000);
+    const widget = new PreviewWidget({ sessionId: 'sbx-1', port: 8000, url, ownOrigin: true });
+    Widget.attach(widget, document.body);
+    attached.push(widget);
+    const iframe = widget.node.querySelector('iframe') as HTMLIFrameElement;
+    expect(iframe.src).toBe(url); // the Jupyter URL still: it redirects to the port's origin
+    const sandbox = iframe.getAttribute('sandbox')!.split(' ');
+    expect(sandbox).toEqual([...PREVIEW_SANDBOX, 'allow-same-origin']);
+    expect(sandbox).not.toContain('allow-top-navigation');
+    const list = document.createElement('ul');
+    const opened: [number, string | undefined][] = [];
+    fillPortsList(list, [{ port: 8000, address: '0.0.0.0', origin: 'http://sbx-1-8000.preview.localhost:8888' }], null, (port, listed) =>
+      opened.push([port, listed.origin])
+    );
+    (list.querySelector('[data-port="8000"] .jp-TaiSandbox-openPort') as HTMLButtonElement).click();
+    expect(opened).toEqual([[8000, 'http://sbx-1-8000.preview.localhost:8888']]);
+  });
+
   it('reloads, and opens the same URL in a browser tab', async () => {
     const url = previewUrl('http://lab.test/base/', 'sbx-1', 8000);
     const windows: string[] = [];

@@ -43,7 +43,7 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
         openDocument: path => void commands.execute('docmanager:open', { path }),
         editEgress: id => void commands.execute(CommandIDs.egressPolicy, { id }),
         listPorts: id => sessions.client.listPorts(id),
-        openPreview: (id, port) => void commands.execute(OPEN_PREVIEW, { id, port })
+        openPreview: (id, port, ownOrigin) => void commands.execute(OPEN_PREVIEW, { id, port, ownOrigin: ownOrigin === true })
       }
     });
     panel.title.icon = sandboxIcon;
@@ -79,7 +79,8 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
         const widget = new PreviewWidget({
           sessionId: id,
           port,
-          url: previewUrl(sessions.client.serverSettings.baseUrl, id, port)
+          url: previewUrl(sessions.client.serverSettings.baseUrl, id, port),
+          ownOrigin: args.ownOrigin === true
         });
         void previews.add(widget);
         shell.add(widget, 'main');
