@@ -525,6 +525,15 @@ class SandboxClient:
         answer: list[dict[str, Any]] = (await self._request("GET", "sessions", session_id, "ports"))["ports"]
         return answer
 
+    async def transcript(self, session_id: str) -> dict[str, Any]:
+        """The session's commands and their output as an nbformat 4 notebook (a dict: write it with
+        ``json.dump`` or ``nbformat.from_dict``), scrubbed and unsigned (it opens untrusted). What the server
+        kept: its commands since it started, bounded by TranscriptSettings; a session just destroyed is still
+        answered for TranscriptSettings.keep_after_end_seconds."""
+        body = await self._request("GET", "sessions", session_id, "transcript.ipynb")
+        notebook: dict[str, Any] = json.loads(body)
+        return notebook
+
     def port_url(self, session_id: str, port: int, path: str = "", absolute: bool = False) -> str:
         """The full URL of the web preview of ``port`` inside the session (``path`` inside the app;
         ``absolute``: the route whose app sees the full request path), on this client's server. It never
