@@ -1,5 +1,5 @@
 """``%sandbox SUBCOMMAND``: the line magics (status, sessions, new, use, rm, extend, pause, resume, fork, put,
-get, ports, open, connect).
+get, ports, open, transcript, connect).
 
 :class:`LineSubcommands` stands on :class:`~.named_sessions.NamedSessions` (the sessions by
 name and the client); :class:`~.magic.SandboxMagics` stands on it and adds the cell magic.
@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import html
+import json
 import os
 import posixpath
 import sys
@@ -22,6 +23,7 @@ from ..client import SandboxClient
 from ..contract import SandboxNotFoundError, SandboxUnavailableError
 from ..contract.durations import duration_type
 from ..suggest import did_you_mean
+from ..transcripts import notebook_filename
 from .named_sessions import NamedSession, NamedSessions
 from .options import (
     SandboxMagicError,
@@ -49,6 +51,7 @@ SUBCOMMAND_NAMES = (
     "get",
     "ports",
     "open",
+    "transcript",
     "connect",
 )
 SUBCOMMANDS = """\
@@ -73,6 +76,8 @@ line magics:
   %sandbox open NAME PORT [PATH]      a link to the web preview of PORT in the session (no token
                                       in it: the browser's Jupyter login opens it); --iframe
                                       also shows it in the cell
+  %sandbox transcript NAME [PATH]     save the session's commands and their output as a notebook
+                                      (PATH: a .ipynb file or a folder; default: the kernel's cwd)
   %sandbox connect URL [--token T]    talk to another Jupyter server's sandbox API
   (put and get take --session NAME)
 
@@ -118,7 +123,7 @@ class LineSubcommands(NamedSessions):
             hint = did_you_mean(name, SUBCOMMAND_NAMES, quote="")
             raise SandboxMagicError(
                 f"unknown subcommand {name!r}: {hint}use status, sessions, new, use, rm, extend, pause, resume, fork, "
-                "put, get, ports, open or connect "
+                "put, get, ports, open, transcript or connect "
                 "(or a %%sandbox cell); %sandbox? shows usage"
             )
         handler(rest)
@@ -477,6 +482,48 @@ class LineSubcommands(NamedSessions):
                 },
                 raw=True,
             )
+
+    def _do_transcript(self, argv: list[str]) -> None:
+        args = parse(
+            subparser(
+                "transcript", ("name", {"metavar": "NAME"}), ("path", {"metavar": "PATH", "nargs": "?"})
+            ),
+            argv,
+        )
+        session_id = self._session_id(args.name)
+        target = os.path.expanduser(args.path or "")
+        if not target or os.path.isdir(target):
+            target = os.path.join(target, notebook_filename(args.name))
+        folder = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(folder):
+            raise SandboxMagicError(f"no local folder {folder!r} to write {os.path.basename(target)!r} into")
+
+        async def transcript() -> dict[str, Any]:
+            client = await self._get_client()
+            try:
+                return await client.transcript(session_id)
+            except SandboxNotFoundError:
+                raise SandboxMagicError(
+                    f"no session named {args.name!r} in this kernel, nor a server session with that id "
+                    "(a destroyed session's transcript is kept a while, then forgotten)"
+                ) from None
+
+        notebook = self._run(transcript())
+        fd, tmp = tempfile.mkstemp(prefix=".sandbox-transcript-", suffix=".ipynb", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as sink:
+                json.dump(notebook, sink, indent=1, ensure_ascii=False)
+                sink.write("\n")
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        count = notebook.get("metadata", {}).get("jupyter_tai_sandbox", {}).get("commands", 0)
+        print(
+            f"the transcript of session {args.name!r} ({count} command{'' if count == 1 else 's'}) -> "
+            f"{os.path.abspath(target)} (it opens untrusted)"
+        )
 
     def _session_id(self, name: str) -> str:
         with self._lock:
