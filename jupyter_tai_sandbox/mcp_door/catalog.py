@@ -34,6 +34,7 @@ from ..previews.listening import listening_ports
 from ..previews.urls import port_path
 from ..sessions import AUTH_RESOURCE, Caller
 from ..tools import BASE_TOOLS, Decided, Preset, validate_input
+from ..transcripts import notebook_filename, session_notebook
 from .tool_specs import AUTHORING_TOOLS, DOOR_TOOLS, SESSION_TOOLS, ToolSpec
 
 
@@ -365,6 +366,20 @@ class DoorTools:
             "url": url_path_join(self.app.serverapp.base_url, path),
             "listening": found is not None,
             "address": None if found is None else found.address,
+        }
+
+    async def _session_transcript(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:
+        session_id = data["session_id"]
+        notebook = await session_notebook(
+            self.app, request.caller, session_id, lambda: self._session(request, data, manage=False)
+        )
+        meta = notebook["metadata"]["jupyter_tai_sandbox"]
+        return {
+            "session_id": meta["session"],
+            "filename": notebook_filename(meta["session"]),
+            "commands": meta["commands"],
+            "truncated": meta["truncated"],
+            "notebook": notebook,
         }
 
     async def _session_status(self, request: DoorRequest, data: dict[str, Any]) -> dict[str, Any]:

@@ -299,6 +299,20 @@ SESSION_TOOLS: tuple[ToolSpec, ...] = (
         read_only=True,
     ),
     ToolSpec(
+        "session_transcript",
+        "The session's commands and their output as a Jupyter notebook (nbformat 4, as JSON in `notebook`): one "
+        "code cell per command that ran through this server (its stdout and stderr as stream outputs, its exit "
+        "as a note), scrubbed like every transcript, unsigned. Bounded by the server's TranscriptSettings (the "
+        "oldest output dropped first, said in `truncated`); a session just destroyed is still answered a while.",
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["session_id"],
+            "properties": {"session_id": _SESSION_ID},
+        },
+        read_only=True,
+    ),
+    ToolSpec(
         "session_status",
         "One session's info (with session_id), or all your live sessions and the sandbox provider's status.",
         {"type": "object", "additionalProperties": False, "properties": {"session_id": _SESSION_ID}},

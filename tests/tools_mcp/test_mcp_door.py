@@ -41,6 +41,7 @@ SESSION_TOOLS = {
     "session_pause",
     "session_resume",
     "session_fork",
+    "session_transcript",
 }
 
 
