@@ -44,6 +44,10 @@ async def test_a_workload_moves_each_series_by_exactly_what_it_did(
     with pytest.raises(SandboxError) as failed:
         await sandbox_app(jp_serverapp).sandbox.create(SessionSpec(cpu=1000.0, ttl_seconds=60))
     failed_as = type(failed.value).__name__
+    # a request the policy refuses at the REST door (caps beyond what the provider allows): a refusal
+    status, body = await call(jp_fetch, "sessions", method="POST", body={"cpu": 1000.0, "ttl_seconds": 60})
+    assert status == 400, body
+    refused_as = body["error"]
     assert (await exec_call(jp_fetch, sid, ["echo", "hi"]))[1]["exit_code"] == 0  # 3 bytes of stdout
     status, result = await exec_call(jp_fetch, sid, ["sh", "-c", "echo err >&2; exit 3"])  # 4 of stderr
     assert (status, result["exit_code"]) == (200, 3)
@@ -68,12 +72,13 @@ async def test_a_workload_moves_each_series_by_exactly_what_it_did(
     assert key("sessions", provider=p, state="paused") in after
 
     changes = moved(before, after)
-    # sessions: the gauge moved and came back; a create ok, one refused, a destroy
+    # sessions: a create ok, one failed in the gate, one refused at the door, a destroy
     expected = {
         key("session_creates_total", provider=p, outcome="ok"): 1,
         key("session_creates_total", provider=p, outcome="error"): 1,
         key("session_create_failures_total", provider=p, error=failed_as): 1,
         key("session_events_total", provider=p, event="destroy"): 1,
+        key("refusals_total", door="rest", error=refused_as): 1,
         key("session_create_seconds_count", provider=p, outcome="ok"): 1,
         key("session_create_seconds_count", provider=p, outcome="error"): 1,
         key("execs_total", outcome="ok", **one): 1,
