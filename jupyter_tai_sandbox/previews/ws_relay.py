@@ -173,6 +173,12 @@ class WebSocketRelayMixin(WebSocketHandler):
                 headers=headers,
                 max_message_bytes=self.max_message_size,
                 timeout=timeout or 3600.0,
+                # a per-session preview origin's handler passes the app's own cookies (never Jupyter's)
+                app_cookie=(
+                    next((value for name, value in headers if name.lower() == "cookie"), "")
+                    if getattr(self, "forwards_app_cookies", False)
+                    else ""
+                ),
             )
         except TimeoutError:
             raise PreviewIdleTimeoutError(

@@ -111,25 +111,36 @@ class UpstreamWebSocket:
         headers: Sequence[tuple[str, str]] = (),
         max_message_bytes: int,
         timeout: float,
+        app_cookie: str = "",
     ) -> UpstreamWebSocket:
         """The opening handshake to ``target`` (path and query) with ``Host: host``; UpstreamHandshakeError
         when the app answers anything but 101, TimeoutError past ``timeout``. Closes ``connection`` on
-        failure."""
+        failure. ``app_cookie``: the app's own cookies (a per-session preview origin's, never Jupyter's), sent
+        as its Cookie header."""
         upstream = cls(connection, max_message_bytes)
+        if app_cookie:
+            headers = [*(h for h in headers if h[0].lower() != "cookie"), ("Cookie", app_cookie)]
         try:
-            await asyncio.wait_for(upstream._handshake(host, target, subprotocols, headers), timeout)
+            await asyncio.wait_for(
+                upstream._handshake(host, target, subprotocols, headers, cookie=bool(app_cookie)), timeout
+            )
         except BaseException:
             await connection.close()
             raise
         return upstream
 
     async def _handshake(
-        self, host: str, target: str, subprotocols: Sequence[str], headers: Sequence[tuple[str, str]]
+        self,
+        host: str,
+        target: str,
+        subprotocols: Sequence[str],
+        headers: Sequence[tuple[str, str]],
+        cookie: bool = False,
     ) -> None:
         extra = [
             (name.encode("latin-1"), value.encode("latin-1"))
             for name, value in headers
-            if name.lower() not in _NOT_FORWARDED
+            if name.lower() not in _NOT_FORWARDED or (cookie and name.lower() == "cookie")
         ]
         request = Request(
             host=host, target=target or "/", subprotocols=list(subprotocols), extra_headers=extra

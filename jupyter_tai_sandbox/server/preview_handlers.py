@@ -480,6 +480,8 @@ class PreviewHostHandler(PortProxyHandler):
     Jupyter's cookies never reach this host (they are host-only), and its token is no credential here."""
 
     sandboxed = False
+    #: the app's own cookies (this host's, without the preview cookie) reach its websocket handshake too
+    forwards_app_cookies = True
     response_dropped = frozenset({"x-content-type-options", "server", "date"})
     _grant: Grant | None = None
     _own_origin = ""

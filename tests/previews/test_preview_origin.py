@@ -139,6 +139,8 @@ class App(BaseHTTPRequestHandler):
                 return
             if opcode == 9:
                 send_frame(self.wfile, 10, data)
+            elif data == b'cookie?':
+                send_frame(self.wfile, 1, self.headers.get('Cookie', '').encode())
             elif opcode in (1, 2):
                 send_frame(self.wfile, opcode, data)
 
@@ -422,10 +424,14 @@ async def _checks(client: Client, jp_serverapp, alice: str, bob: str) -> str:
     # websockets: from the origin itself only, with the cookie
     url = f"ws://127.0.0.1:{client.port}/ws"
     ws = await websocket_connect(
-        HTTPRequest(url, headers={"Host": client.host(alice, APP_PORT), "Origin": own, "Cookie": cookie})
+        HTTPRequest(
+            url, headers={"Host": client.host(alice, APP_PORT), "Origin": own, "Cookie": f"mine=1; {cookie}"}
+        )
     )
     await ws.write_message("hello")
     assert await asyncio.wait_for(ws.read_message(), 30) == "hello"
+    await ws.write_message("cookie?")  # the app's own cookies reach its websocket, the preview cookie never
+    assert await asyncio.wait_for(ws.read_message(), 30) == "mine=1"
     ws.close()
     for headers in (
         {"Origin": f"http://127.0.0.1:{client.port}", "Cookie": cookie},
