@@ -212,7 +212,8 @@ class ServerMetrics:
             return
         finally:
             touched, self._touched = self._touched, None
-        listed = {info.id: (info.kind, bool(getattr(info, "paused", False))) for info in infos}
+        # the gate's kind, as its events say (a remote provider lists the far server's kind)
+        listed = {info.id: (gate.kind, bool(getattr(info, "paused", False))) for info in infos}
         for session in touched or ():
             if session in self._sessions:
                 listed[session] = self._sessions[session]
