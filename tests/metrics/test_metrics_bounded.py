@@ -22,10 +22,17 @@ from tests.support.server import call, exec_call, sandbox_app, server_config
 pytestmark = [pytest.mark.slow(30)]
 
 
+#: a test's own MetricsSettings (by the test's name)
+SETTINGS = {
+    "test_metrics_off_subscribe_nothing_and_move_nothing": {"enabled": False},
+    "test_the_sessions_gauge_rereads_what_its_events_cannot_see": {"sessions_refresh_seconds": 0.2},
+}
+
+
 @pytest.fixture
 def jp_server_config(tmp_path, request):
-    extra = {"MetricsSettings": {"enabled": False}} if "off" in request.node.name else {}
-    return server_config("local", tmp_path / "sandboxes", **extra)
+    settings = SETTINGS.get(request.node.name, {})
+    return server_config("local", tmp_path / "sandboxes", MetricsSettings=settings)
 
 
 async def a_session_used_once(jp_fetch) -> None:
@@ -58,6 +65,29 @@ async def test_metrics_off_subscribe_nothing_and_move_nothing(jp_fetch, jp_serve
     await a_session_used_once(jp_fetch)
     after = await scrape(jp_fetch)
     assert {k: v for k, v in moved(before, after).items() if k[0] != PREFIX + "sessions"} == {}
+
+
+async def test_the_sessions_gauge_rereads_what_its_events_cannot_see(jp_fetch, jp_serverapp):
+    """Sessions made or ended behind the gate's back (the provider itself: no event) show at a re-read, which a
+    scrape starts in the background at most every sessions_refresh_seconds (0.2 s here)."""
+    gate = sandbox_app(jp_serverapp).sandbox
+    running = key("sessions", provider="local", state="running")
+
+    async def until(count: int) -> None:
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await scrape(jp_fetch))[running] != count:
+            assert asyncio.get_running_loop().time() < deadline, count
+            await asyncio.sleep(0.1)
+
+    assert (await scrape(jp_fetch))[running] == 0
+    hidden = await gate.provider.create(SessionSpec())
+    told = await gate.create(SessionSpec())
+    assert (await scrape(jp_fetch))[running] in (1, 2)  # the event's at once
+    await until(2)  # the hidden one at a re-read
+    await told.session.destroy()  # no event
+    await until(1)
+    await hidden.destroy()
+    await until(0)
 
 
 def make_app(tmp_path, name: str) -> SandboxApp:
