@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -14,9 +15,11 @@ import (
 const (
 	maxCommands  = 64      // command records held at once, running or finished and not yet released
 	ringSize     = 1 << 20 // per stream: output kept for a resume (at least a client window); at most twice this is held
+	firstRing    = 1 << 10 // a stream's first array: it doubles as the output grows (compact)
 	stdinWindow  = 2 << 20 // stdin bytes a client may have in flight per command
 	maxCredit    = 1 << 40
 	killWait     = 4 * time.Second // a kill waits this long for the command's exit before it answers
+	idleTrim     = time.Second     // the agent gives its free memory back this long after the last release
 	cutAfterKill = 20 * time.Millisecond
 	pipeSize     = 1 << 20 // a command's stdout and stdin pipes (F_SETPIPE_SZ, best effort)
 	// how long a pty command's terminal leader may take to report the command's pid
@@ -31,6 +34,8 @@ type agent struct {
 	holders map[int]*command // a command's group holder (its zombie keeps the group id) -> the command
 	connMu  sync.Mutex
 	conns   map[*conn]struct{}
+	trimMu  sync.Mutex
+	trim    *time.Timer // debug.FreeOSMemory, idleTrim after the last release or connection end
 }
 
 func newAgent() *agent {
@@ -88,10 +93,11 @@ type command struct {
 	eofSent   []bool
 
 	stdin       io.WriteCloser
-	stdinQ      chan []byte // nil entry closes stdin
-	stdinClosed bool        // STDIN_CLOSE received
-	stdinUsed   uint64      // bytes accepted and not yet written (bounded by stdinWindow)
-	stdinBroken string      // why writes stopped (the command closed its stdin)
+	stdinQ      [][]byte      // written in order by stdinLoop; a nil entry closes stdin
+	stdinWake   chan struct{} // one slot: stdinQ has entries
+	stdinClosed bool          // STDIN_CLOSE received
+	stdinUsed   uint64        // bytes accepted and not yet written (bounded by stdinWindow)
+	stdinBroken string        // why writes stopped (the command closed its stdin)
 	master      *os.File
 	timer       *time.Timer
 	tcp         net.Conn // a TCP connection into the session, not a process (no pid, no group)
@@ -162,6 +168,20 @@ func (a *agent) reapChildren() {
 		}
 	}
 	a.mu.Unlock()
+}
+
+// trimSoon gives the agent's free memory back to the kernel once idleTrim has passed with no other release
+// or connection end (each one moves it later): the heap a command's streams and records took is garbage
+// after its release, and the Go runtime would otherwise keep those pages, up to its next collection's goal
+// (4 MiB at least), charged to the session's memory.
+func (a *agent) trimSoon() {
+	a.trimMu.Lock()
+	defer a.trimMu.Unlock()
+	if a.trim == nil {
+		a.trim = time.AfterFunc(idleTrim, debug.FreeOSMemory)
+	} else {
+		a.trim.Reset(idleTrim)
+	}
 }
 
 // shutdown stops every running command's group before the agent exits (the engine's stop).

@@ -62,16 +62,14 @@ func (a *agent) release(cn *conn, c *command) {
 		c.letGo()
 		a.mu.Unlock()
 	}
+	c.queueStdin(nil) // stdinLoop ends
 	c.cond.Broadcast()
 	c.mu.Unlock()
-	select {
-	case c.stdinQ <- nil:
-	default:
-	}
 	a.mu.Lock()
 	delete(a.cmds, c.id)
 	a.mu.Unlock()
 	_ = cn.write(tReleased, c.id)
+	a.trimSoon()
 }
 
 type listEntry struct {

@@ -110,6 +110,7 @@ func (cn *conn) serve() (peerEnded bool) {
 		cn.a.connMu.Lock()
 		delete(cn.a.conns, cn)
 		cn.a.connMu.Unlock()
+		cn.a.trimSoon()
 	}()
 	hello := false
 	var r *bufio.Reader

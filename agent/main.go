@@ -9,8 +9,12 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // socketName is the agent's abstract unix socket: it has no file that session code could remove or replace,
@@ -57,6 +61,7 @@ func serve(also func(*agent)) {
 	if os.Getpid() != 1 {
 		_ = prctl(prSetChildSubreaper, 1) // outside a container (tests): orphans still come back to us
 	}
+	runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), maxProcs))
 	syscall.Umask(0o022) // what a container process usually has (runc's default), and commands inherit it
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketName, Net: "unix"})
 	if err != nil {
@@ -80,31 +85,80 @@ func serve(also func(*agent)) {
 	}
 }
 
-// The OS threads each process makes at its start, while the container has pids to spare. The Go runtime
-// keeps idle threads for reuse, and a thread it cannot create is fatal: a command that takes every pid the
-// container may have (a fork bomb under pids_limit) must not then kill the relay, or PID 1, the moment one
-// more blocking call needs a thread.
+// The OS threads each process has from its start, made while the container has pids to spare. The Go
+// runtime keeps idle threads for reuse, and a thread it cannot create is fatal: a command that takes every
+// pid the container may have (a fork bomb under pids_limit) must not then kill the relay, or PID 1, the
+// moment one more blocking call needs a thread. Few are needed: the agent's goroutines run on at most
+// maxProcs threads at once, and its pipes, terminals and sockets are the runtime poller's, so a goroutine
+// waiting on one holds no thread; only short system calls (a fork, a /proc read, a file operation) do.
+// The counts include the runtime's own threads (its monitor, the one that waits for signals).
 const (
-	serveThreads   = 16
+	maxProcs       = 2
+	serveThreads   = 8
 	connectThreads = 6
 )
 
-// reserveThreads makes n OS threads now and leaves them idle in the runtime's pool: each of n goroutines
-// holds a thread of its own (LockOSThread) until all are running, then lets it go.
+// reserveThreads has the runtime make OS threads until the process has n (or k reached n), and leaves them
+// idle in its pool: for a moment GOMAXPROCS is k and k goroutines spin until all of them run at once, each
+// on a thread of its own, for k = 1, 2, ... (Goroutines locked to their threads would do too, but a locked
+// thread handing its work off makes the runtime start a template thread as well: one thread more.)
 func reserveThreads(n int) {
-	var locked sync.WaitGroup
-	release := make(chan struct{})
-	locked.Add(n)
-	for i := 0; i < n; i++ {
+	procs := runtime.GOMAXPROCS(0)
+	for k := 1; k <= n && threadCount() < n; k++ {
+		runtime.GOMAXPROCS(k)
+		runTogether(k)
+	}
+	runtime.GOMAXPROCS(procs)
+}
+
+// runTogether returns once k goroutines have all been running at the same moment (or after a second).
+func runTogether(k int) {
+	var started atomic.Int32
+	var done sync.WaitGroup
+	deadline := time.Now().Add(time.Second)
+	done.Add(k)
+	for i := 0; i < k; i++ {
 		go func() {
-			runtime.LockOSThread()
-			locked.Done()
-			<-release
-			runtime.UnlockOSThread()
+			defer done.Done()
+			started.Add(1)
+			for started.Load() < int32(k) && time.Now().Before(deadline) {
+			}
 		}()
 	}
-	locked.Wait()
-	close(release)
+	done.Wait()
+}
+
+// threadCount is the process's OS threads (/proc/self/status); a large number when it cannot be read.
+func threadCount() int {
+	b, err := readProc("/proc/self/status")
+	if err != nil {
+		return 1 << 30
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Threads:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(rest)); err == nil {
+				return n
+			}
+		}
+	}
+	return 1 << 30
+}
+
+// pollable returns a pipe or socket file as one the runtime's poller reads and writes (non-blocking): a
+// goroutine waiting on it parks and holds no thread. Anything else is returned as it is.
+func pollable(f *os.File) *os.File {
+	fd := int(f.Fd())
+	var st syscall.Stat_t
+	if syscall.Fstat(fd, &st) != nil {
+		return f
+	}
+	if kind := st.Mode & syscall.S_IFMT; kind != syscall.S_IFIFO && kind != syscall.S_IFSOCK {
+		return f
+	}
+	if syscall.SetNonblock(fd, true) != nil {
+		return f
+	}
+	return os.NewFile(uintptr(fd), f.Name())
 }
 
 func fatal(format string, args ...any) {
@@ -127,17 +181,19 @@ func connect() int {
 		fmt.Fprintln(os.Stderr, "tai-agent connect: refusing the listener:", err)
 		return 77
 	}
+	runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), maxProcs))
 	reserveThreads(connectThreads)
-	growPipe(os.Stdin, pipeSize) // the exec stream's pipes: more bytes per wake-up of the relay and the engine
-	growPipe(os.Stdout, pipeSize)
+	stdin, stdout := pollable(os.Stdin), pollable(os.Stdout)
+	growPipe(stdin, pipeSize) // the exec stream's pipes: more bytes per wake-up of the relay and the engine
+	growPipe(stdout, pipeSize)
 	done := make(chan struct{}, 2)
 	go func() {
-		_, _ = relay(c, os.Stdin)
+		_, _ = relay(c, stdin)
 		_ = c.CloseWrite()
 		done <- struct{}{}
 	}()
 	go func() {
-		_, _ = relay(os.Stdout, c)
+		_, _ = relay(stdout, c)
 		done <- struct{}{}
 	}()
 	<-done // either side ending ends the relay: the agent sees the connection close

@@ -12,7 +12,8 @@ import (
 // readStream takes the command's output in while the ring has room for unsent bytes; it never drops a byte
 // that was not sent: a command nobody reads blocks in its own write, and only it. It reads straight into the
 // ring's free tail (the pipe's bytes are copied once, by the kernel); a full ring is compacted into a fresh
-// array, so a slice of the old one that a sender is still writing stays intact.
+// array, so a slice of the old one that a sender is still writing stays intact. The array starts small and
+// doubles as the stream needs (to 2 x ringSize): a command with little output holds a few KiB, not 2 MiB.
 func (c *command) readStream(s *stream) {
 	for {
 		c.mu.Lock()
@@ -30,10 +31,10 @@ func (c *command) readStream(s *stream) {
 			return
 		}
 		room := int(ringSize - (s.end - s.sent))
-		if cap(s.buf)-len(s.buf) < room {
+		if free := cap(s.buf) - len(s.buf); free < min(room, cap(s.buf)/2) || free == 0 {
 			s.compact()
 		}
-		tail := s.buf[len(s.buf) : len(s.buf)+room]
+		tail := s.buf[len(s.buf) : len(s.buf)+min(room, cap(s.buf)-len(s.buf))]
 		c.mu.Unlock()
 		n, err := s.f.Read(tail) // only this goroutine writes past len(s.buf); senders read below it
 		c.mu.Lock()
@@ -58,14 +59,17 @@ func (c *command) readStream(s *stream) {
 }
 
 // compact keeps the newest ringSize bytes (every unsent one among them: fewer than ringSize are unsent when
-// the reader asks for room) in a fresh array of twice that, so the stream never holds more than 2 x ringSize.
+// the reader asks for room) in a fresh array of twice the old one's size (firstRing at first), at most twice
+// ringSize, so the stream never holds more than 2 x ringSize. The array is at least twice what it keeps, so
+// at least half of it is free to read into.
 func (s *stream) compact() {
 	keep := s.start
 	if s.end > ringSize {
 		keep = max(keep, s.end-ringSize)
 	}
 	keep = min(keep, s.sent)
-	nb := make([]byte, s.end-keep, 2*ringSize)
+	size := min(max(firstRing, 2*cap(s.buf)), 2*ringSize)
+	nb := make([]byte, s.end-keep, size)
 	copy(nb, s.buf[keep-s.start:])
 	s.buf, s.start = nb, keep
 }

@@ -183,7 +183,7 @@ func (a *agent) start(cn *conn, id uint32, req startRequest) {
 		}
 	}
 	c.eofSent = make([]bool, len(c.streams))
-	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
+	c.stdinWake = make(chan struct{}, 1)
 	c.credit = min(req.Window, maxCredit)
 	sys := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: req.credential(), Chroot: req.Root}
 	argv := req.Argv

@@ -22,7 +22,7 @@ func (c *command) stdinData(cn *conn, p []byte) error {
 		return errors.New("stdin beyond the granted window")
 	}
 	c.stdinUsed += uint64(len(p))
-	c.stdinQ <- p // never blocks: the window bounds what is queued
+	c.queueStdin(p)
 	return nil
 }
 
@@ -33,11 +33,40 @@ func (c *command) closeStdin(cn *conn) {
 		return
 	}
 	c.stdinClosed = true
-	c.stdinQ <- nil
+	c.queueStdin(nil)
+}
+
+// queueStdin hands p to stdinLoop (c.mu held); it never blocks: the window bounds the bytes queued. A slice
+// rather than a channel sized for the window's worst case: a command's queue costs nothing until used.
+func (c *command) queueStdin(p []byte) {
+	c.stdinQ = append(c.stdinQ, p)
+	select {
+	case c.stdinWake <- struct{}{}:
+	default:
+	}
+}
+
+// nextStdin waits for stdinLoop's next entry.
+func (c *command) nextStdin() []byte {
+	c.mu.Lock()
+	for len(c.stdinQ) == 0 {
+		c.mu.Unlock()
+		<-c.stdinWake
+		c.mu.Lock()
+	}
+	p := c.stdinQ[0]
+	c.stdinQ[0] = nil
+	c.stdinQ = c.stdinQ[1:]
+	if len(c.stdinQ) == 0 {
+		c.stdinQ = nil // the array goes with its last entry
+	}
+	c.mu.Unlock()
+	return p
 }
 
 func (c *command) stdinLoop() {
-	for p := range c.stdinQ {
+	for {
+		p := c.nextStdin()
 		if p == nil {
 			c.mu.Lock()
 			released := c.released

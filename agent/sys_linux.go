@@ -119,12 +119,17 @@ func procStat(pid int) (byte, int, error) {
 // the runtime's poller and stat it, several calls more per file, and the agent reads one per thread of its
 // own at every SIGCHLD (a system call is dear in some VMs).
 func readProc(path string) ([]byte, error) {
+	return readProcInto(path, make([]byte, 0, 512))
+}
+
+// readProcInto is readProc into buf's array while it is large enough (a loop reading many files reuses one).
+func readProcInto(path string, buf []byte) ([]byte, error) {
 	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer syscall.Close(fd)
-	buf := make([]byte, 0, 512)
+	buf = buf[:0]
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
@@ -167,14 +172,16 @@ func childPids() ([]int, bool) {
 		return nil, false
 	}
 	var pids []int
+	buf := make([]byte, 0, 512)
 	for _, t := range tasks {
-		b, err := readProc("/proc/self/task/" + t.Name() + "/children")
+		b, err := readProcInto("/proc/self/task/"+t.Name()+"/children", buf)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) && t.Name() != strconv.Itoa(os.Getpid()) {
 				continue // a thread that ended meanwhile
 			}
 			return nil, false
 		}
+		buf = b
 		for _, f := range bytes.Fields(b) {
 			if pid, err := strconv.Atoi(string(f)); err == nil {
 				pids = append(pids, pid)
@@ -456,7 +463,7 @@ var oomCountFiles = []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/mem
 // readable); -1 where none is readable (no memory controller, or a kernel without the count).
 func oomKills() int64 {
 	for _, path := range oomCountFiles {
-		data, err := os.ReadFile(path)
+		data, err := readProc(path)
 		if err != nil {
 			continue
 		}

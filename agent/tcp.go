@@ -38,7 +38,7 @@ func (a *agent) connectTCP(cn *conn, id uint32, req connectRequest) {
 	c.streams = []*stream{{name: "stdout", f: tc}}
 	c.stdin = halfCloser{tc}
 	c.eofSent = make([]bool, 1)
-	c.stdinQ = make(chan []byte, stdinWindow/1024+2)
+	c.stdinWake = make(chan struct{}, 1)
 	c.credit = min(req.Window, maxCredit)
 	a.mu.Lock()
 	if _, dup := a.cmds[id]; dup || len(a.cmds) >= maxCommands {
