@@ -167,6 +167,17 @@ export function filePathUrl(path: string): string {
   return URLExt.encodeParts(clean);
 }
 
+/** A session's transcript: an nbformat 4 notebook (its `metadata.jupyter_tai_sandbox` names the session). */
+export interface ITranscriptNotebook {
+  nbformat: number;
+  nbformat_minor: number;
+  metadata: { jupyter_tai_sandbox?: { session?: string; commands?: number; truncated?: boolean } } & Record<
+    string,
+    unknown
+  >;
+  cells: unknown[];
+}
+
 /** The client the panel uses: one instance per server connection. */
 export class SandboxClient {
   constructor(
@@ -345,6 +356,14 @@ export class SandboxClient {
   async listPorts(id: string): Promise<IListeningPort[]> {
     const body = await requestAPI<{ ports?: IListeningPort[] }>(`${this._session(id)}/ports`, {}, this.serverSettings);
     return Array.isArray(body?.ports) ? body.ports : [];
+  }
+
+  /**
+   * GET sessions/{id}/transcript.ipynb: the session's commands and their output as an nbformat 4 notebook
+   * (scrubbed, unsigned: it opens untrusted).
+   */
+  async transcript(id: string): Promise<ITranscriptNotebook> {
+    return requestAPI<ITranscriptNotebook>(`${this._session(id)}/transcript.ipynb`, {}, this.serverSettings);
   }
 
   /** The URL a browser downloads a workspace file from (GET needs no XSRF token). */

@@ -22,6 +22,7 @@ export namespace CommandIDs {
   export const resume = 'tai-sandbox:resume';
   export const fork = 'tai-sandbox:fork';
   export const egressPolicy = 'tai-sandbox:egress-policy';
+  export const saveTranscript = 'tai-sandbox:save-transcript';
   export const showPanel = 'tai-sandbox:show-panel';
 }
 

@@ -61,6 +61,8 @@ export namespace SandboxPanel {
     openDocument(path: string): void;
     /** Show the session's egress policy in a dialog that changes it (PATCH). */
     editEgress?(id: string): void;
+    /** Save the session's transcript (its commands and output) as a notebook and open it; resolves once done. */
+    saveTranscript?(id: string): Promise<unknown>;
     /** GET sessions/{id}/ports: the session's listening ports (the "Ports" list shows where given). */
     listPorts?(id: string): Promise<IListeningPort[]>;
     /** Open the preview of a session's port in a JupyterLab tab (`ownOrigin`: it is served on an origin of its own). */
@@ -402,7 +404,15 @@ export class SandboxPanel extends SidePanel {
     const egress = button('Egress policy…', EGRESS_TOOLTIP, () => this._actions.editEgress?.(session.id));
     egress.classList.add('jp-TaiSandbox-egress');
     egress.hidden = true;
-    actions.append(pause, fork, egress);
+    const transcript = button('Save transcript', TRANSCRIPT_TOOLTIP, () => {
+      transcript.disabled = true;
+      void Promise.resolve(this._actions.saveTranscript?.(session.id)).finally(() => {
+        transcript.disabled = false;
+      });
+    });
+    transcript.classList.add('jp-TaiSandbox-saveTranscript');
+    transcript.hidden = !this._actions.saveTranscript;
+    actions.append(pause, fork, egress, transcript);
 
     const ports = document.createElement('div');
     ports.className = 'jp-TaiSandbox-ports';
@@ -638,6 +648,8 @@ const PAUSE_TOOLTIP = 'Freeze every process of this session where it is (its tim
 const RESUME_TOOLTIP = 'Let this paused session run on from where it was';
 const EGRESS_TOOLTIP = 'See and change the host names this session may reach (its egress policy)';
 const FORK_TOOLTIP = "Start a new session from this one's state now (the two then run on apart)";
+const TRANSCRIPT_TOOLTIP =
+  "Save this session's commands and their output (as this server kept them, scrubbed) as a notebook, and open it";
 
 function timeLeftText(session: ISessionInfo, state: IPanelState): string {
   const left = secondsLeft(session, state.fetchedAt, Date.now());

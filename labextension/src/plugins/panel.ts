@@ -42,6 +42,7 @@ export const panelPlugin: JupyterFrontEndPlugin<void> = {
         },
         openDocument: path => void commands.execute('docmanager:open', { path }),
         editEgress: id => void commands.execute(CommandIDs.egressPolicy, { id }),
+        saveTranscript: id => commands.execute(CommandIDs.saveTranscript, { id }),
         listPorts: id => sessions.client.listPorts(id),
         openPreview: (id, port, ownOrigin) => void commands.execute(OPEN_PREVIEW, { id, port, ownOrigin: ownOrigin === true })
       }

@@ -13,6 +13,7 @@ import { addEgressCommands } from '../egress';
 import { SandboxSessions } from '../sessions';
 import { SETTINGS_PLUGIN_ID, readSettings } from '../settings';
 import { ISandboxSessions } from '../tokens';
+import { addTranscriptCommands } from '../transcript';
 
 export const sessionsPlugin: JupyterFrontEndPlugin<ISandboxSessions> = {
   id: SETTINGS_PLUGIN_ID,
@@ -32,6 +33,7 @@ export const sessionsPlugin: JupyterFrontEndPlugin<ISandboxSessions> = {
     });
     addSessionCommands(commands, sessions, palette);
     addEgressCommands(commands, sessions, palette);
+    addTranscriptCommands(commands, sessions, app.serviceManager.contents, palette);
 
     if (settingRegistry) {
       settingRegistry
