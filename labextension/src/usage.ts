@@ -53,7 +53,7 @@ export const USAGE_METRICS: UsageMetric[] = ['cpu', 'memory', 'disk'];
 export const METRIC_LABELS: Record<UsageMetric, string> = { cpu: 'cpu', memory: 'mem', disk: 'disk' };
 
 /** A sparkline's size in CSS pixels (the SVG's viewBox). */
-export const SPARK_WIDTH = 36;
+export const SPARK_WIDTH = 30;
 export const SPARK_HEIGHT = 10;
 
 const isNumber = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);

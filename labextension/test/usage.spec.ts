@@ -29,11 +29,11 @@ const DOCKER: IUsageSample[] = [
 describe('sparklines', () => {
   it('draws time left to right and the value from the bottom', () => {
     const points = sparkPoints(DOCKER, 'memory');
-    expect(points.map(([x]) => x)).toEqual([0, 12, 24, 36]);
+    expect(points.map(([x]) => x)).toEqual([0, 10, 20, 30]);
     // 40 MiB, the highest, at the top (inside the stroke's pad); 10 MiB a quarter of the way up
     expect(points[2][1]).toBe(1);
     expect(points[0][1]).toBe(SPARK_HEIGHT - 1 - 0.25 * (SPARK_HEIGHT - 2));
-    expect(sparkPath(DOCKER, 'memory')).toBe('M0 7L12 5L24 1L36 3');
+    expect(sparkPath(DOCKER, 'memory')).toBe('M0 7L10 5L20 1L30 3');
   });
 
   it('puts CPU on a scale of at least one core and leaves out samples without the metric', () => {
@@ -98,7 +98,7 @@ describe('the sparkline row', () => {
     fillSparks(line, history(DOCKER), {});
     expect(line.hidden).toBe(false);
     const spark = (metric: string) => line.querySelector(`.jp-TaiSandbox-spark[data-metric="${metric}"]`) as HTMLElement;
-    expect(spark('memory').querySelector('svg path')!.getAttribute('d')).toBe('M0 7L12 5L24 1L36 3');
+    expect(spark('memory').querySelector('svg path')!.getAttribute('d')).toBe('M0 7L10 5L20 1L30 3');
     expect(spark('memory').dataset.points).toBe('4');
     expect(spark('cpu').title).toContain('of a core');
     expect(line.querySelector('.jp-TaiSandbox-serves')!.textContent).toBe('agent claude');
