@@ -759,6 +759,18 @@ async def agent_group(report: Report) -> None:
         "the agent group is the exec transport (a fallback): its channel is one exec stream, which bounds "
         "it, so its ratios are its cost, not targets; the streamed-bytes targets are the docker group's"
     )
+    # issue 56.3: an idle session's memory and the agent's threads after 400 one-shots (benchmarks/agent_memory.py)
+    import agent_memory
+
+    memory = await agent_memory.measure(report.image, agent_memory.SHOTS)
+    for name, passed, seen in agent_memory.verdicts(memory):
+        report.target(name, passed, seen)
+    after = memory["after"]
+    report.note(
+        f"agent memory: a docker session {memory['before']['memory_mib']:.2f} MiB new, {after['memory_mib']:.2f} "
+        f"MiB after {memory['shots']} one-shots (agent RSS {after['agent_rss_mib']:.1f} MiB, {after['threads']} "
+        f"threads); one-shot p50 {memory['exec_ms_p50']:.2f} ms during them"
+    )
 
 
 async def vm_group(report: Report) -> None:
