@@ -61,13 +61,16 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "agent stdin echo 8 MiB: through the agent",
         "kernel: sandboxed on docker (network none) 1+1",
         "kernel: sandboxed on docker (network none) print 64 MiB",
+        "local one-shot exec: audit + metrics",
+        "docker one-shot exec: audit + metrics",
         *(name for name in rows if name.startswith(VM_ROWS)),
     ):
         assert rows[name]["baseline"] and rows[name]["ratio"] > 0, rows.get(name)
     assert all(any(name.startswith(prefix) for name in rows) for prefix in VM_ROWS), sorted(rows)
-    # the docker group's one, the server group's four, the kernel group's two and the vm group's one among them
-    # (the agent group's exec transport has rows, not targets: its channel is an exec stream, which bounds it)
-    assert len(report["targets"]) == 14
+    # the docker group's one, the server group's four, the kernel group's two, the vm group's one and the
+    # observability group's two among them (the agent group's exec transport has rows, not targets: its channel
+    # is an exec stream, which bounds it)
+    assert len(report["targets"]) == 16
     assert all(isinstance(t["passed"], bool) for t in report["targets"])
     assert "PASS" in done.stdout or "MISS" in done.stdout
     assert (tmp_path / "latest.png").stat().st_size > 10_000
