@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 #: the exec numbers of commands started and not yet ended that are remembered (for their mode): a handle
 #: nobody reads to its end never ends, so the oldest are forgotten past this
 MAX_OPEN_EXECS = 10_000
+#: the labelled children cached by their raw label values (cleared when past this)
+MAX_CHILDREN = 4096
 #: SIGKILL's status as the providers report it (128 + 9), and as a Python returncode
 _KILLED = (137, -9)
 _LIFECYCLE = {
@@ -78,6 +80,8 @@ class ServerMetrics:
         key = (metric, *labels)
         child = self._children.get(key)
         if child is None:
+            if len(self._children) >= MAX_CHILDREN:  # raw values past the bound all map to "other"
+                self._children.clear()
             values = (bound(f"{id(metric)}:{i}", value) for i, value in enumerate(labels))
             child = self._children[key] = metric.labels(*values) if labels else metric
         return child
