@@ -139,7 +139,7 @@ class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandb
     pids_limit = Integer(
         1024,
         help="""Most processes (threads included) a session container may hold at once (0: the engine's
-        default, unlimited). The session agent takes about 22 of them: threads it makes at its start so that
+        default, unlimited). The session agent takes 8 of them: threads it makes at its start so that
         a command taking every pid left can never stop it (agent/main.go, reserveThreads).""",
     ).tag(config=True)
 
