@@ -308,11 +308,11 @@ class AuditLog:
         st = os.fstat(fd)
         if (st.st_ino, st.st_size) == (self._tail.inode, self._tail.size):
             return fd
-        seq, digest, torn = _last_line(self.path)
+        seq, digest, torn = last_line(self.path)
         if seq is None:  # an empty file: the chain goes on from the newest rotated one, if any
             rotated = log_files(self.path)
             rotated = [name for name in rotated if name != self.path]
-            seq, digest, _ = _last_line(rotated[-1]) if rotated else (None, None, False)
+            seq, digest, _ = last_line(rotated[-1]) if rotated else (None, None, False)
         if torn:
             _write_all(fd, b"\n")
         self._tail.seq, self._tail.hash = (seq, digest) if seq is not None and digest else (0, GENESIS)
@@ -332,7 +332,7 @@ class AuditLog:
         os.replace(self.path, f"{self.path}.1")
 
 
-def _last_line(path: str) -> tuple[int | None, str | None, bool]:
+def last_line(path: str) -> tuple[int | None, str | None, bool]:
     """The seq and hash of the last whole audit line of ``path`` (None, None: none), and whether the file
     ends in a torn line (no newline)."""
     try:

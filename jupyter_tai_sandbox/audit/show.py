@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..egress_audit import record_time
-from .log import iter_records
+from .log import last_line, log_files
 
 
 def parse_time(value: str | float | None, what: str) -> float | None:
@@ -70,10 +71,45 @@ def select(records: Iterable[dict[str, Any]], which: Filter) -> Iterator[dict[st
     return (record for record in records if which.matches(record))
 
 
+def _records_of(name: str, newest_first: bool) -> Iterator[dict[str, Any]]:
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError:
+        return
+    lines = data.split(b"\n")
+    for raw in reversed(lines) if newest_first else lines:
+        if not raw:
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("seq"), int):
+            yield record
+
+
 def page(path: str, which: Filter, limit: int) -> tuple[list[dict[str, Any]], bool]:
     """At most ``limit`` matching lines, in seq order, and whether more match beyond them: the oldest after
-    ``which.after`` when it is set, else the newest (before ``which.before``)."""
-    found = list(select(iter_records(path), which))
+    ``which.after`` when it is set, else the newest (before ``which.before``). Files are read one at a time,
+    from the end the page starts at, until the page is full."""
+    files = log_files(path)
+    found: list[dict[str, Any]] = []
     if which.after is not None:
-        return found[:limit], len(found) > limit
-    return found[-limit:] if limit else [], len(found) > limit
+        for name in files:
+            last, _, _ = last_line(name)
+            if last is not None and last <= which.after:
+                continue  # wholly before the page
+            for record in _records_of(name, newest_first=False):
+                if which.matches(record):
+                    found.append(record)
+                    if len(found) > limit:
+                        return found[:limit], True
+        return found, False
+    for name in reversed(files):
+        for record in _records_of(name, newest_first=True):
+            if which.matches(record):
+                found.append(record)
+                if len(found) > limit:
+                    return found[:limit][::-1], True
+    return found[::-1], False
