@@ -1,7 +1,7 @@
 """The vm group: QEMU microVM sessions (under the accel this host allows: TCG here) next to docker sessions,
 same run, round-robin: create to first command (restored from the golden snapshot, with the docker image as
-its root too, on an egress bridge as docker's, and booted cold), a one-shot round trip, stdout throughput, pause + resume, and fork to the
-copy's first command."""
+its root too, on an egress bridge as docker's, booted cold, and taken from a warm pool of restored guests),
+a one-shot round trip, stdout throughput, pause + resume, and fork to the copy's first command."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
 
 #: the vm provider's own target on a host without KVM (issue 28): restore to first command
 RESTORE_TARGET_SECONDS = 0.4
+#: issue 56's target: create to first command from a warm pool of restored guests (VmSandbox.pool_size)
+POOL_TARGET_SECONDS = 0.05
+#: guests in the benchmark's pool
+POOL_SIZE = 2
 
 
 Compare = Callable[[Report, str, str, dict[str, list[float]], str], None]
@@ -37,6 +41,7 @@ async def vm_rows(
     docker = docker_sandbox(image)
     restored = VmSandbox(accel=accel, state_dir=state, deployment="bench-vm")
     cold = VmSandbox(accel=accel, state_dir=state, deployment="bench-vm", golden_snapshots=False)
+    pooled = VmSandbox(accel=accel, state_dir=state, deployment="bench-vm", pool_size=POOL_SIZE)
     rooted = VmSandbox(accel=accel, state_dir=state, deployment="bench-vm", images=[image])
     none = {"network": "none"}
     try:
@@ -56,6 +61,9 @@ async def vm_rows(
             f"vm create to first command: booted ({accel})": lambda: _first_command(
                 cold, SessionSpec(**none)
             ),
+            f"vm create to first command: pool on ({accel})": lambda: _from_the_pool(
+                pooled, SessionSpec(**none)
+            ),
         }
         if "egress" in restored.networks:  # as docker's: on the owner's egress bridge, through a seat
             await (await restored.create(SessionSpec())).destroy()  # its golden (a network card), untimed
@@ -72,7 +80,7 @@ async def vm_rows(
             await guest.destroy()
             await ours.destroy()
     finally:
-        for sandbox in (docker, restored, rooted, cold):
+        for sandbox in (docker, restored, rooted, cold, pooled):
             await sandbox.close()
         shutil.rmtree(state, ignore_errors=True)
 
@@ -85,6 +93,23 @@ async def _first_command(sandbox: Any, spec: SessionSpec) -> float:
         return time.perf_counter() - started
     finally:
         await session.destroy()
+
+
+async def _from_the_pool(sandbox: Any, spec: SessionSpec) -> float:
+    """Create to first command with the pool full (its refill after the last claim waited for, untimed: the
+    row is a warm pool's claim, not a refill's)."""
+    await sandbox._pool.full()
+    await asyncio.sleep(0.3)
+    waiting = set(sandbox._machines.ids())
+    started = time.perf_counter()
+    session = await sandbox.create(spec)
+    try:
+        assert (await session.exec(["sh", "-c", ":"], timeout_seconds=60)).exit_code == 0
+        seconds = time.perf_counter() - started
+    finally:
+        await session.destroy()
+    assert session.id in waiting, "the create did not take a pooled guest"
+    return seconds
 
 
 async def _create_rows(
@@ -102,6 +127,18 @@ async def _create_rows(
         f"vm create (restored, {accel}) to first command p50 <= {RESTORE_TARGET_SECONDS:g} s",
         p50 <= RESTORE_TARGET_SECONDS,
         f"{p50:.2f} s",
+    )
+    pooled = statistics.median(samples[f"vm create to first command: pool on ({accel})"])
+    report.note(
+        "vm create to first command, pool on: the pool full before each sample (its refill after the last "
+        "claim waited for, untimed); the claim is a record's write, so the row is the first command's "
+        "handshake and the command: read it against the vm one-shot row of the same run (a busy machine "
+        "slows both alike)"
+    )
+    report.target(
+        f"vm create ({accel}) to first command <= {POOL_TARGET_SECONDS * 1000:g} ms p50 from a warm pool",
+        pooled <= POOL_TARGET_SECONDS * 1000,
+        f"{pooled:.0f} ms (unpooled, restored: {p50 * 1000:.0f} ms)",
     )
 
 
