@@ -155,6 +155,8 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._sessions: dict[str, LocalSession] = {}
+        #: sessions being destroyed: their sidecar is still on disk, but a list() meanwhile must not adopt them
+        self._forgetting: set[str] = set()
 
     @property
     def _root(self) -> Path:
@@ -295,6 +297,8 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
         """
         if session_id in self._sessions:
             return self._sessions[session_id]
+        if session_id in self._forgetting:
+            return None
         try:
             record = json.loads(self._sidecar(session_id).read_text())
             spec = SessionSpec.from_json({**record["spec"], "env": {}})
@@ -366,11 +370,13 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
             )
 
     async def _forget(self, session: LocalSession, remove_workspace: bool) -> None:
+        self._forgetting.add(session.id)
         self._sessions.pop(session.id, None)
         remove = session.spec.durability == "ephemeral" or remove_workspace
         try:
             await asyncio.to_thread(self._remove_files, session, session.workspace if remove else None)
         finally:
+            self._forgetting.discard(session.id)
             if session.lease is not None:
                 session.lease.release()
 
