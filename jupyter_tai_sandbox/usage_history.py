@@ -254,6 +254,7 @@ class UsageHistory(LoggingConfigurable):
                     return
                 except (TimeoutError, SandboxError) as e:
                     self.log.debug("jupyter_tai_sandbox: usage of %s not measured: %s", info.id, e)
+                    self._sessions.pop(info.id, None)  # looked up afresh next round (a lost connection)
                     return
                 self._record(info.id, record)
 

@@ -128,11 +128,12 @@ def test_a_working_session_shows_moving_sparklines_and_what_it_serves(
             lambda: all(spark_state(item).get(m, (0, p))[1] != p for m, (_n, p) in first.items()),
             timeout=30,
         )
-        # the busy session's CPU peaked over a tenth of a core; the idle one stayed lower
+        # the busy session's CPU well over the idle one's (a loaded machine gives the loop less than a core)
         code, answer = lab.api("GET", "usage")
         assert code == 200, answer
         by_id = {s["id"]: s for s in answer["sessions"]}
-        assert max(s["cpu"] or 0 for s in by_id[busy]["samples"]) > 0.1, by_id[busy]["samples"]
+        busiest = max(s["cpu"] or 0 for s in by_id[busy]["samples"])
+        assert busiest > 0.05 and busiest > 3 * max(s["cpu"] or 0 for s in by_id[idle]["samples"]), answer
         assert by_id[busy]["samples"][-1]["disk_bytes"] > 200_000
 
         # one request a refresh for all the sessions: never a GET of each session for its usage

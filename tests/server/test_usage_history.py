@@ -96,8 +96,10 @@ async def test_one_request_answers_every_session_from_the_samplers_rounds(jp_fet
         assert samples[-1]["disk_bytes"] >= 2_000_000
         if provider == "docker":
             assert all(s["memory_bytes"] > 0 for s in samples)
-            assert max(s["cpu"] or 0 for s in samples) > 0.3, samples
-            assert max(s["cpu"] or 0 for s in later[ids[1]]["samples"]) < 0.3  # the idle one
+            # the loop's share of a core (a loaded machine gives it less than one), well over the idle one's
+            busiest = max(s["cpu"] or 0 for s in samples)
+            idle = max(s["cpu"] or 0 for s in later[ids[1]]["samples"])
+            assert busiest > 0.05 and busiest > 3 * idle, (samples, later[ids[1]]["samples"])
         else:  # local cannot attribute CPU or memory to a session, and says so
             assert all(s["cpu"] is None and s["memory_bytes"] is None for s in samples)
             assert "cannot attribute" in later[ids[0]]["last"]["note"]
@@ -160,3 +162,20 @@ async def test_no_provider_answers_503(jp_fetch, provider):
     status, body = await call(jp_fetch, "usage")
     check("/usage", "get", status, body)
     assert status == 503 and body["error"] == "SandboxUnavailableError"
+
+
+@pytest.mark.parametrize("provider", [pytest.param("docker", marks=pytest.mark.docker)])
+async def test_a_paused_session_is_not_measured(jp_fetch, jp_serverapp, provider):
+    history = sandbox_app(jp_serverapp).usage_history
+    sid = await create(jp_fetch)
+    await history.sample_once({"alice"})
+    status, _ = await call(jp_fetch, "sessions", sid, "pause", method="POST", headers=as_user("alice"))
+    assert status == 200
+    measures = history.measures
+    await history.sample_once({"alice"})
+    entry = by_id(history.answer("alice"))[sid]
+    assert entry["paused"] is True and len(entry["samples"]) == 1 and history.measures == measures
+    status, _ = await call(jp_fetch, "sessions", sid, "resume", method="POST", headers=as_user("alice"))
+    assert status == 200
+    await history.sample_once({"alice"})
+    assert len(by_id(history.answer("alice"))[sid]["samples"]) == 2
