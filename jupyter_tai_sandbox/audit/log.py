@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import events as ev
 from ..events import SandboxEvent
+from ..policy import SCRUBBED
 
 #: the ``prev`` of the first line ever written
 GENESIS = "0" * 64
@@ -43,6 +44,7 @@ GENESIS = "0" * 64
 _BATCH = 1000
 #: how far from the end a writer looks for the last whole line (more is read when it is longer)
 _TAIL_BYTES = 64 << 10
+_PLAIN = frozenset({type(None), bool, int, float, str})
 _KEYS = ("seq", "time", "deployment", "server", "kind", "owner", "consumer", "session", "actor", "provider")
 
 
@@ -130,6 +132,7 @@ class AuditLog:
         self._deployment = deployment
         self._scrub_values = scrub_values
         self._values: list[str] = []
+        self._escaped: list[str] = []  # the values as a line spells them (JSON, ASCII)
         self._tail = _Tail()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._failed = False
@@ -214,6 +217,7 @@ class AuditLog:
             for _ in range(3):  # read from this thread while the loop may change what it reads
                 try:
                     self._values = [v for v in self._scrub_values() if v]
+                    self._escaped = [json.dumps(v, ensure_ascii=True)[1:-1] for v in self._values]
                     break
                 except RuntimeError:
                     continue
@@ -243,8 +247,6 @@ class AuditLog:
             "provider": event.provider,
             "data": _jsonable(event.data),
         }
-        if self._values:
-            record = _replaced(record, self._values)
         return record
 
     def _write(self, records: list[dict[str, Any]]) -> None:
@@ -293,7 +295,12 @@ class AuditLog:
 
     def _line(self, record: dict[str, Any]) -> bytes:
         whole = {"seq": self._tail.seq + 1, **record, "prev": self._tail.hash}
-        return json.dumps(whole, separators=(",", ":"), ensure_ascii=True, default=str).encode("ascii")
+        text = json.dumps(whole, separators=(",", ":"), ensure_ascii=True, default=str)
+        if any(escaped in text for escaped in self._escaped):
+            # a secret value is there (as the line spells it): replaced in every string, keys too
+            whole = _replaced(whole, self._values)
+            text = json.dumps(whole, separators=(",", ":"), ensure_ascii=True, default=str)
+        return text.encode("ascii")
 
     def _sync(self, fd: int) -> None:
         if self.fsync:
@@ -376,7 +383,9 @@ def _write_all(fd: int, data: bytes | bytearray) -> None:
 def _jsonable(value: Any) -> Any:
     """``value`` as plain JSON: a spec as its public form (env names, never values; secrets by name), bytes
     dropped (their size kept), anything else unknown as its string."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if type(value) in _PLAIN:
+        return value
+    if type(value) is list and all(type(v) is str for v in value):
         return value
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -404,8 +413,6 @@ def _jsonable(value: Any) -> Any:
 
 def _replaced(value: Any, secrets: list[str]) -> Any:
     """``value`` with every secret value replaced by [scrubbed] in every string (keys too)."""
-    from ..policy import SCRUBBED
-
     if isinstance(value, str):
         for secret in secrets:
             if secret in value:
