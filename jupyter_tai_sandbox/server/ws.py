@@ -52,7 +52,7 @@ from ..contract import (
     check_window_side,
 )
 from ..errors import error_body, error_status
-from ..events import TERMINAL_CLOSE, TERMINAL_OPEN
+from ..events import ADMIN, TERMINAL_CLOSE, TERMINAL_OPEN
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 from .live_command import STREAM_IDS, LiveCommand
 
@@ -100,6 +100,9 @@ class ExecWebSocketHandler(
             if gone is None:
                 raise
             raise gone from e
+        owner = getattr(getattr(self.session, "spec_known", lambda: None)(), "owner", None)
+        if caller.manages_all and owner is not None and owner != caller.name:  # an admin on another's session
+            self.session.tell(ADMIN, actor=caller.name, action=f"{self.request.method} {self.request.path}")  # type: ignore[attr-defined]  # a GatedSession's
         self.touch()
         await super().get(session_id=session_id)
 
