@@ -59,3 +59,26 @@ async def test_an_egress_gateway_line_is_an_egress_line_and_the_egress_audit_rou
     assert status == 200 and body["lines"] == [record]
     status, body = await call(jp_fetch, "audit", params={"kind": "egress"}, headers=as_user("alice"))
     assert status == 200 and [line["data"]["record"] for line in body["lines"]] == [record]
+
+
+async def test_an_admins_websocket_on_another_users_session_is_an_admin_line(
+    jp_fetch, jp_ws_fetch, jp_serverapp
+):
+    import json
+
+    from tests.support.server import read_all
+
+    status, info = await call(
+        jp_fetch, "sessions", method="POST", body={"ttl_seconds": 60}, headers=as_user("alice")
+    )
+    assert status == 201, info
+    ws = await jp_ws_fetch("api", "sandbox", "sessions", info["id"], "exec", "ws", headers=as_user("admin"))
+    await ws.write_message(json.dumps({"type": "start", "argv": ["true"], "timeout_seconds": 10}))
+    assert (await read_all(ws))[2] == {"type": "exit", "exit_code": 0}
+    lines = [line for line in flushed_lines(jp_serverapp) if line["session"] == info["id"]]
+    admin = next(line for line in lines if line["kind"] == "admin")
+    assert (
+        admin["owner"] == "alice" and admin["actor"] == "admin" and admin["data"]["action"].startswith("GET ")
+    )
+    opened = next(line for line in lines if line["kind"] == "terminal.open")
+    assert opened["owner"] == "alice" and opened["actor"] == "admin"
