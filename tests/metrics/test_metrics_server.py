@@ -25,12 +25,14 @@ async def new_session(jp_fetch) -> str:
     return info["id"]
 
 
-async def ws_exec(jp_ws_fetch, session_id: str, argv: list[str], *, kill: bool = False):
+async def ws_exec(jp_ws_fetch, session_id: str, argv: list[str], *, kill=None):
+    """An interactive command over the websocket; ``kill``: once it printed ready, await kill() then kill it."""
     ws = await jp_ws_fetch("api", "sandbox", "sessions", session_id, "exec", "ws")
     await ws.write_message(json.dumps({"type": "start", "timeout_seconds": 60, "argv": argv}))
     assert json.loads(await ws.read_message())["type"] == "started"
-    if kill:
+    if kill is not None:
         assert await ws.read_message() == b"\x01ready\n"
+        await kill()
         await ws.write_message(json.dumps({"type": "kill"}))
     return await read_all(ws, seconds=30)
 
@@ -55,8 +57,13 @@ async def test_a_workload_moves_each_series_by_exactly_what_it_did(
     assert status == 504 and body["error"] == "SandboxExecTimeoutError", body
     _out, _err, final, _ = await ws_exec(jp_ws_fetch, sid, ["printf", "abcde"])
     assert final == {"type": "exit", "exit_code": 0}
+    live = key("live_commands", state="running")
+
+    async def while_it_runs() -> None:  # the live command is held while it runs
+        assert (await scrape(jp_fetch))[live] == 1
+
     _out, _err, final, _ = await ws_exec(
-        jp_ws_fetch, sid, ["sh", "-c", "echo ready; exec sleep 60"], kill=True
+        jp_ws_fetch, sid, ["sh", "-c", "echo ready; exec sleep 60"], kill=while_it_runs
     )
     assert final == {"type": "exit", "exit_code": 137}
     during = await scrape(jp_fetch)
