@@ -5,6 +5,9 @@ False`` keeps nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import nbformat
 import pytest
 from nbformat.sign import NotebookNotary
@@ -124,3 +127,20 @@ def test_a_long_stream_of_small_chunks_stays_bounded():
         notebook["cells"][1]["outputs"][-1]["data"]["text/plain"]
         == "[still running when this transcript was saved]"
     )
+
+
+@pytest.mark.parametrize("jp_server_config", [{"keep_after_end_seconds": 600}], indirect=True)
+async def test_a_reaped_session_is_still_answered_and_says_so(jp_fetch, jp_serverapp):
+    status, info = await call(jp_fetch, "sessions", method="POST", body={"ttl_seconds": 1})
+    assert status == 201, info
+    sid = info["id"]
+    assert (await exec_call(jp_fetch, sid, ["echo", "before the end"]))[0] == 200
+    await asyncio.sleep(max(0.0, info["expires_at"] - time.time()) + 0.2)
+    app = sandbox_app(jp_serverapp)
+    await app.reap_once()  # the reaper's own pass (unless its loop was there first)
+    record = app.transcripts.record(sid)
+    assert record is not None and record.ended is not None
+    notebook = await notebook_of(jp_fetch, sid)
+    assert notebook.metadata["jupyter_tai_sandbox"]["ended"] == "reaped (its TTL passed)"
+    assert "reaped (its TTL passed)" in notebook.cells[0].source
+    assert streamed(notebook.cells[1]) == "before the end\n"
