@@ -157,6 +157,17 @@ def test_the_service_takes_only_hub_users_with_its_access_scope(hub):
     assert asyncio.run(connect(hub.tokens["alice"])) == 404  # let in: no such session
 
 
+def test_the_services_metrics_take_only_a_hub_users_token(hub):
+    """The service's /metrics (jupyter_server's, under its prefix) serves the sandbox series to a hub user's token
+    with the service's access scope (ServerApp.authenticate_prometheus), to no token and no service's token."""
+    url = f"{hub.service_url}metrics"
+    assert hub._call("GET", url, None)[0] == 403
+    assert hub._call("GET", url, hub.driver_token)[0] == 403
+    status, text = hub._call("GET", url, hub.tokens["alice"])
+    assert status == 200 and b"# TYPE jupyter_tai_sandbox_sessions gauge" in text, text[:300]
+    assert b'jupyter_tai_sandbox_sessions{provider="docker",state="running"}' in text
+
+
 def test_admin_is_the_operators_custom_scope(servers, alices):
     hub = servers
     admin = hub.token_for("carol", "custom:tai-sandbox:admin", key="carol-admin")
