@@ -88,6 +88,10 @@ class VmPool:
     def ready_count(self) -> int:
         return len(self._ready)
 
+    def holds(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a guest waiting in this pool."""
+        return any(p.session_id == session_id for p in self._ready)
+
     def start(self) -> None:
         """Start keeping the pool filled (again: after it idled out, or on another event loop)."""
         if self.size <= 0 or self._closing:

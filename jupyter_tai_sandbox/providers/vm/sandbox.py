@@ -833,11 +833,13 @@ class VmSandbox(
             being_made = made is not None and now - made < 2 * self.boot_timeout_seconds
             record = self._machines.read(session_id) if session is None else None
             if record is not None and record.get(POOL_KEY) and self.scope.owns(record.get("labels")):
-                # a warm pool's guest: its own keeper stops it; another's reap once that keeper is gone
-                mine = record[POOL_KEY] == self._pool.owner
-                if (not mine and VmPool.abandoned(record, now)) or (
-                    not being_made and not self._machines.running(session_id)
-                ):
+                # a warm pool's guest: ours while our pool holds it or starts it; another's once its keeper is
+                # gone or it waited past its end
+                if record[POOL_KEY] == self._pool.owner:
+                    drop = not being_made and not self._pool.holds(session_id)
+                else:
+                    drop = VmPool.abandoned(record, now)
+                if drop or (not being_made and not self._machines.running(session_id)):
                     await self._machines.stop(session_id)
                 continue
             if session is None:
