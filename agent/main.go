@@ -61,7 +61,6 @@ func serve(also func(*agent)) {
 	if os.Getpid() != 1 {
 		_ = prctl(prSetChildSubreaper, 1) // outside a container (tests): orphans still come back to us
 	}
-	runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), maxProcs))
 	syscall.Umask(0o022) // what a container process usually has (runc's default), and commands inherit it
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketName, Net: "unix"})
 	if err != nil {
@@ -101,14 +100,22 @@ const (
 // reserveThreads has the runtime make OS threads until the process has n (or k reached n), and leaves them
 // idle in its pool: for a moment GOMAXPROCS is k and k goroutines spin until all of them run at once, each
 // on a thread of its own, for k = 1, 2, ... (Goroutines locked to their threads would do too, but a locked
-// thread handing its work off makes the runtime start a template thread as well: one thread more.)
+// thread handing its work off makes the runtime start a template thread as well: one thread more.) Then
+// GOMAXPROCS is the runtime's own again (the session's CPU limit, followed as it changes, or $GOMAXPROCS),
+// but at most maxProcs.
 func reserveThreads(n int) {
 	procs := runtime.GOMAXPROCS(0)
 	for k := 1; k <= n && threadCount() < n; k++ {
 		runtime.GOMAXPROCS(k)
 		runTogether(k)
 	}
-	runtime.GOMAXPROCS(procs)
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.SetDefaultGOMAXPROCS()
+		procs = runtime.GOMAXPROCS(0)
+	}
+	if procs > maxProcs || runtime.GOMAXPROCS(0) != procs {
+		runtime.GOMAXPROCS(min(procs, maxProcs))
+	}
 }
 
 // runTogether returns once k goroutines have all been running at the same moment (or after a second).
@@ -181,7 +188,6 @@ func connect() int {
 		fmt.Fprintln(os.Stderr, "tai-agent connect: refusing the listener:", err)
 		return 77
 	}
-	runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), maxProcs))
 	reserveThreads(connectThreads)
 	stdin, stdout := pollable(os.Stdin), pollable(os.Stdout)
 	growPipe(stdin, pipeSize) // the exec stream's pipes: more bytes per wake-up of the relay and the engine
