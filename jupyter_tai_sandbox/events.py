@@ -44,7 +44,7 @@ SESSION_RESUME = "session.resume"
 EXEC_START = "exec.start"
 #: an interactive exec's output chunk (to ``output=True`` listeners only): ``exec``, ``stream``, ``bytes``
 EXEC_OUTPUT = "exec.output"
-#: an exec ended: ``exec``, ``exit_code`` (None when it did not end with one), ``reason``, ``stdout_bytes``,
+#: an exec ended: ``exec``, ``one_shot``, ``exit_code`` (None when it did not end with one), ``reason``, ``stdout_bytes``,
 #: ``stderr_bytes`` (what the command wrote), ``seconds``, ``error`` (its class name, when it raised);
 #: a one-shot's also ``stdout`` and ``stderr`` (scrubbed bytes) to ``output=True`` listeners
 EXEC_END = "exec.end"

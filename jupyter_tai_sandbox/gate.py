@@ -308,6 +308,7 @@ class GatedSession(SandboxSession):
             if number:
                 self.tell(
                     ev.EXEC_END,
+                    one_shot=True,
                     exec=number,
                     exit_code=None,
                     reason=None,
@@ -320,6 +321,7 @@ class GatedSession(SandboxSession):
         if number:
             self.tell(
                 ev.EXEC_END,
+                one_shot=True,
                 exec=number,
                 exit_code=gated.exit_code,
                 reason=gated.reason,
@@ -340,6 +342,7 @@ class GatedSession(SandboxSession):
             if number:
                 self.tell(
                     ev.EXEC_END,
+                    one_shot=False,
                     exec=number,
                     exit_code=None,
                     reason=None,
@@ -579,6 +582,7 @@ class ScrubbedHandle(ExecHandle):
                 else:
                     told.tell(
                         ev.EXEC_END,
+                        one_shot=False,
                         exec=self._number,
                         exit_code=item.exit_code,
                         reason=item.reason,
@@ -590,6 +594,7 @@ class ScrubbedHandle(ExecHandle):
         except Exception as e:
             told.tell(
                 ev.EXEC_END,
+                one_shot=False,
                 exec=self._number,
                 exit_code=None,
                 reason=None,

@@ -29,6 +29,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ from ..policy import SCRUBBED
 GENESIS = "0" * 64
 #: most lines one batch writes (the rest wait for the next round)
 _BATCH = 1000
+#: how long the writer gathers events after the first of a batch: one write (one flock, one hash pass) per
+#: burst instead of one per event, which left the writer competing with the server's loop at every exec
+_GATHER_SECONDS = 0.05
 #: how far from the end a writer looks for the last whole line (more is read when it is longer)
 _TAIL_BYTES = 64 << 10
 _PLAIN = frozenset({type(None), bool, int, float, str})
@@ -191,9 +195,11 @@ class AuditLog:
         while True:
             item = self._queue.get()
             batch = [item]
-            while len(batch) < _BATCH:
+            # a flush or the stop is answered at once; events are gathered for a moment
+            deadline = time.monotonic() + (_GATHER_SECONDS if isinstance(item, SandboxEvent) else 0.0)
+            while len(batch) < _BATCH and isinstance(batch[-1], SandboxEvent):
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             events = [each for each in batch if isinstance(each, SandboxEvent)]

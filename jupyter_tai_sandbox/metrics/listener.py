@@ -25,9 +25,6 @@ from .series import bound
 
 log = logging.getLogger(__name__)
 
-#: the exec numbers of commands started and not yet ended that are remembered (for their mode): a handle
-#: nobody reads to its end never ends, so the oldest are forgotten past this
-MAX_OPEN_EXECS = 10_000
 #: the labelled children cached by their raw label values (cleared when past this)
 MAX_CHILDREN = 4096
 #: SIGKILL's status as the providers report it (128 + 9), and as a Python returncode
@@ -49,8 +46,6 @@ class ServerMetrics:
         self.refresh_seconds = refresh_seconds
         #: session id -> (provider, paused)
         self._sessions: dict[str, tuple[str, bool]] = {}
-        #: exec number -> mode, for the commands started and not yet ended
-        self._modes: dict[int, str] = {}
         self._refreshed = float("-inf")
         self._refreshing: asyncio.Task[None] | None = None
         #: sessions an event changed while a refresh was listing (the event wins)
@@ -64,7 +59,6 @@ class ServerMetrics:
             ev.SESSION_REAP: self._ended,
             ev.SESSION_PAUSE: self._paused,
             ev.SESSION_RESUME: self._paused,
-            ev.EXEC_START: self._exec_started,
             ev.EXEC_END: self._exec_ended,
             ev.REFUSAL: self._refused,
         }
@@ -127,18 +121,10 @@ class ServerMetrics:
             if self._touched is not None:
                 self._touched.add(session)
 
-    def _exec_started(self, event: SandboxEvent) -> None:
-        number = event.data.get("exec")
-        if isinstance(number, int):
-            modes = self._modes
-            if len(modes) >= MAX_OPEN_EXECS:
-                del modes[next(iter(modes))]
-            modes[number] = "one_shot" if event.data.get("one_shot") else "interactive"
-
     def _exec_ended(self, event: SandboxEvent) -> None:
         data = event.data
         provider = self._provider(event)
-        mode = self._modes.pop(data.get("exec"), "unknown")  # type: ignore[arg-type]
+        mode = "one_shot" if data.get("one_shot") else "interactive"
         error = data.get("error")
         exit_code = data.get("exit_code")
         reason = data.get("reason") or ""
