@@ -109,7 +109,7 @@ def test_eight_sessions_show_one_line_each_in_the_sidebar_at_1440x900_without_pa
     expect(body.locator(".jp-TaiSandbox-extend")).to_be_visible()
     expect(body.locator(".jp-TaiSandbox-pause")).to_be_hidden()
     expect(body.locator(".jp-TaiSandbox-fork")).to_be_hidden()
-    expect(body.locator("button:visible")).to_have_text(["+30 min", "Extend by…"])
+    expect(body.locator("button:visible")).to_have_text(["+30 min", "Extend by…", "Save transcript"])
     # nor in the command palette (the commands hide while the provider cannot)
     hidden = page.evaluate(
         "() => ['tai-sandbox:pause', 'tai-sandbox:resume', 'tai-sandbox:fork']"
@@ -143,6 +143,27 @@ def test_eight_sessions_show_one_line_each_in_the_sidebar_at_1440x900_without_pa
     expect(panel.locator(".jp-TaiSandbox-sessionRow")).to_have_count(8)
     for row in panel.locator(".jp-TaiSandbox-sessionRow").all():
         expect(row).to_be_in_viewport()
+
+    # issue 55: "Save transcript" saves the session's commands as a notebook in Jupyter's root and opens it
+    code, ran = lab.api(
+        "POST",
+        f"sessions/{made[-1]}/exec",
+        {"argv": ["sh", "-c", "echo hello transcript"], "timeout_seconds": 30},
+    )
+    assert code == 200 and ran["exit_code"] == 0, ran
+    body.locator(".jp-TaiSandbox-saveTranscript").click()
+    name = f"{made[-1]}-transcript.ipynb"
+    wait_for_notification(page, f"The transcript of sandbox session {made[-1]} is saved as {name}")
+    saved = json.loads((lab_process.base / "notebooks" / name).read_text())
+    assert ["".join(c["source"]) for c in saved["cells"][1:]] == ["echo hello transcript"], saved["cells"]
+    assert "signature" not in json.dumps(saved["metadata"])
+    notebook = page.locator(".jp-NotebookPanel:visible")
+    expect(
+        page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+    ).to_have_text(name)
+    expect(notebook.locator(".jp-OutputArea-output").first).to_contain_text("hello transcript")
+    expect(notebook.locator(".jp-MarkdownOutput").first).to_contain_text(f"Sandbox session {made[-1]}")
+    shot(page, "panel-transcript-saved")
 
 
 def _jupyter_api(lab: Lab, method: str, path: str, body: Any = None) -> Any:
