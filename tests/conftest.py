@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 
 import pytest
@@ -19,6 +20,11 @@ from tests.support import DEPLOYMENT, TOP_LEVEL, browser_network
 from tests.support.docker import DISTURB, DISTURB_HINT
 
 os.environ["TAI_SANDBOX_DEPLOYMENT"] = DEPLOYMENT
+# the servers of the run keep their audit lines in the run's own file, not the machine user's data dir
+os.environ.setdefault(
+    "TAI_SANDBOX_AUDIT_PATH",
+    os.path.join(tempfile.gettempdir(), f"tai-sandbox-tests-{DEPLOYMENT}", "audit.jsonl"),
+)
 
 # tests.support.server's fixtures (``provider``) reach every test module without an import
 pytest_plugins = ["pytest_jupyter.jupyter_server", "tests.support.server", "tests.support.scheduling"]

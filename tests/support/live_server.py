@@ -100,6 +100,7 @@ class LiveServer:
             if keep_sandbox_env or not k.startswith(("TAI_SANDBOX_", "TAI_MCP_"))
         }
         self.env.update(JUPYTER_RUNTIME_DIR=str(self.runtime), JUPYTER_CONFIG_DIR=str(tmp / "config"))
+        self.env.setdefault("TAI_SANDBOX_AUDIT_PATH", str(tmp / "audit.jsonl"))  # not the machine user's
         self.env.update(env or {})
         self.args = args
         self.process: subprocess.Popen[bytes] | None = None
