@@ -80,7 +80,14 @@ export function addTranscriptCommands(
     caption: "Save a sandbox session's commands and their output as a notebook, and open it",
     verb: 'save the transcript of',
     none: null,
-    run: id => saveTranscript(sessions, contents, path => commands.execute('docmanager:open', { path }), id)
+    // a record, not a program: opened without starting a kernel (nor asking for one)
+    run: id =>
+      saveTranscript(
+        sessions,
+        contents,
+        path => commands.execute('docmanager:open', { path, kernelPreference: { shouldStart: false } }),
+        id
+      )
   });
   palette?.addItem({ command: CommandIDs.saveTranscript, category: PALETTE_CATEGORY });
 }

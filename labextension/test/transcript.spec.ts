@@ -115,11 +115,11 @@ describe('saving a transcript', () => {
     const { sessions, contents, requests } = setUp([]);
     const commands = new CommandRegistry();
     const opened: unknown[] = [];
-    commands.addCommand('docmanager:open', { execute: args => void opened.push(args.path) });
+    commands.addCommand('docmanager:open', { execute: args => void opened.push(args) });
     addTranscriptCommands(commands, sessions, contents, null);
     expect(commands.label(CommandIDs.saveTranscript)).toBe('Save Transcript of a Sandbox Session');
     expect(await commands.execute(CommandIDs.saveTranscript, { id: 'sbx-1' })).toBe('sbx-1-transcript.ipynb');
-    expect(opened).toEqual(['sbx-1-transcript.ipynb']);
+    expect(opened).toEqual([{ path: 'sbx-1-transcript.ipynb', kernelPreference: { shouldStart: false } }]);
 
     const model = new SessionsModel({ client: sessions.client });
     const saved: string[] = [];
