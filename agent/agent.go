@@ -35,7 +35,7 @@ type agent struct {
 	connMu  sync.Mutex
 	conns   map[*conn]struct{}
 	trimMu  sync.Mutex
-	trim    *time.Timer // debug.FreeOSMemory, idleTrim after the last release or connection end
+	trim    *time.Timer // trimSoon's: idleTrim after the last release or connection end
 }
 
 func newAgent() *agent {
@@ -173,12 +173,16 @@ func (a *agent) reapChildren() {
 // trimSoon gives the agent's free memory back to the kernel once idleTrim has passed with no other release
 // or connection end (each one moves it later): the heap a command's streams and records took is garbage
 // after its release, and the Go runtime would otherwise keep those pages, up to its next collection's goal
-// (4 MiB at least), charged to the session's memory.
+// (4 MiB at least), charged to the session's memory. Threads the runtime made past serveThreads meanwhile
+// end then too (trimThreads).
 func (a *agent) trimSoon() {
 	a.trimMu.Lock()
 	defer a.trimMu.Unlock()
 	if a.trim == nil {
-		a.trim = time.AfterFunc(idleTrim, debug.FreeOSMemory)
+		a.trim = time.AfterFunc(idleTrim, func() {
+			debug.FreeOSMemory()
+			trimThreads(serveThreads)
+		})
 	} else {
 		a.trim.Reset(idleTrim)
 	}

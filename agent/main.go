@@ -105,7 +105,7 @@ const (
 // but at most maxProcs.
 func reserveThreads(n int) {
 	procs := runtime.GOMAXPROCS(0)
-	for k := 1; k <= n && threadCount() < n; k++ {
+	for k := 1; k <= n && threadCount() < n; k++ { // an unreadable count (-1) goes on to k = n
 		runtime.GOMAXPROCS(k)
 		runTogether(k)
 	}
@@ -135,11 +135,11 @@ func runTogether(k int) {
 	done.Wait()
 }
 
-// threadCount is the process's OS threads (/proc/self/status); a large number when it cannot be read.
+// threadCount is the process's OS threads (/proc/self/status); -1 when it cannot be read.
 func threadCount() int {
 	b, err := readProc("/proc/self/status")
 	if err != nil {
-		return 1 << 30
+		return -1
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if rest, ok := strings.CutPrefix(line, "Threads:"); ok {
@@ -148,7 +148,21 @@ func threadCount() int {
 			}
 		}
 	}
-	return 1 << 30
+	return -1
+}
+
+// trimThreads ends the OS threads the runtime made past n after the start's reserve (a burst of long system
+// calls, a large stream's, can take one or two more), one at a time: a goroutine that returns while locked to
+// its thread takes the thread with it (as a file operation's as a user does). Called when the agent is idle.
+func trimThreads(n int) {
+	for extra := threadCount() - n; extra > 0; extra-- {
+		done := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(done)
+		}()
+		<-done
+	}
 }
 
 // pollable returns a pipe or socket file as one the runtime's poller reads and writes (non-blocking): a
