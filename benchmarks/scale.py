@@ -1,0 +1,186 @@
+"""Many live docker sessions on one engine (issue 56, targets 3 and 4).
+
+Two measurements, each against its baseline of the same run:
+
+* **Scale**: sessions of several owners (an owner's network holds 61 at the default /26) made up to 10, then up
+  to ``--sessions`` (1,000 by default). At each level: a create's and a one-shot's latency p50 (a few new
+  sessions made, and execs on random live ones) and ``list()`` p50; the targets are create and exec within
+  1.3x of 10 sessions and list p50 <= 50 ms at the top level. The provider runs in this process: its RSS
+  growth from 10 sessions to the top is printed (what a server holds per session), and the engine host's
+  memory as ``free`` sees it.
+* **Burst**: a warm pool of 100 filled, then 100 creates at once (one owner each of 10 owners): creates per
+  second, target >= 20/s.
+
+``python benchmarks/scale.py [--sessions N] [--concurrency C] [--skip-burst] [--skip-scale]``. It removes
+everything it made, also when interrupted (the sessions carry the benchmark's label).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _groups import TRUE_DOCKER, _docker_sandbox
+
+from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
+
+OWNERS = 20
+PROBES = 12
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def host_used_gib() -> float:
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0])
+    return (info["MemTotal"] - info["MemAvailable"]) / (1 << 20)
+
+
+def spec(owner: str) -> SessionSpec:
+    return SessionSpec(image=DEFAULT_IMAGE, consumer="bench-scale", owner=owner, ttl_seconds=3600)
+
+
+async def probe(sandbox: Any, live: list[Any], owners: list[str]) -> dict[str, float]:
+    """Create and exec latency p50 and list p50 with ``live`` sessions (the probes' own go again)."""
+    creates, execs, lists = [], [], []
+    for i in range(PROBES):
+        started = time.perf_counter()
+        session = await sandbox.create(spec(owners[i % len(owners)]))
+        creates.append((time.perf_counter() - started) * 1000)
+        await session.destroy()
+        target = random.choice(live)
+        started = time.perf_counter()
+        assert (await target.exec(TRUE_DOCKER, timeout_seconds=60)).exit_code == 0
+        execs.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        await sandbox.list()
+        lists.append((time.perf_counter() - started) * 1000)
+    return {
+        "create_ms": statistics.median(creates),
+        "exec_ms": statistics.median(execs),
+        "list_ms": statistics.median(lists),
+    }
+
+
+async def scale(sessions: int, concurrency: int) -> list[tuple[str, bool, str]]:
+    owners = [f"scale-{i}" for i in range(max(OWNERS, -(-sessions // 50)))]
+    sandbox = _docker_sandbox(DEFAULT_IMAGE)
+    live: list[Any] = []
+    gate = asyncio.Semaphore(concurrency)
+
+    async def make(i: int) -> None:
+        async with gate:
+            live.append(await sandbox.create(spec(owners[i % len(owners)])))
+
+    try:
+        await asyncio.gather(*(make(i) for i in range(10)))
+        small = await probe(sandbox, live, owners)
+        rss_small, host_small = rss_mib(), host_used_gib()
+        print(f"10 sessions: {small}", flush=True)
+        started = time.perf_counter()
+        step = 100
+        while len(live) < sessions:
+            await asyncio.gather(*(make(i) for i in range(len(live), min(sessions, len(live) + step))))
+            print(f"  {len(live)} live ({time.perf_counter() - started:.0f} s)", flush=True)
+        big = await probe(sandbox, live, owners)
+        rss_big, host_big = rss_mib(), host_used_gib()
+        print(f"{len(live)} sessions: {big}", flush=True)
+        print(
+            f"this process's RSS {rss_small:.0f} -> {rss_big:.0f} MiB "
+            f"({(rss_big - rss_small) * 1024 / max(1, len(live) - 10):.1f} KiB a session); "
+            f"the host's memory in use {host_small:.1f} -> {host_big:.1f} GiB",
+            flush=True,
+        )
+    finally:
+
+        async def drop(session: Any) -> None:
+            async with gate:
+                with contextlib.suppress(SandboxError):
+                    await session.destroy()
+
+        await asyncio.gather(*(drop(s) for s in live))
+        await sandbox.close()
+    n = len(live)
+    create_ratio, exec_ratio = big["create_ms"] / small["create_ms"], big["exec_ms"] / small["exec_ms"]
+    return [
+        (f"{n} sessions: create within 1.3x of 10", create_ratio <= 1.3, f"{create_ratio:.2f}x"),
+        (f"{n} sessions: exec within 1.3x of 10", exec_ratio <= 1.3, f"{exec_ratio:.2f}x"),
+        (f"{n} sessions: list p50 <= 50 ms", big["list_ms"] <= 50, f"{big['list_ms']:.1f} ms"),
+    ]
+
+
+async def burst(count: int = 100) -> list[tuple[str, bool, str]]:
+    sandbox = _docker_sandbox(DEFAULT_IMAGE, pool_size=count)
+    made: list[Any] = []
+    try:
+        await sandbox.list()  # connects: the pool fills
+        deadline = time.monotonic() + 600
+        while sandbox._pool.ready_count() < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        ready = sandbox._pool.ready_count()
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(sandbox.create(spec(f"burst-{i % 10}")) for i in range(count)), return_exceptions=True
+        )
+        seconds = time.perf_counter() - started
+        made = [r for r in results if not isinstance(r, BaseException)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        pooled = sum(1 for s in made if getattr(s, "record", None) is not None)
+        rate = len(made) / seconds
+        print(
+            f"burst: {len(made)} creates in {seconds:.2f} s ({rate:.1f}/s), {pooled} from the pool of {ready}; "
+            f"{len(failed)} failed{': ' + repr(failed[0]) if failed else ''}",
+            flush=True,
+        )
+    finally:
+        for session in made:
+            with contextlib.suppress(SandboxError):
+                await session.destroy()
+        await sandbox.close()
+    return [
+        (
+            f"a burst of {count} creates from the pool >= 20 creates/s",
+            rate >= 20 and not failed,
+            f"{rate:.1f}/s",
+        )
+    ]
+
+
+async def main(args: argparse.Namespace) -> int:
+    verdicts = []
+    if not args.skip_burst:
+        verdicts += await burst()
+    if not args.skip_scale:
+        verdicts += await scale(args.sessions, args.concurrency)
+    for name, passed, seen in verdicts:
+        print(f"target {'PASS' if passed else 'MISS'}: {name} ({seen})")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--skip-burst", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true")
+    sys.exit(asyncio.run(main(parser.parse_args())))
