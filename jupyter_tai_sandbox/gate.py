@@ -306,28 +306,17 @@ class GatedSession(SandboxSession):
             )
         except Exception as e:
             if number:
-                self.tell(
-                    ev.EXEC_END,
-                    one_shot=True,
-                    exec=number,
-                    exit_code=None,
-                    reason=None,
-                    stdout_bytes=0,
-                    stderr_bytes=0,
-                    seconds=time.monotonic() - started,
-                    error=type(e).__name__,
-                )
+                self.tell_end(number, one_shot=True, started=started, error=type(e).__name__)
             raise
         if number:
-            self.tell(
-                ev.EXEC_END,
+            self.tell_end(
+                number,
                 one_shot=True,
-                exec=number,
+                started=started,
                 exit_code=gated.exit_code,
                 reason=gated.reason,
                 stdout_bytes=gated.stdout_bytes,
                 stderr_bytes=gated.stderr_bytes,
-                seconds=time.monotonic() - started,
                 stdout=gated.stdout,
                 stderr=gated.stderr,
             )
@@ -335,22 +324,13 @@ class GatedSession(SandboxSession):
 
     async def start(self, request: ExecRequest) -> ExecHandle:
         number = self._tell_start(request, one_shot=False) if self.gate.events.active else 0
+        started = time.monotonic()
         try:
             with spilling_at_most(self.gate.spill_limit):
                 handle = await self.session.start(self.gate.admit(request, one_shot=False))
         except Exception as e:
             if number:
-                self.tell(
-                    ev.EXEC_END,
-                    one_shot=False,
-                    exec=number,
-                    exit_code=None,
-                    reason=None,
-                    stdout_bytes=0,
-                    stderr_bytes=0,
-                    seconds=0.0,
-                    error=type(e).__name__,
-                )
+                self.tell_end(number, one_shot=False, started=started, error=type(e).__name__)
             raise
         return self._scrubbed(handle, number)
 
@@ -373,6 +353,33 @@ class GatedSession(SandboxSession):
             consumer=getattr(spec, "consumer", None),
             actor=actor,
             **data,
+        )
+
+    def tell_end(
+        self,
+        number: int,
+        *,
+        one_shot: bool,
+        started: float,
+        exit_code: int | None = None,
+        reason: str | None = None,
+        stdout_bytes: int = 0,
+        stderr_bytes: int = 0,
+        error: str | None = None,
+        **output: Any,
+    ) -> None:
+        """Emit exec ``number``'s end (``started``: its time.monotonic(); ``output``: a one-shot's bytes)."""
+        self.tell(
+            ev.EXEC_END,
+            exec=number,
+            one_shot=one_shot,
+            exit_code=exit_code,
+            reason=reason,
+            stdout_bytes=stdout_bytes,
+            stderr_bytes=stderr_bytes,
+            seconds=time.monotonic() - started,
+            **({"error": error} if error is not None else {}),
+            **output,
         )
 
     def _tell_start(self, request: ExecRequest, *, one_shot: bool) -> int:
@@ -580,30 +587,22 @@ class ScrubbedHandle(ExecHandle):
                     if events.wants_output:
                         told.tell(ev.EXEC_OUTPUT, exec=self._number, stream=item.stream, bytes=item.data)
                 else:
-                    told.tell(
-                        ev.EXEC_END,
-                        one_shot=False,
-                        exec=self._number,
-                        exit_code=item.exit_code,
-                        reason=item.reason,
-                        stdout_bytes=self.byte_counts.get("stdout", 0),
-                        stderr_bytes=self.byte_counts.get("stderr", 0),
-                        seconds=time.monotonic() - self._started,
-                    )
+                    self._tell_end(exit_code=item.exit_code, reason=item.reason)
                 yield item
         except Exception as e:
-            told.tell(
-                ev.EXEC_END,
-                one_shot=False,
-                exec=self._number,
-                exit_code=None,
-                reason=None,
-                stdout_bytes=self.byte_counts.get("stdout", 0),
-                stderr_bytes=self.byte_counts.get("stderr", 0),
-                seconds=time.monotonic() - self._started,
-                error=type(e).__name__,
-            )
+            self._tell_end(error=type(e).__name__)
             raise
+
+    def _tell_end(self, **end: Any) -> None:
+        assert self._told is not None
+        self._told.tell_end(
+            self._number,
+            one_shot=False,
+            started=self._started,
+            stdout_bytes=self.byte_counts.get("stdout", 0),
+            stderr_bytes=self.byte_counts.get("stderr", 0),
+            **end,
+        )
 
     @property
     def output(self) -> AsyncIterator[OutputItem]:
