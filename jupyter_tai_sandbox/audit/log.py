@@ -86,14 +86,20 @@ def iter_records(path: str) -> Iterator[dict[str, Any]]:
         except OSError:
             continue
         for raw in data.split(b"\n"):
-            if not raw:
-                continue
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("seq"), int):
+            record = parse_line(raw)
+            if record is not None:
                 yield record
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """An audit line's record, or None for an empty, torn or foreign line (no object with an int ``seq``)."""
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("seq"), int) else None
 
 
 @dataclass
@@ -364,13 +370,8 @@ def last_line(path: str) -> tuple[int | None, str | None, bool]:
                 if torn:
                     lines = lines[:-1]
                 for raw in reversed(lines):
-                    if not raw:
-                        continue
-                    try:
-                        record = json.loads(raw)
-                    except ValueError:
-                        continue
-                    if isinstance(record, dict) and isinstance(record.get("seq"), int):
+                    record = parse_line(raw)
+                    if record is not None:
                         return record["seq"], line_hash(raw), torn
                 if start == 0:
                     return None, None, torn

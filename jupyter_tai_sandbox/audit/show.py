@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..egress_audit import record_time
-from .log import last_line, log_files
+from .log import last_line, log_files, parse_line
 
 
 def parse_time(value: str | float | None, what: str) -> float | None:
@@ -79,13 +78,8 @@ def _records_of(name: str, newest_first: bool) -> Iterator[dict[str, Any]]:
         return
     lines = data.split(b"\n")
     for raw in reversed(lines) if newest_first else lines:
-        if not raw:
-            continue
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("seq"), int):
+        record = parse_line(raw)
+        if record is not None:
             yield record
 
 
