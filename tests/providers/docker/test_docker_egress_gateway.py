@@ -340,7 +340,23 @@ def test_a_gateway_that_cannot_start_fails_the_create_and_leaves_nothing(client,
     run(main())
 
 
-def test_two_servers_making_an_owners_first_sessions_at_once_share_one_gateway(client):
+@pytest.mark.parametrize("picks", ["random", "lowest"])
+def test_servers_making_an_owners_first_sessions_at_once_share_one_gateway_each_with_its_policy(
+    client, monkeypatch, picks
+):
+    """Three servers make an owner's first sessions at once: one gateway, one gateway command, each session on
+    its own address with its own policy. With ``lowest`` every server picks the lowest free address: without
+    the claim, all three would write that address's file, two of the containers would fail to start there,
+    and their withdrawals would delete the winner's file (its DNS refused)."""
+    if picks == "lowest":
+
+        class Lowest:
+            @staticmethod
+            def choice(seq):
+                return seq[0]
+
+        monkeypatch.setattr(gateway_module, "random", Lowest)
+
     async def main():
         servers = [provider(), provider(), provider()]
         made: list = []
@@ -355,59 +371,20 @@ def test_two_servers_making_an_owners_first_sessions_at_once_share_one_gateway(c
             made = [r for r in results if not isinstance(r, BaseException)]
             assert len(made) == len(servers), results
             (gateway,) = gateways(client, servers[0].deployment)
-            gateway_ip = address_on(client, gateway.id, gateway.labels[LABEL_GATEWAY_NETWORK])
-            for i, session in enumerate(made):
-                assert await answers(session, f"s{i}.test", gateway_ip)
-            running = [
-                line for line in gateway.exec_run(["ps"]).output.decode().splitlines() if " gateway " in line
-            ]
-            assert len(running) == 1, running
-        finally:
-            for session in made:
-                await session.destroy()
-            for server in servers:
-                await server.close()
-        assert gateways(client, servers[0].deployment) == []
-
-    run(main())
-
-
-def test_servers_picking_one_address_at_once_each_get_their_own_and_keep_their_policy(client, monkeypatch):
-    """Every server picks the lowest free address: without the claim, all three would write that address's
-    file, two of the containers would fail to start there, and their withdrawals would delete the winner's
-    file (its DNS refused)."""
-
-    class Lowest:
-        @staticmethod
-        def choice(seq):
-            return seq[0]
-
-    monkeypatch.setattr(gateway_module, "random", Lowest)
-
-    async def main():
-        servers = [provider(), provider(), provider()]
-        made: list = []
-        try:
-            results = await asyncio.gather(
-                *(
-                    server.create(egress_spec(EgressPolicy(allow=(f"p{i}.test",))))
-                    for i, server in enumerate(servers)
-                ),
-                return_exceptions=True,
-            )
-            made = [r for r in results if not isinstance(r, BaseException)]
-            assert len(made) == len(servers), results
-            (gateway,) = gateways(client, servers[0].deployment)
             filtered = gateway.labels[LABEL_GATEWAY_NETWORK]
             gateway_ip = address_on(client, gateway.id, filtered)
             addresses = {address_on(client, s.container_id, filtered) for s in made}
             assert len(addresses) == 3
             for i, session in enumerate(made):
-                assert await answers(session, f"p{i}.test", gateway_ip), i
-                code, _ = await lookup(session, f"p{(i + 1) % 3}.test")
+                assert await answers(session, f"s{i}.test", gateway_ip), i
+                code, _ = await lookup(session, f"s{(i + 1) % 3}.test")
                 assert code != 0  # another session's allowance is not its own
             listed = gateway.exec_run(["ls", f"{GATEWAY_DIR}/claims"]).output.decode().split()
             assert set(listed) == addresses
+            running = [
+                line for line in gateway.exec_run(["ps"]).output.decode().splitlines() if " gateway " in line
+            ]
+            assert len(running) == 1, running
         finally:
             for session in made:
                 await session.destroy()
