@@ -440,7 +440,7 @@ async def _server_stream(report: Report, client: Any) -> None:
     of any socket path: _tcp_relay.py, a process of its own as the server is), and the in-process direct
     handle (information: no socket path can match a pipe read in the reader's own process on 2 cores)."""
     info = await client.create(ttl_seconds=600)
-    rounds = report.rounds(4)
+    rounds = report.rounds(10)  # three ways of a 256 MiB stream: cheap, and the relay's spread is wide
     argv = _stdout_argv(report)
     relay = await asyncio.create_subprocess_exec(
         sys.executable,
