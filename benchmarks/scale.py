@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import random
 import resource
+import signal
 import statistics
 import sys
 import time
@@ -37,6 +38,8 @@ from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 
 OWNERS = 20
 PROBES = 12
+#: how long the burst waits for its pool to fill (the burst then takes what is ready)
+FILL_SECONDS = 300
 
 
 def rss_mib() -> float:
@@ -133,11 +136,13 @@ async def burst(count: int = 100) -> list[tuple[str, bool, str]]:
     sandbox = _docker_sandbox(DEFAULT_IMAGE, pool_size=count)
     made: list[Any] = []
     try:
-        await sandbox.list()  # connects: the pool fills
-        deadline = time.monotonic() + 600
+        await sandbox.list()  # connects: the pool fills (one container at a time: minutes for 100)
+        filling = time.monotonic()
+        deadline = filling + FILL_SECONDS
         while sandbox._pool.ready_count() < count and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
         ready = sandbox._pool.ready_count()
+        print(f"burst: the pool held {ready} of {count} after {time.monotonic() - filling:.0f} s", flush=True)
         started = time.perf_counter()
         results = await asyncio.gather(
             *(sandbox.create(spec(f"burst-{i % 10}")) for i in range(count)), return_exceptions=True
@@ -167,6 +172,8 @@ async def burst(count: int = 100) -> list[tuple[str, bool, str]]:
 
 
 async def main(args: argparse.Namespace) -> int:
+    # a SIGTERM (a `timeout`, a CI's stop) cancels the run, so its clean-ups run
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)  # type: ignore[union-attr]
     verdicts = []
     if not args.skip_burst:
         verdicts += await burst()
