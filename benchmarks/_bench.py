@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jupyter_tai_sandbox.images import DEFAULT_IMAGE
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -185,3 +187,37 @@ async def interleaved(
 ) -> dict[str, list[float]]:
     """Milliseconds per call of several variants."""
     return await _round_robin(rounds, variants, lambda _result, seconds: seconds * 1000, settle)
+
+
+# ------------------------------------------------ docker helpers every script shares
+
+BENCH_LABEL = {"jupyter-tai-sandbox.bench": "1"}
+TRUE_DOCKER = ["sh", "-c", ":"]  # a busybox image has no /bin/true
+
+
+def _docker_client() -> Any:
+    import docker
+
+    client = docker.from_env(version="auto", timeout=120)
+    client.ping()
+    return client
+
+
+def _image(report: Report) -> str:
+    image = report.image or DEFAULT_IMAGE
+    client = _docker_client()
+    try:
+        client.images.get(image)
+    except Exception:
+        from jupyter_tai_sandbox.providers.docker.images.build import build_minimal_image
+
+        build_minimal_image(image)
+    finally:
+        client.close()
+    return image
+
+
+def _docker_sandbox(image: str, **traits: Any) -> Any:
+    from jupyter_tai_sandbox.providers.docker import DockerSandbox
+
+    return DockerSandbox(image=image, extra_labels=BENCH_LABEL, **traits)

@@ -16,47 +16,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import Report, Row, interleaved, interleaved_throughput
+from _bench import (
+    BENCH_LABEL,
+    TRUE_DOCKER,
+    Report,
+    Row,
+    _docker_client,
+    _docker_sandbox,
+    _image,
+    interleaved,
+    interleaved_throughput,
+)
 from _server import JupyterServer
 
 from jupyter_tai_sandbox.contract import OutputChunk, SessionSpec
-from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.local import LocalSandbox
 
 STREAM_BYTES = 256 << 20  # the full run's stdout stream (remote_hop.py); Report.stdout_mib says the run's own
-BENCH_LABEL = {"jupyter-tai-sandbox.bench": "1"}
-TRUE_DOCKER = ["sh", "-c", ":"]  # a busybox image has no /bin/true
 
 
 # --------------------------------------------------------------------- helpers
-
-
-def _docker_client() -> Any:
-    import docker
-
-    client = docker.from_env(version="auto", timeout=120)
-    client.ping()
-    return client
-
-
-def _image(report: Report) -> str:
-    image = report.image or DEFAULT_IMAGE
-    client = _docker_client()
-    try:
-        client.images.get(image)
-    except Exception:
-        from jupyter_tai_sandbox.providers.docker.images.build import build_minimal_image
-
-        build_minimal_image(image)
-    finally:
-        client.close()
-    return image
-
-
-def _docker_sandbox(image: str, **traits: Any) -> Any:
-    from jupyter_tai_sandbox.providers.docker import DockerSandbox
-
-    return DockerSandbox(image=image, extra_labels=BENCH_LABEL, **traits)
 
 
 @contextlib.asynccontextmanager

@@ -114,7 +114,7 @@ async def shuffled_rounds(
 def provider_for(kind: str, folder: Path) -> Any:
     if kind == "local":
         return LocalSandbox(root=str(folder / "sandboxes"))
-    from _groups import _docker_sandbox, _image
+    from _bench import _docker_sandbox, _image
 
     return _docker_sandbox(_image(Report()))
 
