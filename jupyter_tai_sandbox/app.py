@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -605,11 +606,44 @@ class SandboxApp(ExtensionApp):
                 "jupyter_tai_sandbox: took %d session(s) of the deployment as this server's", len(found)
             )
 
+    def _server_kernels(self) -> list[Any]:
+        """The kernel managers of the server's kernels (none outside a server)."""
+        multi = getattr(getattr(self, "serverapp", None), "kernel_manager", None)
+        kernels: list[Any] = []
+        if multi is None:
+            return kernels
+        for kernel_id in list(getattr(multi, "list_kernel_ids", list)()):
+            with contextlib.suppress(Exception):
+                kernels.append(multi.get_kernel(kernel_id))
+        return kernels
+
+    def _stop_kernel_restarters(self) -> None:
+        """At the stop, no kernel restarter restarts a kernel any more: jupyter_server shuts every kernel down
+        right after the extensions, and a restart under way then (a sandboxed kernel whose session the stop
+        destroys is one) leaves a kernel's ``ready`` pending, which jupyter_client's shutdown_all cannot read:
+        the server's whole stop failed there, and a hub waited on it."""
+        for kernel in self._server_kernels():
+            with contextlib.suppress(Exception):
+                kernel.stop_restarter()
+
+    async def _kernel_starts_ended(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` s) for kernel starts and restarts under way when the stop began."""
+        pending = []
+        for kernel in self._server_kernels():
+            ready = getattr(kernel, "_ready", None)
+            if ready is not None and not ready.done():
+                pending.append(
+                    asyncio.wrap_future(ready) if isinstance(ready, concurrent.futures.Future) else ready
+                )
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
     async def stop_extension(self) -> None:
         """Stop every session this server started (persistent workspaces are kept)."""
         from . import mcp_door
 
         self._give_back_sigint()
+        self._stop_kernel_restarters()
         registry = getattr(self, "registry", None)
         if registry is not None:
             registry.stopping = True  # no create starts now, and one under way is destroyed as it ends
@@ -637,6 +671,7 @@ class SandboxApp(ExtensionApp):
             left = await registry.creates_ended(timeout=self.STOP_CREATES_WAIT_SECONDS)
             if left:
                 self.log.warning("jupyter_tai_sandbox: %d create(s) still under way at shutdown", left)
+        await self._kernel_starts_ended()
         sandbox = self.sandbox
         if sandbox is None:
             failure = self.access.failure if self.access is not None else None
