@@ -270,6 +270,14 @@ class HostFirewall:
                 why,
             )
 
+    def in_force(self, network: str) -> bool:
+        """Whether :meth:`protect` has nothing left to do for ``network``: its bridge's rules are in place
+        (this process set them and did not release them since), or there are none to set and none are
+        required (the firewall is off, or unavailable in mode "auto")."""
+        if self._why_not is not None:
+            return self.mode != "require"
+        return bridge_name(network) in self._walled
+
     async def protect(self, network: str) -> None:
         """Make sure the rules for ``network``'s bridge are in place (before a session joins it)."""
         if self._why_not is not None:
