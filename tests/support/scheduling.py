@@ -32,6 +32,7 @@ import pytest
 
 from tests.support import ARTIFACTS, REPO
 from tests.support.docker import DISTURB
+from tests.support.machine_cpu import MachineCpu
 
 #: set in the process that runs the serial group: the fd its reports go to, one JSON line each
 REPORTS_FD = "TAI_SANDBOX_SERIAL_REPORTS_FD"
@@ -287,8 +288,10 @@ def busy_cpu_seconds() -> tuple[float, float]:
 class Timeline:
     """The controller's record of where the wall time went, for whoever tunes the schedule: one line per
     test phase in tests/artifacts/timeline.tsv (worker, phase, start and stop seconds into the run, the CPU
-    seconds of the worker's process tree in it, node id), and a summary line: when each worker went idle,
-    how busy the machine's CPUs were, and how much of that the workers' own trees account for."""
+    seconds of the worker's process tree in it, node id), the machine's CPU every 10 s in
+    tests/artifacts/cpu.tsv (tests/support/machine_cpu.py), and a summary line: when each worker went idle,
+    how busy the machine's CPUs were, and how much of that the workers' own trees, the engine's containers
+    and daemons and the kernel account for."""
 
     def __init__(self) -> None:
         self.started = time.time()
@@ -297,6 +300,8 @@ class Timeline:
         self.tests_cpu = 0.0
         ARTIFACTS.mkdir(exist_ok=True)
         self.out = open(ARTIFACTS / "timeline.tsv", "w", buffering=1)  # noqa: SIM115 (closed at the end)
+        self.machine = MachineCpu(ARTIFACTS / "cpu.tsv")
+        self.machine.start()
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -315,10 +320,19 @@ class Timeline:
         )
         idle = ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in sorted(self.idle_at.items()))
         share = f"{100 * busy / total:.0f}%" if total else "unknown"
+        where = self.machine.stop()
         terminalreporter.write_line(
             f"timeline (tests/artifacts/timeline.tsv): last test done, minutes into the run: {idle}; "
             f"the machine's CPUs were busy {share} of the run ({busy:.0f} CPU s, {self.tests_cpu:.0f} of them "
             f"in the test processes' own trees)"
+        )
+        terminalreporter.write_line(
+            "machine CPU (tests/artifacts/cpu.tsv), CPU s: "
+            + ", ".join(
+                f"{key} {where[key]:.0f}" for key in ("user", "nice", "system", "irq", "steal", "idle")
+            )
+            + f"; of the busy: the engine's containers {where['containers']:.0f}, its daemons "
+            f"{where['engine']:.0f}, the kernel's threads {where['kernel_threads']:.0f}"
         )
         self.out.close()
 
