@@ -29,8 +29,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime
 import functools
+import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -55,6 +58,8 @@ DEFAULT_SLOW_TIMEOUT = 30.0
 WORKERS = 32
 #: of which one principal may hold at most this many at once (DockerSandbox.engine_threads_per_user)
 WORKERS_PER_PRINCIPAL = 8
+#: the events an engine keeps for a ``since`` query (moby's ring of its latest events, of every kind)
+EVENTS_HELD = 256
 _SDK_NOISE = re.compile(r"^\d{3} (Client|Server) Error for \S+: [^(]*\(\"?(?P<msg>.*?)\"?\)$", re.S)
 
 
@@ -326,6 +331,43 @@ class EngineCalls:
     async def image_user(self, name: str) -> str:
         """The image's USER ('' when it names none); MissingImageError when the engine lacks it."""
         return str(((await self.inspect_image(name)).get("Config") or {}).get("User") or "")
+
+    async def events_between(self, since_ns: int, until_ns: int) -> list[dict[str, Any]]:
+        """Every event the engine still holds (moby keeps its last :data:`EVENTS_HELD`, of every kind and
+        deployment) stamped from ``since_ns`` to ``until_ns`` (nanoseconds of the engine's clock, both
+        included), oldest first, unfiltered: a caller that gets :data:`EVENTS_HELD` less a few may have missed
+        older ones. ``until_ns`` in the engine's future makes the engine wait until then."""
+
+        def stamp(ns: int) -> str:
+            return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+
+        def read() -> list[dict[str, Any]]:
+            api = self._api
+            response = api._get(
+                api._url("/events"),
+                params={"since": stamp(since_ns), "until": stamp(until_ns)},
+                timeout=self.timeout,
+            )
+            api._raise_for_status(response)
+            return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+        return await self._call("read the engine's events", read)
+
+    async def clock_offset(self) -> float:
+        """Seconds the engine's clock is ahead of this host's: 0 for an engine on a local socket (this host's
+        clock), else its ``/info`` SystemTime against the call's midpoint."""
+        if self.base_url.startswith(("unix://", "npipe://")) or "://" not in self.base_url:
+            return 0.0
+        sent = time.time()
+        info = await self._call("read the engine's clock", "info")
+        received = time.time()
+        text = str(info.get("SystemTime") or "")
+        found = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text)
+        if found is None:
+            return 0.0
+        whole = datetime.datetime.fromisoformat(found.group(1) + found.group(3).replace("Z", "+00:00"))
+        engine = whole.timestamp() + float(found.group(2) or 0)
+        return engine - (sent + received) / 2
 
     async def ping(self) -> None:
         """Answer when the engine does (within ``timeout``); SandboxUnavailableError when it cannot be reached."""
