@@ -62,9 +62,9 @@ from .gateway import EgressGateways, GatewaySettings
 from .pool import PooledSession, PoolSettings, Ready, WarmPool
 from .pool_networks import PoolNetworks
 from .ttl import TtlRecords, expiries, retimed
+from .watch import ContainerWatch
 
 __all__ = [
-from .watch import ContainerWatch
     "KILL_LIMIT_SECONDS",
     "LABEL",
     "LABEL_CONSUMER",
@@ -127,6 +127,7 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
             firewall=self._host_firewall(self.base_url),
         )
         self._ttls = TtlRecords(self._engine, self.own_labels)
+        self._watch = ContainerWatch(self._engine)
         self._agent_site = agent_site(
             self,
             self._engine,
@@ -138,7 +139,6 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
         )
         self._forks = ForkImages(self._engine, self.own_labels, self._agent_site.paused)
         self._starts = ContainerStarts(self, self._engine)
-        self._watch = ContainerWatch(self._engine)
         self._gateways = EgressGateways(
             self._engine,
             self._starts,
@@ -499,7 +499,9 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
         ttls = expiries(ttl_records)
         alive = {c["Id"] for c in containers if LABEL_SESSION not in c["Labels"]}
         sessions = []
-        for summary in summaries:
+        for summary in containers:
+            if LABEL_SESSION not in summary["Labels"]:
+                continue  # a pooled container (claimed or not): its sessions are in the records
             self._agent_site.note_state(
                 summary["Id"], {"State": {"Paused": summary.get("State") == "paused"}}
             )
@@ -531,9 +533,7 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
             self._engine.containers(LABEL_SESSION), self._ttls.of(), self._pool.records()
         )
         ttls = expiries(records)
-        for summary in containers:
-            if LABEL_SESSION not in summary["Labels"]:
-                continue  # a pooled container (claimed or not): its sessions are in the records
+        for summary in summaries:
             labels = summary.get("Labels") or {}
             try:
                 session = retimed(self._session_from(summary["Id"], labels, None), ttls)
