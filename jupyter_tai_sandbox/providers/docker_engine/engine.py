@@ -66,23 +66,29 @@ class DockerEngine(EngineExecs, EngineImages, EngineNetworks, EngineVolumes):
         image is not on the engine. The container carries the deployment's labels.
         """
         docker = docker_sdk()
+        from docker.models.containers import _create_container_args as create_container_args
+
         options = {**options, "labels": self.scoped_labels(options.get("labels"))}
 
         def create() -> str:
+            # the SDK's containers.create, less the inspect it makes of the new container (nothing here reads it)
+            args = create_container_args(
+                {**options, "image": image, "command": options.get("command"), "version": self._api._version}
+            )
             try:
-                container = self._client.containers.create(image, **options)
+                container_id = str(self._api.create_container(**args)["Id"])
             except docker.errors.ImageNotFound as e:
                 raise MissingImageError(
                     f"image {image!r} is not on the Docker engine at {self.base_url}: {readable(e)}",
                     image=image,
                 ) from None
             try:
-                container.start()
+                self._api.start(container_id)
             except BaseException:
                 with contextlib.suppress(Exception):
-                    container.remove(force=True, v=True)
+                    self._api.remove_container(container_id, force=True, v=True)
                 raise
-            return str(container.id)
+            return container_id
 
         await self.connect()
         made = asyncio.ensure_future(self._thread(create))
