@@ -75,7 +75,7 @@ def _connect_agent(pid: int) -> socket.socket:
             sock.close()
             if time.monotonic() > give_up:
                 raise
-            time.sleep(0.01)
+            time.sleep(0.002)
         except BaseException:
             sock.close()
             raise
