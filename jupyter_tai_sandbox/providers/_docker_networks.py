@@ -360,7 +360,13 @@ class HostFirewall:
 class SessionBridges:
     """A docker provider's session networks on its engine: each owner's egress and internal bridges and the
     pool's holding bridge, made on demand with a subnet of their own and their firewall rules, and removed
-    when idle. Callers hold the network's lock (:class:`NetworkLocks`) around :meth:`ensure` and :meth:`drop`."""
+    when idle. Callers hold the network's lock (:class:`NetworkLocks`) around :meth:`ensure`, :meth:`drop`
+    and :meth:`release`.
+
+    ``idle_seconds``: how long :meth:`release` keeps a network its last session left (the owner's next
+    session then joins it: making a bridge and its firewall rules is about a fifth of a cold create). A kept
+    network is removed when that time passes with no session on it, at :meth:`close`, or by another server's
+    reap; a create that finds it removed meanwhile makes it again."""
 
     def __init__(
         self,
@@ -371,9 +377,14 @@ class SessionBridges:
         labels: Mapping[str, str],
         pick_subnet: Callable[[list[dict[str, Any]]], str],
         pick_wide_subnet: Callable[[list[dict[str, Any]]], str] | None = None,
+        idle_seconds: float = 0.0,
     ) -> None:
         self._engine = engine
         self._locks = locks
+        self.idle_seconds = idle_seconds
+        #: networks kept idle by :meth:`release`, with the timer that removes each
+        self._kept: dict[str, asyncio.TimerHandle] = {}
+        self._removals: set[asyncio.Task[bool]] = set()
         self.firewall = firewall
         self._labels = dict(labels)
         self._pick_subnet = pick_subnet
@@ -383,6 +394,8 @@ class SessionBridges:
     async def ensure(self, network: str, kind: str) -> None:
         """Make ``network`` (kind egress, internal, filtered or pool) unless it exists, with a subnet of its own, and
         its host firewall rules."""
+        if (kept := self._kept.pop(network, None)) is not None:
+            kept.cancel()
         async with self._locks.allocating:
             await self._engine.ensure_network(
                 network,
@@ -400,6 +413,35 @@ class SessionBridges:
             return False
         await self.firewall.release(network)
         return True
+
+    async def release(self, network: str, *, leaving: Sequence[str] = ()) -> None:
+        """Its last session left ``network`` (``leaving``: the containers just removed): keep it for
+        ``idle_seconds``, then remove it if no session joined it meanwhile (0: remove it now)."""
+        if self.idle_seconds <= 0:
+            await self.drop(network, leaving=leaving)
+            return
+        if (kept := self._kept.pop(network, None)) is not None:
+            kept.cancel()
+        self._kept[network] = asyncio.get_running_loop().call_later(
+            self.idle_seconds, self._remove_kept, network
+        )
+
+    def _remove_kept(self, network: str) -> None:
+        self._kept.pop(network, None)
+        task = asyncio.ensure_future(self.drop_if_idle(network))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def close(self) -> None:
+        """Remove every network kept idle now (one a session still uses, another server's, stays), and wait for
+        removals under way."""
+        kept, self._kept = self._kept, {}
+        for timer in kept.values():
+            timer.cancel()
+        for network in kept:
+            await self.drop_if_idle(network)
+        if self._removals:
+            await asyncio.gather(*self._removals, return_exceptions=True)
 
     async def drop_if_idle(self, network: str) -> bool:
         """:meth:`drop` under the network's lock, errors aside."""
@@ -424,6 +466,11 @@ class SessionBridges:
                 made = float((network.get("Labels") or {}).get(LABEL_CREATED, "0"))
             except ValueError:
                 made = 0.0
-            if name in in_use or now - made < REAP_GRACE_SECONDS or not await self.drop_if_idle(name):
+            if (
+                name in in_use
+                or name in self._kept
+                or now - made < REAP_GRACE_SECONDS
+                or not await self.drop_if_idle(name)
+            ):
                 live.add(name)
         await self.firewall.sweep(live)

@@ -9,6 +9,7 @@ import ipaddress
 import os
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_egress_sessions_of_different_owners_cannot_reach_each_other_or_foreign_
     )
 
     async def main() -> None:
-        sandbox = provider()
+        sandbox = provider(idle_network_seconds=0)  # each owner's network goes with their last session
         made = []
         try:
             alice = await sandbox.create(spec(owner="alice"))
@@ -276,7 +277,7 @@ def test_control_two_containers_on_one_plain_bridge_reach_each_other(client):
 @firewall
 def test_egress_session_cannot_reach_the_host_and_its_rules_go_with_the_network(client):
     async def main() -> None:
-        sandbox = provider()
+        sandbox = provider(idle_network_seconds=0)
         try:
             with host_listener() as port:
                 session = await sandbox.create(spec(owner="carol"))
@@ -356,7 +357,7 @@ def test_sessions_of_one_owner_destroyed_together_take_their_network_with_them(c
     after a removal); the last one out must not take those for users and leave the network behind."""
 
     async def main() -> None:
-        sandbox = provider()
+        sandbox = provider(idle_network_seconds=0)
         try:
             for _ in range(3):
                 sessions = await asyncio.gather(*(sandbox.create(spec(owner="frank")) for _ in range(4)))
@@ -365,6 +366,57 @@ def test_sessions_of_one_owner_destroyed_together_take_their_network_with_them(c
                 assert not client.networks.list(names=[name]), f"{name} outlived every session on it"
         finally:
             await sandbox.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
+def test_an_owners_idle_network_waits_for_their_next_session_then_goes(client, monkeypatch):
+    """DockerSandbox.idle_network_seconds: the owner's next session joins the network their last one left
+    (no bridge nor firewall rules made again); it goes once idle that long, at close(), or by another
+    server's reap, and a create after that makes it again."""
+
+    async def main() -> None:
+        sandbox = provider(idle_network_seconds=2)
+        other = provider()  # another server of the deployment
+        try:
+            session = await sandbox.create(spec(owner="gina"))
+            (name,) = networks_of(client, session.container_id)
+            made = client.networks.get(name).id
+            await session.destroy()
+            assert client.networks.get(name).id == made  # kept, idle
+            session = await sandbox.create(spec(owner="gina"))
+            assert client.networks.get(name).id == made  # joined, not made again
+            if os.geteuid() == 0:  # the host firewall is set (mode auto)
+                assert bridge_name(name) in firewall_rules()
+            await session.destroy()
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and (
+                client.networks.list(names=[name]) or f"-i {bridge_name(name)} " in firewall_rules()
+            ):
+                await asyncio.sleep(0.2)
+            assert not client.networks.list(names=[name]), f"{name} outlived idle_network_seconds"
+            assert f"-i {bridge_name(name)} " not in firewall_rules()  # its rules went with it
+
+            sandbox.idle_network_seconds = 60
+            sandbox._bridges.idle_seconds = 60
+            session = await sandbox.create(spec(owner="gina"))
+            await session.destroy()
+            assert client.networks.list(names=[name])
+            monkeypatch.setattr(_docker_networks, "REAP_GRACE_SECONDS", 0.0)
+            await sandbox.reap()
+            assert client.networks.list(names=[name]), "the server that keeps it reaped it"
+            await other.reap()
+            assert not client.networks.list(names=[name]), "another server's reap left an idle network"
+            session = await sandbox.create(spec(owner="gina"))
+            assert (await session.exec(["true"], timeout_seconds=10)).exit_code == 0
+            await session.destroy()
+            assert client.networks.list(names=[name])
+            await sandbox.close()
+            assert not client.networks.list(names=[name]), "close() left an idle network"
+        finally:
+            await sandbox.close()
+            await other.close()
 
     asyncio.run(main())
     assert leftovers(client) == []

@@ -63,13 +63,15 @@ def test_network_egress_internal_and_none(client):
             await session.destroy()
 
     async def main() -> None:
-        sandbox = provider()
+        sandbox = provider(idle_network_seconds=0)  # each probe's network goes with its session
         with host_listener() as port:
             session = await sandbox.create(spec())
             route = (await session.exec(["ip", "route"], timeout_seconds=10)).stdout.decode()
             await session.destroy()
             gateway = route.split("default via ", 1)[1].split()[0]
-            reach, _ = await probe(provider(egress_firewall="off"), "egress", port, None)
+            reach, _ = await probe(
+                provider(egress_firewall="off", idle_network_seconds=0), "egress", port, None
+            )
             assert b"pong" in reach, reach
             if os.geteuid() == 0:
                 reach, _ = await probe(sandbox, "egress", port, None)
