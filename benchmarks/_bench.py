@@ -221,3 +221,27 @@ def _docker_sandbox(image: str, **traits: Any) -> Any:
     from jupyter_tai_sandbox.providers.docker import DockerSandbox
 
     return DockerSandbox(image=image, extra_labels=BENCH_LABEL, **traits)
+
+
+def engine_floor(client: Any, image: str, network: str | None = None) -> float:
+    """(Blocking.) The engine's own floor of a create to first command: an idle container's create + start +
+    one exec through docker-py's low-level API, same image; seconds. ``network``: a user-defined bridge to
+    start it on (the engine's default bridge when None)."""
+    api = client.api
+    started = time.perf_counter()
+    container = api.create_container(
+        image,
+        ["sleep", "2147483647"],
+        labels=BENCH_LABEL,
+        host_config=api.create_host_config(init=True, network_mode=network),
+        networking_config=api.create_networking_config({network: api.create_endpoint_config()})
+        if network
+        else None,
+    )
+    api.start(container)
+    exec_id = api.exec_create(container, TRUE_DOCKER)
+    api.exec_start(exec_id)
+    assert api.exec_inspect(exec_id)["ExitCode"] == 0
+    elapsed = time.perf_counter() - started
+    api.remove_container(container, force=True, v=True)
+    return elapsed

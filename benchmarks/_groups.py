@@ -24,6 +24,7 @@ from _bench import (
     _docker_client,
     _docker_sandbox,
     _image,
+    engine_floor,
     interleaved,
     interleaved_throughput,
 )
@@ -174,6 +175,13 @@ async def _create_local(report: Report) -> None:
     _compare(report, "create", "ms", samples, "local create+first command+destroy: raw mkdir+spawn")
 
 
+CREATE_FLOOR = "docker create to first command: the engine's floor (raw API, default bridge)"
+CREATE_FLOOR_BRIDGE = "docker create to first command: the engine's floor on a user-defined bridge"
+CREATE_SDK = "docker create to first command: raw SDK run+exec"
+CREATE_COLD = "docker create to first command: ours, pool off"
+CREATE_WARM = "docker create to first command: ours, pool on"
+
+
 async def _create_docker(report: Report) -> None:
     image = _image(report)
     client = _docker_client()
@@ -198,14 +206,22 @@ async def _create_docker(report: Report) -> None:
         await session.destroy()
         return first - started
 
+    def floor(network: str | None = None) -> Callable[[], Awaitable[float]]:
+        return lambda: asyncio.to_thread(engine_floor, client, image, network)
+
+    bridge = await asyncio.to_thread(
+        client.networks.create, f"tai-bench-floor-{uuid.uuid4().hex[:8]}", driver="bridge", labels=BENCH_LABEL
+    )
     cold = _docker_sandbox(image)
     warm = _docker_sandbox(image, pool_size=4)
     await warm.list()  # connects: the pool fills
     await _wait_pool(warm, 4)
     variants: dict[str, Callable[[], Awaitable[float]]] = {
-        "docker create to first command: raw SDK run+exec": raw,
-        "docker create to first command: ours, pool off": lambda: ours_with(cold),
-        "docker create to first command: ours, pool on": lambda: ours_with(warm),
+        CREATE_FLOOR: floor(),
+        CREATE_FLOOR_BRIDGE: floor(bridge.name),
+        CREATE_SDK: raw,
+        CREATE_COLD: lambda: ours_with(cold),
+        CREATE_WARM: lambda: ours_with(warm),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     try:
@@ -216,12 +232,27 @@ async def _create_docker(report: Report) -> None:
     finally:
         await cold.close()
         await warm.close()
+        await asyncio.to_thread(bridge.remove)
         client.close()
-    _compare(report, "create", "ms", samples, "docker create to first command: raw SDK run+exec")
-    p50 = report.rows["docker create to first command: ours, pool on"].median
+    _compare(report, "create", "ms", samples, CREATE_FLOOR)
+    p50 = report.rows[CREATE_WARM].median
+
+    def over(row: str, baseline: str) -> float:
+        return report.rows[row].median / report.rows[baseline].median
+
     report.target(
         "docker create-to-first-command p50 <= 20 ms with the warm pool", p50 <= 20, f"{p50:.1f} ms"
     )
+    ratio = over(CREATE_COLD, CREATE_FLOOR)
+    report.target("docker create, pool off, <= 1.1x the engine's floor", ratio <= 1.1, f"{ratio:.2f}x")
+    ratio = over(CREATE_COLD, CREATE_FLOOR_BRIDGE)
+    report.target(
+        "docker create, pool off, <= 1.1x the engine's floor on a user-defined bridge (as sessions are)",
+        ratio <= 1.1,
+        f"{ratio:.2f}x",
+    )
+    ratio = over(CREATE_COLD, CREATE_SDK)
+    report.target("docker create, pool off, <= 0.5x the SDK's run + exec_run", ratio <= 0.5, f"{ratio:.2f}x")
 
 
 async def _wait_pool(sandbox: Any, count: int, seconds: float = 30.0) -> None:
@@ -602,6 +633,8 @@ async def peer_group(report: Report) -> None:
         client.close()
     _compare(report, "peer", "ms", samples, "peer llm-sandbox create to first command")
     _compare(report, "peer", "ms", execs, "peer llm-sandbox exec")
+    ratio = report.ratio("ours create to first command (pool off)")
+    report.target("docker create, pool off, <= 1.0x llm-sandbox's", ratio <= 1.0, f"{ratio:.2f}x")
     report.note(
         "llm-sandbox used the local image (it pulls only when the image is missing), with "
         "skip_environment_setup=True (its Python venv/pip setup needs a Python image and network); "

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _groups import BENCH_LABEL, TRUE_DOCKER, _docker_client, _docker_sandbox
+from _bench import BENCH_LABEL, TRUE_DOCKER, _docker_client, _docker_sandbox, engine_floor
 
 from jupyter_tai_sandbox.contract import SessionSpec
 from jupyter_tai_sandbox.images import DEFAULT_IMAGE
@@ -55,33 +55,21 @@ def timed_engine(calls: dict[str, list[float]]) -> list[tuple[str, Any]]:
     return originals
 
 
-def raw_floor(image: str) -> float:
-    """An idle container's create + start + one exec through the raw API: milliseconds."""
-    api = _docker_client().api
-    started = time.perf_counter()
-    container = api.create_container(
-        image, ["sleep", "2147483647"], labels=BENCH_LABEL, host_config=api.create_host_config(init=True)
-    )
-    api.start(container)
-    exec_id = api.exec_create(container, TRUE_DOCKER)
-    api.exec_start(exec_id)
-    assert api.exec_inspect(exec_id)["ExitCode"] == 0
-    elapsed = (time.perf_counter() - started) * 1000
-    api.remove_container(container, force=True, v=True)
-    return elapsed
-
-
 async def main(rounds: int, image: str) -> None:
     sandbox = _docker_sandbox(image)
     await sandbox.list()  # connected: the engine's version, arch, images asked once, as a server's start does
     warm = await sandbox.create(SessionSpec(image=image))  # the agent volume and the owner network made
     await warm.destroy()
+    client = _docker_client()
+    bridge = client.networks.create("tai-bench-floor-breakdown", driver="bridge", labels=BENCH_LABEL)
     totals: list[float] = []
     floors: list[float] = []
+    bridge_floors: list[float] = []
     per_call: dict[str, list[float]] = collections.defaultdict(list)
     try:
         for _ in range(rounds):
-            floors.append(await asyncio.to_thread(raw_floor, image))
+            floors.append(await asyncio.to_thread(engine_floor, client, image) * 1000)
+            bridge_floors.append(await asyncio.to_thread(engine_floor, client, image, bridge.name) * 1000)
             calls: dict[str, list[float]] = collections.defaultdict(list)
             originals = timed_engine(calls)
             try:
@@ -98,9 +86,12 @@ async def main(rounds: int, image: str) -> None:
                 per_call[f"{name} (calls)"].append(len(values))
     finally:
         await sandbox.close()
-    total, floor = statistics.median(totals), statistics.median(floors)
+        bridge.remove()
+        client.close()
+    total, floor, on_bridge = (statistics.median(v) for v in (totals, floors, bridge_floors))
     print(f"create -> first command, pool off: {total:.1f} ms p50 over {rounds} rounds")
     print(f"engine floor (raw create + start + exec): {floor:.1f} ms p50 -> ratio {total / floor:.2f}x")
+    print(f"engine floor on a user-defined bridge: {on_bridge:.1f} ms p50 -> ratio {total / on_bridge:.2f}x")
     print("engine calls inside one create (median ms per create, calls per create):")
     rows = sorted(
         ((name, statistics.median(v)) for name, v in per_call.items() if not name.endswith("(calls)")),

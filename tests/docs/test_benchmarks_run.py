@@ -74,6 +74,8 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "local exec overhead",
         "docker one-shot exec",
         "with the warm pool",
+        "pool off, <= 1.1x the engine's floor",
+        "pool off, <= 1.0x llm-sandbox's",
         "REST exec adds",
         "REST exec on docker adds",
         "websocket streaming >= 0.8x a raw localhost TCP relay",
