@@ -187,7 +187,8 @@ class BridgeSettings(NetworkSettings):
         "tai-sbx-egress",
         help="""Base name of the Docker networks that network='egress' sessions join: one bridge per owner
         (this name, '-', a short hash of deployment and owner) with a route out and inter-container
-        traffic off, made on demand and removed with its last session. The warm pool's containers wait
+        traffic off, made on demand and removed after its last session (docker: after
+        DockerSandbox.idle_network_seconds). The warm pool's containers wait
         on '<this name>-pool-<deployment tag>', which reaches nothing.""",
     ).tag(config=True)
 
