@@ -347,7 +347,60 @@ def _append(command: CommandRecord, stream: str, chunk: bytes) -> None:
     if command.output and command.output[-1][0] == stream:
         command.output[-1][1] += chunk
     else:
-        command.output.append([stream, bytearray(chunk)])
+        command.output.append([stream, _Run(chunk)])
+
+
+#: a chunk at least this large is kept as it came (not copied); smaller ones are gathered
+_KEPT_WHOLE = 4096
+#: the most small chunks gathered in one buffer
+_GATHERED = 64 << 10
+
+
+class _Run:
+    """One stream's run of a command's output, bytes-like for its readers (``len``, ``bytes()``, ``+=`` and
+    ``del run[:n]``): the chunks as they came, a large one kept as it is and small ones gathered, so a long
+    stream kept to the session's limit is not copied again at each chunk (a bytearray was: 256 MiB streamed
+    took 0.09 s of the server's CPU per GiB)."""
+
+    __slots__ = ("_chunks", "_size")
+
+    def __init__(self, chunk: bytes) -> None:
+        self._chunks: collections.deque[bytes | bytearray | memoryview] = collections.deque()
+        self._size = 0
+        self += chunk
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self._chunks)
+
+    def __iadd__(self, chunk: bytes) -> _Run:
+        chunks = self._chunks
+        last = chunks[-1] if chunks else None
+        if len(chunk) >= _KEPT_WHOLE and type(chunk) is bytes:
+            chunks.append(chunk)
+        elif isinstance(last, bytearray) and len(last) < _GATHERED:
+            last += chunk
+        else:
+            chunks.append(bytearray(chunk))
+        self._size += len(chunk)
+        return self
+
+    def __delitem__(self, cut: slice) -> None:
+        """``del run[:n]``: drop the first n bytes."""
+        assert cut.start is None and cut.step is None and cut.stop is not None
+        drop = min(cut.stop, self._size)
+        self._size -= drop
+        chunks = self._chunks
+        while drop:
+            first = chunks[0]
+            if len(first) <= drop:
+                chunks.popleft()
+                drop -= len(first)
+            else:  # a view, not a copy: the chunk's head stays in memory until the rest goes
+                chunks[0] = memoryview(first)[drop:] if type(first) is bytes else first[drop:]
+                drop = 0
 
 
 # ----------------------------------------------------------------- the notebook

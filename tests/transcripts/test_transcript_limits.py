@@ -144,3 +144,31 @@ async def test_a_reaped_session_is_still_answered_and_says_so(jp_fetch, jp_serve
     assert notebook.metadata["jupyter_tai_sandbox"]["ended"] == "reaped (its TTL passed)"
     assert "reaped (its TTL passed)" in notebook.cells[0].source
     assert streamed(notebook.cells[1]) == "before the end\n"
+
+
+def test_a_long_stream_of_large_chunks_keeps_exactly_its_last_bytes():
+    """Large chunks (a websocket stream's), mixed with small ones and the other stream: the kept output is
+    byte for byte the stream's tail, within the limit, and what was dropped is counted."""
+    transcripts = TranscriptSettings(max_bytes_per_session=1 << 20)
+
+    def tell(kind, **data):
+        transcripts(SandboxEvent(kind, "s1", "alice", "user:alice", "local", data=data))
+
+    tell("session.create")
+    tell("exec.start", exec=1, argv=["cat"], one_shot=False, pty=False, cwd=None, label=None)
+    sent = bytearray()
+    for i in range(200):
+        chunk = bytes([i % 251]) * (256 << 10 if i % 3 else 1000 + i)
+        tell("exec.output", exec=1, stream="stdout", bytes=chunk)
+        sent += chunk
+    tell("exec.output", exec=1, stream="stderr", bytes=b"oops")
+    tell("exec.output", exec=1, stream="stdout", bytes=b"end")
+    sent += b"end"
+    record = transcripts.record("s1")
+    assert record is not None and record.size <= 1 << 20
+    command = record.commands[0]
+    kept = [(stream, bytes(data)) for stream, data in command.output]
+    out = b"".join(data for stream, data in kept if stream == "stdout")
+    assert kept[-2:] == [("stderr", b"oops"), ("stdout", b"end")]
+    assert bytes(sent).endswith(out) and len(out) > 1 << 19
+    assert record.dropped_bytes == command.dropped_bytes == len(sent) + 4 - sum(len(data) for _, data in kept)
