@@ -44,7 +44,7 @@ from ..errors import error_from_json
 from ..previews.urls import port_path
 from .discovery import SeveralServersWarning, discover_server, running_servers
 from .http_connections import BodyProducer, HTTPConnections, StreamingCallback
-from .remote_exec import STDIN_FRAME_BYTES, RemoteExec, _written
+from .remote_exec import STDIN_FRAME_BYTES, RemoteExec, _written, read_frames_directly
 
 #: dot segments travel percent-encoded, so nothing between here and the server resolves them
 _DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
@@ -550,13 +550,15 @@ class SandboxClient:
             request_timeout=self.request_timeout,
         )
         try:
-            return await websocket_connect(request, max_message_size=64 << 20)
+            connection = await websocket_connect(request, max_message_size=64 << 20)
         except HTTPClientError as e:
             if e.response is not None and e.response.body:
                 raise error_from_body(e.code, e.response.body) from None
             raise SandboxError(f"the exec websocket was refused: HTTP {e.code}") from None
         except OSError as e:
             raise SandboxUnavailableError(f"cannot reach the sandbox API at {self.url}: {e}") from None
+        read_frames_directly(connection)  # output frames: one recv_into each, not tornado's four copies
+        return connection
 
     def destroy_blocking(self, session_id: str, remove_workspace: bool = False, timeout: float = 3.0) -> bool:
         """``destroy`` without an event loop (a plain blocking request): for ``atexit`` hooks and

@@ -14,6 +14,7 @@ import pytest
 
 from jupyter_tai_sandbox.client import SandboxClient, SeveralServersWarning, discover_server, running_servers
 from jupyter_tai_sandbox.client.http_connections import HTTPConnections
+from jupyter_tai_sandbox.client.remote_exec import DIRECT_READ_BYTES, _DirectReads
 from jupyter_tai_sandbox.contract import (
     ExitItem,
     OutputChunk,
@@ -159,6 +160,28 @@ async def test_sixteen_mib_both_ways_through_the_clients_websocket(client):
             items.append(item)
     await feeder
     assert items == [ExitItem(0)] and bytes(received) == data
+    await client.destroy(info["id"])
+
+
+async def test_large_frames_are_read_directly_and_come_out_as_bytes_in_order(client):
+    """Frames past DIRECT_READ_BYTES are read into their own buffer (not tornado's copies); every chunk is
+    still bytes, in order, each stream counted."""
+    info = await client.create(ttl_seconds=120)
+    script = "printf a; head -c 3000000 /dev/zero | tr '\\0' b; printf c >&2; printf d"
+    remote = await client.exec_start(info["id"], ["sh", "-c", script], timeout_seconds=60)
+    assert type(remote._ws.protocol) is _DirectReads
+    got: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    largest, items = 0, []
+    async for item in remote.output:
+        if isinstance(item, OutputChunk):
+            assert type(item.data) is bytes
+            got[item.stream] += item.data
+            largest = max(largest, len(item.data))
+        else:
+            items.append(item)
+    assert items == [ExitItem(0)] and largest + 1 >= DIRECT_READ_BYTES
+    assert got == {"stdout": b"a" + b"b" * 3000000 + b"d", "stderr": b"c"}
+    assert remote.offsets == {"stdout": 3000002, "stderr": 1}
     await client.destroy(info["id"])
 
 
