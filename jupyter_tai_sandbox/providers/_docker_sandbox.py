@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -83,13 +84,26 @@ STATUS_PING_SECONDS = 0.5
 
 def spec_from_labels(labels: Mapping[str, str], env: Sequence[str] | None) -> SessionSpec:
     """The spec a session's labels record (env *names* only), with the values found in ``env``
-    (``NAME=value`` items: the container's environment, or a pooled session's record)."""
-    public = json.loads(labels[LABEL_SPEC])
+    (``NAME=value`` items: the container's environment, or a pooled session's record). Without ``env`` (a
+    list's, a reap's: every value ''), the spec of the same labels is parsed once (it is frozen)."""
+    if env is None:
+        return _spec_without_env(labels[LABEL_SPEC], labels.get(LABEL_OWNER))
+    return _spec(labels[LABEL_SPEC], env, labels.get(LABEL_OWNER))
+
+
+def _spec(spec_label: str, env: Sequence[str] | None, owner: str | None) -> SessionSpec:
+    public = json.loads(spec_label)
     values = dict(item.split("=", 1) for item in env or () if "=" in item)
     public["env"] = {name: values.get(name, "") for name in public.get("env", [])}
-    if LABEL_OWNER in labels:
-        public["owner"] = labels[LABEL_OWNER]
+    if owner is not None:
+        public["owner"] = owner
     return SessionSpec.from_json(public)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_without_env(spec_label: str, owner: str | None) -> SessionSpec:
+    """A list of 1,000 sessions parsed each one's spec each time (~25 us apiece, a third of the list's own CPU)."""
+    return _spec(spec_label, None, owner)
 
 
 class ContainerSandbox(NetworkSettings, DeploymentSettings, LimitSettings, Sandbox, metaclass=ProviderMeta):

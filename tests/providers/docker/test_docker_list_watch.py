@@ -95,3 +95,19 @@ def test_a_flood_of_engine_events_makes_a_full_listing_and_the_list_stays_exact(
             await theirs.close()
 
     asyncio.run(main())
+
+
+def test_a_spec_without_env_is_parsed_once_and_one_with_env_gets_its_values():
+    """A list reads each session's spec from its labels: the same labels give the same (frozen) spec without
+    parsing it again; with the container's environment, its values."""
+    from jupyter_tai_sandbox.contract import SessionSpec
+    from jupyter_tai_sandbox.providers._docker_sandbox import spec_from_labels
+    from jupyter_tai_sandbox.providers.docker_engine.names import session_labels
+
+    made = SessionSpec(env={"TOKEN": "secret"}, owner="alice", consumer=f"watch-{secrets.token_hex(3)}")
+    labels = session_labels("sbx-0123456789abcdef", made, 1.0, 2.0, {})
+    listed = spec_from_labels(labels, None)
+    assert spec_from_labels(dict(labels), None) is listed
+    assert listed.env == {"TOKEN": ""} and listed.owner == "alice" and listed.consumer == made.consumer
+    assert spec_from_labels(labels, ["TOKEN=secret", "PATH=/bin"]).env == {"TOKEN": "secret"}
+    assert spec_from_labels({**labels, "jupyter-tai-sandbox.owner": "bob"}, None).owner == "bob"
