@@ -32,6 +32,7 @@ import os
 import random
 import shlex
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -155,11 +156,11 @@ def full_network_error(
 
 class NetworkLocks:
     """One asyncio lock per network name (a create's join and a teardown's removal of the same network
-    never interleave), and one for picking subnets, so this process never races itself for one."""
+    never interleave). Networks of different names are made side by side: :class:`SessionBridges` keeps the
+    subnets it is picking apart."""
 
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self.allocating = asyncio.Lock()
 
     @contextlib.asynccontextmanager
     async def hold(self, name: str) -> AsyncIterator[None]:
@@ -390,20 +391,38 @@ class SessionBridges:
         self._pick_subnet = pick_subnet
         #: the subnets of filtered networks (all of an owner's sessions with an egress policy are on one)
         self._pick_wide_subnet = pick_wide_subnet or pick_subnet
+        #: subnets picked for networks being made (listed by the engine once made), and their lock
+        self._picked: set[str] = set()
+        self._picking = threading.Lock()
 
     async def ensure(self, network: str, kind: str) -> None:
         """Make ``network`` (kind egress, internal, filtered or pool) unless it exists, with a subnet of its own, and
         its host firewall rules."""
         if (kept := self._kept.pop(network, None)) is not None:
             kept.cancel()
-        async with self._locks.allocating:
+        pick = self._pick_wide_subnet if kind == "filtered" else self._pick_subnet
+        picked: list[str] = []
+
+        def subnet(networks: list[dict[str, Any]]) -> str:
+            # (in the engine call's worker thread) the subnets of networks this process is making at the same
+            # time are not listed yet: they are kept out, so this process never races itself for one
+            with self._picking:
+                chosen = pick([*networks, *({"IPAM": {"Config": [{"Subnet": s}]}} for s in self._picked)])
+                self._picked.add(chosen)
+                picked.append(chosen)
+                return chosen
+
+        try:
             await self._engine.ensure_network(
                 network,
                 labels={**self._labels, LABEL_NETWORK: kind, LABEL_CREATED: repr(time.time())},
                 options=bridge_options(kind, network),
                 internal=kind != "egress",
-                subnet=self._pick_wide_subnet if kind == "filtered" else self._pick_subnet,
+                subnet=subnet,
             )
+        finally:
+            with self._picking:
+                self._picked.difference_update(picked)
         await self.firewall.protect(network)
 
     async def drop(self, network: str, *, leaving: Sequence[str] = ()) -> bool:
