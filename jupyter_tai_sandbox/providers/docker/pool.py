@@ -21,11 +21,13 @@ server state is read back from anything a session controls (the label is as
 visible to engine users as a container's own env is). A claimed container is
 never handed out again: it goes with its session.
 
-The pool refills in the background, one container at a time, after a short
-pause, so the create that emptied a slot and its first command do not compete
-with a container start. Containers waiting longer than ``idle_seconds`` are
-replaced; any provider's reap removes an unclaimed pooled container past that
-age, or at once when its owner (a process on this host) is gone.
+The pool refills in the background, up to :data:`FILL_STARTS` containers
+starting at once (waiting and starting never more than ``size`` together), after
+a short pause; while claims are under way only one start runs, so a burst of
+creates and their first commands do not compete with container starts.
+Containers waiting longer than ``idle_seconds`` are replaced; any provider's
+reap removes an unclaimed pooled container past that age, or at once when its
+owner (a process on this host) is gone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,10 @@ HANDOUT_MARGIN_SECONDS = 60.0
 REFILL_DELAY_SECONDS = 0.25
 #: an owner who took from the pool this recently gets a spare on their own network
 SPARE_FOR_SECONDS = 600.0
+#: pooled containers a refill starts at once (one only while claims are under way)
+FILL_STARTS = 4
+#: failed starts after which a refill gives up (the next hand-out tries again)
+FILL_FAILURES = 3
 
 #: on a pooled session's record volume: the session's spec env, as JSON (the session cannot touch it)
 LABEL_POOLED_ENV = f"{LABEL}.env"
@@ -150,10 +156,13 @@ class WarmPool:
         idle_seconds: float,
         labels: Mapping[str, str],
         log: Any,
+        fill_starts: int = FILL_STARTS,
     ) -> None:
         self._engine = engine
         self._start = start
         self.size = size
+        #: containers a refill starts at once while no claim is under way
+        self.fill_starts = max(1, fill_starts)
         self.idle_seconds = idle_seconds
         self._labels = dict(labels)
         self._log = log
@@ -165,6 +174,13 @@ class WarmPool:
         self.kept_networks: set[str] = set()
         self._filler: asyncio.Task[None] | None = None
         self._closing = False
+        #: starts under way, by the network each will wait on ('' for the holding one)
+        self._starting: collections.Counter[str] = collections.Counter()
+        #: the refill's failed starts so far
+        self._failures = 0
+        #: claims under way, and the event set when none is (the refill's extra starts wait for it)
+        self._claims = 0
+        self._no_claims: asyncio.Event | None = None
         #: spec env of the pooled sessions this pool handed out (others read it from the container)
         self._env: dict[str, dict[str, str]] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -173,6 +189,14 @@ class WarmPool:
 
     def ready_count(self) -> int:
         return len(self._ready)
+
+    def starting_count(self) -> int:
+        """Pooled containers starting now."""
+        return sum(self._starting.values())
+
+    def busy_on(self, network: str) -> bool:
+        """Whether a pooled container waits, or is starting, on ``network`` ('' for the holding one)."""
+        return self._starting[network] > 0 or any(r.network == network for r in self._ready)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Housekeeping in the background; close() and settle() wait for it."""
@@ -205,8 +229,8 @@ class WarmPool:
     def wants(self, network: str) -> bool:
         """Whether a spare waits, or is the next refill, on the owner network ``network`` (so the network
         stays when its owner's last session ends)."""
-        return any(r.network == network for r in self._ready) or (
-            len(self._ready) < self.size and self._next_network() == network != ""
+        return self.busy_on(network) or (
+            len(self._ready) + self.starting_count() < self.size and self._next_network() == network != ""
         )
 
     def take(self, network: str) -> Ready | None:
@@ -232,9 +256,11 @@ class WarmPool:
         return found
 
     def _next_network(self) -> str:
-        """Where the next refill waits: on the network of the latest taker without a spare (at most
-        ``size // 2`` spares), else on the holding network."""
-        spares = {r.network for r in self._ready if r.network}
+        """Where the next refill waits: on the network of the latest taker without a spare (waiting or
+        starting; at most ``size // 2`` spares), else on the holding network."""
+        spares = {r.network for r in self._ready if r.network} | {
+            n for n, c in self._starting.items() if n and c
+        }
         if len(spares) >= self.size // 2:
             return ""
         waiting = [n for n in self._takers if n not in spares]
@@ -250,26 +276,63 @@ class WarmPool:
         self._filler = asyncio.create_task(self._fill(delay))
 
     async def _fill(self, delay: float) -> None:
+        """Start containers until the pool is full: ``fill_starts`` at once, one while claims are under way
+        (the first of the starters goes on then, the others wait for the claims to end)."""
         if delay:
             await asyncio.sleep(delay)
-        failures = 0
-        while not self._closing and len(self._ready) < self.size:
+        self._failures = 0
+        await asyncio.gather(*(self._fill_one_by_one(first=i == 0) for i in range(self.fill_starts)))
+
+    def _full(self) -> bool:
+        return len(self._ready) + self.starting_count() >= self.size
+
+    async def _fill_one_by_one(self, *, first: bool) -> None:
+        while not self._closing and not self._full() and self._failures < FILL_FAILURES:
+            if not first and self._claims:
+                await self.claims_ended()
+                continue  # look again: the pool may be full, or closing, by now
             network = self._next_network()
+            self._starting[network] += 1
             try:
                 ready = await self.create(network=network)
             except SandboxError as e:
-                failures += 1
+                self._failures += 1
                 self._log.warning("sandbox-docker: the warm pool could not start a container: %s", e)
-                if failures >= 3:
+                if self._failures >= FILL_FAILURES:
                     return  # the next hand-out tries again
-                await asyncio.sleep(0.5 * failures)
+                await asyncio.sleep(0.5 * self._failures)
                 continue
+            finally:
+                self._starting[network] -= 1
+                if self._starting[network] <= 0:
+                    del self._starting[network]
             if self._closing:
                 await self._engine.remove_container(ready.container_id)
                 return
             self._ready.append(ready)
 
     # ------------------------------------------------------------- sessions
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a claim: while one is under way, the refill starts one container at a time."""
+        self._claims += 1
+        if self._no_claims is not None:
+            self._no_claims.clear()
+        try:
+            yield
+        finally:
+            self._claims -= 1
+            if not self._claims and self._no_claims is not None:
+                self._no_claims.set()
+
+    async def claims_ended(self, within: float | None = None) -> None:
+        """Return once no claim is under way (or the pool closes), or after ``within`` seconds."""
+        if self._no_claims is None:
+            self._no_claims = asyncio.Event()
+        if self._claims and not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._no_claims.wait(), within)
 
     async def claim(self, ready: Ready, labels: Mapping[str, str], env: Mapping[str, str]) -> str | None:
         """Make a pooled container the session's (its record volume carries ``labels``); the record's
@@ -373,8 +436,11 @@ class WarmPool:
         return reaped
 
     async def close(self) -> None:
-        """Stop refilling and remove every container still waiting in the pool."""
+        """Stop refilling (starts under way end, and their containers go) and remove every container still
+        waiting in the pool."""
         self._closing = True
+        if self._no_claims is not None:
+            self._no_claims.set()  # starters waiting for claims to end stop now
         if self._filler is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(self._filler)
