@@ -523,6 +523,9 @@ def test_pooled_session_joins_its_owners_egress_network_not_the_pools(client):
         finally:
             await sandbox.close()
 
+    asyncio.run(main())
+    assert leftovers(client) == []
+
 
 def test_an_owners_spare_waits_on_their_network_and_serves_only_them(client):
     """After an owner takes from the pool, the refill waits on that owner's egress network (their next
