@@ -400,7 +400,8 @@ class SessionBridges:
         its host firewall rules."""
         if (kept := self._kept.pop(network, None)) is not None:
             kept.cancel()
-        pick = self._pick_wide_subnet if kind == "filtered" else self._pick_subnet
+        # a filtered network holds all of an owner's sessions with a policy; the pool's holding one, its containers
+        pick = self._pick_wide_subnet if kind in ("filtered", "pool") else self._pick_subnet
         picked: list[str] = []
 
         def subnet(networks: list[dict[str, Any]]) -> str:

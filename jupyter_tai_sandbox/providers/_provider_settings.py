@@ -145,7 +145,8 @@ class NetworkSettings(LoggingConfigurable):
         help="""Prefix length of one session network's subnet (/26: 64 addresses, room for 61 sessions of one
         owner on one network mode; the owner's next create there answers 503 SandboxCapacityError). Between network_pool's prefix length and 29. An owner's filtered network
         (their sessions with an egress policy and their egress gateway, docker) takes one 4 times larger
-        (2 bits shorter: /24 by default, 252 sessions), within network_pool.""",
+        (2 bits shorter: /24 by default, 252 sessions), within network_pool; so does the docker warm pool's
+        holding network (252 pooled containers waiting).""",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
