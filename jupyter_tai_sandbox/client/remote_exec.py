@@ -29,9 +29,8 @@ class _DirectReads(WebSocketProtocol13):
     payload out of it: four passes over each byte (and a copy of the whole buffer when it grows after a
     front cut). Read into a buffer of the payload's size, an exec stream's 256 KiB frames cost the client
     half the CPU (0.45 s per GiB against 0.9-1.0, benchmarks/run.py's websocket row: the client is one of
-    the three processes on the benchmark's two cores). The payload is then a bytearray (a binary message);
-    a text one is decoded as before. Only ``_read_bytes`` differs: if tornado stops calling it, this reads
-    as tornado does.
+    the three processes on the benchmark's two cores). Only ``_read_bytes`` differs: if tornado stops
+    calling it, this reads as tornado does.
     """
 
     async def _read_bytes(self, n: int) -> bytes:
@@ -40,7 +39,7 @@ class _DirectReads(WebSocketProtocol13):
         buffer = bytearray(n)
         await self.stream.read_into(buffer)
         self._wire_bytes_in += n
-        return buffer  # type: ignore[return-value]  # bytes-like: tornado only decodes or passes it on
+        return bytes(buffer)  # bytes, as tornado's: a text frame is decoded, a masked one unmasked as before
 
 
 def read_frames_directly(connection: WebSocketClientConnection) -> None:
@@ -94,7 +93,7 @@ class RemoteExec:
         message = await self._ws.read_message()
         if message is None:
             raise SandboxError("the exec websocket closed before the command started")
-        if not isinstance(message, str):
+        if isinstance(message, bytes):
             raise SandboxError("the exec websocket sent output before saying the command started")
         data = json.loads(message)
         if data.get("type") not in ("started", "attached"):
@@ -110,12 +109,10 @@ class RemoteExec:
             if message is None:
                 # the connection ended (the server went away): no status was read, none is made up
                 raise SandboxUnavailableError("the exec websocket closed without an exit message")
-            if not isinstance(message, str):  # binary: bytes, or a bytearray read directly (one copy here)
+            if isinstance(message, bytes):
                 stream = _STREAMS[message[0]]
                 self.offsets[stream] += len(message) - 1
-                yield OutputChunk(
-                    stream, message[1:] if type(message) is bytes else bytes(memoryview(message)[1:])
-                )
+                yield OutputChunk(stream, message[1:])
                 continue
             data = json.loads(message)
             if data.get("type") == "rejected":
