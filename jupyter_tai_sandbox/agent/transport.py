@@ -21,6 +21,8 @@ from .netns import agent_socket
 DOCKER_HEADER = 8
 STDERR_KEPT = 4096
 RECV_SIZE = 1 << 20
+#: what an idle or quiet connection reads into: a thousand sessions' connections hold 64 MiB, not 1 GiB
+QUIET_RECV_SIZE = 64 << 10
 
 
 class DockerExecProtocol(asyncio.BufferedProtocol):
@@ -32,7 +34,7 @@ class DockerExecProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.sink: Any = None
         self.stderr = bytearray()
-        self._buf = bytearray(RECV_SIZE + DOCKER_HEADER)
+        self._buf = bytearray(QUIET_RECV_SIZE + DOCKER_HEADER)
         self._keep = 0  # bytes of a split Docker header kept at the buffer's start
         self._kind, self._left = 0, 0  # the current Docker frame's stream and its bytes still to come
         self._early = bytearray()  # stdout before a sink was set
@@ -72,8 +74,17 @@ class DockerExecProtocol(asyncio.BufferedProtocol):
                 pos += take
                 self._left -= take
             rest = bytes(view[pos:end])  # at most a split header: a few bytes
+        self._fit(self._keep + nbytes)
         self._buf[: len(rest)] = rest
         self._keep = len(rest)
+
+    def _fit(self, filled: int) -> None:
+        """A read that filled the buffer is a fast stream's: the next read takes up to RECV_SIZE. A small one
+        after that is a quiet connection's again: its buffer shrinks back (a buffer is held per session)."""
+        if filled >= len(self._buf) and len(self._buf) < RECV_SIZE:
+            self._buf = bytearray(RECV_SIZE + DOCKER_HEADER)
+        elif filled < QUIET_RECV_SIZE // 4 and len(self._buf) > QUIET_RECV_SIZE + DOCKER_HEADER:
+            self._buf = bytearray(QUIET_RECV_SIZE + DOCKER_HEADER)
 
     def _stdout(self, chunk: memoryview) -> None:
         if self.sink is not None:
@@ -215,6 +226,7 @@ class SocketProtocol(DockerExecProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         with memoryview(self._buf) as view:
             self._stdout(view[:nbytes])
+        self._fit(nbytes)
 
 
 async def open_in_netns(pid: int, cgroup_mark: str, **kw: Any) -> AgentClient:

@@ -105,3 +105,54 @@ def test_docker_exec_protocol_keeps_stdout_whole_across_any_split_and_keeps_stde
     assert bytes(sink.got) == b"".join(stdout)
     assert sink.eof == "eof"
     assert proto.stderr.startswith(b"relay says no\n") and len(proto.stderr) <= STDERR_KEPT
+
+
+@pytest.mark.parametrize("kind", ["relay", "socket"])
+def test_a_quiet_agent_connection_holds_a_small_read_buffer_and_a_fast_stream_a_large_one(kind):
+    """A buffer per session's connection: 64 KiB while quiet (1,000 sessions hold 64 MiB, not 1 GiB), the full
+    1 MiB once a read fills it, small again after a small read; every byte reaches the client across the
+    changes."""
+    from jupyter_tai_sandbox.agent.transport import (
+        QUIET_RECV_SIZE,
+        RECV_SIZE,
+        DockerExecProtocol,
+        SocketProtocol,
+    )
+
+    class Sink:
+        def __init__(self) -> None:
+            self.got = bytearray()
+
+        def feed(self, data) -> None:
+            self.got += data
+
+        def feed_eof(self, message=None) -> None:
+            pass
+
+    proto = DockerExecProtocol() if kind == "relay" else SocketProtocol()
+    sink = Sink()
+    proto.set_sink(sink)
+    sent = bytearray()
+
+    def arrive(payload: bytes) -> int:
+        """One recv_into filling as much of the offered buffer as it can; the bytes it took."""
+        wire = (
+            payload if kind == "socket" else bytes([1, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+        )
+        buf = proto.get_buffer(-1)
+        n = min(len(buf), len(wire))
+        buf[:n] = wire[:n]
+        proto.buffer_updated(n)
+        taken = n if kind == "socket" else max(0, n - 8)
+        sent.extend(payload[:taken])
+        return len(buf)
+
+    assert arrive(b"hello") <= QUIET_RECV_SIZE + 8
+    offered = arrive(b"x" * (4 * RECV_SIZE))  # a fast stream fills the small buffer
+    assert offered <= QUIET_RECV_SIZE + 8
+    assert len(proto.get_buffer(-1)) >= RECV_SIZE  # the next read may take a megabyte
+    if kind == "socket":  # the relay's frame goes on: feed the rest of it as it would come
+        arrive(b"y" * RECV_SIZE)
+        arrive(b"small")
+        assert len(proto.get_buffer(-1)) <= QUIET_RECV_SIZE + 8  # quiet again
+    assert bytes(sink.got) == bytes(sent)
