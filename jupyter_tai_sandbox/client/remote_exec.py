@@ -29,17 +29,25 @@ class _DirectReads(WebSocketProtocol13):
     payload out of it: four passes over each byte (and a copy of the whole buffer when it grows after a
     front cut). Read into a buffer of the payload's size, an exec stream's 256 KiB frames cost the client
     half the CPU (0.45 s per GiB against 0.9-1.0, benchmarks/run.py's websocket row: the client is one of
-    the three processes on the benchmark's two cores). Only ``_read_bytes`` differs: if tornado stops
-    calling it, this reads as tornado does.
+    the three processes on the benchmark's two cores). The payload is then a bytearray, which the reader
+    copies once, without its stream byte (each further copy of a 256 KiB frame is another allocation, and
+    the page faults of memory glibc hands back at each frame cost the client as much again); a text
+    frame decodes from it as from bytes. A masked frame (a server should not mask) is read as tornado
+    reads it: its unmask takes bytes only. Only ``_read_bytes`` differs: if tornado stops calling it, this
+    reads as tornado does.
     """
 
+    #: the previous read was 4 bytes: a frame's mask (no other part of a frame's head is 4 bytes)
+    _after_mask = False
+
     async def _read_bytes(self, n: int) -> bytes:
-        if n < DIRECT_READ_BYTES:
+        after_mask, self._after_mask = self._after_mask, n == 4
+        if n < DIRECT_READ_BYTES or after_mask:
             return await super()._read_bytes(n)
         buffer = bytearray(n)
         await self.stream.read_into(buffer)
         self._wire_bytes_in += n
-        return bytes(buffer)  # bytes, as tornado's: a text frame is decoded, a masked one unmasked as before
+        return buffer  # type: ignore[return-value]  # bytes-like: tornado decodes a text one, passes a binary one
 
 
 def read_frames_directly(connection: WebSocketClientConnection) -> None:
@@ -93,7 +101,7 @@ class RemoteExec:
         message = await self._ws.read_message()
         if message is None:
             raise SandboxError("the exec websocket closed before the command started")
-        if isinstance(message, bytes):
+        if not isinstance(message, str):
             raise SandboxError("the exec websocket sent output before saying the command started")
         data = json.loads(message)
         if data.get("type") not in ("started", "attached"):
@@ -109,10 +117,11 @@ class RemoteExec:
             if message is None:
                 # the connection ended (the server went away): no status was read, none is made up
                 raise SandboxUnavailableError("the exec websocket closed without an exit message")
-            if isinstance(message, bytes):
+            if not isinstance(message, str):  # binary: bytes, or a bytearray read directly
                 stream = _STREAMS[message[0]]
                 self.offsets[stream] += len(message) - 1
-                yield OutputChunk(stream, message[1:])
+                data = message[1:] if type(message) is bytes else bytes(memoryview(message)[1:])
+                yield OutputChunk(stream, data)
                 continue
             data = json.loads(message)
             if data.get("type") == "rejected":

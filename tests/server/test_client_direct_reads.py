@@ -1,6 +1,6 @@
 """The client's exec websocket reads large frames straight into their own buffer (remote_exec._DirectReads):
-whatever the frame (binary, text, masked by a server that should not, small), a message is what tornado's own
-reading gives."""
+whatever the frame (binary, text, masked by a server that should not, small), a message has what tornado's own
+reading gives (a large binary one as a bytearray, which RemoteExec copies once without its stream byte)."""
 
 from __future__ import annotations
 
@@ -76,4 +76,4 @@ def test_every_kind_of_frame_reads_as_tornado_reads_it():
 
     messages = run(main(), timeout=30)
     assert messages == [b"\x01small", big, text, big[::-1]]
-    assert [type(m) for m in messages] == [bytes, bytes, str, bytes]
+    assert [type(m) for m in messages] == [bytes, bytearray, str, bytes]  # a large binary one: read directly
