@@ -10,8 +10,9 @@ Two measurements, each against its baseline of the same run:
   level (each verdict prints both numbers and their ratio). The provider runs in this process: its RSS
   growth from 10 sessions to the top is printed (what a server holds per session), and the engine host's
   memory as ``free`` sees it.
-* **Burst**: a warm pool of 100 filled, then 100 creates at once (one owner each of 10 owners): creates per
-  second, target >= 20/s.
+* **Burst**: a warm pool of 100 filled (its fill time printed), then 100 creates at once of 10 owners new to
+  the engine: creates per second, target >= 20/s; each create's latency, and a claim's breakdown (waiting for the
+  owner network to be made, the join to it, the record volume).
 
 ``python benchmarks/scale.py [--sessions N] [--concurrency C] [--skip-burst] [--skip-scale]``. It removes
 everything it made, also when interrupted (the sessions carry the benchmark's label).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import random
 import resource
@@ -207,20 +209,55 @@ async def clean_up(
         await sandbox.close()
 
 
+def timed(times: dict[str, list[float]], name: str, owner: Any, method: str) -> None:
+    """Time each call of ``owner.method`` (ms) into ``times[name]``."""
+    real = getattr(owner, method)
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            times[name].append((time.perf_counter() - started) * 1000)
+
+    setattr(owner, method, call)
+
+
 async def burst(count: int = 100) -> list[tuple[str, bool, str]]:
-    sandbox = _docker_sandbox(DEFAULT_IMAGE, pool_size=count)
+    """A pool of ``count`` filled (its fill time printed), then ``count`` creates at once of 10 owners new to
+    the engine: creates per second, each create's latency, and where a claim's time goes (waiting for its owner
+    network to be made, the join to it, the record volume)."""
+    # a deployment of its own: its own holding network, and no other run's sessions in its lists
+    sandbox = _docker_sandbox(DEFAULT_IMAGE, pool_size=count, deployment="bench-burst")
+    pool = sandbox._pool
     made: list[Any] = []
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    tag = secrets.token_hex(2)
+    owners = [f"burst-{tag}-{i}" for i in range(10)]
     try:
-        await sandbox.list()  # connects: the pool fills (one container at a time: minutes for 100)
         filling = time.monotonic()
+        await sandbox.list()  # connects: the pool fills (several starts at once)
         deadline = filling + FILL_SECONDS
-        while sandbox._pool.ready_count() < count and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-        ready = sandbox._pool.ready_count()
-        print(f"burst: the pool held {ready} of {count} after {time.monotonic() - filling:.0f} s", flush=True)
+        while pool.ready_count() < count and time.monotonic() < deadline:
+            if pool._filler is not None and pool._filler.done():
+                break  # it gave up (its starts failed: the log says why)
+            await asyncio.sleep(0.2)
+        ready, fill = pool.ready_count(), time.monotonic() - filling
+        print(f"burst: the pool held {ready} of {count} after {fill:.1f} s", flush=True)
+        timed(times, "waiting for the owner network to be made", sandbox._pool_networks, "_made")
+        timed(times, "join", sandbox._engine, "network_connect")
+        timed(times, "record", pool, "claim")
+        latencies: list[float] = []
+
+        async def create(owner: str) -> Any:
+            started = time.perf_counter()
+            session = await sandbox.create(spec(owner))
+            latencies.append((time.perf_counter() - started) * 1000)
+            return session
+
         started = time.perf_counter()
         results = await asyncio.gather(
-            *(sandbox.create(spec(f"burst-{i % 10}")) for i in range(count)), return_exceptions=True
+            *(create(owners[i % 10]) for i in range(count)), return_exceptions=True
         )
         seconds = time.perf_counter() - started
         made = [r for r in results if not isinstance(r, BaseException)]
@@ -232,17 +269,31 @@ async def burst(count: int = 100) -> list[tuple[str, bool, str]]:
             f"{len(failed)} failed{': ' + repr(failed[0]) if failed else ''}",
             flush=True,
         )
+        if latencies:
+            print(
+                f"burst: a create's latency p50 {statistics.median(latencies):.0f} ms, max {max(latencies):.0f} ms; "
+                + ", ".join(
+                    f"{name} p50 {statistics.median(v):.0f} ms (x{len(v)})" for name, v in times.items() if v
+                ),
+                flush=True,
+            )
     finally:
-        for session in made:
-            with contextlib.suppress(SandboxError):
-                await session.destroy()
+        gate = asyncio.Semaphore(8)
+
+        async def drop(session: Any) -> None:
+            async with gate:
+                with contextlib.suppress(SandboxError):
+                    await session.destroy()
+
+        await asyncio.gather(*(drop(s) for s in made))
+        await sweep(sandbox, owners)  # a create under way when the run was stopped
         await sandbox.close()
     return [
         (
             f"a burst of {count} creates from the pool >= 20 creates/s",
             rate >= 20 and not failed,
             f"{rate:.1f}/s",
-        )
+        ),
     ]
 
 

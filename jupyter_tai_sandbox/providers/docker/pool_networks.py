@@ -116,7 +116,7 @@ class PoolNetworks:
         # off the holding network after the claim, and after the claims under way (a slow engine call the
         # session need not wait for): it is internal, with no host address and no traffic between its
         # containers, so meanwhile it reaches nothing
-        in_background(self._leave_holding(container_id))
+        in_background(self._leave_holding(container_id, ready.session_id))
         return record
 
     async def _join(self, container_id: str, network: str) -> None:
@@ -153,13 +153,16 @@ class PoolNetworks:
         async with self._locks.hold(network):
             await self._bridges.ensure(network, "egress")
 
-    async def _leave_holding(self, container_id: str) -> None:
+    async def _leave_holding(self, container_id: str, session_id: str) -> None:
         await self._pool.claims_ended(LEAVE_WAIT_SECONDS)
         if self._leaving is None:
             self._leaving = asyncio.Semaphore(LEAVES_AT_ONCE)
         try:
             async with self._leaving:
-                await self._engine.network_disconnect(container_id, self.holding)
+                # not for a session that ended meanwhile: its container's removal takes it off every network, and
+                # a disconnect racing that removal can leave the engine an endpoint that keeps the network
+                if self._pool.knows(session_id):
+                    await self._engine.network_disconnect(container_id, self.holding)
         except SandboxNotFoundError:
             pass  # the session already ended
         except SandboxError as e:

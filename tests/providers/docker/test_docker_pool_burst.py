@@ -73,6 +73,9 @@ def test_a_pool_fills_with_several_starts_at_once_and_never_holds_more_than_its_
             await asyncio.sleep(0.5)  # nothing more starts once it is full
             assert sandbox._pool.starting_count() == 0 and sandbox._pool.ready_count() == 6
             assert len(pooled_ids(client)) == 6
+            # the holding network takes a subnet 4 times an owner network's: a pool past 61 fills
+            (config,) = client.api.inspect_network(sandbox.pool_network)["IPAM"]["Config"]
+            assert ipaddress.ip_network(config["Subnet"]).prefixlen == sandbox.network_prefix - 2
         finally:
             await sandbox.close()
         assert pooled_ids(client) == set()
