@@ -8,11 +8,6 @@ any workspace, unlinked from the start), so memory stays bounded. Past
 ``overflowed`` turns true, ``on_overflow`` is called once (the provider stops the
 command there), and the reader gets what was kept, then the end.
 
-A provider may pace a command on a reader that reads, only slower than the command writes
-(:meth:`OutputSpool.would_pace`): it stops taking output in (the command blocks on its writes, as
-on a terminal) instead of spilling, and takes it in again once the reader has drained half the
-memory (``on_drain``) or has taken nothing for ``PACE_IDLE_SECONDS`` (then it spills as before).
-
 A spool is a queue: what its one reader takes is gone from it. The server's
 replay window over a live command's output (attach from an offset, poll since
 one) is the other buffer, :class:`jupyter_tai_sandbox.server.output_ring.OutputRing`, fed from
@@ -27,7 +22,6 @@ import contextlib
 import contextvars
 import struct
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -41,8 +35,6 @@ DEFAULT_DISK_LIMIT = 1 << 30
 spill_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "tai_sandbox_spill_limit", default=None
 )
-#: A reader that took nothing for this long is not reading: a paced command is let go (its output spills)
-PACE_IDLE_SECONDS = 0.5
 _HEADER = struct.Struct(">cI")
 _STREAM_CODES: dict[str, bytes] = {"stdout": b"o", "stderr": b"e"}
 _CODE_STREAMS: dict[bytes, OutputStream] = {b"o": "stdout", b"e": "stderr"}
@@ -70,34 +62,11 @@ class OutputSpool:
         self._read_pos = 0
         self._closed = False
         self._changed = asyncio.Event()
-        #: when the reader last took a record or waited for one (time.monotonic), 0 before it first asked
-        self.last_take = 0.0
-        #: called when a take leaves the memory at most half full and nothing on disk (a paced provider
-        #: takes output in again)
-        self.on_drain: Callable[[], None] | None = None
 
     @property
     def closed(self) -> bool:
         """True once the provider will add nothing more."""
         return self._closed
-
-    def would_pace(self, incoming: int) -> bool:
-        """Whether a provider should stop taking output in for now rather than spill: ``incoming`` more
-        bytes would go to disk (or output already does), and the reader took a record within
-        ``PACE_IDLE_SECONDS`` (it reads, only slower than the command writes)."""
-        if self._closed or self.overflowed:
-            return False
-        spills = self._read_pos < self._write_pos or self._memory_bytes + incoming > self._memory_limit
-        return spills and time.monotonic() - self.last_take < PACE_IDLE_SECONDS
-
-    def _taken(self) -> None:
-        self.last_take = time.monotonic()
-        if (
-            self.on_drain is not None
-            and self._read_pos >= self._write_pos
-            and self._memory_bytes <= self._memory_limit // 2
-        ):
-            self.on_drain()
 
     def put(self, stream: OutputStream, data: bytes) -> None:
         if self._closed or not data or self.overflowed:
@@ -142,7 +111,6 @@ class OutputSpool:
         if self._memory:
             stream, data = self._memory.popleft()
             self._memory_bytes -= len(data)
-            self._taken()
             return stream, data
         if self._file is not None and self._read_pos < self._write_pos:
             self._file.seek(self._read_pos)
@@ -154,7 +122,6 @@ class OutputSpool:
                 self._file.seek(0)
                 self._file.truncate()
                 self._read_pos = self._write_pos = 0
-            self._taken()
             return _CODE_STREAMS[code], data
         return None
 
@@ -167,7 +134,6 @@ class OutputSpool:
             if self._closed:
                 self._release_file()  # drained: the temporary file goes now, not when the spool is collected
                 return None
-            self.last_take = time.monotonic()  # a reader waiting for output reads
             self._changed.clear()
             await self._changed.wait()
 

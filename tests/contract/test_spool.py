@@ -1,7 +1,6 @@
 import asyncio
-import time
 
-from jupyter_tai_sandbox.spool import PACE_IDLE_SECONDS, OutputSpool
+from jupyter_tai_sandbox.spool import OutputSpool
 
 
 def test_spool_keeps_order_across_memory_and_spill_file():
@@ -64,31 +63,5 @@ def test_past_the_disk_limit_the_spool_stops_taking_output_and_says_so():
             kept += item[1]
         # what fits in memory plus what fits on disk (with its record headers), nothing after the overflow
         assert kept == b"x" * len(kept) and 10 < len(kept) <= 110
-
-    asyncio.run(main())
-
-
-def test_a_reader_that_reads_paces_the_provider_and_its_drain_lets_it_go(monkeypatch):
-    async def main():
-        drained = []
-        spool = OutputSpool(memory_limit=100)
-        spool.on_drain = lambda: drained.append(spool._memory_bytes)
-        for _ in range(9):
-            spool.put("stdout", b"x" * 10)
-        # nobody took anything yet: output past the memory spills (a late reader gets it all)
-        assert not spool.would_pace(20)
-        assert await spool.get() == ("stdout", b"x" * 10)
-        # a reader that reads: 30 more bytes would spill, so the provider may wait instead; 20 fit
-        assert spool.would_pace(30) and not spool.would_pace(20)
-        while spool._memory_bytes > 50:
-            await spool.get()
-        assert drained == [50]  # taken down to half the memory: the provider takes output in again
-        # a reader that took nothing for PACE_IDLE_SECONDS is not waited for
-        monkeypatch.setattr(spool, "last_take", time.monotonic() - PACE_IDLE_SECONDS)
-        assert not spool.would_pace(100)
-        spool.last_take = time.monotonic()
-        assert spool.would_pace(100)
-        spool.close()
-        assert not spool.would_pace(100)
 
     asyncio.run(main())

@@ -4,12 +4,6 @@ The command runs as a direct child of the server in a fresh process group kept b
 a holder (:func:`.posix.spawn_group_holder`). Its pipes are read continuously into
 an :class:`OutputSpool` whether or not anyone reads; its exit is watched by a
 :class:`.posix.ChildWatch`. The pty variant lives in :mod:`.pty`.
-
-An interactive command whose reader reads, only slower than it writes, is paced instead of spilled:
-past the spool's memory its pipes are not read until the reader has taken half of it (the command
-blocks on its writes, as on a terminal); a reader that took nothing for
-:data:`~jupyter_tai_sandbox.spool.PACE_IDLE_SECONDS`, and a command that exited, are not waited for
-(the output spills to disk as before).
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ import fcntl
 import functools
 import select
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,7 +27,7 @@ from ...contract import (
     SandboxError,
     SandboxExecTimeoutError,
 )
-from ...spool import PACE_IDLE_SECONDS, OutputSpool
+from ...spool import OutputSpool
 from .._common import OUTPUT_GRACE_SECONDS, deadline_error, spill_overflow_error
 from .posix import (
     ChildWatch,
@@ -47,8 +40,6 @@ from .posix import (
 )
 
 _WRITE_CHUNK = 1 << 16
-#: the most one read of a pipe takes in (asyncio's pipe transports read 256 KiB at a time)
-_PIPE_READ_MAX = 256 << 10
 
 
 class LocalCommand(ExecHandle):
@@ -89,11 +80,6 @@ class LocalCommand(ExecHandle):
         self._output = self._iterate()
         self._kill_lock = asyncio.Lock()
         self._spool.on_overflow = self._on_overflow
-        #: the output pipes' transports an interactive command is paced on (none: never paced)
-        self._paceable: list[asyncio.ReadTransport] = []
-        self._paced = False
-        self._pace_timer: asyncio.TimerHandle | None = None
-        self._spool.on_drain = self._unpace
 
     def _on_overflow(self) -> None:
         """Unread output passed the disk cap: stop the command; its output ends with the reason."""
@@ -133,8 +119,6 @@ class LocalCommand(ExecHandle):
             for fd, pipe in ((1, process.stdout), (2, process.stderr)):
                 transport, _ = await loop.connect_read_pipe(functools.partial(_PipeRelay, self, fd), pipe)
                 self._pipes.append(transport)
-                if not self._one_shot:
-                    self._paceable.append(transport)
             if process.stdin is not None:
                 self._stdin, _ = await loop.connect_write_pipe(lambda: _PipeRelay(self, 0), process.stdin)
                 self._pipes.append(self._stdin)
@@ -173,40 +157,6 @@ class LocalCommand(ExecHandle):
         stream: OutputStream = "stdout" if fd == 1 else "stderr"
         self._counts[stream] += len(data)
         self._spool.put(stream, data)
-        if self._paceable and not self._paced and self._spool.would_pace(_PIPE_READ_MAX):
-            self._pace()
-
-    # ---------------------------------------------------------------- pacing
-
-    def _pace(self) -> None:
-        """Stop reading the output pipes: the reader reads, only slower than the command writes."""
-        self._paced = True
-        for transport in self._paceable:
-            if not transport.is_closing():
-                transport.pause_reading()
-        self._pace_timer = asyncio.get_running_loop().call_later(PACE_IDLE_SECONDS, self._pace_check)
-
-    def _pace_check(self) -> None:
-        """The reader took nothing for PACE_IDLE_SECONDS: read on (the output spills); else look again then."""
-        self._pace_timer = None
-        idle = time.monotonic() - self._spool.last_take
-        if idle >= PACE_IDLE_SECONDS:
-            self._unpace()
-        elif self._paced:
-            self._pace_timer = asyncio.get_running_loop().call_later(
-                PACE_IDLE_SECONDS - idle, self._pace_check
-            )
-
-    def _unpace(self) -> None:
-        if self._pace_timer is not None:
-            self._pace_timer.cancel()
-            self._pace_timer = None
-        if not self._paced:
-            return
-        self._paced = False
-        for transport in self._paceable:
-            if not transport.is_closing():
-                transport.resume_reading()
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         if fd == 0:
@@ -220,9 +170,6 @@ class LocalCommand(ExecHandle):
     def process_exited(self) -> None:
         if not self._exited.done():
             self._exited.set_result(None)
-        # an ended command is not paced: what is left in its pipes is taken in at once, as before
-        self._unpace()
-        self._paceable = []
 
     def pause_writing(self) -> None:
         self._can_write.clear()
