@@ -204,7 +204,8 @@ class HostFirewall:
         self._ip6tables = shutil.which("ip6tables")
         self._why_not = self._unavailable(base_url)
         self._warned = False
-        self._walled: set[str] = set()
+        #: bridges whose rules this process set, with the id of the network they were set for (None: unknown)
+        self._walled: dict[str, str | None] = {}
 
     def _unavailable(self, base_url: str) -> str | None:
         if self.mode == "off":
@@ -279,14 +280,16 @@ class HostFirewall:
             return self.mode != "require"
         return bridge_name(network) in self._walled
 
-    async def protect(self, network: str) -> None:
-        """Make sure the rules for ``network``'s bridge are in place (before a session joins it)."""
+    async def protect(self, network: str, network_id: str | None = None) -> None:
+        """Make sure the rules for ``network``'s bridge are in place (before a session joins it). ``network_id``:
+        the engine's id of the network now under that name. Rules set for another one (a network another server
+        removed, with its rules, and someone made again) are set again."""
         if self._why_not is not None:
             if self.mode != "off":
                 self._refuse(self._why_not)
             return
         bridge = bridge_name(network)
-        if bridge in self._walled:
+        if bridge in self._walled and (network_id is None or self._walled[bridge] in (None, network_id)):
             return
         if not os.path.exists(f"/sys/class/net/{bridge}"):
             self._refuse(f"bridge {bridge} is not in this process's network namespace")
@@ -312,12 +315,12 @@ class HostFirewall:
                 if status != 0 and tool == self._iptables:
                     self._refuse(f"{os.path.basename(tool)} refused a rule: {out.strip()[:200]}")
                     return
-        self._walled.add(bridge)
+        self._walled[bridge] = network_id
 
     async def release(self, network: str) -> None:
         """Remove the rules of ``network``'s bridge (the network is gone)."""
         bridge = bridge_name(network)
-        self._walled.discard(bridge)
+        self._walled.pop(bridge, None)
         if self._why_not is not None:
             return
         for tool, rule in self._jumps(bridge):
@@ -349,7 +352,7 @@ class HostFirewall:
                 bridge = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-i", "-o")), "")
                 if not bridge.startswith(BRIDGE_PREFIX) or bridge in keep:
                     continue
-                self._walled.discard(bridge)
+                self._walled.pop(bridge, None)
                 if words[1] == chain_name(bridge):
                     gone_chains.add(words[1])
                 else:
@@ -414,7 +417,7 @@ class SessionBridges:
                 return chosen
 
         try:
-            await self._engine.ensure_network(
+            network_id = await self._engine.ensure_network(
                 network,
                 labels={**self._labels, LABEL_NETWORK: kind, LABEL_CREATED: repr(time.time())},
                 options=bridge_options(kind, network),
@@ -424,7 +427,7 @@ class SessionBridges:
         finally:
             with self._picking:
                 self._picked.difference_update(picked)
-        await self.firewall.protect(network)
+        await self.firewall.protect(network, network_id)
 
     async def drop(self, network: str, *, leaving: Sequence[str] = ()) -> bool:
         """Remove ``network`` (and its firewall rules) when no container but those ``leaving`` (just

@@ -31,11 +31,12 @@ class EngineNetworks(EngineCalls):
         options: Mapping[str, str],
         internal: bool,
         subnet: Callable[[list[dict[str, Any]]], str],
-    ) -> None:
-        """Create the bridge network ``name`` unless it exists. ``subnet`` picks its IPv4 subnet from
-        the engine's networks (every network, so it overlaps none; it raises when none is free); a
-        subnet a concurrent creator took meanwhile is picked again."""
-        await self._slow_call(
+    ) -> str:
+        """Create the bridge network ``name`` unless it exists; its id (a network removed and made again under
+        the same name has a new one). ``subnet`` picks its IPv4 subnet from the engine's networks (every
+        network, so it overlaps none; it raises when none is free); a subnet a concurrent creator took
+        meanwhile is picked again."""
+        return await self._slow_call(
             f"create network {name}",
             self._ensure_network,
             name,
@@ -54,7 +55,7 @@ class EngineNetworks(EngineCalls):
         subnet: Callable[[list[dict[str, Any]]], str],
         where: str,
         **create: Any,
-    ) -> None:
+    ) -> str:
         """(Blocking.) Create the network ``name`` (the engine's ``create`` options) unless it exists, on a subnet
         ``subnet`` picks from every network of the engine; a name another creator took meanwhile is found, a
         subnet taken meanwhile picked again. ``where``: the engine as an error names it ("this swarm")."""
@@ -69,15 +70,15 @@ class EngineNetworks(EngineCalls):
                         status=409,
                         detail="taken",
                     )
-                return
+                return str(found[0].get("Id"))
             ipam = docker.types.IPAMConfig(
                 pool_configs=[docker.types.IPAMPool(subnet=subnet(api.networks()))]
             )
             try:
-                api.create_network(
+                made = api.create_network(
                     name, check_duplicate=True, ipam=ipam, labels=self.scoped_labels(labels), **create
                 )
-                return
+                return str(made.get("Id"))
             except docker.errors.APIError as e:
                 # another provider on this engine made it meanwhile: a 409, or (the engine's duplicate check
                 # is no lock) its bridge, whose interface name is the network's own, is there already

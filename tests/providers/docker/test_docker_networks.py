@@ -371,6 +371,39 @@ def test_sessions_of_one_owner_destroyed_together_take_their_network_with_them(c
     assert leftovers(client) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host firewall needs root (CI runs as root)")
+def test_a_network_another_server_removed_gets_its_firewall_rules_again_when_made_anew(client):
+    """Server A set the rules of an owner's bridge; server B removed the network with its last session (and
+    the rules with it); A's next session of that owner is on a new network of the same name: its rules are
+    set again, not taken for the old network's."""
+
+    async def main() -> None:
+        a, b = provider(idle_network_seconds=0), provider(idle_network_seconds=0)
+        try:
+            first = await a.create(spec(owner="hana"))
+            (name,) = networks_of(client, first.container_id)
+            second = await b.create(spec(owner="hana"))
+            await first.destroy()  # B's session still holds the network: it stays, A's rules with it
+            await second.destroy()  # B removes the network and its rules
+            assert not client.networks.list(names=[name])
+            assert _docker_networks.chain_name(bridge_name(name)) not in firewall_rules()
+            with host_listener() as port:
+                third = await a.create(spec(owner="hana"))
+                try:
+                    settings = networks_of(client, third.container_id)[name]
+                    assert _docker_networks.chain_name(bridge_name(name)) in firewall_rules()  # set again
+                    got = await reach(third, settings["Gateway"], port)
+                    assert b"pong" not in got and b"rc=0" not in got, got
+                finally:
+                    await third.destroy()
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())
+    assert leftovers(client) == []
+
+
 def test_an_owners_idle_network_waits_for_their_next_session_then_goes(client, monkeypatch):
     """DockerSandbox.idle_network_seconds: the owner's next session joins the network their last one left
     (no bridge nor firewall rules made again); it goes once idle that long, at close(), or by another
