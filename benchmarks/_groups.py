@@ -225,10 +225,13 @@ async def _create_docker(report: Report) -> None:
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     try:
-        for _ in range(rounds):
-            for name, once in variants.items():
-                samples[name].append(await once() * 1000)
-                await asyncio.sleep(0.3)  # the pool's refill is background work: let it finish between rounds
+        names = list(variants)
+        for turn in range(rounds):
+            # each way goes first in turn (the engine's own removal work after a sample lands on the next one)
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                samples[name].append(await variants[name]() * 1000)
+                await _wait_pool(warm, 4)  # the pool's refill is background work: let it finish first
+                await asyncio.sleep(0.3)
     finally:
         await cold.close()
         await warm.close()
@@ -609,9 +612,16 @@ async def peer_group(report: Report) -> None:
         "ours create to first command (pool off)": [],
     }
     try:
-        for _ in range(rounds):
-            samples["peer llm-sandbox create to first command"].append(await peer_create() * 1000)
-            samples["ours create to first command (pool off)"].append(await ours_create() * 1000)
+        for turn in range(rounds):  # each goes first in turn
+            first, second = (peer_create, ours_create) if turn % 2 == 0 else (ours_create, peer_create)
+            for once in (first, second):
+                name = (
+                    "peer llm-sandbox create to first command"
+                    if once is peer_create
+                    else "ours create to first command (pool off)"
+                )
+                samples[name].append(await once() * 1000)
+                await asyncio.sleep(0.3)
         peer = await asyncio.to_thread(peer_open)
         session = await ours.create(SessionSpec(image=image))
         try:
