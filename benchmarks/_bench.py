@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import functools
+import inspect
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jupyter_tai_sandbox.images import DEFAULT_IMAGE
+from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -238,10 +243,43 @@ def engine_floor(client: Any, image: str, network: str | None = None) -> float:
         if network
         else None,
     )
-    api.start(container)
-    exec_id = api.exec_create(container, TRUE_DOCKER)
-    api.exec_start(exec_id)
-    assert api.exec_inspect(exec_id)["ExitCode"] == 0
-    elapsed = time.perf_counter() - started
-    api.remove_container(container, force=True, v=True)
+    try:
+        api.start(container)
+        exec_id = api.exec_create(container, TRUE_DOCKER)
+        api.exec_start(exec_id)
+        assert api.exec_inspect(exec_id)["ExitCode"] == 0
+        elapsed = time.perf_counter() - started
+    finally:
+        api.remove_container(container, force=True, v=True)
     return elapsed
+
+
+@contextlib.contextmanager
+def timed_engine_calls() -> Iterator[dict[str, list[float]]]:
+    """While inside, each public coroutine call of the provider's engine adapter (``DockerEngine``: the Docker
+    API calls, the agent's connection) adds its wall time (ms) to ``calls[name]``; put back on leaving."""
+    calls: dict[str, list[float]] = collections.defaultdict(list)
+    originals = [
+        (name, fn)
+        for name, fn in inspect.getmembers(DockerEngine, inspect.iscoroutinefunction)
+        if not name.startswith("_")  # the public calls only: the private ones run inside them
+    ]
+
+    def wrap(fn: Any, name: str) -> Any:
+        @functools.wraps(fn)
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                calls[name].append((time.perf_counter() - started) * 1000)
+
+        return timed
+
+    for name, fn in originals:
+        setattr(DockerEngine, name, wrap(fn, name))
+    try:
+        yield calls
+    finally:
+        for name, fn in originals:
+            setattr(DockerEngine, name, fn)

@@ -14,45 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import functools
-import inspect
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import BENCH_LABEL, TRUE_DOCKER, _docker_client, _docker_sandbox, engine_floor
+from _bench import BENCH_LABEL, TRUE_DOCKER, _docker_client, _docker_sandbox, engine_floor, timed_engine_calls
 
 from jupyter_tai_sandbox.contract import SessionSpec
 from jupyter_tai_sandbox.images import DEFAULT_IMAGE
-from jupyter_tai_sandbox.providers.docker_engine import DockerEngine
-
-
-def timed_engine(calls: dict[str, list[float]]) -> list[tuple[str, Any]]:
-    """Wrap DockerEngine's coroutine methods to add each call's wall time to ``calls[name]``; the originals,
-    to put back."""
-    originals = []
-    for name, fn in inspect.getmembers(DockerEngine, inspect.iscoroutinefunction):
-        if name.startswith("_"):  # the public calls only: the private ones run inside them
-            continue
-        originals.append((name, fn))
-
-        def wrap(fn: Any, name: str = name) -> Any:
-            @functools.wraps(fn)
-            async def timed(*args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
-                try:
-                    return await fn(*args, **kwargs)
-                finally:
-                    calls[name].append((time.perf_counter() - started) * 1000)
-
-            return timed
-
-        setattr(DockerEngine, name, wrap(fn))
-    return originals
 
 
 async def main(rounds: int, image: str) -> None:
@@ -70,16 +42,11 @@ async def main(rounds: int, image: str) -> None:
         for _ in range(rounds):
             floors.append(await asyncio.to_thread(engine_floor, client, image) * 1000)
             bridge_floors.append(await asyncio.to_thread(engine_floor, client, image, bridge.name) * 1000)
-            calls: dict[str, list[float]] = collections.defaultdict(list)
-            originals = timed_engine(calls)
-            try:
+            with timed_engine_calls() as calls:
                 started = time.perf_counter()
                 session = await sandbox.create(SessionSpec(image=image))
                 assert (await session.exec(TRUE_DOCKER, timeout_seconds=30)).exit_code == 0
                 totals.append((time.perf_counter() - started) * 1000)
-            finally:
-                for name, fn in originals:
-                    setattr(DockerEngine, name, fn)
             await session.destroy()
             for name, values in calls.items():
                 per_call[name].append(sum(values))

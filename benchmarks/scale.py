@@ -5,9 +5,12 @@ Two measurements, each against its baseline of the same run:
 * **Scale**: sessions of several owners (an owner's network holds 61 at the default /26) made up to 10, then up
   to ``--sessions`` (1,000 by default). At each level: a create's latency p50 and its first command's (a few
   new sessions made), a one-shot's on random live ones (each ran one when made, so its agent connection is
-  open at every level alike) and ``list()`` p50, with the engine's own listing of the sessions beside it; the
-  targets are create, its first command and exec within 1.3x of 10 sessions and list p50 <= 50 ms at the top
-  level (each verdict prints both numbers and their ratio). The provider runs in this process: its RSS
+  open at every level alike) and ``list()`` p50, with the engine's own listing of the sessions beside it. Beside
+  each create, the engine's own floor at that level (an idle container's create + start + exec through the raw
+  API, on the same owner's network) and the engine calls inside the create: what the engine itself charges
+  with that many containers, apart from what the provider adds. The targets are create, its first command and
+  exec within 1.3x of 10 sessions, the create against the engine's floor within 1.3x of that ratio at 10, and
+  list p50 <= 50 ms at the top level (each verdict prints both numbers and their ratio). The provider runs in this process: its RSS
   growth from 10 sessions to the top is printed (what a server holds per session), and the engine host's
   memory as ``free`` sees it.
 * **Burst**: a warm pool of 100 filled (its fill time printed), then 100 creates at once of 10 owners new to
@@ -36,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench import _docker_client, engine_floor, timed_engine_calls
 from _groups import TRUE_DOCKER, _docker_sandbox
 
 from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
@@ -73,40 +77,73 @@ async def probe(sandbox: Any, live: list[Any], owners: list[str]) -> dict[str, f
     """Create latency p50 and its first command's (the agent connection opens then), a one-shot's on a random
     live session (each ran one when made: its connection is open, at every level alike) and list p50 with
     ``live`` sessions (the probes' own go again), and the engine's own listing of the deployment's session
-    containers (the SDK's call alone, no provider: what a list from a fresh listing would cost at the least)."""
-    creates, firsts, execs, lists, floors = [], [], [], [], []
-    for i in range(PROBES):
-        started = time.perf_counter()
-        session = await sandbox.create(spec(owners[i % len(owners)]))
-        creates.append((time.perf_counter() - started) * 1000)
-        started = time.perf_counter()
-        assert (await session.exec(TRUE_DOCKER, timeout_seconds=60)).exit_code == 0
-        firsts.append((time.perf_counter() - started) * 1000)
-        await session.destroy()
-        target = random.choice(live)
-        started = time.perf_counter()
-        assert (await target.exec(TRUE_DOCKER, timeout_seconds=60)).exit_code == 0
-        execs.append((time.perf_counter() - started) * 1000)
-        started = time.perf_counter()
-        await sandbox.list()
-        lists.append((time.perf_counter() - started) * 1000)
-        started = time.perf_counter()
-        await sandbox.engine.containers(LABEL_SESSION)
-        floors.append((time.perf_counter() - started) * 1000)
+    containers (the SDK's call alone, no provider: what a list from a fresh listing would cost at the least).
+
+    Beside each create, the engine's floor at this level: an idle container's create + start + exec through the
+    raw API on the same owner's network (what the engine itself charges with this many containers), and the
+    engine calls inside the create (``engine_<call>_ms``: median per create)."""
+    creates, firsts, execs, lists, listings, floors = [], [], [], [], [], []
+    per_call: dict[str, list[float]] = collections.defaultdict(list)
+    client = _docker_client()
+    try:
+        for i in range(PROBES):
+            owner_spec = spec(owners[i % len(owners)])
+            with timed_engine_calls() as calls:
+                started = time.perf_counter()
+                session = await sandbox.create(owner_spec)
+                creates.append((time.perf_counter() - started) * 1000)
+                started = time.perf_counter()
+                assert (await session.exec(TRUE_DOCKER, timeout_seconds=60)).exit_code == 0
+                firsts.append((time.perf_counter() - started) * 1000)
+            for name, values in calls.items():
+                per_call[name].append(sum(values))
+            # the owner's network is there now (made by the create when it was not)
+            network = str(sandbox._network_of(owner_spec))
+            floors.append(await asyncio.to_thread(engine_floor, client, DEFAULT_IMAGE, network) * 1000)
+            await session.destroy()
+            target = random.choice(live)
+            started = time.perf_counter()
+            assert (await target.exec(TRUE_DOCKER, timeout_seconds=60)).exit_code == 0
+            execs.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            await sandbox.list()
+            lists.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            await sandbox.engine.containers(LABEL_SESSION)
+            listings.append((time.perf_counter() - started) * 1000)
+    finally:
+        client.close()
     return {
         "create_ms": statistics.median(creates),
         "first_exec_ms": statistics.median(firsts),
         "exec_ms": statistics.median(execs),
         "list_ms": statistics.median(lists),
-        "engine_listing_ms": statistics.median(floors),
+        "engine_listing_ms": statistics.median(listings),
+        "engine_floor_ms": statistics.median(floors),
+        # a call not made in every create counts 0 in the others
+        **{
+            f"engine_{name}_ms": statistics.median(v + [0.0] * (PROBES - len(v)))
+            for name, v in per_call.items()
+        },
     }
 
 
 def level(n: int, seen: dict[str, float]) -> str:
+    calls = sorted(
+        (
+            (key[len("engine_") : -len("_ms")], ms)
+            for key, ms in seen.items()
+            if key.startswith("engine_") and ms >= 1
+        ),
+        key=lambda row: -row[1],
+    )
     return (
-        f"{n} sessions: create p50 {seen['create_ms']:.1f} ms (its first command {seen['first_exec_ms']:.1f} ms), "
+        f"{n} sessions: create p50 {seen['create_ms']:.1f} ms (its first command {seen['first_exec_ms']:.1f} ms; "
+        f"the engine's floor on the owner's network {seen['engine_floor_ms']:.1f} ms), "
         f"exec p50 {seen['exec_ms']:.1f} ms, "
-        f"list p50 {seen['list_ms']:.1f} ms (the engine's own listing of them {seen['engine_listing_ms']:.1f} ms)"
+        f"list p50 {seen['list_ms']:.1f} ms (the engine's own listing of them {seen['engine_listing_ms']:.1f} ms)\n"
+        f"  engine calls in a create + first command (p50 ms): "
+        + ", ".join(f"{name} {ms:.1f}" for name, ms in calls if name not in ("floor", "listing"))
     )
 
 
@@ -161,11 +198,22 @@ async def scale(sessions: int, concurrency: int) -> list[tuple[str, bool, str]]:
     n = len(live)
     create_ratio, exec_ratio = big["create_ms"] / small["create_ms"], big["exec_ms"] / small["exec_ms"]
     first_ratio = big["first_exec_ms"] / small["first_exec_ms"]
+    floor_ratio = big["engine_floor_ms"] / small["engine_floor_ms"]
+    # the create and its first command against the engine's own create + start + exec at the same level
+    own_small = (small["create_ms"] + small["first_exec_ms"]) / small["engine_floor_ms"]
+    own_big = (big["create_ms"] + big["first_exec_ms"]) / big["engine_floor_ms"]
     return [
         (
             f"{n} sessions: create within 1.3x of 10",
             create_ratio <= 1.3,
-            f"{create_ratio:.2f}x: {big['create_ms']:.1f} vs {small['create_ms']:.1f} ms",
+            f"{create_ratio:.2f}x: {big['create_ms']:.1f} vs {small['create_ms']:.1f} ms; the engine's own floor "
+            f"{floor_ratio:.2f}x: {big['engine_floor_ms']:.1f} vs {small['engine_floor_ms']:.1f} ms",
+        ),
+        (
+            f"{n} sessions: a create to its first command against the engine's floor at the same level, "
+            "within 1.3x of that at 10",
+            own_big <= 1.3 * own_small,
+            f"{own_big / own_small:.2f}x: {own_big:.2f}x the floor vs {own_small:.2f}x",
         ),
         (
             f"{n} sessions: exec within 1.3x of 10",
