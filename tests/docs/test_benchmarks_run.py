@@ -57,6 +57,7 @@ def test_one_command_measures_every_group_against_its_baseline(tmp_path):
         "local exec true: REST",
         "local stdout 32 MiB: websocket",
         "ours exec (vs peer)",
+        "peer llm-sandbox on a user-defined bridge, create to first command",
         "agent stdout 32 MiB: through the agent",
         "agent stdin echo 8 MiB: through the agent",
         "kernel: sandboxed on docker (network none) 1+1",
