@@ -48,18 +48,42 @@ def inherited_signal_state() -> tuple[list[signal.Signals], set[int]]:
     return ignored, set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
 
 
+#: what a non-interactive shell (``cmd &``) and nohup leave ignored in what they start in the background
+_IGNORED_BY_A_SHELL = frozenset(
+    getattr(signal, name) for name in ("SIGINT", "SIGQUIT", "SIGHUP") if hasattr(signal, name)
+)
+
+
+def _dropped(number: int, frame: Any) -> None:
+    """Catches a signal this process was started ignoring, and does nothing: the process goes on ignoring it,
+    while a child's exec resets it to its default action (exec keeps an ignored signal ignored, not a caught
+    one)."""
+
+
 def spawn_kwargs(pgid: int | None = None) -> dict[str, Any]:
     """Popen arguments for a command: in process group ``pgid`` (0: a new group led by the child;
     None: as Popen's other arguments say), starting with every signal at its default action and
     none blocked, whatever this process inherited.
 
     A server started in the background of a non-interactive shell (``cmd &``, nohup, many
-    process managers) ignores SIGINT and SIGQUIT, and exec keeps an ignored signal ignored,
-    so ^C and ``interrupt_mode: signal`` would do nothing in its commands. In that case only,
-    the child resets them before it execs (a ``preexec_fn``: slower, so the usual case,
-    nothing to reset, keeps Popen's fast path).
+    process managers) ignores SIGINT and SIGQUIT (nohup: SIGHUP), and exec keeps an ignored signal
+    ignored, so ^C and ``interrupt_mode: signal`` would do nothing in its commands. On the main
+    thread, those three are then caught and dropped (:func:`_dropped`) instead of ignored, once: the
+    server goes on ignoring them, and its commands start with them at their default action through
+    Popen's fast path (vfork). Otherwise (another signal ignored, one blocked, another thread) the
+    child resets them before it execs: a ``preexec_fn``, which costs a whole fork of the server's
+    memory, a few milliseconds per command in a large server.
     """
     ignored, blocked = inherited_signal_state()
+    if (
+        ignored
+        and not blocked
+        and set(ignored) <= _IGNORED_BY_A_SHELL
+        and threading.current_thread() is threading.main_thread()
+    ):
+        for number in ignored:
+            signal.signal(number, _dropped)
+        ignored = []
     kwargs: dict[str, Any] = {}
     if pgid is not None and sys.version_info >= (3, 11):
         kwargs["process_group"] = pgid
