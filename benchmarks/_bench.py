@@ -254,30 +254,33 @@ def engine_floor(client: Any, image: str, network: str | None = None) -> float:
     return elapsed
 
 
+def time_calls(times: dict[str, list[float]], name: str, owner: Any, method: str) -> Any:
+    """Time each call of the coroutine ``owner.method`` (ms) into ``times[name]``; the original, to put back."""
+    real = getattr(owner, method)
+
+    @functools.wraps(real)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            times[name].append((time.perf_counter() - started) * 1000)
+
+    setattr(owner, method, call)
+    return real
+
+
 @contextlib.contextmanager
 def timed_engine_calls() -> Iterator[dict[str, list[float]]]:
     """While inside, each public coroutine call of the provider's engine adapter (``DockerEngine``: the Docker
     API calls, the agent's connection) adds its wall time (ms) to ``calls[name]``; put back on leaving."""
     calls: dict[str, list[float]] = collections.defaultdict(list)
-    originals = [
-        (name, fn)
-        for name, fn in inspect.getmembers(DockerEngine, inspect.iscoroutinefunction)
+    names = [
+        name
+        for name, _ in inspect.getmembers(DockerEngine, inspect.iscoroutinefunction)
         if not name.startswith("_")  # the public calls only: the private ones run inside them
     ]
-
-    def wrap(fn: Any, name: str) -> Any:
-        @functools.wraps(fn)
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return await fn(*args, **kwargs)
-            finally:
-                calls[name].append((time.perf_counter() - started) * 1000)
-
-        return timed
-
-    for name, fn in originals:
-        setattr(DockerEngine, name, wrap(fn, name))
+    originals = [(name, time_calls(calls, name, DockerEngine, name)) for name in names]
     try:
         yield calls
     finally:

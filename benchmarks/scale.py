@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import _docker_client, engine_floor, timed_engine_calls
+from _bench import _docker_client, engine_floor, time_calls, timed_engine_calls
 from _groups import TRUE_DOCKER, _docker_sandbox
 
 from jupyter_tai_sandbox.contract import SandboxError, SessionSpec
@@ -257,20 +257,6 @@ async def clean_up(
         await sandbox.close()
 
 
-def timed(times: dict[str, list[float]], name: str, owner: Any, method: str) -> None:
-    """Time each call of ``owner.method`` (ms) into ``times[name]``."""
-    real = getattr(owner, method)
-
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return await real(*args, **kwargs)
-        finally:
-            times[name].append((time.perf_counter() - started) * 1000)
-
-    setattr(owner, method, call)
-
-
 async def burst(count: int = 100) -> list[tuple[str, bool, str]]:
     """A pool of ``count`` filled (its fill time printed), then ``count`` creates at once of 10 owners new to
     the engine: creates per second, each create's latency, and where a claim's time goes (waiting for its owner
@@ -292,9 +278,9 @@ async def burst(count: int = 100) -> list[tuple[str, bool, str]]:
             await asyncio.sleep(0.2)
         ready, fill = pool.ready_count(), time.monotonic() - filling
         print(f"burst: the pool held {ready} of {count} after {fill:.1f} s", flush=True)
-        timed(times, "waiting for the owner network to be made", sandbox._pool_networks, "_made")
-        timed(times, "join", sandbox._engine, "network_connect")
-        timed(times, "record", pool, "claim")
+        time_calls(times, "waiting for the owner network to be made", sandbox._pool_networks, "_made")
+        time_calls(times, "join", sandbox._engine, "network_connect")
+        time_calls(times, "record", pool, "claim")
         latencies: list[float] = []
 
         async def create(owner: str) -> Any:
