@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import functools
 import inspect
 import statistics
@@ -254,17 +255,28 @@ def engine_floor(client: Any, image: str, network: str | None = None) -> float:
     return elapsed
 
 
-def time_calls(times: dict[str, list[float]], name: str, owner: Any, method: str) -> Any:
-    """Time each call of the coroutine ``owner.method`` (ms) into ``times[name]``; the original, to put back."""
+#: a timed call under way in this task: a call it makes is inside its time, not counted again
+_TIMED_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("timed_call", default=False)
+
+
+def time_calls(
+    times: dict[str, list[float]], name: str, owner: Any, method: str, *, outermost: bool = False
+) -> Any:
+    """Time each call of the coroutine ``owner.method`` (ms) into ``times[name]``; the original, to put back.
+    ``outermost``: not a call made by another such timed call (its time is in that one's)."""
     real = getattr(owner, method)
 
     @functools.wraps(real)
     async def call(*args: Any, **kwargs: Any) -> Any:
+        if outermost and _TIMED_CALL.get():
+            return await real(*args, **kwargs)
+        token = _TIMED_CALL.set(True)
         started = time.perf_counter()
         try:
             return await real(*args, **kwargs)
         finally:
             times[name].append((time.perf_counter() - started) * 1000)
+            _TIMED_CALL.reset(token)
 
     setattr(owner, method, call)
     return real
@@ -273,14 +285,15 @@ def time_calls(times: dict[str, list[float]], name: str, owner: Any, method: str
 @contextlib.contextmanager
 def timed_engine_calls() -> Iterator[dict[str, list[float]]]:
     """While inside, each public coroutine call of the provider's engine adapter (``DockerEngine``: the Docker
-    API calls, the agent's connection) adds its wall time (ms) to ``calls[name]``; put back on leaving."""
+    API calls, the agent's connection) adds its wall time (ms) to ``calls[name]`` (a call inside another
+    counts in that one's); put back on leaving."""
     calls: dict[str, list[float]] = collections.defaultdict(list)
     names = [
         name
         for name, _ in inspect.getmembers(DockerEngine, inspect.iscoroutinefunction)
         if not name.startswith("_")  # the public calls only: the private ones run inside them
     ]
-    originals = [(name, time_calls(calls, name, DockerEngine, name)) for name in names]
+    originals = [(name, time_calls(calls, name, DockerEngine, name, outermost=True)) for name in names]
     try:
         yield calls
     finally:
