@@ -146,7 +146,7 @@ class NetworkSettings(LoggingConfigurable):
         owner on one network mode; the owner's next create there answers 503 SandboxCapacityError). Between network_pool's prefix length and 29. An owner's filtered network
         (their sessions with an egress policy and their egress gateway, docker) takes one 4 times larger
         (2 bits shorter: /24 by default, 252 sessions), within network_pool; so does the docker warm pool's
-        holding network (252 pooled containers waiting).""",
+        holding network (253 pooled containers waiting; a larger pool_size keeps 253, with a warning).""",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:

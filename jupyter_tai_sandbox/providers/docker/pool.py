@@ -110,7 +110,9 @@ class PoolSettings(LoggingConfigurable):
         given to each command). A create takes one instead of starting a container, and the pool refills
         in the background. A pooled container serves one session only. With 2 or more, an owner who took
         from the pool in the last 10 minutes gets a spare waiting on their own egress network (at most
-        pool_size // 2 spares), so their next create joins no network. 0 turns the pool off.""",
+        pool_size // 2 spares), so their next create joins no network. At most what the pool's holding
+        network holds (253 at the default network_prefix; a larger value keeps that many, with a warning).
+        0 turns the pool off.""",
     ).tag(config=True)
 
     pool_idle_seconds = Float(

@@ -167,7 +167,7 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
         self._pool = WarmPool(
             self._engine,
             self._start_pooled,
-            size=self.pool_size,
+            size=self._pool_size_held(),
             idle_seconds=self.pool_idle_seconds,
             labels=self.own_labels,
             log=self.log,
@@ -183,6 +183,23 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
                 e, type(self).__name__, self.network_prefix, network
             ),
         )
+
+    def _pool_size_held(self) -> int:
+        """``pool_size``, at most what the pool's holding network holds (a subnet 2 bits wider than
+        ``network_prefix``, less its network, broadcast and gateway addresses); past it a warning says so once."""
+        holds = (1 << (32 - max(self.network_prefix - 2, 0))) - 3
+        if self.pool_size <= holds:
+            return self.pool_size
+        self.log.warning(
+            "sandbox-docker: %s.pool_size=%d is more than the warm pool's holding network holds (%d pooled "
+            "containers at network_prefix /%d): the pool keeps %d; a shorter network_prefix holds more",
+            type(self).__name__,
+            self.pool_size,
+            holds,
+            self.network_prefix,
+            holds,
+        )
+        return holds
 
     @property
     def engine(self) -> DockerEngine:

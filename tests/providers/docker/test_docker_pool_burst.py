@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import random
 import threading
 import time
@@ -201,3 +202,16 @@ def test_networks_made_at_once_by_one_process_go_side_by_side_and_never_pick_the
 
     asyncio.run(main())
     assert leftovers(client) == []
+
+
+def test_a_pool_larger_than_its_holding_network_keeps_what_it_holds_and_says_so(caplog):
+    # the holding network is 2 bits wider than an owner network: /24 at the default /26, 253 addresses for
+    # containers; a larger pool could never fill (its starts past that fail on the full network)
+    caplog.set_level(logging.WARNING)
+    assert DockerSandbox(pool_size=253)._pool.size == 253
+    assert "holding network" not in caplog.text
+    assert DockerSandbox(pool_size=300)._pool.size == 253
+    assert (
+        "DockerSandbox.pool_size=300 is more than the warm pool's holding network holds (253" in caplog.text
+    )
+    assert DockerSandbox(pool_size=300, network_prefix=27)._pool.size == 125
