@@ -27,6 +27,10 @@ from tests.support.kernels import local_session
 
 pytestmark = pytest.mark.timeout(240)
 
+#: the idle timeout of the tests that have one: the client says which connections are open 1 s after it opened
+#: them, so a timeout that short could close them first on a loaded machine
+IDLE_TIMEOUT = 3.0
+
 #: A client process: ``port n mode``. Opens n connections (each says "echo"), prints "open <k>" (how many the
 #: forwarder kept: the others read an end at once), then per mode: "flood" sends on each and never reads,
 #: printing "flooding" after a second; "idle" holds them; "busy" does an echo round trip on each every 0.2 s.
@@ -222,7 +226,8 @@ def test_100_connections_that_send_and_never_read_hold_at_most_the_budget_on_eit
 
 def test_an_idle_connection_of_another_process_is_closed_after_the_timeout_a_busy_one_and_the_servers_are_not():
     async def main() -> None:
-        async with echo_tunnel(idle_timeout=1.0) as (tunnel, port, _):
+        # the idle timeout is well past the client's 1 s before it says what is open (a loaded machine)
+        async with echo_tunnel(idle_timeout=IDLE_TIMEOUT) as (tunnel, port, _):
             # the server's own connection (this process), idle as a kernel's are while nobody runs a cell
             own_reader, own_writer = await asyncio.open_connection("127.0.0.1", port)
             own_writer.write(b"echo\n")
@@ -365,7 +370,7 @@ def test_a_docker_sessions_own_ports_keep_slots_for_the_server_and_close_another
     async def main() -> None:
         async with python_docker_session(agent_transport) as session:
             server, inner = await start_server(session, "python3")
-            ports = SessionPorts(session, max_connections=6, reserved=2, idle_timeout=1.0)
+            ports = SessionPorts(session, max_connections=6, reserved=2, idle_timeout=IDLE_TIMEOUT)
             try:
                 port = (await ports.forward(inner)).port
                 others = Client(port, 6, "idle")
@@ -375,7 +380,8 @@ def test_a_docker_sessions_own_ports_keep_slots_for_the_server_and_close_another
                     for i, (reader, writer) in enumerate(own):
                         writer.write(b"echo\nown %d" % i)
                         assert await asyncio.wait_for(reader.readexactly(5), 30) == b"own %d" % i
-                    await asyncio.sleep(4.0)  # the other process's four moved nothing since: closed
+                    # the other process's four moved nothing since: closed
+                    await asyncio.sleep(2 * IDLE_TIMEOUT)
                     assert (await others.report())[:4] == ["closed"] * 4
                     reader, writer = own[0]  # the server's own, as idle, are not
                     writer.write(b"again")
