@@ -139,6 +139,11 @@ def capacity_error(owner: str, pool: str, prefix: int) -> SandboxCapacityError:
     )
 
 
+def containers_on_subnet(prefix: int) -> int:
+    """How many containers a /``prefix`` subnet holds: its addresses less its network, broadcast and gateway."""
+    return (1 << (32 - prefix)) - 3
+
+
 def full_network_error(
     error: SandboxError, owner: str, prefix: int, network: str | None = None
 ) -> SandboxCapacityError | None:
@@ -146,7 +151,7 @@ def full_network_error(
     (docker's "no available IPv4 addresses"); None for any other refusal."""
     if "no available ipv4 addresses" not in str(error).lower():
         return None
-    sessions = (1 << (32 - prefix)) - 3  # the subnet less its network, broadcast and gateway addresses
+    sessions = containers_on_subnet(prefix)
     where = f"the session network {network}" if network else "an owner's session network"
     return SandboxCapacityError(
         f"{where} is full: an owner's /{prefix} network holds {sessions} sessions of one network mode; "

@@ -28,7 +28,7 @@ from .._docker_agent import (
     agent_site,
     checked_agent_binary,
 )
-from .._docker_networks import SessionBridges, full_network_error
+from .._docker_networks import SessionBridges, containers_on_subnet, full_network_error
 from .._docker_sandbox import (
     ContainerSandbox,
     user_checked,
@@ -186,8 +186,8 @@ class DockerSandbox(GatewaySettings, PoolSettings, BridgeSettings, ContainerSand
 
     def _pool_size_held(self) -> int:
         """``pool_size``, at most what the pool's holding network holds (a subnet 2 bits wider than
-        ``network_prefix``, less its network, broadcast and gateway addresses); past it a warning says so once."""
-        holds = (1 << (32 - max(self.network_prefix - 2, 0))) - 3
+        ``network_prefix``); past it a warning says so."""
+        holds = containers_on_subnet(max(self.network_prefix - 2, 0))
         if self.pool_size <= holds:
             return self.pool_size
         self.log.warning(
