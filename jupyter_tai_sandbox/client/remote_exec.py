@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from asyncio import Future
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, WebSocketProtocol13
 
@@ -18,36 +19,64 @@ from ..errors import error_from_json
 _STREAMS: dict[int, OutputStream] = {1: "stdout", 2: "stderr"}
 #: largest stdin frame sent over the exec websocket (the server's message limit is 10 MiB)
 STDIN_FRAME_BYTES = 1 << 20
-#: a frame payload at least this large is read straight into its own buffer (see _DirectReads)
+#: a frame payload at least this large is read straight into the connection's buffer (see _DirectReads)
 DIRECT_READ_BYTES = 1 << 16
+#: the largest payload buffer a connection keeps between frames (the server's frames are 256 KiB)
+KEPT_BUFFER_BYTES = 4 << 20
+
+
+class StreamFrame(NamedTuple):
+    """A large binary frame of the exec protocol as :class:`_DirectReads` hands it on: its stream byte and its
+    data, copied once out of the connection's buffer."""
+
+    stream: int
+    data: bytes
 
 
 class _DirectReads(WebSocketProtocol13):
-    """tornado's websocket protocol, reading a large payload with one ``recv_into`` its own buffer.
+    """tornado's websocket protocol, reading a large payload with one ``recv_into`` a buffer the connection keeps.
 
     tornado reads 64 KiB at a time into a fresh buffer, appends it to the stream's buffer and copies the
-    payload out of it: four passes over each byte (and a copy of the whole buffer when it grows after a
-    front cut). Read into a buffer of the payload's size, an exec stream's 256 KiB frames cost the client
-    half the CPU (0.45 s per GiB against 0.9-1.0, benchmarks/run.py's websocket row: the client is one of
-    the three processes on the benchmark's two cores). The payload is then a bytearray, which the reader
-    copies once, without its stream byte (each further copy of a 256 KiB frame is another allocation, and
-    the page faults of memory glibc hands back at each frame cost the client as much again); a text
-    frame decodes from it as from bytes. A masked frame (a server should not mask) is read as tornado
-    reads it: its unmask takes bytes only. Only ``_read_bytes`` differs: if tornado stops calling it, this
-    reads as tornado does.
+    payload out of it: four passes over each byte. Read into the connection's own buffer, a payload is then
+    copied once, without its stream byte, into the bytes the reader gets (a :class:`StreamFrame`). One
+    allocation a frame, freed before the next: with two (a fresh buffer, then the copy) glibc gave the heap's
+    top back at nearly every frame and faulted it in again, a page fault for every 4 KiB received, which
+    cost the client a quarter of its CPU (benchmarks/run.py's websocket row: the client is one of the three
+    processes on the benchmark's two cores). The payload is taken out of the buffer before tornado reads
+    the next frame (``_handle_message`` is called at once after the read). Anything but a whole binary
+    frame (text, a fragment, a masked one: a server should not mask) is handed on as tornado would.
     """
 
     #: the previous read was 4 bytes: a frame's mask (no other part of a frame's head is 4 bytes)
     _after_mask = False
+    #: the buffer payloads are read into; a larger payload than it holds gets one of its own
+    _buffer = bytearray()
 
     async def _read_bytes(self, n: int) -> bytes:
         after_mask, self._after_mask = self._after_mask, n == 4
         if n < DIRECT_READ_BYTES or after_mask:
             return await super()._read_bytes(n)
-        buffer = bytearray(n)
-        await self.stream.read_into(buffer)
+        if n > len(self._buffer):
+            buffer = bytearray(n)
+            if n <= KEPT_BUFFER_BYTES:
+                self._buffer = buffer
+        else:
+            buffer = self._buffer
+        with memoryview(buffer) as whole:
+            payload = whole[:n]
+            await self.stream.read_into(payload)  # type: ignore[arg-type]  # any writable buffer of its length
         self._wire_bytes_in += n
-        return buffer  # type: ignore[return-value]  # bytes-like: tornado decodes a text one, passes a binary one
+        return payload  # type: ignore[return-value]  # taken out by _handle_message before the next read
+
+    def _handle_message(self, opcode: int, data: bytes | memoryview) -> Future[None] | None:
+        if not isinstance(data, memoryview):
+            return super()._handle_message(opcode, data)
+        with data:
+            if opcode != 0x2 or self._frame_compressed or self.client_terminated:
+                return super()._handle_message(opcode, data.tobytes())
+            self._message_bytes_in += len(data)
+            frame = StreamFrame(data[0], data[1:].tobytes())
+        return self._run_callback(self.handler.on_message, frame)
 
 
 def read_frames_directly(connection: WebSocketClientConnection) -> None:
@@ -113,15 +142,19 @@ class RemoteExec:
 
     async def _iterate(self) -> AsyncIterator[OutputItem]:
         while True:
-            message = await self._ws.read_message()
+            message: str | bytes | StreamFrame | None = await self._ws.read_message()
             if message is None:
                 # the connection ended (the server went away): no status was read, none is made up
                 raise SandboxUnavailableError("the exec websocket closed without an exit message")
-            if not isinstance(message, str):  # binary: bytes, or a bytearray read directly
+            if isinstance(message, StreamFrame):  # a large one, read directly
+                stream, data = _STREAMS[message.stream], message.data
+                self.offsets[stream] += len(data)
+                yield OutputChunk(stream, data)
+                continue
+            if not isinstance(message, str):
                 stream = _STREAMS[message[0]]
                 self.offsets[stream] += len(message) - 1
-                data = message[1:] if type(message) is bytes else bytes(memoryview(message)[1:])
-                yield OutputChunk(stream, data)
+                yield OutputChunk(stream, message[1:])
                 continue
             data = json.loads(message)
             if data.get("type") == "rejected":

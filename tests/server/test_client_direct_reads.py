@@ -1,6 +1,7 @@
-"""The client's exec websocket reads large frames straight into their own buffer (remote_exec._DirectReads):
-whatever the frame (binary, text, masked by a server that should not, small), a message has what tornado's own
-reading gives (a large binary one as a bytearray, which RemoteExec copies once without its stream byte)."""
+"""The client's exec websocket reads large frames straight into the connection's buffer (remote_exec._DirectReads):
+whatever the frame (binary, text, masked by a server that should not, fragmented, small), a message has what
+tornado's own reading gives; a large binary one comes as a StreamFrame, its data copied out of the buffer
+before the next frame is read into it."""
 
 from __future__ import annotations
 
@@ -12,21 +13,27 @@ import struct
 
 from tornado.websocket import websocket_connect
 
-from jupyter_tai_sandbox.client.remote_exec import DIRECT_READ_BYTES, _DirectReads, read_frames_directly
+from jupyter_tai_sandbox.client.remote_exec import (
+    DIRECT_READ_BYTES,
+    StreamFrame,
+    _DirectReads,
+    read_frames_directly,
+)
 from tests.support.aio import run
 
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
-def _frame(opcode: int, payload: bytes, mask: bytes | None = None) -> bytes:
+def _frame(opcode: int, payload: bytes, mask: bytes | None = None, final: bool = True) -> bytes:
     size = len(payload)
     second = 0x80 if mask else 0
+    first = (0x80 if final else 0) | opcode
     if size < 126:
-        head = struct.pack("!BB", 0x80 | opcode, second | size)
+        head = struct.pack("!BB", first, second | size)
     elif size <= 0xFFFF:
-        head = struct.pack("!BBH", 0x80 | opcode, second | 126, size)
+        head = struct.pack("!BBH", first, second | 126, size)
     else:
-        head = struct.pack("!BBQ", 0x80 | opcode, second | 127, size)
+        head = struct.pack("!BBQ", first, second | 127, size)
     if mask:
         payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
         head += mask
@@ -35,12 +42,16 @@ def _frame(opcode: int, payload: bytes, mask: bytes | None = None) -> bytes:
 
 def test_every_kind_of_frame_reads_as_tornado_reads_it():
     big = os.urandom(DIRECT_READ_BYTES + 1000)
+    larger, smaller = os.urandom(3 * DIRECT_READ_BYTES), os.urandom(DIRECT_READ_BYTES + 10)
     text = "é" * (DIRECT_READ_BYTES // 2 + 10)
     frames = [
         _frame(2, b"\x01small"),
         _frame(2, big),
+        _frame(2, larger),  # the buffer grows; the message before keeps its bytes
+        _frame(2, smaller),  # read into the grown buffer
         _frame(1, text.encode()),
         _frame(2, big[::-1], mask=b"\x01\x02\x03\x04"),
+        _frame(2, larger[:100_000], final=False) + _frame(0, larger[100_000:]),  # one message in two frames
     ]
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -75,5 +86,14 @@ def test_every_kind_of_frame_reads_as_tornado_reads_it():
             return messages
 
     messages = run(main(), timeout=30)
-    assert messages == [b"\x01small", big, text, big[::-1]]
-    assert [type(m) for m in messages] == [bytes, bytearray, str, bytes]  # a large binary one: read directly
+    assert messages == [
+        b"\x01small",
+        StreamFrame(big[0], big[1:]),
+        StreamFrame(larger[0], larger[1:]),
+        StreamFrame(smaller[0], smaller[1:]),
+        text,
+        big[::-1],
+        larger,
+    ]
+    assert [type(m) for m in messages] == [bytes, StreamFrame, StreamFrame, StreamFrame, str, bytes, bytes]
+    assert all(type(m.data) is bytes for m in messages if isinstance(m, StreamFrame))
