@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import struct
 from collections.abc import Awaitable
 from typing import Any
 
@@ -41,7 +40,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
 from tornado.iostream import StreamClosedError
-from tornado.websocket import WebSocketClosedError, WebSocketHandler, WebSocketProtocol13
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from ..contract import (
     ExecRequest,
@@ -55,15 +54,10 @@ from ..errors import error_body, error_status
 from ..events import ADMIN, TERMINAL_CLOSE, TERMINAL_OPEN
 from .handler_base import AUTH_RESOURCE, JSONErrorsMixin, SandboxHandlerMixin
 from .live_command import STREAM_IDS, LiveCommand
+from .output_frames import write_output
 
 #: the close code after the final error of a command whose session went (reaped at its TTL, destroyed)
 SESSION_GONE_CLOSE = 4404
-
-# RFC 6455 frame head of an unmasked binary frame with FIN set (server to client), by payload size
-_BINARY_FINAL = 0x82
-_FRAME_HEAD_SHORT = struct.Struct("!BB")
-_FRAME_HEAD_16 = struct.Struct("!BBH")
-_FRAME_HEAD_64 = struct.Struct("!BBQ")
 
 
 class ExecWebSocketHandler(
@@ -222,35 +216,7 @@ class ExecWebSocketHandler(
     def send_output(self, stream_id: int, data: bytes) -> Awaitable[None]:
         """One output frame (the stream id, then the bytes); the awaitable is its flush."""
         self.touch()
-        return self._write_output(stream_id, data)
-
-    def _write_output(self, stream_id: int, data: bytes) -> Awaitable[None]:
-        """Send one output frame (the stream id, then the bytes); the returned awaitable is its flush.
-
-        Without compression the frame is built here in one copy and handed to the connection's
-        stream in one write: tornado's write_message copies a payload twice, and 256 MiB streamed
-        that way ran at 0.35x the direct handle against 0.45x this way (benchmarks/run.py). A
-        compressed connection goes through write_message.
-        """
-        connection = self.ws_connection
-        if connection is None or connection.is_closing():
-            raise WebSocketClosedError()
-        payload = bytes((stream_id,))
-        if getattr(connection, "_compressor", None) is not None or not isinstance(
-            connection, WebSocketProtocol13
-        ):
-            return self.write_message(payload + data, binary=True)
-        size = len(data) + 1
-        if size < 126:
-            header = _FRAME_HEAD_SHORT.pack(_BINARY_FINAL, size)
-        elif size <= 0xFFFF:
-            header = _FRAME_HEAD_16.pack(_BINARY_FINAL, 126, size)
-        else:
-            header = _FRAME_HEAD_64.pack(_BINARY_FINAL, 127, size)
-        try:
-            return connection.stream.write(b"".join((header, payload, data)))
-        except StreamClosedError:
-            raise WebSocketClosedError() from None
+        return write_output(self, stream_id, data)
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.write_message(json.dumps(message))

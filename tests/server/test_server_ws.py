@@ -10,6 +10,7 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_tai_sandbox.client import SandboxClient
 from jupyter_tai_sandbox.contract import ExitItem, OutputChunk, SandboxExecTimeoutError, SandboxNotFoundError
+from jupyter_tai_sandbox.server.output_frames import FRAME_BYTES
 from tests.support.server import call, exec_call, read_all, server_config
 
 
@@ -54,6 +55,37 @@ async def test_sixteen_mib_both_ways_through_cat(jp_ws_fetch, jp_fetch):
     await feeder
     assert final == {"type": "exit", "exit_code": 0}
     assert len(out) == len(data) and out == data and err == b""
+
+
+async def test_no_frame_carries_more_than_a_frames_bytes_so_a_client_limited_to_one_reads_it_all(
+    jp_ws_fetch, jp_fetch
+):
+    """Whatever the size of the chunks the server reads (a local command that fills its stdout pipe is read
+    1 MiB at a time), output goes in frames of at most FRAME_BYTES: a client whose message limit is one frame
+    (tornado's closes a connection past it) reads the whole stream."""
+    session_id = await new_session(jp_fetch)
+    ws = await jp_ws_fetch(
+        "api", "sandbox", "sessions", session_id, "exec", "ws", max_message_size=FRAME_BYTES + 1
+    )
+    argv = ["dd", "if=/dev/zero", "bs=4194304", "count=4"]  # 4 MiB writes: the pipe is full at each read
+    await ws.write_message(json.dumps({"type": "start", "timeout_seconds": 60, "argv": argv}))
+    out, _err, final, _ = await read_all(ws, seconds=120)
+    assert final == {"type": "exit", "exit_code": 0}
+    assert out == bytes(16 << 20)
+
+
+async def test_a_reader_that_pauses_gets_every_byte_in_order(jp_ws_fetch, jp_fetch):
+    """While the client does not read, the socket fills: the frames the socket did not take are queued whole
+    or in part, behind each other, and every byte still arrives once, in order."""
+    session_id = await new_session(jp_fetch)
+    script = "dd if=/dev/urandom of=d bs=1048576 count=12 2>/dev/null && dd if=d bs=4194304 2>/dev/null"
+    ws = await open_exec(jp_ws_fetch, session_id, argv=["sh", "-c", script])
+    assert json.loads(await ws.read_message())["type"] == "started"
+    await asyncio.sleep(2)  # the command writes on; the server's sends find the socket full
+    out, _err, final, _ = await read_all(ws, seconds=120)
+    assert final == {"type": "exit", "exit_code": 0}
+    _status, written = await call(jp_fetch, "sessions", session_id, "files", "d")
+    assert len(out) == 12 << 20 and out == written
 
 
 async def test_kill_over_the_websocket(jp_ws_fetch, jp_fetch):

@@ -133,13 +133,15 @@ class LocalSandbox(LoggingConfigurable, Sandbox, metaclass=ProviderMeta):
     ).tag(config=True)
 
     stdout_pipe_bytes = Integer(
-        256 << 10,
+        1 << 20,
         min=0,
         max=16 << 20,
-        help="""Kernel buffer of each command's stdout pipe, in bytes (Linux F_SETPIPE_SZ, rounded
-        up to a power of two pages; at most /proc/sys/fs/pipe-max-size for unprivileged users).
-        Larger pipes mean fewer wake-ups when a command writes a lot; each running command holds
-        this much of its user's pipe allowance. 0 keeps the system default (64 KiB).""",
+        help="""Kernel buffer a command's stdout pipe grows to once the command fills it, in bytes
+        (Linux F_SETPIPE_SZ, rounded up to a power of two pages; at most /proc/sys/fs/pipe-max-size,
+        1 MiB by default, for unprivileged users). A command that writes a lot is then read in pieces
+        this large: fewer wake-ups, and fewer chunks through the server. A command that writes little
+        keeps the system's 64 KiB, so many commands do not use up their user's pipe allowance
+        (/proc/sys/fs/pipe-user-pages-soft). 0 keeps the system's pipe.""",
     ).tag(config=True)
 
     @default("home_owner")

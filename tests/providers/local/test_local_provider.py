@@ -162,17 +162,25 @@ def system_pipe_size() -> int:
         os.close(write_end)
 
 
-@pytest.mark.parametrize(("configured", "seen"), [(None, 256 << 10), (1 << 20, 1 << 20), (0, None)])
-def test_stdout_pipe_has_the_configured_kernel_buffer(tmp_path, configured, seen):
+@pytest.mark.parametrize(("configured", "grown"), [(None, 1 << 20), (256 << 10, 256 << 10), (0, None)])
+def test_a_commands_stdout_pipe_grows_to_the_configured_size_once_the_command_fills_it(
+    tmp_path, configured, grown
+):
     traits = {} if configured is None else {"stdout_pipe_bytes": configured}
     sandbox = LocalSandbox(root=str(tmp_path), **traits)
-    seen = seen or system_pipe_size()
+    system = system_pipe_size()
+    script = (
+        "import fcntl, os, sys\n"
+        "before = fcntl.fcntl(1, fcntl.F_GETPIPE_SZ)\n"
+        "os.write(1, bytes(8 << 20))\n"  # one write: the pipe is full each time the server reads it
+        "print(before, fcntl.fcntl(1, fcntl.F_GETPIPE_SZ), fcntl.fcntl(2, fcntl.F_GETPIPE_SZ), file=sys.stderr)"
+    )
 
     async def scenario():
         session = await sandbox.create(SessionSpec())
-        script = "import fcntl; print(fcntl.fcntl(1, fcntl.F_GETPIPE_SZ), fcntl.fcntl(2, fcntl.F_GETPIPE_SZ))"
-        result = await session.exec([sys.executable, "-c", script], timeout_seconds=10)
-        assert result.stdout.split() == [str(seen).encode(), str(system_pipe_size()).encode()]
+        result = await session.exec([sys.executable, "-c", script], timeout_seconds=30)
+        assert result.exit_code == 0 and result.stdout == bytes(8 << 20)
+        assert result.stderr.split() == [str(size).encode() for size in (system, grown or system, system)]
         await session.destroy()
 
     run(scenario())
