@@ -33,7 +33,34 @@ DEPLOYMENT = f"pytest-{RUN_ID}-{PART}"
 RUN_PREFIX = f"pytest-{RUN_ID}-"
 
 
+#: the ports free_port handed out in this process (never twice: a harness takes several before it binds any)
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A localhost port free now, for a server started next. Chosen at random below the kernel's ephemeral
+    range: a port the kernel picked (bind to 0) is one it may hand to the next outgoing connection of this busy
+    machine before the server binds it ("port ... is not available", seen once in CI), and at random, so
+    parallel workers do not pick the same one."""
+    top = _ephemeral_start()
+    for _ in range(200):
+        port = secrets.SystemRandom().randrange(max(1024, top - 12000), top)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:  # the range is crowded: any port the kernel has
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

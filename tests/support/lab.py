@@ -180,7 +180,10 @@ class LabProcess:
                 if status == 200 or (status == 503 and isinstance(body, dict)):
                     return self.lab
             time.sleep(0.3)
+        exited = self.proc.poll()
         self.stop()
+        if exited is not None:
+            pytest.fail(f"jupyter lab exited with status {exited}; its log:\n{self.log_tail()}")
         pytest.fail(f"jupyter lab did not answer within {START_SECONDS}s; its log:\n{self.log_tail()}")
 
     def stop(self) -> None:
