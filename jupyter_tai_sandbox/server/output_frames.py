@@ -27,7 +27,7 @@ _HEAD_16 = struct.Struct("!BBHB")
 _HEAD_64 = struct.Struct("!BBQB")
 
 
-def frame_head(stream_id: int, size: int) -> bytes:
+def _frame_head(stream_id: int, size: int) -> bytes:
     """The head of an unmasked binary frame of ``size`` bytes of output, with its stream id."""
     size += 1
     if size < 126:
@@ -82,12 +82,12 @@ def write_output(handler: WebSocketHandler, stream_id: int, data: bytes) -> Awai
 def _frames(stream_id: int, data: bytes) -> list[bytes | memoryview]:
     """Each frame's head and its piece of ``data`` (a view: nothing is copied)."""
     if len(data) <= FRAME_BYTES:
-        return [frame_head(stream_id, len(data)), data]
+        return [_frame_head(stream_id, len(data)), data]
     view = memoryview(data)
     parts: list[bytes | memoryview] = []
     for start in range(0, len(data), FRAME_BYTES):
         piece = view[start : start + FRAME_BYTES]
-        parts += (frame_head(stream_id, len(piece)), piece)
+        parts += (_frame_head(stream_id, len(piece)), piece)
     return parts
 
 

@@ -368,7 +368,7 @@ class _GrowingPipe:
 
     def __init__(self, transport: asyncio.BaseTransport, fd: int, grows_to: int) -> None:
         self._transport, self._fd = transport, fd
-        self._size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        self._size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) if grows_to else 0  # no syscall when it never grows
         self._grows_to = grows_to if grows_to > self._size else 0
 
     def read(self, size: int) -> None:
