@@ -58,7 +58,8 @@ type stream struct {
 	end   uint64
 	sent  uint64 // next byte for the attached connection
 	eof   bool
-	cut   bool // ended by a kill (or a release) rather than by every writer closing it
+	cut   bool   // ended by a kill (or a release) rather than by every writer closing it
+	late  uint64 // bytes read past the read deadline (readStream's alone): the pipe held at most pipeSize then
 }
 
 type command struct {

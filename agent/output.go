@@ -5,8 +5,10 @@ package main
 import (
 	"encoding/binary"
 	"errors"
+	"io"
 	"os"
 	"syscall"
+	"time"
 )
 
 // readStream takes the command's output in while the ring has room for unsent bytes; it never drops a byte
@@ -39,6 +41,10 @@ func (c *command) readStream(s *stream) {
 		tail := s.buf[len(s.buf) : len(s.buf)+min(room, cap(s.buf)-len(s.buf))]
 		c.mu.Unlock()
 		n, err := s.f.Read(tail) // only this goroutine writes past len(s.buf); senders read below it
+		if errors.Is(err, os.ErrDeadlineExceeded) && s.late < pipeSize {
+			n, err = readNow(s.f, tail) // past a pipe's worth, a holder is still writing: cut
+			s.late += uint64(n)
+		}
 		c.mu.Lock()
 		if n > 0 {
 			s.buf = s.buf[:len(s.buf)+n]
@@ -58,6 +64,45 @@ func (c *command) readStream(s *stream) {
 		c.cond.Broadcast()
 		c.mu.Unlock()
 	}
+}
+
+// readNow is one read of what a pipe or terminal holds this moment, for a read whose deadline (a kill's or a
+// release's) passed. The deadline gave the command's writers their moment to close the stream; whether they
+// did is the pipe's to say, not the order in which the runtime woke the read: a guest whose vCPU was paused
+// past cutAfterKill sees the deadline's timer fire before the end that came in time. So: bytes, the end
+// (io.EOF), or os.ErrDeadlineExceeded while a writer still holds it. The deadline stays passed, so the next
+// Read comes straight back here.
+func readNow(f streamSource, p []byte) (int, error) {
+	file, ok := f.(*os.File)
+	if !ok {
+		return 0, os.ErrDeadlineExceeded // a TCP connection's kill ends it
+	}
+	raw, err := file.SyscallConn()
+	if err != nil {
+		return 0, os.ErrDeadlineExceeded
+	}
+	_ = file.SetReadDeadline(time.Time{}) // RawConn.Read does not start past a deadline
+	defer file.SetReadDeadline(time.Unix(1, 0))
+	var n int
+	var rerr error
+	if err := raw.Read(func(fd uintptr) bool {
+		for {
+			if n, rerr = syscall.Read(int(fd), p); rerr != syscall.EINTR {
+				return true // never wait: the fd is non-blocking, EAGAIN says it is held and empty
+			}
+		}
+	}); err != nil {
+		return 0, os.ErrDeadlineExceeded
+	}
+	switch {
+	case rerr == syscall.EAGAIN:
+		return 0, os.ErrDeadlineExceeded
+	case rerr != nil:
+		return 0, rerr // a terminal's master reads EIO once the terminal closed: its end
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 // compact keeps the newest ringSize bytes (every unsent one among them: fewer than ringSize are unsent when

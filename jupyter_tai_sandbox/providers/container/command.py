@@ -32,10 +32,12 @@ from ...contract import (
     out_of_memory,
 )
 from ...spool import OutputSpool
-from .._common import OUTPUT_GRACE_SECONDS, deadline_error
+from .._common import deadline_error
 
 #: A kill's fixed limit: a stop that has not finished by then raises SandboxError.
 KILL_LIMIT_SECONDS = 5.0
+#: what a stop keeps of its limit to finish after the output's ends were waited for
+_STOP_MARGIN_SECONDS = 0.2
 #: stdin is handed to the agent in pieces this large (its credit bounds what it queues)
 _WRITE_CHUNK = 1 << 18
 #: background work of commands whose handle nobody holds any more (kept referenced until it ends)
@@ -92,6 +94,8 @@ class ContainerCommand(ExecHandle):
         self._timeout_error: SandboxError | None = None
         self._killed = False
         self._stopping = False
+        #: when a stop's fixed limit runs out (loop time)
+        self._stop_end: float | None = None
         self._held = False
         self._done = asyncio.Event()
         self._stop_lock = asyncio.Lock()
@@ -150,17 +154,22 @@ class ContainerCommand(ExecHandle):
             self._on_done(self)
 
     async def _cut_output(self) -> None:
-        """After a kill: the agent ends each stream (``cut`` when a process that left the group still
-        held it) a moment after its answer; take in what arrives by then."""
-        for _ in range(int(OUTPUT_GRACE_SECONDS / 0.02)):
-            if all(self._cmd.eof.values()):
+        """After a kill the agent ends each stream, ``cut`` when a process that left the group still held it,
+        at once or a moment (cutAfterKill) after its answer. Its word decides the note: take the output in
+        until every stream's end came, within the stop's limit (a guest whose vCPU was paused sends it late;
+        a stream whose end never came counts as held)."""
+        loop = asyncio.get_running_loop()
+        assert self._stop_end is not None
+        limit = self._stop_end - _STOP_MARGIN_SECONDS
+        while True:
+            while (item := await self._cmd.read()) is not None:  # never waits: the output has ended
+                stream, data = item
+                self._counts[stream] += len(data)
+                self._spool.put(stream, data)
+            if all(self._cmd.eof.values()) or loop.time() >= limit:
                 break
             await asyncio.sleep(0.02)
         self._held = self._cmd.cut or not all(self._cmd.eof.values())
-        while (item := await self._cmd.read()) is not None:
-            stream, data = item
-            self._counts[stream] += len(data)
-            self._spool.put(stream, data)
 
     async def _release(self) -> None:
         """Let the agent forget the finished command (it holds at most 64). Never while a kill of it is
@@ -177,7 +186,7 @@ class ContainerCommand(ExecHandle):
                 return
             loop = asyncio.get_running_loop()
             end = loop.time() + KILL_LIMIT_SECONDS
-            self._stopping = True
+            self._stopping, self._stop_end = True, end
             try:
                 await asyncio.wait_for(asyncio.shield(self._cmd.kill()), KILL_LIMIT_SECONDS)
             except TimeoutError:
