@@ -417,6 +417,48 @@ func TestKillOfAPtyCommandStopsJobsInOtherGroupsOfItsSession(t *testing.T) {
 	cl.release(id)
 }
 
+// A CONNECT while the agent holds maxCommands is EAGAIN before it dials: the listener in the session never
+// sees a connection opened and closed at once.
+func TestConnectBeyondTheCommandLimitIsEAGAINWithoutADial(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	cl := hello(t)
+	cl.send(tList, 1, nil)
+	held := len(cl.decodeList(cl.next(1, tListReply)))
+	var ids []uint32
+	for i := held; i < maxCommands; i++ {
+		id := newID()
+		cl.sendJSON(tStart, id, map[string]any{"argv": []string{"sleep", "30"}})
+		cl.expect(tStarted, id)
+		ids = append(ids, id)
+	}
+	over := newID()
+	cl.sendJSON(tConnect, over, map[string]any{"port": ln.Addr().(*net.TCPAddr).Port, "window": 1 << 20})
+	cl.expectError(over, "EAGAIN")
+	select {
+	case <-accepted:
+		t.Fatal("the listener was dialled for a connection the agent had no room for")
+	case <-time.After(200 * time.Millisecond):
+	}
+	for _, id := range ids {
+		cl.send(tKill, id, nil)
+	}
+	for _, id := range ids {
+		cl.expect(tKilled, id)
+		cl.release(id)
+	}
+}
+
 // At most maxCommands are held (running, or finished and not released): one more START is EAGAIN.
 func TestStartBeyondTheCommandLimitIsEAGAIN(t *testing.T) {
 	cl := hello(t)

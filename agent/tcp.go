@@ -28,6 +28,9 @@ func (a *agent) connectTCP(cn *conn, id uint32, req connectRequest) {
 		host = "127.0.0.1"
 	}
 	addr := net.JoinHostPort(host, fmt.Sprint(req.Port))
+	if !a.hasRoom(cn, id) { // before the dial: a listener in the session never sees a connection refused here
+		return
+	}
 	tc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		cn.fail(id, "start", errnoName(err), err.Error())
@@ -41,14 +44,10 @@ func (a *agent) connectTCP(cn *conn, id uint32, req connectRequest) {
 	c.stdinWake = make(chan struct{}, 1)
 	c.credit = min(req.Window, maxCredit)
 	a.mu.Lock()
-	if _, dup := a.cmds[id]; dup || len(a.cmds) >= maxCommands {
+	if _, dup := a.cmds[id]; dup || len(a.cmds) >= maxCommands { // taken during the dial
 		a.mu.Unlock()
 		tc.Close()
-		code := "EEXIST"
-		if !dup {
-			code = "EAGAIN"
-		}
-		cn.fail(id, "start", code, "no room for the connection")
+		failNoRoom(cn, id, dup)
 		return
 	}
 	c.conn = cn
@@ -68,4 +67,26 @@ func (h halfCloser) Close() error {
 		return tc.CloseWrite()
 	}
 	return h.Conn.Close()
+}
+
+// hasRoom answers EEXIST or EAGAIN (and false) when the agent holds id already or as many commands and
+// connections as it may.
+func (a *agent) hasRoom(cn *conn, id uint32) bool {
+	a.mu.Lock()
+	_, dup := a.cmds[id]
+	full := len(a.cmds) >= maxCommands
+	a.mu.Unlock()
+	if dup || full {
+		failNoRoom(cn, id, dup)
+		return false
+	}
+	return true
+}
+
+func failNoRoom(cn *conn, id uint32, dup bool) {
+	code := "EEXIST"
+	if !dup {
+		code = "EAGAIN"
+	}
+	cn.fail(id, "start", code, "no room for the connection")
 }

@@ -372,8 +372,9 @@ def test_a_docker_sessions_own_ports_forward_with_half_close_flow_control_and_no
             with contextlib.suppress(ConnectionError):
                 assert await asyncio.wait_for(reader.read(), 10) == b""
             writer.close()
-            # a kernel still binding: the connect is tried again within connect_wait
-            late = (await ports.forward(inner + 1 if inner < 65535 else inner - 1, connect_wait=5)).port
+            # a kernel still binding: the connect is tried again within connect_wait (a python that starts
+            # in the session and binds after the first try; on a busy machine that may take seconds)
+            late = (await ports.forward(inner + 1 if inner < 65535 else inner - 1, connect_wait=30)).port
             waiting = asyncio.ensure_future(talk(late, b"echo", b"late"))
             await asyncio.sleep(0.5)
             await session.exec(
