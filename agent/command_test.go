@@ -417,6 +417,32 @@ func TestKillOfAPtyCommandStopsJobsInOtherGroupsOfItsSession(t *testing.T) {
 	cl.release(id)
 }
 
+// fillTheTable starts sleeps until the agent holds maxCommands; it returns their ids.
+func (cl *client) fillTheTable() []uint32 {
+	cl.t.Helper()
+	cl.send(tList, 1, nil)
+	held := len(cl.decodeList(cl.next(1, tListReply)))
+	var ids []uint32
+	for i := held; i < maxCommands; i++ {
+		id := newID()
+		cl.sendJSON(tStart, id, map[string]any{"argv": []string{"sleep", "30"}})
+		cl.expect(tStarted, id)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func (cl *client) killAndRelease(ids []uint32) {
+	cl.t.Helper()
+	for _, id := range ids {
+		cl.send(tKill, id, nil)
+	}
+	for _, id := range ids {
+		cl.expect(tKilled, id)
+		cl.release(id)
+	}
+}
+
 // A CONNECT while the agent holds maxCommands is EAGAIN before it dials: the listener in the session never
 // sees a connection opened and closed at once.
 func TestConnectBeyondTheCommandLimitIsEAGAINWithoutADial(t *testing.T) {
@@ -433,15 +459,7 @@ func TestConnectBeyondTheCommandLimitIsEAGAINWithoutADial(t *testing.T) {
 		}
 	}()
 	cl := hello(t)
-	cl.send(tList, 1, nil)
-	held := len(cl.decodeList(cl.next(1, tListReply)))
-	var ids []uint32
-	for i := held; i < maxCommands; i++ {
-		id := newID()
-		cl.sendJSON(tStart, id, map[string]any{"argv": []string{"sleep", "30"}})
-		cl.expect(tStarted, id)
-		ids = append(ids, id)
-	}
+	ids := cl.fillTheTable()
 	over := newID()
 	cl.sendJSON(tConnect, over, map[string]any{"port": ln.Addr().(*net.TCPAddr).Port, "window": 1 << 20})
 	cl.expectError(over, "EAGAIN")
@@ -450,37 +468,17 @@ func TestConnectBeyondTheCommandLimitIsEAGAINWithoutADial(t *testing.T) {
 		t.Fatal("the listener was dialled for a connection the agent had no room for")
 	case <-time.After(200 * time.Millisecond):
 	}
-	for _, id := range ids {
-		cl.send(tKill, id, nil)
-	}
-	for _, id := range ids {
-		cl.expect(tKilled, id)
-		cl.release(id)
-	}
+	cl.killAndRelease(ids)
 }
 
 // At most maxCommands are held (running, or finished and not released): one more START is EAGAIN.
 func TestStartBeyondTheCommandLimitIsEAGAIN(t *testing.T) {
 	cl := hello(t)
-	cl.send(tList, 1, nil)
-	held := len(cl.decodeList(cl.next(1, tListReply)))
-	var ids []uint32
-	for i := held; i < maxCommands; i++ {
-		id := newID()
-		cl.sendJSON(tStart, id, map[string]any{"argv": []string{"sleep", "30"}})
-		cl.expect(tStarted, id)
-		ids = append(ids, id)
-	}
+	ids := cl.fillTheTable()
 	over := newID()
 	cl.sendJSON(tStart, over, map[string]any{"argv": []string{"true"}})
 	cl.expectError(over, "EAGAIN")
-	for _, id := range ids {
-		cl.send(tKill, id, nil)
-	}
-	for _, id := range ids {
-		cl.expect(tKilled, id)
-		cl.release(id)
-	}
+	cl.killAndRelease(ids)
 	// room again
 	_, out := cl.run(sh("exit 0"))
 	if out.exit["code"] != 0.0 {
