@@ -28,7 +28,7 @@ func (a *agent) connectTCP(cn *conn, id uint32, req connectRequest) {
 		host = "127.0.0.1"
 	}
 	addr := net.JoinHostPort(host, fmt.Sprint(req.Port))
-	if !a.hasRoom(cn, id) { // before the dial: a listener in the session never sees a connection refused here
+	if !a.hasRoom(cn, id) { // before the dial: the listener never sees a connection the agent then drops
 		return
 	}
 	tc, err := net.DialTimeout("tcp", addr, 5*time.Second)
