@@ -148,11 +148,6 @@ def agent_site(
 ) -> ContainerSite:
     """The container site of ``provider``'s agent sessions on ``engine`` (docker's one engine, a swarm node's)."""
 
-    async def container_env(container_id: str) -> dict[str, str]:
-        """The container's environment (its image's and the create's), every agent command's base."""
-        attrs = await engine.inspect_container(container_id, what="inspect a session")
-        return dict(item.split("=", 1) for item in attrs["Config"].get("Env") or () if "=" in item)
-
     return ContainerSite(
         kind=provider.kind,
         isolation=provider.max_isolation,
@@ -164,7 +159,7 @@ def agent_site(
         commands=commands,
         retime=provider._retime,
         workspace=WORKSPACE,
-        container_env=container_env,
+        container_env=engine.container_env,
         open_agent_elsewhere=open_agent_on_any_loop(engine),
         transfer_idle_seconds=provider.transfer_idle_seconds,
         answer_within=answer_within,

@@ -139,6 +139,10 @@ class EngineCalls:
         self.relay_until: dict[str, float] = {}
         #: each container's PID 1 on this host and its full id, as a direct port connection last found them
         self._pids: dict[str, tuple[int, str]] = {}
+        #: each container's own environment, as the inspect of a direct agent connection read it (fixed for the
+        #: container's life), until :meth:`EngineExecs.container_env` takes it: a new session's first command
+        #: then needs no inspect of its own
+        self._envs: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------ plumbing
 

@@ -34,8 +34,16 @@ from .stream import EngineAddress, read_output, start_exec
 
 #: containers remembered as reachable through the relay only (their engine is another host's)
 RELAY_ONLY_REMEMBERED = 4096
+#: containers whose environment is remembered from their agent's connection, not yet asked for
+ENVS_REMEMBERED = 1024
 #: how long a container whose agent this host could not reach directly uses the relay before it is tried again
 RELAY_RETRY_SECONDS = 60.0
+
+
+def environment_of(attrs: Mapping[str, Any]) -> dict[str, str]:
+    """A container's ``Config.Env`` (of an inspect) as a mapping."""
+    return dict(item.split("=", 1) for item in (attrs.get("Config") or {}).get("Env") or () if "=" in item)
+
 
 #: the most :meth:`DockerEngine.read_file` reads of a container's file (a session may have written it)
 READ_FILE_LIMIT = 1 << 20
@@ -100,6 +108,11 @@ class EngineExecs(EngineCalls):
             and self.relay_until.get(container_id, 0.0) <= time.monotonic()
         ):
             attrs = await self.inspect_container(container_id, what="find a session's agent")
+            if len(self._envs) >= ENVS_REMEMBERED:  # agents reconnected, nobody asked again: start over
+                self._envs.clear()
+            self._envs[str(attrs["Id"])] = environment_of(
+                attrs
+            )  # by id: a name may be another container's later
             pid = int((attrs.get("State") or {}).get("Pid") or 0)
             if pid > 0:
                 try:
@@ -124,6 +137,14 @@ class EngineExecs(EngineCalls):
         except BaseException:
             writer.close()
             raise
+
+    async def container_env(self, container_id: str) -> dict[str, str]:
+        """The container's own environment (its image's and its create's), every agent command's base: as the
+        inspect of its agent's direct connection read it, else inspected now."""
+        env = self._envs.pop(container_id, None)
+        if env is None:
+            env = environment_of(await self.inspect_container(container_id, what="inspect a session"))
+        return env
 
     async def connect_port(self, container_id: str, host: str, port: int) -> socket.socket:
         """A TCP connection to ``host`` (an address) and ``port`` as seen from inside the container, made by this

@@ -180,6 +180,43 @@ def test_a_root_server_on_the_engines_host_reaches_the_agent_with_no_engine_exec
     asyncio.run(main())
 
 
+def counted(call, calls: list[str]):
+    """``call`` (an engine coroutine method taking a container id), each id it is given added to ``calls``."""
+
+    async def counting(container_id: str, **kw):
+        calls.append(container_id)
+        return await call(container_id, **kw)
+
+    return counting
+
+
+def test_a_new_sessions_first_command_has_its_environment_from_one_inspect(client):
+    """A new session's first command runs with the container's environment (the image's and the create's);
+    on the direct connection, the one inspect that finds the agent also gives that environment, so the
+    create and the first command ask the engine for the container once, as the relay does."""
+
+    async def main() -> None:
+        for transport in ("auto", "exec"):
+            sandbox = provider(agent_transport=transport)
+            engine = sandbox._engine
+            inspected: list[str] = []
+            engine.inspect_container = counted(engine.inspect_container, inspected)
+            try:
+                session = await sandbox.create(
+                    SessionSpec(consumer="docker-tests", network="none", env={"GREETING": "hello"})
+                )
+                try:
+                    result = await session.exec(["sh", "-c", 'echo "$GREETING $HOME"'], timeout_seconds=30)
+                    assert (result.exit_code, result.stdout) == (0, b"hello /workspace\n")
+                    assert inspected == [session.container_id], (transport, inspected)
+                finally:
+                    await session.destroy()
+            finally:
+                await sandbox.close()
+
+    asyncio.run(main())
+
+
 def test_a_direct_connection_believes_only_the_containers_agent(client):
     """The server's direct connection checks what it enters: a pid whose cgroup is not the session's
     container is never entered (a pid reused by another container's process), and a listener that is not
