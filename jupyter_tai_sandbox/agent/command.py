@@ -208,6 +208,13 @@ class AgentCommand:
             self._wake.clear()
             await self._wake.wait()
 
+    async def next_frame(self, within: float) -> None:
+        """Wait (at most ``within`` s) for this command's next frame, whatever it is: after a kill, the rest of
+        its output and each stream's end (which :meth:`read` no longer waits for) come this way."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), within)
+
     async def output(self) -> AsyncIterator[tuple[p.Stream, bytes]]:
         while (item := await self.read()) is not None:
             yield item

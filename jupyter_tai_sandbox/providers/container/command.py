@@ -166,9 +166,9 @@ class ContainerCommand(ExecHandle):
                 stream, data = item
                 self._counts[stream] += len(data)
                 self._spool.put(stream, data)
-            if all(self._cmd.eof.values()) or loop.time() >= limit:
+            if all(self._cmd.eof.values()) or (left := limit - loop.time()) <= 0:
                 break
-            await asyncio.sleep(0.02)
+            await self._cmd.next_frame(left)  # no frame can have come since the last read: it never waited
         self._held = self._cmd.cut or not all(self._cmd.eof.values())
 
     async def _release(self) -> None:
