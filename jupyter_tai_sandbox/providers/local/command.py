@@ -32,6 +32,7 @@ from .._common import OUTPUT_GRACE_SECONDS, deadline_error, spill_overflow_error
 from .posix import (
     ChildWatch,
     exit_status,
+    group_alive,
     holder_unreaped,
     killpg,
     reap_holder,
@@ -252,10 +253,7 @@ class LocalCommand(ExecHandle):
                 else:
                     outcome = await self._race(self._output_ended, stop)
             if outcome != "done":
-                self._release_group(stop_group=True)
-                await self._exited
-                await asyncio.wait({self._output_ended}, timeout=OUTPUT_GRACE_SECONDS)
-                held = not self._output_ended.done()
+                held = await self._stop_group()
                 if outcome == "deadline":
                     self._timeout_error = deadline_error(self._timeout_seconds, self._counts, held)
             self._status = self._read_status()
@@ -266,6 +264,47 @@ class LocalCommand(ExecHandle):
             self._done.set()
             if self._one_shot:
                 self._release_group(stop_group=False)
+
+    async def _stop_group(self) -> bool:
+        """Kill the command and its group, and let the group go once the command's exit is known; whether a
+        process that left the group still holds the output then.
+
+        The group's processes close their ends of the pipes as they die, moments after the SIGKILL. Once none
+        is left alive, a pipe that still has a writer is held by a process outside the group, and waiting
+        longer would show nothing more: the answer comes then, not after a fixed wait. At most
+        OUTPUT_GRACE_SECONDS (a process in an uninterruptible sleep dies only when it wakes).
+        """
+        loop = asyncio.get_running_loop()
+        self._kill_group()
+        try:
+            await self._exited
+            give_up = loop.time() + OUTPUT_GRACE_SECONDS
+            while not self._output_ended.done() and (left := give_up - loop.time()) > 0:
+                # the group first: a member dying between the two looks would otherwise count as a holder
+                group_dead = not await asyncio.to_thread(group_alive, self._pgid)
+                if not self._output_has_writers():
+                    await asyncio.wait({self._output_ended}, timeout=left)  # its rest and end are on the way
+                elif not group_dead:
+                    await asyncio.sleep(min(left, 0.005))
+                    continue
+                break
+            return not self._output_ended.done()
+        finally:
+            self._release_group(stop_group=True)
+
+    def _output_has_writers(self) -> bool:
+        """Whether an output pipe not yet at its end still has a writer: no hang-up on its read end (a pipe
+        whose end was read is closed already)."""
+        fds = []
+        for transport in self._pipes:
+            pipe = transport.get_extra_info("pipe") if isinstance(transport, asyncio.ReadTransport) else None
+            if pipe is not None and not pipe.closed:
+                fds.append(pipe.fileno())
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        hung_up = {fd for fd, events in poller.poll(0) if events & (select.POLLHUP | select.POLLERR)}
+        return any(fd not in hung_up for fd in fds)
 
     def _close_transport(self) -> None:
         # closes every pipe, including output a process that left the group still holds
@@ -284,13 +323,21 @@ class LocalCommand(ExecHandle):
         """
         if not self._group_held:
             return
+        if stop_group:
+            self._kill_group()
         self._group_held = False
-        if stop_group and self._watch is not None:
+        reap_holder(self._pgid)
+
+    def _kill_group(self) -> None:
+        """SIGKILL the command's own process and every process of its group; the group's holder stays
+        unreaped, so the group keeps its id (see _release_group)."""
+        if not self._group_held:
+            return
+        if self._watch is not None:
             self._watch.kill()
-        if stop_group and holder_unreaped(self._pgid):
+        if holder_unreaped(self._pgid):
             # the holder is not reaped, so the group id is still this command's
             killpg(self._pgid)
-        reap_holder(self._pgid)
 
     # ------------------------------------------------------------ the handle
 

@@ -198,8 +198,8 @@ def set_window(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def processes() -> Iterator[tuple[int, str, int, int]]:
-    """``(pid, state, ppid, session id)`` of every process visible in /proc."""
+def processes() -> Iterator[tuple[int, str, int, int, int]]:
+    """``(pid, state, ppid, group id, session id)`` of every process visible in /proc."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -208,7 +208,16 @@ def processes() -> Iterator[tuple[int, str, int, int]]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        yield int(entry), fields[0].decode(), int(fields[1]), int(fields[3])
+        yield int(entry), fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def group_alive(pgid: int) -> bool:
+    """(Blocking: it reads /proc.) Whether a process of group ``pgid`` still lives (a zombie has closed its
+    files); True where /proc cannot tell. Call only while the group's holder is unreaped: its id is then
+    still the command's."""
+    if not os.path.isdir("/proc/self"):
+        return True
+    return any(group == pgid and _alive(state) for _, state, _, group, _ in processes())
 
 
 def process_stat(pid: int) -> tuple[str, int, int] | None:
@@ -266,7 +275,7 @@ def kill_session_but_leader(leader: int, rounds: int = 50) -> None:
     for _ in range(rounds):
         targets = [
             pid
-            for pid, state, ppid, sid in processes()
+            for pid, state, ppid, _, sid in processes()
             if pid != leader and pid not in killed and _alive(state) and leader in (ppid, sid)
         ]
         if not targets:

@@ -9,6 +9,7 @@ import pty
 import subprocess
 
 from ...contract import DEFAULT_WINDOW, SandboxSpecRejectedError
+from .._common import OUTPUT_GRACE_SECONDS
 from .command import LocalCommand, _PipeRelay
 from .posix import ChildWatch, kill_session_but_leader, set_window, spawn_kwargs
 
@@ -135,6 +136,14 @@ class LocalPtyCommand(LocalCommand):
             # the holder is an unreaped child: its pid, the session id, is still this command's
             kill_session_but_leader(self._pgid)
         os.close(self._control)  # the holder reports the command's status, then ends
+
+    async def _stop_group(self) -> bool:
+        # the holder reports the command's status once the session went and its control pipe closed; it
+        # shares the terminal, so its open slave is no sign of a process left behind: a fixed wait
+        self._release_group(stop_group=True)
+        await self._exited
+        await asyncio.wait({self._output_ended}, timeout=OUTPUT_GRACE_SECONDS)
+        return not self._output_ended.done()
 
     async def _holder_gone(self) -> None:
         await self._holder_exited.wait()

@@ -16,14 +16,13 @@ pytestmark = [pytest.mark.slow(16)]
 
 
 class KillSparesTheGroup(LocalCommand):
-    """Stops only the holder: the command and what it started keep running."""
+    """Its kill signals nothing: the command and what it started keep running (the holder is still reaped)."""
 
     leaked_groups: list[int] = []
 
-    def _release_group(self, *, stop_group: bool) -> None:
-        if self._group_held:
+    def _kill_group(self) -> None:
+        if self._group_held and self._pgid not in KillSparesTheGroup.leaked_groups:
             KillSparesTheGroup.leaked_groups.append(self._pgid)
-        super()._release_group(stop_group=False)
 
 
 class InventsExitStatus(LocalCommand):
