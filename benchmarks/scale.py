@@ -8,7 +8,9 @@ Two measurements, each against its baseline of the same run:
   open at every level alike) and ``list()`` p50, with the engine's own listing of the sessions beside it. Beside
   each create, the engine's own floor at that level (an idle container's create + start + exec through the raw
   API, on the same owner's network) and the engine calls inside the create: what the engine itself charges
-  with that many containers, apart from what the provider adds. The targets are create, its first command and
+  with that many containers, apart from what the provider adds. Beside it too, a create from a warm pool of POOL
+  (a provider of the same deployment with a pool, refilled before each) and its first command: what a deployment
+  that runs many sessions gets with the pool on. The targets are create, its first command and
   exec within 1.3x of 10 sessions, the create against the engine's floor within 1.3x of that ratio at 10, and
   list p50 <= 50 ms at the top level (each verdict prints both numbers and their ratio). The provider runs in this process: its RSS
   growth from 10 sessions to the top is printed (what a server holds per session), and the engine host's
@@ -47,6 +49,8 @@ from jupyter_tai_sandbox.images import DEFAULT_IMAGE
 from jupyter_tai_sandbox.providers.docker_engine.names import LABEL_SESSION
 
 OWNERS = 20
+#: the warm pool of the scale run's pooled creates (the same deployment; 0 in the provider's default)
+POOL = 4
 PROBES = 12
 #: how long the burst waits for its pool to fill (the burst then takes what is ready)
 FILL_SECONDS = 300
@@ -128,6 +132,30 @@ async def probe(sandbox: Any, live: list[Any], owners: list[str]) -> dict[str, f
     }
 
 
+async def pooled_probe(pooled: Any, owners: list[str]) -> dict[str, float]:
+    """A create from a warm pool (``pooled``: a provider of the same deployment with a pool) and its first
+    command, p50 over PROBES creates of the owners, each once the pool has refilled (its refill is background
+    work, not the create's)."""
+    creates, firsts = [], []
+    for i in range(PROBES):
+        await wait_pool(pooled)
+        started = time.perf_counter()
+        session = await pooled.create(spec(owners[i % len(owners)]))
+        creates.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        assert (await session.exec(TRUE_DOCKER, timeout_seconds=60)).exit_code == 0
+        firsts.append((time.perf_counter() - started) * 1000)
+        await session.destroy()
+    return {"pooled_create_ms": statistics.median(creates), "pooled_first_exec_ms": statistics.median(firsts)}
+
+
+async def wait_pool(pooled: Any) -> None:
+    """Until the pool holds all it should (at most FILL_SECONDS: a create then starts its own container)."""
+    deadline = time.monotonic() + FILL_SECONDS
+    while pooled._pool.ready_count() < pooled.pool_size and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 def level(n: int, seen: dict[str, float]) -> str:
     calls = sorted(
         (
@@ -141,7 +169,9 @@ def level(n: int, seen: dict[str, float]) -> str:
         f"{n} sessions: create p50 {seen['create_ms']:.1f} ms (its first command {seen['first_exec_ms']:.1f} ms; "
         f"the engine's floor on the owner's network {seen['engine_floor_ms']:.1f} ms), "
         f"exec p50 {seen['exec_ms']:.1f} ms, "
-        f"list p50 {seen['list_ms']:.1f} ms (the engine's own listing of them {seen['engine_listing_ms']:.1f} ms)\n"
+        f"list p50 {seen['list_ms']:.1f} ms (the engine's own listing of them {seen['engine_listing_ms']:.1f} ms); "
+        f"from a warm pool: create p50 {seen['pooled_create_ms']:.1f} ms, "
+        f"its first command {seen['pooled_first_exec_ms']:.1f} ms\n"
         f"  engine calls in a create + first command (p50 ms): "
         + ", ".join(f"{name} {ms:.1f}" for name, ms in calls if name not in ("floor", "listing"))
     )
@@ -162,6 +192,8 @@ async def scale(sessions: int, concurrency: int) -> list[tuple[str, bool, str]]:
     run = secrets.token_hex(3)  # this run's owners: its sweep leaves other runs' sessions alone
     owners = [f"scale-{run}-{i}" for i in range(max(OWNERS, -(-sessions // 50)))]
     sandbox = _docker_sandbox(DEFAULT_IMAGE)
+    # the same deployment with a warm pool (its containers wait on the pool's own holding network)
+    pooled = _docker_sandbox(DEFAULT_IMAGE, pool_size=POOL)
     live: list[Any] = []
     gate = asyncio.Semaphore(concurrency)
 
@@ -176,6 +208,8 @@ async def scale(sessions: int, concurrency: int) -> list[tuple[str, bool, str]]:
     try:
         await asyncio.gather(*(make(i) for i in range(10)))
         small = await probe(sandbox, live, owners)
+        await pooled.list()  # connects: its pool fills
+        small |= await pooled_probe(pooled, owners)
         rss_small, host_small = rss_mib(), host_used_gib()
         print(level(len(live), small), flush=True)
         started = time.perf_counter()
@@ -183,7 +217,7 @@ async def scale(sessions: int, concurrency: int) -> list[tuple[str, bool, str]]:
         while len(live) < sessions:
             await asyncio.gather(*(make(i) for i in range(len(live), min(sessions, len(live) + step))))
             print(f"  {len(live)} live ({time.perf_counter() - started:.0f} s)", flush=True)
-        big = await probe(sandbox, live, owners)
+        big = await probe(sandbox, live, owners) | await pooled_probe(pooled, owners)
         rss_big, host_big = rss_mib(), host_used_gib()
         print(level(len(live), big), flush=True)
         print(
@@ -195,9 +229,11 @@ async def scale(sessions: int, concurrency: int) -> list[tuple[str, bool, str]]:
     finally:
         stopped = sys.exc_info()[0] is not None  # an error, Ctrl-C or SIGTERM: creates may be under way
         await asyncio.shield(clean_up(sandbox, live, owners, gate, stopped))
+        await asyncio.shield(pooled.close())
     n = len(live)
     create_ratio, exec_ratio = big["create_ms"] / small["create_ms"], big["exec_ms"] / small["exec_ms"]
     first_ratio = big["first_exec_ms"] / small["first_exec_ms"]
+    pooled_ratio = big["pooled_create_ms"] / small["pooled_create_ms"]
     floor_ratio = big["engine_floor_ms"] / small["engine_floor_ms"]
     # the create and its first command against the engine's own create + start + exec at the same level
     own_small = (small["create_ms"] + small["first_exec_ms"]) / small["engine_floor_ms"]
@@ -214,6 +250,12 @@ async def scale(sessions: int, concurrency: int) -> list[tuple[str, bool, str]]:
             "within 1.3x of that at 10",
             own_big <= 1.3 * own_small,
             f"{own_big / own_small:.2f}x: {own_big:.2f}x the floor vs {own_small:.2f}x",
+        ),
+        (
+            f"{n} sessions: a create from a warm pool of {POOL} within 1.3x of 10",
+            pooled_ratio <= 1.3,
+            f"{pooled_ratio:.2f}x: {big['pooled_create_ms']:.1f} vs {small['pooled_create_ms']:.1f} ms; its first "
+            f"command {big['pooled_first_exec_ms']:.1f} vs {small['pooled_first_exec_ms']:.1f} ms",
         ),
         (
             f"{n} sessions: exec within 1.3x of 10",

@@ -110,9 +110,8 @@ class EngineExecs(EngineCalls):
             attrs = await self.inspect_container(container_id, what="find a session's agent")
             if len(self._envs) >= ENVS_REMEMBERED:  # agents reconnected, nobody asked again: start over
                 self._envs.clear()
-            self._envs[str(attrs["Id"])] = environment_of(
-                attrs
-            )  # by id: a name may be another container's later
+            # by its id: a name may be another container's later
+            self._envs[str(attrs["Id"])] = environment_of(attrs)
             pid = int((attrs.get("State") or {}).get("Pid") or 0)
             if pid > 0:
                 try:
